@@ -1,0 +1,262 @@
+//! Diagnostics: what the compiler tells the user about their `.cell` files.
+//!
+//! Library code never prints. Every stage returns [`Diagnostic`]s that carry
+//! byte spans into a [`SourceMap`]; only the edge (the CLI, the tests) renders
+//! them, through `codespan-reporting`, as `file:line:col` headers with the
+//! source line underlined. Keeping spans as plain `(file, start, end)` triples
+//! lets the IR store them in a side table, as naga does.
+
+use codespan_reporting::diagnostic::{Diagnostic as CsDiagnostic, Label as CsLabel, Severity as CsSeverity};
+use codespan_reporting::files::SimpleFiles;
+use codespan_reporting::term;
+use std::fmt;
+use std::ops::Range;
+
+/// Index of a file in a [`SourceMap`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct FileId(pub u32);
+
+/// A byte range in one source file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Span {
+    pub file: FileId,
+    pub start: u32,
+    pub end: u32,
+}
+
+impl Span {
+    pub fn new(file: FileId, range: Range<usize>) -> Span {
+        let clamp = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+        Span { file, start: clamp(range.start), end: clamp(range.end) }
+    }
+
+    /// The smallest span covering both (they must be in the same file).
+    pub fn to(self, other: Span) -> Span {
+        if self.file != other.file {
+            return self;
+        }
+        Span { file: self.file, start: self.start.min(other.start), end: self.end.max(other.end) }
+    }
+
+    pub fn range(self) -> Range<usize> {
+        self.start as usize..self.end as usize
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Severity {
+    Warning,
+    Error,
+}
+
+/// A secondary span with its own message (`declared here`, `expected [H]`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Label {
+    pub span: Span,
+    pub message: String,
+}
+
+/// One problem found in the user's source.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Diagnostic {
+    pub severity: Severity,
+    pub message: String,
+    /// Where the problem is; its message is shown under the underline.
+    pub primary: Label,
+    pub secondary: Vec<Label>,
+    pub notes: Vec<String>,
+}
+
+impl Diagnostic {
+    pub fn error(span: Span, message: impl Into<String>) -> Diagnostic {
+        Diagnostic {
+            severity: Severity::Error,
+            message: message.into(),
+            primary: Label { span, message: String::new() },
+            secondary: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    pub fn warning(span: Span, message: impl Into<String>) -> Diagnostic {
+        Diagnostic { severity: Severity::Warning, ..Diagnostic::error(span, message) }
+    }
+
+    /// Text shown under the primary underline.
+    pub fn with_label(mut self, message: impl Into<String>) -> Diagnostic {
+        self.primary.message = message.into();
+        self
+    }
+
+    pub fn with_secondary(mut self, span: Span, message: impl Into<String>) -> Diagnostic {
+        self.secondary.push(Label { span, message: message.into() });
+        self
+    }
+
+    pub fn with_note(mut self, note: impl Into<String>) -> Diagnostic {
+        self.notes.push(note.into());
+        self
+    }
+
+    pub fn is_error(&self) -> bool {
+        self.severity == Severity::Error
+    }
+}
+
+/// A list of diagnostics, as every stage returns them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Diagnostics(pub Vec<Diagnostic>);
+
+impl Diagnostics {
+    /// Most errors a single file reports before the compiler stops listing them.
+    pub const MAX_ERRORS: usize = 50;
+
+    pub fn push(&mut self, d: Diagnostic) {
+        if d.is_error() && self.error_count() >= Self::MAX_ERRORS {
+            return;
+        }
+        if !self.0.contains(&d) {
+            self.0.push(d);
+        }
+    }
+
+    pub fn extend(&mut self, other: Diagnostics) {
+        for d in other.0 {
+            self.push(d);
+        }
+    }
+
+    pub fn has_errors(&self) -> bool {
+        self.0.iter().any(Diagnostic::is_error)
+    }
+
+    pub fn error_count(&self) -> usize {
+        self.0.iter().filter(|d| d.is_error()).count()
+    }
+
+    pub fn warning_count(&self) -> usize {
+        self.0.len() - self.error_count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Diagnostic> {
+        self.0.iter()
+    }
+
+    /// Diagnostics in source order (errors and warnings interleaved), so
+    /// that output reads top to bottom like the file.
+    pub fn sorted(mut self) -> Diagnostics {
+        self.0.sort_by_key(|d| (d.primary.span.file, d.primary.span.start, d.severity));
+        self
+    }
+}
+
+/// Source files known to one compilation: the user's file(s) and the prelude.
+#[derive(Debug, Default)]
+pub struct SourceMap {
+    files: SimpleFiles<String, String>,
+    count: u32,
+}
+
+impl SourceMap {
+    pub fn new() -> SourceMap {
+        SourceMap::default()
+    }
+
+    pub fn add(&mut self, name: impl Into<String>, source: impl Into<String>) -> FileId {
+        self.files.add(name.into(), source.into());
+        self.count += 1;
+        FileId(self.count - 1)
+    }
+
+    pub fn source(&self, file: FileId) -> &str {
+        self.files.get(file.0 as usize).map(|f| f.source().as_str()).unwrap_or("")
+    }
+
+    pub fn name(&self, file: FileId) -> &str {
+        self.files.get(file.0 as usize).map(|f| f.name().as_str()).unwrap_or("<unknown>")
+    }
+
+    /// 1-based line and column of a byte offset.
+    pub fn line_col(&self, file: FileId, offset: u32) -> (usize, usize) {
+        let src = self.source(file);
+        let offset = (offset as usize).min(src.len());
+        let before = &src[..floor_char_boundary(src, offset)];
+        let line = before.matches('\n').count() + 1;
+        let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        (line, col)
+    }
+
+    /// `file:line:col` of a span's start.
+    pub fn location(&self, span: Span) -> String {
+        let (line, col) = self.line_col(span.file, span.start);
+        format!("{}:{}:{}", self.name(span.file), line, col)
+    }
+
+    /// Renders diagnostics as text, with colour when `color` is set.
+    pub fn render(&self, diagnostics: &Diagnostics, color: bool) -> String {
+        let mut out = Vec::new();
+        {
+            let mut writer: Box<dyn term::termcolor::WriteColor> = if color {
+                Box::new(term::termcolor::Ansi::new(&mut out))
+            } else {
+                Box::new(term::termcolor::NoColor::new(&mut out))
+            };
+            let config = term::Config::default();
+            for d in diagnostics.iter() {
+                let cs = self.to_codespan(d);
+                if term::emit_to_write_style(&mut writer, &config, &self.files, &cs).is_err() {
+                    // A span outside its file can only come from a compiler bug;
+                    // still say what the problem was rather than nothing.
+                    let _ = writeln!(writer, "{}: {}", severity_word(d.severity), d.message);
+                }
+            }
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    fn to_codespan(&self, d: &Diagnostic) -> CsDiagnostic<usize> {
+        let severity = match d.severity {
+            Severity::Error => CsSeverity::Error,
+            Severity::Warning => CsSeverity::Warning,
+        };
+        let clamp = |s: Span| {
+            let src = self.source(s.file);
+            let start = floor_char_boundary(src, (s.start as usize).min(src.len()));
+            let end = floor_char_boundary(src, (s.end as usize).min(src.len())).max(start);
+            start..end
+        };
+        let mut labels = vec![CsLabel::primary(d.primary.span.file.0 as usize, clamp(d.primary.span))
+            .with_message(&d.primary.message)];
+        for l in &d.secondary {
+            labels.push(CsLabel::secondary(l.span.file.0 as usize, clamp(l.span)).with_message(&l.message));
+        }
+        CsDiagnostic::new(severity).with_message(&d.message).with_labels(labels).with_notes(d.notes.clone())
+    }
+}
+
+use std::io::Write as _;
+
+fn severity_word(s: Severity) -> &'static str {
+    match s {
+        Severity::Error => "error",
+        Severity::Warning => "warning",
+    }
+}
+
+/// The largest char boundary not after `i` (str::floor_char_boundary is unstable).
+fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+impl fmt::Display for Severity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(severity_word(*self))
+    }
+}

@@ -1,0 +1,439 @@
+//! The reference interpreter: the semantics of a cell, executed directly.
+//!
+//! It is the oracle every back end is tested against, so it is written to
+//! be obviously right rather than fast: one value at a time in topological
+//! order, plain loops, generic over the float type (`f32` to see what a
+//! kernel should produce, `f64` for gradient checks). A [`BoundCell`] is a
+//! cell with its size variables fixed; it checks the shapes of everything
+//! it is given and says which tensor is wrong.
+
+use crate::dims::{Bindings, EvalError};
+use crate::ir::op::{apply_binary, apply_unary};
+use crate::ir::{Cell, Init, Op, ReduceOp, Type, ValueId};
+use num_traits::Float;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Why a cell could not be bound to sizes or run on the data given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InterpError {
+    /// A size variable has no value.
+    UnboundSize {
+        cell: String,
+        size: String,
+    },
+    /// A declared dimension is zero or negative for these sizes.
+    NonPositiveDim {
+        what: String,
+        dim: String,
+        value: i64,
+    },
+    /// A dimension overflowed.
+    DimOverflow {
+        what: String,
+        dim: String,
+    },
+    /// A tensor's length does not match its declared shape.
+    Shape {
+        tensor: String,
+        expected: String,
+        found: String,
+    },
+    /// A parameter is missing, or one that the cell does not declare was given.
+    MissingParam {
+        name: String,
+    },
+    UnknownParam {
+        name: String,
+    },
+    /// The wrong number of states or parameters.
+    Count {
+        what: &'static str,
+        expected: usize,
+        found: usize,
+    },
+    /// A parameter's initialiser could not be evaluated.
+    Init {
+        param: String,
+        message: String,
+    },
+}
+
+impl fmt::Display for InterpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InterpError::UnboundSize { cell, size } => {
+                write!(f, "size variable `{size}` of cell `{cell}` has no value (bind it with -D {size}=N)")
+            }
+            InterpError::NonPositiveDim { what, dim, value } => {
+                write!(f, "{what} has size [{dim}] = {value}, which is not positive")
+            }
+            InterpError::DimOverflow { what, dim } => write!(f, "{what} has size [{dim}], which overflows"),
+            InterpError::Shape { tensor, expected, found } => {
+                write!(f, "`{tensor}` has shape {found}, expected {expected}")
+            }
+            InterpError::MissingParam { name } => write!(f, "parameter `{name}` is missing"),
+            InterpError::UnknownParam { name } => write!(f, "`{name}` is not a parameter of this cell"),
+            InterpError::Count { what, expected, found } => {
+                write!(f, "expected {expected} {what}, found {found}")
+            }
+            InterpError::Init { param, message } => write!(f, "cannot initialise `{param}`: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for InterpError {}
+
+/// A parameter's starting values, with the sizes substituted.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ConcreteInit {
+    Zeros,
+    Ones,
+    /// Uniform in `[-bound, bound]`.
+    Uniform(f64),
+    Constant(f64),
+}
+
+/// A cell whose size variables have values: every shape is concrete.
+#[derive(Clone, Debug)]
+pub struct BoundCell<'c> {
+    cell: &'c Cell,
+    sizes: Bindings,
+    order: Vec<ValueId>,
+    /// Elements of each value (1 for scalars, rows for matrices' users).
+    len: Vec<usize>,
+    /// `(offset, len)` of each input in the step's feature vector.
+    input_slices: Vec<(usize, usize)>,
+    input_size: usize,
+    state_sizes: Vec<usize>,
+    /// `(rows, cols)`; `cols == 1` for vectors.
+    param_shapes: Vec<(usize, usize)>,
+    /// Offset of each `slice` value (0 elsewhere).
+    slice_offsets: Vec<usize>,
+}
+
+/// One step's results.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepResult<T> {
+    pub output: Vec<T>,
+    pub next_states: Vec<Vec<T>>,
+}
+
+/// A whole sequence's results.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SequenceResult<T> {
+    /// `[steps, output_size]`, row-major.
+    pub outputs: Vec<T>,
+    /// `states[t][i]`: state `i` after step `t`.
+    pub states: Vec<Vec<Vec<T>>>,
+    /// The states after the last step (the initial states if there are no steps).
+    pub final_states: Vec<Vec<T>>,
+}
+
+fn eval_dim(cell: &Cell, sizes: &Bindings, what: &str, d: &crate::dims::Dim) -> Result<usize, InterpError> {
+    match d.eval(sizes) {
+        Ok(v) if v > 0 => {
+            usize::try_from(v).map_err(|_| InterpError::DimOverflow { what: what.into(), dim: d.to_string() })
+        }
+        Ok(v) => Err(InterpError::NonPositiveDim { what: what.into(), dim: d.to_string(), value: v }),
+        Err(EvalError::Unbound(size)) => Err(InterpError::UnboundSize { cell: cell.name.clone(), size }),
+        Err(EvalError::Overflow) => Err(InterpError::DimOverflow { what: what.into(), dim: d.to_string() }),
+    }
+}
+
+impl Cell {
+    /// Fixes the size variables. Bindings for sizes the cell does not use are ignored.
+    pub fn bind(&self, sizes: &Bindings) -> Result<BoundCell<'_>, InterpError> {
+        BoundCell::new(self, sizes)
+    }
+}
+
+impl<'c> BoundCell<'c> {
+    fn new(cell: &'c Cell, sizes: &Bindings) -> Result<BoundCell<'c>, InterpError> {
+        let sizes: Bindings =
+            sizes.iter().filter(|(k, _)| cell.sizes.contains(k)).map(|(k, v)| (k.clone(), *v)).collect();
+        let mut input_slices = Vec::new();
+        let mut offset = 0usize;
+        for i in &cell.inputs {
+            let n = eval_dim(cell, &sizes, &format!("input `{}`", i.name), &i.dim)?;
+            input_slices.push((offset, n));
+            offset = offset
+                .checked_add(n)
+                .ok_or(InterpError::DimOverflow { what: "the inputs".into(), dim: String::new() })?;
+        }
+        let state_sizes = cell
+            .states
+            .iter()
+            .map(|s| eval_dim(cell, &sizes, &format!("state `{}`", s.name), &s.dim))
+            .collect::<Result<Vec<_>, _>>()?;
+        let param_shapes = cell
+            .params
+            .iter()
+            .map(|p| {
+                let what = format!("parameter `{}`", p.name);
+                match &p.ty {
+                    Type::Matrix(m, n) => {
+                        Ok((eval_dim(cell, &sizes, &what, m)?, eval_dim(cell, &sizes, &what, n)?))
+                    }
+                    Type::Vector(d) => Ok((eval_dim(cell, &sizes, &what, d)?, 1)),
+                    Type::Scalar => Ok((1, 1)),
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let order = cell.topo_order().map_err(|v| InterpError::Shape {
+            tensor: format!("{v}"),
+            expected: "an acyclic graph".into(),
+            found: "a cycle".into(),
+        })?;
+        let mut len = vec![0usize; cell.value_bound()];
+        let mut slice_offsets = vec![0usize; cell.value_bound()];
+        for &v in &order {
+            len[v.index()] = match cell.ty(v) {
+                Type::Scalar => 1,
+                Type::Vector(d) => eval_dim(cell, &sizes, &format!("value {v}"), d)?,
+                Type::Matrix(m, _) => eval_dim(cell, &sizes, &format!("value {v}"), m)?,
+            };
+            if let Op::Slice { offset } = &cell.node(v).op {
+                // An offset may be 0, which `eval_dim` rejects.
+                slice_offsets[v.index()] =
+                    offset.eval(&sizes).ok().and_then(|o| usize::try_from(o).ok()).ok_or_else(|| {
+                        InterpError::DimOverflow { what: format!("slice {v}"), dim: offset.to_string() }
+                    })?;
+            }
+        }
+        Ok(BoundCell {
+            cell,
+            sizes,
+            order,
+            len,
+            input_slices,
+            input_size: offset,
+            state_sizes,
+            param_shapes,
+            slice_offsets,
+        })
+    }
+
+    pub fn cell(&self) -> &'c Cell {
+        self.cell
+    }
+
+    pub fn sizes(&self) -> &Bindings {
+        &self.sizes
+    }
+
+    /// Features per step: all inputs together.
+    pub fn input_size(&self) -> usize {
+        self.input_size
+    }
+
+    pub fn output_size(&self) -> usize {
+        self.len[self.cell.output.index()]
+    }
+
+    pub fn state_sizes(&self) -> &[usize] {
+        &self.state_sizes
+    }
+
+    /// `(rows, cols)` of each parameter; `cols == 1` for a vector.
+    pub fn param_shapes(&self) -> &[(usize, usize)] {
+        &self.param_shapes
+    }
+
+    /// Each parameter's initialiser with the sizes substituted.
+    pub fn param_inits(&self) -> Result<Vec<ConcreteInit>, InterpError> {
+        self.cell
+            .params
+            .iter()
+            .map(|p| {
+                let eval = |e: &crate::ir::ConstExpr| {
+                    let v = e.eval(&self.sizes).map_err(|s| InterpError::Init {
+                        param: p.name.clone(),
+                        message: format!("size `{s}` has no value"),
+                    })?;
+                    if v.is_finite() {
+                        Ok(v)
+                    } else {
+                        Err(InterpError::Init { param: p.name.clone(), message: format!("{} is {v}", e) })
+                    }
+                };
+                Ok(match &p.init {
+                    Init::Zeros => ConcreteInit::Zeros,
+                    Init::Ones => ConcreteInit::Ones,
+                    Init::Uniform(e) => ConcreteInit::Uniform(eval(e)?),
+                    Init::Constant(e) => ConcreteInit::Constant(eval(e)?),
+                })
+            })
+            .collect()
+    }
+
+    /// Orders named parameters as the cell declares them, checking names and lengths.
+    pub fn params_from_map<T: Clone>(
+        &self,
+        mut named: BTreeMap<String, Vec<T>>,
+    ) -> Result<Vec<Vec<T>>, InterpError> {
+        let mut out = Vec::with_capacity(self.cell.params.len());
+        for p in &self.cell.params {
+            out.push(
+                named.remove(&p.name).ok_or_else(|| InterpError::MissingParam { name: p.name.clone() })?,
+            );
+        }
+        if let Some(name) = named.into_keys().next() {
+            return Err(InterpError::UnknownParam { name });
+        }
+        self.check_params(&out)?;
+        Ok(out)
+    }
+
+    fn check_params<T>(&self, params: &[Vec<T>]) -> Result<(), InterpError> {
+        if params.len() != self.cell.params.len() {
+            return Err(InterpError::Count {
+                what: "parameters",
+                expected: self.cell.params.len(),
+                found: params.len(),
+            });
+        }
+        for ((p, data), &(r, c)) in self.cell.params.iter().zip(params).zip(&self.param_shapes) {
+            if data.len() != r * c {
+                let expected =
+                    if matches!(p.ty, Type::Matrix(..)) { format!("[{r}, {c}]") } else { format!("[{r}]") };
+                return Err(InterpError::Shape {
+                    tensor: p.name.clone(),
+                    expected: format!("{expected} ({} elements)", r * c),
+                    found: format!("{} elements", data.len()),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn check_states<S: AsRef<[T]>, T>(&self, states: &[S]) -> Result<(), InterpError> {
+        if states.len() != self.state_sizes.len() {
+            return Err(InterpError::Count {
+                what: "states",
+                expected: self.state_sizes.len(),
+                found: states.len(),
+            });
+        }
+        for ((s, decl), &n) in states.iter().zip(&self.cell.states).zip(&self.state_sizes) {
+            if s.as_ref().len() != n {
+                return Err(InterpError::Shape {
+                    tensor: format!("state {}", decl.name),
+                    expected: format!("[{n}]"),
+                    found: format!("[{}]", s.as_ref().len()),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// One step: `x` is the step's feature vector, `states` the values at the start.
+    pub fn step<T: Float, S: AsRef<[T]>>(
+        &self,
+        x: &[T],
+        states: &[S],
+        params: &[Vec<T>],
+    ) -> Result<StepResult<T>, InterpError> {
+        if x.len() != self.input_size {
+            return Err(InterpError::Shape {
+                tensor: "input".into(),
+                expected: format!("[{}]", self.input_size),
+                found: format!("[{}]", x.len()),
+            });
+        }
+        self.check_states(states)?;
+        self.check_params(params)?;
+        Ok(self.step_unchecked(x, states, params))
+    }
+
+    fn step_unchecked<T: Float, S: AsRef<[T]>>(
+        &self,
+        x: &[T],
+        states: &[S],
+        params: &[Vec<T>],
+    ) -> StepResult<T> {
+        let cell = self.cell;
+        let mut vals: Vec<Vec<T>> = vec![Vec::new(); cell.value_bound()];
+        for &v in &self.order {
+            let operands = cell.operands(v);
+            let arg = |i: usize| -> &[T] { &vals[operands[i].index()] };
+            let n = self.len[v.index()];
+            let out: Vec<T> = match &cell.node(v).op {
+                Op::Input(i) => {
+                    let (o, l) = self.input_slices[*i];
+                    x[o..o + l].to_vec()
+                }
+                Op::State(i) => states[*i].as_ref().to_vec(),
+                // Matrices are read in place by `matvec`.
+                Op::Param(i) if matches!(cell.params[*i].ty, Type::Matrix(..)) => Vec::new(),
+                Op::Param(i) => params[*i].clone(),
+                Op::Const(c) => vec![T::from(*c).unwrap_or_else(T::nan)],
+                Op::Unary(op) => arg(0).iter().map(|&a| apply_unary(*op, a)).collect(),
+                Op::Binary(op) => arg(0).iter().zip(arg(1)).map(|(&a, &b)| apply_binary(*op, a, b)).collect(),
+                Op::Broadcast => vec![arg(0)[0]; n],
+                Op::MatVec => {
+                    let Op::Param(pi) = cell.node(operands[0]).op else {
+                        unreachable!("verifier: matrices are parameters")
+                    };
+                    let (rows, cols) = self.param_shapes[pi];
+                    let w = &params[pi];
+                    let xv = arg(1);
+                    (0..rows)
+                        .map(|r| {
+                            w[r * cols..(r + 1) * cols]
+                                .iter()
+                                .zip(xv)
+                                .fold(T::zero(), |acc, (&a, &b)| acc + a * b)
+                        })
+                        .collect()
+                }
+                Op::Reduce(op) => {
+                    let s = arg(0).iter().fold(T::zero(), |acc, &a| acc + a);
+                    match op {
+                        ReduceOp::Sum => vec![s],
+                        ReduceOp::Mean => vec![s / T::from(arg(0).len()).unwrap_or_else(T::one)],
+                    }
+                }
+                Op::Slice { .. } => {
+                    let o = self.slice_offsets[v.index()];
+                    arg(0)[o..o + n].to_vec()
+                }
+                Op::Concat => (0..operands.len()).flat_map(|i| arg(i).iter().copied()).collect(),
+            };
+            vals[v.index()] = out;
+        }
+        StepResult {
+            output: vals[cell.output.index()].clone(),
+            next_states: cell.next_states.iter().map(|v| vals[v.index()].clone()).collect(),
+        }
+    }
+
+    /// Runs `steps = xs.len() / input_size` steps from `initial_states`
+    /// (`xs` is `[steps, input_size]`, row-major).
+    pub fn run<T: Float, S: AsRef<[T]>>(
+        &self,
+        xs: &[T],
+        initial_states: &[S],
+        params: &[Vec<T>],
+    ) -> Result<SequenceResult<T>, InterpError> {
+        if self.input_size == 0 || !xs.len().is_multiple_of(self.input_size) {
+            return Err(InterpError::Shape {
+                tensor: "input".into(),
+                expected: format!("[steps, {}]", self.input_size),
+                found: format!("{} elements", xs.len()),
+            });
+        }
+        self.check_states(initial_states)?;
+        self.check_params(params)?;
+        let mut states: Vec<Vec<T>> = initial_states.iter().map(|s| s.as_ref().to_vec()).collect();
+        let mut outputs = Vec::new();
+        let mut history = Vec::new();
+        for x in xs.chunks(self.input_size) {
+            let r = self.step_unchecked(x, &states, params);
+            outputs.extend_from_slice(&r.output);
+            states = r.next_states;
+            history.push(states.clone());
+        }
+        Ok(SequenceResult { outputs, states: history, final_states: states })
+    }
+}

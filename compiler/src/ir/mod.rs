@@ -1,0 +1,397 @@
+//! The checked graph IR of one cell step, held in a petgraph `StableDiGraph`.
+//!
+//! A [`Cell`] is a dataflow graph: nodes are values ([`Node`]: an [`Op`]
+//! and its [`Type`]), edges run from operand to user and carry the operand's
+//! slot. The op set is closed, so every pass and back end matches it
+//! exhaustively. Values are named by [`ValueId`], printed `v12` everywhere
+//! (dumps, errors, tests). Source spans live in a side table, not in the
+//! nodes. Petgraph types stay private: the graph is reached through
+//! `Cell`'s methods, so passes cannot break the invariants that
+//! [`verify`] checks.
+
+pub mod op;
+pub mod print;
+pub mod verify;
+
+pub use op::{BinaryOp, Op, ReduceOp, UnaryOp};
+
+use crate::diag::Span;
+use crate::dims::Dim;
+use petgraph::stable_graph::{NodeIndex, StableDiGraph};
+use petgraph::visit::EdgeRef;
+use petgraph::Direction;
+use std::collections::HashMap;
+use std::fmt;
+
+/// A value of the step graph, printed `v12`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId(u32);
+
+impl ValueId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+    fn node(self) -> NodeIndex<u32> {
+        NodeIndex::new(self.0 as usize)
+    }
+    fn from_node(n: NodeIndex<u32>) -> ValueId {
+        ValueId(n.index() as u32)
+    }
+}
+
+impl fmt::Display for ValueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+impl fmt::Debug for ValueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+/// The type of a value: a scalar, a vector `[d]`, or (parameters only) a matrix `[m, n]`.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub enum Type {
+    Scalar,
+    Vector(Dim),
+    Matrix(Dim, Dim),
+}
+
+impl Type {
+    pub fn vector_dim(&self) -> Option<&Dim> {
+        match self {
+            Type::Vector(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Type {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Type::Scalar => f.write_str("scalar"),
+            Type::Vector(d) => write!(f, "[{d}]"),
+            Type::Matrix(m, n) => write!(f, "[{m}, {n}]"),
+        }
+    }
+}
+
+impl fmt::Debug for Type {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// One value: what computes it and its type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub op: Op,
+    pub ty: Type,
+}
+
+/// A declared input or state: a vector.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VarDecl {
+    pub name: String,
+    pub dim: Dim,
+    pub span: Span,
+}
+
+/// A declared parameter: a vector or a matrix, with its initialiser.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParamDecl {
+    pub name: String,
+    pub ty: Type,
+    pub init: Init,
+    pub span: Span,
+}
+
+impl ParamDecl {
+    /// `[m, n]` for a matrix, `[d]` for a vector.
+    pub fn shape(&self) -> Vec<Dim> {
+        match &self.ty {
+            Type::Matrix(m, n) => vec![m.clone(), n.clone()],
+            Type::Vector(d) => vec![d.clone()],
+            Type::Scalar => vec![],
+        }
+    }
+}
+
+/// How a parameter starts, before any training.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Init {
+    Zeros,
+    Ones,
+    /// Uniform in `[-bound, bound]`.
+    Uniform(ConstExpr),
+    Constant(ConstExpr),
+}
+
+/// A scalar known once the sizes are: `1/sqrt(H)`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ConstExpr {
+    Number(f64),
+    /// A size expression such as `H` or `4*H`.
+    Size(Dim),
+    Neg(Box<ConstExpr>),
+    Binary(BinaryOp, Box<ConstExpr>, Box<ConstExpr>),
+    Unary(UnaryOp, Box<ConstExpr>),
+}
+
+impl ConstExpr {
+    /// The value under `bindings`; `Err` names an unbound size variable.
+    pub fn eval(&self, bindings: &crate::dims::Bindings) -> Result<f64, String> {
+        Ok(match self {
+            ConstExpr::Number(v) => *v,
+            ConstExpr::Size(d) => d.eval(bindings).map_err(|e| match e {
+                crate::dims::EvalError::Unbound(name) => name,
+                crate::dims::EvalError::Overflow => format!("{d} overflows"),
+            })? as f64,
+            ConstExpr::Neg(e) => -e.eval(bindings)?,
+            ConstExpr::Binary(op, a, b) => op.apply(a.eval(bindings)?, b.eval(bindings)?),
+            ConstExpr::Unary(op, a) => op.apply(a.eval(bindings)?),
+        })
+    }
+}
+
+impl ConstExpr {
+    /// Writes the expression, parenthesising only where precedence needs it.
+    fn write(&self, f: &mut fmt::Formatter<'_>, parent_prec: u8) -> fmt::Result {
+        let prec = match self {
+            ConstExpr::Binary(BinaryOp::Add | BinaryOp::Sub, ..) => 1,
+            ConstExpr::Binary(BinaryOp::Mul | BinaryOp::Div, ..) => 2,
+            ConstExpr::Neg(_) => 3,
+            _ => 4,
+        };
+        if prec < parent_prec {
+            f.write_str("(")?;
+        }
+        match self {
+            ConstExpr::Number(v) => write!(f, "{v}")?,
+            ConstExpr::Size(d) if d.as_constant().is_none() && d.variables().len() > 1 => write!(f, "({d})")?,
+            ConstExpr::Size(d) => write!(f, "{d}")?,
+            ConstExpr::Neg(e) => {
+                f.write_str("-")?;
+                e.write(f, 3)?;
+            }
+            ConstExpr::Binary(op, a, b) => match op.infix() {
+                Some(sym) => {
+                    a.write(f, prec)?;
+                    write!(f, " {sym} ")?;
+                    b.write(f, prec + 1)?;
+                }
+                None => {
+                    write!(f, "{}(", op.name())?;
+                    a.write(f, 0)?;
+                    f.write_str(", ")?;
+                    b.write(f, 0)?;
+                    f.write_str(")")?;
+                }
+            },
+            ConstExpr::Unary(op, a) => {
+                write!(f, "{}(", op.name())?;
+                a.write(f, 0)?;
+                f.write_str(")")?;
+            }
+        }
+        if prec < parent_prec {
+            f.write_str(")")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for ConstExpr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write(f, 0)
+    }
+}
+
+impl fmt::Display for Init {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Init::Zeros => f.write_str("zeros"),
+            Init::Ones => f.write_str("ones"),
+            Init::Uniform(e) => write!(f, "uniform({e})"),
+            Init::Constant(e) => write!(f, "constant({e})"),
+        }
+    }
+}
+
+/// One step of one cell, checked.
+#[derive(Clone, Debug)]
+pub struct Cell {
+    pub name: String,
+    pub span: Span,
+    /// Size variables in order of first appearance in the declarations.
+    pub sizes: Vec<String>,
+    pub inputs: Vec<VarDecl>,
+    pub states: Vec<VarDecl>,
+    pub params: Vec<ParamDecl>,
+    /// The step's output value.
+    pub output: ValueId,
+    /// `next_states[i]` is the value of `states[i]` at the end of the step.
+    pub next_states: Vec<ValueId>,
+    graph: StableDiGraph<Node, u32, u32>,
+    spans: HashMap<ValueId, Span>,
+}
+
+impl Cell {
+    /// An empty graph; lowering fills it and sets `output` / `next_states`.
+    pub fn new(name: String, span: Span) -> Cell {
+        Cell {
+            name,
+            span,
+            sizes: Vec::new(),
+            inputs: Vec::new(),
+            states: Vec::new(),
+            params: Vec::new(),
+            output: ValueId(0),
+            next_states: Vec::new(),
+            graph: StableDiGraph::default(),
+            spans: HashMap::new(),
+        }
+    }
+
+    /// Adds a value computed by `op` from `operands` (in slot order).
+    pub fn add(&mut self, op: Op, ty: Type, operands: &[ValueId], span: Option<Span>) -> ValueId {
+        let n = self.graph.add_node(Node { op, ty });
+        for (slot, o) in operands.iter().enumerate() {
+            self.graph.add_edge(o.node(), n, slot as u32);
+        }
+        let id = ValueId::from_node(n);
+        if let Some(s) = span {
+            self.spans.insert(id, s);
+        }
+        id
+    }
+
+    pub fn node(&self, v: ValueId) -> &Node {
+        &self.graph[v.node()]
+    }
+
+    pub fn contains(&self, v: ValueId) -> bool {
+        self.graph.contains_node(v.node())
+    }
+
+    pub fn ty(&self, v: ValueId) -> &Type {
+        &self.node(v).ty
+    }
+
+    /// Where the value comes from in the source, when known.
+    pub fn span(&self, v: ValueId) -> Option<Span> {
+        self.spans.get(&v).copied()
+    }
+
+    /// The value's operands, in slot order.
+    pub fn operands(&self, v: ValueId) -> Vec<ValueId> {
+        let mut e: Vec<(u32, ValueId)> = self
+            .graph
+            .edges_directed(v.node(), Direction::Incoming)
+            .map(|e| (*e.weight(), ValueId::from_node(e.source())))
+            .collect();
+        e.sort_unstable_by_key(|(slot, _)| *slot);
+        e.into_iter().map(|(_, v)| v).collect()
+    }
+
+    /// Operand slots as stored (for the verifier).
+    pub(crate) fn operand_slots(&self, v: ValueId) -> Vec<u32> {
+        let mut s: Vec<u32> =
+            self.graph.edges_directed(v.node(), Direction::Incoming).map(|e| *e.weight()).collect();
+        s.sort_unstable();
+        s
+    }
+
+    /// The values that read `v` (once per use).
+    pub fn users(&self, v: ValueId) -> Vec<ValueId> {
+        self.graph
+            .edges_directed(v.node(), Direction::Outgoing)
+            .map(|e| ValueId::from_node(e.target()))
+            .collect()
+    }
+
+    /// Every value, in index order.
+    pub fn values(&self) -> impl Iterator<Item = ValueId> + '_ {
+        self.graph.node_indices().map(ValueId::from_node)
+    }
+
+    pub fn value_count(&self) -> usize {
+        self.graph.node_count()
+    }
+
+    /// One past the largest value index (for dense side tables).
+    pub fn value_bound(&self) -> usize {
+        petgraph::visit::NodeIndexable::node_bound(&self.graph)
+    }
+
+    /// Values in an order where operands come before users, lowest index
+    /// first among the ready ones (so dumps follow the source); `Err` names
+    /// a value on a cycle, which only a broken pass can make.
+    pub fn topo_order(&self) -> Result<Vec<ValueId>, ValueId> {
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
+        let mut pending = vec![0usize; self.value_bound()];
+        let mut ready = BinaryHeap::new();
+        for v in self.values() {
+            pending[v.index()] = self.graph.edges_directed(v.node(), Direction::Incoming).count();
+            if pending[v.index()] == 0 {
+                ready.push(Reverse(v));
+            }
+        }
+        let mut order = Vec::with_capacity(self.value_count());
+        while let Some(Reverse(v)) = ready.pop() {
+            order.push(v);
+            for e in self.graph.edges_directed(v.node(), Direction::Outgoing) {
+                let u = ValueId::from_node(e.target());
+                pending[u.index()] -= 1;
+                if pending[u.index()] == 0 {
+                    ready.push(Reverse(u));
+                }
+            }
+        }
+        if order.len() == self.value_count() {
+            Ok(order)
+        } else {
+            Err(self.values().find(|v| pending[v.index()] > 0).unwrap_or(ValueId(0)))
+        }
+    }
+
+    /// Removes values no output or next state depends on; returns how many.
+    pub fn remove_dead_values(&mut self) -> usize {
+        let mut live = vec![false; self.value_bound()];
+        let mut stack: Vec<ValueId> = self.next_states.clone();
+        stack.push(self.output);
+        while let Some(v) = stack.pop() {
+            if !self.contains(v) || std::mem::replace(&mut live[v.index()], true) {
+                continue;
+            }
+            stack.extend(self.operands(v));
+        }
+        let dead: Vec<ValueId> = self.values().filter(|v| !live[v.index()]).collect();
+        for v in &dead {
+            self.graph.remove_node(v.node());
+            self.spans.remove(v);
+        }
+        dead.len()
+    }
+
+    pub fn state_index(&self, name: &str) -> Option<usize> {
+        self.states.iter().position(|s| s.name == name)
+    }
+
+    pub fn param_index(&self, name: &str) -> Option<usize> {
+        self.params.iter().position(|p| p.name == name)
+    }
+
+    /// The step's feature size: the inputs' dimensions added up.
+    pub fn input_dim(&self) -> Dim {
+        self.inputs.iter().fold(Dim::default(), |acc, i| acc.checked_add(&i.dim).unwrap_or(acc))
+    }
+
+    /// The output's dimension.
+    pub fn output_dim(&self) -> Dim {
+        self.ty(self.output).vector_dim().cloned().unwrap_or_default()
+    }
+}

@@ -1,0 +1,230 @@
+//! The closed set of operations a step graph is made of.
+//!
+//! Adding an op means adding a variant here; every `match` on [`Op`] in the
+//! passes and back ends then fails to compile until it handles it.
+
+use crate::dims::Dim;
+use std::fmt;
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// `inputs[i]` at this step: a slice of the step's feature vector.
+    Input(usize),
+    /// `states[i]` at the start of the step.
+    State(usize),
+    /// `params[i]`, a vector or a matrix.
+    Param(usize),
+    /// A scalar constant.
+    Const(f64),
+    /// Elementwise, one operand; result has the operand's type.
+    Unary(UnaryOp),
+    /// Elementwise, two operands of equal type (scalars are broadcast explicitly).
+    Binary(BinaryOp),
+    /// A scalar repeated into a vector of the node's type.
+    Broadcast,
+    /// Matrix `[m, n]` (operand 0, always a parameter) times vector `[n]` (operand 1).
+    MatVec,
+    /// A vector reduced to a scalar.
+    Reduce(ReduceOp),
+    /// The elements `[offset, offset + len)` of a vector; `len` is the node's dimension.
+    Slice { offset: Dim },
+    /// Operands joined end to end.
+    Concat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Sigmoid,
+    Tanh,
+    Relu,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Abs,
+    Softplus,
+    Silu,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Min,
+    Max,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Mean,
+}
+
+impl UnaryOp {
+    /// The built-in functions of this kind, by their source names.
+    pub const BUILTINS: [UnaryOp; 10] = [
+        UnaryOp::Sigmoid,
+        UnaryOp::Tanh,
+        UnaryOp::Relu,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Abs,
+        UnaryOp::Softplus,
+        UnaryOp::Silu,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Softplus => "softplus",
+            UnaryOp::Silu => "silu",
+        }
+    }
+
+    pub fn from_builtin(name: &str) -> Option<UnaryOp> {
+        UnaryOp::BUILTINS.into_iter().find(|op| op.name() == name)
+    }
+
+    /// The op's definition, in f64. Backends must agree with this.
+    pub fn apply(self, x: f64) -> f64 {
+        apply_unary(self, x)
+    }
+}
+
+/// The semantics of the unary ops, for any float type.
+pub fn apply_unary<T: num_traits::Float>(op: UnaryOp, x: T) -> T {
+    let one = T::one();
+    match op {
+        UnaryOp::Neg => -x,
+        UnaryOp::Sigmoid => one / (one + (-x).exp()),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Relu => {
+            if x > T::zero() {
+                x
+            } else {
+                T::zero()
+            }
+        }
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Rsqrt => one / x.sqrt(),
+        UnaryOp::Abs => x.abs(),
+        // log(1 + e^x), computed without overflow for large x.
+        UnaryOp::Softplus => x.max(T::zero()) + (-x.abs()).exp().ln_1p(),
+        UnaryOp::Silu => x / (one + (-x).exp()),
+    }
+}
+
+/// The semantics of the binary ops, for any float type.
+pub fn apply_binary<T: num_traits::Float>(op: BinaryOp, a: T, b: T) -> T {
+    match op {
+        BinaryOp::Add => a + b,
+        BinaryOp::Sub => a - b,
+        BinaryOp::Mul => a * b,
+        BinaryOp::Div => a / b,
+        BinaryOp::Min => a.min(b),
+        BinaryOp::Max => a.max(b),
+    }
+}
+
+impl BinaryOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Min => "min",
+            BinaryOp::Max => "max",
+        }
+    }
+
+    /// The infix symbol, for the ops written infix in the source.
+    pub fn infix(self) -> Option<&'static str> {
+        match self {
+            BinaryOp::Add => Some("+"),
+            BinaryOp::Sub => Some("-"),
+            BinaryOp::Mul => Some("*"),
+            BinaryOp::Div => Some("/"),
+            BinaryOp::Min | BinaryOp::Max => None,
+        }
+    }
+
+    pub fn from_builtin(name: &str) -> Option<BinaryOp> {
+        match name {
+            "min" => Some(BinaryOp::Min),
+            "max" => Some(BinaryOp::Max),
+            _ => None,
+        }
+    }
+
+    pub fn apply(self, a: f64, b: f64) -> f64 {
+        apply_binary(self, a, b)
+    }
+}
+
+impl ReduceOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Mean => "mean",
+        }
+    }
+
+    pub fn from_builtin(name: &str) -> Option<ReduceOp> {
+        match name {
+            "sum" => Some(ReduceOp::Sum),
+            "mean" => Some(ReduceOp::Mean),
+            _ => None,
+        }
+    }
+}
+
+impl Op {
+    /// The op's mnemonic in IR dumps.
+    pub fn mnemonic(&self) -> &'static str {
+        match self {
+            Op::Input(_) => "input",
+            Op::State(_) => "state",
+            Op::Param(_) => "param",
+            Op::Const(_) => "const",
+            Op::Unary(u) => u.name(),
+            Op::Binary(b) => b.name(),
+            Op::Broadcast => "broadcast",
+            Op::MatVec => "matvec",
+            Op::Reduce(r) => r.name(),
+            Op::Slice { .. } => "slice",
+            Op::Concat => "concat",
+        }
+    }
+
+    /// How many operands the op takes; `None` for any number of at least one.
+    pub fn arity(&self) -> Option<usize> {
+        match self {
+            Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Const(_) => Some(0),
+            Op::Unary(_) | Op::Broadcast | Op::Reduce(_) | Op::Slice { .. } => Some(1),
+            Op::Binary(_) | Op::MatVec => Some(2),
+            Op::Concat => None,
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.mnemonic())
+    }
+}

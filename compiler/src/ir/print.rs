@@ -1,0 +1,122 @@
+//! Printing the IR: a readable text dump and Graphviz dot.
+//!
+//! The text form lists declarations, then one line per value in
+//! topological order, `v12: [4*H] = add v10, v11`, with the source location
+//! it came from, then the next states and the output. It is what
+//! `cellc graph` prints and what snapshot tests compare.
+
+use super::{Cell, Op, Type, ValueId};
+use crate::diag::SourceMap;
+use std::fmt::Write;
+
+/// The text dump; with `sources`, each value names its source location.
+pub fn to_text(cell: &Cell, sources: Option<&SourceMap>) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "cell {} ({})", cell.name, sizes_list(cell));
+    for i in &cell.inputs {
+        let _ = writeln!(out, "  input  {}: [{}]", i.name, i.dim);
+    }
+    for s in &cell.states {
+        let _ = writeln!(out, "  state  {}: [{}]", s.name, s.dim);
+    }
+    for p in &cell.params {
+        let _ = writeln!(out, "  param  {}: {} = {}", p.name, p.ty, p.init);
+    }
+    out.push('\n');
+    let order = cell.topo_order().unwrap_or_else(|_| cell.values().collect());
+    for v in order {
+        let line = value_line(cell, v);
+        match (sources, cell.span(v)) {
+            (Some(src), Some(span)) => {
+                let _ = writeln!(out, "  {line:<44} ; {}", src.location(span));
+            }
+            _ => {
+                let _ = writeln!(out, "  {line}");
+            }
+        }
+    }
+    out.push('\n');
+    for (s, v) in cell.states.iter().zip(&cell.next_states) {
+        let _ = writeln!(out, "  next   {}' = {v}", s.name);
+    }
+    let _ = writeln!(out, "  output {}", cell.output);
+    out
+}
+
+fn sizes_list(cell: &Cell) -> String {
+    if cell.sizes.is_empty() {
+        "no sizes".into()
+    } else {
+        format!("sizes {}", cell.sizes.join(", "))
+    }
+}
+
+/// `v12: [4*H] = add v10, v11`
+pub fn value_line(cell: &Cell, v: ValueId) -> String {
+    let node = cell.node(v);
+    let args: Vec<String> = cell.operands(v).iter().map(|o| o.to_string()).collect();
+    let rhs = match &node.op {
+        Op::Input(i) => format!("input {}", cell.inputs.get(*i).map_or("?", |d| &d.name)),
+        Op::State(i) => format!("state {}", cell.states.get(*i).map_or("?", |d| &d.name)),
+        Op::Param(i) => format!("param {}", cell.params.get(*i).map_or("?", |d| &d.name)),
+        Op::Const(c) => format!("const {c}"),
+        Op::Slice { offset } => format!("slice {}, offset {offset}", args.join(", ")),
+        op => format!("{} {}", op.mnemonic(), args.join(", ")),
+    };
+    format!("{v}: {} = {rhs}", short_type(&node.ty))
+}
+
+fn short_type(t: &Type) -> String {
+    match t {
+        Type::Scalar => "f32".into(),
+        t => t.to_string(),
+    }
+}
+
+/// Graphviz dot: values as nodes, operand edges labelled with their slot
+/// where order matters.
+pub fn to_dot(cell: &Cell) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "digraph \"{}\" {{", escape(&cell.name));
+    let _ = writeln!(out, "  rankdir=TB;\n  node [fontname=\"monospace\", fontsize=10];");
+    for v in cell.topo_order().unwrap_or_else(|_| cell.values().collect()) {
+        let node = cell.node(v);
+        let (label, shape) = match &node.op {
+            Op::Input(i) => (format!("input {}", cell.inputs[*i].name), "invhouse"),
+            Op::State(i) => (format!("state {}", cell.states[*i].name), "invhouse"),
+            Op::Param(i) => (format!("param {}", cell.params[*i].name), "box3d"),
+            Op::Const(c) => (format!("{c}"), "plaintext"),
+            Op::MatVec => ("matvec".to_string(), "box"),
+            Op::Slice { offset } => (format!("slice @{offset}"), "ellipse"),
+            op => (op.mnemonic().to_string(), "ellipse"),
+        };
+        let _ = writeln!(
+            out,
+            "  {v} [label=\"{v}: {}\\n{}\", shape={shape}];",
+            escape(&label),
+            escape(&short_type(&node.ty))
+        );
+        let ordered = matches!(
+            node.op,
+            Op::MatVec | Op::Concat | Op::Binary(super::BinaryOp::Sub) | Op::Binary(super::BinaryOp::Div)
+        );
+        for (slot, o) in cell.operands(v).iter().enumerate() {
+            if ordered {
+                let _ = writeln!(out, "  {o} -> {v} [label=\"{slot}\"];");
+            } else {
+                let _ = writeln!(out, "  {o} -> {v};");
+            }
+        }
+    }
+    for (s, v) in cell.states.iter().zip(&cell.next_states) {
+        let _ =
+            writeln!(out, "  \"{0}'\" [label=\"{0}'\", shape=house];\n  {v} -> \"{0}'\";", escape(&s.name));
+    }
+    let _ = writeln!(out, "  \"output\" [shape=house];\n  {} -> \"output\";", cell.output);
+    out.push_str("}\n");
+    out
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}

@@ -1,0 +1,472 @@
+//! Lowering expressions and `let`s: names, operators with broadcasting,
+//! `@`, built-in calls, `chunk`/`concat`, and `fn` inlining.
+
+use super::names::did_you_mean;
+use super::{describe, dim_of, BindingKind, CellLowerer, Frame, MAX_CALL_DEPTH};
+use crate::diag::{Diagnostic, Span};
+use crate::dims::Dim;
+use crate::ir::{self, BinaryOp, Op, ReduceOp, Type, UnaryOp, ValueId};
+use crate::syntax::ast::{self, BinOp, Expr, ExprKind};
+
+impl CellLowerer<'_> {
+    pub(super) fn let_binding(&mut self, l: &ast::Let) {
+        if let ExprKind::Call { callee, args } = &l.value.kind {
+            if callee.name == "chunk" {
+                return self.chunk(l, args, l.value.span);
+            }
+        }
+        let v = self.expr(&l.value);
+        if l.names.len() > 1 {
+            self.error(
+                Diagnostic::error(
+                    l.value.span,
+                    format!("{} names are bound to a single value", l.names.len()),
+                )
+                .with_note("only `chunk(v, n)` binds several names at once: `let a, b = chunk(v, 2)`"),
+            );
+            for n in &l.names {
+                self.bind(n, BindingKind::Let, None);
+            }
+            return;
+        }
+        self.bind(&l.names[0], BindingKind::Let, v);
+    }
+
+    /// `let a, b, c = chunk(v, 3)`
+    fn chunk(&mut self, l: &ast::Let, args: &[Expr], span: Span) {
+        let pieces = self.chunk_pieces(l, args, span);
+        for (i, n) in l.names.iter().enumerate() {
+            let v = pieces.as_ref().and_then(|p| p.get(i).copied());
+            self.bind(n, BindingKind::Let, v);
+        }
+    }
+
+    fn chunk_pieces(&mut self, l: &ast::Let, args: &[Expr], span: Span) -> Option<Vec<ValueId>> {
+        let [v, n] = args else {
+            self.error(
+                Diagnostic::error(span, format!("`chunk` takes 2 arguments, found {}", args.len()))
+                    .with_note("write `chunk(v, n)`: split v into n equal parts"),
+            );
+            return None;
+        };
+        let count = self.integer_arg(n, "the number of pieces")?;
+        let value = self.expr(v)?;
+        if count as usize != l.names.len() {
+            self.error(
+                Diagnostic::error(
+                    span,
+                    format!("`chunk` into {count} pieces is bound to {} names", l.names.len()),
+                )
+                .with_label(format!("makes {count} pieces"))
+                .with_note("bind exactly one name per piece"),
+            );
+            return None;
+        }
+        let ty = self.cell.ty(value).clone();
+        let Type::Vector(d) = ty else {
+            self.error(
+                Diagnostic::error(v.span, "`chunk` splits a vector")
+                    .with_label(format!("this is {}", describe(&ty))),
+            );
+            return None;
+        };
+        let Some(piece) = d.exact_div(count) else {
+            self.error(
+                Diagnostic::error(v.span, format!("cannot split [{d}] into {count} equal parts"))
+                    .with_label(format!("[{d}] is not divisible by {count}"))
+                    .with_note(
+                        "the size must be divisible for every value of its size variables, as `4*H` is by 4",
+                    ),
+            );
+            return None;
+        };
+        let mut out = Vec::with_capacity(count as usize);
+        for i in 0..count {
+            let offset = piece.checked_scale(i)?;
+            let name_span = l.names[i as usize].span;
+            out.push(self.add(Op::Slice { offset }, Type::Vector(piece.clone()), &[value], name_span)?);
+        }
+        Some(out)
+    }
+
+    /// A positive whole number: a literal or an integral `const`.
+    fn integer_arg(&mut self, e: &Expr, what: &str) -> Option<i64> {
+        let v = match &e.kind {
+            ExprKind::Number(v) => Some(*v),
+            ExprKind::Name(id) => self.globals.consts.get(id.name.as_str()).map(|c| {
+                self.globals.mark_used(&id.name);
+                c.value
+            }),
+            _ => None,
+        };
+        match v {
+            Some(v) if v >= 1.0 && v.fract() == 0.0 && v <= 1e9 => Some(v as i64),
+            _ => {
+                self.error(
+                    Diagnostic::error(e.span, format!("{what} must be a positive whole number"))
+                        .with_label("expected a literal such as `4`, or a `const`"),
+                );
+                None
+            }
+        }
+    }
+
+    pub(super) fn expr(&mut self, e: &Expr) -> Option<ValueId> {
+        if self.too_large {
+            return None;
+        }
+        match &e.kind {
+            ExprKind::Number(v) => self.constant(*v, e.span),
+            ExprKind::Name(id) => self.name(id),
+            ExprKind::Primed(id) => self.primed(id),
+            ExprKind::Paren(inner) => self.expr(inner),
+            ExprKind::Neg(inner) => {
+                let v = self.expr(inner)?;
+                self.unary(UnaryOp::Neg, v, inner.span, e.span)
+            }
+            ExprKind::Binary { op: BinOp::MatMul, lhs, rhs } => {
+                let (a, b) = (self.expr(lhs), self.expr(rhs));
+                self.matvec(a?, b?, lhs.span, rhs.span, e.span)
+            }
+            ExprKind::Binary { op, lhs, rhs } => {
+                let op = match op {
+                    BinOp::Add => BinaryOp::Add,
+                    BinOp::Sub => BinaryOp::Sub,
+                    BinOp::Mul => BinaryOp::Mul,
+                    _ => BinaryOp::Div,
+                };
+                let (a, b) = (self.expr(lhs), self.expr(rhs));
+                self.binary(op, a?, b?, (lhs.span, rhs.span), e.span)
+            }
+            ExprKind::Call { callee, args } => self.call(callee, args, e.span),
+            ExprKind::Error => None,
+        }
+    }
+
+    fn name(&mut self, id: &ast::Ident) -> Option<ValueId> {
+        let frame = self.frames.len() - 1;
+        if let Some(b) = self.frames[frame].names.get_mut(&id.name) {
+            b.used = true;
+            return b.value;
+        }
+        if let Some(c) = self.globals.consts.get(id.name.as_str()) {
+            self.globals.mark_used(&id.name);
+            return self.constant(c.value, id.span);
+        }
+        let mut d =
+            Diagnostic::error(id.span, format!("unknown name `{}`", id.name)).with_label("not defined");
+        if self.in_function() && self.frames[0].names.contains_key(&id.name) {
+            d = d.with_note(format!(
+                "`{}` belongs to the cell; a function sees only its parameters, its own `let`s and `const`s: pass it as an argument",
+                id.name
+            ));
+        } else if self.sizes.contains_key(&id.name) {
+            d = Diagnostic::error(id.span, format!("`{}` is a size variable, not a value", id.name))
+                .with_label("sizes only appear in declarations")
+                .with_note("to average over a vector use `mean(v)` rather than `sum(v) / H`");
+        } else if self.globals.fns.contains_key(id.name.as_str()) || super::is_builtin(&id.name) {
+            d = d.with_note(format!("`{0}` is a function: call it as `{0}(...)`", id.name));
+        } else if let Some(s) = did_you_mean(&id.name, self.frames[frame].names.keys().map(String::as_str)) {
+            d = d.with_note(format!("did you mean `{s}`?"));
+        }
+        self.error(d);
+        None
+    }
+
+    fn primed(&mut self, id: &ast::Ident) -> Option<ValueId> {
+        if self.in_function() {
+            self.error(
+                Diagnostic::error(id.span, format!("`{}'` cannot be read inside a function", id.name))
+                    .with_note("pass the value as an argument instead"),
+            );
+            return None;
+        }
+        if self.cell.state_index(&id.name).is_none() {
+            let what = match self.frames[0].names.get(&id.name) {
+                Some(b) => format!("`{}` is a {}", id.name, b.kind.word()),
+                None => format!("`{}` is not declared", id.name),
+            };
+            self.error(
+                Diagnostic::error(
+                    id.span,
+                    format!("`{}'`: only states have a primed value; {what}", id.name),
+                )
+                .with_label("not a state"),
+            );
+            return None;
+        }
+        if let Some(b) = self.frames[0].names.get_mut(&id.name) {
+            b.used = true;
+        }
+        match self.next.get(&id.name) {
+            Some((v, _)) => *v,
+            None => {
+                let mut d =
+                    Diagnostic::error(id.span, format!("`{}'` is read before it is assigned", id.name))
+                        .with_label("read here");
+                if let Some(at) = self.assigned_at.get(&id.name) {
+                    d = d.with_secondary(*at, "assigned later, here");
+                }
+                self.error(d.with_note(format!(
+                    "`{0}` is the value at the start of the step; `{0}'` exists only once assigned",
+                    id.name
+                )));
+                None
+            }
+        }
+    }
+
+    fn unary(&mut self, op: UnaryOp, v: ValueId, arg_span: Span, span: Span) -> Option<ValueId> {
+        let ty = self.cell.ty(v).clone();
+        if let Type::Matrix(..) = ty {
+            return self.matrix_misuse(v, arg_span);
+        }
+        self.add(Op::Unary(op), ty, &[v], span)
+    }
+
+    fn matrix_misuse(&mut self, v: ValueId, span: Span) -> Option<ValueId> {
+        let ty = self.cell.ty(v).clone();
+        self.error(
+            Diagnostic::error(span, "a matrix can only be the left operand of `@`")
+                .with_label(format!("this is {}", describe(&ty)))
+                .with_note("multiply it by a vector first: `W @ x`"),
+        );
+        None
+    }
+
+    /// Elementwise binary op; a scalar operand is broadcast to the other's size.
+    pub(super) fn binary(
+        &mut self,
+        op: BinaryOp,
+        a: ValueId,
+        b: ValueId,
+        (sa, sb): (Span, Span),
+        span: Span,
+    ) -> Option<ValueId> {
+        let (ta, tb) = (self.cell.ty(a).clone(), self.cell.ty(b).clone());
+        match (&ta, &tb) {
+            (Type::Matrix(..), _) => self.matrix_misuse(a, sa),
+            (_, Type::Matrix(..)) => self.matrix_misuse(b, sb),
+            (Type::Scalar, Type::Scalar) => self.add(Op::Binary(op), Type::Scalar, &[a, b], span),
+            (Type::Vector(d), Type::Scalar) => {
+                let b = self.add(Op::Broadcast, Type::Vector(d.clone()), &[b], sb)?;
+                self.add(Op::Binary(op), ta, &[a, b], span)
+            }
+            (Type::Scalar, Type::Vector(d)) => {
+                let a = self.add(Op::Broadcast, Type::Vector(d.clone()), &[a], sa)?;
+                self.add(Op::Binary(op), tb, &[a, b], span)
+            }
+            (Type::Vector(x), Type::Vector(y)) if x == y => self.add(Op::Binary(op), ta, &[a, b], span),
+            (Type::Vector(x), Type::Vector(y)) => {
+                let verb = match op {
+                    BinaryOp::Add => "add",
+                    BinaryOp::Sub => "subtract",
+                    BinaryOp::Mul => "multiply",
+                    BinaryOp::Div => "divide",
+                    BinaryOp::Min => "take the minimum of",
+                    BinaryOp::Max => "take the maximum of",
+                };
+                self.error(
+                    Diagnostic::error(
+                        span,
+                        format!("cannot {verb} vectors of different sizes [{x}] and [{y}]"),
+                    )
+                    .with_label("elementwise operands must have equal sizes")
+                    .with_secondary(sa, format!("this is [{x}]"))
+                    .with_secondary(sb, format!("this is [{y}]")),
+                );
+                None
+            }
+        }
+    }
+
+    fn matvec(&mut self, m: ValueId, v: ValueId, sm: Span, sv: Span, span: Span) -> Option<ValueId> {
+        let (tm, tv) = (self.cell.ty(m).clone(), self.cell.ty(v).clone());
+        let (Type::Matrix(rows, cols), Type::Vector(n)) = (&tm, &tv) else {
+            if !matches!(tm, Type::Matrix(..)) {
+                self.error(
+                    Diagnostic::error(sm, "the left operand of `@` must be a matrix parameter")
+                        .with_label(format!("this is {}", describe(&tm)))
+                        .with_note("declare it as `param W[m, n]`; for elementwise products use `*`"),
+                );
+            } else {
+                self.error(
+                    Diagnostic::error(sv, "the right operand of `@` must be a vector")
+                        .with_label(format!("this is {}", describe(&tv))),
+                );
+            }
+            return None;
+        };
+        if cols != n {
+            self.error(
+                Diagnostic::error(
+                    span,
+                    format!("cannot multiply a [{rows}, {cols}] matrix by a [{n}] vector"),
+                )
+                .with_label(format!("expected a vector of [{cols}], found [{n}]"))
+                .with_secondary(sm, format!("the matrix has {cols} columns"))
+                .with_secondary(sv, format!("the vector has {n} elements")),
+            );
+            return None;
+        }
+        self.add(Op::MatVec, Type::Vector(rows.clone()), &[m, v], span)
+    }
+
+    fn call(&mut self, callee: &ast::Ident, args: &[Expr], span: Span) -> Option<ValueId> {
+        let name = callee.name.as_str();
+        if let Some(op) = UnaryOp::from_builtin(name) {
+            let [a] = self.args::<1>(callee, args, span)?;
+            let v = self.expr(a)?;
+            return self.unary(op, v, a.span, span);
+        }
+        if let Some(op) = BinaryOp::from_builtin(name) {
+            let [a, b] = self.args::<2>(callee, args, span)?;
+            let (va, vb) = (self.expr(a), self.expr(b));
+            return self.binary(op, va?, vb?, (a.span, b.span), span);
+        }
+        if let Some(op) = ReduceOp::from_builtin(name) {
+            let [a] = self.args::<1>(callee, args, span)?;
+            let v = self.expr(a)?;
+            let ty = self.cell.ty(v).clone();
+            if !matches!(ty, Type::Vector(_)) {
+                self.error(
+                    Diagnostic::error(a.span, format!("`{name}` reduces a vector to a scalar"))
+                        .with_label(format!("this is {}", describe(&ty))),
+                );
+                return None;
+            }
+            return self.add(Op::Reduce(op), Type::Scalar, &[v], span);
+        }
+        match name {
+            "concat" => return self.concat(args, span),
+            "chunk" => {
+                self.error(
+                    Diagnostic::error(span, "`chunk` may only appear directly on the right of a `let`")
+                        .with_note("write `let a, b = chunk(v, 2)` and use `a` and `b`"),
+                );
+                return None;
+            }
+            _ => {}
+        }
+        let globals = self.globals;
+        let Some(f) = globals.fns.get(name) else {
+            let mut d = Diagnostic::error(callee.span, format!("unknown function `{name}`"))
+                .with_label("not defined");
+            let known = globals
+                .fns
+                .keys()
+                .copied()
+                .chain(ir::UnaryOp::BUILTINS.iter().map(|u| u.name()))
+                .chain(super::STRUCTURAL_BUILTINS);
+            if let Some(s) = did_you_mean(name, known) {
+                d = d.with_note(format!("did you mean `{s}`?"));
+            }
+            self.error(d);
+            // Still check the arguments, and count the names they use as used.
+            for a in args {
+                self.expr(a);
+            }
+            return None;
+        };
+        globals.mark_used(name);
+        self.inline(f, callee, args, span)
+    }
+
+    fn args<'e, const N: usize>(
+        &mut self,
+        callee: &ast::Ident,
+        args: &'e [Expr],
+        span: Span,
+    ) -> Option<&'e [Expr; N]> {
+        match <&[Expr; N]>::try_from(args) {
+            Ok(a) => Some(a),
+            Err(_) => {
+                let plural = if N == 1 { "" } else { "s" };
+                self.error(
+                    Diagnostic::error(
+                        span,
+                        format!("`{}` takes {N} argument{plural}, found {}", callee.name, args.len()),
+                    )
+                    .with_label(format!("expected {N} argument{plural}")),
+                );
+                None
+            }
+        }
+    }
+
+    fn concat(&mut self, args: &[Expr], span: Span) -> Option<ValueId> {
+        if args.is_empty() {
+            self.error(Diagnostic::error(span, "`concat` needs at least one vector"));
+            return None;
+        }
+        let values: Vec<Option<ValueId>> = args.iter().map(|a| self.expr(a)).collect();
+        let values: Vec<ValueId> = values.into_iter().collect::<Option<_>>()?;
+        let mut total = Dim::default();
+        for (v, a) in values.iter().zip(args) {
+            let ty = self.cell.ty(*v).clone();
+            let Some(d) = dim_of(&ty) else {
+                self.error(
+                    Diagnostic::error(a.span, "`concat` joins vectors")
+                        .with_label(format!("this is {}", describe(&ty))),
+                );
+                return None;
+            };
+            total = total.checked_add(&d)?;
+        }
+        self.add(Op::Concat, Type::Vector(total), &values, span)
+    }
+
+    /// Inlines a call to a user or prelude function.
+    fn inline(&mut self, f: &ast::FnDef, callee: &ast::Ident, args: &[Expr], span: Span) -> Option<ValueId> {
+        if args.len() != f.params.len() {
+            let plural = if f.params.len() == 1 { "" } else { "s" };
+            self.error(
+                Diagnostic::error(
+                    span,
+                    format!(
+                        "`{}` takes {} argument{plural}, found {}",
+                        f.name.name,
+                        f.params.len(),
+                        args.len()
+                    ),
+                )
+                .with_secondary(f.name.span, "function defined here"),
+            );
+            return None;
+        }
+        if let Some(frame) =
+            self.frames.iter().find(|fr| fr.call.as_ref().is_some_and(|(n, _)| n == &f.name.name))
+        {
+            let first = frame.call.as_ref().map(|(_, s)| *s);
+            let mut d = Diagnostic::error(callee.span, format!("function `{}` calls itself", f.name.name))
+                .with_label("recursive call")
+                .with_note("functions are inlined where they are called, so recursion is not allowed");
+            if let Some(s) = first.filter(|s| *s != callee.span) {
+                d = d.with_secondary(s, "entered here");
+            }
+            self.error(d);
+            return None;
+        }
+        if self.frames.len() > MAX_CALL_DEPTH {
+            self.error(Diagnostic::error(
+                span,
+                format!("function calls nest more than {MAX_CALL_DEPTH} deep"),
+            ));
+            return None;
+        }
+        let values: Vec<Option<ValueId>> = args.iter().map(|a| self.expr(a)).collect();
+        if values.iter().any(Option::is_none) {
+            return None;
+        }
+        self.frames.push(Frame { call: Some((f.name.name.clone(), span)), ..Frame::default() });
+        for (p, v) in f.params.iter().zip(values) {
+            self.bind(p, BindingKind::FnParam, v);
+        }
+        for l in &f.lets {
+            self.let_binding(l);
+        }
+        let result = self.expr(&f.result);
+        self.frames.pop();
+        result
+    }
+}

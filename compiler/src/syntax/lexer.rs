@@ -1,0 +1,203 @@
+//! The lexer: `.cell` text to tokens, with logos.
+//!
+//! It never aborts (as rust-analyzer's `lexed_str`): a character that starts
+//! no token, or a malformed number, becomes an [`Token::Error`] token with its
+//! span, a diagnostic is recorded, and lexing goes on. The parser simply
+//! skips error tokens, so one typo yields one message.
+
+use crate::diag::{Diagnostic, Diagnostics, FileId, Span};
+use logos::Logos;
+
+/// What the lexer could not read.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum LexError {
+    #[default]
+    UnknownCharacter,
+}
+
+#[derive(Logos, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[logos(skip r"[ \t\r\n\f]+")]
+#[logos(skip(r"//[^\n]*", allow_greedy = true))]
+#[logos(error = LexError)]
+pub enum Token {
+    #[token("cell")]
+    Cell,
+    #[token("fn")]
+    Fn,
+    #[token("const")]
+    Const,
+    #[token("let")]
+    Let,
+    #[token("input")]
+    Input,
+    #[token("state")]
+    State,
+    #[token("param")]
+    Param,
+    #[token("output")]
+    Output,
+    #[regex(r"[A-Za-z_][A-Za-z0-9_]*")]
+    Ident,
+    #[regex(r"[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")]
+    Number,
+    /// `1.`, `1e`, `1e+`, `2.5E`: a number that stops half way.
+    #[regex(r"[0-9]+\.([eE][+-]?)?", priority = 1)]
+    #[regex(r"[0-9]+(\.[0-9]+)?[eE][+-]?")]
+    MalformedNumber,
+    #[token("'")]
+    Prime,
+    #[token("{")]
+    LBrace,
+    #[token("}")]
+    RBrace,
+    #[token("(")]
+    LParen,
+    #[token(")")]
+    RParen,
+    #[token("[")]
+    LBracket,
+    #[token("]")]
+    RBracket,
+    #[token(",")]
+    Comma,
+    #[token("=")]
+    Eq,
+    #[token("+")]
+    Plus,
+    #[token("-")]
+    Minus,
+    #[token("*")]
+    Star,
+    #[token("/")]
+    Slash,
+    #[token("@")]
+    At,
+    #[token(";")]
+    Semi,
+    /// Anything the lexer could not read (already reported).
+    Error,
+    /// End of input (synthesised by [`lex`]).
+    Eof,
+}
+
+impl Token {
+    /// How the token is named in "expected ..." messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Token::Cell => "`cell`",
+            Token::Fn => "`fn`",
+            Token::Const => "`const`",
+            Token::Let => "`let`",
+            Token::Input => "`input`",
+            Token::State => "`state`",
+            Token::Param => "`param`",
+            Token::Output => "`output`",
+            Token::Ident => "a name",
+            Token::Number | Token::MalformedNumber => "a number",
+            Token::Prime => "`'`",
+            Token::LBrace => "`{`",
+            Token::RBrace => "`}`",
+            Token::LParen => "`(`",
+            Token::RParen => "`)`",
+            Token::LBracket => "`[`",
+            Token::RBracket => "`]`",
+            Token::Comma => "`,`",
+            Token::Eq => "`=`",
+            Token::Plus => "`+`",
+            Token::Minus => "`-`",
+            Token::Star => "`*`",
+            Token::Slash => "`/`",
+            Token::At => "`@`",
+            Token::Semi => "`;`",
+            Token::Error => "an unreadable character",
+            Token::Eof => "end of file",
+        }
+    }
+
+    pub fn is_keyword(self) -> bool {
+        matches!(
+            self,
+            Token::Cell
+                | Token::Fn
+                | Token::Const
+                | Token::Let
+                | Token::Input
+                | Token::State
+                | Token::Param
+                | Token::Output
+        )
+    }
+}
+
+/// A token with its span.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lexeme {
+    pub token: Token,
+    pub span: Span,
+}
+
+/// Splits `source` into tokens, ending with one [`Token::Eof`].
+pub fn lex(file: FileId, source: &str, diags: &mut Diagnostics) -> Vec<Lexeme> {
+    let mut out = Vec::new();
+    let mut lexer = Token::lexer(source);
+    while let Some(result) = lexer.next() {
+        let span = Span::new(file, lexer.span());
+        let token = match result {
+            Ok(Token::MalformedNumber) => {
+                diags.push(
+                    Diagnostic::error(span, format!("malformed number `{}`", lexer.slice()))
+                        .with_label("digits must follow `.` and the exponent")
+                        .with_note("numbers look like `12`, `0.5`, `1e-5` or `2.5E+3`"),
+                );
+                Token::Error
+            }
+            Ok(t) => t,
+            Err(LexError::UnknownCharacter) => {
+                let c = lexer.slice().chars().next().unwrap_or('?');
+                let mut d = Diagnostic::error(span, format!("unexpected character `{}`", c.escape_default()))
+                    .with_label("not part of the language");
+                if c == '.' {
+                    d = d.with_note("a number needs a digit before its `.`: write `0.5`, not `.5`");
+                }
+                diags.push(d);
+                Token::Error
+            }
+        };
+        out.push(Lexeme { token, span });
+    }
+    let end = source.len();
+    out.push(Lexeme { token: Token::Eof, span: Span::new(file, end..end) });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(src: &str) -> Vec<Token> {
+        let mut d = Diagnostics::default();
+        lex(FileId(0), src, &mut d).into_iter().map(|l| l.token).collect()
+    }
+
+    #[test]
+    fn numbers_and_primes() {
+        use Token::*;
+        assert_eq!(kinds("c' = 1e-5 * 2.5E+3 // hi"), vec![Ident, Prime, Eq, Number, Star, Number, Eof]);
+        assert_eq!(kinds("12 0.5"), vec![Number, Number, Eof]);
+    }
+
+    #[test]
+    fn malformed_and_unknown_recover() {
+        use Token::*;
+        let mut d = Diagnostics::default();
+        let toks: Vec<_> = lex(FileId(0), "1. $ x 3e", &mut d).into_iter().map(|l| l.token).collect();
+        assert_eq!(toks, vec![Error, Error, Ident, Error, Eof]);
+        assert_eq!(d.error_count(), 3);
+    }
+
+    #[test]
+    fn keywords_are_not_identifiers() {
+        use Token::*;
+        assert_eq!(kinds("cell cells letx let"), vec![Cell, Ident, Ident, Let, Eof]);
+    }
+}

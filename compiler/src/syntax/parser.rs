@@ -1,0 +1,807 @@
+//! The parser: tokens to [`ast::File`], by recursive descent.
+//!
+//! It reports as many errors as it can in one pass: after a bad statement
+//! it skips to the next place a statement can start (`let`, `output`,
+//! `name'`, `}`) and goes on. Nesting is bounded ([`MAX_DEPTH`]) so that no
+//! input, however deep, can overflow the stack here or in the passes that
+//! walk the tree afterwards.
+
+use super::ast::*;
+use super::lexer::{lex, Lexeme, Token};
+use crate::diag::{Diagnostic, Diagnostics, FileId, Span};
+
+/// Deepest expression or dimension tree the parser builds.
+pub const MAX_DEPTH: u32 = 200;
+
+/// Parses one file. The AST is returned even when there are errors, with
+/// the broken parts left out or replaced by [`ExprKind::Error`].
+pub fn parse(file: FileId, source: &str) -> (File, Diagnostics) {
+    let mut diags = Diagnostics::default();
+    let tokens = lex(file, source, &mut diags);
+    let mut p = Parser { tokens, pos: 0, source, diags, depth_reported: false };
+    let ast = p.file();
+    (ast, p.diags)
+}
+
+struct Parser<'s> {
+    tokens: Vec<Lexeme>,
+    pos: usize,
+    source: &'s str,
+    diags: Diagnostics,
+    depth_reported: bool,
+}
+
+/// The parse failed here; the error is already reported.
+struct Failed;
+
+type PResult<T> = Result<T, Failed>;
+
+impl Parser<'_> {
+    // ---- token access -------------------------------------------------
+
+    /// The current token, skipping error tokens (already reported by the lexer).
+    fn peek(&mut self) -> Lexeme {
+        while self.tokens[self.pos].token == Token::Error {
+            self.pos += 1;
+        }
+        self.tokens[self.pos]
+    }
+
+    fn peek_token(&mut self) -> Token {
+        self.peek().token
+    }
+
+    /// The token after the current one.
+    fn peek2(&mut self) -> Lexeme {
+        self.peek();
+        let mut i = self.pos + 1;
+        while i < self.tokens.len() - 1 && self.tokens[i].token == Token::Error {
+            i += 1;
+        }
+        self.tokens[i.min(self.tokens.len() - 1)]
+    }
+
+    fn bump(&mut self) -> Lexeme {
+        let l = self.peek();
+        if l.token != Token::Eof {
+            self.pos += 1;
+        }
+        l
+    }
+
+    fn eat(&mut self, t: Token) -> Option<Lexeme> {
+        if self.peek_token() == t {
+            Some(self.bump())
+        } else {
+            None
+        }
+    }
+
+    fn text(&self, span: Span) -> &str {
+        self.source.get(span.range()).unwrap_or("")
+    }
+
+    /// Describes the current token for an "expected X, found Y" message.
+    fn found(&mut self) -> String {
+        let l = self.peek();
+        match l.token {
+            Token::Ident | Token::Number => format!("`{}`", self.text(l.span)),
+            t => t.describe().to_string(),
+        }
+    }
+
+    fn expected(&mut self, what: &str) -> Failed {
+        let l = self.peek();
+        let found = self.found();
+        self.diags.push(
+            Diagnostic::error(l.span, format!("expected {what}, found {found}"))
+                .with_label(format!("expected {what}")),
+        );
+        Failed
+    }
+
+    fn expect(&mut self, t: Token) -> PResult<Lexeme> {
+        match self.eat(t) {
+            Some(l) => Ok(l),
+            None => Err(self.expected(t.describe())),
+        }
+    }
+
+    fn ident(&mut self, what: &str) -> PResult<Ident> {
+        let l = self.peek();
+        match l.token {
+            Token::Ident => {
+                self.bump();
+                Ok(Ident { name: self.text(l.span).to_string(), span: l.span })
+            }
+            t if t.is_keyword() => {
+                let word = self.text(l.span).to_string();
+                self.diags.push(
+                    Diagnostic::error(l.span, format!("expected {what}, found keyword `{word}`"))
+                        .with_label("keywords cannot be used as names"),
+                );
+                Err(Failed)
+            }
+            _ => Err(self.expected(what)),
+        }
+    }
+
+    // ---- recovery -------------------------------------------------------
+
+    /// Skips to where the next item (`cell`, `fn`, `const`) starts.
+    fn recover_to_item(&mut self) {
+        loop {
+            match self.peek_token() {
+                Token::Cell | Token::Fn | Token::Const | Token::Eof => return,
+                _ => {
+                    self.bump();
+                }
+            }
+        }
+    }
+
+    /// Skips to where the next statement of a block can start, or to the
+    /// block's closing brace. Nested brackets are skipped whole.
+    fn recover_to_stmt(&mut self) {
+        let mut nesting = 0usize;
+        loop {
+            let t = self.peek_token();
+            match t {
+                Token::Eof => return,
+                Token::LParen | Token::LBracket | Token::LBrace => nesting += 1,
+                Token::RParen | Token::RBracket => nesting = nesting.saturating_sub(1),
+                Token::RBrace if nesting == 0 => return,
+                Token::RBrace => nesting -= 1,
+                _ if nesting > 0 => {}
+                Token::Let | Token::Output | Token::Input | Token::State | Token::Param => return,
+                Token::Cell | Token::Fn | Token::Const => return,
+                Token::Semi => {
+                    self.bump();
+                    return;
+                }
+                Token::Ident if self.peek2().token == Token::Prime => return,
+                _ => {}
+            }
+            self.bump();
+        }
+    }
+
+    /// After a too-deep nesting: skips the rest of the innermost bracket.
+    fn skip_rest_of_group(&mut self) {
+        let mut nesting = 0usize;
+        loop {
+            match self.peek_token() {
+                Token::Eof => return,
+                Token::LParen | Token::LBracket => nesting += 1,
+                Token::RParen | Token::RBracket | Token::RBrace if nesting == 0 => return,
+                Token::RParen | Token::RBracket => nesting -= 1,
+                Token::Let | Token::Output | Token::Cell | Token::Fn | Token::Const if nesting == 0 => return,
+                _ => {}
+            }
+            self.bump();
+        }
+    }
+
+    fn too_deep(&mut self, span: Span) -> Failed {
+        if !self.depth_reported {
+            self.depth_reported = true;
+            self.diags.push(
+                Diagnostic::error(
+                    span,
+                    format!("expression is nested too deeply (more than {MAX_DEPTH} levels)"),
+                )
+                .with_label("nesting limit reached here")
+                .with_note("split it into several `let`s"),
+            );
+        }
+        self.skip_rest_of_group();
+        Failed
+    }
+
+    // ---- items ----------------------------------------------------------
+
+    fn file(&mut self) -> File {
+        let mut items = Vec::new();
+        loop {
+            let result = match self.peek_token() {
+                Token::Eof => break,
+                Token::Cell => self.cell().map(Item::Cell),
+                Token::Fn => self.function().map(Item::Fn),
+                Token::Const => self.constant().map(Item::Const),
+                _ => {
+                    let l = self.peek();
+                    let found = self.found();
+                    let mut d =
+                        Diagnostic::error(l.span, format!("expected `cell`, `fn` or `const`, found {found}"))
+                            .with_label("not allowed at the top level of a file");
+                    if matches!(
+                        l.token,
+                        Token::Let | Token::Input | Token::State | Token::Param | Token::Output
+                    ) {
+                        d = d.with_note("declarations and statements belong inside `cell NAME { ... }`");
+                    }
+                    self.diags.push(d);
+                    self.bump();
+                    Err(Failed)
+                }
+            };
+            match result {
+                Ok(item) => items.push(item),
+                Err(Failed) => self.recover_to_item(),
+            }
+        }
+        File { items }
+    }
+
+    fn constant(&mut self) -> PResult<ConstDef> {
+        let kw = self.expect(Token::Const)?;
+        let name = self.ident("a constant name")?;
+        self.expect(Token::Eq)?;
+        let neg = self.eat(Token::Minus).is_some();
+        let l = self.peek();
+        if l.token != Token::Number {
+            return Err(self.expected("a number (a `const` is a scalar literal)"));
+        }
+        self.bump();
+        let value = self.number_value(l.span)?;
+        self.eat(Token::Semi);
+        Ok(ConstDef { name, value: if neg { -value } else { value }, span: kw.span.to(l.span) })
+    }
+
+    fn function(&mut self) -> PResult<FnDef> {
+        let kw = self.expect(Token::Fn)?;
+        let name = self.ident("a function name")?;
+        self.expect(Token::LParen)?;
+        let mut params = Vec::new();
+        if self.peek_token() != Token::RParen {
+            loop {
+                params.push(self.ident("a parameter name")?);
+                if self.eat(Token::Comma).is_none() {
+                    break;
+                }
+            }
+        }
+        self.expect(Token::RParen)?;
+        let open = self.expect(Token::LBrace)?;
+        let mut lets = Vec::new();
+        let mut result = None;
+        loop {
+            match self.peek_token() {
+                Token::Semi => {
+                    self.bump();
+                }
+                Token::Let => match self.let_stmt() {
+                    Ok(l) => {
+                        if let Some(r) = result.take() {
+                            self.diags.push(late_result(&r));
+                        }
+                        lets.push(l)
+                    }
+                    Err(Failed) => self.recover_to_stmt(),
+                },
+                Token::RBrace => break,
+                Token::Eof => return Err(self.unclosed(open.span, "function body")),
+                Token::Output | Token::Input | Token::State | Token::Param => {
+                    let l = self.peek();
+                    let word = self.text(l.span).to_string();
+                    self.diags.push(
+                        Diagnostic::error(l.span, format!("`{word}` is not allowed in a function body"))
+                            .with_note("a `fn` body is `let`s followed by one expression, its result"),
+                    );
+                    self.bump();
+                    self.recover_to_stmt();
+                }
+                Token::Ident if self.peek2().token == Token::Prime => {
+                    let l = self.peek();
+                    self.diags.push(
+                        Diagnostic::error(l.span, "state updates are not allowed in a function body")
+                            .with_note("a `fn` is pure: it takes values and returns one"),
+                    );
+                    self.bump();
+                    self.recover_to_stmt();
+                }
+                _ => match self.expr() {
+                    Ok(e) => {
+                        if let Some(r) = result.replace(e) {
+                            self.diags.push(late_result(&r));
+                        }
+                    }
+                    Err(Failed) => self.recover_to_stmt(),
+                },
+            }
+        }
+        let close = self.expect(Token::RBrace)?;
+        let span = kw.span.to(close.span);
+        let Some(result) = result else {
+            self.diags.push(
+                Diagnostic::error(close.span, format!("function `{}` has no result expression", name.name))
+                    .with_label("expected an expression before `}`")
+                    .with_note("a `fn` body ends with the expression it returns"),
+            );
+            return Err(Failed);
+        };
+        Ok(FnDef { name, params, lets, result, span })
+    }
+
+    fn unclosed(&mut self, open: Span, what: &str) -> Failed {
+        let eof = self.peek().span;
+        self.diags.push(
+            Diagnostic::error(eof, format!("unexpected end of file in {what}"))
+                .with_label("expected `}`")
+                .with_secondary(open, "unclosed `{` opened here"),
+        );
+        Failed
+    }
+
+    fn cell(&mut self) -> PResult<CellDef> {
+        let kw = self.expect(Token::Cell)?;
+        let name = self.ident("a cell name")?;
+        let open = self.expect(Token::LBrace)?;
+        let mut decls = Vec::new();
+        let mut stmts: Vec<Stmt> = Vec::new();
+        loop {
+            let l = self.peek();
+            let result = match l.token {
+                Token::Semi => {
+                    self.bump();
+                    Ok(())
+                }
+                Token::RBrace => break,
+                Token::Eof => return Err(self.unclosed(open.span, &format!("cell `{}`", name.name))),
+                Token::Cell | Token::Fn | Token::Const => {
+                    // A missing `}`: report it and let the item loop take the next item.
+                    self.diags.push(
+                        Diagnostic::error(l.span, format!("expected `}}` to close cell `{}`", name.name))
+                            .with_label("a new item starts here")
+                            .with_secondary(open.span, "unclosed `{` opened here"),
+                    );
+                    return Ok(CellDef { span: kw.span.to(l.span), name, decls, stmts });
+                }
+                Token::Input | Token::State | Token::Param => {
+                    let first_stmt = stmts.first().map(stmt_span);
+                    self.decl_line().map(|vars| {
+                        if let (Some(stmt), Some(v)) = (first_stmt, vars.first()) {
+                            self.diags.push(
+                                Diagnostic::error(v.span, "declarations must come before statements")
+                                    .with_secondary(stmt, "first statement is here")
+                                    .with_note("move the declaration to the top of the cell"),
+                            );
+                        }
+                        decls.extend(vars)
+                    })
+                }
+                Token::Let => self.let_stmt().map(|l| stmts.push(Stmt::Let(l))),
+                Token::Output => self.output_stmt().map(|s| stmts.push(s)),
+                Token::Ident if self.peek2().token == Token::Prime => {
+                    self.assign_stmt().map(|s| stmts.push(s))
+                }
+                Token::Ident if self.peek2().token == Token::Eq => {
+                    let word = self.text(l.span).to_string();
+                    self.diags.push(
+                        Diagnostic::error(l.span, format!("`{word} = ...` is neither a `let` nor a state update"))
+                            .with_label("expected a statement")
+                            .with_note(format!(
+                                "to bind a new name write `let {word} = ...`; to update a state write `{word}' = ...`"
+                            )),
+                    );
+                    Err(Failed)
+                }
+                _ => Err(self.expected("a declaration or a statement (`let`, `NAME' =`, `output`)")),
+            };
+            if result.is_err() {
+                self.recover_to_stmt();
+                // A stray token that recovery does not move past.
+                if self.pos < self.tokens.len() && self.peek_token() == l.token && self.peek().span == l.span
+                {
+                    self.bump();
+                }
+            }
+        }
+        let close = self.expect(Token::RBrace)?;
+        Ok(CellDef { span: kw.span.to(close.span), name, decls, stmts })
+    }
+
+    // ---- declarations ---------------------------------------------------
+
+    fn decl_line(&mut self) -> PResult<Vec<VarDecl>> {
+        let kw = self.bump();
+        let kind = match kw.token {
+            Token::Input => DeclKind::Input,
+            Token::State => DeclKind::State,
+            _ => DeclKind::Param,
+        };
+        let mut vars = Vec::new();
+        loop {
+            vars.push(self.var_decl(kind)?);
+            if self.eat(Token::Comma).is_none() {
+                break;
+            }
+        }
+        Ok(vars)
+    }
+
+    fn var_decl(&mut self, kind: DeclKind) -> PResult<VarDecl> {
+        let name = self.ident(&format!("a name for the {}", kind.word()))?;
+        if self.peek_token() != Token::LBracket {
+            let found = self.found();
+            let l = self.peek();
+            self.diags.push(
+                Diagnostic::error(
+                    l.span,
+                    format!("expected `[` with the size of `{}`, found {found}", name.name),
+                )
+                .with_label("expected `[`")
+                .with_note(format!(
+                    "every {} has a size, as in `{}[H]`",
+                    kind.word(),
+                    name.name
+                )),
+            );
+            return Err(Failed);
+        }
+        self.bump();
+        let mut dims = vec![self.dim(0)?];
+        while self.eat(Token::Comma).is_some() {
+            dims.push(self.dim(0)?);
+        }
+        let close = self.expect(Token::RBracket)?;
+        let span = name.span.to(close.span);
+        let init = if self.eat(Token::Eq).is_some() { Some(self.init()?) } else { None };
+        Ok(VarDecl { kind, name, dims, init, span })
+    }
+
+    fn init(&mut self) -> PResult<Init> {
+        let id = self.ident("an initialiser (`zeros`, `ones`, `uniform(...)`, `constant(...)`)")?;
+        match id.name.as_str() {
+            "zeros" => Ok(Init::Zeros(id.span)),
+            "ones" => Ok(Init::Ones(id.span)),
+            "uniform" | "constant" => {
+                self.expect(Token::LParen)?;
+                let e = self.expr()?;
+                let close = self.expect(Token::RParen)?;
+                let span = id.span.to(close.span);
+                Ok(if id.name == "uniform" { Init::Uniform(e, span) } else { Init::Constant(e, span) })
+            }
+            other => {
+                self.diags.push(
+                    Diagnostic::error(id.span, format!("unknown initialiser `{other}`"))
+                        .with_label("not an initialiser")
+                        .with_note("expected `zeros`, `ones`, `uniform(bound)` or `constant(value)`"),
+                );
+                Err(Failed)
+            }
+        }
+    }
+
+    /// `dim := dim (+|-) dim | dim * dim | (dim) | INTEGER | NAME`
+    fn dim(&mut self, depth: u32) -> PResult<DimExpr> {
+        let (mut lhs, mut d) = self.dim_term(depth)?;
+        loop {
+            let op = match self.peek_token() {
+                Token::Plus => DimOp::Add,
+                Token::Minus => DimOp::Sub,
+                _ => return Ok(lhs),
+            };
+            let op_span = self.bump().span;
+            d += 1;
+            if depth + d > MAX_DEPTH {
+                return Err(self.too_deep(op_span));
+            }
+            let (rhs, rd) = self.dim_term(depth)?;
+            d = d.max(rd + 1);
+            let span = lhs.span().to(rhs.span());
+            lhs = DimExpr::Binary { op, lhs: Box::new(lhs), rhs: Box::new(rhs), span };
+        }
+    }
+
+    fn dim_term(&mut self, depth: u32) -> PResult<(DimExpr, u32)> {
+        let (mut lhs, mut d) = (self.dim_atom(depth)?, 1);
+        while let Some(star) = self.eat(Token::Star) {
+            d += 1;
+            if depth + d > MAX_DEPTH {
+                return Err(self.too_deep(star.span));
+            }
+            let rhs = self.dim_atom(depth)?;
+            let span = lhs.span().to(rhs.span());
+            lhs = DimExpr::Binary { op: DimOp::Mul, lhs: Box::new(lhs), rhs: Box::new(rhs), span };
+        }
+        Ok((lhs, d))
+    }
+
+    fn dim_atom(&mut self, depth: u32) -> PResult<DimExpr> {
+        let l = self.peek();
+        match l.token {
+            Token::Number => {
+                self.bump();
+                let text = self.text(l.span);
+                match text.parse::<u64>() {
+                    Ok(n) => Ok(DimExpr::Int(n, l.span)),
+                    Err(_) if text.bytes().all(|b| b.is_ascii_digit()) => {
+                        self.diags.push(
+                            Diagnostic::error(l.span, "dimension is too large")
+                                .with_label("does not fit in 64 bits"),
+                        );
+                        Err(Failed)
+                    }
+                    Err(_) => {
+                        self.diags.push(
+                            Diagnostic::error(l.span, format!("dimension `{text}` is not a whole number"))
+                                .with_label("expected an integer"),
+                        );
+                        Err(Failed)
+                    }
+                }
+            }
+            Token::Ident => Ok(DimExpr::Var(self.ident("a size")?)),
+            Token::LParen => {
+                self.bump();
+                if depth + 1 > MAX_DEPTH {
+                    return Err(self.too_deep(l.span));
+                }
+                let d = self.dim(depth + 1)?;
+                self.expect(Token::RParen)?;
+                Ok(d)
+            }
+            _ => Err(self.expected("a size (a whole number or a size variable like `H`)")),
+        }
+    }
+
+    // ---- statements -----------------------------------------------------
+
+    fn let_stmt(&mut self) -> PResult<Let> {
+        let kw = self.expect(Token::Let)?;
+        let mut names = vec![self.ident("a name to bind")?];
+        while self.eat(Token::Comma).is_some() {
+            names.push(self.ident("a name to bind")?);
+        }
+        if let Some(l) = self.eat(Token::Prime) {
+            self.diags.push(
+                Diagnostic::error(l.span, "a `let` name cannot be primed").with_note(
+                    "only states have primed values; update a state with `NAME' = ...` (no `let`)",
+                ),
+            );
+            return Err(Failed);
+        }
+        self.expect(Token::Eq)?;
+        let value = self.expr()?;
+        self.eat(Token::Semi);
+        Ok(Let { span: kw.span.to(value.span), names, value })
+    }
+
+    fn assign_stmt(&mut self) -> PResult<Stmt> {
+        let state = self.ident("a state name")?;
+        let prime = self.expect(Token::Prime)?;
+        self.check_prime_adjacent(&state, prime.span);
+        self.expect(Token::Eq)?;
+        let value = self.expr()?;
+        self.eat(Token::Semi);
+        Ok(Stmt::Assign { span: state.span.to(value.span), state, value })
+    }
+
+    fn output_stmt(&mut self) -> PResult<Stmt> {
+        let kw = self.expect(Token::Output)?;
+        let value = self.expr()?;
+        self.eat(Token::Semi);
+        Ok(Stmt::Output { span: kw.span.to(value.span), value })
+    }
+
+    fn check_prime_adjacent(&mut self, name: &Ident, prime: Span) {
+        if prime.start != name.span.end {
+            self.diags.push(
+                Diagnostic::error(prime, format!("`'` must follow `{}` directly", name.name))
+                    .with_label("remove the space before `'`"),
+            );
+        }
+    }
+
+    fn number_value(&mut self, span: Span) -> PResult<f64> {
+        let text = self.text(span);
+        let v: f64 = text.parse().map_err(|_| Failed)?;
+        if !v.is_finite() || v.abs() > f32::MAX as f64 {
+            self.diags.push(
+                Diagnostic::error(span, format!("number `{text}` is too large"))
+                    .with_label("does not fit in an f32")
+                    .with_note(format!("the largest f32 is about {:e}", f32::MAX)),
+            );
+            return Err(Failed);
+        }
+        Ok(v)
+    }
+
+    // ---- expressions ----------------------------------------------------
+
+    pub fn expr(&mut self) -> PResult<Expr> {
+        self.sum(0).map(|(e, _)| e)
+    }
+
+    /// `+` and `-`, left-associative. Returns the tree's depth with it.
+    fn sum(&mut self, depth: u32) -> PResult<(Expr, u32)> {
+        let (mut lhs, mut d) = self.product(depth)?;
+        loop {
+            let op = match self.peek_token() {
+                Token::Plus => BinOp::Add,
+                Token::Minus => BinOp::Sub,
+                _ => return Ok((lhs, d)),
+            };
+            let op_span = self.bump().span;
+            let (rhs, rd) = self.product(depth)?;
+            d = d.max(rd) + 1;
+            if depth + d > MAX_DEPTH {
+                return Err(self.too_deep(op_span));
+            }
+            lhs = binary(op, lhs, rhs);
+        }
+    }
+
+    fn product(&mut self, depth: u32) -> PResult<(Expr, u32)> {
+        let (mut lhs, mut d) = self.unary(depth)?;
+        loop {
+            let op = match self.peek_token() {
+                Token::Star => BinOp::Mul,
+                Token::Slash => BinOp::Div,
+                _ => return Ok((lhs, d)),
+            };
+            let op_span = self.bump().span;
+            let (rhs, rd) = self.unary(depth)?;
+            d = d.max(rd) + 1;
+            if depth + d > MAX_DEPTH {
+                return Err(self.too_deep(op_span));
+            }
+            lhs = binary(op, lhs, rhs);
+        }
+    }
+
+    fn unary(&mut self, depth: u32) -> PResult<(Expr, u32)> {
+        if let Some(minus) = self.eat(Token::Minus) {
+            if depth + 1 > MAX_DEPTH {
+                return Err(self.too_deep(minus.span));
+            }
+            let (e, d) = self.unary(depth + 1)?;
+            let span = minus.span.to(e.span);
+            return Ok((Expr { kind: ExprKind::Neg(Box::new(e)), span }, d + 1));
+        }
+        self.matmul(depth)
+    }
+
+    fn matmul(&mut self, depth: u32) -> PResult<(Expr, u32)> {
+        let (mut lhs, mut d) = self.primary(depth)?;
+        while let Some(at) = self.eat(Token::At) {
+            let (rhs, rd) = self.primary(depth)?;
+            d = d.max(rd) + 1;
+            if depth + d > MAX_DEPTH {
+                return Err(self.too_deep(at.span));
+            }
+            lhs = binary(BinOp::MatMul, lhs, rhs);
+        }
+        Ok((lhs, d))
+    }
+
+    fn primary(&mut self, depth: u32) -> PResult<(Expr, u32)> {
+        let l = self.peek();
+        match l.token {
+            Token::Number => {
+                self.bump();
+                let v = self.number_value(l.span)?;
+                Ok((Expr { kind: ExprKind::Number(v), span: l.span }, 1))
+            }
+            Token::Ident => {
+                let id = self.ident("a name")?;
+                match self.peek_token() {
+                    Token::Prime => {
+                        let prime = self.bump().span;
+                        self.check_prime_adjacent(&id, prime);
+                        let span = id.span.to(prime);
+                        Ok((Expr { kind: ExprKind::Primed(id), span }, 1))
+                    }
+                    Token::LParen => {
+                        self.bump();
+                        if depth + 1 > MAX_DEPTH {
+                            return Err(self.too_deep(l.span));
+                        }
+                        let mut args = Vec::new();
+                        let mut d = 0;
+                        if self.peek_token() != Token::RParen {
+                            loop {
+                                let (a, ad) = self.sum(depth + 1)?;
+                                d = d.max(ad);
+                                args.push(a);
+                                if self.eat(Token::Comma).is_none() {
+                                    break;
+                                }
+                            }
+                        }
+                        let close = match self.eat(Token::RParen) {
+                            Some(c) => c,
+                            None => return Err(self.expected("`,` or `)` in the argument list")),
+                        };
+                        let span = id.span.to(close.span);
+                        Ok((Expr { kind: ExprKind::Call { callee: id, args }, span }, d + 1))
+                    }
+                    _ => {
+                        let span = id.span;
+                        Ok((Expr { kind: ExprKind::Name(id), span }, 1))
+                    }
+                }
+            }
+            Token::LParen => {
+                self.bump();
+                if depth + 1 > MAX_DEPTH {
+                    return Err(self.too_deep(l.span));
+                }
+                let (e, d) = self.sum(depth + 1)?;
+                let close = self.expect(Token::RParen)?;
+                let span = l.span.to(close.span);
+                Ok((Expr { kind: ExprKind::Paren(Box::new(e)), span }, d + 1))
+            }
+            _ => Err(self.expected("an expression")),
+        }
+    }
+}
+
+fn binary(op: BinOp, lhs: Expr, rhs: Expr) -> Expr {
+    let span = lhs.span.to(rhs.span);
+    Expr { kind: ExprKind::Binary { op, lhs: Box::new(lhs), rhs: Box::new(rhs) }, span }
+}
+
+fn stmt_span(s: &Stmt) -> Span {
+    match s {
+        Stmt::Let(l) => l.span,
+        Stmt::Assign { span, .. } | Stmt::Output { span, .. } => *span,
+    }
+}
+
+fn late_result(e: &Expr) -> Diagnostic {
+    Diagnostic::error(e.span, "only the last expression of a function body is its result")
+        .with_label("this expression is not the last")
+        .with_note("bind intermediate values with `let`")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_ok(src: &str) -> File {
+        let (f, d) = parse(FileId(0), src);
+        assert!(!d.has_errors(), "{d:?}");
+        f
+    }
+
+    #[test]
+    fn precedence_matmul_binds_tightest() {
+        let f = parse_ok("cell c { input x[I] state h[H] param W[H, I]\n output -W @ x * 2 + h }");
+        let Item::Cell(c) = &f.items[0] else { panic!() };
+        let Stmt::Output { value, .. } = &c.stmts[0] else { panic!() };
+        // ((-(W @ x)) * 2) + h
+        let ExprKind::Binary { op: BinOp::Add, lhs, .. } = &value.kind else { panic!("{value:?}") };
+        let ExprKind::Binary { op: BinOp::Mul, lhs: neg, .. } = &lhs.kind else { panic!() };
+        let ExprKind::Neg(inner) = &neg.kind else { panic!() };
+        assert!(matches!(inner.kind, ExprKind::Binary { op: BinOp::MatMul, .. }));
+    }
+
+    #[test]
+    fn statements_need_no_separator() {
+        let f = parse_ok("cell c { input x[I] state h[H]\n let a = x\n h' = a\n output h' }");
+        let Item::Cell(c) = &f.items[0] else { panic!() };
+        assert_eq!(c.stmts.len(), 3);
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_crash() {
+        let src = format!(
+            "cell c {{ input x[I] state h[H] h' = {}x{} output h' }}",
+            "(".repeat(100_000),
+            ")".repeat(100_000)
+        );
+        let (_, d) = parse(FileId(0), &src);
+        assert!(d.iter().any(|d| d.message.contains("nested too deeply")));
+        let long = format!("cell c {{ input x[I] state h[H] h' = x{} output h' }}", " + x".repeat(100_000));
+        let (_, d) = parse(FileId(0), &long);
+        assert!(d.iter().any(|d| d.message.contains("nested too deeply")));
+    }
+
+    #[test]
+    fn several_errors_reported() {
+        let (_, d) = parse(FileId(0), "cell c { let = 1\n let b = * 2\n output }");
+        assert_eq!(d.error_count(), 3, "{d:?}");
+    }
+}
