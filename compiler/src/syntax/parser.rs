@@ -266,6 +266,7 @@ impl Parser<'_> {
         let mut lets = Vec::new();
         let mut result = None;
         loop {
+            let start = self.pos;
             match self.peek_token() {
                 Token::Semi => {
                     self.bump();
@@ -281,6 +282,15 @@ impl Parser<'_> {
                 },
                 Token::RBrace => break,
                 Token::Eof => return Err(self.unclosed(open.span, "function body")),
+                Token::Cell | Token::Fn | Token::Const => {
+                    let l = self.peek();
+                    self.diags.push(
+                        Diagnostic::error(l.span, format!("expected `}}` to close function `{}`", name.name))
+                            .with_label("a new item starts here")
+                            .with_secondary(open.span, "unclosed `{` opened here"),
+                    );
+                    return Err(Failed);
+                }
                 Token::Output | Token::Input | Token::State | Token::Param => {
                     let l = self.peek();
                     let word = self.text(l.span).to_string();
@@ -308,6 +318,11 @@ impl Parser<'_> {
                     }
                     Err(Failed) => self.recover_to_stmt(),
                 },
+            }
+            // Every error path above consumes a token or stops at one that
+            // starts a statement; make sure of progress regardless.
+            if self.pos == start && !matches!(self.peek_token(), Token::Let | Token::RBrace | Token::Eof) {
+                self.bump();
             }
         }
         let close = self.expect(Token::RBrace)?;

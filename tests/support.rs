@@ -1,0 +1,64 @@
+//! Helpers shared by the workspace tests (included with `mod support;`).
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ is inside the workspace").to_path_buf()
+}
+
+/// The shipped cells, `cells/*.cell`, sorted by name.
+pub fn shipped_cells() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(root().join("cells"))
+        .expect("cells/ exists")
+        .map(|e| e.expect("readable dir entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "cell"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// True when expected outputs should be rewritten instead of compared
+/// (`CELLC_BLESS=1 cargo test`).
+pub fn blessing() -> bool {
+    std::env::var_os("CELLC_BLESS").is_some_and(|v| v != "0")
+}
+
+/// A small deterministic generator (SplitMix64) for test data.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+    }
+
+    pub fn vec(&mut self, n: usize, scale: f64) -> Vec<f64> {
+        (0..n).map(|_| self.unit() * scale).collect()
+    }
+}
+
+/// Compiles a shipped cell file; panics with the rendered diagnostics if it fails.
+pub fn compile_shipped(path: &Path) -> cellc::Module {
+    let name = path.file_name().and_then(|n| n.to_str()).expect("utf-8 name");
+    let source = std::fs::read_to_string(path).expect("readable cell");
+    match cellc::compile(name, &source).into_result() {
+        Ok(m) => m,
+        Err(e) => panic!("{name} does not compile:\n{e}"),
+    }
+}
