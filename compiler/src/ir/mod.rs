@@ -9,18 +9,16 @@
 //! `Cell`'s methods, so passes cannot break the invariants that
 //! [`verify`] checks.
 
+pub mod graph;
 pub mod op;
 pub mod print;
 pub mod verify;
 
+pub use graph::Graph;
 pub use op::{BinaryOp, Op, ReduceOp, UnaryOp};
 
 use crate::diag::Span;
 use crate::dims::Dim;
-use petgraph::stable_graph::{NodeIndex, StableDiGraph};
-use petgraph::visit::EdgeRef;
-use petgraph::Direction;
-use std::collections::HashMap;
 use std::fmt;
 
 /// A value of the step graph, printed `v12`.
@@ -30,12 +28,6 @@ pub struct ValueId(u32);
 impl ValueId {
     pub fn index(self) -> usize {
         self.0 as usize
-    }
-    fn node(self) -> NodeIndex<u32> {
-        NodeIndex::new(self.0 as usize)
-    }
-    fn from_node(n: NodeIndex<u32>) -> ValueId {
-        ValueId(n.index() as u32)
     }
 }
 
@@ -234,8 +226,20 @@ pub struct Cell {
     pub output: ValueId,
     /// `next_states[i]` is the value of `states[i]` at the end of the step.
     pub next_states: Vec<ValueId>,
-    graph: StableDiGraph<Node, u32, u32>,
-    spans: HashMap<ValueId, Span>,
+    graph: Graph,
+}
+
+impl std::ops::Deref for Cell {
+    type Target = Graph;
+    fn deref(&self) -> &Graph {
+        &self.graph
+    }
+}
+
+impl std::ops::DerefMut for Cell {
+    fn deref_mut(&mut self) -> &mut Graph {
+        &mut self.graph
+    }
 }
 
 impl Cell {
@@ -250,131 +254,15 @@ impl Cell {
             params: Vec::new(),
             output: ValueId(0),
             next_states: Vec::new(),
-            graph: StableDiGraph::default(),
-            spans: HashMap::new(),
+            graph: Graph::default(),
         }
     }
 
-    /// Adds a value computed by `op` from `operands` (in slot order).
-    pub fn add(&mut self, op: Op, ty: Type, operands: &[ValueId], span: Option<Span>) -> ValueId {
-        let n = self.graph.add_node(Node { op, ty });
-        for (slot, o) in operands.iter().enumerate() {
-            self.graph.add_edge(o.node(), n, slot as u32);
-        }
-        let id = ValueId::from_node(n);
-        if let Some(s) = span {
-            self.spans.insert(id, s);
-        }
-        id
-    }
-
-    pub fn node(&self, v: ValueId) -> &Node {
-        &self.graph[v.node()]
-    }
-
-    pub fn contains(&self, v: ValueId) -> bool {
-        self.graph.contains_node(v.node())
-    }
-
-    pub fn ty(&self, v: ValueId) -> &Type {
-        &self.node(v).ty
-    }
-
-    /// Where the value comes from in the source, when known.
-    pub fn span(&self, v: ValueId) -> Option<Span> {
-        self.spans.get(&v).copied()
-    }
-
-    /// The value's operands, in slot order.
-    pub fn operands(&self, v: ValueId) -> Vec<ValueId> {
-        let mut e: Vec<(u32, ValueId)> = self
-            .graph
-            .edges_directed(v.node(), Direction::Incoming)
-            .map(|e| (*e.weight(), ValueId::from_node(e.source())))
-            .collect();
-        e.sort_unstable_by_key(|(slot, _)| *slot);
-        e.into_iter().map(|(_, v)| v).collect()
-    }
-
-    /// Operand slots as stored (for the verifier).
-    pub(crate) fn operand_slots(&self, v: ValueId) -> Vec<u32> {
-        let mut s: Vec<u32> =
-            self.graph.edges_directed(v.node(), Direction::Incoming).map(|e| *e.weight()).collect();
-        s.sort_unstable();
-        s
-    }
-
-    /// The values that read `v` (once per use).
-    pub fn users(&self, v: ValueId) -> Vec<ValueId> {
-        self.graph
-            .edges_directed(v.node(), Direction::Outgoing)
-            .map(|e| ValueId::from_node(e.target()))
-            .collect()
-    }
-
-    /// Every value, in index order.
-    pub fn values(&self) -> impl Iterator<Item = ValueId> + '_ {
-        self.graph.node_indices().map(ValueId::from_node)
-    }
-
-    pub fn value_count(&self) -> usize {
-        self.graph.node_count()
-    }
-
-    /// One past the largest value index (for dense side tables).
-    pub fn value_bound(&self) -> usize {
-        petgraph::visit::NodeIndexable::node_bound(&self.graph)
-    }
-
-    /// Values in an order where operands come before users, lowest index
-    /// first among the ready ones (so dumps follow the source); `Err` names
-    /// a value on a cycle, which only a broken pass can make.
-    pub fn topo_order(&self) -> Result<Vec<ValueId>, ValueId> {
-        use std::cmp::Reverse;
-        use std::collections::BinaryHeap;
-        let mut pending = vec![0usize; self.value_bound()];
-        let mut ready = BinaryHeap::new();
-        for v in self.values() {
-            pending[v.index()] = self.graph.edges_directed(v.node(), Direction::Incoming).count();
-            if pending[v.index()] == 0 {
-                ready.push(Reverse(v));
-            }
-        }
-        let mut order = Vec::with_capacity(self.value_count());
-        while let Some(Reverse(v)) = ready.pop() {
-            order.push(v);
-            for e in self.graph.edges_directed(v.node(), Direction::Outgoing) {
-                let u = ValueId::from_node(e.target());
-                pending[u.index()] -= 1;
-                if pending[u.index()] == 0 {
-                    ready.push(Reverse(u));
-                }
-            }
-        }
-        if order.len() == self.value_count() {
-            Ok(order)
-        } else {
-            Err(self.values().find(|v| pending[v.index()] > 0).unwrap_or(ValueId(0)))
-        }
-    }
-
-    /// Removes values no output or next state depends on; returns how many.
+    /// Removes values neither the output nor a next state depends on.
     pub fn remove_dead_values(&mut self) -> usize {
-        let mut live = vec![false; self.value_bound()];
-        let mut stack: Vec<ValueId> = self.next_states.clone();
-        stack.push(self.output);
-        while let Some(v) = stack.pop() {
-            if !self.contains(v) || std::mem::replace(&mut live[v.index()], true) {
-                continue;
-            }
-            stack.extend(self.operands(v));
-        }
-        let dead: Vec<ValueId> = self.values().filter(|v| !live[v.index()]).collect();
-        for v in &dead {
-            self.graph.remove_node(v.node());
-            self.spans.remove(v);
-        }
-        dead.len()
+        let mut roots = self.next_states.clone();
+        roots.push(self.output);
+        self.graph.remove_dead_values(&roots)
     }
 
     pub fn state_index(&self, name: &str) -> Option<usize> {
