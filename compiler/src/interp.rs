@@ -9,7 +9,7 @@
 
 use crate::dims::{Bindings, EvalError};
 use crate::ir::op::{apply_binary, apply_unary};
-use crate::ir::{Cell, Init, Op, ReduceOp, Type, ValueId};
+use crate::ir::{Cell, Graph, Init, Op, ReduceOp, Type, ValueId};
 use num_traits::Float;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -99,17 +99,159 @@ pub enum ConcreteInit {
 pub struct BoundCell<'c> {
     cell: &'c Cell,
     sizes: Bindings,
-    order: Vec<ValueId>,
-    /// Elements of each value (1 for scalars, rows for matrices' users).
-    len: Vec<usize>,
+    plan: Plan,
     /// `(offset, len)` of each input in the step's feature vector.
     input_slices: Vec<(usize, usize)>,
     input_size: usize,
     state_sizes: Vec<usize>,
     /// `(rows, cols)`; `cols == 1` for vectors.
     param_shapes: Vec<(usize, usize)>,
-    /// Offset of each `slice` value (0 elsewhere).
-    slice_offsets: Vec<usize>,
+}
+
+/// A graph ready to evaluate at fixed sizes: its order and every value's shape.
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    order: Vec<ValueId>,
+    /// `(rows, cols)` of each value: `(1, 1)` scalar, `(d, 1)` vector, `(m, n)` matrix.
+    shape: Vec<(usize, usize)>,
+    /// Offset of each `slice`/`pad`, or the value of a `dimvalue` (0 elsewhere).
+    extra: Vec<usize>,
+}
+
+impl Plan {
+    pub(crate) fn new(graph: &Graph, sizes: &Bindings, cell: &str) -> Result<Plan, InterpError> {
+        let order = graph.topo_order().map_err(|v| InterpError::Shape {
+            tensor: format!("{v}"),
+            expected: "an acyclic graph".into(),
+            found: "a cycle".into(),
+        })?;
+        let mut shape = vec![(0usize, 0usize); graph.value_bound()];
+        let mut extra = vec![0usize; graph.value_bound()];
+        let eval = |what: &str, d: &crate::dims::Dim| eval_dim(cell, sizes, what, d);
+        for &v in &order {
+            let what = format!("value {v}");
+            shape[v.index()] = match graph.ty(v) {
+                Type::Scalar => (1, 1),
+                Type::Vector(d) => (eval(&what, d)?, 1),
+                Type::Matrix(m, n) => (eval(&what, m)?, eval(&what, n)?),
+            };
+            match &graph.node(v).op {
+                // An offset may be 0, which `eval_dim` rejects.
+                Op::Slice { offset } | Op::Pad { offset } => {
+                    extra[v.index()] = offset
+                        .eval(sizes)
+                        .ok()
+                        .and_then(|o| usize::try_from(o).ok())
+                        .ok_or_else(|| InterpError::DimOverflow { what, dim: offset.to_string() })?;
+                }
+                Op::DimValue(d) => extra[v.index()] = eval(&what, d)?,
+                _ => {}
+            }
+        }
+        Ok(Plan { order, shape, extra })
+    }
+
+    pub(crate) fn len(&self, v: ValueId) -> usize {
+        let (r, c) = self.shape[v.index()];
+        r * c
+    }
+}
+
+/// The values a graph's leaves take for one evaluation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LeafValues<'a, T> {
+    /// The step's feature vector, and each input's `(offset, len)` in it.
+    pub x: &'a [T],
+    pub input_slices: &'a [(usize, usize)],
+    pub states: &'a [&'a [T]],
+    pub params: &'a [Vec<T>],
+    pub seeds: &'a [&'a [T]],
+}
+
+/// Evaluates every value of `graph` in `plan`'s order. Parameters are read
+/// in place, so their slots in the result stay empty: use [`value`].
+pub(crate) fn evaluate<T: Float>(graph: &Graph, plan: &Plan, leaves: &LeafValues<T>) -> Vec<Vec<T>> {
+    let mut vals: Vec<Vec<T>> = vec![Vec::new(); graph.value_bound()];
+    for &v in &plan.order {
+        let operands = graph.operands(v);
+        let out = {
+            let arg = |i: usize| -> &[T] { value(graph, &vals, leaves, operands[i]) };
+            let (rows, cols) = plan.shape[v.index()];
+            let n = rows * cols;
+            match &graph.node(v).op {
+                Op::Input(i) => {
+                    let (o, l) = leaves.input_slices[*i];
+                    leaves.x[o..o + l].to_vec()
+                }
+                Op::State(i) => leaves.states[*i].to_vec(),
+                Op::Param(_) => Vec::new(),
+                Op::Seed(i) => leaves.seeds[*i].to_vec(),
+                Op::Const(c) => vec![T::from(*c).unwrap_or_else(T::nan)],
+                Op::DimValue(_) => vec![T::from(plan.extra[v.index()]).unwrap_or_else(T::nan)],
+                Op::Unary(op) => arg(0).iter().map(|&a| apply_unary(*op, a)).collect(),
+                Op::Binary(op) => arg(0).iter().zip(arg(1)).map(|(&a, &b)| apply_binary(*op, a, b)).collect(),
+                Op::Broadcast => vec![arg(0)[0]; n],
+                Op::MatVec => {
+                    let (w, x) = (arg(0), arg(1));
+                    let cols = plan.shape[operands[0].index()].1;
+                    (0..rows).map(|r| dot(&w[r * cols..(r + 1) * cols], x)).collect()
+                }
+                Op::MatVecT => {
+                    let (w, y) = (arg(0), arg(1));
+                    let cols = plan.shape[operands[0].index()].1;
+                    let mut out = vec![T::zero(); cols];
+                    for (r, &yr) in y.iter().enumerate() {
+                        for (o, &wv) in out.iter_mut().zip(&w[r * cols..(r + 1) * cols]) {
+                            *o = *o + wv * yr;
+                        }
+                    }
+                    out
+                }
+                Op::Outer => {
+                    let (a, b) = (arg(0), arg(1));
+                    a.iter().flat_map(|&ai| b.iter().map(move |&bj| ai * bj)).collect()
+                }
+                Op::Reduce(op) => {
+                    let s = arg(0).iter().fold(T::zero(), |acc, &a| acc + a);
+                    match op {
+                        ReduceOp::Sum => vec![s],
+                        ReduceOp::Mean => vec![s / T::from(arg(0).len()).unwrap_or_else(T::one)],
+                    }
+                }
+                Op::Slice { .. } => {
+                    let o = plan.extra[v.index()];
+                    arg(0)[o..o + n].to_vec()
+                }
+                Op::Pad { .. } => {
+                    let o = plan.extra[v.index()];
+                    let part = arg(0);
+                    let mut out = vec![T::zero(); n];
+                    out[o..o + part.len()].copy_from_slice(part);
+                    out
+                }
+                Op::Concat => (0..operands.len()).flat_map(|i| arg(i).iter().copied()).collect(),
+            }
+        };
+        vals[v.index()] = out;
+    }
+    vals
+}
+
+/// A value after [`evaluate`]: parameters come from the leaves.
+pub(crate) fn value<'a, T>(
+    graph: &Graph,
+    vals: &'a [Vec<T>],
+    leaves: &LeafValues<'a, T>,
+    v: ValueId,
+) -> &'a [T] {
+    match graph.node(v).op {
+        Op::Param(i) => &leaves.params[i],
+        _ => &vals[v.index()],
+    }
+}
+
+fn dot<T: Float>(a: &[T], b: &[T]) -> T {
+    a.iter().zip(b).fold(T::zero(), |acc, (&x, &y)| acc + x * y)
 }
 
 /// One step's results.
@@ -130,13 +272,13 @@ pub struct SequenceResult<T> {
     pub final_states: Vec<Vec<T>>,
 }
 
-fn eval_dim(cell: &Cell, sizes: &Bindings, what: &str, d: &crate::dims::Dim) -> Result<usize, InterpError> {
+fn eval_dim(cell: &str, sizes: &Bindings, what: &str, d: &crate::dims::Dim) -> Result<usize, InterpError> {
     match d.eval(sizes) {
         Ok(v) if v > 0 => {
             usize::try_from(v).map_err(|_| InterpError::DimOverflow { what: what.into(), dim: d.to_string() })
         }
         Ok(v) => Err(InterpError::NonPositiveDim { what: what.into(), dim: d.to_string(), value: v }),
-        Err(EvalError::Unbound(size)) => Err(InterpError::UnboundSize { cell: cell.name.clone(), size }),
+        Err(EvalError::Unbound(size)) => Err(InterpError::UnboundSize { cell: cell.to_string(), size }),
         Err(EvalError::Overflow) => Err(InterpError::DimOverflow { what: what.into(), dim: d.to_string() }),
     }
 }
@@ -155,7 +297,7 @@ impl<'c> BoundCell<'c> {
         let mut input_slices = Vec::new();
         let mut offset = 0usize;
         for i in &cell.inputs {
-            let n = eval_dim(cell, &sizes, &format!("input `{}`", i.name), &i.dim)?;
+            let n = eval_dim(&cell.name, &sizes, &format!("input `{}`", i.name), &i.dim)?;
             input_slices.push((offset, n));
             offset = offset
                 .checked_add(n)
@@ -164,7 +306,7 @@ impl<'c> BoundCell<'c> {
         let state_sizes = cell
             .states
             .iter()
-            .map(|s| eval_dim(cell, &sizes, &format!("state `{}`", s.name), &s.dim))
+            .map(|s| eval_dim(&cell.name, &sizes, &format!("state `{}`", s.name), &s.dim))
             .collect::<Result<Vec<_>, _>>()?;
         let param_shapes = cell
             .params
@@ -173,45 +315,15 @@ impl<'c> BoundCell<'c> {
                 let what = format!("parameter `{}`", p.name);
                 match &p.ty {
                     Type::Matrix(m, n) => {
-                        Ok((eval_dim(cell, &sizes, &what, m)?, eval_dim(cell, &sizes, &what, n)?))
+                        Ok((eval_dim(&cell.name, &sizes, &what, m)?, eval_dim(&cell.name, &sizes, &what, n)?))
                     }
-                    Type::Vector(d) => Ok((eval_dim(cell, &sizes, &what, d)?, 1)),
+                    Type::Vector(d) => Ok((eval_dim(&cell.name, &sizes, &what, d)?, 1)),
                     Type::Scalar => Ok((1, 1)),
                 }
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let order = cell.topo_order().map_err(|v| InterpError::Shape {
-            tensor: format!("{v}"),
-            expected: "an acyclic graph".into(),
-            found: "a cycle".into(),
-        })?;
-        let mut len = vec![0usize; cell.value_bound()];
-        let mut slice_offsets = vec![0usize; cell.value_bound()];
-        for &v in &order {
-            len[v.index()] = match cell.ty(v) {
-                Type::Scalar => 1,
-                Type::Vector(d) => eval_dim(cell, &sizes, &format!("value {v}"), d)?,
-                Type::Matrix(m, _) => eval_dim(cell, &sizes, &format!("value {v}"), m)?,
-            };
-            if let Op::Slice { offset } = &cell.node(v).op {
-                // An offset may be 0, which `eval_dim` rejects.
-                slice_offsets[v.index()] =
-                    offset.eval(&sizes).ok().and_then(|o| usize::try_from(o).ok()).ok_or_else(|| {
-                        InterpError::DimOverflow { what: format!("slice {v}"), dim: offset.to_string() }
-                    })?;
-            }
-        }
-        Ok(BoundCell {
-            cell,
-            sizes,
-            order,
-            len,
-            input_slices,
-            input_size: offset,
-            state_sizes,
-            param_shapes,
-            slice_offsets,
-        })
+        let plan = Plan::new(cell, &sizes, &cell.name)?;
+        Ok(BoundCell { cell, sizes, plan, input_slices, input_size: offset, state_sizes, param_shapes })
     }
 
     pub fn cell(&self) -> &'c Cell {
@@ -228,7 +340,7 @@ impl<'c> BoundCell<'c> {
     }
 
     pub fn output_size(&self) -> usize {
-        self.len[self.cell.output.index()]
+        self.plan.len(self.cell.output)
     }
 
     pub fn state_sizes(&self) -> &[usize] {
@@ -352,59 +464,13 @@ impl<'c> BoundCell<'c> {
         states: &[S],
         params: &[Vec<T>],
     ) -> StepResult<T> {
-        let cell = self.cell;
-        let mut vals: Vec<Vec<T>> = vec![Vec::new(); cell.value_bound()];
-        for &v in &self.order {
-            let operands = cell.operands(v);
-            let arg = |i: usize| -> &[T] { &vals[operands[i].index()] };
-            let n = self.len[v.index()];
-            let out: Vec<T> = match &cell.node(v).op {
-                Op::Input(i) => {
-                    let (o, l) = self.input_slices[*i];
-                    x[o..o + l].to_vec()
-                }
-                Op::State(i) => states[*i].as_ref().to_vec(),
-                // Matrices are read in place by `matvec`.
-                Op::Param(i) if matches!(cell.params[*i].ty, Type::Matrix(..)) => Vec::new(),
-                Op::Param(i) => params[*i].clone(),
-                Op::Const(c) => vec![T::from(*c).unwrap_or_else(T::nan)],
-                Op::Unary(op) => arg(0).iter().map(|&a| apply_unary(*op, a)).collect(),
-                Op::Binary(op) => arg(0).iter().zip(arg(1)).map(|(&a, &b)| apply_binary(*op, a, b)).collect(),
-                Op::Broadcast => vec![arg(0)[0]; n],
-                Op::MatVec => {
-                    let Op::Param(pi) = cell.node(operands[0]).op else {
-                        unreachable!("verifier: matrices are parameters")
-                    };
-                    let (rows, cols) = self.param_shapes[pi];
-                    let w = &params[pi];
-                    let xv = arg(1);
-                    (0..rows)
-                        .map(|r| {
-                            w[r * cols..(r + 1) * cols]
-                                .iter()
-                                .zip(xv)
-                                .fold(T::zero(), |acc, (&a, &b)| acc + a * b)
-                        })
-                        .collect()
-                }
-                Op::Reduce(op) => {
-                    let s = arg(0).iter().fold(T::zero(), |acc, &a| acc + a);
-                    match op {
-                        ReduceOp::Sum => vec![s],
-                        ReduceOp::Mean => vec![s / T::from(arg(0).len()).unwrap_or_else(T::one)],
-                    }
-                }
-                Op::Slice { .. } => {
-                    let o = self.slice_offsets[v.index()];
-                    arg(0)[o..o + n].to_vec()
-                }
-                Op::Concat => (0..operands.len()).flat_map(|i| arg(i).iter().copied()).collect(),
-            };
-            vals[v.index()] = out;
-        }
+        let states: Vec<&[T]> = states.iter().map(|s| s.as_ref()).collect();
+        let leaves = LeafValues { x, input_slices: &self.input_slices, states: &states, params, seeds: &[] };
+        let vals = evaluate(self.cell, &self.plan, &leaves);
+        let get = |v: ValueId| value(self.cell, &vals, &leaves, v).to_vec();
         StepResult {
-            output: vals[cell.output.index()].clone(),
-            next_states: cell.next_states.iter().map(|v| vals[v.index()].clone()).collect(),
+            output: get(self.cell.output),
+            next_states: self.cell.next_states.iter().map(|&v| get(v)).collect(),
         }
     }
 
@@ -435,5 +501,88 @@ impl<'c> BoundCell<'c> {
             history.push(states.clone());
         }
         Ok(SequenceResult { outputs, states: history, final_states: states })
+    }
+}
+
+/// Gradients of a whole sequence (backpropagation through time).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SequenceGrads<T> {
+    /// `[steps, input_size]`, row-major.
+    pub d_inputs: Vec<T>,
+    pub d_initial_states: Vec<Vec<T>>,
+    /// One per parameter, in its shape (row-major for matrices).
+    pub d_params: Vec<Vec<T>>,
+}
+
+impl BoundCell<'_> {
+    /// Backpropagation through time with the backward step `grad` (from
+    /// [`crate::autodiff::differentiate`] of this cell): given the adjoints
+    /// of every step's output (`[steps, output_size]`) and of the final
+    /// states, returns the adjoints of the inputs, initial states and
+    /// parameters.
+    pub fn backward<T: Float, S: AsRef<[T]>>(
+        &self,
+        grad: &crate::autodiff::Gradient,
+        xs: &[T],
+        initial_states: &[S],
+        params: &[Vec<T>],
+        d_outputs: &[T],
+        d_final_states: &[S],
+    ) -> Result<SequenceGrads<T>, InterpError> {
+        let forward = self.run(xs, initial_states, params)?;
+        let steps = xs.len() / self.input_size;
+        let out = self.output_size();
+        if d_outputs.len() != steps * out {
+            return Err(InterpError::Shape {
+                tensor: "d_outputs".into(),
+                expected: format!("[{steps}, {out}]"),
+                found: format!("{} elements", d_outputs.len()),
+            });
+        }
+        self.check_states(d_final_states)?;
+        let plan = Plan::new(&grad.graph, &self.sizes, &self.cell.name)?;
+
+        let mut carry: Vec<Vec<T>> = d_final_states.iter().map(|s| s.as_ref().to_vec()).collect();
+        let mut d_inputs = vec![T::zero(); xs.len()];
+        let mut d_params: Vec<Vec<T>> = params.iter().map(|p| vec![T::zero(); p.len()]).collect();
+        for t in (0..steps).rev() {
+            let before: Vec<&[T]> = if t == 0 {
+                initial_states.iter().map(|s| s.as_ref()).collect()
+            } else {
+                forward.states[t - 1].iter().map(|s| s.as_slice()).collect()
+            };
+            let mut seeds: Vec<&[T]> = vec![&d_outputs[t * out..(t + 1) * out]];
+            seeds.extend(carry.iter().map(|c| c.as_slice()));
+            let x = &xs[t * self.input_size..(t + 1) * self.input_size];
+            let leaves =
+                LeafValues { x, input_slices: &self.input_slices, states: &before, params, seeds: &seeds };
+            let vals = evaluate(&grad.graph, &plan, &leaves);
+            let get = |v: ValueId| value(&grad.graph, &vals, &leaves, v);
+
+            let dx = &mut d_inputs[t * self.input_size..(t + 1) * self.input_size];
+            for (d, &(o, l)) in grad.d_inputs.iter().zip(&self.input_slices) {
+                if let Some(d) = d {
+                    dx[o..o + l].copy_from_slice(get(*d));
+                }
+            }
+            for (acc, d) in d_params.iter_mut().zip(&grad.d_params) {
+                if let Some(d) = d {
+                    for (a, &g) in acc.iter_mut().zip(get(*d)) {
+                        *a = *a + g;
+                    }
+                }
+            }
+            let next: Vec<Vec<T>> = grad
+                .d_states
+                .iter()
+                .zip(&self.state_sizes)
+                .map(|(d, &n)| match d {
+                    Some(d) => get(*d).to_vec(),
+                    None => vec![T::zero(); n],
+                })
+                .collect();
+            carry = next;
+        }
+        Ok(SequenceGrads { d_inputs, d_initial_states: carry, d_params })
     }
 }

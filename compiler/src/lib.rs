@@ -25,8 +25,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod autodiff;
 pub mod diag;
 pub mod dims;
+pub mod gradcheck;
 pub mod interp;
 pub mod ir;
 pub mod lower;

@@ -48,6 +48,25 @@ enum Command {
         #[arg(short = 'D', value_name = "NAME=VALUE", value_parser = parse_binding)]
         define: Vec<(String, usize)>,
     },
+    /// Check the derived backward step against finite differences (f64, interpreter).
+    Gradcheck {
+        file: PathBuf,
+        /// Only this cell (default: every cell in the file).
+        #[arg(long)]
+        cell: Option<String>,
+        /// Bind a size variable; unbound ones get small defaults.
+        #[arg(short = 'D', value_name = "NAME=VALUE", value_parser = parse_binding)]
+        define: Vec<(String, usize)>,
+        /// Sequence length (at least 5).
+        #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u64).range(5..=1000))]
+        steps: u64,
+        /// Seed of the random inputs, weights and initial states.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Largest allowed |analytic - numeric| / max(1, |numeric|).
+        #[arg(long, default_value_t = 1e-6)]
+        tolerance: f64,
+    },
 }
 
 fn parse_binding(s: &str) -> Result<(String, usize), String> {
@@ -76,6 +95,11 @@ fn main() -> ExitCode {
     let ok = match cli.command {
         Command::Check { files, define } => check(&files, &define, color),
         Command::Graph { file, cell, dot, define } => graph(&file, cell.as_deref(), dot, &define, color),
+        Command::Gradcheck { file, cell, define, steps, seed, tolerance } => {
+            let opts =
+                cellc::gradcheck::Options { steps: steps as usize, seed, tolerance, ..Default::default() };
+            gradcheck(&file, cell.as_deref(), &define, &opts, color)
+        }
     };
     if ok {
         ExitCode::SUCCESS
@@ -169,6 +193,77 @@ fn summary(d: &Diagnostics) -> String {
     }
 }
 
+/// The module's cells, or only the one named; an error if none match.
+fn select_cells<'m>(
+    module: &'m cellc::Module,
+    only: Option<&str>,
+    file: &str,
+) -> Option<Vec<&'m cellc::Cell>> {
+    let cells: Vec<&cellc::Cell> =
+        module.cells.iter().filter(|cell| only.is_none_or(|n| cell.name == n)).collect();
+    if cells.is_empty() {
+        match only {
+            Some(n) => eprintln!("error: {file} has no cell named `{n}`"),
+            None => eprintln!("error: {file} defines no cell"),
+        }
+        return None;
+    }
+    Some(cells)
+}
+
+fn gradcheck(
+    path: &Path,
+    only: Option<&str>,
+    define: &[(String, usize)],
+    opts: &cellc::gradcheck::Options,
+    color: bool,
+) -> bool {
+    let Some(c) = compile_file(path, color) else { return false };
+    let file = path.display().to_string();
+    let Some(module) = &c.module else { return false };
+    if !bind_all(&c, define, &file) {
+        return false;
+    }
+    let Some(cells) = select_cells(module, only, &file) else { return false };
+    let given: Bindings = define.iter().cloned().collect();
+    let mut ok = true;
+    for cell in cells {
+        let report = match cellc::gradcheck::gradcheck(cell, &given, opts) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("error: cell `{}`: {e}", cell.name);
+                ok = false;
+                continue;
+            }
+        };
+        let sizes: Vec<String> = report.sizes.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!(
+            "gradcheck {} ({}, {} steps, f64, eps {:e})",
+            cell.name,
+            sizes.join(" "),
+            report.steps,
+            opts.eps
+        );
+        for t in &report.tensors {
+            let mark = if t.error <= report.tolerance { "ok  " } else { "FAIL" };
+            println!(
+                "  {mark} {:<28} {:>6} elements   max error {:.2e}   (element {}: analytic {:+.9e}, numeric {:+.9e})",
+                t.tensor, t.elements, t.error, t.worst_index, t.analytic, t.numeric
+            );
+        }
+        if report.passed() {
+            println!("  passed: every gradient within {:e}", report.tolerance);
+        } else if let Some(w) = report.worst() {
+            eprintln!(
+                "error: cell `{}`: gradient of {} element {} is {:+.9e}, finite differences give {:+.9e} (error {:.2e} > {:e})",
+                cell.name, w.tensor, w.worst_index, w.analytic, w.numeric, w.error, report.tolerance
+            );
+            ok = false;
+        }
+    }
+    ok
+}
+
 fn graph(path: &Path, only: Option<&str>, dot: bool, define: &[(String, usize)], color: bool) -> bool {
     let Some(c) = compile_file(path, color) else { return false };
     let file = path.display().to_string();
@@ -176,16 +271,7 @@ fn graph(path: &Path, only: Option<&str>, dot: bool, define: &[(String, usize)],
         return false;
     }
     let Some(module) = &c.module else { return false };
-    let cells: Vec<&cellc::Cell> =
-        module.cells.iter().filter(|cell| only.is_none_or(|n| cell.name == n)).collect();
-    if cells.is_empty() {
-        let d = match only {
-            Some(n) => format!("{file} has no cell named `{n}`"),
-            None => format!("{file} defines no cell"),
-        };
-        eprintln!("error: {d}");
-        return false;
-    }
+    let Some(cells) = select_cells(module, only, &file) else { return false };
     for (i, cell) in cells.iter().enumerate() {
         if i > 0 {
             println!();

@@ -16,20 +16,34 @@ pub enum Op {
     Param(usize),
     /// A scalar constant.
     Const(f64),
+    /// The value of a dimension, as a scalar (`mean`'s adjoint divides by it).
+    DimValue(Dim),
+    /// `seeds[i]` of a backward step: the adjoint flowing in from outside
+    /// (the output's, or a next state's).
+    Seed(usize),
     /// Elementwise, one operand; result has the operand's type.
     Unary(UnaryOp),
     /// Elementwise, two operands of equal type (scalars are broadcast explicitly).
     Binary(BinaryOp),
     /// A scalar repeated into a vector of the node's type.
     Broadcast,
-    /// Matrix `[m, n]` (operand 0, always a parameter) times vector `[n]` (operand 1).
+    /// Matrix `[m, n]` (operand 0) times vector `[n]` (operand 1), giving `[m]`.
     MatVec,
+    /// Transposed: matrix `[m, n]` (operand 0) times vector `[m]`, giving `[n]`
+    /// (`Wᵀ dy`, the adjoint of `matvec` for its vector).
+    MatVecT,
+    /// Outer product of `[m]` and `[n]`, giving a matrix `[m, n]`
+    /// (`dy ⊗ x`, the adjoint of `matvec` for its matrix).
+    Outer,
     /// A vector reduced to a scalar.
     Reduce(ReduceOp),
     /// The elements `[offset, offset + len)` of a vector; `len` is the node's dimension.
     Slice { offset: Dim },
     /// Operands joined end to end.
     Concat,
+    /// The operand placed at `offset` in a zero vector of the node's dimension
+    /// (the adjoint of `slice`).
+    Pad { offset: Dim },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -45,6 +59,10 @@ pub enum UnaryOp {
     Abs,
     Softplus,
     Silu,
+    /// 1 where the operand is positive, else 0 (internal: `relu`'s adjoint).
+    Step,
+    /// -1, 0 or 1 (internal: `abs`'s adjoint).
+    Sign,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -55,6 +73,8 @@ pub enum BinaryOp {
     Div,
     Min,
     Max,
+    /// 1 where `a >= b`, else 0 (internal: `min`/`max`'s adjoints).
+    Ge,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -91,6 +111,8 @@ impl UnaryOp {
             UnaryOp::Abs => "abs",
             UnaryOp::Softplus => "softplus",
             UnaryOp::Silu => "silu",
+            UnaryOp::Step => "step",
+            UnaryOp::Sign => "sign",
         }
     }
 
@@ -126,6 +148,22 @@ pub fn apply_unary<T: num_traits::Float>(op: UnaryOp, x: T) -> T {
         // log(1 + e^x), computed without overflow for large x.
         UnaryOp::Softplus => x.max(T::zero()) + (-x.abs()).exp().ln_1p(),
         UnaryOp::Silu => x / (one + (-x).exp()),
+        UnaryOp::Step => {
+            if x > T::zero() {
+                one
+            } else {
+                T::zero()
+            }
+        }
+        UnaryOp::Sign => {
+            if x > T::zero() {
+                one
+            } else if x < T::zero() {
+                -one
+            } else {
+                T::zero()
+            }
+        }
     }
 }
 
@@ -138,6 +176,13 @@ pub fn apply_binary<T: num_traits::Float>(op: BinaryOp, a: T, b: T) -> T {
         BinaryOp::Div => a / b,
         BinaryOp::Min => a.min(b),
         BinaryOp::Max => a.max(b),
+        BinaryOp::Ge => {
+            if a >= b {
+                T::one()
+            } else {
+                T::zero()
+            }
+        }
     }
 }
 
@@ -150,6 +195,7 @@ impl BinaryOp {
             BinaryOp::Div => "div",
             BinaryOp::Min => "min",
             BinaryOp::Max => "max",
+            BinaryOp::Ge => "ge",
         }
     }
 
@@ -160,7 +206,7 @@ impl BinaryOp {
             BinaryOp::Sub => Some("-"),
             BinaryOp::Mul => Some("*"),
             BinaryOp::Div => Some("/"),
-            BinaryOp::Min | BinaryOp::Max => None,
+            BinaryOp::Min | BinaryOp::Max | BinaryOp::Ge => None,
         }
     }
 
@@ -202,22 +248,29 @@ impl Op {
             Op::State(_) => "state",
             Op::Param(_) => "param",
             Op::Const(_) => "const",
+            Op::DimValue(_) => "dimvalue",
+            Op::Seed(_) => "seed",
             Op::Unary(u) => u.name(),
             Op::Binary(b) => b.name(),
             Op::Broadcast => "broadcast",
             Op::MatVec => "matvec",
+            Op::MatVecT => "matvect",
+            Op::Outer => "outer",
             Op::Reduce(r) => r.name(),
             Op::Slice { .. } => "slice",
             Op::Concat => "concat",
+            Op::Pad { .. } => "pad",
         }
     }
 
     /// How many operands the op takes; `None` for any number of at least one.
     pub fn arity(&self) -> Option<usize> {
         match self {
-            Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Const(_) => Some(0),
-            Op::Unary(_) | Op::Broadcast | Op::Reduce(_) | Op::Slice { .. } => Some(1),
-            Op::Binary(_) | Op::MatVec => Some(2),
+            Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Const(_) | Op::DimValue(_) | Op::Seed(_) => {
+                Some(0)
+            }
+            Op::Unary(_) | Op::Broadcast | Op::Reduce(_) | Op::Slice { .. } | Op::Pad { .. } => Some(1),
+            Op::Binary(_) | Op::MatVec | Op::MatVecT | Op::Outer => Some(2),
             Op::Concat => None,
         }
     }

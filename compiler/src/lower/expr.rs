@@ -265,6 +265,7 @@ impl CellLowerer<'_> {
                     BinaryOp::Div => "divide",
                     BinaryOp::Min => "take the minimum of",
                     BinaryOp::Max => "take the maximum of",
+                    BinaryOp::Ge => "compare",
                 };
                 self.error(
                     Diagnostic::error(

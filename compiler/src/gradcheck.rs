@@ -1,0 +1,168 @@
+//! Gradient checking: the derived backward step against central finite
+//! differences, in f64 on the reference interpreter.
+//!
+//! The loss is `L = Σ_t out_t · g_t + Σ_i final_i · f_i` with random `g`
+//! and `f`, so every output and final state carries gradient. Every input
+//! element, initial state element and parameter element is perturbed by
+//! `±eps`; the analytic gradient from backpropagation through time must
+//! agree with `(L(θ+eps) − L(θ−eps)) / 2 eps`.
+
+use crate::autodiff::differentiate;
+use crate::dims::Bindings;
+use crate::interp::InterpError;
+use crate::ir::Cell;
+
+/// What to check and how strictly.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub steps: usize,
+    pub seed: u64,
+    pub eps: f64,
+    /// Allowed `|analytic − numeric| / max(1, |numeric|)`.
+    pub tolerance: f64,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options { steps: 6, seed: 1, eps: 1e-6, tolerance: 1e-6 }
+    }
+}
+
+/// The agreement for one tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorCheck {
+    /// `input x`, `initial state h`, `param weight_ih`.
+    pub tensor: String,
+    pub elements: usize,
+    /// The worst element: its index, the two gradients and the error.
+    pub worst_index: usize,
+    pub analytic: f64,
+    pub numeric: f64,
+    pub error: f64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    pub sizes: Bindings,
+    pub steps: usize,
+    pub tensors: Vec<TensorCheck>,
+    pub tolerance: f64,
+}
+
+impl Report {
+    pub fn passed(&self) -> bool {
+        self.tensors.iter().all(|t| t.error <= self.tolerance)
+    }
+
+    pub fn worst(&self) -> Option<&TensorCheck> {
+        self.tensors.iter().max_by(|a, b| a.error.total_cmp(&b.error))
+    }
+}
+
+/// Sizes for the check: those given, and small distinct ones for the rest.
+pub fn default_sizes(cell: &Cell, given: &Bindings) -> Bindings {
+    let mut small = [3usize, 4, 5, 2, 6, 7].into_iter().cycle();
+    cell.sizes
+        .iter()
+        .map(|s| (s.clone(), given.get(s).copied().unwrap_or_else(|| small.next().unwrap_or(3))))
+        .collect()
+}
+
+/// Checks every gradient of `cell` at `sizes` (unbound ones get small defaults).
+pub fn gradcheck(cell: &Cell, sizes: &Bindings, opts: &Options) -> Result<Report, InterpError> {
+    let sizes = default_sizes(cell, sizes);
+    let bound = cell.bind(&sizes)?;
+    let grad = differentiate(cell);
+    let mut rng = SplitMix(opts.seed);
+    let params: Vec<Vec<f64>> = bound.param_shapes().iter().map(|&(r, c)| rng.vec(r * c, 0.6)).collect();
+    let h0: Vec<Vec<f64>> = bound.state_sizes().iter().map(|&n| rng.vec(n, 0.5)).collect();
+    let xs = rng.vec(opts.steps * bound.input_size(), 1.0);
+    let g_out = rng.vec(opts.steps * bound.output_size(), 1.0);
+    let g_final: Vec<Vec<f64>> = bound.state_sizes().iter().map(|&n| rng.vec(n, 1.0)).collect();
+
+    let analytic = bound.backward(&grad, &xs, &h0, &params, &g_out, &g_final)?;
+    let loss = |xs: &[f64], h0: &[Vec<f64>], params: &[Vec<f64>]| -> Result<f64, InterpError> {
+        let r = bound.run(xs, h0, params)?;
+        let mut l: f64 = r.outputs.iter().zip(&g_out).map(|(a, b)| a * b).sum();
+        for (s, g) in r.final_states.iter().zip(&g_final) {
+            l += s.iter().zip(g).map(|(a, b)| a * b).sum::<f64>();
+        }
+        Ok(l)
+    };
+    let eps = opts.eps;
+    let numeric = |perturb: &dyn Fn(f64) -> Result<f64, InterpError>| -> Result<f64, InterpError> {
+        Ok((perturb(eps)? - perturb(-eps)?) / (2.0 * eps))
+    };
+
+    let mut tensors = Vec::new();
+    let mut record = |tensor: String, analytic: &[f64], numeric: Vec<f64>| {
+        let mut check = TensorCheck {
+            tensor,
+            elements: numeric.len(),
+            worst_index: 0,
+            analytic: 0.0,
+            numeric: 0.0,
+            error: 0.0,
+        };
+        for (i, (&a, &n)) in analytic.iter().zip(&numeric).enumerate() {
+            let e = (a - n).abs() / n.abs().max(1.0);
+            if e > check.error || i == 0 {
+                check = TensorCheck { worst_index: i, analytic: a, numeric: n, error: e, ..check };
+            }
+        }
+        tensors.push(check);
+    };
+
+    let in_names: Vec<&str> = cell.inputs.iter().map(|i| i.name.as_str()).collect();
+    let mut num = Vec::with_capacity(xs.len());
+    for i in 0..xs.len() {
+        num.push(numeric(&|d| {
+            let mut x = xs.clone();
+            x[i] += d;
+            loss(&x, &h0, &params)
+        })?);
+    }
+    record(format!("input {}", in_names.join(", ")), &analytic.d_inputs, num);
+
+    for (s, decl) in cell.states.iter().enumerate() {
+        let mut num = Vec::with_capacity(h0[s].len());
+        for i in 0..h0[s].len() {
+            num.push(numeric(&|d| {
+                let mut h = h0.clone();
+                h[s][i] += d;
+                loss(&xs, &h, &params)
+            })?);
+        }
+        record(format!("initial state {}", decl.name), &analytic.d_initial_states[s], num);
+    }
+    for (p, decl) in cell.params.iter().enumerate() {
+        let mut num = Vec::with_capacity(params[p].len());
+        for i in 0..params[p].len() {
+            num.push(numeric(&|d| {
+                let mut w = params.clone();
+                w[p][i] += d;
+                loss(&xs, &h0, &w)
+            })?);
+        }
+        record(format!("param {}", decl.name), &analytic.d_params[p], num);
+    }
+    Ok(Report { sizes, steps: opts.steps, tensors, tolerance: opts.tolerance })
+}
+
+/// SplitMix64: a few lines of well-known generator for reproducible test data.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// `n` values uniform in `[-scale, scale)`.
+    fn vec(&mut self, n: usize, scale: f64) -> Vec<f64> {
+        (0..n).map(|_| ((self.next() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * scale).collect()
+    }
+}
