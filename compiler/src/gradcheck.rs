@@ -7,7 +7,7 @@
 //! `±eps`; the analytic gradient from backpropagation through time must
 //! agree with `(L(θ+eps) − L(θ−eps)) / 2 eps`.
 
-use crate::autodiff::differentiate;
+use crate::autodiff::backward_step;
 use crate::dims::Bindings;
 use crate::interp::InterpError;
 use crate::ir::Cell;
@@ -72,7 +72,9 @@ pub fn default_sizes(cell: &Cell, given: &Bindings) -> Bindings {
 pub fn gradcheck(cell: &Cell, sizes: &Bindings, opts: &Options) -> Result<Report, InterpError> {
     let sizes = default_sizes(cell, sizes);
     let bound = cell.bind(&sizes)?;
-    let grad = differentiate(cell);
+    let grad = backward_step(cell).map_err(|e| InterpError::Internal {
+        message: e.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "),
+    })?;
     let mut rng = SplitMix(opts.seed);
     let params: Vec<Vec<f64>> = bound.param_shapes().iter().map(|&(r, c)| rng.vec(r * c, 0.6)).collect();
     let h0: Vec<Vec<f64>> = bound.state_sizes().iter().map(|&n| rng.vec(n, 0.5)).collect();

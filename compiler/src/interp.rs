@@ -57,6 +57,10 @@ pub enum InterpError {
         param: String,
         message: String,
     },
+    /// A compiler bug surfaced (an IR invariant broken).
+    Internal {
+        message: String,
+    },
 }
 
 impl fmt::Display for InterpError {
@@ -78,6 +82,7 @@ impl fmt::Display for InterpError {
                 write!(f, "expected {expected} {what}, found {found}")
             }
             InterpError::Init { param, message } => write!(f, "cannot initialise `{param}`: {message}"),
+            InterpError::Internal { message } => write!(f, "internal compiler error: {message}"),
         }
     }
 }

@@ -32,6 +32,7 @@ pub mod gradcheck;
 pub mod interp;
 pub mod ir;
 pub mod lower;
+pub mod passes;
 pub mod syntax;
 
 pub use diag::{Diagnostic, Diagnostics, SourceMap};

@@ -25,6 +25,14 @@ enum Color {
     Never,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Stage {
+    Checked,
+    Forward,
+    Backward,
+    Schedule,
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Check .cell files: exit 0 when clean (warnings allowed), 1 on errors.
@@ -44,6 +52,10 @@ enum Command {
         /// Print Graphviz dot instead of text.
         #[arg(long)]
         dot: bool,
+        /// Which form: the checked IR as lowered, the simplified forward
+        /// step, the derived backward step, or the schedule.
+        #[arg(long, value_enum, default_value_t = Stage::Checked)]
+        stage: Stage,
         /// Bind a size variable, e.g. -D H=256.
         #[arg(short = 'D', value_name = "NAME=VALUE", value_parser = parse_binding)]
         define: Vec<(String, usize)>,
@@ -94,7 +106,9 @@ fn main() -> ExitCode {
     };
     let ok = match cli.command {
         Command::Check { files, define } => check(&files, &define, color),
-        Command::Graph { file, cell, dot, define } => graph(&file, cell.as_deref(), dot, &define, color),
+        Command::Graph { file, cell, dot, stage, define } => {
+            graph(&file, cell.as_deref(), dot, stage, &define, color)
+        }
         Command::Gradcheck { file, cell, define, steps, seed, tolerance } => {
             let opts =
                 cellc::gradcheck::Options { steps: steps as usize, seed, tolerance, ..Default::default() };
@@ -264,7 +278,14 @@ fn gradcheck(
     ok
 }
 
-fn graph(path: &Path, only: Option<&str>, dot: bool, define: &[(String, usize)], color: bool) -> bool {
+fn graph(
+    path: &Path,
+    only: Option<&str>,
+    dot: bool,
+    stage: Stage,
+    define: &[(String, usize)],
+    color: bool,
+) -> bool {
     let Some(c) = compile_file(path, color) else { return false };
     let file = path.display().to_string();
     if !bind_all(&c, define, &file) {
@@ -276,11 +297,32 @@ fn graph(path: &Path, only: Option<&str>, dot: bool, define: &[(String, usize)],
         if i > 0 {
             println!();
         }
-        if dot {
-            print!("{}", cellc::ir::print::to_dot(cell));
-        } else {
-            print!("{}", cellc::ir::print::to_text(cell, Some(&c.sources)));
+        let mut forward = (*cell).clone();
+        if stage != Stage::Checked {
+            cellc::passes::optimize_cell(&mut forward);
         }
+        let text = match (stage, dot) {
+            (Stage::Checked | Stage::Forward, true) => cellc::ir::print::to_dot(&forward),
+            (Stage::Checked | Stage::Forward, false) => cellc::ir::print::to_text(&forward, Some(&c.sources)),
+            (Stage::Backward | Stage::Schedule, _) => {
+                let grad = match cellc::autodiff::backward_step(&forward) {
+                    Ok(g) => g,
+                    Err(errors) => {
+                        for e in errors {
+                            eprintln!("error: internal compiler error in cell `{}`: {e}", cell.name);
+                        }
+                        return false;
+                    }
+                };
+                if stage == Stage::Backward {
+                    cellc::ir::print::gradient_to_text(&forward, &grad, Some(&c.sources))
+                } else {
+                    eprintln!("error: --stage schedule is not available yet");
+                    return false;
+                }
+            }
+        };
+        print!("{text}");
     }
     true
 }

@@ -97,7 +97,16 @@ impl Gradient {
     }
 }
 
-/// Builds the backward step of `cell`.
+/// The backward step as the pipeline uses it: differentiated, simplified
+/// (constant folding, algebra, CSE, dead values) and verified.
+pub fn backward_step(cell: &Cell) -> Result<Gradient, Vec<VerifyError>> {
+    let mut grad = differentiate(cell);
+    crate::passes::optimize_gradient(&mut grad);
+    grad.verify(cell)?;
+    Ok(grad)
+}
+
+/// Builds the backward step of `cell`, unsimplified.
 pub fn differentiate(cell: &Cell) -> Gradient {
     let mut b = Builder { g: (**cell).clone(), contributions: HashMap::new() };
     let mut seeds = vec![Seed { name: "d_output".into(), ty: cell.ty(cell.output).clone() }];

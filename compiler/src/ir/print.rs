@@ -5,7 +5,7 @@
 //! it came from, then the next states and the output. It is what
 //! `cellc graph` prints and what snapshot tests compare.
 
-use super::{Cell, Op, Type, ValueId};
+use super::{Cell, Graph, Op, Type, ValueId};
 use crate::diag::SourceMap;
 use std::fmt::Write;
 
@@ -23,18 +23,7 @@ pub fn to_text(cell: &Cell, sources: Option<&SourceMap>) -> String {
         let _ = writeln!(out, "  param  {}: {} = {}", p.name, p.ty, p.init);
     }
     out.push('\n');
-    let order = cell.topo_order().unwrap_or_else(|_| cell.values().collect());
-    for v in order {
-        let line = value_line(cell, v);
-        match (sources, cell.span(v)) {
-            (Some(src), Some(span)) => {
-                let _ = writeln!(out, "  {line:<44} ; {}", src.location(span));
-            }
-            _ => {
-                let _ = writeln!(out, "  {line}");
-            }
-        }
-    }
+    out.push_str(&values_text(cell, &LeafNames::of(cell, &[]), sources));
     out.push('\n');
     for (s, v) in cell.states.iter().zip(&cell.next_states) {
         let _ = writeln!(out, "  next   {}' = {v}", s.name);
@@ -51,16 +40,94 @@ fn sizes_list(cell: &Cell) -> String {
     }
 }
 
+/// The names of a graph's leaves, for printing.
+#[derive(Clone, Debug, Default)]
+pub struct LeafNames<'a> {
+    pub inputs: Vec<&'a str>,
+    pub states: Vec<&'a str>,
+    pub params: Vec<&'a str>,
+    pub seeds: Vec<&'a str>,
+}
+
+impl<'a> LeafNames<'a> {
+    /// A cell's leaf names, plus the seeds of its backward step.
+    pub fn of(cell: &'a Cell, seeds: &'a [crate::autodiff::Seed]) -> LeafNames<'a> {
+        LeafNames {
+            inputs: cell.inputs.iter().map(|d| d.name.as_str()).collect(),
+            states: cell.states.iter().map(|d| d.name.as_str()).collect(),
+            params: cell.params.iter().map(|d| d.name.as_str()).collect(),
+            seeds: seeds.iter().map(|d| d.name.as_str()).collect(),
+        }
+    }
+}
+
+/// One line per value in topological order, with source locations if known.
+pub fn values_text(graph: &Graph, names: &LeafNames, sources: Option<&SourceMap>) -> String {
+    let mut out = String::new();
+    for v in graph.topo_order().unwrap_or_else(|_| graph.values().collect()) {
+        let line = value_line(graph, names, v);
+        match (sources, graph.span(v)) {
+            (Some(src), Some(span)) => {
+                let _ = writeln!(out, "  {line:<44} ; {}", src.location(span));
+            }
+            _ => {
+                let _ = writeln!(out, "  {line}");
+            }
+        }
+    }
+    out
+}
+
+/// A backward step: seeds, values, and the adjoint of every leaf.
+pub fn gradient_to_text(
+    cell: &Cell,
+    grad: &crate::autodiff::Gradient,
+    sources: Option<&SourceMap>,
+) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "backward {} ({})", cell.name, sizes_list(cell));
+    for s in &grad.seeds {
+        let _ = writeln!(out, "  seed   {}: {}", s.name, s.ty);
+    }
+    out.push('\n');
+    let names = LeafNames::of(cell, &grad.seeds);
+    out.push_str(&values_text(&grad.graph, &names, sources));
+    out.push('\n');
+    let groups = [
+        ("input", &names.inputs, &grad.d_inputs),
+        ("state", &names.states, &grad.d_states),
+        ("param", &names.params, &grad.d_params),
+    ];
+    for (what, names, results) in groups {
+        for (n, r) in names.iter().zip(results.iter()) {
+            match r {
+                Some(v) => {
+                    let _ = writeln!(out, "  d_{n:<12} = {v}    ; {what}");
+                }
+                None => {
+                    let _ = writeln!(out, "  d_{n:<12} = 0     ; {what}, does not affect the step");
+                }
+            }
+        }
+    }
+    out
+}
+
 /// `v12: [4*H] = add v10, v11`
-pub fn value_line(cell: &Cell, v: ValueId) -> String {
-    let node = cell.node(v);
-    let args: Vec<String> = cell.operands(v).iter().map(|o| o.to_string()).collect();
+pub fn value_line(graph: &Graph, names: &LeafNames, v: ValueId) -> String {
+    let node = graph.node(v);
+    let args: Vec<String> = graph.operands(v).iter().map(|o| o.to_string()).collect();
+    let name = |list: &[&str], i: usize| list.get(i).copied().unwrap_or("?").to_string();
     let rhs = match &node.op {
-        Op::Input(i) => format!("input {}", cell.inputs.get(*i).map_or("?", |d| &d.name)),
-        Op::State(i) => format!("state {}", cell.states.get(*i).map_or("?", |d| &d.name)),
-        Op::Param(i) => format!("param {}", cell.params.get(*i).map_or("?", |d| &d.name)),
+        Op::Input(i) => format!("input {}", name(&names.inputs, *i)),
+        Op::State(i) => format!("state {}", name(&names.states, *i)),
+        Op::Param(i) => format!("param {}", name(&names.params, *i)),
+        Op::Seed(i) => format!("seed {}", name(&names.seeds, *i)),
         Op::Const(c) => format!("const {c}"),
-        Op::Slice { offset } => format!("slice {}, offset {offset}", args.join(", ")),
+        Op::DimValue(d) => format!("dimvalue {d}"),
+        Op::Slice { offset } | Op::Pad { offset } => {
+            format!("{} {}, offset {offset}", node.op.mnemonic(), args.join(", "))
+        }
         op => format!("{} {}", op.mnemonic(), args.join(", ")),
     };
     format!("{v}: {} = {rhs}", short_type(&node.ty))
