@@ -33,7 +33,8 @@ fn compile_all(c: &mut Criterion) {
 }
 
 fn interpret_lstm_step(c: &mut Criterion) {
-    let src = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../cells/lstm.cell")).expect("lstm.cell");
+    let src = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../cells/lstm.cell"))
+        .expect("lstm.cell");
     let module = cellc::compile("lstm.cell", &src).into_result().expect("compiles");
     let cell = module.cell("lstm").expect("lstm");
     let bound = cell.bind(&[("I".to_string(), 64), ("H".to_string(), 64)].into()).expect("binds");

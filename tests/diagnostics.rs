@@ -36,7 +36,10 @@ fn diagnostics_match_expected_output() {
         match std::fs::read_to_string(&expected_path) {
             Ok(expected) if expected == rendered => {}
             Ok(expected) => {
-                let _ = writeln!(failures, "{name}: diagnostics differ\n--- expected\n{expected}\n+++ actual\n{rendered}");
+                let _ = writeln!(
+                    failures,
+                    "{name}: diagnostics differ\n--- expected\n{expected}\n+++ actual\n{rendered}"
+                );
             }
             Err(_) => {
                 let _ = writeln!(failures, "{name}: no {name}.stderr (run with CELLC_BLESS=1)\n{rendered}");

@@ -35,7 +35,12 @@ impl Fixture {
     }
 
     fn sizes(&self) -> cellc::dims::Bindings {
-        self.json["sizes"].as_object().expect("sizes").iter().map(|(k, v)| (k.clone(), v.as_u64().expect("size") as usize)).collect()
+        self.json["sizes"]
+            .as_object()
+            .expect("sizes")
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_u64().expect("size") as usize))
+            .collect()
     }
 }
 
@@ -51,7 +56,8 @@ fn check(fixture_name: &str) {
     let cell_name = fx.json["cell"].as_str().expect("cell name");
     let path = support::root().join("cells").join(format!("{cell_name}.cell"));
     let source = std::fs::read_to_string(&path).expect("shipped cell exists");
-    let module = cellc::compile(&format!("{cell_name}.cell"), &source).into_result().expect("shipped cell compiles");
+    let module =
+        cellc::compile(&format!("{cell_name}.cell"), &source).into_result().expect("shipped cell compiles");
     let cell = module.cell(cell_name).expect("cell named like its file");
     let bound = cell.bind(&fx.sizes()).expect("fixture sizes bind");
 

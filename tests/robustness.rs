@@ -11,9 +11,54 @@ use proptest::prelude::*;
 use std::sync::OnceLock;
 
 const TOKENS: &[&str] = &[
-    "cell", "fn", "const", "let", "input", "state", "param", "output", "x", "h", "c", "W", "H", "I", "4", "0.5",
-    "1e-5", "'", "{", "}", "(", ")", "[", "]", ",", "=", "+", "-", "*", "/", "@", ";", "\n", "sigmoid", "tanh",
-    "chunk", "concat", "sum", "mean", "layernorm", "zeros", "uniform", "relu", "min", "$", ".", "1.", "é",
+    "cell",
+    "fn",
+    "const",
+    "let",
+    "input",
+    "state",
+    "param",
+    "output",
+    "x",
+    "h",
+    "c",
+    "W",
+    "H",
+    "I",
+    "4",
+    "0.5",
+    "1e-5",
+    "'",
+    "{",
+    "}",
+    "(",
+    ")",
+    "[",
+    "]",
+    ",",
+    "=",
+    "+",
+    "-",
+    "*",
+    "/",
+    "@",
+    ";",
+    "\n",
+    "sigmoid",
+    "tanh",
+    "chunk",
+    "concat",
+    "sum",
+    "mean",
+    "layernorm",
+    "zeros",
+    "uniform",
+    "relu",
+    "min",
+    "$",
+    ".",
+    "1.",
+    "é",
 ];
 
 fn shipped_sources() -> &'static Vec<(String, String)> {
@@ -78,8 +123,16 @@ proptest! {
 
 #[test]
 fn hostile_files_get_diagnostics() {
-    let deep_parens = format!("cell c {{ input x[I] state h[H] h' = {}x{} output h' }}", "(".repeat(50_000), ")".repeat(50_000));
-    let deep_dims = format!("cell c {{ input x[{}I{}] state h[H] h' = h output h' }}", "(".repeat(50_000), ")".repeat(50_000));
+    let deep_parens = format!(
+        "cell c {{ input x[I] state h[H] h' = {}x{} output h' }}",
+        "(".repeat(50_000),
+        ")".repeat(50_000)
+    );
+    let deep_dims = format!(
+        "cell c {{ input x[{}I{}] state h[H] h' = h output h' }}",
+        "(".repeat(50_000),
+        ")".repeat(50_000)
+    );
     let long_line = format!("cell c {{ input x[I] state h[H] h' = h{} output h' }}", " + h".repeat(100_000));
     assert!(long_line.len() > 400_000);
     let long_neg = format!("cell c {{ input x[I] state h[H] h' = {}h output h' }}", "-".repeat(100_000));
@@ -96,7 +149,10 @@ fn hostile_files_get_diagnostics() {
     for (what, bytes) in cases {
         let c = cellc::compile_bytes("hostile.cell", &bytes);
         assert!(c.diagnostics.has_errors(), "{what}: expected an error");
-        assert!(c.diagnostics.error_count() <= cellc::Diagnostics::MAX_ERRORS, "{what}: too many errors listed");
+        assert!(
+            c.diagnostics.error_count() <= cellc::Diagnostics::MAX_ERRORS,
+            "{what}: too many errors listed"
+        );
         assert!(!c.render(false).is_empty());
     }
     // An empty file, or one with only a comment, is valid: it defines nothing.

@@ -120,7 +120,8 @@ fn ir_snapshots() {
             }
             match std::fs::read_to_string(&snap) {
                 Ok(expected) if expected == text => {}
-                Ok(expected) => failures.push(format!("{}: IR changed\n--- expected\n{expected}\n+++ actual\n{text}", cell.name)),
+                Ok(expected) => failures
+                    .push(format!("{}: IR changed\n--- expected\n{expected}\n+++ actual\n{text}", cell.name)),
                 Err(_) => failures.push(format!("{}: no snapshot (run with CELLC_BLESS=1)", cell.name)),
             }
         }
