@@ -40,6 +40,12 @@ pub struct Gradient {
     pub d_inputs: Vec<Option<ValueId>>,
     pub d_states: Vec<Option<ValueId>>,
     pub d_params: Vec<Option<ValueId>>,
+    /// Where the forward step's next states are in this graph, if the
+    /// backward reads them (they are kept per step anyway, as the state
+    /// history, so reading them costs no extra memory).
+    pub primal_next_states: Vec<Option<ValueId>>,
+    /// Likewise for the forward step's output (kept as the output sequence).
+    pub primal_output: Option<ValueId>,
 }
 
 impl Gradient {
@@ -52,6 +58,18 @@ impl Gradient {
     pub fn remove_dead_values(&mut self) -> usize {
         let roots = self.results();
         self.graph.remove_dead_values(&roots)
+    }
+
+    /// Clears the primal markers of forward values the graph no longer has.
+    pub(crate) fn forget_removed_primals(&mut self) {
+        let graph = &self.graph;
+        let keep = |v: &mut Option<ValueId>| {
+            if v.is_some_and(|x| !graph.contains(x)) {
+                *v = None;
+            }
+        };
+        self.primal_next_states.iter_mut().for_each(keep);
+        keep(&mut self.primal_output);
     }
 
     /// Checks the graph's invariants and that each result has its leaf's type.
@@ -134,8 +152,17 @@ pub fn differentiate(cell: &Cell) -> Gradient {
     let d_inputs = (0..cell.inputs.len()).map(|i| leaf(&|op| *op == Op::Input(i))).collect();
     let d_states = (0..cell.states.len()).map(|i| leaf(&|op| *op == Op::State(i))).collect();
     let d_params = (0..cell.params.len()).map(|i| leaf(&|op| *op == Op::Param(i))).collect();
-    let mut grad = Gradient { graph: b.g, seeds, d_inputs, d_states, d_params };
+    let mut grad = Gradient {
+        graph: b.g,
+        seeds,
+        d_inputs,
+        d_states,
+        d_params,
+        primal_next_states: cell.next_states.iter().map(|&v| Some(v)).collect(),
+        primal_output: Some(cell.output),
+    };
     grad.remove_dead_values();
+    grad.forget_removed_primals();
     grad
 }
 

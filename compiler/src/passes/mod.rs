@@ -63,8 +63,10 @@ pub struct Stats {
     pub removed: usize,
 }
 
-/// Runs every pass on `graph` until a fixed point; `roots` are updated in place.
-fn run(graph: &mut Graph, roots: &mut [&mut ValueId]) -> Stats {
+/// Runs every pass on `graph` until a fixed point; `roots` are updated in
+/// place, and so are `weak` values (followed through replacements but not
+/// kept alive).
+fn run(graph: &mut Graph, roots: &mut [&mut ValueId], weak: &mut [&mut Option<ValueId>]) -> Stats {
     let mut stats = Stats::default();
     for _ in 0..16 {
         let mut remap = Remap::default();
@@ -73,6 +75,9 @@ fn run(graph: &mut Graph, roots: &mut [&mut ValueId]) -> Stats {
         let merged = eliminate_common_subexpressions(graph, &mut remap);
         for r in roots.iter_mut() {
             **r = remap.resolve(**r);
+        }
+        for w in weak.iter_mut() {
+            **w = w.map(|v| remap.resolve(v));
         }
         let live: Vec<ValueId> = roots.iter().map(|r| **r).collect();
         let removed = graph.remove_dead_values(&live);
@@ -93,7 +98,7 @@ pub fn optimize_cell(cell: &mut Cell) -> Stats {
     let mut next = cell.next_states.clone();
     let mut roots: Vec<&mut ValueId> = next.iter_mut().collect();
     roots.push(&mut output);
-    let stats = run(cell, &mut roots);
+    let stats = run(cell, &mut roots, &mut []);
     cell.output = output;
     cell.next_states = next;
     stats
@@ -108,7 +113,11 @@ pub fn optimize_gradient(grad: &mut Gradient) -> Stats {
         .chain(grad.d_params.iter_mut())
         .flatten()
         .collect();
-    run(&mut grad.graph, &mut results)
+    let mut weak: Vec<&mut Option<ValueId>> =
+        grad.primal_next_states.iter_mut().chain(std::iter::once(&mut grad.primal_output)).collect();
+    let stats = run(&mut grad.graph, &mut results, &mut weak);
+    grad.forget_removed_primals();
+    stats
 }
 
 /// The constant `c` if `v` is `const c` or `broadcast(const c)`.
