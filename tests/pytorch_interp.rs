@@ -88,6 +88,72 @@ fn check(fixture_name: &str) {
     assert!(err < 2e-6, "{fixture_name}: f32 outputs differ from PyTorch by {err:e}");
 }
 
+/// Gradients through the derived backward step (BPTT on the interpreter)
+/// against PyTorch autograd, for `L = Σ outputs·grad_output + Σ final·grad_final`.
+fn check_gradients(fixture_name: &str) {
+    let fx = Fixture::load(fixture_name);
+    let cell_name = fx.json["cell"].as_str().expect("cell name");
+    let path = support::root().join("cells").join(format!("{cell_name}.cell"));
+    let module = support::compile_shipped(&path);
+    let cell = module.cell(cell_name).expect("cell named like its file");
+    let bound = cell.bind(&fx.sizes()).expect("fixture sizes bind");
+    let grad = cellc::autodiff::backward_step(cell).expect("backward step verifies");
+
+    let params: BTreeMap<String, Vec<f64>> =
+        cell.params.iter().map(|p| (p.name.clone(), fx.get(&["params", &p.name]))).collect();
+    let params = bound.params_from_map(params).expect("parameters");
+    let h0: Vec<Vec<f64>> = cell.states.iter().map(|s| fx.get(&["initial_states", &s.name])).collect();
+    let g_final: Vec<Vec<f64>> =
+        cell.states.iter().map(|s| fx.get(&["grad_final_states", &s.name])).collect();
+    let grads = bound
+        .backward(&grad, &fx.get(&["input"]), &h0, &params, &fx.get(&["grad_output"]), &g_final)
+        .expect("backward runs");
+
+    let mut worst = 0.0f64;
+    let mut check = |what: String, ours: &[f64], theirs: Vec<f64>| {
+        let err = max_rel_err(ours, &theirs);
+        worst = worst.max(err);
+        assert!(err < 1e-10, "{fixture_name}: gradient of {what} differs from PyTorch by {err:e}");
+    };
+    check("input".into(), &grads.d_inputs, fx.get(&["grads", "input"]));
+    for (i, s) in cell.states.iter().enumerate() {
+        check(
+            format!("initial state {}", s.name),
+            &grads.d_initial_states[i],
+            fx.get(&["grads", "initial_states", &s.name]),
+        );
+    }
+    for (i, p) in cell.params.iter().enumerate() {
+        check(format!("param {}", p.name), &grads.d_params[i], fx.get(&["grads", "params", &p.name]));
+    }
+    eprintln!("{fixture_name}: worst gradient relative error vs PyTorch {worst:.1e}");
+}
+
+#[test]
+fn lstm_gradients_match_autograd() {
+    check_gradients("lstm_seq");
+    check_gradients("lstm_step");
+}
+
+#[test]
+fn gru_gradients_match_autograd() {
+    check_gradients("gru_seq");
+    check_gradients("gru_step");
+}
+
+#[test]
+fn rnn_gradients_match_autograd() {
+    check_gradients("rnn_tanh_seq");
+    check_gradients("rnn_relu_seq");
+    check_gradients("rnn_tanh_step");
+    check_gradients("rnn_relu_step");
+}
+
+#[test]
+fn lstmp_gradients_match_autograd() {
+    check_gradients("lstmp_seq");
+}
+
 #[test]
 fn lstm_step_matches_lstmcell() {
     check("lstm_step");

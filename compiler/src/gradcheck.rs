@@ -7,7 +7,7 @@
 //! `±eps`; the analytic gradient from backpropagation through time must
 //! agree with `(L(θ+eps) − L(θ−eps)) / 2 eps`.
 
-use crate::autodiff::backward_step;
+use crate::autodiff::{backward_step, Gradient};
 use crate::dims::Bindings;
 use crate::interp::InterpError;
 use crate::ir::Cell;
@@ -70,11 +70,21 @@ pub fn default_sizes(cell: &Cell, given: &Bindings) -> Bindings {
 
 /// Checks every gradient of `cell` at `sizes` (unbound ones get small defaults).
 pub fn gradcheck(cell: &Cell, sizes: &Bindings, opts: &Options) -> Result<Report, InterpError> {
-    let sizes = default_sizes(cell, sizes);
-    let bound = cell.bind(&sizes)?;
     let grad = backward_step(cell).map_err(|e| InterpError::Internal {
         message: e.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "),
     })?;
+    gradcheck_with(cell, &grad, sizes, opts)
+}
+
+/// Checks a given backward step of `cell` (so tests can check the checker).
+pub fn gradcheck_with(
+    cell: &Cell,
+    grad: &Gradient,
+    sizes: &Bindings,
+    opts: &Options,
+) -> Result<Report, InterpError> {
+    let sizes = default_sizes(cell, sizes);
+    let bound = cell.bind(&sizes)?;
     let mut rng = SplitMix(opts.seed);
     let params: Vec<Vec<f64>> = bound.param_shapes().iter().map(|&(r, c)| rng.vec(r * c, 0.6)).collect();
     let h0: Vec<Vec<f64>> = bound.state_sizes().iter().map(|&n| rng.vec(n, 0.5)).collect();
@@ -82,7 +92,7 @@ pub fn gradcheck(cell: &Cell, sizes: &Bindings, opts: &Options) -> Result<Report
     let g_out = rng.vec(opts.steps * bound.output_size(), 1.0);
     let g_final: Vec<Vec<f64>> = bound.state_sizes().iter().map(|&n| rng.vec(n, 1.0)).collect();
 
-    let analytic = bound.backward(&grad, &xs, &h0, &params, &g_out, &g_final)?;
+    let analytic = bound.backward(grad, &xs, &h0, &params, &g_out, &g_final)?;
     let loss = |xs: &[f64], h0: &[Vec<f64>], params: &[Vec<f64>]| -> Result<f64, InterpError> {
         let r = bound.run(xs, h0, params)?;
         let mut l: f64 = r.outputs.iter().zip(&g_out).map(|(a, b)| a * b).sum();
