@@ -33,6 +33,7 @@ pub mod interp;
 pub mod ir;
 pub mod lower;
 pub mod passes;
+pub mod schedule;
 pub mod syntax;
 
 pub use diag::{Diagnostic, Diagnostics, SourceMap};

@@ -317,8 +317,9 @@ fn graph(
                 if stage == Stage::Backward {
                     cellc::ir::print::gradient_to_text(&forward, &grad, Some(&c.sources))
                 } else {
-                    eprintln!("error: --stage schedule is not available yet");
-                    return false;
+                    let sizes: Bindings = define.iter().cloned().collect();
+                    let sched = cellc::schedule::schedule(&forward, &grad, &sizes);
+                    cellc::schedule::to_text(&forward, &grad, &sched, &sizes)
                 }
             }
         };

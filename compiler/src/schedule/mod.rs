@@ -1,0 +1,381 @@
+//! Scheduling: how a step becomes kernels, in the structure fused RNN
+//! libraries use (cuDNN, oneDNN, haste).
+//!
+//! The forward step splits into
+//! - **hoisted GEMMs**: matrix products whose vector depends only on inputs
+//!   and parameters, done once for the whole sequence as one GEMM over all
+//!   time steps (before the loop);
+//! - **per-step GEMMs**: products of state-dependent vectors;
+//! - **fused pointwise kernels** between them (row reductions such as
+//!   LayerNorm's `mean` included), one kernel per group.
+//!
+//! Stages are found by *level*: a per-step value's level is the number of
+//! per-step GEMMs on its longest path from the step's start. Pointwise
+//! values of level k form one kernel, run after the GEMMs of level k; so a
+//! cell is a sequence of stages, not a fixed template (MGU's `U @ (f * h)`
+//! gives pointwise, GEMM, pointwise; LSTMP's projection puts a GEMM after
+//! the cell update). A cell with no per-step GEMM has an elementwise
+//! recurrence and runs as **one whole-sequence kernel** looping over time.
+//!
+//! The backward step is staged the same way in reverse time, with the
+//! recurrence carried by the next states' adjoints. Its products that do
+//! not feed that carry — weight gradients `Σ_t dy_t ⊗ x_t`, input gradients
+//! `Wᵀ dy_t` — move after the loop as one GEMM over all steps, and vector
+//! parameters' gradients become one sum over steps.
+
+mod print;
+pub mod saved;
+
+pub use print::to_text;
+pub use saved::{choose_saved, SavedValues};
+
+use crate::autodiff::Gradient;
+use crate::dims::{Bindings, Dim};
+use crate::ir::{Cell, Graph, Op, Type, ValueId};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// When a stage runs relative to the time loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Placement {
+    /// Once, over all time steps, before the loop.
+    BeforeLoop,
+    /// Once per time step (in reverse time for the backward step).
+    EachStep,
+    /// Once, over all time steps, after the loop.
+    AfterLoop,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StageKind {
+    /// Matrix products sharing one operand: one GEMM.
+    Gemm,
+    /// Fused elementwise work, with row reductions if `reductions`.
+    Pointwise { reductions: bool },
+    /// The whole recurrence in one kernel that loops over time inside.
+    WholeSequence { reductions: bool },
+    /// Vector parameters' gradients: sums over all steps.
+    SumOverSteps,
+}
+
+/// One kernel (or one GEMM call) of the schedule.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stage {
+    pub kind: StageKind,
+    pub placement: Placement,
+    /// The values it computes, in topological order.
+    pub values: Vec<ValueId>,
+    /// Values it reads that other stages or leaves provide.
+    pub inputs: Vec<ValueId>,
+    /// Values it computes that something outside reads.
+    pub outputs: Vec<ValueId>,
+}
+
+/// The full plan for a cell: forward and backward stages and saved values.
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    pub cell: String,
+    pub forward: Vec<Stage>,
+    pub backward: Vec<Stage>,
+    /// No per-step GEMM: the forward step runs as one whole-sequence kernel.
+    pub elementwise_recurrence: bool,
+    pub saved: SavedValues,
+    /// Elements saved per step per sequence (besides the state history).
+    pub saved_elements: Dim,
+    /// Elements of the state history per step per sequence.
+    pub state_elements: Dim,
+}
+
+impl Schedule {
+    /// Bytes saved for the backward per step per sequence in f32, at `sizes`
+    /// (the state history excluded); `None` if a size is unbound.
+    pub fn saved_bytes(&self, sizes: &Bindings) -> Option<u64> {
+        self.saved_elements.eval(sizes).ok().map(|n| 4 * n.max(0) as u64)
+    }
+}
+
+/// Plans `cell` (simplified) with its backward step `grad`; `sizes` weigh
+/// the saved-values choice.
+pub fn schedule(cell: &Cell, grad: &Gradient, sizes: &Bindings) -> Schedule {
+    let saved = choose_saved(grad, sizes);
+    let mut roots: Vec<ValueId> = cell.next_states.clone();
+    roots.push(cell.output);
+    let saved_here: Vec<ValueId> = saved.saved.iter().copied().filter(|v| cell.contains(*v)).collect();
+    roots.extend(&saved_here);
+    let forward = stage_forward(cell, &roots);
+    let elementwise_recurrence =
+        !forward.iter().any(|s| s.placement == Placement::EachStep && s.kind == StageKind::Gemm);
+    let backward = stage_backward(grad, &saved);
+    let total = |vals: &[ValueId], g: &Graph| {
+        vals.iter().fold(Dim::default(), |acc, v| match g.ty(*v) {
+            Type::Vector(d) => acc.checked_add(d).unwrap_or(acc),
+            _ => acc.checked_add(&Dim::constant(1)).unwrap_or(acc),
+        })
+    };
+    let state_elements =
+        cell.states.iter().fold(Dim::default(), |acc, s| acc.checked_add(&s.dim).unwrap_or(acc));
+    Schedule {
+        cell: cell.name.clone(),
+        saved_elements: total(&saved.saved, &grad.graph),
+        forward,
+        backward,
+        elementwise_recurrence,
+        saved,
+        state_elements,
+    }
+}
+
+fn is_leaf(g: &Graph, v: ValueId) -> bool {
+    g.operands(v).is_empty()
+}
+
+fn is_product(g: &Graph, v: ValueId) -> bool {
+    matches!(g.node(v).op, Op::MatVec | Op::MatVecT | Op::Outer)
+}
+
+fn has_reduction(g: &Graph, values: &[ValueId]) -> bool {
+    values.iter().any(|v| matches!(g.node(*v).op, Op::Reduce(_)))
+}
+
+/// Values depending on any of `sources`.
+fn depends_on(g: &Graph, order: &[ValueId], sources: &dyn Fn(&Op) -> bool) -> HashSet<ValueId> {
+    let mut out = HashSet::new();
+    for &v in order {
+        if sources(&g.node(v).op) || g.operands(v).iter().any(|o| out.contains(o)) {
+            out.insert(v);
+        }
+    }
+    out
+}
+
+/// Levels of the per-step values: GEMMs add one; pointwise values take their
+/// operands' maximum. Values in `per_step` only; others count as level 0.
+fn levels(
+    g: &Graph,
+    order: &[ValueId],
+    per_step: &HashSet<ValueId>,
+    gemm: &dyn Fn(ValueId) -> bool,
+) -> HashMap<ValueId, usize> {
+    let mut level = HashMap::new();
+    for &v in order {
+        if !per_step.contains(&v) {
+            continue;
+        }
+        let from_operands = g.operands(v).iter().filter_map(|o| level.get(o).copied()).max().unwrap_or(0);
+        level.insert(v, if gemm(v) { from_operands + 1 } else { from_operands });
+    }
+    level
+}
+
+/// Gives each floating value (computed per step but not tied to the
+/// recurrence) the level of its earliest consumer, so it fuses into that kernel.
+fn place_floating(
+    g: &Graph,
+    order: &[ValueId],
+    floating: &HashSet<ValueId>,
+    level: &mut HashMap<ValueId, usize>,
+) {
+    for &v in order.iter().rev() {
+        if !floating.contains(&v) {
+            continue;
+        }
+        let at = g
+            .users(v)
+            .iter()
+            .filter_map(|u| level.get(u).map(|&l| if is_product(g, *u) { l.saturating_sub(1) } else { l }))
+            .min()
+            .unwrap_or(0);
+        level.insert(v, at);
+    }
+}
+
+/// Inputs and outputs of a stage; `roots` are read from outside the graph.
+fn make_stage(
+    g: &Graph,
+    kind: StageKind,
+    placement: Placement,
+    values: Vec<ValueId>,
+    roots: &HashSet<ValueId>,
+) -> Stage {
+    let inside: HashSet<ValueId> = values.iter().copied().collect();
+    let mut inputs = Vec::new();
+    let mut outputs = Vec::new();
+    for &v in &values {
+        for o in g.operands(v) {
+            if !inside.contains(&o) && !inputs.contains(&o) {
+                inputs.push(o);
+            }
+        }
+        if roots.contains(&v) || g.users(v).iter().any(|u| !inside.contains(u)) {
+            outputs.push(v);
+        }
+    }
+    Stage { kind, placement, values, inputs, outputs }
+}
+
+/// Groups products by their shared operand (one GEMM per group).
+fn gemm_stages(
+    g: &Graph,
+    products: &[ValueId],
+    placement: Placement,
+    roots: &HashSet<ValueId>,
+) -> Vec<Stage> {
+    let mut groups: BTreeMap<(String, ValueId), Vec<ValueId>> = BTreeMap::new();
+    for &v in products {
+        let ops = g.operands(v);
+        // matvec/matvect share the vector (one GEMM with stacked weights);
+        // outer products share their left vector (dY stacked over steps).
+        let key = match g.node(v).op {
+            Op::Outer => ("outer".to_string(), ops[0]),
+            ref op => (op.mnemonic().to_string(), ops[1]),
+        };
+        groups.entry(key).or_default().push(v);
+    }
+    groups.into_values().map(|vals| make_stage(g, StageKind::Gemm, placement, vals, roots)).collect()
+}
+
+fn stage_forward(cell: &Cell, roots: &[ValueId]) -> Vec<Stage> {
+    let g: &Graph = cell;
+    let roots: HashSet<ValueId> = roots.iter().copied().collect();
+    let order = g.topo_order().unwrap_or_default();
+    let dynamic = depends_on(g, &order, &|op| matches!(op, Op::State(_)));
+    let computed: Vec<ValueId> = order.iter().copied().filter(|&v| !is_leaf(g, v)).collect();
+
+    // Static values feeding a hoisted product are computed before the loop.
+    let hoisted: Vec<ValueId> =
+        computed.iter().copied().filter(|&v| !dynamic.contains(&v) && is_product(g, v)).collect();
+    let mut before_loop: HashSet<ValueId> = HashSet::new();
+    let mut stack: Vec<ValueId> = hoisted.iter().flat_map(|&v| g.operands(v)).collect();
+    while let Some(v) = stack.pop() {
+        if !is_leaf(g, v) && !dynamic.contains(&v) && before_loop.insert(v) {
+            stack.extend(g.operands(v));
+        }
+    }
+    let per_step: HashSet<ValueId> = computed.iter().copied().filter(|v| dynamic.contains(v)).collect();
+    let mut level = levels(g, &order, &per_step, &|v| is_product(g, v));
+    let floating: HashSet<ValueId> = computed
+        .iter()
+        .copied()
+        .filter(|v| !dynamic.contains(v) && !is_product(g, *v) && !before_loop.contains(v))
+        .collect();
+    place_floating(g, &order, &floating, &mut level);
+
+    let mut stages = Vec::new();
+    let pre: Vec<ValueId> = computed.iter().copied().filter(|v| before_loop.contains(v)).collect();
+    if !pre.is_empty() {
+        let kind = StageKind::Pointwise { reductions: has_reduction(g, &pre) };
+        stages.push(make_stage(g, kind, Placement::BeforeLoop, pre, &roots));
+    }
+    stages.extend(gemm_stages(g, &hoisted, Placement::BeforeLoop, &roots));
+
+    let max_level = level.values().copied().max().unwrap_or(0);
+    let step_gemms = computed.iter().any(|v| per_step.contains(v) && is_product(g, *v));
+    for k in 0..=max_level {
+        let gemms: Vec<ValueId> = computed
+            .iter()
+            .copied()
+            .filter(|v| per_step.contains(v) && is_product(g, *v) && level.get(v) == Some(&k))
+            .collect();
+        stages.extend(gemm_stages(g, &gemms, Placement::EachStep, &roots));
+        let pw: Vec<ValueId> = computed
+            .iter()
+            .copied()
+            .filter(|v| !is_product(g, *v) && !before_loop.contains(v) && level.get(v) == Some(&k))
+            .collect();
+        if !pw.is_empty() {
+            let reductions = has_reduction(g, &pw);
+            let kind = if step_gemms {
+                StageKind::Pointwise { reductions }
+            } else {
+                StageKind::WholeSequence { reductions }
+            };
+            stages.push(make_stage(g, kind, Placement::EachStep, pw, &roots));
+        }
+    }
+    stages
+}
+
+fn stage_backward(grad: &Gradient, saved: &SavedValues) -> Vec<Stage> {
+    let g = &grad.graph;
+    let order = g.topo_order().unwrap_or_default();
+    let results: HashSet<ValueId> = grad.results().into_iter().collect();
+    let backward = saved::backward_values(g);
+    let recomputed: HashSet<ValueId> = saved.recomputed.iter().copied().filter(|v| !is_leaf(g, *v)).collect();
+
+    // The carry: values the next (earlier) step's adjoints depend on.
+    let mut carry: HashSet<ValueId> = HashSet::new();
+    let mut stack: Vec<ValueId> = grad.d_states.iter().flatten().copied().collect();
+    while let Some(v) = stack.pop() {
+        if backward.contains(&v) && carry.insert(v) {
+            stack.extend(g.operands(v));
+        }
+    }
+    // Products off the carry run after the loop, over all steps at once.
+    let after: Vec<ValueId> = order
+        .iter()
+        .copied()
+        .filter(|v| backward.contains(v) && !carry.contains(v) && is_product(g, *v))
+        .collect();
+    let per_step: HashSet<ValueId> = order
+        .iter()
+        .copied()
+        .filter(|v| backward.contains(v) && !is_leaf(g, *v) && !after.contains(v))
+        .collect();
+    let mut level = levels(g, &order, &per_step, &|v| is_product(g, v));
+    place_floating(g, &order, &recomputed, &mut level);
+
+    // Vector parameters' gradients are summed over steps after the loop.
+    let param_sums: Vec<ValueId> = grad
+        .d_params
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|v| per_step.contains(v) && !matches!(g.ty(*v), Type::Matrix(..)))
+        .collect();
+    let mut roots = results.clone();
+    roots.extend(after.iter().flat_map(|&v| g.operands(v)));
+
+    let mut stages = Vec::new();
+    let max_level = level.values().copied().max().unwrap_or(0);
+    let step_gemms = per_step.iter().any(|v| is_product(g, *v));
+    for k in 0..=max_level {
+        let gemms: Vec<ValueId> = order
+            .iter()
+            .copied()
+            .filter(|v| per_step.contains(v) && is_product(g, *v) && level.get(v) == Some(&k))
+            .collect();
+        stages.extend(gemm_stages(g, &gemms, Placement::EachStep, &roots));
+        let pw: Vec<ValueId> = order
+            .iter()
+            .copied()
+            .filter(|v| {
+                (per_step.contains(v) || recomputed.contains(v))
+                    && !is_product(g, *v)
+                    && level.get(v) == Some(&k)
+            })
+            .collect();
+        if !pw.is_empty() {
+            let reductions = has_reduction(g, &pw);
+            let kind = if step_gemms {
+                StageKind::Pointwise { reductions }
+            } else {
+                StageKind::WholeSequence { reductions }
+            };
+            stages.push(make_stage(g, kind, Placement::EachStep, pw, &roots));
+        }
+    }
+    stages.extend(gemm_stages(g, &after, Placement::AfterLoop, &results));
+    if !param_sums.is_empty() {
+        let mut unique = param_sums;
+        unique.sort();
+        unique.dedup();
+        let inputs = unique.clone();
+        stages.push(Stage {
+            kind: StageKind::SumOverSteps,
+            placement: Placement::AfterLoop,
+            values: Vec::new(),
+            inputs,
+            outputs: unique,
+        });
+    }
+    stages
+}
