@@ -94,3 +94,48 @@ fn graph_prints_text_and_dot() {
 
     assert_eq!(cellc(&["graph", "--cell", "nope", path]).status.code(), Some(1));
 }
+
+#[test]
+fn gradcheck_passes_and_reports_every_tensor() {
+    let p = temp_file("gc.cell", RNN.as_bytes());
+    let out = cellc(&["gradcheck", p.to_str().expect("utf-8 path"), "-D", "H=3"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for tensor in ["input x", "initial state h", "param w", "param u", "param b"] {
+        assert!(text.contains(tensor), "{text}");
+    }
+    assert!(text.contains("H=3") && text.contains("passed"), "{text}");
+}
+
+#[test]
+fn gradcheck_rejects_short_sequences_and_binds_unknown_sizes_with_a_warning() {
+    let p = temp_file("gc2.cell", RNN.as_bytes());
+    let path = p.to_str().expect("utf-8 path");
+    assert_eq!(cellc(&["gradcheck", path, "--steps", "3"]).status.code(), Some(2));
+    let out = cellc(&["gradcheck", path, "-D", "Q=5"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no cell uses a size variable `Q`"));
+}
+
+#[test]
+fn graph_stages_print() {
+    let p = temp_file("st.cell", RNN.as_bytes());
+    let path = p.to_str().expect("utf-8 path");
+    let fwd = cellc(&["graph", "--stage", "forward", path]);
+    assert!(fwd.status.success());
+    let bwd = String::from_utf8_lossy(&cellc(&["graph", "--stage", "backward", path]).stdout).to_string();
+    assert!(
+        bwd.starts_with("backward rnn") && bwd.contains("seed d_output") && bwd.contains("= matvect "),
+        "{bwd}"
+    );
+    let sched = String::from_utf8_lossy(
+        &cellc(&["graph", "--stage", "schedule", path, "-D", "H=8", "-D", "I=4"]).stdout,
+    )
+    .to_string();
+    assert!(sched.contains("before the loop") && sched.contains("after the loop"), "{sched}");
+    // tanh' = 1 - h'^2 reads h' from the state history: nothing else is saved.
+    assert!(sched.contains("saved f32 elements: 0"), "{sched}");
+    let lstm = cellc(&["graph", "--stage", "schedule", "../cells/lstm.cell", "-D", "H=8", "-D", "I=4"]);
+    let lstm = String::from_utf8_lossy(&lstm.stdout).to_string();
+    assert!(lstm.contains("saved f32 elements: [4*H] = 128 bytes"), "{lstm}");
+}

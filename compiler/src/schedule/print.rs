@@ -181,7 +181,11 @@ pub fn to_text(cell: &Cell, grad: &Gradient, sched: &Schedule, sizes: &Bindings)
         Some(b) if cell.sizes.iter().all(|s| sizes.contains_key(s)) => format!(" = {b} bytes"),
         _ => String::new(),
     };
-    let _ = writeln!(out, "  saved f32 elements: [{}]{bytes}", sched.saved_elements);
+    if sched.saved_elements.is_zero() {
+        let _ = writeln!(out, "  saved f32 elements: 0");
+    } else {
+        let _ = writeln!(out, "  saved f32 elements: [{}]{bytes}", sched.saved_elements);
+    }
     let recomputed: Vec<String> = sched.saved.recomputed.iter().map(|v| v.to_string()).collect();
     let _ = writeln!(
         out,
