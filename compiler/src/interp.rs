@@ -115,7 +115,7 @@ pub struct BoundCell<'c> {
 
 /// A graph ready to evaluate at fixed sizes: its order and every value's shape.
 #[derive(Clone, Debug)]
-pub(crate) struct Plan {
+pub struct Plan {
     order: Vec<ValueId>,
     /// `(rows, cols)` of each value: `(1, 1)` scalar, `(d, 1)` vector, `(m, n)` matrix.
     shape: Vec<(usize, usize)>,
@@ -124,7 +124,8 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    pub(crate) fn new(graph: &Graph, sizes: &Bindings, cell: &str) -> Result<Plan, InterpError> {
+    /// Fixes every value's shape under `sizes` (`cell` names errors).
+    pub fn new(graph: &Graph, sizes: &Bindings, cell: &str) -> Result<Plan, InterpError> {
         let order = graph.topo_order().map_err(|v| InterpError::Shape {
             tensor: format!("{v}"),
             expected: "an acyclic graph".into(),
@@ -156,7 +157,8 @@ impl Plan {
         Ok(Plan { order, shape, extra })
     }
 
-    pub(crate) fn len(&self, v: ValueId) -> usize {
+    /// Elements of a value.
+    pub fn elements(&self, v: ValueId) -> usize {
         let (r, c) = self.shape[v.index()];
         r * c
     }
@@ -178,68 +180,85 @@ pub(crate) struct LeafValues<'a, T> {
 pub(crate) fn evaluate<T: Float>(graph: &Graph, plan: &Plan, leaves: &LeafValues<T>) -> Vec<Vec<T>> {
     let mut vals: Vec<Vec<T>> = vec![Vec::new(); graph.value_bound()];
     for &v in &plan.order {
-        let operands = graph.operands(v);
-        let out = {
-            let arg = |i: usize| -> &[T] { value(graph, &vals, leaves, operands[i]) };
-            let (rows, cols) = plan.shape[v.index()];
-            let n = rows * cols;
-            match &graph.node(v).op {
-                Op::Input(i) => {
-                    let (o, l) = leaves.input_slices[*i];
-                    leaves.x[o..o + l].to_vec()
-                }
-                Op::State(i) => leaves.states[*i].to_vec(),
-                Op::Param(_) => Vec::new(),
-                Op::Seed(i) => leaves.seeds[*i].to_vec(),
-                Op::Const(c) => vec![T::from(*c).unwrap_or_else(T::nan)],
-                Op::DimValue(_) => vec![T::from(plan.extra[v.index()]).unwrap_or_else(T::nan)],
-                Op::Unary(op) => arg(0).iter().map(|&a| apply_unary(*op, a)).collect(),
-                Op::Binary(op) => arg(0).iter().zip(arg(1)).map(|(&a, &b)| apply_binary(*op, a, b)).collect(),
-                Op::Broadcast => vec![arg(0)[0]; n],
-                Op::MatVec => {
-                    let (w, x) = (arg(0), arg(1));
-                    let cols = plan.shape[operands[0].index()].1;
-                    (0..rows).map(|r| dot(&w[r * cols..(r + 1) * cols], x)).collect()
-                }
-                Op::MatVecT => {
-                    let (w, y) = (arg(0), arg(1));
-                    let cols = plan.shape[operands[0].index()].1;
-                    let mut out = vec![T::zero(); cols];
-                    for (r, &yr) in y.iter().enumerate() {
-                        for (o, &wv) in out.iter_mut().zip(&w[r * cols..(r + 1) * cols]) {
-                            *o = *o + wv * yr;
-                        }
-                    }
-                    out
-                }
-                Op::Outer => {
-                    let (a, b) = (arg(0), arg(1));
-                    a.iter().flat_map(|&ai| b.iter().map(move |&bj| ai * bj)).collect()
-                }
-                Op::Reduce(op) => {
-                    let s = arg(0).iter().fold(T::zero(), |acc, &a| acc + a);
-                    match op {
-                        ReduceOp::Sum => vec![s],
-                        ReduceOp::Mean => vec![s / T::from(arg(0).len()).unwrap_or_else(T::one)],
-                    }
-                }
-                Op::Slice { .. } => {
-                    let o = plan.extra[v.index()];
-                    arg(0)[o..o + n].to_vec()
-                }
-                Op::Pad { .. } => {
-                    let o = plan.extra[v.index()];
-                    let part = arg(0);
-                    let mut out = vec![T::zero(); n];
-                    out[o..o + part.len()].copy_from_slice(part);
-                    out
-                }
-                Op::Concat => (0..operands.len()).flat_map(|i| arg(i).iter().copied()).collect(),
+        let out = match &graph.node(v).op {
+            Op::Input(i) => {
+                let (o, l) = leaves.input_slices[*i];
+                leaves.x[o..o + l].to_vec()
+            }
+            Op::State(i) => leaves.states[*i].to_vec(),
+            Op::Param(_) => Vec::new(),
+            Op::Seed(i) => leaves.seeds[*i].to_vec(),
+            _ => {
+                let operands = graph.operands(v);
+                let args: Vec<&[T]> = operands.iter().map(|&o| value(graph, &vals, leaves, o)).collect();
+                plan.compute(graph, v, &args)
             }
         };
         vals[v.index()] = out;
     }
     vals
+}
+
+impl Plan {
+    /// Values in the order they can be computed.
+    pub fn order(&self) -> &[ValueId] {
+        &self.order
+    }
+
+    /// `(rows, cols)` of a value: `(1, 1)` scalar, `(d, 1)` vector, `(m, n)` matrix.
+    pub fn shape(&self, v: ValueId) -> (usize, usize) {
+        self.shape[v.index()]
+    }
+
+    /// Computes a non-leaf value from its operands' values (in slot order).
+    /// This is the semantics of every op; back ends are tested against it.
+    pub fn compute<T: Float>(&self, graph: &Graph, v: ValueId, args: &[&[T]]) -> Vec<T> {
+        let (rows, cols) = self.shape[v.index()];
+        let n = rows * cols;
+        let operand_cols = |i: usize| graph.operands(v).get(i).map_or(1, |o| self.shape[o.index()].1);
+        match &graph.node(v).op {
+            // Leaves have no operands; the caller supplies their values.
+            Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Seed(_) => Vec::new(),
+            Op::Const(c) => vec![T::from(*c).unwrap_or_else(T::nan)],
+            Op::DimValue(_) => vec![T::from(self.extra[v.index()]).unwrap_or_else(T::nan)],
+            Op::Unary(op) => args[0].iter().map(|&a| apply_unary(*op, a)).collect(),
+            Op::Binary(op) => args[0].iter().zip(args[1]).map(|(&a, &b)| apply_binary(*op, a, b)).collect(),
+            Op::Broadcast => vec![args[0][0]; n],
+            Op::MatVec => {
+                let (w, x, k) = (args[0], args[1], operand_cols(0));
+                (0..rows).map(|r| dot(&w[r * k..(r + 1) * k], x)).collect()
+            }
+            Op::MatVecT => {
+                let (w, y, k) = (args[0], args[1], operand_cols(0));
+                let mut out = vec![T::zero(); k];
+                for (r, &yr) in y.iter().enumerate() {
+                    for (o, &wv) in out.iter_mut().zip(&w[r * k..(r + 1) * k]) {
+                        *o = *o + wv * yr;
+                    }
+                }
+                out
+            }
+            Op::Outer => args[0].iter().flat_map(|&ai| args[1].iter().map(move |&bj| ai * bj)).collect(),
+            Op::Reduce(op) => {
+                let s = args[0].iter().fold(T::zero(), |acc, &a| acc + a);
+                match op {
+                    ReduceOp::Sum => vec![s],
+                    ReduceOp::Mean => vec![s / T::from(args[0].len()).unwrap_or_else(T::one)],
+                }
+            }
+            Op::Slice { .. } => {
+                let o = self.extra[v.index()];
+                args[0][o..o + n].to_vec()
+            }
+            Op::Pad { .. } => {
+                let o = self.extra[v.index()];
+                let mut out = vec![T::zero(); n];
+                out[o..o + args[0].len()].copy_from_slice(args[0]);
+                out
+            }
+            Op::Concat => args.iter().flat_map(|a| a.iter().copied()).collect(),
+        }
+    }
 }
 
 /// A value after [`evaluate`]: parameters come from the leaves.
@@ -345,11 +364,21 @@ impl<'c> BoundCell<'c> {
     }
 
     pub fn output_size(&self) -> usize {
-        self.plan.len(self.cell.output)
+        self.plan.elements(self.cell.output)
     }
 
     pub fn state_sizes(&self) -> &[usize] {
         &self.state_sizes
+    }
+
+    /// `(offset, len)` of each input in the step's feature vector.
+    pub fn input_slices(&self) -> &[(usize, usize)] {
+        &self.input_slices
+    }
+
+    /// The forward graph's evaluation plan at these sizes.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
     }
 
     /// `(rows, cols)` of each parameter; `cols == 1` for a vector.
