@@ -1,1 +1,50 @@
-//! placeholder
+//! The cellc runtime: runs a compiled cell over real batches.
+//!
+//! A [`Model`] stacks a compiled cell into layers and directions, holds its
+//! weights (loaded from a PyTorch `state_dict` in safetensors, or
+//! initialised from a seed), and runs it through a [`backend::Backend`] over
+//! packed sequences or padded batches — batch- or time-first, padding at
+//! the end or at the start — without sorting or copying the data: only the
+//! lengths are sorted ([`sequence::BatchPlan`]) and rows are gathered and
+//! scattered through a [`sequence::RowLayout`].
+//!
+//! ```
+//! use cellc_runtime::{backend::reference::Reference, CompiledCell, Input, Major, Align, Model, ModelConfig};
+//! use std::sync::Arc;
+//!
+//! let cell = CompiledCell::from_source("rnn.cell", "
+//!     cell rnn {
+//!         input x[I]
+//!         state h[H]
+//!         param weight_ih[H, I], weight_hh[H, H], bias_ih[H], bias_hh[H]
+//!         h' = tanh(weight_ih @ x + bias_ih + weight_hh @ h + bias_hh)
+//!         output h'
+//!     }", None)?;
+//! let sizes = [("H".to_string(), 4)].into();
+//! let config = ModelConfig { layers: 2, bidirectional: true };
+//! let model = Model::new(Arc::new(cell), config, &sizes, Some(3), None, 42, Box::new(Reference))?;
+//!
+//! // Two sequences of lengths 3 and 1, padded to 3 steps, batch-first.
+//! let x = vec![0.5f32; 2 * 3 * 3];
+//! let out = model.forward(
+//!     Input::Padded { data: &x, batch: 2, steps: 3, major: Major::BatchFirst, align: Align::Left, lengths: &[3, 1] },
+//!     None,
+//! )?;
+//! assert_eq!(out.data.len(), 2 * 3 * 8);             // [B, T, 2 * H]
+//! assert!(out.data[(3 + 1) * 8..].iter().all(|&v| v == 0.0)); // padding stays zero
+//! assert_eq!(out.final_states[0].len(), 4 * 2 * 4);  // [layers * directions, B, H]
+//! # Ok::<(), cellc_runtime::RuntimeError>(())
+//! ```
+
+pub mod backend;
+pub mod error;
+pub mod exec;
+pub mod model;
+pub mod sequence;
+pub mod weights;
+
+pub use error::{Result, RuntimeError};
+pub use exec::{Gradients, Input, Output, Trace};
+pub use model::{CompiledCell, LayerProgram, Model, ModelConfig};
+pub use sequence::{Align, BatchPlan, Major, PackedSequence, RowLayout};
+pub use weights::{read_tensors, write_tensors, Tensor, TensorData, Weights};

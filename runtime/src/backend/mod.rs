@@ -1,0 +1,110 @@
+//! The interface every back end implements: run one layer in one direction
+//! over a batch, forwards (optionally keeping what the backward needs) and
+//! backwards.
+//!
+//! Rows are read and written through [`RowLayout`]s, so a back end gathers
+//! and scatters the caller's own buffers — padded or packed, either
+//! alignment — and never sees padding.
+
+pub mod reference;
+
+use crate::error::Result;
+use crate::model::{CompiledCell, LayerProgram};
+use crate::sequence::{BatchPlan, RowLayout};
+
+/// Rows of a flat buffer: row `r`'s features are `data[r*width + offset ..]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Rows<'a> {
+    pub data: &'a [f32],
+    pub layout: &'a RowLayout,
+    pub width: usize,
+    pub offset: usize,
+}
+
+impl<'a> Rows<'a> {
+    /// The `len` features of `(b, t)`.
+    pub fn get(&self, b: usize, t: usize, len: usize) -> &'a [f32] {
+        let start = self.layout.row(b, t) * self.width + self.offset;
+        &self.data[start..start + len]
+    }
+}
+
+/// Writable rows, laid out as [`Rows`].
+#[derive(Debug)]
+pub struct RowsMut<'a> {
+    pub data: &'a mut [f32],
+    pub layout: &'a RowLayout,
+    pub width: usize,
+    pub offset: usize,
+}
+
+impl RowsMut<'_> {
+    pub fn get_mut(&mut self, b: usize, t: usize, len: usize) -> &mut [f32] {
+        let start = self.layout.row(b, t) * self.width + self.offset;
+        &mut self.data[start..start + len]
+    }
+}
+
+/// One layer, one direction, forwards.
+#[derive(Clone, Copy, Debug)]
+pub struct ForwardJob<'a> {
+    pub cell: &'a CompiledCell,
+    pub layer: &'a LayerProgram,
+    pub params: &'a [Vec<f32>],
+    pub plan: &'a BatchPlan,
+    pub reverse: bool,
+    pub input: Rows<'a>,
+    /// Initial states, one `[B * size]` buffer per state.
+    pub h0: &'a [&'a [f32]],
+    /// Keep what the backward step needs.
+    pub training: bool,
+}
+
+/// One layer, one direction, backwards.
+#[derive(Clone, Copy, Debug)]
+pub struct BackwardJob<'a> {
+    pub cell: &'a CompiledCell,
+    pub layer: &'a LayerProgram,
+    pub params: &'a [Vec<f32>],
+    pub plan: &'a BatchPlan,
+    pub reverse: bool,
+    pub input: Rows<'a>,
+    /// The adjoint of this direction's output rows.
+    pub d_output: Rows<'a>,
+    /// The adjoints of the final states, one `[B * size]` buffer per state.
+    pub d_final: &'a [&'a [f32]],
+}
+
+/// What a training forward keeps for the backward (back-end specific).
+pub struct Tape(pub Box<dyn std::any::Any + Send + Sync>);
+
+impl std::fmt::Debug for Tape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tape")
+    }
+}
+
+#[derive(Debug)]
+pub struct ForwardResult {
+    /// Final states, one `[B * size]` buffer per state.
+    pub final_states: Vec<Vec<f32>>,
+    pub tape: Option<Tape>,
+}
+
+#[derive(Debug)]
+pub struct BackwardResult {
+    /// Adjoints of the initial states, one `[B * size]` buffer per state.
+    pub d_h0: Vec<Vec<f32>>,
+    /// Adjoints of the parameters, in the cell's order.
+    pub d_params: Vec<Vec<f32>>,
+}
+
+pub trait Backend: Send + Sync {
+    fn name(&self) -> &'static str;
+
+    /// Writes the output rows (this direction's features of `output`) and returns the final states.
+    fn forward(&self, job: &ForwardJob, output: &mut RowsMut) -> Result<ForwardResult>;
+
+    /// Adds the adjoint of the input rows into `d_input` and returns the rest.
+    fn backward(&self, job: &BackwardJob, tape: &Tape, d_input: &mut RowsMut) -> Result<BackwardResult>;
+}

@@ -1,0 +1,320 @@
+//! The reference back end: runs the schedule's stages with the
+//! interpreter's op semantics ([`cellc::interp::Plan::compute`]) and plain
+//! matrix-vector products, one row at a time.
+//!
+//! It is slow on purpose and exists to fix the semantics: it executes the
+//! stages in schedule order, each over every active row before the next
+//! (as kernels would), so a stage that reads a value no earlier stage
+//! produced is an error here; and its backward reads only what the
+//! schedule saved (plus the state history), so a wrong saved-values
+//! choice is an error too. Fast back ends are tested against it.
+
+use super::{Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, Tape};
+use crate::error::{Result, RuntimeError};
+use cellc::interp::Plan;
+use cellc::ir::{Graph, Op, ValueId};
+use cellc::schedule::{Placement, Stage};
+use std::collections::HashMap;
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Reference;
+
+/// Values of one row, by value index; parameters are read in place.
+type Store = Vec<Option<Vec<f32>>>;
+
+/// What the forward keeps per row `(b, t)`: only what the backward may read.
+struct RowTape {
+    states_before: Vec<Vec<f32>>,
+    states_after: Vec<Vec<f32>>,
+    output: Vec<f32>,
+    saved: Vec<(ValueId, Vec<f32>)>,
+}
+
+struct ReferenceTape {
+    rows: HashMap<(usize, usize), RowTape>,
+}
+
+fn value<'s>(g: &Graph, store: &'s Store, params: &'s [Vec<f32>], v: ValueId) -> Option<&'s [f32]> {
+    match g.node(v).op {
+        Op::Param(i) => params.get(i).map(Vec::as_slice),
+        _ => store.get(v.index()).and_then(|x| x.as_deref()),
+    }
+}
+
+/// Computes `v` from its operands, which must already be in `store`.
+fn compute(
+    g: &Graph,
+    plan: &Plan,
+    store: &mut Store,
+    params: &[Vec<f32>],
+    v: ValueId,
+    stage: usize,
+) -> Result<()> {
+    let operands = g.operands(v);
+    let mut args = Vec::with_capacity(operands.len());
+    for o in &operands {
+        match value(g, store, params, *o) {
+            Some(a) => args.push(a),
+            None => {
+                return Err(RuntimeError::Internal(format!(
+                    "schedule: stage {stage} computes {v} from {o}, which no earlier stage produced"
+                )))
+            }
+        }
+    }
+    let out = plan.compute(g, v, &args);
+    store[v.index()] = Some(out);
+    Ok(())
+}
+
+/// Constants and dimension values (no operands, not leaves) are available everywhere.
+fn constants(g: &Graph, plan: &Plan, store: &mut Store) {
+    for v in g.values() {
+        if matches!(g.node(v).op, Op::Const(_) | Op::DimValue(_)) {
+            store[v.index()] = Some(plan.compute::<f32>(g, v, &[]));
+        }
+    }
+}
+
+fn stages_at(stages: &[Stage], placement: Placement) -> impl Iterator<Item = (usize, &Stage)> {
+    stages.iter().enumerate().filter(move |(_, s)| s.placement == placement)
+}
+
+impl Backend for Reference {
+    fn name(&self) -> &'static str {
+        "reference"
+    }
+
+    fn forward(&self, job: &ForwardJob, output: &mut RowsMut) -> Result<ForwardResult> {
+        let cell = &job.cell.cell;
+        let g: &Graph = cell;
+        let layer = job.layer;
+        let plan = &layer.forward_plan;
+        let stages = &layer.schedule.forward;
+        let batch = job.plan.batch();
+        let saved_ids: Vec<ValueId> =
+            layer.schedule.saved.saved.iter().copied().filter(|v| g.contains(*v)).collect();
+
+        let mut base: Store = vec![None; g.value_bound()];
+        constants(g, plan, &mut base);
+        let fill_inputs = |store: &mut Store, b: usize, t: usize| {
+            let x = job.input.get(b, t, layer.input_size);
+            for v in g.values() {
+                if let Op::Input(i) = g.node(v).op {
+                    let (o, l) = layer.input_slices[i];
+                    store[v.index()] = Some(x[o..o + l].to_vec());
+                }
+            }
+        };
+        let fill_states = |store: &mut Store, states: &[Vec<f32>]| {
+            for v in g.values() {
+                if let Op::State(i) = g.node(v).op {
+                    store[v.index()] = Some(states[i].clone());
+                }
+            }
+        };
+
+        // Before the loop: every row of every sequence.
+        let mut pre: HashMap<(usize, usize), Store> = HashMap::new();
+        for b in 0..batch {
+            for t in 0..job.plan.lengths()[b] {
+                // No states here: a before-loop stage that reads one is a schedule error.
+                let mut store = base.clone();
+                fill_inputs(&mut store, b, t);
+                for (k, st) in stages_at(stages, Placement::BeforeLoop) {
+                    for &v in &st.values {
+                        compute(g, plan, &mut store, job.params, v, k)?;
+                    }
+                }
+                pre.insert((b, t), store);
+            }
+        }
+
+        let mut states: Vec<Vec<Vec<f32>>> = (0..batch)
+            .map(|b| {
+                layer
+                    .state_sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &n)| job.h0[i][b * n..(b + 1) * n].to_vec())
+                    .collect()
+            })
+            .collect();
+        let mut finals = states.clone();
+        let mut tape = ReferenceTape { rows: HashMap::new() };
+        for s in 0..job.plan.steps() {
+            let active = job.plan.active(s);
+            let mut rows: Vec<Store> = Vec::with_capacity(active.len());
+            for &b in active {
+                let t = job.plan.time(b, s, job.reverse);
+                let mut store = pre.remove(&(b, t)).unwrap_or_else(|| base.clone());
+                fill_inputs(&mut store, b, t);
+                fill_states(&mut store, &states[b]);
+                rows.push(store);
+            }
+            // Stage-major: each stage over every active row, then the next.
+            for (k, st) in stages_at(stages, Placement::EachStep) {
+                for store in rows.iter_mut() {
+                    for &v in &st.values {
+                        compute(g, plan, store, job.params, v, k)?;
+                    }
+                }
+            }
+            for (&b, store) in active.iter().zip(&rows) {
+                let t = job.plan.time(b, s, job.reverse);
+                let get = |v: ValueId| {
+                    value(g, store, job.params, v).map(<[f32]>::to_vec).ok_or_else(|| {
+                        RuntimeError::Internal(format!(
+                            "schedule: {v} (an output or next state) is never computed"
+                        ))
+                    })
+                };
+                let out = get(cell.output)?;
+                output.get_mut(b, t, layer.output_size).copy_from_slice(&out);
+                let next: Vec<Vec<f32>> = cell.next_states.iter().map(|&v| get(v)).collect::<Result<_>>()?;
+                if job.training {
+                    let saved =
+                        saved_ids.iter().map(|&v| get(v).map(|x| (v, x))).collect::<Result<Vec<_>>>()?;
+                    let row = RowTape {
+                        states_before: states[b].clone(),
+                        states_after: next.clone(),
+                        output: out,
+                        saved,
+                    };
+                    tape.rows.insert((b, t), row);
+                }
+                if s + 1 == job.plan.lengths()[b] {
+                    finals[b] = next.clone();
+                }
+                states[b] = next;
+            }
+        }
+        let final_states = (0..layer.state_sizes.len())
+            .map(|i| finals.iter().flat_map(|f| f[i].iter().copied()).collect())
+            .collect();
+        Ok(ForwardResult { final_states, tape: job.training.then(|| Tape(Box::new(tape))) })
+    }
+
+    fn backward(&self, job: &BackwardJob, tape: &Tape, d_input: &mut RowsMut) -> Result<BackwardResult> {
+        let tape = tape.0.downcast_ref::<ReferenceTape>().ok_or_else(|| {
+            RuntimeError::Internal("a reference backward needs a reference forward's tape".into())
+        })?;
+        let grad = &job.cell.grad;
+        let g = &grad.graph;
+        let layer = job.layer;
+        let plan = &layer.backward_plan;
+        let stages = &layer.schedule.backward;
+        let batch = job.plan.batch();
+        let mut base: Store = vec![None; g.value_bound()];
+        constants(g, plan, &mut base);
+
+        let mut carry: Vec<Vec<Vec<f32>>> = (0..batch)
+            .map(|b| {
+                layer
+                    .state_sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &n)| job.d_final[i][b * n..(b + 1) * n].to_vec())
+                    .collect()
+            })
+            .collect();
+        let mut all_rows: Vec<((usize, usize), Store)> = Vec::with_capacity(job.plan.rows());
+        for s in (0..job.plan.steps()).rev() {
+            let active = job.plan.active(s);
+            let mut rows: Vec<Store> = Vec::with_capacity(active.len());
+            for &b in active {
+                let t = job.plan.time(b, s, job.reverse);
+                let row = tape
+                    .rows
+                    .get(&(b, t))
+                    .ok_or_else(|| RuntimeError::Internal(format!("no tape for ({b}, {t})")))?;
+                let x = job.input.get(b, t, layer.input_size);
+                let d_out = job.d_output.get(b, t, layer.output_size);
+                let mut store = base.clone();
+                for v in g.values() {
+                    let leaf = match g.node(v).op {
+                        Op::Input(i) => {
+                            let (o, l) = layer.input_slices[i];
+                            Some(x[o..o + l].to_vec())
+                        }
+                        Op::State(i) => Some(row.states_before[i].clone()),
+                        Op::Seed(0) => Some(d_out.to_vec()),
+                        Op::Seed(k) => Some(carry[b][k - 1].clone()),
+                        _ => None,
+                    };
+                    if leaf.is_some() {
+                        store[v.index()] = leaf;
+                    }
+                }
+                // Forward values the backward reads from memory: saved ones and the history.
+                for (v, x) in &row.saved {
+                    store[v.index()] = Some(x.clone());
+                }
+                for (i, v) in grad.primal_next_states.iter().enumerate() {
+                    if let Some(v) = v {
+                        store[v.index()] = Some(row.states_after[i].clone());
+                    }
+                }
+                if let Some(v) = grad.primal_output {
+                    store[v.index()] = Some(row.output.clone());
+                }
+                rows.push(store);
+            }
+            for (k, st) in stages_at(stages, Placement::EachStep) {
+                for store in rows.iter_mut() {
+                    for &v in &st.values {
+                        compute(g, plan, store, job.params, v, k)?;
+                    }
+                }
+            }
+            for (&b, store) in active.iter().zip(rows) {
+                let t = job.plan.time(b, s, job.reverse);
+                carry[b] = grad
+                    .d_states
+                    .iter()
+                    .zip(&layer.state_sizes)
+                    .map(|(d, &n)| match d {
+                        Some(v) => value(g, &store, job.params, *v).map(<[f32]>::to_vec).ok_or_else(|| {
+                            RuntimeError::Internal(format!(
+                                "schedule: state adjoint {v} is not computed in the loop"
+                            ))
+                        }),
+                        None => Ok(vec![0.0; n]),
+                    })
+                    .collect::<Result<_>>()?;
+                all_rows.push(((b, t), store));
+            }
+        }
+
+        // After the loop: products over all rows, then every row's contribution.
+        let mut d_params: Vec<Vec<f32>> = job.params.iter().map(|p| vec![0.0; p.len()]).collect();
+        for ((b, t), store) in all_rows.iter_mut() {
+            for (k, st) in stages_at(stages, Placement::AfterLoop) {
+                for &v in &st.values {
+                    compute(g, plan, store, job.params, v, k)?;
+                }
+            }
+            for (acc, d) in d_params.iter_mut().zip(&grad.d_params) {
+                if let Some(v) = d {
+                    let x = value(g, store, job.params, *v).ok_or_else(|| {
+                        RuntimeError::Internal(format!("parameter adjoint {v} is never computed"))
+                    })?;
+                    acc.iter_mut().zip(x).for_each(|(a, x)| *a += x);
+                }
+            }
+            let dx = d_input.get_mut(*b, *t, layer.input_size);
+            for (d, &(o, l)) in grad.d_inputs.iter().zip(&layer.input_slices) {
+                if let Some(v) = d {
+                    let x = value(g, store, job.params, *v).ok_or_else(|| {
+                        RuntimeError::Internal(format!("input adjoint {v} is never computed"))
+                    })?;
+                    dx[o..o + l].iter_mut().zip(x).for_each(|(a, x)| *a += x);
+                }
+            }
+        }
+        let d_h0 = (0..layer.state_sizes.len())
+            .map(|i| carry.iter().flat_map(|c| c[i].iter().copied()).collect())
+            .collect();
+        Ok(BackwardResult { d_h0, d_params })
+    }
+}

@@ -1,0 +1,122 @@
+//! The runtime's typed errors: every bad input names the tensor and both
+//! shapes, and no public function panics.
+
+use std::fmt;
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum RuntimeError {
+    /// The `.cell` source did not compile (rendered diagnostics).
+    Compile(String),
+    /// A tensor has the wrong shape.
+    Shape {
+        tensor: String,
+        expected: String,
+        found: String,
+    },
+    /// A sequence length is 0 or longer than the padded length.
+    Length {
+        sequence: usize,
+        length: usize,
+        steps: usize,
+    },
+    /// `batch_sizes` must be positive and non-increasing.
+    BatchSizes {
+        step: usize,
+        message: String,
+    },
+    /// A permutation (`sorted_indices`) is not one.
+    Permutation {
+        tensor: String,
+        message: String,
+    },
+    /// A weight is missing, or one the model does not have was given.
+    MissingWeight {
+        name: String,
+    },
+    UnexpectedWeight {
+        name: String,
+    },
+    /// A size variable has two values (bound by `-D` and inferred, or inferred twice).
+    SizeConflict {
+        size: String,
+        first: usize,
+        first_from: String,
+        second: usize,
+        second_from: String,
+    },
+    /// A size variable has no value and none could be inferred.
+    UnboundSize {
+        size: String,
+    },
+    /// Layer sizes do not fit together (e.g. a cell whose input must be `[H]` fed `2*H` features).
+    Layer {
+        layer: usize,
+        message: String,
+    },
+    /// The backend cannot run here (e.g. no CUDA driver).
+    Backend {
+        backend: String,
+        message: String,
+    },
+    /// Reading or writing weights or tensors.
+    Io {
+        path: String,
+        message: String,
+    },
+    /// A compiler invariant broke: a bug.
+    Internal(String),
+}
+
+impl fmt::Display for RuntimeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RuntimeError::Compile(text) => write!(f, "the cell does not compile:\n{text}"),
+            RuntimeError::Shape { tensor, expected, found } => {
+                write!(f, "`{tensor}` has shape {found}, expected {expected}")
+            }
+            RuntimeError::Length { sequence, length, steps } if *length == 0 => {
+                write!(f, "sequence {sequence} has length 0 (every sequence needs at least one step; the padded length is {steps})")
+            }
+            RuntimeError::Length { sequence, length, steps } => {
+                write!(f, "sequence {sequence} has length {length}, longer than the {steps} padded steps")
+            }
+            RuntimeError::BatchSizes { step, message } => write!(f, "`batch_sizes[{step}]`: {message}"),
+            RuntimeError::Permutation { tensor, message } => write!(f, "`{tensor}` is not a permutation: {message}"),
+            RuntimeError::MissingWeight { name } => write!(f, "weight `{name}` is missing"),
+            RuntimeError::UnexpectedWeight { name } => write!(f, "weight `{name}` does not belong to this model"),
+            RuntimeError::SizeConflict { size, first, first_from, second, second_from } => write!(
+                f,
+                "size `{size}` is bound two ways: {size}={first} from {first_from}, {size}={second} from {second_from}"
+            ),
+            RuntimeError::UnboundSize { size } => {
+                write!(f, "size `{size}` has no value and cannot be inferred (bind it with -D {size}=N)")
+            }
+            RuntimeError::Layer { layer, message } => write!(f, "layer {layer}: {message}"),
+            RuntimeError::Backend { backend, message } => write!(f, "backend `{backend}`: {message}"),
+            RuntimeError::Io { path, message } => write!(f, "{path}: {message}"),
+            RuntimeError::Internal(m) => write!(f, "internal error (a bug in cellc): {m}"),
+        }
+    }
+}
+
+impl std::error::Error for RuntimeError {}
+
+impl From<cellc::InterpError> for RuntimeError {
+    fn from(e: cellc::InterpError) -> RuntimeError {
+        match e {
+            cellc::InterpError::UnboundSize { size, .. } => RuntimeError::UnboundSize { size },
+            cellc::InterpError::Shape { tensor, expected, found } => {
+                RuntimeError::Shape { tensor, expected, found }
+            }
+            other => RuntimeError::Internal(other.to_string()),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, RuntimeError>;
+
+/// `[2, 3, 4]`
+pub(crate) fn shape_text(dims: &[usize]) -> String {
+    let parts: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
+    format!("[{}]", parts.join(", "))
+}

@@ -1,0 +1,421 @@
+//! Models: a compiled cell stacked into layers and directions, with its
+//! weights, sizes bound per layer, and a backend to run it.
+//!
+//! Sizes come from `-D`-style bindings, else from the weights and the data
+//! (a `[4*H, I]` weight of shape `[20, 3]` binds `H = 5` and `I = 3`);
+//! a size bound two ways is an error naming both sources. The size
+//! variables of the input are bound per layer: layer `k > 0` reads the
+//! previous layer's output (`O * directions` features).
+
+use crate::backend::Backend;
+use crate::error::{Result, RuntimeError};
+use crate::weights::Weights;
+use cellc::autodiff::Gradient;
+use cellc::dims::{Bindings, Dim};
+use cellc::interp::{ConcreteInit, Plan};
+use cellc::ir::{Cell, Type};
+use cellc::schedule::Schedule;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// A cell compiled once: its simplified forward step and derived backward step.
+#[derive(Debug)]
+pub struct CompiledCell {
+    pub cell: Cell,
+    pub grad: Gradient,
+}
+
+impl CompiledCell {
+    /// Compiles the first cell of `source` (or the one named `cell`).
+    pub fn from_source(file_name: &str, source: &str, cell: Option<&str>) -> Result<CompiledCell> {
+        let module =
+            cellc::compile(file_name, source).into_result().map_err(|e| RuntimeError::Compile(e.rendered))?;
+        let found = match cell {
+            Some(n) => module.cells.into_iter().find(|c| c.name == n),
+            None => module.cells.into_iter().next(),
+        };
+        let mut cell = found.ok_or_else(|| {
+            RuntimeError::Compile(format!(
+                "{file_name} defines no cell{}",
+                cell.map(|n| format!(" named `{n}`")).unwrap_or_default()
+            ))
+        })?;
+        cellc::passes::optimize_cell(&mut cell);
+        let grad = cellc::autodiff::backward_step(&cell).map_err(|e| {
+            RuntimeError::Internal(e.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))
+        })?;
+        Ok(CompiledCell { cell, grad })
+    }
+
+    /// Reads and compiles a `.cell` file.
+    pub fn from_file(path: &std::path::Path, cell: Option<&str>) -> Result<CompiledCell> {
+        let source = std::fs::read(path)
+            .map_err(|e| RuntimeError::Io { path: path.display().to_string(), message: e.to_string() })?;
+        let name = path.display().to_string();
+        match std::str::from_utf8(&source) {
+            Ok(s) => CompiledCell::from_source(&name, s, cell),
+            Err(_) => Err(RuntimeError::Compile(cellc::compile_bytes(&name, &source).render(false))),
+        }
+    }
+
+    /// Parameter names of the cell, in declaration order.
+    pub fn param_names(&self) -> Vec<&str> {
+        self.cell.params.iter().map(|p| p.name.as_str()).collect()
+    }
+}
+
+/// Layers and directions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelConfig {
+    pub layers: usize,
+    pub bidirectional: bool,
+}
+
+impl Default for ModelConfig {
+    fn default() -> ModelConfig {
+        ModelConfig { layers: 1, bidirectional: false }
+    }
+}
+
+/// One layer's concrete shapes and evaluation plans (shared by its directions).
+#[derive(Clone, Debug)]
+pub struct LayerProgram {
+    pub index: usize,
+    pub sizes: Bindings,
+    pub input_size: usize,
+    pub output_size: usize,
+    pub state_sizes: Vec<usize>,
+    pub input_slices: Vec<(usize, usize)>,
+    /// `(rows, cols)`; `cols == 1` for vectors.
+    pub param_shapes: Vec<(usize, usize)>,
+    pub forward_plan: Plan,
+    pub backward_plan: Plan,
+    pub schedule: Schedule,
+}
+
+/// A runnable model.
+pub struct Model {
+    pub(crate) compiled: Arc<CompiledCell>,
+    pub(crate) config: ModelConfig,
+    pub(crate) layers: Vec<LayerProgram>,
+    /// `params[layer * directions + direction][param]`.
+    pub(crate) params: Vec<Vec<Vec<f32>>>,
+    pub(crate) backend: Box<dyn Backend>,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("cell", &self.compiled.cell.name)
+            .field("config", &self.config)
+            .field("sizes", &self.layers.iter().map(|l| &l.sizes).collect::<Vec<_>>())
+            .field("backend", &self.backend.name())
+            .finish()
+    }
+}
+
+/// Suffix of a weight name: `_l0`, `_l1_reverse`.
+pub fn weight_suffix(layer: usize, reverse: bool) -> String {
+    if reverse {
+        format!("_l{layer}_reverse")
+    } else {
+        format!("_l{layer}")
+    }
+}
+
+/// Binds `dim = value` for a dimension of the form `c*V + k`; records where it came from.
+fn infer(
+    dim: &Dim,
+    value: usize,
+    from: &str,
+    sizes: &mut Bindings,
+    sources: &mut BTreeMap<String, String>,
+) -> Result<()> {
+    let vars = dim.variables();
+    let unbound: Vec<&String> = vars.iter().filter(|v| !sizes.contains_key(*v)).collect();
+    if unbound.len() == 1 {
+        let var = unbound[0].clone();
+        // Solve c*V + k = value with the other variables bound.
+        let mut probe = sizes.clone();
+        probe.insert(var.clone(), 0);
+        let k = dim.eval(&probe).map_err(|_| RuntimeError::UnboundSize { size: var.clone() })?;
+        probe.insert(var.clone(), 1);
+        let c = dim.eval(&probe).map_err(|_| RuntimeError::UnboundSize { size: var.clone() })? - k;
+        let rest = value as i64 - k;
+        if c > 0 && rest > 0 && rest % c == 0 {
+            sizes.insert(var.clone(), (rest / c) as usize);
+            sources.insert(var, from.to_string());
+            return Ok(());
+        }
+        return Err(RuntimeError::Shape {
+            tensor: from.to_string(),
+            expected: format!("a size of the form [{dim}]"),
+            found: format!("{value}"),
+        });
+    }
+    if unbound.is_empty() {
+        let want = dim.eval(sizes).map_err(|_| RuntimeError::Internal(format!("cannot evaluate {dim}")))?;
+        if want != value as i64 {
+            // Name the variable in conflict when the dimension is a single one.
+            if vars.len() == 1 && *dim == Dim::var(&vars[0]) {
+                let v = &vars[0];
+                return Err(RuntimeError::SizeConflict {
+                    size: v.clone(),
+                    first: sizes[v],
+                    first_from: sources.get(v).cloned().unwrap_or_else(|| "-D".into()),
+                    second: value,
+                    second_from: from.to_string(),
+                });
+            }
+            return Err(RuntimeError::Shape {
+                tensor: from.to_string(),
+                expected: format!("[{dim}] = {want}"),
+                found: format!("{value}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+impl Model {
+    /// Builds a model. `sizes` are explicit bindings; `input_size` (the
+    /// data's features) and `weights` (if any) bind the rest. Without
+    /// weights, parameters are initialised from `seed` per the cell's init clauses.
+    pub fn new(
+        compiled: Arc<CompiledCell>,
+        config: ModelConfig,
+        sizes: &Bindings,
+        input_size: Option<usize>,
+        weights: Option<&Weights>,
+        seed: u64,
+        backend: Box<dyn Backend>,
+    ) -> Result<Model> {
+        if config.layers == 0 {
+            return Err(RuntimeError::Layer { layer: 0, message: "a model needs at least one layer".into() });
+        }
+        let cell = &compiled.cell;
+        let directions = if config.bidirectional { 2 } else { 1 };
+        let input_dim = cell.input_dim();
+        let input_vars = input_dim.variables();
+
+        // Layer 0 sizes: explicit, then the data, then the layer-0 weights.
+        let mut base: Bindings =
+            sizes.iter().filter(|(k, _)| cell.sizes.contains(k)).map(|(k, v)| (k.clone(), *v)).collect();
+        let mut sources: BTreeMap<String, String> =
+            base.keys().map(|k| (k.clone(), format!("-D {k}"))).collect();
+        if let Some(n) = input_size {
+            infer(&input_dim, n, "the input's features", &mut base, &mut sources)?;
+        }
+        if let Some(w) = weights {
+            for p in &cell.params {
+                let name = format!("{}{}", p.name, weight_suffix(0, false));
+                let Some(t) = w.get(&name) else { continue };
+                let dims = p.shape();
+                if t.shape.len() != dims.len() {
+                    return Err(RuntimeError::Shape {
+                        tensor: name,
+                        expected: format!("{} dimensions ({})", dims.len(), p.ty),
+                        found: crate::error::shape_text(&t.shape),
+                    });
+                }
+                // Matrices' row counts first: `[4*H, I]` binds H before I.
+                for (d, &n) in dims.iter().zip(&t.shape) {
+                    infer(d, n, &format!("weight `{name}`"), &mut base, &mut sources)?;
+                }
+            }
+        }
+        for s in &cell.sizes {
+            if !base.contains_key(s) {
+                return Err(RuntimeError::UnboundSize { size: s.clone() });
+            }
+        }
+
+        let mut layers = Vec::with_capacity(config.layers);
+        for k in 0..config.layers {
+            let mut sizes = base.clone();
+            if k > 0 {
+                let prev: &LayerProgram = &layers[k - 1];
+                let features = prev.output_size * directions;
+                // Rebind the input's own size variables; any shared with states must agree.
+                let mut srcs = sources.clone();
+                for v in &input_vars {
+                    let shared = cell.states.iter().any(|s| s.dim.variables().contains(v))
+                        || cell.output_dim().variables().contains(v);
+                    if !shared {
+                        sizes.remove(v);
+                        srcs.remove(v);
+                    }
+                }
+                infer(
+                    &input_dim,
+                    features,
+                    &format!("layer {}'s output ({} features)", k - 1, features),
+                    &mut sizes,
+                    &mut srcs,
+                )
+                .map_err(|e| RuntimeError::Layer { layer: k, message: e.to_string() })?;
+            }
+            layers.push(Self::program(&compiled, k, &sizes)?);
+        }
+
+        let mut model = Model { compiled, config, layers, params: Vec::new(), backend };
+        model.params = match weights {
+            Some(w) => model.take_weights(w)?,
+            None => model.init_params(seed)?,
+        };
+        Ok(model)
+    }
+
+    fn program(compiled: &CompiledCell, index: usize, sizes: &Bindings) -> Result<LayerProgram> {
+        let cell = &compiled.cell;
+        let bound =
+            cell.bind(sizes).map_err(|e| RuntimeError::Layer { layer: index, message: e.to_string() })?;
+        let backward_plan = Plan::new(&compiled.grad.graph, sizes, &cell.name)?;
+        let schedule = cellc::schedule::schedule(cell, &compiled.grad, sizes);
+        Ok(LayerProgram {
+            index,
+            sizes: bound.sizes().clone(),
+            input_size: bound.input_size(),
+            output_size: bound.output_size(),
+            state_sizes: bound.state_sizes().to_vec(),
+            input_slices: bound.input_slices().to_vec(),
+            param_shapes: bound.param_shapes().to_vec(),
+            forward_plan: bound.plan().clone(),
+            backward_plan,
+            schedule,
+        })
+    }
+
+    pub fn compiled(&self) -> &CompiledCell {
+        &self.compiled
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn layers(&self) -> &[LayerProgram] {
+        &self.layers
+    }
+
+    pub fn directions(&self) -> usize {
+        if self.config.bidirectional {
+            2
+        } else {
+            1
+        }
+    }
+
+    pub fn backend_name(&self) -> &str {
+        self.backend.name()
+    }
+
+    /// Features per step of the input.
+    pub fn input_size(&self) -> usize {
+        self.layers[0].input_size
+    }
+
+    /// Features per step of the output: the last layer's output times the directions.
+    pub fn output_size(&self) -> usize {
+        self.layers.last().map_or(0, |l| l.output_size) * self.directions()
+    }
+
+    /// Every weight's name and shape, in a stable order.
+    pub fn weight_names(&self) -> Vec<(String, Vec<usize>)> {
+        let mut out = Vec::new();
+        for (k, layer) in self.layers.iter().enumerate() {
+            for d in 0..self.directions() {
+                for (p, &(r, c)) in self.compiled.cell.params.iter().zip(&layer.param_shapes) {
+                    let shape = if matches!(p.ty, Type::Matrix(..)) { vec![r, c] } else { vec![r] };
+                    out.push((format!("{}{}", p.name, weight_suffix(k, d == 1)), shape));
+                }
+            }
+        }
+        out
+    }
+
+    fn take_weights(&self, w: &Weights) -> Result<Vec<Vec<Vec<f32>>>> {
+        let names = self.weight_names();
+        for name in w.names() {
+            if !names.iter().any(|(n, _)| n == name) {
+                return Err(RuntimeError::UnexpectedWeight { name: name.to_string() });
+            }
+        }
+        let per = self.compiled.cell.params.len();
+        let mut out: Vec<Vec<Vec<f32>>> = Vec::new();
+        for (i, (name, shape)) in names.iter().enumerate() {
+            if i % per == 0 {
+                out.push(Vec::new());
+            }
+            let t = w.get(name).ok_or_else(|| RuntimeError::MissingWeight { name: name.clone() })?;
+            if &t.shape != shape {
+                return Err(RuntimeError::Shape {
+                    tensor: name.clone(),
+                    expected: crate::error::shape_text(shape),
+                    found: crate::error::shape_text(&t.shape),
+                });
+            }
+            if let Some(last) = out.last_mut() {
+                last.push(t.data.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Parameters from their init clauses; each weight's stream depends on
+    /// the seed and its name only.
+    fn init_params(&self, seed: u64) -> Result<Vec<Vec<Vec<f32>>>> {
+        use rand_chacha::rand_core::{Rng, SeedableRng};
+        let mut out = Vec::new();
+        for (k, layer) in self.layers.iter().enumerate() {
+            let bound = self.compiled.cell.bind(&layer.sizes)?;
+            let inits = bound.param_inits()?;
+            for d in 0..self.directions() {
+                let mut params = Vec::new();
+                for ((p, &(r, c)), init) in
+                    self.compiled.cell.params.iter().zip(&layer.param_shapes).zip(&inits)
+                {
+                    let name = format!("{}{}", p.name, weight_suffix(k, d == 1));
+                    let stream = name
+                        .bytes()
+                        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+                    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ stream);
+                    let data: Vec<f32> = (0..r * c)
+                        .map(|_| match *init {
+                            ConcreteInit::Zeros => 0.0,
+                            ConcreteInit::Ones => 1.0,
+                            ConcreteInit::Constant(v) => v as f32,
+                            ConcreteInit::Uniform(b) => {
+                                let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+                                ((2.0 * u - 1.0) * b) as f32
+                            }
+                        })
+                        .collect();
+                    params.push(data);
+                }
+                out.push(params);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The weights as named tensors (for saving).
+    pub fn weights(&self) -> Weights {
+        let mut w = Weights::default();
+        let flat = self.params.iter().flatten();
+        for ((name, shape), data) in self.weight_names().into_iter().zip(flat) {
+            w.insert(name, shape, data.clone());
+        }
+        w
+    }
+
+    /// Parameters of one layer and direction, in the cell's declaration order.
+    pub fn params(&self, layer: usize, reverse: bool) -> &[Vec<f32>] {
+        &self.params[layer * self.directions() + usize::from(reverse)]
+    }
+
+    /// Mutable parameters (for an optimiser step).
+    pub fn params_mut(&mut self) -> &mut [Vec<Vec<f32>>] {
+        &mut self.params
+    }
+}

@@ -1,0 +1,366 @@
+//! Variable-length batches: PyTorch's packed sequences, and padded batches
+//! run directly, without sorting or copying the data.
+//!
+//! Only the *lengths* are sorted: a [`BatchPlan`] holds the sequences in
+//! order of decreasing length, so at step `s` the active sequences are a
+//! prefix of that order (`batch_sizes[s]` of them). Where a sequence's
+//! step lives in the caller's buffer is a [`RowLayout`]: padded batch-first
+//! or time-first, padding at the end (left-aligned) or at the start
+//! (right-aligned), or packed. Kernels gather and scatter rows through it,
+//! so padded positions are never read, written or computed.
+
+use crate::error::{Result, RuntimeError};
+
+/// Where the padding of a padded batch is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Align {
+    /// Each sequence starts at step 0; padding at the end (PyTorch's convention).
+    #[default]
+    Left,
+    /// Each sequence ends at the last step; padding at the start.
+    Right,
+}
+
+/// The axis order of a padded batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Major {
+    /// `[B, T, F]`
+    #[default]
+    BatchFirst,
+    /// `[T, B, F]`
+    TimeFirst,
+}
+
+/// The order in which sequences are processed, and how many are active per step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchPlan {
+    lengths: Vec<usize>,
+    /// Sequence indices by decreasing length (stable: ties keep their order).
+    order: Vec<usize>,
+    /// `rank[b]`: position of sequence `b` in `order`.
+    rank: Vec<usize>,
+    /// Active sequences at each step.
+    batch_sizes: Vec<usize>,
+}
+
+impl BatchPlan {
+    /// Plans a batch; `steps` is the padded length (every length must be in `1..=steps`).
+    pub fn new(lengths: &[usize], steps: usize) -> Result<BatchPlan> {
+        for (b, &l) in lengths.iter().enumerate() {
+            if l == 0 || l > steps {
+                return Err(RuntimeError::Length { sequence: b, length: l, steps });
+            }
+        }
+        let mut order: Vec<usize> = (0..lengths.len()).collect();
+        order.sort_by_key(|&b| std::cmp::Reverse(lengths[b]));
+        let mut rank = vec![0; lengths.len()];
+        for (r, &b) in order.iter().enumerate() {
+            rank[b] = r;
+        }
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        let batch_sizes = (0..longest).map(|s| lengths.iter().filter(|&&l| l > s).count()).collect();
+        Ok(BatchPlan { lengths: lengths.to_vec(), order, rank, batch_sizes })
+    }
+
+    pub fn batch(&self) -> usize {
+        self.lengths.len()
+    }
+
+    pub fn lengths(&self) -> &[usize] {
+        &self.lengths
+    }
+
+    /// Steps of the longest sequence.
+    pub fn steps(&self) -> usize {
+        self.batch_sizes.len()
+    }
+
+    pub fn batch_sizes(&self) -> &[usize] {
+        &self.batch_sizes
+    }
+
+    /// Sequences by decreasing length.
+    pub fn order(&self) -> &[usize] {
+        &self.order
+    }
+
+    /// The sequences active at step `s`.
+    pub fn active(&self, s: usize) -> &[usize] {
+        &self.order[..self.batch_sizes.get(s).copied().unwrap_or(0)]
+    }
+
+    /// The time index sequence `b` is at on step `s` of a direction: `s`
+    /// forwards, `len - 1 - s` in reverse (each sequence starts at its own end).
+    pub fn time(&self, b: usize, s: usize, reverse: bool) -> usize {
+        if reverse {
+            self.lengths[b] - 1 - s
+        } else {
+            s
+        }
+    }
+
+    /// Total rows (sum of lengths).
+    pub fn rows(&self) -> usize {
+        self.lengths.iter().sum()
+    }
+}
+
+/// Where row `(sequence b, time t)` is in a flat buffer of rows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RowLayout {
+    /// A padded `[B, T]` or `[T, B]` grid; `shift[b]` is where sequence `b` starts on the time axis.
+    Padded { batch: usize, steps: usize, major: Major, shift: Vec<usize> },
+    /// PyTorch packing: step `t`'s rows start at `step_offsets[t]`, in the plan's order.
+    Packed { step_offsets: Vec<usize>, rank: Vec<usize> },
+}
+
+impl RowLayout {
+    /// The layout of a padded batch with these lengths.
+    pub fn padded(plan: &BatchPlan, steps: usize, major: Major, align: Align) -> RowLayout {
+        let shift = plan.lengths.iter().map(|&l| if align == Align::Right { steps - l } else { 0 }).collect();
+        RowLayout::Padded { batch: plan.batch(), steps, major, shift }
+    }
+
+    /// The layout of a packed sequence with this plan.
+    pub fn packed(plan: &BatchPlan) -> RowLayout {
+        let mut step_offsets = Vec::with_capacity(plan.steps());
+        let mut at = 0;
+        for &n in &plan.batch_sizes {
+            step_offsets.push(at);
+            at += n;
+        }
+        RowLayout::Packed { step_offsets, rank: plan.rank.clone() }
+    }
+
+    /// Row index of `(b, t)`.
+    pub fn row(&self, b: usize, t: usize) -> usize {
+        match self {
+            RowLayout::Padded { steps, major: Major::BatchFirst, shift, .. } => b * steps + t + shift[b],
+            RowLayout::Padded { batch, major: Major::TimeFirst, shift, .. } => (t + shift[b]) * batch + b,
+            RowLayout::Packed { step_offsets, rank } => step_offsets[t] + rank[b],
+        }
+    }
+}
+
+/// A packed batch exactly as PyTorch's `PackedSequence`: rows time-major,
+/// at each step the active sequences in order of decreasing length.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackedSequence {
+    /// `[N, features]`, row-major; `N` is the sum of lengths.
+    pub data: Vec<f32>,
+    pub features: usize,
+    /// Active sequences per step, non-increasing.
+    pub batch_sizes: Vec<usize>,
+    /// `sorted_indices[i]`: the original index of the `i`-th longest sequence.
+    pub sorted_indices: Vec<usize>,
+    /// The inverse permutation.
+    pub unsorted_indices: Vec<usize>,
+}
+
+impl PackedSequence {
+    /// Packs a padded batch (this copies, as `pack_padded_sequence` does;
+    /// the runtime itself runs padded batches without packing them).
+    pub fn from_padded(
+        data: &[f32],
+        lengths: &[usize],
+        steps: usize,
+        features: usize,
+        major: Major,
+        align: Align,
+    ) -> Result<PackedSequence> {
+        let plan = BatchPlan::new(lengths, steps)?;
+        check_len("padded data", data.len(), &[lengths.len(), steps, features])?;
+        let src = RowLayout::padded(&plan, steps, major, align);
+        let mut out = Vec::with_capacity(plan.rows() * features);
+        for s in 0..plan.steps() {
+            for &b in plan.active(s) {
+                let r = src.row(b, s);
+                out.extend_from_slice(&data[r * features..(r + 1) * features]);
+            }
+        }
+        let sorted_indices = plan.order.clone();
+        let unsorted_indices = plan.rank.clone();
+        Ok(PackedSequence {
+            data: out,
+            features,
+            batch_sizes: plan.batch_sizes,
+            sorted_indices,
+            unsorted_indices,
+        })
+    }
+
+    /// Checks the PyTorch invariants and returns the plan this packing follows.
+    pub fn plan(&self) -> Result<BatchPlan> {
+        let batch = self.batch_sizes.first().copied().unwrap_or(0);
+        for (s, w) in self.batch_sizes.windows(2).enumerate() {
+            if w[1] > w[0] {
+                return Err(RuntimeError::BatchSizes {
+                    step: s + 1,
+                    message: format!("{} after {}: batch sizes must not increase", w[1], w[0]),
+                });
+            }
+        }
+        if let Some(s) = self.batch_sizes.iter().position(|&n| n == 0) {
+            return Err(RuntimeError::BatchSizes {
+                step: s,
+                message: "0 sequences: drop empty trailing steps".into(),
+            });
+        }
+        check_permutation("sorted_indices", &self.sorted_indices, batch)?;
+        check_permutation("unsorted_indices", &self.unsorted_indices, batch)?;
+        for (i, &b) in self.sorted_indices.iter().enumerate() {
+            if self.unsorted_indices[b] != i {
+                return Err(RuntimeError::Permutation {
+                    tensor: "unsorted_indices".into(),
+                    message: "it is not the inverse of sorted_indices".into(),
+                });
+            }
+        }
+        let rows: usize = self.batch_sizes.iter().sum();
+        check_len("data", self.data.len(), &[rows, self.features])?;
+        let mut lengths = vec![0; batch];
+        for &n in &self.batch_sizes {
+            for &b in &self.sorted_indices[..n] {
+                lengths[b] += 1;
+            }
+        }
+        let plan = BatchPlan::new(&lengths, self.batch_sizes.len())?;
+        // A stable sort of the lengths must give back sorted_indices' length order.
+        for (i, &b) in self.sorted_indices.iter().enumerate() {
+            if lengths[b] != lengths[plan.order[i]] {
+                return Err(RuntimeError::Permutation {
+                    tensor: "sorted_indices".into(),
+                    message: "sequences are not in order of decreasing length".into(),
+                });
+            }
+        }
+        Ok(BatchPlan { order: self.sorted_indices.clone(), rank: self.unsorted_indices.clone(), ..plan })
+    }
+
+    /// Each sequence's length.
+    pub fn lengths(&self) -> Vec<usize> {
+        let batch = self.batch_sizes.first().copied().unwrap_or(0);
+        let mut lengths = vec![0; batch];
+        for &n in &self.batch_sizes {
+            for &b in self.sorted_indices.iter().take(n) {
+                if let Some(l) = lengths.get_mut(b) {
+                    *l += 1;
+                }
+            }
+        }
+        lengths
+    }
+
+    /// Unpacks into a padded batch of `steps` steps (zeros at padding).
+    pub fn to_padded(&self, steps: usize, major: Major, align: Align) -> Result<Vec<f32>> {
+        let plan = self.plan()?;
+        if steps < plan.steps() {
+            return Err(RuntimeError::Shape {
+                tensor: "padded output".into(),
+                expected: format!("at least {} steps", plan.steps()),
+                found: format!("{steps} steps"),
+            });
+        }
+        let src = RowLayout::packed(&plan);
+        let dst = RowLayout::padded(&plan, steps, major, align);
+        let f = self.features;
+        let mut out = vec![0.0; plan.batch() * steps * f];
+        for b in 0..plan.batch() {
+            for t in 0..plan.lengths()[b] {
+                let (r, w) = (src.row(b, t), dst.row(b, t));
+                out[w * f..(w + 1) * f].copy_from_slice(&self.data[r * f..(r + 1) * f]);
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn check_permutation(tensor: &str, p: &[usize], n: usize) -> Result<()> {
+    if p.len() != n {
+        return Err(RuntimeError::Shape {
+            tensor: tensor.into(),
+            expected: format!("[{n}]"),
+            found: format!("[{}]", p.len()),
+        });
+    }
+    let mut seen = vec![false; n];
+    for &i in p {
+        if i >= n || std::mem::replace(&mut seen[i], true) {
+            return Err(RuntimeError::Permutation {
+                tensor: tensor.into(),
+                message: format!("{i} is out of range or repeated"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks a flat buffer's length against a shape.
+pub(crate) fn check_len(tensor: &str, len: usize, shape: &[usize]) -> Result<()> {
+    let want: usize = shape.iter().product();
+    if len != want {
+        return Err(RuntimeError::Shape {
+            tensor: tensor.into(),
+            expected: format!("{} ({want} elements)", crate::error::shape_text(shape)),
+            found: format!("{len} elements"),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_sorts_lengths_only() {
+        let p = BatchPlan::new(&[2, 5, 1, 5], 6).unwrap();
+        assert_eq!(p.order(), &[1, 3, 0, 2]);
+        assert_eq!(p.batch_sizes(), &[4, 3, 2, 2, 2]);
+        assert_eq!(p.active(2), &[1, 3]);
+        assert_eq!(p.time(0, 1, true), 0);
+    }
+
+    #[test]
+    fn pack_and_unpack_round_trip_in_every_layout() {
+        let (lengths, steps, f) = ([2usize, 3, 1], 4usize, 2usize);
+        for major in [Major::BatchFirst, Major::TimeFirst] {
+            for align in [Align::Left, Align::Right] {
+                let plan = BatchPlan::new(&lengths, steps).unwrap();
+                let layout = RowLayout::padded(&plan, steps, major, align);
+                let mut data = vec![0.0f32; 3 * steps * f];
+                for b in 0..3 {
+                    for t in 0..lengths[b] {
+                        let r = layout.row(b, t);
+                        data[r * f] = (10 * b + t) as f32;
+                        data[r * f + 1] = -1.0;
+                    }
+                }
+                let packed = PackedSequence::from_padded(&data, &lengths, steps, f, major, align).unwrap();
+                assert_eq!(packed.batch_sizes, vec![3, 2, 1]);
+                assert_eq!(packed.sorted_indices, vec![1, 0, 2]);
+                // Step 0: sequences 1, 0, 2; step 1: 1, 0; step 2: 1.
+                let firsts: Vec<f32> = packed.data.chunks(f).map(|r| r[0]).collect();
+                assert_eq!(firsts, vec![10.0, 0.0, 20.0, 11.0, 1.0, 12.0]);
+                assert_eq!(packed.lengths(), lengths.to_vec());
+                assert_eq!(packed.to_padded(steps, major, align).unwrap(), data);
+            }
+        }
+    }
+
+    #[test]
+    fn bad_batches_are_typed_errors() {
+        assert!(matches!(BatchPlan::new(&[3, 0], 4), Err(RuntimeError::Length { length: 0, .. })));
+        assert!(matches!(BatchPlan::new(&[5], 4), Err(RuntimeError::Length { length: 5, .. })));
+        let p = PackedSequence {
+            data: vec![0.0; 4],
+            features: 1,
+            batch_sizes: vec![1, 2, 1],
+            sorted_indices: vec![0, 1],
+            unsorted_indices: vec![0, 1],
+        };
+        assert!(matches!(p.plan(), Err(RuntimeError::BatchSizes { step: 1, .. })));
+        let p = PackedSequence { batch_sizes: vec![2, 1], sorted_indices: vec![0, 0], ..p };
+        assert!(matches!(p.plan(), Err(RuntimeError::Permutation { .. })));
+    }
+}

@@ -1,0 +1,155 @@
+//! Named tensors in safetensors files: weights (`weight_ih_l0`, ...), and
+//! the inputs and outputs of `cellc run`.
+//!
+//! A PyTorch `nn.LSTM`/`nn.GRU`/`nn.RNN` `state_dict` saved with
+//! `safetensors.torch.save_file` loads unchanged: its names are the
+//! cell's parameter names with `_lK` / `_lK_reverse`.
+
+use crate::error::{Result, RuntimeError};
+use safetensors::tensor::{Dtype, TensorView};
+use safetensors::SafeTensors;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The element data of a tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TensorData {
+    F32(Vec<f32>),
+    I64(Vec<i64>),
+}
+
+/// A named tensor read from or written to a file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub shape: Vec<usize>,
+    pub data: TensorData,
+}
+
+impl Tensor {
+    pub fn f32(shape: Vec<usize>, data: Vec<f32>) -> Tensor {
+        Tensor { shape, data: TensorData::F32(data) }
+    }
+
+    pub fn i64(shape: Vec<usize>, data: Vec<i64>) -> Tensor {
+        Tensor { shape, data: TensorData::I64(data) }
+    }
+}
+
+/// Reads every tensor of a safetensors file. f32 and f64 become f32;
+/// integer types become i64; anything else is an error naming the tensor.
+pub fn read_tensors(path: &Path) -> Result<BTreeMap<String, Tensor>> {
+    let io = |e: String| RuntimeError::Io { path: path.display().to_string(), message: e };
+    let bytes = std::fs::read(path).map_err(|e| io(e.to_string()))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| io(format!("not a safetensors file: {e}")))?;
+    let mut out = BTreeMap::new();
+    for (name, view) in st.tensors() {
+        let raw = view.data();
+        let data = match view.dtype() {
+            Dtype::F32 => TensorData::F32(
+                raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            ),
+            Dtype::F64 => TensorData::F32(
+                raw.chunks_exact(8)
+                    .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
+                    .collect(),
+            ),
+            Dtype::I64 => TensorData::I64(
+                raw.chunks_exact(8)
+                    .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                    .collect(),
+            ),
+            Dtype::I32 => TensorData::I64(
+                raw.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect(),
+            ),
+            other => {
+                return Err(io(format!("tensor `{name}` has dtype {other:?}; f32, f64, i32 or i64 expected")))
+            }
+        };
+        out.insert(name, Tensor { shape: view.shape().to_vec(), data });
+    }
+    Ok(out)
+}
+
+/// Writes tensors to a safetensors file (f32 as F32, i64 as I64).
+pub fn write_tensors(path: &Path, tensors: &BTreeMap<String, Tensor>) -> Result<()> {
+    let io = |e: String| RuntimeError::Io { path: path.display().to_string(), message: e };
+    let bytes: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(n, t)| match &t.data {
+            TensorData::F32(v) => {
+                (n.clone(), Dtype::F32, t.shape.clone(), v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            }
+            TensorData::I64(v) => {
+                (n.clone(), Dtype::I64, t.shape.clone(), v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            }
+        })
+        .collect();
+    let views = bytes
+        .iter()
+        .map(|(n, d, s, b)| TensorView::new(*d, s.clone(), b).map(|v| (n.clone(), v)))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| io(e.to_string()))?;
+    let data = safetensors::serialize(views, None).map_err(|e| io(e.to_string()))?;
+    std::fs::write(path, data).map_err(|e| io(e.to_string()))
+}
+
+/// A model's weights by name (f32).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Weights {
+    tensors: BTreeMap<String, WeightTensor>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct WeightTensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl Weights {
+    pub fn insert(&mut self, name: String, shape: Vec<usize>, data: Vec<f32>) {
+        self.tensors.insert(name, WeightTensor { shape, data });
+    }
+
+    pub fn get(&self, name: &str) -> Option<&WeightTensor> {
+        self.tensors.get(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// Loads a safetensors file of f32 (or f64) tensors.
+    pub fn load(path: &Path) -> Result<Weights> {
+        let mut w = Weights::default();
+        for (name, t) in read_tensors(path)? {
+            match t.data {
+                TensorData::F32(data) => w.insert(name, t.shape, data),
+                TensorData::I64(_) => {
+                    return Err(RuntimeError::Io {
+                        path: path.display().to_string(),
+                        message: format!("weight `{name}` holds integers, not floats"),
+                    })
+                }
+            }
+        }
+        Ok(w)
+    }
+
+    /// Saves as a safetensors file.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let map = self
+            .tensors
+            .iter()
+            .map(|(n, t)| (n.clone(), Tensor::f32(t.shape.clone(), t.data.clone())))
+            .collect();
+        write_tensors(path, &map)
+    }
+}
