@@ -329,8 +329,8 @@ mod tests {
                 let plan = BatchPlan::new(&lengths, steps).unwrap();
                 let layout = RowLayout::padded(&plan, steps, major, align);
                 let mut data = vec![0.0f32; 3 * steps * f];
-                for b in 0..3 {
-                    for t in 0..lengths[b] {
+                for (b, &len) in lengths.iter().enumerate() {
+                    for t in 0..len {
                         let r = layout.row(b, t);
                         data[r * f] = (10 * b + t) as f32;
                         data[r * f + 1] = -1.0;

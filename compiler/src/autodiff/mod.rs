@@ -46,6 +46,10 @@ pub struct Gradient {
     pub primal_next_states: Vec<Option<ValueId>>,
     /// Likewise for the forward step's output (kept as the output sequence).
     pub primal_output: Option<ValueId>,
+    /// The forward step's own values still in this graph (the rest of the
+    /// seed-independent values are derived ones, like `1 - y`, that only the
+    /// backward computes). Only these can be saved by the forward pass.
+    pub primal_values: Vec<Option<ValueId>>,
 }
 
 impl Gradient {
@@ -70,6 +74,13 @@ impl Gradient {
         };
         self.primal_next_states.iter_mut().for_each(keep);
         keep(&mut self.primal_output);
+        self.primal_values.iter_mut().for_each(keep);
+        self.primal_values.retain(Option::is_some);
+    }
+
+    /// Whether `v` is one of the forward step's own values.
+    pub fn is_primal(&self, v: ValueId) -> bool {
+        self.primal_values.contains(&Some(v))
     }
 
     /// Checks the graph's invariants and that each result has its leaf's type.
@@ -160,6 +171,7 @@ pub fn differentiate(cell: &Cell) -> Gradient {
         d_params,
         primal_next_states: cell.next_states.iter().map(|&v| Some(v)).collect(),
         primal_output: Some(cell.output),
+        primal_values: cell.values().map(Some).collect(),
     };
     grad.remove_dead_values();
     grad.forget_removed_primals();

@@ -17,7 +17,16 @@ impl CellLowerer<'_> {
             }
         }
         for d in &def.decls {
-            let Some(ty) = self.decl_type(d) else { continue };
+            let kind = match d.kind {
+                DeclKind::Input => BindingKind::Input,
+                DeclKind::State => BindingKind::State,
+                DeclKind::Param => BindingKind::Param,
+            };
+            let Some(ty) = self.decl_type(d) else {
+                // Reported; the name is still declared, so uses are not unknown.
+                self.bind(&d.name, kind, None);
+                continue;
+            };
             let value = match d.kind {
                 DeclKind::Input => {
                     let Type::Vector(dim) = ty else { continue };
@@ -51,11 +60,6 @@ impl CellLowerer<'_> {
                     self.add(ir::Op::Param(idx), ty, &[], d.span)
                 }
             };
-            let kind = match d.kind {
-                DeclKind::Input => BindingKind::Input,
-                DeclKind::State => BindingKind::State,
-                DeclKind::Param => BindingKind::Param,
-            };
             self.bind(&d.name, kind, value);
         }
         let mut sizes: Vec<(Span, String)> = self.sizes.iter().map(|(n, s)| (*s, n.clone())).collect();
@@ -80,6 +84,9 @@ impl CellLowerer<'_> {
 
     /// The declared type, checking the number of dimensions for the kind.
     fn decl_type(&mut self, d: &ast::VarDecl) -> Option<Type> {
+        if d.dims.is_empty() {
+            return None; // The size did not parse (reported).
+        }
         let dims: Vec<Dim> = d.dims.iter().map(|e| self.dim(e)).collect::<Option<_>>()?;
         match (d.kind, dims.as_slice()) {
             (DeclKind::Input | DeclKind::State, [v]) => {
@@ -89,9 +96,9 @@ impl CellLowerer<'_> {
                         Diagnostic::error(
                             span,
                             format!(
-                                "only parameters have an initialiser; `{}` is an {}",
+                                "only parameters have an initialiser; `{}` is {}",
                                 d.name.name,
-                                d.kind.word()
+                                if d.kind == DeclKind::Input { "an input" } else { "a state" }
                             ),
                         )
                         .with_note(match d.kind {
@@ -110,8 +117,11 @@ impl CellLowerer<'_> {
                         d.span,
                         format!("{} `{}` must have exactly one dimension", d.kind.word(), d.name.name),
                     )
-                    .with_label(format!("has {}", dims.len()))
-                    .with_note("inputs and states are vectors; only parameters may be matrices"),
+                    .with_label(format!("has {} dimensions", dims.len()))
+                    .with_note(match d.kind {
+                        DeclKind::Input => "a cell describes one time step of one sequence: declare the features of one step, as `x[I]`; the runtime maps the cell over time and batch",
+                        _ => "a state is a vector, as `h[H]`; only parameters may be matrices",
+                    }),
                 );
                 None
             }
@@ -123,7 +133,8 @@ impl CellLowerer<'_> {
                         d.span,
                         format!("parameter `{}` has {} dimensions", d.name.name, dims.len()),
                     )
-                    .with_note("a parameter is a vector `[n]` or a matrix `[m, n]`"),
+                    .with_label("expected 1 or 2")
+                    .with_note("a parameter is a vector `[n]` or a matrix `[m, n]`; stack per-gate weights along the rows, as `[4*H, I]`, and split the product with `chunk`"),
                 );
                 None
             }
@@ -230,12 +241,15 @@ impl CellLowerer<'_> {
                 if self.sizes.contains_key(&id.name) {
                     return Some(ConstExpr::Size(Dim::var(&id.name)));
                 }
-                self.error(
-                    Diagnostic::error(id.span, format!("`{}` cannot be used in an initialiser", id.name))
-                        .with_note(
-                            "an initialiser is computed from numbers, `const`s and the cell's size variables",
-                        ),
-                );
+                let mut d =
+                    Diagnostic::error(id.span, format!("`{}` cannot be used in an initialiser", id.name));
+                if let Some(b) = self.frames[0].names.get_mut(&id.name) {
+                    b.used = true; // Reported here: not also "unused".
+                    d = d.with_label(format!("`{}` is {}", id.name, b.kind.a_word()));
+                }
+                self.error(d.with_note(
+                    "an initialiser is computed from numbers, `const`s and the cell's size variables",
+                ));
                 None
             }
             ExprKind::Paren(inner) => self.const_expr(inner),

@@ -2,7 +2,7 @@
 //! `@`, built-in calls, `chunk`/`concat`, and `fn` inlining.
 
 use super::names::did_you_mean;
-use super::{describe, dim_of, BindingKind, CellLowerer, Frame, MAX_CALL_DEPTH};
+use super::{describe, dim_of, BindingKind, Call, CellLowerer, Frame, MAX_CALL_DEPTH};
 use crate::diag::{Diagnostic, Span};
 use crate::dims::Dim;
 use crate::ir::{self, BinaryOp, Op, ReduceOp, Type, UnaryOp, ValueId};
@@ -17,13 +17,16 @@ impl CellLowerer<'_> {
         }
         let v = self.expr(&l.value);
         if l.names.len() > 1 {
-            self.error(
-                Diagnostic::error(
-                    l.value.span,
-                    format!("{} names are bound to a single value", l.names.len()),
-                )
-                .with_note("only `chunk(v, n)` binds several names at once: `let a, b = chunk(v, 2)`"),
-            );
+            // A value that did not parse may have been a `chunk`.
+            if !matches!(l.value.kind, ExprKind::Error) {
+                self.error(
+                    Diagnostic::error(
+                        l.value.span,
+                        format!("{} names are bound to a single value", l.names.len()),
+                    )
+                    .with_note("only `chunk(v, n)` binds several names at once: `let a, b = chunk(v, 2)`"),
+                );
+            }
             for n in &l.names {
                 self.bind(n, BindingKind::Let, None);
             }
@@ -47,6 +50,7 @@ impl CellLowerer<'_> {
                 Diagnostic::error(span, format!("`chunk` takes 2 arguments, found {}", args.len()))
                     .with_note("write `chunk(v, n)`: split v into n equal parts"),
             );
+            self.check_args(args);
             return None;
         };
         let count = self.integer_arg(n, "the number of pieces")?;
@@ -118,7 +122,7 @@ impl CellLowerer<'_> {
         match &e.kind {
             ExprKind::Number(v) => self.constant(*v, e.span),
             ExprKind::Name(id) => self.name(id),
-            ExprKind::Primed(id) => self.primed(id),
+            ExprKind::Primed(id) => self.primed(id, e.span),
             ExprKind::Paren(inner) => self.expr(inner),
             ExprKind::Neg(inner) => {
                 let v = self.expr(inner)?;
@@ -155,7 +159,9 @@ impl CellLowerer<'_> {
         }
         let mut d =
             Diagnostic::error(id.span, format!("unknown name `{}`", id.name)).with_label("not defined");
-        if self.in_function() && self.frames[0].names.contains_key(&id.name) {
+        if let Some(b) = self.frames[0].names.get_mut(&id.name).filter(|_| frame > 0) {
+            // Meant as the cell's own: not also "unused".
+            b.used = true;
             d = d.with_note(format!(
                 "`{}` belongs to the cell; a function sees only its parameters, its own `let`s and `const`s: pass it as an argument",
                 id.name
@@ -164,46 +170,61 @@ impl CellLowerer<'_> {
             d = Diagnostic::error(id.span, format!("`{}` is a size variable, not a value", id.name))
                 .with_label("sizes only appear in declarations")
                 .with_note("to average over a vector use `mean(v)` rather than `sum(v) / H`");
+        } else if self.globals.cells.contains(&id.name.as_str()) {
+            d = d.with_note(format!("`{}` is a cell, not a value", id.name));
         } else if self.globals.fns.contains_key(id.name.as_str()) || super::is_builtin(&id.name) {
             d = d.with_note(format!("`{0}` is a function: call it as `{0}(...)`", id.name));
         } else if let Some(s) = did_you_mean(&id.name, self.frames[frame].names.keys().map(String::as_str)) {
+            // The name meant is used, just misspelt: not also "unused".
+            if let Some(b) = self.frames[frame].names.get_mut(&s) {
+                b.used = true;
+            }
             d = d.with_note(format!("did you mean `{s}`?"));
         }
         self.error(d);
         None
     }
 
-    fn primed(&mut self, id: &ast::Ident) -> Option<ValueId> {
+    /// `NAME'`; `span` covers the prime too.
+    fn primed(&mut self, id: &ast::Ident, span: Span) -> Option<ValueId> {
         if self.in_function() {
             self.error(
-                Diagnostic::error(id.span, format!("`{}'` cannot be read inside a function", id.name))
+                Diagnostic::error(span, format!("`{}'` cannot be read inside a function", id.name))
                     .with_note("pass the value as an argument instead"),
             );
             return None;
         }
+        // A state's `NAME'` does not read its value at the start of the step;
+        // any other name is meant to be read: not also "unused".
+        let kind = self.frames[0].names.get_mut(&id.name).map(|b| {
+            b.used |= b.kind != BindingKind::State;
+            b.kind
+        });
         if self.cell.state_index(&id.name).is_none() {
-            let what = match self.frames[0].names.get(&id.name) {
-                Some(b) => format!("`{}` is a {}", id.name, b.kind.word()),
+            let what = match kind {
+                Some(k) => format!("`{}` is {}", id.name, k.a_word()),
                 None => format!("`{}` is not declared", id.name),
             };
-            self.error(
-                Diagnostic::error(
-                    id.span,
-                    format!("`{}'`: only states have a primed value; {what}", id.name),
-                )
-                .with_label("not a state"),
-            );
+            let mut d =
+                Diagnostic::error(span, format!("`{}'`: only states have a primed value; {what}", id.name))
+                    .with_label("not a state");
+            if kind.is_some() {
+                d = d.with_note(format!("write `{}` for its value", id.name));
+            }
+            self.error(d);
             return None;
-        }
-        if let Some(b) = self.frames[0].names.get_mut(&id.name) {
-            b.used = true;
         }
         match self.next.get(&id.name) {
             Some((v, _)) => *v,
+            // Never assigned at all: reported once, as such, with this read
+            // (or, after a syntax error, perhaps in the part that did not parse).
+            None if !self.assigned_at.contains_key(&id.name) => {
+                self.unassigned_reads.entry(id.name.clone()).or_insert(span);
+                None
+            }
             None => {
-                let mut d =
-                    Diagnostic::error(id.span, format!("`{}'` is read before it is assigned", id.name))
-                        .with_label("read here");
+                let mut d = Diagnostic::error(span, format!("`{}'` is read before it is assigned", id.name))
+                    .with_label("read here");
                 if let Some(at) = self.assigned_at.get(&id.name) {
                     d = d.with_secondary(*at, "assigned later, here");
                 }
@@ -269,12 +290,12 @@ impl CellLowerer<'_> {
                 };
                 self.error(
                     Diagnostic::error(
-                        span,
+                        sb,
                         format!("cannot {verb} vectors of different sizes [{x}] and [{y}]"),
                     )
-                    .with_label("elementwise operands must have equal sizes")
+                    .with_label(format!("this is [{y}]"))
                     .with_secondary(sa, format!("this is [{x}]"))
-                    .with_secondary(sb, format!("this is [{y}]")),
+                    .with_note("elementwise operands must have equal sizes (or one must be a scalar)"),
                 );
                 None
             }
@@ -285,10 +306,17 @@ impl CellLowerer<'_> {
         let (tm, tv) = (self.cell.ty(m).clone(), self.cell.ty(v).clone());
         let (Type::Matrix(rows, cols), Type::Vector(n)) = (&tm, &tv) else {
             if !matches!(tm, Type::Matrix(..)) {
+                let note = match tv {
+                    Type::Matrix(..) => "the operands are swapped: the matrix comes first, as in `W @ x`",
+                    Type::Vector(_) if matches!(tm, Type::Vector(_)) => {
+                        "for an elementwise product use `*`; for a dot product, `sum(a * b)`"
+                    }
+                    _ => "declare the matrix as `param W[m, n]`; for elementwise products use `*`",
+                };
                 self.error(
                     Diagnostic::error(sm, "the left operand of `@` must be a matrix parameter")
                         .with_label(format!("this is {}", describe(&tm)))
-                        .with_note("declare it as `param W[m, n]`; for elementwise products use `*`"),
+                        .with_note(note),
                 );
             } else {
                 self.error(
@@ -299,15 +327,20 @@ impl CellLowerer<'_> {
             return None;
         };
         if cols != n {
-            self.error(
-                Diagnostic::error(
-                    span,
-                    format!("cannot multiply a [{rows}, {cols}] matrix by a [{n}] vector"),
-                )
-                .with_label(format!("expected a vector of [{cols}], found [{n}]"))
-                .with_secondary(sm, format!("the matrix has {cols} columns"))
-                .with_secondary(sv, format!("the vector has {n} elements")),
-            );
+            let mut d =
+                Diagnostic::error(sv, format!("cannot multiply a [{rows}, {cols}] matrix by a [{n}] vector"))
+                    .with_label(format!("this is [{n}]"))
+                    .with_secondary(sm, format!("this matrix takes a vector of [{cols}]"));
+            if let Op::Param(i) = self.cell.node(m).op {
+                let decl = &self.cell.params[i];
+                if decl.span != sm {
+                    d = d.with_secondary(
+                        decl.span,
+                        format!("`{}` is declared [{rows}, {cols}] here", decl.name),
+                    );
+                }
+            }
+            self.error(d.with_note("`W[m, n] @ v` needs `v` of size [n], the matrix's second dimension"));
             return None;
         }
         self.add(Op::MatVec, Type::Vector(rows.clone()), &[m, v], span)
@@ -345,6 +378,7 @@ impl CellLowerer<'_> {
                     Diagnostic::error(span, "`chunk` may only appear directly on the right of a `let`")
                         .with_note("write `let a, b = chunk(v, 2)` and use `a` and `b`"),
                 );
+                self.check_args(args);
                 return None;
             }
             _ => {}
@@ -359,14 +393,15 @@ impl CellLowerer<'_> {
                 .copied()
                 .chain(ir::UnaryOp::BUILTINS.iter().map(|u| u.name()))
                 .chain(super::STRUCTURAL_BUILTINS);
-            if let Some(s) = did_you_mean(name, known) {
+            if globals.cells.contains(&name) {
+                d = d.with_note(format!(
+                    "`{name}` is a cell: cells cannot be called; put what they share in a `fn`"
+                ));
+            } else if let Some(s) = did_you_mean(name, known) {
                 d = d.with_note(format!("did you mean `{s}`?"));
             }
             self.error(d);
-            // Still check the arguments, and count the names they use as used.
-            for a in args {
-                self.expr(a);
-            }
+            self.check_args(args);
             return None;
         };
         globals.mark_used(name);
@@ -390,8 +425,17 @@ impl CellLowerer<'_> {
                     )
                     .with_label(format!("expected {N} argument{plural}")),
                 );
+                self.check_args(args);
                 None
             }
+        }
+    }
+
+    /// Lowers the arguments of a call that failed, for their own errors
+    /// and so that the names they read do not seem unused.
+    fn check_args(&mut self, args: &[Expr]) {
+        for a in args {
+            self.expr(a);
         }
     }
 
@@ -431,21 +475,27 @@ impl CellLowerer<'_> {
                         args.len()
                     ),
                 )
+                .with_label(format!("expected {} argument{plural}", f.params.len()))
                 .with_secondary(f.name.span, "function defined here"),
             );
+            self.check_args(args);
             return None;
         }
-        if let Some(frame) =
-            self.frames.iter().find(|fr| fr.call.as_ref().is_some_and(|(n, _)| n == &f.name.name))
-        {
-            let first = frame.call.as_ref().map(|(_, s)| *s);
-            let mut d = Diagnostic::error(callee.span, format!("function `{}` calls itself", f.name.name))
-                .with_label("recursive call")
-                .with_note("functions are inlined where they are called, so recursion is not allowed");
-            if let Some(s) = first.filter(|s| *s != callee.span) {
-                d = d.with_secondary(s, "entered here");
-            }
-            self.error(d);
+        let calls: Vec<&str> =
+            self.frames.iter().filter_map(|fr| fr.call.as_ref()).map(|c| c.name.as_str()).collect();
+        if let Some(entered) = calls.iter().position(|n| *n == f.name.name) {
+            // The calls in between, if the recursion goes through others.
+            let through: Vec<String> = calls[entered + 1..].iter().map(|n| format!("`{n}`")).collect();
+            let message = if through.is_empty() {
+                format!("function `{}` calls itself", f.name.name)
+            } else {
+                format!("function `{}` calls itself through {}", f.name.name, through.join(", "))
+            };
+            self.error(
+                Diagnostic::error(callee.span, message)
+                    .with_label("recursive call")
+                    .with_note("functions are inlined where they are called, so recursion is not allowed"),
+            );
             return None;
         }
         if self.frames.len() > MAX_CALL_DEPTH {
@@ -459,7 +509,14 @@ impl CellLowerer<'_> {
         if values.iter().any(Option::is_none) {
             return None;
         }
-        self.frames.push(Frame { call: Some((f.name.name.clone(), span)), ..Frame::default() });
+        let described: Vec<String> = f
+            .params
+            .iter()
+            .zip(&values)
+            .map(|(p, v)| format!("`{}`: {}", p.name, v.map_or("?".into(), |v| short_type(self.cell.ty(v)))))
+            .collect();
+        let call = Call { name: f.name.name.clone(), span, args: described.join(", ") };
+        self.frames.push(Frame { call: Some(call), ..Frame::default() });
         for (p, v) in f.params.iter().zip(values) {
             self.bind(p, BindingKind::FnParam, v);
         }
@@ -469,5 +526,14 @@ impl CellLowerer<'_> {
         let result = self.expr(&f.result);
         self.frames.pop();
         result
+    }
+}
+
+/// A type as in the source: `[4*H]`, `[H, I]`, or `a scalar`.
+fn short_type(t: &Type) -> String {
+    match t {
+        Type::Scalar => "a scalar".into(),
+        Type::Vector(d) => format!("[{d}]"),
+        Type::Matrix(m, n) => format!("[{m}, {n}]"),
     }
 }

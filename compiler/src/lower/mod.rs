@@ -6,13 +6,15 @@
 //! and every dimension is checked symbolically ([`Dim`]). Errors carry
 //! source spans and are all collected, so one run reports every problem in
 //! a file; a part that failed yields no value and is skipped silently
-//! downstream, so one mistake gives one message.
+//! downstream, so one mistake gives one message. An error inside a function
+//! from another file (the prelude) is reported at the call in the user's
+//! file, where it can be fixed.
 
 mod decls;
 mod expr;
 mod names;
 
-use crate::diag::{Diagnostic, Diagnostics, Span};
+use crate::diag::{Diagnostic, Diagnostics, Label, Span};
 use crate::dims::Dim;
 use crate::ir::{self, Type, ValueId};
 use crate::syntax::ast;
@@ -50,6 +52,8 @@ pub fn lower(file: &ast::File, prelude: Option<&ast::File>) -> (Module, Diagnost
     let globals = Globals::collect(file, prelude, &mut diags);
     let mut module = Module::default();
     let mut cell_names: HashMap<&str, Span> = HashMap::new();
+    // A mistake in a function body is met at every call; report it once.
+    let mut seen: std::collections::HashSet<(Span, String)> = Default::default();
     for item in &file.items {
         let ast::Item::Cell(def) = item else { continue };
         if let Some(first) = cell_names.insert(&def.name.name, def.name.span) {
@@ -61,7 +65,11 @@ pub fn lower(file: &ast::File, prelude: Option<&ast::File>) -> (Module, Diagnost
         }
         let mut lowerer = CellLowerer::new(&globals, def);
         let ok = lowerer.run(def);
-        diags.extend(std::mem::take(&mut lowerer.diags));
+        for d in std::mem::take(&mut lowerer.diags).0 {
+            if seen.insert((d.primary.span, d.message.clone())) {
+                diags.push(d);
+            }
+        }
         if ok {
             let mut cell = lowerer.cell;
             cell.remove_dead_values();
@@ -85,13 +93,20 @@ pub fn lower(file: &ast::File, prelude: Option<&ast::File>) -> (Module, Diagnost
 pub(crate) struct Globals<'a> {
     consts: HashMap<&'a str, &'a ast::ConstDef>,
     fns: HashMap<&'a str, &'a ast::FnDef>,
+    /// Names of the file's cells (for messages: a cell is not a value).
+    cells: Vec<&'a str>,
     /// Names of constants and functions some cell or function used.
     used: std::cell::RefCell<std::collections::HashSet<String>>,
 }
 
 impl<'a> Globals<'a> {
     fn collect(file: &'a ast::File, prelude: Option<&'a ast::File>, diags: &mut Diagnostics) -> Globals<'a> {
-        let mut g = Globals { consts: HashMap::new(), fns: HashMap::new(), used: Default::default() };
+        let mut g = Globals {
+            consts: HashMap::new(),
+            fns: HashMap::new(),
+            cells: Vec::new(),
+            used: Default::default(),
+        };
         if let Some(p) = prelude {
             for item in &p.items {
                 match item {
@@ -110,7 +125,10 @@ impl<'a> Globals<'a> {
             let (name, span) = match item {
                 ast::Item::Fn(f) => (&f.name, f.name.span),
                 ast::Item::Const(c) => (&c.name, c.name.span),
-                ast::Item::Cell(_) => continue,
+                ast::Item::Cell(c) => {
+                    g.cells.push(&c.name.name);
+                    continue;
+                }
             };
             if is_builtin(&name.name) {
                 diags.push(
@@ -167,6 +185,14 @@ impl BindingKind {
             BindingKind::FnParam => "function parameter",
         }
     }
+
+    /// The word with its article: "an input", "a state".
+    fn a_word(self) -> String {
+        match self {
+            BindingKind::Input => "an input".into(),
+            kind => format!("a {}", kind.word()),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -185,7 +211,15 @@ struct Frame {
     /// Names in binding order, for deterministic warnings.
     order: Vec<String>,
     /// The call being inlined (none for the cell's own frame).
-    call: Option<(String, Span)>,
+    call: Option<Call>,
+}
+
+/// A function call being inlined.
+struct Call {
+    name: String,
+    span: Span,
+    /// What the arguments are, as `v: [4*H], gain: [H]`.
+    args: String,
 }
 
 /// Lowers one cell.
@@ -205,6 +239,10 @@ struct CellLowerer<'a> {
     consts: HashMap<u64, ValueId>,
     /// The graph grew past [`MAX_VALUES`]; stop lowering.
     too_large: bool,
+    /// The cell's body had syntax errors: statements may be missing.
+    recovered: bool,
+    /// Where `NAME'` of a state that is never assigned is first read.
+    unassigned_reads: HashMap<String, Span>,
 }
 
 impl<'a> CellLowerer<'a> {
@@ -219,14 +257,31 @@ impl<'a> CellLowerer<'a> {
             assigned_at: HashMap::new(),
             consts: HashMap::new(),
             too_large: false,
+            recovered: def.recovered,
+            unassigned_reads: HashMap::new(),
         }
     }
 
-    /// Reports an error, annotated with the calls being inlined.
+    /// Reports an error, annotated with the calls being inlined. An error
+    /// inside a function of another file (the prelude) is moved to the
+    /// innermost call in the cell's file, the place the user can change,
+    /// and told in terms of that call's arguments; the prelude's own lines
+    /// are left out.
     fn error(&mut self, mut d: Diagnostic) {
+        let home = self.cell.span.file;
         for frame in self.frames.iter().rev() {
-            if let Some((name, span)) = &frame.call {
-                d = d.with_secondary(*span, format!("in this call to `{name}`"));
+            if let Some(call) = &frame.call {
+                d = d.with_secondary(call.span, format!("in this call to `{}`", call.name));
+            }
+        }
+        if d.primary.span.file != home {
+            let anchor =
+                self.frames.iter().rev().filter_map(|f| f.call.as_ref()).find(|c| c.span.file == home);
+            if let Some(call) = anchor {
+                d.primary = Label { span: call.span, message: format!("in this call to `{}`", call.name) };
+                d.secondary.retain(|l| l.span.file == home && l.span != call.span);
+                d.notes
+                    .insert(0, format!("`{}` (from the prelude) was called with {}", call.name, call.args));
             }
         }
         self.diags.push(d);
@@ -249,7 +304,7 @@ impl<'a> CellLowerer<'a> {
             self.error(
                 Diagnostic::error(name.span, format!("`{}` is already defined", name.name))
                     .with_label("defined again here")
-                    .with_secondary(ps, format!("first defined here, as a {}", pk.word()))
+                    .with_secondary(ps, format!("first defined here, as {}", pk.a_word()))
                     .with_note("`let` bindings are immutable: bind a new name instead"),
             );
             return;
@@ -328,29 +383,50 @@ impl<'a> CellLowerer<'a> {
                 }
             }
         }
+        // After a syntax error, a missing assignment or output may just be
+        // in the part that did not parse: that was reported already.
         for (i, s) in def.decls.iter().filter(|d| d.kind == ast::DeclKind::State).enumerate() {
             match self.next.get(&s.name.name) {
                 Some((Some(v), _)) if i < self.cell.states.len() => self.cell.next_states.push(*v),
                 Some(_) => {}
-                None => self.error(
-                    Diagnostic::error(s.name.span, format!("state `{}` is never assigned", s.name.name))
-                        .with_label("declared here")
-                        .with_note(format!(
-                            "every state is updated once per step: add `{}' = ...`",
+                None if self.recovered => {}
+                None => {
+                    // One message for the state: not also "never read".
+                    let read = self.frames[0]
+                        .names
+                        .get_mut(&s.name.name)
+                        .map(|b| std::mem::replace(&mut b.used, true));
+                    let note = if read == Some(false) && !self.unassigned_reads.contains_key(&s.name.name) {
+                        format!(
+                            "`{0}` is neither read nor updated: remove it, or add `{0}' = ...`",
                             s.name.name
-                        )),
-                ),
+                        )
+                    } else {
+                        format!("every state is updated once per step: add `{}' = ...`", s.name.name)
+                    };
+                    let mut d =
+                        Diagnostic::error(s.name.span, format!("state `{}` is never assigned", s.name.name))
+                            .with_label("declared here")
+                            .with_note(note);
+                    if let Some(read) = self.unassigned_reads.get(&s.name.name) {
+                        d = d.with_secondary(*read, format!("`{}'` is read here", s.name.name));
+                    }
+                    self.error(d)
+                }
             }
         }
         match output {
             Some((Some(v), _)) => self.cell.output = v,
             Some((None, _)) => {}
+            None if self.recovered => {}
             None => self.error(
                 Diagnostic::error(def.name.span, format!("cell `{}` has no `output`", def.name.name))
                     .with_note("add `output EXPR`, the value the step emits (usually `output h'`)"),
             ),
         }
-        names::warn_unused_bindings(&self.frames[0], &mut self.diags);
+        if !self.recovered {
+            names::warn_unused_bindings(&self.frames[0], &mut self.diags);
+        }
         self.diags.error_count() == errors_before && output.is_some_and(|(v, _)| v.is_some())
     }
 
@@ -374,14 +450,21 @@ impl<'a> CellLowerer<'a> {
         let v = self.expr(value);
         let Some(idx) = self.cell.state_index(&state.name) else {
             let what = match self.frames[0].names.get(&state.name) {
-                Some(b) => format!("`{}` is a {}, not a state", state.name, b.kind.word()),
+                Some(b) => format!("`{}` is {}, not a state", state.name, b.kind.a_word()),
                 None => format!("`{}` is not a declared state", state.name),
             };
-            self.error(
-                Diagnostic::error(state.span, format!("cannot assign `{}'`: {what}", state.name)).with_note(
+            let mut d = Diagnostic::error(state.span, format!("cannot assign `{}'`: {what}", state.name))
+                .with_label("not a state");
+            let states = self.cell.states.iter().map(|s| s.name.as_str());
+            d = match names::did_you_mean(&state.name, states) {
+                Some(s) if !self.frames[0].names.contains_key(&state.name) => {
+                    d.with_note(format!("did you mean `{s}'`?"))
+                }
+                _ => d.with_note(
                     "only states have a value at the end of the step; bind other values with `let`",
                 ),
-            );
+            };
+            self.error(d);
             return;
         };
         if let Some((_, first)) = self.next.get(&state.name) {

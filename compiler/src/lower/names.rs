@@ -16,19 +16,26 @@ pub(super) fn warn_unused_bindings(frame: &Frame, diags: &mut Diagnostics) {
         if b.used || b.value.is_none() || name.starts_with('_') {
             continue;
         }
-        let (what, note) = match b.kind {
-            BindingKind::Let => ("unused `let` binding", "remove it, or prefix the name with `_`"),
-            BindingKind::Param => {
-                ("unused parameter", "it still has weights to load and save; remove it if it is not needed")
+        let (message, note) = match b.kind {
+            BindingKind::Let => {
+                (format!("unused `let` binding `{name}`"), "remove it, or prefix the name with `_`")
             }
-            BindingKind::Input => ("unused input", "its features are read from the sequence and ignored"),
+            BindingKind::Param => (
+                format!("unused parameter `{name}`"),
+                "it still has weights to load and save; remove it if it is not needed",
+            ),
+            BindingKind::Input => {
+                (format!("unused input `{name}`"), "its features are read from the sequence and ignored")
+            }
             BindingKind::State => (
-                "state is never read",
+                format!("state `{name}` is never read"),
                 "its value at the start of the step has no effect; only its update is kept",
             ),
-            BindingKind::FnParam => ("unused function parameter", "remove it, or prefix the name with `_`"),
+            BindingKind::FnParam => {
+                (format!("unused function parameter `{name}`"), "remove it, or prefix the name with `_`")
+            }
         };
-        diags.push(Diagnostic::warning(b.span, format!("{what} `{name}`")).with_note(note));
+        diags.push(Diagnostic::warning(b.span, message).with_note(note));
     }
 }
 
@@ -39,6 +46,9 @@ pub(super) fn warn_unused_items(file: &ast::File, globals: &Globals, diags: &mut
     let used = globals.used.borrow();
     for item in &file.items {
         match item {
+            // A built-in's name is an error already, and a broken body's
+            // names may be read in the part that did not parse.
+            ast::Item::Fn(f) if super::is_builtin(&f.name.name) || f.recovered => {}
             ast::Item::Fn(f) => {
                 if has_cells && !used.contains(&f.name.name) && !f.name.name.starts_with('_') {
                     diags.push(
@@ -53,10 +63,10 @@ pub(super) fn warn_unused_items(file: &ast::File, globals: &Globals, diags: &mut
             }
             ast::Item::Const(c) => {
                 if has_cells && !used.contains(&c.name.name) && !c.name.name.starts_with('_') {
-                    diags.push(Diagnostic::warning(
-                        c.name.span,
-                        format!("constant `{}` is never used", c.name.name),
-                    ));
+                    diags.push(
+                        Diagnostic::warning(c.name.span, format!("constant `{}` is never used", c.name.name))
+                            .with_note("remove it, or prefix the name with `_`"),
+                    );
                 }
             }
             ast::Item::Cell(_) => {}

@@ -81,6 +81,13 @@ fn run(graph: &mut Graph, roots: &mut [&mut ValueId], weak: &mut [&mut Option<Va
         }
         let live: Vec<ValueId> = roots.iter().map(|r| **r).collect();
         let removed = graph.remove_dead_values(&live);
+        // A weak reference to a removed value must not survive into the next
+        // round, where a new value may take its index.
+        for w in weak.iter_mut() {
+            if w.is_some_and(|v| !graph.contains(v)) {
+                **w = None;
+            }
+        }
         stats.folded += folded;
         stats.simplified += simplified;
         stats.merged += merged;
@@ -113,8 +120,12 @@ pub fn optimize_gradient(grad: &mut Gradient) -> Stats {
         .chain(grad.d_params.iter_mut())
         .flatten()
         .collect();
-    let mut weak: Vec<&mut Option<ValueId>> =
-        grad.primal_next_states.iter_mut().chain(std::iter::once(&mut grad.primal_output)).collect();
+    let mut weak: Vec<&mut Option<ValueId>> = grad
+        .primal_next_states
+        .iter_mut()
+        .chain(std::iter::once(&mut grad.primal_output))
+        .chain(grad.primal_values.iter_mut())
+        .collect();
     let stats = run(&mut grad.graph, &mut results, &mut weak);
     grad.forget_removed_primals();
     stats

@@ -309,16 +309,20 @@ fn stage_backward(grad: &Gradient, saved: &SavedValues) -> Vec<Stage> {
             stack.extend(g.operands(v));
         }
     }
-    // Products off the carry run after the loop, over all steps at once.
-    let after: Vec<ValueId> = order
-        .iter()
-        .copied()
-        .filter(|v| backward.contains(v) && !carry.contains(v) && is_product(g, *v))
-        .collect();
+    // Products off the carry run after the loop, over all steps at once,
+    // and so does everything computed from them.
+    let mut after_set: HashSet<ValueId> = HashSet::new();
+    for &v in &order {
+        let from_after = g.operands(v).iter().any(|o| after_set.contains(o));
+        if backward.contains(&v) && !carry.contains(&v) && (is_product(g, v) || from_after) {
+            after_set.insert(v);
+        }
+    }
+    let after: Vec<ValueId> = order.iter().copied().filter(|v| after_set.contains(v)).collect();
     let per_step: HashSet<ValueId> = order
         .iter()
         .copied()
-        .filter(|v| backward.contains(v) && !is_leaf(g, *v) && !after.contains(v))
+        .filter(|v| backward.contains(v) && !is_leaf(g, *v) && !after_set.contains(v))
         .collect();
     let mut level = levels(g, &order, &per_step, &|v| is_product(g, v));
     place_floating(g, &order, &recomputed, &mut level);
@@ -363,7 +367,19 @@ fn stage_backward(grad: &Gradient, saved: &SavedValues) -> Vec<Stage> {
             stages.push(make_stage(g, kind, Placement::EachStep, pw, &roots));
         }
     }
-    stages.extend(gemm_stages(g, &after, Placement::AfterLoop, &results));
+    // After the loop: GEMMs and the pointwise work on their results, by level.
+    let after_level = levels(g, &order, &after_set, &|v| is_product(g, v));
+    let max_after = after_level.values().copied().max().unwrap_or(0);
+    for k in 0..=max_after {
+        let at = |v: &ValueId| after_level.get(v) == Some(&k);
+        let gemms: Vec<ValueId> = after.iter().copied().filter(|v| is_product(g, *v) && at(v)).collect();
+        stages.extend(gemm_stages(g, &gemms, Placement::AfterLoop, &results));
+        let pw: Vec<ValueId> = after.iter().copied().filter(|v| !is_product(g, *v) && at(v)).collect();
+        if !pw.is_empty() {
+            let kind = StageKind::Pointwise { reductions: has_reduction(g, &pw) };
+            stages.push(make_stage(g, kind, Placement::AfterLoop, pw, &results));
+        }
+    }
     if !param_sums.is_empty() {
         let mut unique = param_sums;
         unique.sort();

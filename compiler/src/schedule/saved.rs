@@ -99,8 +99,14 @@ pub fn choose_saved(grad: &Gradient, sizes: &Bindings) -> SavedValues {
         // Free values are a cut point of cost 0. Others cost their size, a
         // hair more for earlier values, so that among equal cuts the one
         // closest to the backward (least recomputation) wins.
-        let cost =
-            if free.contains(&v) { 0.0 } else { weight(g, v, sizes) * (1.0 + 1e-6 * (n - i as f64) / n) };
+        let cost = if free.contains(&v) {
+            0.0
+        } else if !grad.is_primal(v) {
+            // Derived in the backward only: the forward never has it to save.
+            INF
+        } else {
+            weight(g, v, sizes) * (1.0 + 1e-6 * (n - i as f64) / n)
+        };
         net.add_edge(2 * i, 2 * i + 1, cost);
         for o in g.operands(v) {
             if let Some(&j) = index.get(&o) {

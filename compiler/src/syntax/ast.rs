@@ -41,6 +41,9 @@ pub struct FnDef {
     pub lets: Vec<Let>,
     pub result: Expr,
     pub span: Span,
+    /// The body had syntax errors (already reported), so parts of it may
+    /// be missing: checks for unused names are skipped.
+    pub recovered: bool,
 }
 
 /// `cell NAME { decls stmts }`
@@ -50,6 +53,10 @@ pub struct CellDef {
     pub decls: Vec<VarDecl>,
     pub stmts: Vec<Stmt>,
     pub span: Span,
+    /// The body had syntax errors (already reported), so statements may be
+    /// missing: checks for something absent (an assignment, the output, a
+    /// use of a name) are skipped.
+    pub recovered: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -74,6 +81,8 @@ impl DeclKind {
 pub struct VarDecl {
     pub kind: DeclKind,
     pub name: Ident,
+    /// Empty when the size failed to parse (already reported): the name is
+    /// declared, with no usable value.
     pub dims: Vec<DimExpr>,
     pub init: Option<Init>,
     /// The span of `name[dims]`.

@@ -1,9 +1,12 @@
 //! The lexer: `.cell` text to tokens, with logos.
 //!
 //! It never aborts (as rust-analyzer's `lexed_str`): a character that starts
-//! no token, or a malformed number, becomes an [`Token::Error`] token with its
-//! span, a diagnostic is recorded, and lexing goes on. The parser simply
-//! skips error tokens, so one typo yields one message.
+//! no token becomes a [`Token::Error`] token, a malformed number a
+//! [`Token::MalformedNumber`], each with a diagnostic, and lexing goes on.
+//! The parser skips error tokens and reads a malformed number as an operand
+//! whose value is unknown, so one typo yields one message. [`lex_tokens`]
+//! hands the diagnostics back per token, so that the parser can drop the
+//! ones inside text it skips while recovering from an earlier error.
 
 use crate::diag::{Diagnostic, Diagnostics, FileId, Span};
 use logos::Logos;
@@ -40,9 +43,11 @@ pub enum Token {
     Ident,
     #[regex(r"[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")]
     Number,
-    /// `1.`, `1e`, `1e+`, `2.5E`: a number that stops half way.
+    /// `1.`, `1e`, `1e+`, `2.5E`: a number that stops half way; `.5`: one
+    /// without its leading digit.
     #[regex(r"[0-9]+\.([eE][+-]?)?", priority = 1)]
     #[regex(r"[0-9]+(\.[0-9]+)?[eE][+-]?")]
+    #[regex(r"\.[0-9]+([eE][+-]?[0-9]*)?")]
     MalformedNumber,
     #[token("'")]
     Prime,
@@ -136,30 +141,39 @@ pub struct Lexeme {
     pub span: Span,
 }
 
-/// Splits `source` into tokens, ending with one [`Token::Eof`].
+/// Splits `source` into tokens, ending with one [`Token::Eof`], and
+/// records a diagnostic for every token it could not read.
 pub fn lex(file: FileId, source: &str, diags: &mut Diagnostics) -> Vec<Lexeme> {
+    let (tokens, errors) = lex_tokens(file, source);
+    for (_, d) in errors {
+        diags.push(d);
+    }
+    tokens
+}
+
+/// As [`lex`], with each diagnostic paired with the index of its token.
+pub fn lex_tokens(file: FileId, source: &str) -> (Vec<Lexeme>, Vec<(usize, Diagnostic)>) {
     let mut out = Vec::new();
+    let mut errors = Vec::new();
     let mut lexer = Token::lexer(source);
     while let Some(result) = lexer.next() {
         let span = Span::new(file, lexer.span());
         let token = match result {
             Ok(Token::MalformedNumber) => {
-                diags.push(
-                    Diagnostic::error(span, format!("malformed number `{}`", lexer.slice()))
-                        .with_label("digits must follow `.` and the exponent")
-                        .with_note("numbers look like `12`, `0.5`, `1e-5` or `2.5E+3`"),
-                );
-                Token::Error
+                errors.push((out.len(), malformed_number(span, lexer.slice())));
+                Token::MalformedNumber
             }
             Ok(t) => t,
             Err(LexError::UnknownCharacter) => {
                 let c = lexer.slice().chars().next().unwrap_or('?');
                 let mut d = Diagnostic::error(span, format!("unexpected character `{}`", c.escape_default()))
                     .with_label("not part of the language");
-                if c == '.' {
-                    d = d.with_note("a number needs a digit before its `.`: write `0.5`, not `.5`");
+                match c {
+                    '#' => d = d.with_note("comments start with `//`"),
+                    '^' => d = d.with_note("there is no power operator: write `x * x`, or `exp(p * log(x))`"),
+                    _ => {}
                 }
-                diags.push(d);
+                errors.push((out.len(), d));
                 Token::Error
             }
         };
@@ -167,7 +181,22 @@ pub fn lex(file: FileId, source: &str, diags: &mut Diagnostics) -> Vec<Lexeme> {
     }
     let end = source.len();
     out.push(Lexeme { token: Token::Eof, span: Span::new(file, end..end) });
-    out
+    (out, errors)
+}
+
+/// The diagnostic for a [`Token::MalformedNumber`], saying what is missing.
+fn malformed_number(span: Span, text: &str) -> Diagnostic {
+    let d = Diagnostic::error(span, format!("malformed number `{text}`"));
+    let d = if text.starts_with('.') {
+        d.with_label(format!("write `0{text}`")).with_note("a number needs a digit before its `.`")
+    } else if text.ends_with('.') {
+        d.with_label(format!("write `{text}0` or `{}`", text.trim_end_matches('.')))
+            .with_note("digits must follow the `.`")
+    } else {
+        d.with_label("the exponent has no digits")
+            .with_note("an exponent is written with digits, as in `1e-5` or `2.5E+3`")
+    };
+    d
 }
 
 #[cfg(test)]
@@ -190,9 +219,9 @@ mod tests {
     fn malformed_and_unknown_recover() {
         use Token::*;
         let mut d = Diagnostics::default();
-        let toks: Vec<_> = lex(FileId(0), "1. $ x 3e", &mut d).into_iter().map(|l| l.token).collect();
-        assert_eq!(toks, vec![Error, Error, Ident, Error, Eof]);
-        assert_eq!(d.error_count(), 3);
+        let toks: Vec<_> = lex(FileId(0), "1. $ x 3e .5", &mut d).into_iter().map(|l| l.token).collect();
+        assert_eq!(toks, vec![MalformedNumber, Error, Ident, MalformedNumber, MalformedNumber, Eof]);
+        assert_eq!(d.error_count(), 4);
     }
 
     #[test]

@@ -2,13 +2,19 @@
 //!
 //! It reports as many errors as it can in one pass: after a bad statement
 //! it skips to the next place a statement can start (`let`, `output`,
-//! `name'`, `}`) and goes on. Nesting is bounded ([`MAX_DEPTH`]) so that no
-//! input, however deep, can overflow the stack here or in the passes that
-//! walk the tree afterwards.
+//! `name'`, `}`) and goes on. What it skips is not reported again: the
+//! lexer's errors inside skipped text are dropped, and an error right after
+//! an unreadable character is taken to be caused by it. What it could read
+//! of a broken statement is kept — the names a `let` binds, the state an
+//! update assigns — with [`ExprKind::Error`] for the rest, so that later
+//! passes do not report the missing parts again. Nesting is bounded
+//! ([`MAX_DEPTH`]) so that no input, however deep, can overflow the stack
+//! here or in the passes that walk the tree afterwards.
 
 use super::ast::*;
-use super::lexer::{lex, Lexeme, Token};
+use super::lexer::{lex_tokens, Lexeme, Token};
 use crate::diag::{Diagnostic, Diagnostics, FileId, Span};
+use std::collections::{HashMap, HashSet};
 
 /// Deepest expression or dimension tree the parser builds.
 pub const MAX_DEPTH: u32 = 200;
@@ -16,9 +22,19 @@ pub const MAX_DEPTH: u32 = 200;
 /// Parses one file. The AST is returned even when there are errors, with
 /// the broken parts left out or replaced by [`ExprKind::Error`].
 pub fn parse(file: FileId, source: &str) -> (File, Diagnostics) {
-    let mut diags = Diagnostics::default();
-    let tokens = lex(file, source, &mut diags);
-    let mut p = Parser { tokens, pos: 0, source, diags, depth_reported: false };
+    let (tokens, lex_errors) = lex_tokens(file, source);
+    let mut p = Parser {
+        tokens,
+        pos: 0,
+        source,
+        diags: Diagnostics::default(),
+        depth_reported: false,
+        lex_errors: lex_errors.into_iter().collect(),
+        recovering: false,
+        last_lex_error: None,
+        keyword_names: HashSet::new(),
+        list_continues: false,
+    };
     let ast = p.file();
     (ast, p.diags)
 }
@@ -29,6 +45,19 @@ struct Parser<'s> {
     source: &'s str,
     diags: Diagnostics,
     depth_reported: bool,
+    /// The lexer's diagnostics by token index, reported when the parser
+    /// reaches the token (and dropped if it is skipped while recovering).
+    lex_errors: HashMap<usize, Diagnostic>,
+    /// Skipping a broken statement: lexer errors met are not reported.
+    recovering: bool,
+    /// Index of the last token whose lexer error was reported.
+    last_lex_error: Option<usize>,
+    /// Keywords a `let` tried to bind (already reported): later reads of
+    /// them are taken as names rather than reported again.
+    keyword_names: HashSet<String>,
+    /// A declaration list goes on without its `,`: the previous variable
+    /// lacked its `]` and the next one was already found.
+    list_continues: bool,
 }
 
 /// The parse failed here; the error is already reported.
@@ -39,12 +68,40 @@ type PResult<T> = Result<T, Failed>;
 impl Parser<'_> {
     // ---- token access -------------------------------------------------
 
-    /// The current token, skipping error tokens (already reported by the lexer).
+    /// The current token, skipping error tokens (reporting the lexer's
+    /// diagnostic for each, unless recovering).
     fn peek(&mut self) -> Lexeme {
         while self.tokens[self.pos].token == Token::Error {
+            self.pass(self.pos);
             self.pos += 1;
         }
         self.tokens[self.pos]
+    }
+
+    /// The parser moves past token `i`: its lexer error, if any, is now due.
+    fn pass(&mut self, i: usize) {
+        if let Some(d) = self.lex_errors.remove(&i) {
+            if !self.recovering {
+                self.diags.push(d);
+                self.last_lex_error = Some(i);
+            }
+        }
+    }
+
+    /// Whether token `i` is the first on its line.
+    fn starts_line(&self, i: usize) -> bool {
+        let Some(prev) = i.checked_sub(1).map(|p| self.tokens[p].span) else { return true };
+        let cur = self.tokens[i].span;
+        self.source.get(prev.end as usize..cur.start as usize).is_some_and(|gap| gap.contains('\n'))
+    }
+
+    /// Whether the current token directly follows an unreadable character
+    /// that was reported: an error here is a consequence of it.
+    fn after_unreadable(&mut self) -> bool {
+        self.peek();
+        self.pos > 0
+            && self.last_lex_error == Some(self.pos - 1)
+            && self.tokens[self.pos - 1].token == Token::Error
     }
 
     fn peek_token(&mut self) -> Token {
@@ -53,17 +110,27 @@ impl Parser<'_> {
 
     /// The token after the current one.
     fn peek2(&mut self) -> Lexeme {
+        self.peek_nth(1)
+    }
+
+    /// The `n`th token after the current one (error tokens skipped).
+    fn peek_nth(&mut self, n: usize) -> Lexeme {
         self.peek();
-        let mut i = self.pos + 1;
-        while i < self.tokens.len() - 1 && self.tokens[i].token == Token::Error {
-            i += 1;
+        let last = self.tokens.len() - 1;
+        let mut i = self.pos;
+        for _ in 0..n {
+            i = (i + 1).min(last);
+            while i < last && self.tokens[i].token == Token::Error {
+                i += 1;
+            }
         }
-        self.tokens[i.min(self.tokens.len() - 1)]
+        self.tokens[i]
     }
 
     fn bump(&mut self) -> Lexeme {
         let l = self.peek();
         if l.token != Token::Eof {
+            self.pass(self.pos);
             self.pos += 1;
         }
         l
@@ -91,6 +158,9 @@ impl Parser<'_> {
     }
 
     fn expected(&mut self, what: &str) -> Failed {
+        if self.after_unreadable() {
+            return Failed;
+        }
         let l = self.peek();
         let found = self.found();
         self.diags.push(
@@ -128,8 +198,19 @@ impl Parser<'_> {
 
     // ---- recovery -------------------------------------------------------
 
+    /// Runs a recovery step: the tokens it skips report nothing.
+    fn silently(&mut self, skip: impl FnOnce(&mut Self)) {
+        let was = std::mem::replace(&mut self.recovering, true);
+        skip(self);
+        self.recovering = was;
+    }
+
     /// Skips to where the next item (`cell`, `fn`, `const`) starts.
     fn recover_to_item(&mut self) {
+        self.silently(Self::skip_to_item);
+    }
+
+    fn skip_to_item(&mut self) {
         loop {
             match self.peek_token() {
                 Token::Cell | Token::Fn | Token::Const | Token::Eof => return,
@@ -143,6 +224,10 @@ impl Parser<'_> {
     /// Skips to where the next statement of a block can start, or to the
     /// block's closing brace. Nested brackets are skipped whole.
     fn recover_to_stmt(&mut self) {
+        self.silently(Self::skip_to_stmt);
+    }
+
+    fn skip_to_stmt(&mut self) {
         let mut nesting = 0usize;
         loop {
             let t = self.peek_token();
@@ -159,15 +244,42 @@ impl Parser<'_> {
                     self.bump();
                     return;
                 }
-                Token::Ident if self.peek2().token == Token::Prime => return,
+                Token::Ident if self.peek2().token == Token::Prime && self.peek_nth(2).token == Token::Eq => {
+                    return
+                }
+                // `c = ...` on a line of its own: a broken statement (reported when reached).
+                Token::Ident if self.peek2().token == Token::Eq && self.starts_line(self.pos) => return,
                 _ => {}
             }
             self.bump();
         }
     }
 
+    /// Skips a balanced `( ... )` if one starts here.
+    fn skip_parens(&mut self) {
+        if self.peek_token() != Token::LParen {
+            return;
+        }
+        self.silently(|p| {
+            let mut nesting = 0usize;
+            loop {
+                match p.bump().token {
+                    Token::Eof => return,
+                    Token::LParen => nesting += 1,
+                    Token::RParen if nesting <= 1 => return,
+                    Token::RParen => nesting -= 1,
+                    _ => {}
+                }
+            }
+        });
+    }
+
     /// After a too-deep nesting: skips the rest of the innermost bracket.
     fn skip_rest_of_group(&mut self) {
+        self.silently(Self::skip_group_tail);
+    }
+
+    fn skip_group_tail(&mut self) {
         let mut nesting = 0usize;
         loop {
             match self.peek_token() {
@@ -209,18 +321,10 @@ impl Parser<'_> {
                 Token::Fn => self.function().map(Item::Fn),
                 Token::Const => self.constant().map(Item::Const),
                 _ => {
-                    let l = self.peek();
-                    let found = self.found();
-                    let mut d =
-                        Diagnostic::error(l.span, format!("expected `cell`, `fn` or `const`, found {found}"))
-                            .with_label("not allowed at the top level of a file");
-                    if matches!(
-                        l.token,
-                        Token::Let | Token::Input | Token::State | Token::Param | Token::Output
-                    ) {
-                        d = d.with_note("declarations and statements belong inside `cell NAME { ... }`");
+                    if !self.after_unreadable() {
+                        let d = self.top_level_error();
+                        self.diags.push(d);
                     }
-                    self.diags.push(d);
                     self.bump();
                     Err(Failed)
                 }
@@ -231,6 +335,25 @@ impl Parser<'_> {
             }
         }
         File { items }
+    }
+
+    /// Something other than an item at the top level of the file.
+    fn top_level_error(&mut self) -> Diagnostic {
+        let l = self.peek();
+        let found = self.found();
+        let d = Diagnostic::error(l.span, format!("expected `cell`, `fn` or `const`, found {found}"));
+        match l.token {
+            Token::RBrace => d
+                .with_label("this `}` closes nothing")
+                .with_note("is there one `}` too many above?"),
+            Token::Let => d
+                .with_label("not allowed at the top level of a file")
+                .with_note("`let` belongs inside a cell or a function; a file-level constant is written `const NAME = 0.5`"),
+            Token::Input | Token::State | Token::Param | Token::Output => d
+                .with_label("not allowed at the top level of a file")
+                .with_note("declarations and statements belong inside `cell NAME { ... }`"),
+            _ => d.with_label("not allowed at the top level of a file"),
+        }
     }
 
     fn constant(&mut self) -> PResult<ConstDef> {
@@ -249,6 +372,7 @@ impl Parser<'_> {
     }
 
     fn function(&mut self) -> PResult<FnDef> {
+        let errors_before = self.diags.error_count();
         let kw = self.expect(Token::Fn)?;
         let name = self.ident("a function name")?;
         self.expect(Token::LParen)?;
@@ -327,15 +451,23 @@ impl Parser<'_> {
         }
         let close = self.expect(Token::RBrace)?;
         let span = kw.span.to(close.span);
-        let Some(result) = result else {
-            self.diags.push(
+        let result = result.unwrap_or_else(|| {
+            let mut d =
                 Diagnostic::error(close.span, format!("function `{}` has no result expression", name.name))
-                    .with_label("expected an expression before `}`")
-                    .with_note("a `fn` body ends with the expression it returns"),
-            );
-            return Err(Failed);
-        };
-        Ok(FnDef { name, params, lets, result, span })
+                    .with_label("expected an expression before `}`");
+            d = match lets.last().map(|l: &Let| l.names.as_slice()) {
+                Some([last]) => d.with_note(format!(
+                    "a `fn` body ends with the expression it returns: to return `{0}`, write `{0}` before `}}`",
+                    last.name
+                )),
+                _ => d.with_note("a `fn` body ends with the expression it returns"),
+            };
+            self.diags.push(d);
+            // Keep the function, so that its calls are not reported as unknown.
+            Expr::error(close.span)
+        });
+        let recovered = self.diags.error_count() > errors_before;
+        Ok(FnDef { name, params, lets, result, span, recovered })
     }
 
     fn unclosed(&mut self, open: Span, what: &str) -> Failed {
@@ -349,6 +481,7 @@ impl Parser<'_> {
     }
 
     fn cell(&mut self) -> PResult<CellDef> {
+        let errors_before = self.diags.error_count();
         let kw = self.expect(Token::Cell)?;
         let name = self.ident("a cell name")?;
         let open = self.expect(Token::LBrace)?;
@@ -370,7 +503,7 @@ impl Parser<'_> {
                             .with_label("a new item starts here")
                             .with_secondary(open.span, "unclosed `{` opened here"),
                     );
-                    return Ok(CellDef { span: kw.span.to(l.span), name, decls, stmts });
+                    return Ok(CellDef { span: kw.span.to(l.span), name, decls, stmts, recovered: true });
                 }
                 Token::Input | Token::State | Token::Param => {
                     let first_stmt = stmts.first().map(stmt_span);
@@ -391,13 +524,13 @@ impl Parser<'_> {
                     self.assign_stmt().map(|s| stmts.push(s))
                 }
                 Token::Ident if self.peek2().token == Token::Eq => {
+                    self.bare_assignment(&decls, &stmts).map(|s| stmts.extend(s))
+                }
+                Token::RParen | Token::RBracket if !self.after_unreadable() => {
                     let word = self.text(l.span).to_string();
                     self.diags.push(
-                        Diagnostic::error(l.span, format!("`{word} = ...` is neither a `let` nor a state update"))
-                            .with_label("expected a statement")
-                            .with_note(format!(
-                                "to bind a new name write `let {word} = ...`; to update a state write `{word}' = ...`"
-                            )),
+                        Diagnostic::error(l.span, format!("unmatched `{word}`"))
+                            .with_label(format!("this `{word}` closes nothing")),
                     );
                     Err(Failed)
                 }
@@ -413,7 +546,8 @@ impl Parser<'_> {
             }
         }
         let close = self.expect(Token::RBrace)?;
-        Ok(CellDef { span: kw.span.to(close.span), name, decls, stmts })
+        let recovered = self.diags.error_count() > errors_before;
+        Ok(CellDef { span: kw.span.to(close.span), name, decls, stmts, recovered })
     }
 
     // ---- declarations ---------------------------------------------------
@@ -427,7 +561,14 @@ impl Parser<'_> {
         };
         let mut vars = Vec::new();
         loop {
-            vars.push(self.var_decl(kind)?);
+            match self.var_decl(kind) {
+                Ok(v) => vars.push(v),
+                // No name to keep (a broken size keeps it, see `var_decl`).
+                Err(Failed) => self.skip_rest_of_decl(0),
+            }
+            if std::mem::take(&mut self.list_continues) {
+                continue;
+            }
             if self.eat(Token::Comma).is_none() {
                 break;
             }
@@ -435,47 +576,159 @@ impl Parser<'_> {
         Ok(vars)
     }
 
+    /// `NAME[dims] (= init)?`. Once the name is read the variable is
+    /// returned even if its size is broken (with no dims), so that its
+    /// uses are not reported as unknown names.
     fn var_decl(&mut self, kind: DeclKind) -> PResult<VarDecl> {
         let name = self.ident(&format!("a name for the {}", kind.word()))?;
         if self.peek_token() != Token::LBracket {
-            let found = self.found();
-            let l = self.peek();
-            self.diags.push(
-                Diagnostic::error(
-                    l.span,
-                    format!("expected `[` with the size of `{}`, found {found}", name.name),
-                )
-                .with_label("expected `[`")
-                .with_note(format!(
-                    "every {} has a size, as in `{}[H]`",
-                    kind.word(),
-                    name.name
-                )),
-            );
-            return Err(Failed);
+            if !self.after_unreadable() {
+                let found = self.found();
+                let l = self.peek();
+                self.diags.push(
+                    Diagnostic::error(
+                        l.span,
+                        format!("expected `[` with the size of `{}`, found {found}", name.name),
+                    )
+                    .with_label("expected `[`")
+                    .with_note(format!(
+                        "every {} has a size, as in `{}[H]`",
+                        kind.word(),
+                        name.name
+                    )),
+                );
+            }
+            return Ok(self.broken_decl(kind, name, 0));
         }
         self.bump();
-        let mut dims = vec![self.dim(0)?];
-        while self.eat(Token::Comma).is_some() {
-            dims.push(self.dim(0)?);
-        }
-        let close = self.expect(Token::RBracket)?;
-        let span = name.span.to(close.span);
-        let init = if self.eat(Token::Eq).is_some() { Some(self.init()?) } else { None };
+        let Ok(dims) = self.dims(&name) else {
+            return Ok(self.broken_decl(kind, name, 1));
+        };
+        let span = name.span.to(self.tokens[self.pos.saturating_sub(1)].span);
+        let init = if self.eat(Token::Eq).is_some() { self.init() } else { None };
         Ok(VarDecl { kind, name, dims, init, span })
     }
 
-    fn init(&mut self) -> PResult<Init> {
-        let id = self.ident("an initialiser (`zeros`, `ones`, `uniform(...)`, `constant(...)`)")?;
+    /// The dims of `name[`, through the closing `]`. A missing `]` at the
+    /// end of the line, or before the next variable of a list, is
+    /// reported and the dims are kept.
+    fn dims(&mut self, name: &Ident) -> PResult<Vec<DimExpr>> {
+        let mut dims = vec![self.dim(0)?];
+        let missing = |dims: &[DimExpr], found: String| {
+            let last = dims.last().map_or(name.span, DimExpr::span);
+            Diagnostic::error(
+                last,
+                format!("expected `]` to close the size of `{}`, found {found}", name.name),
+            )
+            .with_label("expected `]` after this")
+        };
+        while self.eat(Token::Comma).is_some() {
+            if self.peek_token() == Token::Ident && self.peek2().token == Token::LBracket {
+                // `w[H, I, u[H, H]`: the next variable starts.
+                let found = format!("the next variable, {}", self.found());
+                let d = missing(&dims, found);
+                self.diags.push(d);
+                self.list_continues = true;
+                return Ok(dims);
+            }
+            dims.push(self.dim(0)?);
+        }
+        if self.eat(Token::RBracket).is_some() {
+            return Ok(dims);
+        }
+        let line_ends = matches!(
+            self.peek_token(),
+            Token::Input
+                | Token::State
+                | Token::Param
+                | Token::Let
+                | Token::Output
+                | Token::RBrace
+                | Token::Eof
+                | Token::Eq
+                | Token::Cell
+                | Token::Fn
+                | Token::Const
+        ) || (self.peek_token() == Token::Ident && self.peek2().token == Token::Prime);
+        if self.after_unreadable() {
+            return Err(Failed);
+        }
+        let found = self.found();
+        self.diags.push(missing(&dims, found));
+        if line_ends {
+            Ok(dims)
+        } else {
+            Err(Failed)
+        }
+    }
+
+    /// A variable whose size could not be read (already reported): skips
+    /// the rest of it, up to the next `,` of its list or the next statement.
+    fn broken_decl(&mut self, kind: DeclKind, name: Ident, nesting: usize) -> VarDecl {
+        self.skip_rest_of_decl(nesting);
+        VarDecl { kind, span: name.span, name, dims: Vec::new(), init: None }
+    }
+
+    /// Skips to the `,` before the next variable of a declaration list (and
+    /// past it), or to the next statement. `nesting` is the number of
+    /// brackets already open (1 inside `x[...`).
+    fn skip_rest_of_decl(&mut self, mut nesting: usize) {
+        self.silently(|p| p.skip_decl_tokens(&mut nesting));
+    }
+
+    fn skip_decl_tokens(&mut self, nesting: &mut usize) {
+        loop {
+            match self.peek_token() {
+                Token::Eof | Token::RBrace => return,
+                Token::Input | Token::State | Token::Param | Token::Let | Token::Output => return,
+                Token::Cell | Token::Fn | Token::Const => return,
+                Token::Ident if self.peek2().token == Token::Prime => return,
+                Token::Comma if *nesting == 0 => {
+                    self.list_continues = true;
+                    self.bump();
+                    return;
+                }
+                Token::LBracket | Token::LParen => *nesting += 1,
+                Token::RBracket | Token::RParen => *nesting = nesting.saturating_sub(1),
+                _ => {}
+            }
+            self.bump();
+        }
+    }
+
+    /// An initialiser after `=`; `None` if it is not one (reported, and
+    /// skipped up to the next variable of the list).
+    fn init(&mut self) -> Option<Init> {
+        let l = self.peek();
+        if l.token == Token::Number {
+            let text = self.text(l.span).to_string();
+            self.diags.push(
+                Diagnostic::error(l.span, format!("expected an initialiser, found the number `{text}`"))
+                    .with_label(format!("write `constant({text})`"))
+                    .with_note("initialisers are `zeros`, `ones`, `uniform(bound)` and `constant(value)`"),
+            );
+            self.bump();
+            return None;
+        }
+        let Ok(id) = self.ident("an initialiser (`zeros`, `ones`, `uniform(...)`, `constant(...)`)") else {
+            self.skip_rest_of_decl(0);
+            return None;
+        };
         match id.name.as_str() {
-            "zeros" => Ok(Init::Zeros(id.span)),
-            "ones" => Ok(Init::Ones(id.span)),
+            "zeros" => Some(Init::Zeros(id.span)),
+            "ones" => Some(Init::Ones(id.span)),
             "uniform" | "constant" => {
-                self.expect(Token::LParen)?;
-                let e = self.expr()?;
-                let close = self.expect(Token::RParen)?;
+                if self.expect(Token::LParen).is_err() {
+                    self.skip_rest_of_decl(0);
+                    return None;
+                }
+                let parsed = self.expr().and_then(|e| Ok((e, self.expect(Token::RParen)?)));
+                let Ok((e, close)) = parsed else {
+                    self.skip_rest_of_decl(1);
+                    return None;
+                };
                 let span = id.span.to(close.span);
-                Ok(if id.name == "uniform" { Init::Uniform(e, span) } else { Init::Constant(e, span) })
+                Some(if id.name == "uniform" { Init::Uniform(e, span) } else { Init::Constant(e, span) })
             }
             other => {
                 self.diags.push(
@@ -483,7 +736,8 @@ impl Parser<'_> {
                         .with_label("not an initialiser")
                         .with_note("expected `zeros`, `ones`, `uniform(bound)` or `constant(value)`"),
                 );
-                Err(Failed)
+                self.skip_parens();
+                None
             }
         }
     }
@@ -565,9 +819,9 @@ impl Parser<'_> {
 
     fn let_stmt(&mut self) -> PResult<Let> {
         let kw = self.expect(Token::Let)?;
-        let mut names = vec![self.ident("a name to bind")?];
+        let mut names = vec![self.binding_name()?];
         while self.eat(Token::Comma).is_some() {
-            names.push(self.ident("a name to bind")?);
+            names.push(self.binding_name()?);
         }
         if let Some(l) = self.eat(Token::Prime) {
             self.diags.push(
@@ -577,10 +831,43 @@ impl Parser<'_> {
             );
             return Err(Failed);
         }
-        self.expect(Token::Eq)?;
-        let value = self.expr()?;
+        if self.eat(Token::Eq).is_none() {
+            // `let a b + c`: the value is there, only the `=` is missing.
+            let starts_value = match self.peek_token() {
+                Token::Number | Token::MalformedNumber | Token::LParen | Token::Minus => true,
+                Token::Ident => !matches!(self.peek2().token, Token::Eq | Token::Comma),
+                _ => false,
+            };
+            self.expected("`=`");
+            if !starts_value {
+                // Keep the names bound, with no value.
+                self.recover_to_stmt();
+                let span = kw.span.to(names[names.len() - 1].span);
+                return Ok(Let { names, value: Expr::error(span), span });
+            }
+        }
+        let value = self.stmt_value();
         self.eat(Token::Semi);
         Ok(Let { span: kw.span.to(value.span), names, value })
+    }
+
+    /// A name a `let` binds. A keyword is reported, then accepted as the
+    /// name (and as a name wherever it is read later), so that the mistake
+    /// is reported once.
+    fn binding_name(&mut self) -> PResult<Ident> {
+        let l = self.peek();
+        if l.token.is_keyword() && matches!(self.peek2().token, Token::Eq | Token::Comma) {
+            let word = self.text(l.span).to_string();
+            self.diags.push(
+                Diagnostic::error(l.span, format!("`{word}` is a keyword and cannot be used as a name"))
+                    .with_label("choose another name")
+                    .with_note("the keywords are `cell fn const let input state param output`"),
+            );
+            self.bump();
+            self.keyword_names.insert(word.clone());
+            return Ok(Ident { name: word, span: l.span });
+        }
+        self.ident("a name to bind")
     }
 
     fn assign_stmt(&mut self) -> PResult<Stmt> {
@@ -588,14 +875,78 @@ impl Parser<'_> {
         let prime = self.expect(Token::Prime)?;
         self.check_prime_adjacent(&state, prime.span);
         self.expect(Token::Eq)?;
-        let value = self.expr()?;
+        let value = self.stmt_value();
         self.eat(Token::Semi);
         Ok(Stmt::Assign { span: state.span.to(value.span), state, value })
     }
 
+    /// `NAME = expr`, with neither `let` nor `'`: read as what it most
+    /// likely means, so that the rest of the cell is checked as intended.
+    fn bare_assignment(&mut self, decls: &[VarDecl], stmts: &[Stmt]) -> PResult<Option<Stmt>> {
+        let name = self.ident("a name")?;
+        let eq = self.expect(Token::Eq)?;
+        let n = &name.name;
+        let declared = decls.iter().find(|d| d.name.name == *n).map(|d| d.kind);
+        let bound = stmts.iter().any(|s| matches!(s, Stmt::Let(l) if l.names.iter().any(|b| b.name == *n)));
+        let (d, stmt) = match declared {
+            Some(DeclKind::State) => (
+                Diagnostic::error(name.span, format!("missing `'` in the update of state `{n}`"))
+                    .with_label(format!("write `{n}'` here"))
+                    .with_note(format!(
+                        "`{n}` is the state's value at the start of the step; `{n}' = ...` gives its new value"
+                    )),
+                Some(true),
+            ),
+            Some(kind) => (
+                Diagnostic::error(name.span, format!(
+                    "cannot assign to `{n}`: it is declared as {}",
+                    if kind == DeclKind::Input { "an input" } else { "a parameter" }
+                ))
+                    .with_label("names cannot be reassigned")
+                    .with_note("bind the new value to a new name with `let`; only states are updated, with `NAME' = ...`"),
+                None,
+            ),
+            None if bound => (
+                Diagnostic::error(name.span, format!("cannot assign to `{n}` again"))
+                    .with_label("already bound by a `let` above")
+                    .with_note("`let` bindings are immutable: bind the new value to a new name"),
+                None,
+            ),
+            None => (
+                Diagnostic::error(name.span, format!("missing `let` before `{n}`"))
+                    .with_label(format!("write `let {n} = ...`"))
+                    .with_note(format!("to update a state, declare it with `state {n}[...]` and write `{n}' = ...`")),
+                Some(false),
+            ),
+        };
+        self.diags.push(d);
+        let value = self.stmt_value();
+        self.eat(Token::Semi);
+        let span = name.span.to(eq.span).to(value.span);
+        Ok(match stmt {
+            Some(true) => Some(Stmt::Assign { state: name, value, span }),
+            Some(false) => Some(Stmt::Let(Let { names: vec![name], value, span })),
+            None => None,
+        })
+    }
+
+    /// A statement's value. On a syntax error it skips the rest of the
+    /// statement and stands in an error node, so that the statement (the
+    /// names it binds, the state it updates) is kept.
+    fn stmt_value(&mut self) -> Expr {
+        let start = self.peek().span;
+        match self.expr() {
+            Ok(e) => e,
+            Err(Failed) => {
+                self.recover_to_stmt();
+                Expr::error(start)
+            }
+        }
+    }
+
     fn output_stmt(&mut self) -> PResult<Stmt> {
         let kw = self.expect(Token::Output)?;
-        let value = self.expr()?;
+        let value = self.stmt_value();
         self.eat(Token::Semi);
         Ok(Stmt::Output { span: kw.span.to(value.span), value })
     }
@@ -607,6 +958,24 @@ impl Parser<'_> {
                     .with_label("remove the space before `'`"),
             );
         }
+    }
+
+    /// The `)` matching `open`. Missing at the end of a line, it is
+    /// reported there, not at the next line's first token.
+    fn close_paren(&mut self, open: Span, expected: &str) -> PResult<Lexeme> {
+        if let Some(close) = self.eat(Token::RParen) {
+            return Ok(close);
+        }
+        if self.pos == 0 || !self.starts_line(self.pos) || self.after_unreadable() {
+            return Err(self.expected(expected));
+        }
+        let prev = self.tokens[self.pos - 1].span;
+        self.diags.push(
+            Diagnostic::error(prev, "expected `)` before the end of the line")
+                .with_label("expected `)` after this")
+                .with_secondary(open, "to close this `(`"),
+        );
+        Err(Failed)
     }
 
     fn number_value(&mut self, span: Span) -> PResult<f64> {
@@ -696,8 +1065,23 @@ impl Parser<'_> {
         match l.token {
             Token::Number => {
                 self.bump();
-                let v = self.number_value(l.span)?;
-                Ok((Expr { kind: ExprKind::Number(v), span: l.span }, 1))
+                let kind = match self.number_value(l.span) {
+                    Ok(v) => ExprKind::Number(v),
+                    // Reported; the expression around it still parses.
+                    Err(Failed) => ExprKind::Error,
+                };
+                Ok((Expr { kind, span: l.span }, 1))
+            }
+            Token::MalformedNumber => {
+                // Reported by the lexer; read it as an operand of unknown value.
+                self.bump();
+                Ok((Expr::error(l.span), 1))
+            }
+            t if t.is_keyword() && self.keyword_names.contains(self.text(l.span)) => {
+                // A keyword a `let` bound (reported there): read it as that name.
+                self.bump();
+                let id = Ident { name: self.text(l.span).to_string(), span: l.span };
+                Ok((Expr { kind: ExprKind::Name(id), span: l.span }, 1))
             }
             Token::Ident => {
                 let id = self.ident("a name")?;
@@ -709,7 +1093,7 @@ impl Parser<'_> {
                         Ok((Expr { kind: ExprKind::Primed(id), span }, 1))
                     }
                     Token::LParen => {
-                        self.bump();
+                        let open = self.bump().span;
                         if depth + 1 > MAX_DEPTH {
                             return Err(self.too_deep(l.span));
                         }
@@ -725,10 +1109,7 @@ impl Parser<'_> {
                                 }
                             }
                         }
-                        let close = match self.eat(Token::RParen) {
-                            Some(c) => c,
-                            None => return Err(self.expected("`,` or `)` in the argument list")),
-                        };
+                        let close = self.close_paren(open, "`,` or `)` in the argument list")?;
                         let span = id.span.to(close.span);
                         Ok((Expr { kind: ExprKind::Call { callee: id, args }, span }, d + 1))
                     }
@@ -744,11 +1125,27 @@ impl Parser<'_> {
                     return Err(self.too_deep(l.span));
                 }
                 let (e, d) = self.sum(depth + 1)?;
-                let close = self.expect(Token::RParen)?;
+                let close = self.close_paren(l.span, "`)`")?;
                 let span = l.span.to(close.span);
                 Ok((Expr { kind: ExprKind::Paren(Box::new(e)), span }, d + 1))
             }
-            _ => Err(self.expected("an expression")),
+            _ => {
+                // `a +` ending a line: the operator is what is wrong, not the next line.
+                let prev = self.tokens[self.pos.saturating_sub(1)];
+                let dangling = matches!(
+                    prev.token,
+                    Token::Plus | Token::Minus | Token::Star | Token::Slash | Token::At | Token::Eq
+                );
+                if dangling && self.pos > 0 && self.starts_line(self.pos) {
+                    let op = self.text(prev.span).to_string();
+                    self.diags.push(
+                        Diagnostic::error(prev.span, format!("expected an expression after `{op}`"))
+                            .with_label(format!("nothing follows this `{op}` on its line")),
+                    );
+                    return Err(Failed);
+                }
+                Err(self.expected("an expression"))
+            }
         }
     }
 }

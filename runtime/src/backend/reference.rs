@@ -67,11 +67,20 @@ fn compute(
     Ok(())
 }
 
-/// Constants and dimension values (no operands, not leaves) are available everywhere.
+/// Values computed from constants only (`const`, `dimvalue`, `broadcast(const 1)`)
+/// are available to every stage, as literals are in a kernel.
 fn constants(g: &Graph, plan: &Plan, store: &mut Store) {
-    for v in g.values() {
-        if matches!(g.node(v).op, Op::Const(_) | Op::DimValue(_)) {
-            store[v.index()] = Some(plan.compute::<f32>(g, v, &[]));
+    for &v in plan.order() {
+        let constant = match g.node(v).op {
+            Op::Const(_) | Op::DimValue(_) => true,
+            Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Seed(_) => false,
+            _ => g.operands(v).iter().all(|o| store[o.index()].is_some()),
+        };
+        if constant {
+            let operands = g.operands(v);
+            let args: Vec<&[f32]> = operands.iter().filter_map(|o| store[o.index()].as_deref()).collect();
+            let out = plan.compute(g, v, &args);
+            store[v.index()] = Some(out);
         }
     }
 }
