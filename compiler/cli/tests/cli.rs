@@ -135,7 +135,7 @@ fn graph_stages_print() {
     assert!(sched.contains("before the loop") && sched.contains("after the loop"), "{sched}");
     // tanh' = 1 - h'^2 reads h' from the state history: nothing else is saved.
     assert!(sched.contains("saved f32 elements: 0"), "{sched}");
-    let lstm = cellc(&["graph", "--stage", "schedule", "../cells/lstm.cell", "-D", "H=8", "-D", "I=4"]);
+    let lstm = cellc(&["graph", "--stage", "schedule", "../../cells/lstm.cell", "-D", "H=8", "-D", "I=4"]);
     let lstm = String::from_utf8_lossy(&lstm.stdout).to_string();
     assert!(lstm.contains("saved f32 elements: [4*H] = 128 bytes"), "{lstm}");
 }
