@@ -33,8 +33,12 @@ enum Stage {
     Schedule,
 }
 
+mod run;
+
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run a model over a batch (safetensors in, safetensors out); --grad adds the backward.
+    Run(run::RunArgs),
     /// Check .cell files: exit 0 when clean (warnings allowed), 1 on errors.
     Check {
         #[arg(required = true)]
@@ -81,7 +85,7 @@ enum Command {
     },
 }
 
-fn parse_binding(s: &str) -> Result<(String, usize), String> {
+pub(crate) fn parse_binding(s: &str) -> Result<(String, usize), String> {
     let (name, value) = s.split_once('=').ok_or_else(|| format!("expected NAME=VALUE, found `{s}`"))?;
     let name = name.trim();
     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
@@ -109,6 +113,13 @@ fn main() -> ExitCode {
         Command::Graph { file, cell, dot, stage, define } => {
             graph(&file, cell.as_deref(), dot, stage, &define, color)
         }
+        Command::Run(args) => match run::run(&args) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("error: {e}");
+                false
+            }
+        },
         Command::Gradcheck { file, cell, define, steps, seed, tolerance } => {
             let opts =
                 cellc::gradcheck::Options { steps: steps as usize, seed, tolerance, ..Default::default() };

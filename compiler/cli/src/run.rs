@@ -1,0 +1,218 @@
+//! `cellc run`: a model over a batch from safetensors files, to a
+//! safetensors file — inference, or forward and backward with `--grad`.
+//!
+//! Files (batch-first, padded, aligned as `--align` says):
+//! - input:   `input` f32 [B, T, I], `lengths` i64 [B] (optional: all T),
+//!   `h0.<state>` f32 [L*D, B, size] (optional), and with `--grad`
+//!   `grad_output` f32 [B, T, O*D] and optionally `grad_final.<state>`;
+//! - weights: `<param>_l<k>` and `<param>_l<k>_reverse`;
+//! - output:  `output` f32 [B, T, O*D] (zeros at padding),
+//!   `final.<state>` [L*D, B, size]; with `--grad` also `grad.input`,
+//!   `grad.<param>_l<k>[_reverse]` and `grad.h0.<state>`.
+
+use cellc::dims::Bindings;
+use cellc_runtime::backend::reference::Reference;
+use cellc_runtime::backend::Backend;
+use cellc_runtime::{
+    read_tensors, write_tensors, Align, CompiledCell, Input, Major, Model, ModelConfig, RuntimeError, Tensor,
+    TensorData, Weights,
+};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendChoice {
+    Reference,
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AlignChoice {
+    Left,
+    Right,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The .cell file (its first cell, or the one named by --cell).
+    pub cell_file: PathBuf,
+    /// Which cell of the file.
+    #[arg(long)]
+    pub cell: Option<String>,
+    /// Weights: `<param>_l<k>[_reverse]` (a PyTorch state_dict saved with safetensors).
+    #[arg(long)]
+    pub weights: PathBuf,
+    /// The batch: `input`, `lengths`, `h0.<state>`, and with --grad `grad_output`, `grad_final.<state>`.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Where to write `output`, `final.<state>` and, with --grad, the gradients.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Bind a size variable, e.g. -D H=256 (else inferred from the weights and the input).
+    #[arg(short = 'D', value_name = "NAME=VALUE", value_parser = crate::parse_binding)]
+    pub define: Vec<(String, usize)>,
+    #[arg(long, default_value_t = 1)]
+    pub layers: usize,
+    #[arg(long)]
+    pub bidirectional: bool,
+    /// Where the padding is: at the end of each sequence (left) or at the start (right).
+    #[arg(long, value_enum, default_value_t = AlignChoice::Left)]
+    pub align: AlignChoice,
+    /// Default: the fastest available.
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendChoice>,
+    /// Also run the backward and write the gradients.
+    #[arg(long)]
+    pub grad: bool,
+    /// Threads for back ends that use them.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub threads: Option<u64>,
+}
+
+fn backend(choice: Option<BackendChoice>) -> Result<Box<dyn Backend>, RuntimeError> {
+    match choice.unwrap_or(BackendChoice::Reference) {
+        BackendChoice::Reference => Ok(Box::new(Reference)),
+        BackendChoice::Cpu => Err(RuntimeError::Backend {
+            backend: "cpu".into(),
+            message: "not in this build yet (the Cranelift back end is issue 5); use --backend reference"
+                .into(),
+        }),
+        BackendChoice::Cuda => Err(RuntimeError::Backend {
+            backend: "cuda".into(),
+            message: "not in this build yet (the NVRTC back end is issue 6); use --backend reference".into(),
+        }),
+    }
+}
+
+fn take_f32(
+    tensors: &mut BTreeMap<String, Tensor>,
+    name: &str,
+    file: &str,
+) -> Result<Option<(Vec<usize>, Vec<f32>)>, RuntimeError> {
+    match tensors.remove(name) {
+        None => Ok(None),
+        Some(Tensor { shape, data: TensorData::F32(d) }) => Ok(Some((shape, d))),
+        Some(Tensor { .. }) => {
+            Err(RuntimeError::Io { path: file.into(), message: format!("`{name}` must hold f32 values") })
+        }
+    }
+}
+
+fn expect_shape(name: &str, shape: &[usize], want: &[usize]) -> Result<(), RuntimeError> {
+    if shape != want {
+        let text =
+            |d: &[usize]| format!("[{}]", d.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", "));
+        return Err(RuntimeError::Shape { tensor: name.into(), expected: text(want), found: text(shape) });
+    }
+    Ok(())
+}
+
+pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
+    let compiled = Arc::new(CompiledCell::from_file(&args.cell_file, args.cell.as_deref())?);
+    let state_names: Vec<String> = compiled.cell.states.iter().map(|s| s.name.clone()).collect();
+    let input_file = args.input.display().to_string();
+    let mut x = read_tensors(&args.input)?;
+    let (shape, data) = take_f32(&mut x, "input", &input_file)?
+        .ok_or_else(|| RuntimeError::Io { path: input_file.clone(), message: "no `input` tensor".into() })?;
+    let [batch, steps, features] = shape[..] else {
+        return Err(RuntimeError::Shape {
+            tensor: "input".into(),
+            expected: "[B, T, I]".into(),
+            found: format!("{shape:?}"),
+        });
+    };
+    let lengths: Vec<usize> = match x.remove("lengths") {
+        None => vec![steps; batch],
+        Some(Tensor { shape, data: TensorData::I64(l) }) => {
+            expect_shape("lengths", &shape, &[batch])?;
+            l.iter()
+                .enumerate()
+                .map(|(b, &v)| {
+                    usize::try_from(v).map_err(|_| RuntimeError::Length { sequence: b, length: 0, steps })
+                })
+                .collect::<Result<_, _>>()?
+        }
+        Some(_) => {
+            return Err(RuntimeError::Io { path: input_file, message: "`lengths` must hold integers".into() })
+        }
+    };
+
+    let weights = Weights::load(&args.weights)?;
+    let sizes: Bindings = args.define.iter().cloned().collect();
+    for (name, _) in &args.define {
+        if !compiled.cell.sizes.contains(name) {
+            eprintln!("warning: -D {name}: cell `{}` has no size variable `{name}`", compiled.cell.name);
+        }
+    }
+    let config = ModelConfig { layers: args.layers, bidirectional: args.bidirectional };
+    let model =
+        Model::new(compiled, config, &sizes, Some(features), Some(&weights), 0, backend(args.backend)?)?;
+    let ld = model.layers().len() * model.directions();
+    let state_sizes = model.layers()[0].state_sizes.clone();
+
+    let read_states =
+        |prefix: &str, x: &mut BTreeMap<String, Tensor>| -> Result<Option<Vec<Vec<f32>>>, RuntimeError> {
+            let mut out = Vec::new();
+            for (name, &n) in state_names.iter().zip(&state_sizes) {
+                let key = format!("{prefix}.{name}");
+                match take_f32(x, &key, &input_file)? {
+                    Some((shape, d)) => {
+                        expect_shape(&key, &shape, &[ld, batch, n])?;
+                        out.push(d);
+                    }
+                    None => out.push(vec![0.0; ld * batch * n]),
+                }
+            }
+            Ok(Some(out))
+        };
+    let h0 = read_states("h0", &mut x)?;
+    let align = if args.align == AlignChoice::Right { Align::Right } else { Align::Left };
+    let input =
+        Input::Padded { data: &data, batch, steps, major: Major::BatchFirst, align, lengths: &lengths };
+
+    let mut out: BTreeMap<String, Tensor> = BTreeMap::new();
+    let o = model.output_size();
+    if args.grad {
+        let (dy_shape, dy) =
+            take_f32(&mut x, "grad_output", &input_file)?.ok_or_else(|| RuntimeError::Io {
+                path: input_file.clone(),
+                message: "--grad needs a `grad_output` tensor".into(),
+            })?;
+        expect_shape("grad_output", &dy_shape, &[batch, steps, o])?;
+        let d_final = read_states("grad_final", &mut x)?;
+        let (output, trace) = model.forward_train(input, h0.as_deref())?;
+        let grads = model.backward(&trace, &dy, d_final.as_deref())?;
+        out.insert("grad.input".into(), Tensor::f32(vec![batch, steps, features], grads.d_input));
+        for (name, d) in state_names.iter().zip(grads.d_h0) {
+            let n = d.len() / (ld * batch);
+            out.insert(format!("grad.h0.{name}"), Tensor::f32(vec![ld, batch, n], d));
+        }
+        for ((name, shape), d) in model.weight_names().into_iter().zip(grads.d_params.into_iter().flatten()) {
+            out.insert(format!("grad.{name}"), Tensor::f32(shape, d));
+        }
+        insert_forward(&mut out, &state_names, output, [batch, steps, o], ld);
+    } else {
+        let output = model.forward(input, h0.as_deref())?;
+        insert_forward(&mut out, &state_names, output, [batch, steps, o], ld);
+    }
+    for unused in x.keys() {
+        eprintln!("warning: {input_file}: tensor `{unused}` is not used");
+    }
+    write_tensors(&args.out, &out)
+}
+
+fn insert_forward(
+    out: &mut BTreeMap<String, Tensor>,
+    states: &[String],
+    o: cellc_runtime::Output,
+    shape: [usize; 3],
+    ld: usize,
+) {
+    out.insert("output".into(), Tensor::f32(shape.to_vec(), o.data));
+    for (name, d) in states.iter().zip(o.final_states) {
+        let n = d.len() / (ld * shape[0]);
+        out.insert(format!("final.{name}"), Tensor::f32(vec![ld, shape[0], n], d));
+    }
+}
