@@ -86,11 +86,14 @@ fn backend(choice: Option<BackendChoice>) -> Result<Box<dyn Backend>, RuntimeErr
     }
 }
 
+/// A tensor's shape and f32 data.
+type F32Tensor = (Vec<usize>, Vec<f32>);
+
 fn take_f32(
     tensors: &mut BTreeMap<String, Tensor>,
     name: &str,
     file: &str,
-) -> Result<Option<(Vec<usize>, Vec<f32>)>, RuntimeError> {
+) -> Result<Option<F32Tensor>, RuntimeError> {
     match tensors.remove(name) {
         None => Ok(None),
         Some(Tensor { shape, data: TensorData::F32(d) }) => Ok(Some((shape, d))),
