@@ -210,3 +210,23 @@ fn weights_round_trip_through_safetensors() {
     std::fs::write(dir.join("junk.safetensors"), b"not safetensors").expect("write");
     assert!(matches!(Weights::load(&dir.join("junk.safetensors")).unwrap_err(), RuntimeError::Io { .. }));
 }
+
+#[test]
+fn gradients_accumulate_into_caller_buffers() {
+    let m = model(ModelConfig::default());
+    let x: Vec<f32> = (0..2 * 3 * 2).map(|i| (i as f32 * 0.3).cos()).collect();
+    let input = padded(&x, 2, 3, &[3, 2]);
+    let (out, trace) = m.forward_train(input, None).expect("forward");
+    let once = m.backward(&trace, &out.data, None).expect("backward");
+    let mut acc = m.zero_gradients();
+    m.backward_into(&trace, &out.data, None, &mut acc).expect("first");
+    m.backward_into(&trace, &out.data, None, &mut acc).expect("second");
+    for (a, o) in acc.d_params.iter().flatten().zip(once.d_params.iter().flatten()) {
+        for (x, y) in a.iter().zip(o) {
+            assert!((x - 2.0 * y).abs() <= 1e-6 * y.abs().max(1.0));
+        }
+    }
+    let mut wrong = m.zero_gradients();
+    wrong.d_params.pop();
+    assert!(matches!(m.backward_into(&trace, &out.data, None, &mut wrong), Err(RuntimeError::Shape { .. })));
+}

@@ -261,6 +261,31 @@ impl Model {
     }
 }
 
+impl Model {
+    /// Zeroed parameter gradients shaped like this model's (input and
+    /// initial-state gradients empty), for [`Model::backward_into`].
+    pub fn zero_gradients(&self) -> Gradients {
+        Gradients {
+            d_input: Vec::new(),
+            d_h0: Vec::new(),
+            d_params: self.params.iter().map(|ps| ps.iter().map(|p| vec![0.0; p.len()]).collect()).collect(),
+        }
+    }
+
+    /// Like [`Model::backward`], but adds into `acc` (e.g. to accumulate
+    /// over several batches) instead of returning new buffers.
+    pub fn backward_into(
+        &self,
+        trace: &Trace,
+        d_output: &[f32],
+        d_final: Option<&[Vec<f32>]>,
+        acc: &mut Gradients,
+    ) -> Result<()> {
+        let g = self.backward(trace, d_output, d_final)?;
+        g.accumulate_into(acc)
+    }
+}
+
 impl Gradients {
     /// Adds these gradients into `acc` (same structure), for accumulation over batches.
     pub fn accumulate_into(&self, acc: &mut Gradients) -> Result<()> {
@@ -280,11 +305,21 @@ impl Gradients {
         for (a, b) in acc.d_params.iter_mut().flatten().zip(self.d_params.iter().flatten()) {
             a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
         }
-        for (a, b) in acc.d_h0.iter_mut().zip(&self.d_h0) {
-            a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+        // Input and state gradients belong to one batch: added when the
+        // shapes match (the same batch again), else replaced.
+        if acc.d_h0.len() == self.d_h0.len()
+            && acc.d_h0.iter().zip(&self.d_h0).all(|(a, b)| a.len() == b.len())
+        {
+            for (a, b) in acc.d_h0.iter_mut().zip(&self.d_h0) {
+                a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+            }
+        } else {
+            acc.d_h0 = self.d_h0.clone();
         }
         if acc.d_input.len() == self.d_input.len() {
             acc.d_input.iter_mut().zip(&self.d_input).for_each(|(x, y)| *x += y);
+        } else {
+            acc.d_input = self.d_input.clone();
         }
         Ok(())
     }
