@@ -139,3 +139,106 @@ fn graph_stages_print() {
     let lstm = String::from_utf8_lossy(&lstm.stdout).to_string();
     assert!(lstm.contains("saved f32 elements: [4*H] = 128 bytes"), "{lstm}");
 }
+
+mod run {
+    use super::{cellc, temp_file};
+    use cellc_runtime::backend::reference::Reference;
+    use cellc_runtime::{
+        read_tensors, write_tensors, Align, CompiledCell, Input, Major, Model, ModelConfig, Tensor,
+        TensorData,
+    };
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    fn f32s(t: &Tensor) -> &[f32] {
+        match &t.data {
+            TensorData::F32(v) => v,
+            TensorData::I64(_) => panic!("expected f32"),
+        }
+    }
+
+    #[test]
+    fn run_matches_the_library_forward_and_backward() {
+        let cell_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../cells/lstm.cell");
+        let compiled = Arc::new(CompiledCell::from_file(&cell_path, None).expect("compiles"));
+        let config = ModelConfig { layers: 2, bidirectional: true };
+        let model = Model::new(
+            compiled,
+            config,
+            &[("H".to_string(), 3)].into(),
+            Some(2),
+            None,
+            5,
+            Box::new(Reference),
+        )
+        .expect("model");
+        let weights = temp_file("run_w.safetensors", b"");
+        model.weights().save(&weights).expect("save weights");
+
+        let (b, t, f) = (3usize, 4usize, 2usize);
+        let lengths = [4usize, 1, 3];
+        let x: Vec<f32> = (0..b * t * f).map(|i| (i as f32 * 0.41).sin()).collect();
+        let dy: Vec<f32> = (0..b * t * 6).map(|i| (i as f32 * 0.17).cos()).collect();
+        let mut tensors = BTreeMap::new();
+        tensors.insert("input".to_string(), Tensor::f32(vec![b, t, f], x.clone()));
+        tensors
+            .insert("lengths".to_string(), Tensor::i64(vec![b], lengths.iter().map(|&l| l as i64).collect()));
+        tensors.insert("grad_output".to_string(), Tensor::f32(vec![b, t, 6], dy.clone()));
+        let input = temp_file("run_x.safetensors", b"");
+        write_tensors(&input, &tensors).expect("write input");
+        let out = temp_file("run_out.safetensors", b"");
+
+        let s = |p: &std::path::Path| p.to_str().expect("utf-8").to_string();
+        let (c, w, i, o) = (s(&cell_path), s(&weights), s(&input), s(&out));
+        let args = [
+            "run",
+            &c,
+            "--weights",
+            &w,
+            "--input",
+            &i,
+            "--out",
+            &o,
+            "--layers",
+            "2",
+            "--bidirectional",
+            "--align",
+            "right",
+            "--grad",
+        ];
+        let result = cellc(&args);
+        assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
+        let got = read_tensors(&out).expect("read output");
+
+        let padded = Input::Padded {
+            data: &x,
+            batch: b,
+            steps: t,
+            major: Major::BatchFirst,
+            align: Align::Right,
+            lengths: &lengths,
+        };
+        let (want, trace) = model.forward_train(padded, None).expect("forward");
+        let grads = model.backward(&trace, &dy, None).expect("backward");
+        assert_eq!(f32s(&got["output"]), want.data.as_slice());
+        assert_eq!(got["output"].shape, vec![b, t, 6]);
+        assert_eq!(f32s(&got["final.c"]), want.final_states[1].as_slice());
+        assert_eq!(got["final.h"].shape, vec![4, b, 3]);
+        assert_eq!(f32s(&got["grad.input"]), grads.d_input.as_slice());
+        assert_eq!(f32s(&got["grad.weight_hh_l1_reverse"]), grads.d_params[3][1].as_slice());
+        assert!(got.contains_key("grad.h0.h") && got.contains_key("grad.bias_ih_l0"));
+    }
+
+    #[test]
+    fn run_reports_bad_files_as_errors() {
+        let cell_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../cells/gru.cell");
+        let junk = temp_file("junk.safetensors", b"nope");
+        let s = |p: &std::path::Path| p.to_str().expect("utf-8").to_string();
+        let (c, j) = (s(&cell_path), s(&junk));
+        let result = cellc(&["run", &c, "--weights", &j, "--input", &j, "--out", &j]);
+        assert_eq!(result.status.code(), Some(1));
+        assert!(String::from_utf8_lossy(&result.stderr).contains("not a safetensors file"));
+        let result = cellc(&["run", &c, "--weights", &j, "--input", &j, "--out", &j, "--backend", "cuda"]);
+        assert_eq!(result.status.code(), Some(1));
+    }
+}
