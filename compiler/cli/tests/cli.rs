@@ -153,7 +153,7 @@ mod run {
     fn f32s(t: &Tensor) -> &[f32] {
         match &t.data {
             TensorData::F32(v) => v,
-            TensorData::I64(_) => panic!("expected f32"),
+            TensorData::I64(_) => &[],
         }
     }
 
