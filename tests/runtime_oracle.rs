@@ -7,7 +7,9 @@
 mod support;
 
 use cellc::dims::Bindings;
+use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
+use cellc_runtime::backend::Backend;
 use cellc_runtime::{
     Align, CompiledCell, Input, Major, Model, ModelConfig, PackedSequence, RowLayout, RuntimeError,
 };
@@ -24,7 +26,7 @@ struct Case {
 }
 
 /// A 2-layer bidirectional model when the cell allows it, else 2 layers one way.
-fn build(compiled: Arc<CompiledCell>, rng: &mut Rng) -> Case {
+fn build(compiled: Arc<CompiledCell>, rng: &mut Rng, backend: &dyn Fn() -> Box<dyn Backend>) -> Case {
     let cell = &compiled.cell;
     let sizes: Bindings = [("H".to_string(), 3), ("P".to_string(), 2)]
         .into_iter()
@@ -32,24 +34,17 @@ fn build(compiled: Arc<CompiledCell>, rng: &mut Rng) -> Case {
         .collect();
     let input_size = if cell.input_dim().variables() == ["H"] { 3 } else { 2 };
     let mut config = ModelConfig { layers: 2, bidirectional: true };
-    let model = match Model::new(
-        compiled.clone(),
-        config.clone(),
-        &sizes,
-        Some(input_size),
-        None,
-        7,
-        Box::new(Reference),
-    ) {
-        Ok(m) => m,
-        Err(RuntimeError::Layer { layer: 1, .. }) => {
-            // A cell whose input must be state-sized cannot read a bidirectional layer's 2*H output.
-            config.bidirectional = false;
-            Model::new(compiled.clone(), config, &sizes, Some(input_size), None, 7, Box::new(Reference))
-                .expect("model")
-        }
-        Err(e) => panic!("{}: {e}", cell.name),
-    };
+    let model =
+        match Model::new(compiled.clone(), config.clone(), &sizes, Some(input_size), None, 7, backend()) {
+            Ok(m) => m,
+            Err(RuntimeError::Layer { layer: 1, .. }) => {
+                // A cell whose input must be state-sized cannot read a bidirectional layer's 2*H output.
+                config.bidirectional = false;
+                Model::new(compiled.clone(), config, &sizes, Some(input_size), None, 7, backend())
+                    .expect("model")
+            }
+            Err(e) => panic!("{}: {e}", cell.name),
+        };
     let ld = model.layers().len() * model.directions();
     let states: Vec<usize> = model.layers()[0].state_sizes.clone();
     let h0 = states
@@ -177,6 +172,16 @@ fn assert_close(what: &str, ours: &[f32], theirs: &[f64]) {
 
 #[test]
 fn reference_backend_matches_per_sequence_interpreter_on_every_cell() {
+    conformance(&|| Box::new(Reference));
+}
+
+#[test]
+fn cpu_backend_with_interpreted_kernels_matches_per_sequence_interpreter() {
+    conformance(&|| Box::new(Cpu::new(2, Kernels::Interpreted).expect("cpu backend")));
+}
+
+/// The whole suite, for one backend.
+fn conformance(backend: &dyn Fn() -> Box<dyn Backend>) {
     let mut rng = Rng::new(11);
     let mut covered = Vec::new();
     for path in support::shipped_cells() {
@@ -184,7 +189,7 @@ fn reference_backend_matches_per_sequence_interpreter_on_every_cell() {
             continue;
         }
         let compiled = Arc::new(CompiledCell::from_file(&path, None).expect("compiles"));
-        let case = build(compiled, &mut rng);
+        let case = build(compiled, &mut rng, backend);
         let m = &case.model;
         let (batch, fin, fout) = (LENGTHS.len(), m.input_size(), m.output_size());
         let xs: Vec<Vec<Vec<f32>>> = LENGTHS

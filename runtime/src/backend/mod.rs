@@ -6,6 +6,7 @@
 //! and scatters the caller's own buffers — padded or packed, either
 //! alignment — and never sees padding.
 
+pub mod cpu;
 pub mod reference;
 
 use crate::error::Result;

@@ -1,0 +1,357 @@
+//! Drives one layer and direction over a batch on the CPU: the schedule's
+//! stages as GEMMs (the `gemm` crate) and pointwise kernels behind
+//! [`StageExec`], with every row found through pointers.
+//!
+//! Where values live:
+//! - hoisted values (before the loop), values kept for the backward, and
+//!   backward values needed after the loop: one row per `(sequence, step)`
+//!   at the caller's row layout (`RowBuf`);
+//! - per-step values and states: one row per sequence in *rank* order
+//!   (longest first), so the active sequences of a step are a contiguous
+//!   prefix and a per-step GEMM is one call on `n` rows (`RankBuf`).
+
+use super::gemm::{matmul, matmul_split, View};
+use super::stage::StageExec;
+use crate::backend::Rows;
+use crate::error::{Result, RuntimeError};
+use crate::sequence::{BatchPlan, RowLayout};
+use cellc::interp::Plan;
+use cellc::ir::{Graph, Op, ValueId};
+use cellc::schedule::{Placement, Stage, StageKind};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A schedule stage ready to run.
+pub enum Step {
+    /// Products sharing an operand; each `(out, op, matrix, vector)` or, for
+    /// `outer`, `(out, Outer, left, right)`.
+    Gemm {
+        placement: Placement,
+        products: Vec<(ValueId, Op, ValueId, ValueId)>,
+    },
+    Pointwise {
+        placement: Placement,
+        exec: Arc<dyn StageExec>,
+    },
+    Sum {
+        values: Vec<ValueId>,
+    },
+}
+
+impl Step {
+    pub fn placement(&self) -> Placement {
+        match self {
+            Step::Gemm { placement, .. } | Step::Pointwise { placement, .. } => *placement,
+            Step::Sum { .. } => Placement::AfterLoop,
+        }
+    }
+}
+
+/// Turns schedule stages into steps; `pointwise` builds each kernel.
+pub fn steps(
+    graph: &Graph,
+    stages: &[Stage],
+    pointwise: &mut dyn FnMut(&Stage) -> Result<Arc<dyn StageExec>>,
+) -> Result<Vec<Step>> {
+    stages
+        .iter()
+        .map(|st| {
+            Ok(match st.kind {
+                StageKind::Gemm => Step::Gemm {
+                    placement: st.placement,
+                    products: st
+                        .values
+                        .iter()
+                        .map(|&v| {
+                            let ops = graph.operands(v);
+                            (v, graph.node(v).op.clone(), ops[0], ops[1])
+                        })
+                        .collect(),
+                },
+                StageKind::Pointwise { .. } | StageKind::WholeSequence { .. } => {
+                    Step::Pointwise { placement: st.placement, exec: pointwise(st)? }
+                }
+                StageKind::SumOverSteps => Step::Sum { values: st.outputs.clone() },
+            })
+        })
+        .collect()
+}
+
+/// Where a value is found for row `(b, t)` with rank `r`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loc {
+    /// Features `[offset, offset + len)` of the layer input's row.
+    Input(usize),
+    /// The current state `i`, rank-ordered.
+    State(usize),
+    Param(usize),
+    /// This direction's output adjoint (backward).
+    DOutput,
+    /// The carried adjoint of state `i`, rank-ordered (backward).
+    Carry(usize),
+    /// A computed constant.
+    Const,
+    /// One row per `(b, t)` at the layer's row layout.
+    RowBuf,
+    /// One row per sequence, rank-ordered.
+    RankBuf,
+}
+
+/// Value buffers of one run.
+pub struct Buffers {
+    pub loc: HashMap<ValueId, Loc>,
+    pub row: HashMap<ValueId, Vec<f32>>,
+    pub rank: HashMap<ValueId, Vec<f32>>,
+    pub consts: HashMap<ValueId, Vec<f32>>,
+    pub len: HashMap<ValueId, usize>,
+}
+
+impl Buffers {
+    pub fn new() -> Buffers {
+        Buffers {
+            loc: HashMap::new(),
+            row: HashMap::new(),
+            rank: HashMap::new(),
+            consts: HashMap::new(),
+            len: HashMap::new(),
+        }
+    }
+
+    pub fn row_buf(&mut self, v: ValueId, len: usize, rows: usize) {
+        self.loc.insert(v, Loc::RowBuf);
+        self.len.insert(v, len);
+        self.row.entry(v).or_insert_with(|| vec![0.0; rows * len]);
+    }
+
+    pub fn rank_buf(&mut self, v: ValueId, len: usize, batch: usize) {
+        self.loc.entry(v).or_insert(Loc::RankBuf);
+        self.len.insert(v, len);
+        self.rank.entry(v).or_insert_with(|| vec![0.0; batch * len]);
+    }
+}
+
+impl Default for Buffers {
+    fn default() -> Self {
+        Buffers::new()
+    }
+}
+
+/// Everything a pointer lookup needs for one step.
+pub struct Frame<'a> {
+    pub input: Rows<'a>,
+    pub input_slices: &'a [(usize, usize)],
+    pub params: &'a [Vec<f32>],
+    pub states: &'a [Vec<f32>],
+    pub state_sizes: &'a [usize],
+    pub carry: &'a [Vec<f32>],
+    pub d_output: Option<(Rows<'a>, usize)>,
+    pub layout: &'a RowLayout,
+}
+
+/// The pointer to value `v` for `(b, t)` at rank `r`. Inputs are only read.
+pub fn locate(bufs: &mut Buffers, f: &Frame, v: ValueId, b: usize, t: usize, r: usize) -> Result<*mut f32> {
+    let missing = || RuntimeError::Internal(format!("cpu backend: no storage for {v}"));
+    let loc = *bufs.loc.get(&v).ok_or_else(missing)?;
+    let len = bufs.len.get(&v).copied().unwrap_or(0);
+    Ok(match loc {
+        Loc::Input(i) => {
+            let (o, l) = f.input_slices[i];
+            f.input.get(b, t, o + l)[o..].as_ptr() as *mut f32
+        }
+        Loc::State(i) => f.states[i][r * f.state_sizes[i]..].as_ptr() as *mut f32,
+        Loc::Param(i) => f.params[i].as_ptr() as *mut f32,
+        Loc::Carry(i) => f.carry[i][r * f.state_sizes[i]..].as_ptr() as *mut f32,
+        Loc::DOutput => {
+            let (rows, n) = f.d_output.ok_or_else(missing)?;
+            rows.get(b, t, n).as_ptr() as *mut f32
+        }
+        Loc::Const => bufs.consts.get(&v).ok_or_else(missing)?.as_ptr() as *mut f32,
+        Loc::RowBuf => {
+            let row = f.layout.row(b, t);
+            bufs.row.get_mut(&v).ok_or_else(missing)?[row * len..].as_mut_ptr()
+        }
+        Loc::RankBuf => bufs.rank.get_mut(&v).ok_or_else(missing)?[r * len..].as_mut_ptr(),
+    })
+}
+
+/// Constants (and values of constants only) as tiny buffers.
+pub fn constants(graph: &Graph, plan: &Plan, bufs: &mut Buffers) {
+    for &v in plan.order() {
+        let constant = match graph.node(v).op {
+            Op::Const(_) | Op::DimValue(_) => true,
+            Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Seed(_) => false,
+            _ => graph.operands(v).iter().all(|o| bufs.consts.contains_key(o)),
+        };
+        if constant {
+            let args: Vec<Vec<f32>> =
+                graph.operands(v).iter().filter_map(|o| bufs.consts.get(o).cloned()).collect();
+            let refs: Vec<&[f32]> = args.iter().map(Vec::as_slice).collect();
+            let out = plan.compute(graph, v, &refs);
+            bufs.len.insert(v, out.len());
+            bufs.consts.insert(v, out);
+            bufs.loc.insert(v, Loc::Const);
+        }
+    }
+}
+
+/// Runs a pointwise kernel over `rows`: `(b, t, rank)` per row.
+pub fn run_pointwise(
+    exec: &dyn StageExec,
+    bufs: &mut Buffers,
+    f: &Frame,
+    rows: &[(usize, usize, usize)],
+    threads: usize,
+) -> Result<()> {
+    let k = exec.inputs().len() + exec.outputs().len();
+    let mut table: Vec<*mut f32> = Vec::with_capacity(rows.len() * k);
+    for &(b, t, r) in rows {
+        for &v in exec.inputs().iter().chain(exec.outputs()) {
+            table.push(locate(bufs, f, v, b, t, r)?);
+        }
+    }
+    let chunks = if threads > 1 && rows.len() >= 8 { threads.min(rows.len()) } else { 1 };
+    if chunks == 1 {
+        // SAFETY: every pointer comes from `locate`, valid for its value's
+        // length; outputs are distinct buffers from the inputs.
+        unsafe { exec.run(rows.len(), &table) };
+        return Ok(());
+    }
+    let per = rows.len().div_ceil(chunks);
+    let table = PtrTable(&table);
+    rayon::scope(|s| {
+        for c in 0..chunks {
+            let lo = c * per;
+            let hi = ((c + 1) * per).min(rows.len());
+            if lo >= hi {
+                continue;
+            }
+            let table = &table;
+            s.spawn(move |_| {
+                // SAFETY: as above; chunks cover disjoint rows, so disjoint outputs.
+                unsafe { exec.run(hi - lo, &table.0[lo * k..hi * k]) }
+            });
+        }
+    });
+    Ok(())
+}
+
+/// A pointer table shared by the threads that each run a disjoint part of it.
+struct PtrTable<'a>(&'a [*mut f32]);
+// SAFETY: the rows given to different threads write disjoint memory.
+unsafe impl Sync for PtrTable<'_> {}
+
+/// Contiguous or evenly strided runs of rows, so one GEMM covers a run:
+/// `(b, t)` of the run's first row, its length, and the layout-row step.
+pub fn runs(plan: &BatchPlan, layout: &RowLayout) -> Vec<(usize, usize, usize, usize)> {
+    match layout {
+        RowLayout::Padded { .. } => (0..plan.batch())
+            .map(|b| {
+                let first = layout.row(b, 0);
+                let step = if plan.lengths()[b] > 1 { layout.row(b, 1) - first } else { 1 };
+                (b, 0, plan.lengths()[b], step)
+            })
+            .collect(),
+        RowLayout::Packed { .. } => {
+            (0..plan.steps()).map(|s| (plan.order()[0], s, plan.batch_sizes()[s], 1)).collect()
+        }
+    }
+}
+
+/// Runs GEMM products over every valid row (before or after the loop).
+/// `MatVec`: `Y = X · Wᵀ`; `MatVecT`: `Y = D · W`; `Outer`: `dW += Dᵀ · X` summed over rows.
+pub fn gemm_all_rows(
+    products: &[(ValueId, Op, ValueId, ValueId)],
+    bufs: &mut Buffers,
+    f: &Frame,
+    plan: &BatchPlan,
+    matrices: &mut HashMap<ValueId, Vec<f32>>,
+    shape: &dyn Fn(ValueId) -> (usize, usize),
+) -> Result<()> {
+    for &(out, ref op, m, x) in products {
+        for (b0, t0, count, step) in runs(plan, f.layout) {
+            match op {
+                Op::MatVec | Op::MatVecT => {
+                    let (rows_w, cols_w) = shape(m);
+                    let w = locate(bufs, f, m, b0, t0, 0)?;
+                    let xin = locate(bufs, f, x, b0, t0, 0)?;
+                    let (xstride, ystride) = (row_stride(bufs, f, x, step), row_stride(bufs, f, out, step));
+                    let y = locate(bufs, f, out, b0, t0, 0)?;
+                    let (wv, k, n) = if *op == Op::MatVec {
+                        (View::rows(w, rows_w, cols_w, cols_w).t(), cols_w, rows_w)
+                    } else {
+                        (View::rows(w, rows_w, cols_w, cols_w), rows_w, cols_w)
+                    };
+                    // SAFETY: rows of the run are `step` layout rows apart in
+                    // every row buffer and in the input; shapes from the plan.
+                    unsafe {
+                        matmul(
+                            View::rows(y, count, n, ystride),
+                            View::rows(xin, count, k, xstride),
+                            wv,
+                            false,
+                        )
+                    };
+                }
+                Op::Outer => {
+                    let (rows_d, cols_d) = shape(out);
+                    let acc = matrices.entry(out).or_insert_with(|| vec![0.0; rows_d * cols_d]);
+                    let d = locate(bufs, f, m, b0, t0, 0)?;
+                    let xin = locate(bufs, f, x, b0, t0, 0)?;
+                    let (dstride, xstride) = (row_stride(bufs, f, m, step), row_stride(bufs, f, x, step));
+                    // SAFETY: as above; acc is [rows_d, cols_d].
+                    unsafe {
+                        matmul(
+                            View::rows(acc.as_mut_ptr(), rows_d, cols_d, cols_d),
+                            View::rows(d, count, rows_d, dstride).t(),
+                            View::rows(xin, count, cols_d, xstride),
+                            true,
+                        )
+                    };
+                }
+                other => return Err(RuntimeError::Internal(format!("{other:?} in a GEMM stage"))),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Floats between consecutive rows of a run, for a value's storage.
+fn row_stride(bufs: &Buffers, f: &Frame, v: ValueId, step: usize) -> usize {
+    match bufs.loc.get(&v) {
+        Some(Loc::Input(_)) => step * f.input.width,
+        Some(Loc::DOutput) => step * f.d_output.map_or(0, |(r, _)| r.width),
+        _ => step * bufs.len.get(&v).copied().unwrap_or(0),
+    }
+}
+
+/// A per-step GEMM on the first `n` ranks: `Y[0..n] = X[0..n] · Wᵀ` (or `· W`).
+pub fn gemm_step(
+    products: &[(ValueId, Op, ValueId, ValueId)],
+    bufs: &mut Buffers,
+    f: &Frame,
+    n: usize,
+    shape: &dyn Fn(ValueId) -> (usize, usize),
+    threads: usize,
+) -> Result<()> {
+    for &(out, ref op, m, x) in products {
+        let (rows_w, cols_w) = shape(m);
+        let w = locate(bufs, f, m, 0, 0, 0)?;
+        let xin = locate(bufs, f, x, 0, 0, 0)?;
+        let y = locate(bufs, f, out, 0, 0, 0)?;
+        let xlen = *bufs.len.get(&x).ok_or_else(|| RuntimeError::Internal(format!("no length for {x}")))?;
+        let ylen =
+            *bufs.len.get(&out).ok_or_else(|| RuntimeError::Internal(format!("no length for {out}")))?;
+        let wv = match op {
+            Op::MatVec => View::rows(w, rows_w, cols_w, cols_w).t(),
+            Op::MatVecT => View::rows(w, rows_w, cols_w, cols_w),
+            other => return Err(RuntimeError::Internal(format!("{other:?} in a per-step GEMM"))),
+        };
+        // Split the output columns across cores when the product is big enough to pay.
+        let parts = if threads > 1 && ylen * xlen >= 64 * 64 { threads } else { 1 };
+        // SAFETY: rank buffers and states hold `batch` rows of their length; n <= batch.
+        unsafe {
+            matmul_split(View::rows(y, n, ylen, ylen), View::rows(xin, n, xlen, xlen), wv, false, parts)
+        };
+    }
+    Ok(())
+}

@@ -1,0 +1,508 @@
+//! The CPU back end: the schedule's GEMMs through the `gemm` crate, its
+//! pointwise stages as compiled kernels, both cores through rayon.
+//!
+//! The time loop runs inside the backend's rayon pool (a fork from inside
+//! the pool costs well under a microsecond, from outside 7-10 µs), and work
+//! is split coarsely: per-step GEMMs by output columns, pointwise kernels by
+//! rows. Per-step values live in rank order, so a step's active sequences
+//! are a contiguous prefix and each per-step GEMM is one call.
+
+mod driver;
+pub mod gemm;
+pub mod stage;
+
+use super::{Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, Tape};
+use crate::error::{Result, RuntimeError};
+use crate::model::{CompiledCell, LayerProgram};
+use cellc::interp::Plan;
+use cellc::ir::{Graph, Op, Type, ValueId};
+use cellc::schedule::Placement;
+use driver::{constants, gemm_all_rows, gemm_step, locate, run_pointwise, Buffers, Frame, Loc, Step};
+use stage::{Interpreted, StageExec};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+/// How pointwise stages are executed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernels {
+    /// The interpreter's op semantics, value by value (a check on the driver).
+    Interpreted,
+}
+
+/// The CPU back end.
+pub struct Cpu {
+    threads: usize,
+    pool: rayon::ThreadPool,
+    kernels: Kernels,
+    /// Compiled layers, keyed by the cell's address and the layer's sizes.
+    programs: Mutex<HashMap<(usize, String), Arc<LayerCode>>>,
+}
+
+impl std::fmt::Debug for Cpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cpu").field("threads", &self.threads).field("kernels", &self.kernels).finish()
+    }
+}
+
+/// One layer's stages, ready to run.
+struct LayerCode {
+    fwd_graph: Arc<Graph>,
+    fwd_plan: Arc<Plan>,
+    bwd_graph: Arc<Graph>,
+    bwd_plan: Arc<Plan>,
+    forward: Vec<Step>,
+    backward: Vec<Step>,
+}
+
+impl Cpu {
+    /// A CPU back end with `threads` threads (0: all cores).
+    pub fn new(threads: usize, kernels: Kernels) -> Result<Cpu> {
+        let threads =
+            if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("cellc-cpu-{i}"))
+            .build()
+            .map_err(|e| RuntimeError::Backend { backend: "cpu".into(), message: e.to_string() })?;
+        Ok(Cpu { threads, pool, kernels, programs: Mutex::new(HashMap::new()) })
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    fn code(&self, cell: &CompiledCell, layer: &LayerProgram) -> Result<Arc<LayerCode>> {
+        let key = (cell as *const CompiledCell as usize, format!("{:?}", layer.sizes));
+        let mut cache =
+            self.programs.lock().map_err(|_| RuntimeError::Internal("kernel cache poisoned".into()))?;
+        if let Some(c) = cache.get(&key) {
+            return Ok(c.clone());
+        }
+        let fwd_graph: Arc<Graph> = Arc::new((*cell.cell).clone());
+        let fwd_plan = Arc::new(layer.forward_plan.clone());
+        let bwd_graph = Arc::new(cell.grad.graph.clone());
+        let bwd_plan = Arc::new(layer.backward_plan.clone());
+        let make = |g: &Arc<Graph>, p: &Arc<Plan>| {
+            let (g, p) = (g.clone(), p.clone());
+            move |st: &cellc::schedule::Stage| -> Result<Arc<dyn StageExec>> {
+                Ok(Arc::new(Interpreted::new(g.clone(), p.clone(), &st.values, &st.inputs, &st.outputs)))
+            }
+        };
+        let forward = driver::steps(&fwd_graph, &layer.schedule.forward, &mut make(&fwd_graph, &fwd_plan))?;
+        let backward = driver::steps(&bwd_graph, &layer.schedule.backward, &mut make(&bwd_graph, &bwd_plan))?;
+        let code = Arc::new(LayerCode { fwd_graph, fwd_plan, bwd_graph, bwd_plan, forward, backward });
+        cache.insert(key, code.clone());
+        Ok(code)
+    }
+}
+
+/// What the forward keeps, per row at the layer's row layout.
+struct CpuTape {
+    states_before: Vec<Vec<f32>>,
+    states_after: Vec<Vec<f32>>,
+    output: Vec<f32>,
+    /// Saved forward values by id (the backward graph shares the ids).
+    saved: HashMap<ValueId, Vec<f32>>,
+}
+
+fn leaf_locations(g: &Graph, plan: &Plan, bufs: &mut Buffers) {
+    for v in g.values() {
+        let loc = match g.node(v).op {
+            Op::Input(i) => Loc::Input(i),
+            Op::State(i) => Loc::State(i),
+            Op::Param(i) => Loc::Param(i),
+            Op::Seed(0) => Loc::DOutput,
+            Op::Seed(k) => Loc::Carry(k - 1),
+            _ => continue,
+        };
+        bufs.loc.insert(v, loc);
+        bufs.len.insert(v, plan.elements(v));
+    }
+}
+
+fn shape_of<'a>(plan: &'a Plan) -> impl Fn(ValueId) -> (usize, usize) + 'a {
+    move |v| plan.shape(v)
+}
+
+fn copy_row(
+    bufs: &mut Buffers,
+    f: &Frame,
+    v: ValueId,
+    (b, t, r): (usize, usize, usize),
+    dst: &mut [f32],
+) -> Result<()> {
+    let p = locate(bufs, f, v, b, t, r)?;
+    // SAFETY: `locate` points at `dst.len()` valid floats of `v` (same value, same length).
+    let src = unsafe { std::slice::from_raw_parts(p, dst.len()) };
+    dst.copy_from_slice(src);
+    Ok(())
+}
+
+impl Backend for Cpu {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn forward(&self, job: &ForwardJob, output: &mut RowsMut) -> Result<ForwardResult> {
+        let code = self.code(job.cell, job.layer)?;
+        self.pool.install(|| forward(self.threads, &code, job, output))
+    }
+
+    fn backward(&self, job: &BackwardJob, tape: &Tape, d_input: &mut RowsMut) -> Result<BackwardResult> {
+        let tape = tape
+            .0
+            .downcast_ref::<CpuTape>()
+            .ok_or_else(|| RuntimeError::Internal("a cpu backward needs a cpu forward's tape".into()))?;
+        let code = self.code(job.cell, job.layer)?;
+        self.pool.install(|| backward(self.threads, &code, job, tape, d_input))
+    }
+}
+
+fn forward(
+    threads: usize,
+    code: &LayerCode,
+    job: &ForwardJob,
+    output: &mut RowsMut,
+) -> Result<ForwardResult> {
+    let (g, plan) = (&*code.fwd_graph, &*code.fwd_plan);
+    let layer = job.layer;
+    let cell = &job.cell.cell;
+    let batch = job.plan.batch();
+    let layout_rows = job.input.data.len() / job.input.width.max(1);
+    let mut bufs = Buffers::new();
+    constants(g, plan, &mut bufs);
+    leaf_locations(g, plan, &mut bufs);
+    for st in &code.forward {
+        let outs: Vec<ValueId> = match st {
+            Step::Gemm { products, .. } => products.iter().map(|p| p.0).collect(),
+            Step::Pointwise { exec, .. } => exec.outputs().to_vec(),
+            Step::Sum { .. } => Vec::new(),
+        };
+        for v in outs {
+            match st.placement() {
+                Placement::BeforeLoop => bufs.row_buf(v, plan.elements(v), layout_rows),
+                _ => bufs.rank_buf(v, plan.elements(v), batch),
+            }
+        }
+    }
+    // States in rank order.
+    let order = job.plan.order().to_vec();
+    let mut states: Vec<Vec<f32>> = layer
+        .state_sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| order.iter().flat_map(|&b| job.h0[i][b * n..(b + 1) * n].iter().copied()).collect())
+        .collect();
+    let mut finals: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&n| vec![0.0; batch * n]).collect();
+    let saved_ids: Vec<ValueId> =
+        layer.schedule.saved.saved.iter().copied().filter(|v| g.contains(*v)).collect();
+    let mut tape = job.training.then(|| CpuTape {
+        states_before: layer.state_sizes.iter().map(|&n| vec![0.0; layout_rows * n]).collect(),
+        states_after: layer.state_sizes.iter().map(|&n| vec![0.0; layout_rows * n]).collect(),
+        output: vec![0.0; layout_rows * layer.output_size],
+        saved: saved_ids.iter().map(|&v| (v, vec![0.0; layout_rows * plan.elements(v)])).collect(),
+    });
+    let out_layout = output.layout;
+    let shape = shape_of(plan);
+
+    // Before the loop: every valid row.
+    let all_rows: Vec<(usize, usize, usize)> =
+        (0..batch).flat_map(|b| (0..job.plan.lengths()[b]).map(move |t| (b, t, 0))).collect();
+    {
+        let frame = Frame {
+            input: job.input,
+            input_slices: &layer.input_slices,
+            params: job.params,
+            states: &states,
+            state_sizes: &layer.state_sizes,
+            carry: &[],
+            d_output: None,
+            layout: job.input.layout,
+        };
+        for st in code.forward.iter().filter(|s| s.placement() == Placement::BeforeLoop) {
+            match st {
+                Step::Gemm { products, .. } => {
+                    let mut none = HashMap::new();
+                    gemm_all_rows(products, &mut bufs, &frame, job.plan, &mut none, &shape)?;
+                }
+                Step::Pointwise { exec, .. } => {
+                    run_pointwise(exec.as_ref(), &mut bufs, &frame, &all_rows, threads)?
+                }
+                Step::Sum { .. } => {}
+            }
+        }
+    }
+
+    for s in 0..job.plan.steps() {
+        let n = job.plan.batch_sizes()[s];
+        let rows: Vec<(usize, usize, usize)> =
+            (0..n).map(|r| (order[r], job.plan.time(order[r], s, job.reverse), r)).collect();
+        let frame = Frame {
+            input: job.input,
+            input_slices: &layer.input_slices,
+            params: job.params,
+            states: &states,
+            state_sizes: &layer.state_sizes,
+            carry: &[],
+            d_output: None,
+            layout: job.input.layout,
+        };
+        for st in code.forward.iter().filter(|s| s.placement() == Placement::EachStep) {
+            match st {
+                Step::Gemm { products, .. } => gemm_step(products, &mut bufs, &frame, n, &shape, threads)?,
+                Step::Pointwise { exec, .. } => {
+                    run_pointwise(exec.as_ref(), &mut bufs, &frame, &rows, threads)?
+                }
+                Step::Sum { .. } => {}
+            }
+        }
+        // Outputs, the tape, then the new states (read last: the stages read the old ones).
+        let mut next: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&m| vec![0.0; n * m]).collect();
+        for &(b, t, r) in &rows {
+            let o = layer.output_size;
+            let out_row = out_layout.row(b, t) * output.width + output.offset;
+            copy_row(&mut bufs, &frame, cell.output, (b, t, r), &mut output.data[out_row..out_row + o])?;
+            for (i, &m) in layer.state_sizes.iter().enumerate() {
+                copy_row(
+                    &mut bufs,
+                    &frame,
+                    cell.next_states[i],
+                    (b, t, r),
+                    &mut next[i][r * m..(r + 1) * m],
+                )?;
+            }
+            if let Some(tape) = tape.as_mut() {
+                let row = job.input.layout.row(b, t);
+                tape.output[row * o..(row + 1) * o].copy_from_slice(&output.data[out_row..out_row + o]);
+                for (i, &m) in layer.state_sizes.iter().enumerate() {
+                    tape.states_before[i][row * m..(row + 1) * m]
+                        .copy_from_slice(&states[i][r * m..(r + 1) * m]);
+                    tape.states_after[i][row * m..(row + 1) * m]
+                        .copy_from_slice(&next[i][r * m..(r + 1) * m]);
+                }
+                for &v in &saved_ids {
+                    let len = plan.elements(v);
+                    let dst = tape
+                        .saved
+                        .get_mut(&v)
+                        .ok_or_else(|| RuntimeError::Internal(format!("no tape for {v}")))?;
+                    copy_row(&mut bufs, &frame, v, (b, t, r), &mut dst[row * len..(row + 1) * len])?;
+                }
+            }
+        }
+        for (i, &m) in layer.state_sizes.iter().enumerate() {
+            states[i][..n * m].copy_from_slice(&next[i]);
+        }
+        for &(b, _, r) in &rows {
+            if s + 1 == job.plan.lengths()[b] {
+                for (i, &m) in layer.state_sizes.iter().enumerate() {
+                    finals[i][b * m..(b + 1) * m].copy_from_slice(&states[i][r * m..(r + 1) * m]);
+                }
+            }
+        }
+    }
+    Ok(ForwardResult { final_states: finals, tape: tape.map(|t| Tape(Box::new(t))) })
+}
+
+fn backward(
+    threads: usize,
+    code: &LayerCode,
+    job: &BackwardJob,
+    tape: &CpuTape,
+    d_input: &mut RowsMut,
+) -> Result<BackwardResult> {
+    let (g, plan) = (&*code.bwd_graph, &*code.bwd_plan);
+    let grad = &job.cell.grad;
+    let layer = job.layer;
+    let batch = job.plan.batch();
+    let layout_rows = job.input.data.len() / job.input.width.max(1);
+    let mut bufs = Buffers::new();
+    constants(g, plan, &mut bufs);
+    leaf_locations(g, plan, &mut bufs);
+    // Forward values the backward reads from memory.
+    let state_leaf = |i: usize| g.values().find(|&v| g.node(v).op == Op::State(i));
+    for (i, &m) in layer.state_sizes.iter().enumerate() {
+        if let Some(v) = state_leaf(i) {
+            bufs.loc.insert(v, Loc::RowBuf);
+            bufs.len.insert(v, m);
+            bufs.row.insert(v, tape.states_before[i].clone());
+        }
+        if let Some(Some(v)) = grad.primal_next_states.get(i) {
+            bufs.loc.insert(*v, Loc::RowBuf);
+            bufs.len.insert(*v, m);
+            bufs.row.insert(*v, tape.states_after[i].clone());
+        }
+    }
+    if let Some(v) = grad.primal_output {
+        bufs.loc.insert(v, Loc::RowBuf);
+        bufs.len.insert(v, layer.output_size);
+        bufs.row.insert(v, tape.output.clone());
+    }
+    for (v, data) in &tape.saved {
+        bufs.loc.insert(*v, Loc::RowBuf);
+        bufs.len.insert(*v, plan.elements(*v));
+        bufs.row.insert(*v, data.clone());
+    }
+    // Storage for what the stages compute; per-step values that are needed
+    // after the loop are also kept per row.
+    let results: HashSet<ValueId> = grad.results().into_iter().collect();
+    let mut after_reads: HashSet<ValueId> = results.clone();
+    for st in code.backward.iter().filter(|s| s.placement() == Placement::AfterLoop) {
+        match st {
+            Step::Gemm { products, .. } => after_reads.extend(products.iter().flat_map(|p| [p.2, p.3])),
+            Step::Pointwise { exec, .. } => after_reads.extend(exec.inputs().iter().copied()),
+            Step::Sum { values } => after_reads.extend(values.iter().copied()),
+        }
+    }
+    let mut persisted: Vec<ValueId> = Vec::new();
+    for st in &code.backward {
+        let outs: Vec<ValueId> = match st {
+            Step::Gemm { products, .. } => products.iter().map(|p| p.0).collect(),
+            Step::Pointwise { exec, .. } => exec.outputs().to_vec(),
+            Step::Sum { .. } => Vec::new(),
+        };
+        for v in outs {
+            match st.placement() {
+                Placement::AfterLoop => {
+                    if !matches!(g.ty(v), Type::Matrix(..)) {
+                        bufs.row_buf(v, plan.elements(v), layout_rows);
+                    }
+                }
+                _ => {
+                    bufs.rank_buf(v, plan.elements(v), batch);
+                    if after_reads.contains(&v) {
+                        persisted.push(v);
+                    }
+                }
+            }
+        }
+    }
+    let mut kept: HashMap<ValueId, Vec<f32>> =
+        persisted.iter().map(|&v| (v, vec![0.0; layout_rows * plan.elements(v)])).collect();
+
+    let order = job.plan.order().to_vec();
+    let mut carry: Vec<Vec<f32>> = layer
+        .state_sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            order.iter().flat_map(|&b| job.d_final[i][b * n..(b + 1) * n].iter().copied()).collect()
+        })
+        .collect();
+    let shape = shape_of(plan);
+    let d_out = Some((job.d_output, layer.output_size));
+    for s in (0..job.plan.steps()).rev() {
+        let n = job.plan.batch_sizes()[s];
+        let rows: Vec<(usize, usize, usize)> =
+            (0..n).map(|r| (order[r], job.plan.time(order[r], s, job.reverse), r)).collect();
+        let frame = Frame {
+            input: job.input,
+            input_slices: &layer.input_slices,
+            params: job.params,
+            states: &[],
+            state_sizes: &layer.state_sizes,
+            carry: &carry,
+            d_output: d_out,
+            layout: job.input.layout,
+        };
+        for st in code.backward.iter().filter(|s| s.placement() == Placement::EachStep) {
+            match st {
+                Step::Gemm { products, .. } => gemm_step(products, &mut bufs, &frame, n, &shape, threads)?,
+                Step::Pointwise { exec, .. } => {
+                    run_pointwise(exec.as_ref(), &mut bufs, &frame, &rows, threads)?
+                }
+                Step::Sum { .. } => {}
+            }
+        }
+        let mut next: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&m| vec![0.0; n * m]).collect();
+        for &(b, t, r) in &rows {
+            for (i, &m) in layer.state_sizes.iter().enumerate() {
+                if let Some(v) = grad.d_states[i] {
+                    copy_row(&mut bufs, &frame, v, (b, t, r), &mut next[i][r * m..(r + 1) * m])?;
+                }
+            }
+            let row = job.input.layout.row(b, t);
+            for &v in &persisted {
+                let len = plan.elements(v);
+                let dst =
+                    kept.get_mut(&v).ok_or_else(|| RuntimeError::Internal(format!("no storage for {v}")))?;
+                copy_row(&mut bufs, &frame, v, (b, t, r), &mut dst[row * len..(row + 1) * len])?;
+            }
+        }
+        for (i, &m) in layer.state_sizes.iter().enumerate() {
+            carry[i][..n * m].copy_from_slice(&next[i]);
+        }
+    }
+
+    // After the loop, over every valid row.
+    for (v, data) in kept {
+        bufs.loc.insert(v, Loc::RowBuf);
+        bufs.row.insert(v, data);
+    }
+    let frame = Frame {
+        input: job.input,
+        input_slices: &layer.input_slices,
+        params: job.params,
+        states: &[],
+        state_sizes: &layer.state_sizes,
+        carry: &carry,
+        d_output: d_out,
+        layout: job.input.layout,
+    };
+    let all_rows: Vec<(usize, usize, usize)> =
+        (0..batch).flat_map(|b| (0..job.plan.lengths()[b]).map(move |t| (b, t, 0))).collect();
+    let mut matrices: HashMap<ValueId, Vec<f32>> = HashMap::new();
+    for st in code.backward.iter().filter(|s| s.placement() == Placement::AfterLoop) {
+        match st {
+            Step::Gemm { products, .. } => {
+                gemm_all_rows(products, &mut bufs, &frame, job.plan, &mut matrices, &shape)?
+            }
+            Step::Pointwise { exec, .. } => {
+                run_pointwise(exec.as_ref(), &mut bufs, &frame, &all_rows, threads)?
+            }
+            Step::Sum { .. } => {}
+        }
+    }
+    // Parameter gradients: accumulated products, or per-row values summed over rows.
+    let mut d_params = Vec::with_capacity(job.params.len());
+    for (i, d) in grad.d_params.iter().enumerate() {
+        let len = job.params[i].len();
+        let Some(v) = d else {
+            d_params.push(vec![0.0; len]);
+            continue;
+        };
+        if let Some(m) = matrices.get(v) {
+            d_params.push(m.clone());
+            continue;
+        }
+        let mut acc = vec![0.0f32; len];
+        let mut row = vec![0.0f32; len];
+        for &(b, t, _) in &all_rows {
+            copy_row(&mut bufs, &frame, *v, (b, t, 0), &mut row)?;
+            acc.iter_mut().zip(&row).for_each(|(a, x)| *a += x);
+        }
+        d_params.push(acc);
+    }
+    for (d, &(o, l)) in grad.d_inputs.iter().zip(&layer.input_slices) {
+        let Some(v) = d else { continue };
+        let mut row = vec![0.0f32; l];
+        for &(b, t, _) in &all_rows {
+            copy_row(&mut bufs, &frame, *v, (b, t, 0), &mut row)?;
+            let dst = d_input.get_mut(b, t, layer.input_size);
+            dst[o..o + l].iter_mut().zip(&row).for_each(|(a, x)| *a += x);
+        }
+    }
+    let d_h0 = layer
+        .state_sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &m)| {
+            let mut out = vec![0.0; batch * m];
+            for (r, &b) in order.iter().enumerate() {
+                out[b * m..(b + 1) * m].copy_from_slice(&carry[i][r * m..(r + 1) * m]);
+            }
+            out
+        })
+        .collect();
+    Ok(BackwardResult { d_h0, d_params })
+}

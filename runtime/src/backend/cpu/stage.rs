@@ -1,0 +1,121 @@
+//! One pointwise stage over many rows, through a table of row pointers.
+//!
+//! The ABI every pointwise kernel shares: for each row, one pointer per
+//! stage input (in the stage's input order) and one per output. A row's
+//! pointers may point anywhere — into the caller's padded or packed buffer,
+//! a rank-ordered state buffer, a saved-value buffer — which is how the
+//! CPU back end gathers and scatters without copying.
+//!
+//! [`Interpreted`] runs a stage with the interpreter's op semantics; the
+//! JIT-compiled kernels implement the same trait and are tested against it.
+
+use cellc::interp::Plan;
+use cellc::ir::{Graph, Op, ValueId};
+use std::sync::Arc;
+
+pub trait StageExec: Send + Sync {
+    fn inputs(&self) -> &[ValueId];
+    fn outputs(&self) -> &[ValueId];
+
+    /// Runs `rows` rows.
+    ///
+    /// # Safety
+    /// `args` holds `rows * (inputs + outputs)` pointers, each valid for its
+    /// value's length at the stage's sizes; outputs do not alias inputs or
+    /// each other.
+    unsafe fn run(&self, rows: usize, args: &[*mut f32]);
+}
+
+/// A stage run by [`Plan::compute`], value by value.
+pub struct Interpreted {
+    graph: Arc<Graph>,
+    plan: Arc<Plan>,
+    values: Vec<ValueId>,
+    inputs: Vec<ValueId>,
+    outputs: Vec<ValueId>,
+    /// Values computed from constants only, with their values.
+    constants: Vec<(ValueId, Vec<f32>)>,
+}
+
+impl Interpreted {
+    pub fn new(
+        graph: Arc<Graph>,
+        plan: Arc<Plan>,
+        values: &[ValueId],
+        inputs: &[ValueId],
+        outputs: &[ValueId],
+    ) -> Interpreted {
+        let mut store: Vec<Option<Vec<f32>>> = vec![None; graph.value_bound()];
+        let mut constants = Vec::new();
+        for &v in plan.order() {
+            let constant = match graph.node(v).op {
+                Op::Const(_) | Op::DimValue(_) => true,
+                Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Seed(_) => false,
+                _ => graph.operands(v).iter().all(|o| store[o.index()].is_some()),
+            };
+            if constant {
+                let operands = graph.operands(v);
+                let args: Vec<&[f32]> = operands.iter().filter_map(|o| store[o.index()].as_deref()).collect();
+                let out = plan.compute(&graph, v, &args);
+                store[v.index()] = Some(out.clone());
+                constants.push((v, out));
+            }
+        }
+        Interpreted {
+            graph,
+            plan,
+            values: values.to_vec(),
+            inputs: inputs.to_vec(),
+            outputs: outputs.to_vec(),
+            constants,
+        }
+    }
+}
+
+impl std::fmt::Debug for Interpreted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Interpreted").field("values", &self.values).finish()
+    }
+}
+
+impl StageExec for Interpreted {
+    fn inputs(&self) -> &[ValueId] {
+        &self.inputs
+    }
+
+    fn outputs(&self) -> &[ValueId] {
+        &self.outputs
+    }
+
+    unsafe fn run(&self, rows: usize, args: &[*mut f32]) {
+        let k = self.inputs.len() + self.outputs.len();
+        let mut store: Vec<Option<Vec<f32>>> = vec![None; self.graph.value_bound()];
+        for row in 0..rows {
+            let ptrs = &args[row * k..(row + 1) * k];
+            for (v, c) in &self.constants {
+                store[v.index()] = Some(c.clone());
+            }
+            for (i, &v) in self.inputs.iter().enumerate() {
+                let n = self.plan.elements(v);
+                // SAFETY: the caller guarantees n valid floats behind each input pointer.
+                store[v.index()] = Some(unsafe { std::slice::from_raw_parts(ptrs[i], n) }.to_vec());
+            }
+            for &v in &self.values {
+                let operands = self.graph.operands(v);
+                let out = {
+                    let a: Vec<&[f32]> =
+                        operands.iter().map(|o| store[o.index()].as_deref().unwrap_or(&[])).collect();
+                    self.plan.compute(&self.graph, v, &a)
+                };
+                store[v.index()] = Some(out);
+            }
+            for (i, &v) in self.outputs.iter().enumerate() {
+                let n = self.plan.elements(v);
+                let src = store[v.index()].as_deref().unwrap_or(&[]);
+                // SAFETY: n writable floats behind each output pointer, not aliasing inputs.
+                let dst = unsafe { std::slice::from_raw_parts_mut(ptrs[self.inputs.len() + i], n) };
+                dst.copy_from_slice(&src[..n.min(src.len())]);
+            }
+        }
+    }
+}
