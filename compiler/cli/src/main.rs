@@ -33,12 +33,15 @@ enum Stage {
     Schedule,
 }
 
+mod bench;
 mod run;
 
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a model over a batch (safetensors in, safetensors out); --grad adds the backward.
     Run(run::RunArgs),
+    /// Time a model on synthetic data (compilation reported apart).
+    Bench(bench::BenchArgs),
     /// Check .cell files: exit 0 when clean (warnings allowed), 1 on errors.
     Check {
         #[arg(required = true)]
@@ -113,6 +116,13 @@ fn main() -> ExitCode {
         Command::Graph { file, cell, dot, stage, define } => {
             graph(&file, cell.as_deref(), dot, stage, &define, color)
         }
+        Command::Bench(args) => match bench::bench(&args) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("error: {e}");
+                false
+            }
+        },
         Command::Run(args) => match run::run(&args) {
             Ok(()) => true,
             Err(e) => {

@@ -11,6 +11,7 @@
 //!   `grad.<param>_l<k>[_reverse]` and `grad.h0.<state>`.
 
 use cellc::dims::Bindings;
+use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Backend;
 use cellc_runtime::{
@@ -66,22 +67,23 @@ pub struct RunArgs {
     /// Also run the backward and write the gradients.
     #[arg(long)]
     pub grad: bool,
-    /// Threads for back ends that use them.
+    /// Threads for the CPU backend (default: all cores).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub threads: Option<u64>,
 }
 
-fn backend(choice: Option<BackendChoice>) -> Result<Box<dyn Backend>, RuntimeError> {
-    match choice.unwrap_or(BackendChoice::Reference) {
+/// The backend asked for; by default the fastest available (the CPU).
+pub fn make_backend(
+    choice: Option<BackendChoice>,
+    threads: Option<u64>,
+) -> Result<Box<dyn Backend>, RuntimeError> {
+    match choice.unwrap_or(BackendChoice::Cpu) {
         BackendChoice::Reference => Ok(Box::new(Reference)),
-        BackendChoice::Cpu => Err(RuntimeError::Backend {
-            backend: "cpu".into(),
-            message: "not in this build yet (the Cranelift back end is issue 5); use --backend reference"
-                .into(),
-        }),
+        BackendChoice::Cpu => Ok(Box::new(Cpu::new(threads.unwrap_or(0) as usize, Kernels::default())?)),
         BackendChoice::Cuda => Err(RuntimeError::Backend {
             backend: "cuda".into(),
-            message: "not in this build yet (the NVRTC back end is issue 6); use --backend reference".into(),
+            message: "not in this build yet (the NVRTC back end is issue 6); use --backend cpu or reference"
+                .into(),
         }),
     }
 }
@@ -150,8 +152,15 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
         }
     }
     let config = ModelConfig { layers: args.layers, bidirectional: args.bidirectional };
-    let model =
-        Model::new(compiled, config, &sizes, Some(features), Some(&weights), 0, backend(args.backend)?)?;
+    let model = Model::new(
+        compiled,
+        config,
+        &sizes,
+        Some(features),
+        Some(&weights),
+        0,
+        make_backend(args.backend, args.threads)?,
+    )?;
     let ld = model.layers().len() * model.directions();
     let state_sizes = model.layers()[0].state_sizes.clone();
 

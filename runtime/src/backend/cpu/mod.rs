@@ -23,9 +23,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 /// How pointwise stages are executed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Kernels {
     /// The interpreter's op semantics, value by value (a check on the driver).
+    #[default]
     Interpreted,
 }
 

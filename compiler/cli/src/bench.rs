@@ -1,0 +1,207 @@
+//! `cellc bench`: times a model on synthetic data. Compilation (building
+//! the model and its kernels, one warm-up run) is timed apart from the
+//! measured runs.
+
+use crate::run::BackendChoice;
+use cellc::dims::Bindings;
+use cellc_runtime::{Align, CompiledCell, Input, Major, Model, ModelConfig, RuntimeError};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Lengths {
+    /// Every sequence has T steps.
+    Full,
+    /// Lengths drawn uniformly from [T/2, T] with a fixed seed.
+    Uniform,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Forward only.
+    Infer,
+    /// Forward keeping activations, then backward.
+    Train,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    pub cell_file: PathBuf,
+    #[arg(long)]
+    pub cell: Option<String>,
+    /// Bind a size variable; the input size defaults to the first state's size.
+    #[arg(short = 'D', value_name = "NAME=VALUE", value_parser = crate::parse_binding)]
+    pub define: Vec<(String, usize)>,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub batch: u64,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100000))]
+    pub steps: u64,
+    #[arg(long, default_value_t = 1)]
+    pub layers: usize,
+    #[arg(long)]
+    pub bidirectional: bool,
+    #[arg(long, value_enum, default_value_t = Lengths::Full)]
+    pub lengths: Lengths,
+    #[arg(long, value_enum, default_value_t = Mode::Infer)]
+    pub mode: Mode,
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendChoice>,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub threads: Option<u64>,
+    /// Least total measured time, in seconds.
+    #[arg(long, default_value_t = 1.0)]
+    pub min_time: f64,
+    /// Print one JSON object instead of a sentence.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// SplitMix64, for reproducible lengths and data.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Matrix-product flops of one pass over `tokens` rows: 2·m·n per product
+/// per row, forward (and, training, the backward's products).
+fn gemm_flops(model: &Model, tokens: f64, train: bool) -> f64 {
+    let mut total = 0.0;
+    for layer in model.layers() {
+        let per_row = |stages: &[cellc::schedule::Stage],
+                       graph: &cellc::ir::Graph,
+                       plan: &cellc::interp::Plan|
+         -> f64 {
+            stages
+                .iter()
+                .filter(|s| s.kind == cellc::schedule::StageKind::Gemm)
+                .flat_map(|s| s.values.iter())
+                .map(|&v| {
+                    let m = graph.operands(v)[0];
+                    let (r, c) = plan.shape(m);
+                    let (r2, c2) = plan.shape(v);
+                    // outer: the result is the matrix; matvec/matvect: the operand is.
+                    2.0 * if graph.node(v).op == cellc::ir::Op::Outer {
+                        (r2 * c2) as f64
+                    } else {
+                        (r * c) as f64
+                    }
+                })
+                .sum()
+        };
+        let c = model.compiled();
+        total += per_row(&layer.schedule.forward, &c.cell, &layer.forward_plan);
+        if train {
+            total += per_row(&layer.schedule.backward, &c.grad.graph, &layer.backward_plan);
+        }
+    }
+    total * tokens * model.directions() as f64
+}
+
+pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
+    let compile_start = Instant::now();
+    let compiled = Arc::new(CompiledCell::from_file(&args.cell_file, args.cell.as_deref())?);
+    let mut sizes: Bindings = args.define.iter().cloned().collect();
+    // The input size defaults to the first state's size (I = H, as the benchmarks use).
+    let input_dim = compiled.cell.input_dim();
+    let input_size = match input_dim.eval(&sizes) {
+        Ok(n) => n as usize,
+        Err(_) => {
+            let first_state = compiled.cell.states.first().map(|s| s.dim.clone());
+            let n =
+                first_state.and_then(|d| d.eval(&sizes).ok()).ok_or_else(|| RuntimeError::UnboundSize {
+                    size: compiled
+                        .cell
+                        .sizes
+                        .iter()
+                        .find(|s| !sizes.contains_key(*s))
+                        .cloned()
+                        .unwrap_or_default(),
+                })?;
+            n as usize
+        }
+    };
+    sizes.retain(|k, _| compiled.cell.sizes.contains(k));
+    let backend = crate::run::make_backend(args.backend, args.threads)?;
+    let config = ModelConfig { layers: args.layers, bidirectional: args.bidirectional };
+    let model = Model::new(compiled, config, &sizes, Some(input_size), None, 1, backend)?;
+
+    let (b, t) = (args.batch as usize, args.steps as usize);
+    let mut seed = 0x5eed_u64;
+    let lengths: Vec<usize> = (0..b)
+        .map(|_| match args.lengths {
+            Lengths::Full => t,
+            Lengths::Uniform => {
+                (t / 2).max(1) + (splitmix(&mut seed) % (t - (t / 2).max(1) + 1) as u64) as usize
+            }
+        })
+        .collect();
+    let x: Vec<f32> = (0..b * t * input_size)
+        .map(|_| (splitmix(&mut seed) >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+        .collect();
+    let dy: Vec<f32> = vec![0.01; b * t * model.output_size()];
+    let input = Input::Padded {
+        data: &x,
+        batch: b,
+        steps: t,
+        major: Major::BatchFirst,
+        align: Align::Left,
+        lengths: &lengths,
+    };
+    let run_once = || -> Result<(), RuntimeError> {
+        match args.mode {
+            Mode::Infer => model.forward(input, None).map(|_| ()),
+            Mode::Train => {
+                let (_, trace) = model.forward_train(input, None)?;
+                model.backward(&trace, &dy, None).map(|_| ())
+            }
+        }
+    };
+    run_once()?; // warm-up: kernels compiled, caches filled
+    let compile_s = compile_start.elapsed().as_secs_f64();
+
+    let mut times: Vec<Duration> = Vec::new();
+    let started = Instant::now();
+    while times.len() < 3 || (started.elapsed().as_secs_f64() < args.min_time && times.len() < 1000) {
+        let t0 = Instant::now();
+        run_once()?;
+        times.push(t0.elapsed());
+    }
+    times.sort();
+    let median = times[times.len() / 2].as_secs_f64();
+    let min = times[0].as_secs_f64();
+    let tokens: usize = lengths.iter().sum();
+    let tokens_per_s = tokens as f64 / median;
+    let gflops = gemm_flops(&model, tokens as f64, args.mode == Mode::Train) / median / 1e9;
+    let sizes_text: Vec<String> = model.layers()[0].sizes.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    if args.json {
+        println!(
+            "{{\"cell\": \"{}\", \"backend\": \"{}\", \"mode\": \"{}\", \"batch\": {b}, \"steps\": {t}, \"layers\": {}, \"bidirectional\": {}, \"sizes\": \"{}\", \"tokens\": {tokens}, \"runs\": {}, \"median_s\": {median:.6e}, \"min_s\": {min:.6e}, \"compile_s\": {compile_s:.6e}, \"tokens_per_s\": {tokens_per_s:.6e}, \"gflops\": {gflops:.4}}}",
+            model.compiled().cell.name,
+            model.backend_name(),
+            if args.mode == Mode::Train { "train" } else { "infer" },
+            args.layers,
+            args.bidirectional,
+            sizes_text.join(" "),
+            times.len()
+        );
+    } else {
+        println!(
+            "{} ({}) {} on {}: B={b} T={t} tokens={tokens}: median {:.3} ms, min {:.3} ms over {} runs; {:.0} tokens/s; {:.2} GFLOP/s (matrix products); compile {:.3} s",
+            model.compiled().cell.name,
+            sizes_text.join(" "),
+            if args.mode == Mode::Train { "train" } else { "infer" },
+            model.backend_name(),
+            median * 1e3,
+            min * 1e3,
+            times.len(),
+            tokens_per_s,
+            gflops,
+            compile_s
+        );
+    }
+    Ok(())
+}
