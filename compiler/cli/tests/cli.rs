@@ -205,6 +205,8 @@ mod run {
             "--align",
             "right",
             "--grad",
+            "--backend",
+            "reference",
         ];
         let result = cellc(&args);
         assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
