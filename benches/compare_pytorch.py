@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""cellc against PyTorch on this machine, in the same run, alternating.
+
+    python benches/compare_pytorch.py [--cells lstm gru layernorm_lstm] [--quick] [--plot ratios.png]
+
+Needs a Python with torch (e.g. a virtualenv made by the shared setup-torch-cpu.sh; never a CI
+dependency) and a release build of cellc (`cargo build --release`). For every shape it times
+`cellc bench --json` and the PyTorch equivalent back to back, with the same thread count:
+
+- lstm, gru: torch.nn.LSTM / nn.GRU on a PackedSequence (pack_padded_sequence of the same
+  uniform lengths), under no_grad for inference, forward + backward for training;
+- custom cells (layernorm_lstm): the TorchScript and the plain Python-loop versions, as
+  PyTorch's benchmarks/fastrnns does (padded input, each sequence's steps up to its length).
+
+Shapes: T=100, I=H, lengths uniform in [T/2, T], B in {1, 16, 64}, H in {128, 256, 512},
+1 and 2 threads, inference and training. Prints a table of ratios (PyTorch time / cellc time:
+above 1 means cellc is faster) and writes JSON next to the plot if asked.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn as nn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CELLC = os.path.join(ROOT, "target", "release", "cellc")
+
+
+def lengths_uniform(b, t, seed=0x5EED):
+    """The same lengths as `cellc bench --lengths uniform` (SplitMix64, same seed)."""
+    mask = (1 << 64) - 1
+    state = seed
+    out = []
+    lo = max(t // 2, 1)
+    for _ in range(b):
+        state = (state + 0x9E3779B97F4A7C15) & mask
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        z ^= z >> 31
+        out.append(lo + z % (t - lo + 1))
+    return out
+
+
+def time_it(fn, min_time):
+    fn()  # warm-up
+    times = []
+    start = time.perf_counter()
+    while len(times) < 3 or (time.perf_counter() - start < min_time and len(times) < 1000):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def cellc_time(cell, b, t, h, threads, mode, min_time):
+    cmd = [CELLC, "bench", os.path.join(ROOT, "cells", f"{cell}.cell"), "-D", f"H={h}", "-D", f"I={h}",
+           "--batch", str(b), "--steps", str(t), "--lengths", "uniform", "--mode", mode,
+           "--threads", str(threads), "--min-time", str(min_time), "--json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["median_s"]
+
+
+class LayerNormLSTMCell(nn.Module):
+    """As benchmarks/fastrnns/custom_lstms.py: LayerNorm on both projections and on c."""
+
+    def __init__(self, i, h):
+        super().__init__()
+        self.weight_ih = nn.Parameter(torch.randn(4 * h, i) * 0.05)
+        self.weight_hh = nn.Parameter(torch.randn(4 * h, h) * 0.05)
+        self.layernorm_i = nn.LayerNorm(4 * h)
+        self.layernorm_h = nn.LayerNorm(4 * h)
+        self.layernorm_c = nn.LayerNorm(h)
+
+    def forward(self, x, state):
+        hx, cx = state
+        igates = self.layernorm_i(torch.mm(x, self.weight_ih.t()))
+        hgates = self.layernorm_h(torch.mm(hx, self.weight_hh.t()))
+        i, f, g, o = (igates + hgates).chunk(4, 1)
+        cy = self.layernorm_c(torch.sigmoid(f) * cx + torch.sigmoid(i) * torch.tanh(g))
+        hy = torch.sigmoid(o) * torch.tanh(cy)
+        return hy, (hy, cy)
+
+
+def loop_over_time(cell, x, lengths):
+    """A plain loop over time; finished sequences keep their state (masking)."""
+    b, t, _ = x.shape
+    h = x.new_zeros(b, cell.weight_hh.shape[1])
+    c = x.new_zeros(b, cell.weight_hh.shape[1])
+    mask = (torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]).float().unsqueeze(-1)
+    outs = []
+    for s in range(t):
+        hy, (hn, cn) = cell(x[:, s], (h, c))
+        m = mask[:, s]
+        h = m * hn + (1 - m) * h
+        c = m * cn + (1 - m) * c
+        outs.append(hy * m)
+    return torch.stack(outs, 1)
+
+
+def torch_time(cell, b, t, h, mode, variant, min_time):
+    lengths = lengths_uniform(b, t)
+    x = torch.randn(b, t, h)
+    if cell in ("lstm", "gru"):
+        mod = (nn.LSTM if cell == "lstm" else nn.GRU)(h, h, batch_first=True)
+
+        def run():
+            packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+            if mode == "infer":
+                with torch.no_grad():
+                    mod(packed)
+            else:
+                out, _ = mod(packed)
+                out.data.sum().backward()
+        return time_it(run, min_time)
+    if cell == "layernorm_lstm":
+        c = LayerNormLSTMCell(h, h)
+        if variant == "torchscript":
+            c = torch.jit.script(c)
+
+        def run():
+            if mode == "infer":
+                with torch.no_grad():
+                    loop_over_time(c, x, lengths)
+            else:
+                loop_over_time(c, x, lengths).sum().backward()
+        return time_it(run, min_time)
+    raise ValueError(f"no PyTorch version of {cell}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cells", nargs="+", default=["lstm", "gru", "layernorm_lstm"])
+    ap.add_argument("--quick", action="store_true", help="B=16, H=256 only, 0.3 s per measurement")
+    ap.add_argument("--min-time", type=float, default=0.5)
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--plot", help="write a bar chart of the ratios (needs matplotlib)")
+    ap.add_argument("--json", help="write all measurements here")
+    args = ap.parse_args()
+    if not os.path.exists(CELLC):
+        sys.exit("build cellc first: cargo build --release")
+    batches, hiddens = ([16], [256]) if args.quick else ([1, 16, 64], [128, 256, 512])
+    min_time = 0.3 if args.quick else args.min_time
+    t = 100
+    rows = []
+    print(f"torch {torch.__version__}, T={t}, I=H, lengths uniform in [T/2, T]; ratio = torch / cellc (> 1: cellc faster)")
+    print(f"{'cell':<16}{'mode':<7}{'thr':>4}{'B':>5}{'H':>5}  {'cellc ms':>10}  {'torch variant':<14}{'torch ms':>10}{'ratio':>8}")
+    for cell in args.cells:
+        variants = ["nn"] if cell in ("lstm", "gru") else ["torchscript", "loop"]
+        for mode in ("infer", "train"):
+            for threads in args.threads:
+                torch.set_num_threads(threads)
+                for b in batches:
+                    for h in hiddens:
+                        for variant in variants:
+                            # Alternate: cellc, torch, cellc again; keep the better cellc.
+                            c1 = cellc_time(cell, b, t, h, threads, mode, min_time)
+                            pt = torch_time(cell, b, t, h, mode, variant, min_time)
+                            c2 = cellc_time(cell, b, t, h, threads, mode, min_time)
+                            c = min(c1, c2)
+                            rows.append(dict(cell=cell, mode=mode, threads=threads, batch=b, hidden=h,
+                                             variant=variant, cellc_s=c, torch_s=pt, ratio=pt / c))
+                            print(f"{cell:<16}{mode:<7}{threads:>4}{b:>5}{h:>5}  {c * 1e3:>10.3f}  {variant:<14}{pt * 1e3:>10.3f}{pt / c:>8.2f}",
+                                  flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    if args.plot:
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            sys.exit("--plot needs matplotlib in this Python")
+        labels = [f"{r['cell']} {r['mode']} {r['variant']}\nt{r['threads']} B{r['batch']} H{r['hidden']}" for r in rows]
+        fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.35), 5))
+        ax.bar(range(len(rows)), [r["ratio"] for r in rows])
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels(labels, rotation=90, fontsize=6)
+        ax.set_ylabel("PyTorch time / cellc time")
+        ax.set_yscale("log")
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
