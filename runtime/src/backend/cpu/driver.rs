@@ -141,6 +141,9 @@ pub struct Frame<'a> {
     pub input: Rows<'a>,
     pub input_slices: &'a [(usize, usize)],
     pub params: &'a [Vec<f32>],
+    /// Transposed copies (`[n, m]` row-major) of the matrix parameters that
+    /// `matvec` reads: `gemm` is fastest with both operands row-major.
+    pub params_t: &'a HashMap<usize, Vec<f32>>,
     pub states: &'a [Vec<f32>],
     pub state_sizes: &'a [usize],
     pub carry: &'a [Vec<f32>],
@@ -277,7 +280,7 @@ pub fn gemm_all_rows(
                     let (xstride, ystride) = (row_stride(bufs, f, x, step), row_stride(bufs, f, out, step));
                     let y = locate(bufs, f, out, b0, t0, 0)?;
                     let (wv, k, n) = if *op == Op::MatVec {
-                        (View::rows(w, rows_w, cols_w, cols_w).t(), cols_w, rows_w)
+                        (weight_t(bufs, f, m, rows_w, cols_w)?, cols_w, rows_w)
                     } else {
                         (View::rows(w, rows_w, cols_w, cols_w), rows_w, cols_w)
                     };
@@ -324,6 +327,47 @@ fn row_stride(bufs: &Buffers, f: &Frame, v: ValueId, step: usize) -> usize {
     }
 }
 
+/// `Wᵀ` as a row-major `[cols, rows]` view: the transposed copy if the
+/// parameter has one, else a strided view of `W`.
+fn weight_t(bufs: &mut Buffers, f: &Frame, m: ValueId, rows_w: usize, cols_w: usize) -> Result<View> {
+    if let Some(Loc::Param(i)) = bufs.loc.get(&m) {
+        if let Some(t) = f.params_t.get(i) {
+            return Ok(View::rows(t.as_ptr(), cols_w, rows_w, rows_w));
+        }
+    }
+    let w = locate(bufs, f, m, 0, 0, 0)?;
+    Ok(View::rows(w, rows_w, cols_w, cols_w).t())
+}
+
+/// Transposed copies of the matrix parameters read by `matvec` in `steps`.
+pub fn transpose_params(
+    graph: &Graph,
+    steps: &[Step],
+    params: &[Vec<f32>],
+    shape: &dyn Fn(ValueId) -> (usize, usize),
+) -> HashMap<usize, Vec<f32>> {
+    let mut out = HashMap::new();
+    for st in steps {
+        let Step::Gemm { products, .. } = st else { continue };
+        for &(_, ref op, m, _) in products {
+            let Op::Param(i) = graph.node(m).op else { continue };
+            if *op != Op::MatVec || out.contains_key(&i) {
+                continue;
+            }
+            let (r, c) = shape(m);
+            let w = &params[i];
+            let mut t = vec![0.0f32; r * c];
+            for row in 0..r {
+                for col in 0..c {
+                    t[col * r + row] = w[row * c + col];
+                }
+            }
+            out.insert(i, t);
+        }
+    }
+    out
+}
+
 /// A per-step GEMM on the first `n` ranks: `Y[0..n] = X[0..n] · Wᵀ` (or `· W`).
 pub fn gemm_step(
     products: &[(ValueId, Op, ValueId, ValueId)],
@@ -342,7 +386,7 @@ pub fn gemm_step(
         let ylen =
             *bufs.len.get(&out).ok_or_else(|| RuntimeError::Internal(format!("no length for {out}")))?;
         let wv = match op {
-            Op::MatVec => View::rows(w, rows_w, cols_w, cols_w).t(),
+            Op::MatVec => weight_t(bufs, f, m, rows_w, cols_w)?,
             Op::MatVecT => View::rows(w, rows_w, cols_w, cols_w),
             other => return Err(RuntimeError::Internal(format!("{other:?} in a per-step GEMM"))),
         };

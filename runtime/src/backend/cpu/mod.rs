@@ -17,7 +17,9 @@ use crate::model::{CompiledCell, LayerProgram};
 use cellc::interp::Plan;
 use cellc::ir::{Graph, Op, Type, ValueId};
 use cellc::schedule::Placement;
-use driver::{constants, gemm_all_rows, gemm_step, locate, run_pointwise, Buffers, Frame, Loc, Step};
+use driver::{
+    constants, gemm_all_rows, gemm_step, locate, run_pointwise, transpose_params, Buffers, Frame, Loc, Step,
+};
 use stage::{Interpreted, StageExec};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -205,6 +207,7 @@ fn forward(
     });
     let out_layout = output.layout;
     let shape = shape_of(plan);
+    let params_t = transpose_params(g, &code.forward, job.params, &shape);
 
     // Before the loop: every valid row.
     let all_rows: Vec<(usize, usize, usize)> =
@@ -214,6 +217,7 @@ fn forward(
             input: job.input,
             input_slices: &layer.input_slices,
             params: job.params,
+            params_t: &params_t,
             states: &states,
             state_sizes: &layer.state_sizes,
             carry: &[],
@@ -242,6 +246,7 @@ fn forward(
             input: job.input,
             input_slices: &layer.input_slices,
             params: job.params,
+            params_t: &params_t,
             states: &states,
             state_sizes: &layer.state_sizes,
             carry: &[],
@@ -391,6 +396,7 @@ fn backward(
         })
         .collect();
     let shape = shape_of(plan);
+    let params_t = transpose_params(g, &code.backward, job.params, &shape);
     let d_out = Some((job.d_output, layer.output_size));
     for s in (0..job.plan.steps()).rev() {
         let n = job.plan.batch_sizes()[s];
@@ -400,6 +406,7 @@ fn backward(
             input: job.input,
             input_slices: &layer.input_slices,
             params: job.params,
+            params_t: &params_t,
             states: &[],
             state_sizes: &layer.state_sizes,
             carry: &carry,
@@ -444,6 +451,7 @@ fn backward(
         input: job.input,
         input_slices: &layer.input_slices,
         params: job.params,
+        params_t: &params_t,
         states: &[],
         state_sizes: &layer.state_sizes,
         carry: &carry,
