@@ -210,6 +210,34 @@ impl Plan {
         self.shape[v.index()]
     }
 
+    /// The values computed from constants only (`const`, `dimvalue`, and
+    /// e.g. `broadcast(const 1)`), with their values, in order. Kernels
+    /// treat these as literals.
+    pub fn constant_values<T: Float>(&self, graph: &Graph) -> Vec<(ValueId, Vec<T>)> {
+        let mut known: Vec<Option<usize>> = vec![None; self.shape.len()];
+        let mut out: Vec<(ValueId, Vec<T>)> = Vec::new();
+        for &v in &self.order {
+            let operands = graph.operands(v);
+            let constant = match graph.node(v).op {
+                Op::Const(_) | Op::DimValue(_) => true,
+                Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Seed(_) => false,
+                _ => operands.iter().all(|o| known[o.index()].is_some()),
+            };
+            if constant {
+                let value = {
+                    let args: Vec<&[T]> = operands
+                        .iter()
+                        .filter_map(|o| known[o.index()].map(|k| out[k].1.as_slice()))
+                        .collect();
+                    self.compute(graph, v, &args)
+                };
+                known[v.index()] = Some(out.len());
+                out.push((v, value));
+            }
+        }
+        out
+    }
+
     /// Computes a non-leaf value from its operands' values (in slot order).
     /// This is the semantics of every op; back ends are tested against it.
     pub fn compute<T: Float>(&self, graph: &Graph, v: ValueId, args: &[&[T]]) -> Vec<T> {

@@ -67,21 +67,11 @@ fn compute(
     Ok(())
 }
 
-/// Values computed from constants only (`const`, `dimvalue`, `broadcast(const 1)`)
-/// are available to every stage, as literals are in a kernel.
+/// Values computed from constants only are available to every stage, as
+/// literals are in a kernel.
 fn constants(g: &Graph, plan: &Plan, store: &mut Store) {
-    for &v in plan.order() {
-        let constant = match g.node(v).op {
-            Op::Const(_) | Op::DimValue(_) => true,
-            Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Seed(_) => false,
-            _ => g.operands(v).iter().all(|o| store[o.index()].is_some()),
-        };
-        if constant {
-            let operands = g.operands(v);
-            let args: Vec<&[f32]> = operands.iter().filter_map(|o| store[o.index()].as_deref()).collect();
-            let out = plan.compute(g, v, &args);
-            store[v.index()] = Some(out);
-        }
+    for (v, value) in plan.constant_values(g) {
+        store[v.index()] = Some(value);
     }
 }
 

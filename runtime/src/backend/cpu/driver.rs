@@ -39,6 +39,15 @@ pub enum Step {
 }
 
 impl Step {
+    /// The values this step writes.
+    pub fn outputs(&self) -> Vec<ValueId> {
+        match self {
+            Step::Gemm { products, .. } => products.iter().map(|p| p.0).collect(),
+            Step::Pointwise { exec, .. } => exec.outputs().to_vec(),
+            Step::Sum { .. } => Vec::new(),
+        }
+    }
+
     pub fn placement(&self) -> Placement {
         match self {
             Step::Gemm { placement, .. } | Step::Pointwise { placement, .. } => *placement,
@@ -179,21 +188,10 @@ pub fn locate(bufs: &mut Buffers, f: &Frame, v: ValueId, b: usize, t: usize, r: 
 
 /// Constants (and values of constants only) as tiny buffers.
 pub fn constants(graph: &Graph, plan: &Plan, bufs: &mut Buffers) {
-    for &v in plan.order() {
-        let constant = match graph.node(v).op {
-            Op::Const(_) | Op::DimValue(_) => true,
-            Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Seed(_) => false,
-            _ => graph.operands(v).iter().all(|o| bufs.consts.contains_key(o)),
-        };
-        if constant {
-            let args: Vec<Vec<f32>> =
-                graph.operands(v).iter().filter_map(|o| bufs.consts.get(o).cloned()).collect();
-            let refs: Vec<&[f32]> = args.iter().map(Vec::as_slice).collect();
-            let out = plan.compute(graph, v, &refs);
-            bufs.len.insert(v, out.len());
-            bufs.consts.insert(v, out);
-            bufs.loc.insert(v, Loc::Const);
-        }
+    for (v, value) in plan.constant_values(graph) {
+        bufs.len.insert(v, value.len());
+        bufs.consts.insert(v, value);
+        bufs.loc.insert(v, Loc::Const);
     }
 }
 

@@ -176,12 +176,7 @@ fn forward(
     constants(g, plan, &mut bufs);
     leaf_locations(g, plan, &mut bufs);
     for st in &code.forward {
-        let outs: Vec<ValueId> = match st {
-            Step::Gemm { products, .. } => products.iter().map(|p| p.0).collect(),
-            Step::Pointwise { exec, .. } => exec.outputs().to_vec(),
-            Step::Sum { .. } => Vec::new(),
-        };
-        for v in outs {
+        for v in st.outputs() {
             match st.placement() {
                 Placement::BeforeLoop => bufs.row_buf(v, plan.elements(v), layout_rows),
                 _ => bufs.rank_buf(v, plan.elements(v), batch),
@@ -362,12 +357,7 @@ fn backward(
     }
     let mut persisted: Vec<ValueId> = Vec::new();
     for st in &code.backward {
-        let outs: Vec<ValueId> = match st {
-            Step::Gemm { products, .. } => products.iter().map(|p| p.0).collect(),
-            Step::Pointwise { exec, .. } => exec.outputs().to_vec(),
-            Step::Sum { .. } => Vec::new(),
-        };
-        for v in outs {
+        for v in st.outputs() {
             match st.placement() {
                 Placement::AfterLoop => {
                     if !matches!(g.ty(v), Type::Matrix(..)) {

@@ -10,7 +10,7 @@
 //! JIT-compiled kernels implement the same trait and are tested against it.
 
 use cellc::interp::Plan;
-use cellc::ir::{Graph, Op, ValueId};
+use cellc::ir::{Graph, ValueId};
 use std::sync::Arc;
 
 pub trait StageExec: Send + Sync {
@@ -45,22 +45,7 @@ impl Interpreted {
         inputs: &[ValueId],
         outputs: &[ValueId],
     ) -> Interpreted {
-        let mut store: Vec<Option<Vec<f32>>> = vec![None; graph.value_bound()];
-        let mut constants = Vec::new();
-        for &v in plan.order() {
-            let constant = match graph.node(v).op {
-                Op::Const(_) | Op::DimValue(_) => true,
-                Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Seed(_) => false,
-                _ => graph.operands(v).iter().all(|o| store[o.index()].is_some()),
-            };
-            if constant {
-                let operands = graph.operands(v);
-                let args: Vec<&[f32]> = operands.iter().filter_map(|o| store[o.index()].as_deref()).collect();
-                let out = plan.compute(&graph, v, &args);
-                store[v.index()] = Some(out.clone());
-                constants.push((v, out));
-            }
-        }
+        let constants = plan.constant_values(&graph);
         Interpreted {
             graph,
             plan,
