@@ -233,6 +233,12 @@ fn forward(
         }
     }
 
+    if let Some(result) =
+        forward_whole_sequence(threads, code, job, output, &mut bufs, &params_t, tape.as_mut())?
+    {
+        return Ok(ForwardResult { final_states: result, tape: tape.map(|t| Tape(Box::new(t))) });
+    }
+
     for s in 0..job.plan.steps() {
         let n = job.plan.batch_sizes()[s];
         let rows: Vec<(usize, usize, usize)> =
@@ -304,6 +310,154 @@ fn forward(
     }
     Ok(ForwardResult { final_states: finals, tape: tape.map(|t| Tape(Box::new(t))) })
 }
+
+/// An elementwise recurrence (no per-step GEMM) runs as one kernel call
+/// that walks every sequence through time: each row's state pointers point
+/// at the previous step's next state, so the rows of one sequence must run
+/// in order, and threads take whole sequences. Returns the final states, or
+/// `None` when the layer is not of that shape.
+fn forward_whole_sequence(
+    threads: usize,
+    code: &LayerCode,
+    job: &ForwardJob,
+    output: &mut RowsMut,
+    bufs: &mut Buffers,
+    params_t: &HashMap<usize, Vec<f32>>,
+    mut tape: Option<&mut CpuTape>,
+) -> Result<Option<Vec<Vec<f32>>>> {
+    let mut each_step = code.forward.iter().filter(|s| s.placement() == Placement::EachStep);
+    let (Some(Step::Pointwise { exec, .. }), None) = (each_step.next(), each_step.next()) else {
+        return Ok(None);
+    };
+    let (g, plan) = (&*code.fwd_graph, &*code.fwd_plan);
+    let cell = &job.cell.cell;
+    let layer = job.layer;
+    if !cell.next_states.iter().chain(std::iter::once(&cell.output)).all(|v| exec.outputs().contains(v)) {
+        return Ok(None);
+    }
+    let layout_rows = job.input.data.len() / job.input.width.max(1);
+    for &v in exec.outputs() {
+        bufs.row_buf(v, plan.elements(v), layout_rows);
+    }
+    let state_of = |v: ValueId| match g.node(v).op {
+        Op::State(i) => Some(i),
+        _ => None,
+    };
+    let frame = Frame {
+        input: job.input,
+        input_slices: &layer.input_slices,
+        params: job.params,
+        params_t,
+        states: &[],
+        state_sizes: &layer.state_sizes,
+        carry: &[],
+        d_output: None,
+        layout: job.input.layout,
+    };
+    let k = exec.inputs().len() + exec.outputs().len();
+    let order = job.plan.order();
+    let chunks = threads.clamp(1, order.len().max(1));
+    let mut tables: Vec<Vec<*mut f32>> = vec![Vec::new(); chunks];
+    for s in 0..job.plan.steps() {
+        for (r, &b) in job.plan.active(s).iter().enumerate() {
+            let t = job.plan.time(b, s, job.reverse);
+            let table = &mut tables[r % chunks];
+            for &v in exec.inputs() {
+                let p = match state_of(v) {
+                    Some(i) if s == 0 => {
+                        let m = layer.state_sizes[i];
+                        job.h0[i][b * m..].as_ptr() as *mut f32
+                    }
+                    Some(i) => {
+                        locate(bufs, &frame, cell.next_states[i], b, job.plan.time(b, s - 1, job.reverse), 0)?
+                    }
+                    None => locate(bufs, &frame, v, b, t, 0)?,
+                };
+                table.push(p);
+            }
+            for &v in exec.outputs() {
+                table.push(locate(bufs, &frame, v, b, t, 0)?);
+            }
+        }
+    }
+    let tables: Vec<SendTable> = tables.into_iter().map(SendTable).collect();
+    rayon::scope(|sc| {
+        for table in &tables {
+            sc.spawn(move |_| {
+                // SAFETY: pointers from `locate` (or h0), valid for their values;
+                // each table holds whole sequences in time order, so a row's
+                // state was written by an earlier row of the same table.
+                unsafe { exec.run(table.0.len() / k.max(1), &table.0) }
+            });
+        }
+    });
+
+    let o = layer.output_size;
+    let mut finals: Vec<Vec<f32>> =
+        layer.state_sizes.iter().map(|&m| vec![0.0; job.plan.batch() * m]).collect();
+    for b in 0..job.plan.batch() {
+        let len = job.plan.lengths()[b];
+        for s in 0..len {
+            let t = job.plan.time(b, s, job.reverse);
+            let out_row = output.layout.row(b, t) * output.width + output.offset;
+            copy_row(bufs, &frame, cell.output, (b, t, 0), &mut output.data[out_row..out_row + o])?;
+            if let Some(tape) = tape.as_deref_mut() {
+                let row = job.input.layout.row(b, t);
+                tape.output[row * o..(row + 1) * o].copy_from_slice(&output.data[out_row..out_row + o]);
+                for (i, &m) in layer.state_sizes.iter().enumerate() {
+                    let before = if s == 0 {
+                        job.h0[i][b * m..(b + 1) * m].to_vec()
+                    } else {
+                        let mut v = vec![0.0; m];
+                        copy_row(
+                            bufs,
+                            &frame,
+                            cell.next_states[i],
+                            (b, job.plan.time(b, s - 1, job.reverse), 0),
+                            &mut v,
+                        )?;
+                        v
+                    };
+                    tape.states_before[i][row * m..(row + 1) * m].copy_from_slice(&before);
+                    copy_row(
+                        bufs,
+                        &frame,
+                        cell.next_states[i],
+                        (b, t, 0),
+                        &mut tape.states_after[i][row * m..(row + 1) * m],
+                    )?;
+                }
+                let saved: Vec<ValueId> = tape.saved.keys().copied().collect();
+                for v in saved {
+                    let len = plan.elements(v);
+                    let mut tmp = vec![0.0; len];
+                    copy_row(bufs, &frame, v, (b, t, 0), &mut tmp)?;
+                    if let Some(dst) = tape.saved.get_mut(&v) {
+                        dst[row * len..(row + 1) * len].copy_from_slice(&tmp);
+                    }
+                }
+            }
+            if s + 1 == len {
+                for (i, &m) in layer.state_sizes.iter().enumerate() {
+                    copy_row(
+                        bufs,
+                        &frame,
+                        cell.next_states[i],
+                        (b, t, 0),
+                        &mut finals[i][b * m..(b + 1) * m],
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(Some(finals))
+}
+
+/// A pointer table handed to one thread.
+struct SendTable(Vec<*mut f32>);
+// SAFETY: each table is used by exactly one thread, and tables write disjoint sequences.
+unsafe impl Send for SendTable {}
+unsafe impl Sync for SendTable {}
 
 fn backward(
     threads: usize,
