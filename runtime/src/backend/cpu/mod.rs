@@ -453,6 +453,93 @@ fn forward_whole_sequence(
     Ok(Some(finals))
 }
 
+/// The backward of an elementwise recurrence as one call walking each
+/// sequence backwards through time, the carried adjoints chained like the
+/// forward's states. Everything the stage computes is kept per row for
+/// after the loop. Returns false when the layer is not of that shape.
+fn backward_whole_sequence(
+    threads: usize,
+    code: &LayerCode,
+    job: &BackwardJob,
+    bufs: &mut Buffers,
+    params_t: &HashMap<usize, Vec<f32>>,
+    carry: &mut [Vec<f32>],
+) -> Result<bool> {
+    let mut each_step = code.backward.iter().filter(|s| s.placement() == Placement::EachStep);
+    let (Some(Step::Pointwise { exec, .. }), None) = (each_step.next(), each_step.next()) else {
+        return Ok(false);
+    };
+    let (g, plan) = (&*code.bwd_graph, &*code.bwd_plan);
+    let grad = &job.cell.grad;
+    let layer = job.layer;
+    let d_states: Vec<ValueId> = match grad.d_states.iter().copied().collect::<Option<Vec<_>>>() {
+        Some(d) if d.iter().all(|v| exec.outputs().contains(v)) => d,
+        _ => return Ok(false),
+    };
+    let layout_rows = job.input.data.len() / job.input.width.max(1);
+    for &v in exec.outputs() {
+        bufs.row_buf(v, plan.elements(v), layout_rows);
+    }
+    let frame = Frame {
+        input: job.input,
+        input_slices: &layer.input_slices,
+        params: job.params,
+        params_t,
+        states: &[],
+        state_sizes: &layer.state_sizes,
+        carry: &[],
+        d_output: Some((job.d_output, layer.output_size)),
+        layout: job.input.layout,
+    };
+    let carried = |v: ValueId| match g.node(v).op {
+        Op::Seed(k) if k > 0 => Some(k - 1),
+        _ => None,
+    };
+    let k = exec.inputs().len() + exec.outputs().len();
+    let order = job.plan.order();
+    let chunks = threads.clamp(1, order.len().max(1));
+    let mut tables: Vec<Vec<*mut f32>> = vec![Vec::new(); chunks];
+    for s in (0..job.plan.steps()).rev() {
+        for (r, &b) in job.plan.active(s).iter().enumerate() {
+            let t = job.plan.time(b, s, job.reverse);
+            let last = s + 1 == job.plan.lengths()[b];
+            let table = &mut tables[r % chunks];
+            for &v in exec.inputs() {
+                let p = match carried(v) {
+                    Some(i) if last => {
+                        let m = layer.state_sizes[i];
+                        job.d_final[i][b * m..].as_ptr() as *mut f32
+                    }
+                    Some(i) => locate(bufs, &frame, d_states[i], b, job.plan.time(b, s + 1, job.reverse), 0)?,
+                    None => locate(bufs, &frame, v, b, t, 0)?,
+                };
+                table.push(p);
+            }
+            for &v in exec.outputs() {
+                table.push(locate(bufs, &frame, v, b, t, 0)?);
+            }
+        }
+    }
+    let tables: Vec<SendTable> = tables.into_iter().map(SendTable).collect();
+    rayon::scope(|sc| {
+        for table in &tables {
+            sc.spawn(move |_| {
+                // SAFETY: as in the forward: whole sequences per table, in
+                // reverse time, so each carried adjoint is written before it is read.
+                unsafe { exec.run(table.0.len() / k.max(1), &table.0) }
+            });
+        }
+    });
+    // The adjoints of the initial states: the carry out of each sequence's first step.
+    for (r, &b) in order.iter().enumerate() {
+        let t = job.plan.time(b, 0, job.reverse);
+        for (i, &m) in layer.state_sizes.iter().enumerate() {
+            copy_row(bufs, &frame, d_states[i], (b, t, 0), &mut carry[i][r * m..(r + 1) * m])?;
+        }
+    }
+    Ok(true)
+}
+
 /// A pointer table handed to one thread.
 struct SendTable(Vec<*mut f32>);
 // SAFETY: each table is used by exactly one thread, and tables write disjoint sequences.
@@ -542,47 +629,56 @@ fn backward(
     let shape = shape_of(plan);
     let params_t = transpose_params(g, &code.backward, job.params, &shape);
     let d_out = Some((job.d_output, layer.output_size));
-    for s in (0..job.plan.steps()).rev() {
-        let n = job.plan.batch_sizes()[s];
-        let rows: Vec<(usize, usize, usize)> =
-            (0..n).map(|r| (order[r], job.plan.time(order[r], s, job.reverse), r)).collect();
-        let frame = Frame {
-            input: job.input,
-            input_slices: &layer.input_slices,
-            params: job.params,
-            params_t: &params_t,
-            states: &[],
-            state_sizes: &layer.state_sizes,
-            carry: &carry,
-            d_output: d_out,
-            layout: job.input.layout,
-        };
-        for st in code.backward.iter().filter(|s| s.placement() == Placement::EachStep) {
-            match st {
-                Step::Gemm { products, .. } => gemm_step(products, &mut bufs, &frame, n, &shape, threads)?,
-                Step::Pointwise { exec, .. } => {
-                    run_pointwise(exec.as_ref(), &mut bufs, &frame, &rows, threads)?
+    let whole = backward_whole_sequence(threads, code, job, &mut bufs, &params_t, &mut carry)?;
+    if whole {
+        kept.clear();
+    }
+    if !whole {
+        for s in (0..job.plan.steps()).rev() {
+            let n = job.plan.batch_sizes()[s];
+            let rows: Vec<(usize, usize, usize)> =
+                (0..n).map(|r| (order[r], job.plan.time(order[r], s, job.reverse), r)).collect();
+            let frame = Frame {
+                input: job.input,
+                input_slices: &layer.input_slices,
+                params: job.params,
+                params_t: &params_t,
+                states: &[],
+                state_sizes: &layer.state_sizes,
+                carry: &carry,
+                d_output: d_out,
+                layout: job.input.layout,
+            };
+            for st in code.backward.iter().filter(|s| s.placement() == Placement::EachStep) {
+                match st {
+                    Step::Gemm { products, .. } => {
+                        gemm_step(products, &mut bufs, &frame, n, &shape, threads)?
+                    }
+                    Step::Pointwise { exec, .. } => {
+                        run_pointwise(exec.as_ref(), &mut bufs, &frame, &rows, threads)?
+                    }
+                    Step::Sum { .. } => {}
                 }
-                Step::Sum { .. } => {}
             }
-        }
-        let mut next: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&m| vec![0.0; n * m]).collect();
-        for &(b, t, r) in &rows {
+            let mut next: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&m| vec![0.0; n * m]).collect();
+            for &(b, t, r) in &rows {
+                for (i, &m) in layer.state_sizes.iter().enumerate() {
+                    if let Some(v) = grad.d_states[i] {
+                        copy_row(&mut bufs, &frame, v, (b, t, r), &mut next[i][r * m..(r + 1) * m])?;
+                    }
+                }
+                let row = job.input.layout.row(b, t);
+                for &v in &persisted {
+                    let len = plan.elements(v);
+                    let dst = kept
+                        .get_mut(&v)
+                        .ok_or_else(|| RuntimeError::Internal(format!("no storage for {v}")))?;
+                    copy_row(&mut bufs, &frame, v, (b, t, r), &mut dst[row * len..(row + 1) * len])?;
+                }
+            }
             for (i, &m) in layer.state_sizes.iter().enumerate() {
-                if let Some(v) = grad.d_states[i] {
-                    copy_row(&mut bufs, &frame, v, (b, t, r), &mut next[i][r * m..(r + 1) * m])?;
-                }
+                carry[i][..n * m].copy_from_slice(&next[i]);
             }
-            let row = job.input.layout.row(b, t);
-            for &v in &persisted {
-                let len = plan.elements(v);
-                let dst =
-                    kept.get_mut(&v).ok_or_else(|| RuntimeError::Internal(format!("no storage for {v}")))?;
-                copy_row(&mut bufs, &frame, v, (b, t, r), &mut dst[row * len..(row + 1) * len])?;
-            }
-        }
-        for (i, &m) in layer.state_sizes.iter().enumerate() {
-            carry[i][..n * m].copy_from_slice(&next[i]);
         }
     }
 
