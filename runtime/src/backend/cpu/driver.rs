@@ -337,33 +337,48 @@ fn weight_t(bufs: &mut Buffers, f: &Frame, m: ValueId, rows_w: usize, cols_w: us
     Ok(View::rows(w, rows_w, cols_w, cols_w).t())
 }
 
-/// Transposed copies of the matrix parameters read by `matvec` in `steps`.
+/// Transposed copies of the matrix parameters read by per-step `matvec`s
+/// in `steps` (hoisted products amortise gemm's own packing over many rows
+/// and read `W` in place).
 pub fn transpose_params(
     graph: &Graph,
     steps: &[Step],
     params: &[Vec<f32>],
     shape: &dyn Fn(ValueId) -> (usize, usize),
+    batch: usize,
 ) -> HashMap<usize, Vec<f32>> {
     let mut out = HashMap::new();
+    if batch <= super::gemv::MAX_ROWS {
+        return out; // every per-step product is a GEMV on W itself
+    }
     for st in steps {
-        let Step::Gemm { products, .. } = st else { continue };
+        let Step::Gemm { products, placement: Placement::EachStep } = st else { continue };
         for &(_, ref op, m, _) in products {
             let Op::Param(i) = graph.node(m).op else { continue };
             if *op != Op::MatVec || out.contains_key(&i) {
                 continue;
             }
             let (r, c) = shape(m);
-            let w = &params[i];
-            let mut t = vec![0.0f32; r * c];
-            for row in 0..r {
-                for col in 0..c {
-                    t[col * r + row] = w[row * c + col];
-                }
-            }
-            out.insert(i, t);
+            out.insert(i, transpose(&params[i], r, c));
         }
     }
     out
+}
+
+/// `[r, c]` row-major to `[c, r]` row-major, in cache-sized tiles.
+fn transpose(w: &[f32], r: usize, c: usize) -> Vec<f32> {
+    const TILE: usize = 32;
+    let mut t = vec![0.0f32; r * c];
+    for r0 in (0..r).step_by(TILE) {
+        for c0 in (0..c).step_by(TILE) {
+            for row in r0..(r0 + TILE).min(r) {
+                for col in c0..(c0 + TILE).min(c) {
+                    t[col * r + row] = w[row * c + col];
+                }
+            }
+        }
+    }
+    t
 }
 
 /// A per-step GEMM on the first `n` ranks: `Y[0..n] = X[0..n] · Wᵀ` (or `· W`).
@@ -383,6 +398,19 @@ pub fn gemm_step(
         let xlen = *bufs.len.get(&x).ok_or_else(|| RuntimeError::Internal(format!("no length for {x}")))?;
         let ylen =
             *bufs.len.get(&out).ok_or_else(|| RuntimeError::Internal(format!("no length for {out}")))?;
+        if *op == Op::MatVec && n <= super::gemv::MAX_ROWS {
+            // A few rows: stream W's rows directly (memory bound), split across cores.
+            // SAFETY: rank buffers hold `batch >= n` rows of their length; W is [rows_w, cols_w].
+            let (ys, xs, ws) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(y, n * ylen),
+                    std::slice::from_raw_parts(xin, n * xlen),
+                    std::slice::from_raw_parts(w, rows_w * cols_w),
+                )
+            };
+            super::gemv::gemv(ys, xs, ws, n, rows_w, cols_w, threads);
+            continue;
+        }
         let wv = match op {
             Op::MatVec => weight_t(bufs, f, m, rows_w, cols_w)?,
             Op::MatVecT => View::rows(w, rows_w, cols_w, cols_w),

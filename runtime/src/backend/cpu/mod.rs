@@ -9,6 +9,7 @@
 
 mod driver;
 pub mod gemm;
+pub mod gemv;
 pub mod stage;
 
 use super::{Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, Tape};
@@ -202,7 +203,7 @@ fn forward(
     });
     let out_layout = output.layout;
     let shape = shape_of(plan);
-    let params_t = transpose_params(g, &code.forward, job.params, &shape);
+    let params_t = transpose_params(g, &code.forward, job.params, &shape, batch);
 
     // Before the loop: every valid row.
     let all_rows: Vec<(usize, usize, usize)> =
@@ -627,7 +628,7 @@ fn backward(
         })
         .collect();
     let shape = shape_of(plan);
-    let params_t = transpose_params(g, &code.backward, job.params, &shape);
+    let params_t = transpose_params(g, &code.backward, job.params, &shape, batch);
     let d_out = Some((job.d_output, layer.output_size));
     let whole = backward_whole_sequence(threads, code, job, &mut bufs, &params_t, &mut carry)?;
     if whole {
