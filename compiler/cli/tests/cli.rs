@@ -244,3 +244,49 @@ mod run {
         assert_eq!(result.status.code(), Some(1));
     }
 }
+
+#[test]
+fn run_reproduces_pytorch_on_the_right_aligned_fixture() {
+    use cellc_runtime::{read_tensors, TensorData};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let fx = root.join("tests/fixtures/runtime");
+    let out = temp_file("fixture_out.safetensors", b"");
+    let s = |p: std::path::PathBuf| p.to_str().expect("utf-8").to_string();
+    let (cell, w, x, o) = (
+        s(root.join("cells/lstm.cell")),
+        s(fx.join("lstm_weights.safetensors")),
+        s(fx.join("lstm_right_input.safetensors")),
+        s(out.clone()),
+    );
+    let args = [
+        "run",
+        &cell,
+        "--weights",
+        &w,
+        "--input",
+        &x,
+        "--out",
+        &o,
+        "--layers",
+        "2",
+        "--bidirectional",
+        "--align",
+        "right",
+        "--grad",
+    ];
+    let result = cellc(&args);
+    assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
+    let got = read_tensors(&out).expect("output");
+    let want = read_tensors(&fx.join("lstm_right_expected.safetensors")).expect("expected");
+    let f32s = |d: &TensorData| match d {
+        TensorData::F32(v) => v.clone(),
+        TensorData::I64(_) => Vec::new(),
+    };
+    for (name, t) in &want {
+        let g = got.get(name).unwrap_or_else(|| panic!("cellc run wrote no `{name}`"));
+        assert_eq!(g.shape, t.shape, "{name}");
+        for (a, b) in f32s(&g.data).iter().zip(f32s(&t.data)) {
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{name}: {a} vs {b}");
+        }
+    }
+}
