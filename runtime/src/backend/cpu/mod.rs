@@ -7,6 +7,7 @@
 //! rows. Per-step values live in rank order, so a step's active sequences
 //! are a contiguous prefix and each per-step GEMM is one call.
 
+pub mod codegen;
 mod driver;
 pub mod gemm;
 pub mod gemv;
@@ -28,8 +29,10 @@ use std::sync::{Arc, Mutex};
 /// How pointwise stages are executed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Kernels {
-    /// The interpreter's op semantics, value by value (a check on the driver).
+    /// Compiled with Cranelift (f32x4 SIMD, own exp/log/tanh polynomials).
     #[default]
+    Jit,
+    /// The interpreter's op semantics, value by value (a check on the driver and the JIT).
     Interpreted,
 }
 
@@ -38,8 +41,25 @@ pub struct Cpu {
     threads: usize,
     pool: rayon::ThreadPool,
     kernels: Kernels,
-    /// Compiled layers, keyed by the cell's address and the layer's sizes.
-    programs: Mutex<HashMap<(usize, String), Arc<LayerCode>>>,
+}
+
+/// Compiled layers for the whole process, keyed by the kernels' kind, the
+/// cell's forward and backward IR, the layer's sizes and the host's
+/// features: a model compiles once per process, however many backends
+/// or models share it.
+fn program_cache() -> &'static Mutex<HashMap<String, Arc<LayerCode>>> {
+    static CACHE: std::sync::OnceLock<Mutex<HashMap<String, Arc<LayerCode>>>> = std::sync::OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn host_features() -> String {
+    let has = |f: bool, name: &'static str| if f { name } else { "" };
+    [
+        has(std::arch::is_x86_feature_detected!("avx512f"), "avx512f "),
+        has(std::arch::is_x86_feature_detected!("avx2"), "avx2 "),
+        has(std::arch::is_x86_feature_detected!("fma"), "fma "),
+    ]
+    .concat()
 }
 
 impl std::fmt::Debug for Cpu {
@@ -68,7 +88,7 @@ impl Cpu {
             .thread_name(|i| format!("cellc-cpu-{i}"))
             .build()
             .map_err(|e| RuntimeError::Backend { backend: "cpu".into(), message: e.to_string() })?;
-        Ok(Cpu { threads, pool, kernels, programs: Mutex::new(HashMap::new()) })
+        Ok(Cpu { threads, pool, kernels })
     }
 
     pub fn threads(&self) -> usize {
@@ -76,9 +96,17 @@ impl Cpu {
     }
 
     fn code(&self, cell: &CompiledCell, layer: &LayerProgram) -> Result<Arc<LayerCode>> {
-        let key = (cell as *const CompiledCell as usize, format!("{:?}", layer.sizes));
+        let names = cellc::ir::print::LeafNames::of(&cell.cell, &cell.grad.seeds);
+        let key = format!(
+            "{:?}|{:?}|{}|{}|{}",
+            self.kernels,
+            layer.sizes,
+            host_features(),
+            cellc::ir::print::values_text(&cell.cell, &names, None),
+            cellc::ir::print::values_text(&cell.grad.graph, &names, None),
+        );
         let mut cache =
-            self.programs.lock().map_err(|_| RuntimeError::Internal("kernel cache poisoned".into()))?;
+            program_cache().lock().map_err(|_| RuntimeError::Internal("kernel cache poisoned".into()))?;
         if let Some(c) = cache.get(&key) {
             return Ok(c.clone());
         }
@@ -86,10 +114,20 @@ impl Cpu {
         let fwd_plan = Arc::new(layer.forward_plan.clone());
         let bwd_graph = Arc::new(cell.grad.graph.clone());
         let bwd_plan = Arc::new(layer.backward_plan.clone());
+        let kernels = self.kernels;
         let make = |g: &Arc<Graph>, p: &Arc<Plan>| {
             let (g, p) = (g.clone(), p.clone());
             move |st: &cellc::schedule::Stage| -> Result<Arc<dyn StageExec>> {
-                Ok(Arc::new(Interpreted::new(g.clone(), p.clone(), &st.values, &st.inputs, &st.outputs)))
+                Ok(match kernels {
+                    Kernels::Interpreted => {
+                        Arc::new(Interpreted::new(g.clone(), p.clone(), &st.values, &st.inputs, &st.outputs))
+                    }
+                    Kernels::Jit => Arc::new(
+                        codegen::JitStage::compile(&g, &p, &st.values, &st.inputs, &st.outputs).map_err(
+                            |e| RuntimeError::Backend { backend: "cpu".into(), message: e.to_string() },
+                        )?,
+                    ),
+                })
             }
         };
         let forward = driver::steps(&fwd_graph, &layer.schedule.forward, &mut make(&fwd_graph, &fwd_plan))?;

@@ -81,6 +81,9 @@ impl StageExec for Interpreted {
                 store[v.index()] = Some(c.clone());
             }
             for (i, &v) in self.inputs.iter().enumerate() {
+                if self.constants.iter().any(|(c, _)| *c == v) {
+                    continue; // a literal, as in compiled kernels
+                }
                 let n = self.plan.elements(v);
                 // SAFETY: the caller guarantees n valid floats behind each input pointer.
                 store[v.index()] = Some(unsafe { std::slice::from_raw_parts(ptrs[i], n) }.to_vec());

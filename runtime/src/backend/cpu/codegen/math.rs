@@ -1,0 +1,274 @@
+//! Elementwise math in Cranelift IR, generic over scalar `f32` and `f32x4`
+//! (the widest vector Cranelift's x86-64 back end supports).
+//!
+//! Cranelift has no `exp`, `log` or `tanh`, so these are range-reduced
+//! polynomials (Cephes' single-precision coefficients): `exp` by
+//! `2^n · e^r` with `|r| <= ln2/2`, `log` by `e·ln2 + log(m)` with
+//! `m ∈ [√½, √2)`, `tanh` by an odd polynomial for `|x| < 0.625` and
+//! `1 - 2/(e^{2|x|} + 1)` beyond. The accuracy sweep in `tests` states the
+//! error reached.
+
+// The polynomial coefficients are written as published (Cephes), with more
+// digits than an f32 holds; the compiler rounds them once.
+#![allow(clippy::excessive_precision)]
+
+use cranelift_codegen::ir::condcodes::FloatCC;
+use cranelift_codegen::ir::{types, Endianness, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_frontend::FunctionBuilder;
+
+/// A constant of type `ty` (splatted for a vector).
+pub fn fc(b: &mut FunctionBuilder, ty: Type, v: f32) -> Value {
+    let s = b.ins().f32const(v);
+    if ty.is_vector() {
+        b.ins().splat(ty, s)
+    } else {
+        s
+    }
+}
+
+fn ic(b: &mut FunctionBuilder, ty: Type, v: i32) -> Value {
+    let s = b.ins().iconst(types::I32, v as i64);
+    if ty.is_vector() {
+        b.ins().splat(ty.as_int(), s)
+    } else {
+        s
+    }
+}
+
+fn lane_bitcast(b: &mut FunctionBuilder, to: Type, x: Value) -> Value {
+    b.ins().bitcast(to, MemFlagsData::new().with_endianness(Endianness::Little), x)
+}
+
+/// `cond ? a : c`, for a comparison result `cond` of `ty`'s shape.
+pub fn choose(b: &mut FunctionBuilder, ty: Type, cond: Value, a: Value, c: Value) -> Value {
+    if ty.is_vector() {
+        let mask = lane_bitcast(b, ty, cond);
+        b.ins().bitselect(mask, a, c)
+    } else {
+        b.ins().select(cond, a, c)
+    }
+}
+
+/// `x < y ? x : y` (lowers to one `minps` for vectors).
+pub fn min(b: &mut FunctionBuilder, ty: Type, x: Value, y: Value) -> Value {
+    let lt = b.ins().fcmp(FloatCC::LessThan, x, y);
+    choose(b, ty, lt, x, y)
+}
+
+/// `y < x ? x : y` (one `maxps`).
+pub fn max(b: &mut FunctionBuilder, ty: Type, x: Value, y: Value) -> Value {
+    let gt = b.ins().fcmp(FloatCC::LessThan, y, x);
+    choose(b, ty, gt, x, y)
+}
+
+/// 1.0 where `a cc c`, else 0.0.
+pub fn indicator(b: &mut FunctionBuilder, ty: Type, cc: FloatCC, a: Value, c: Value) -> Value {
+    let cond = b.ins().fcmp(cc, a, c);
+    let (one, zero) = (fc(b, ty, 1.0), fc(b, ty, 0.0));
+    choose(b, ty, cond, one, zero)
+}
+
+pub fn exp(b: &mut FunctionBuilder, ty: Type, x: Value) -> Value {
+    let lo = fc(b, ty, -87.336_54);
+    let hi = fc(b, ty, 88.376_26);
+    let x = max(b, ty, x, lo);
+    let x = min(b, ty, x, hi);
+    let magic = fc(b, ty, 12_582_912.0); // 1.5 * 2^23: j's low bits hold round(x / ln2)
+    let log2e = fc(b, ty, std::f32::consts::LOG2_E);
+    let j = b.ins().fma(x, log2e, magic);
+    let n = b.ins().fsub(j, magic);
+    let c1 = fc(b, ty, -0.693_359_4);
+    let r = b.ins().fma(n, c1, x);
+    let c2 = fc(b, ty, 2.121_944_4e-4);
+    let r = b.ins().fma(n, c2, r);
+    let mut p = fc(b, ty, 1.987_569_1e-4);
+    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1] {
+        let k = fc(b, ty, c);
+        p = b.ins().fma(p, r, k);
+    }
+    let r2 = b.ins().fmul(r, r);
+    let one = fc(b, ty, 1.0);
+    let r1 = b.ins().fadd(r, one);
+    let e = b.ins().fma(p, r2, r1);
+    // 2^n = (bits(j) << 23) + (127 << 23)
+    let ity = ty.as_int();
+    let jb = lane_bitcast(b, ity, j);
+    let sh = b.ins().iconst(types::I32, 23);
+    let jb = b.ins().ishl(jb, sh);
+    let bias = ic(b, ty, 127 << 23);
+    let sc = b.ins().iadd(jb, bias);
+    let sc = lane_bitcast(b, ty, sc);
+    b.ins().fmul(e, sc)
+}
+
+pub fn sigmoid(b: &mut FunctionBuilder, ty: Type, x: Value) -> Value {
+    let nx = b.ins().fneg(x);
+    let e = exp(b, ty, nx);
+    let one = fc(b, ty, 1.0);
+    let d = b.ins().fadd(one, e);
+    b.ins().fdiv(one, d)
+}
+
+pub fn tanh(b: &mut FunctionBuilder, ty: Type, x: Value) -> Value {
+    let ax = b.ins().fabs(x);
+    // Small |x|: x + x z P(z), z = x^2.
+    let z = b.ins().fmul(x, x);
+    let mut p = fc(b, ty, -5.704_988_7e-3);
+    for c in [2.063_908_9e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328_2e-1] {
+        let k = fc(b, ty, c);
+        p = b.ins().fma(p, z, k);
+    }
+    let xz = b.ins().fmul(x, z);
+    let small = b.ins().fma(xz, p, x);
+    // Large |x|: 1 - 2 / (exp(2|x|) + 1), with x's sign.
+    let two = fc(b, ty, 2.0);
+    let ax2 = b.ins().fmul(ax, two);
+    let e = exp(b, ty, ax2);
+    let one = fc(b, ty, 1.0);
+    let d = b.ins().fadd(e, one);
+    let q = b.ins().fdiv(two, d);
+    let mag = b.ins().fsub(one, q);
+    let neg = b.ins().fneg(mag);
+    let zero = fc(b, ty, 0.0);
+    let is_neg = b.ins().fcmp(FloatCC::LessThan, x, zero);
+    let large = choose(b, ty, is_neg, neg, mag);
+    let limit = fc(b, ty, 0.625);
+    let is_small = b.ins().fcmp(FloatCC::LessThan, ax, limit);
+    choose(b, ty, is_small, small, large)
+}
+
+/// Natural log; `log(0) = -inf`, negative or NaN inputs give NaN.
+pub fn log(b: &mut FunctionBuilder, ty: Type, x: Value) -> Value {
+    let ity = ty.as_int();
+    // Subnormals: scale by 2^23 first, and take 23 off the exponent after.
+    let tiny = fc(b, ty, f32::MIN_POSITIVE);
+    let is_sub = b.ins().fcmp(FloatCC::LessThan, x, tiny);
+    let scale = fc(b, ty, 8_388_608.0);
+    let xs = b.ins().fmul(x, scale);
+    let xn = choose(b, ty, is_sub, xs, x);
+    let bits = lane_bitcast(b, ity, xn);
+    // Exponent and mantissa m in [1, 2).
+    let sh = b.ins().iconst(types::I32, 23);
+    let e_bits = b.ins().ushr(bits, sh);
+    let bias = ic(b, ty, 127);
+    let e_int = b.ins().isub(e_bits, bias);
+    let mant_mask = ic(b, ty, 0x007f_ffff);
+    let one_bits = ic(b, ty, 0x3f80_0000);
+    let m_bits = b.ins().band(bits, mant_mask);
+    let m_bits = b.ins().bor(m_bits, one_bits);
+    let m = lane_bitcast(b, ty, m_bits);
+    let e = b.ins().fcvt_from_sint(ty, e_int);
+    let e_less = fc(b, ty, 23.0);
+    let e_sub = b.ins().fsub(e, e_less);
+    let e = choose(b, ty, is_sub, e_sub, e);
+    // m > sqrt(2): m /= 2, e += 1, so m is in [sqrt(1/2), sqrt(2)).
+    let sqrt2 = fc(b, ty, std::f32::consts::SQRT_2);
+    let big = b.ins().fcmp(FloatCC::GreaterThan, m, sqrt2);
+    let half = fc(b, ty, 0.5);
+    let mh = b.ins().fmul(m, half);
+    let m = choose(b, ty, big, mh, m);
+    let one = fc(b, ty, 1.0);
+    let e1 = b.ins().fadd(e, one);
+    let e = choose(b, ty, big, e1, e);
+    let f = b.ins().fsub(m, one);
+    let z = b.ins().fmul(f, f);
+    let mut p = fc(b, ty, 7.037_683_6e-2);
+    for c in [
+        -1.151_461e-1,
+        1.167_699_9e-1,
+        -1.242_014_1e-1,
+        1.424_932_3e-1,
+        -1.666_805_8e-1,
+        2.000_071_4e-1,
+        -2.499_999_4e-1,
+        3.333_333_1e-1,
+    ] {
+        let k = fc(b, ty, c);
+        p = b.ins().fma(p, f, k);
+    }
+    let fz = b.ins().fmul(f, z);
+    let y = b.ins().fmul(fz, p);
+    let c1 = fc(b, ty, -2.121_944_4e-4);
+    let y = b.ins().fma(e, c1, y);
+    let mhalf = fc(b, ty, -0.5);
+    let y = b.ins().fma(z, mhalf, y);
+    let r = b.ins().fadd(f, y);
+    let c2 = fc(b, ty, 0.693_359_4);
+    let r = b.ins().fma(e, c2, r);
+    // Special cases: x == 0 -> -inf; x < 0 or NaN -> NaN; +inf -> +inf.
+    let zero = fc(b, ty, 0.0);
+    let is_zero = b.ins().fcmp(FloatCC::Equal, x, zero);
+    let ninf = fc(b, ty, f32::NEG_INFINITY);
+    let r = choose(b, ty, is_zero, ninf, r);
+    let bad = b.ins().fcmp(FloatCC::UnorderedOrLessThan, x, zero);
+    let nan = fc(b, ty, f32::NAN);
+    let r = choose(b, ty, bad, nan, r);
+    let inf = fc(b, ty, f32::INFINITY);
+    let is_inf = b.ins().fcmp(FloatCC::Equal, x, inf);
+    choose(b, ty, is_inf, inf, r)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Accuracy over a sweep of f32 inputs, against f64 std math.
+    use crate::backend::cpu::codegen::compile_unary_for_test;
+    use cellc::ir::UnaryOp;
+
+    /// Units in the last place between an f32 result and the exact f64 value.
+    fn ulps(got: f32, exact: f64) -> f64 {
+        if exact == 0.0 {
+            return (got as f64).abs() / f32::MIN_POSITIVE as f64;
+        }
+        let e = exact as f32;
+        let ulp = (f32::from_bits(e.abs().to_bits() + 1) - e.abs()) as f64;
+        (got as f64 - exact).abs() / ulp
+    }
+
+    fn sweep(op: UnaryOp, lo: f32, hi: f32, exact: fn(f64) -> f64) -> (f64, f64, f32) {
+        // Every 37th bit pattern of the finite floats in [lo, hi], both signs as given.
+        let mut xs: Vec<f32> = Vec::new();
+        for sign in [0u32, 0x8000_0000] {
+            let mut bits = 0u32;
+            while bits < 0x7f80_0000 {
+                let x = f32::from_bits(bits | sign);
+                if x >= lo && x <= hi {
+                    xs.push(x);
+                }
+                bits += 37;
+            }
+        }
+        let f = compile_unary_for_test(op, xs.len());
+        let got = f(&xs);
+        let (mut worst_ulp, mut worst_rel, mut at) = (0.0f64, 0.0f64, 0.0f32);
+        for (&x, &y) in xs.iter().zip(&got) {
+            let e = exact(x as f64);
+            if !e.is_finite() || (e as f32).abs() < f32::MIN_POSITIVE {
+                continue;
+            }
+            let u = ulps(y, e);
+            if u > worst_ulp {
+                worst_ulp = u;
+                at = x;
+            }
+            worst_rel = worst_rel.max((y as f64 - e).abs() / e.abs());
+        }
+        (worst_ulp, worst_rel, at)
+    }
+
+    #[test]
+    fn accuracy_sweep() {
+        type Case = (UnaryOp, f32, f32, fn(f64) -> f64, f64);
+        let cases: [Case; 5] = [
+            (UnaryOp::Exp, -87.0, 88.0, f64::exp, 4.0),
+            (UnaryOp::Sigmoid, -80.0, 80.0, |x| 1.0 / (1.0 + (-x).exp()), 4.0),
+            (UnaryOp::Tanh, -20.0, 20.0, f64::tanh, 4.0),
+            (UnaryOp::Log, 0.0, f32::MAX, f64::ln, 4.0),
+            (UnaryOp::Silu, -80.0, 80.0, |x| x / (1.0 + (-x).exp()), 6.0),
+        ];
+        for (op, lo, hi, exact, limit) in cases {
+            let (u, r, at) = sweep(op, lo, hi, exact);
+            eprintln!("{op:?}: max {u:.2} ulp (relative {r:.2e}) at x = {at:e}");
+            assert!(u <= limit, "{op:?}: {u} ulp at {at}");
+        }
+    }
+}

@@ -1,0 +1,653 @@
+//! Pointwise stages compiled to native code with Cranelift.
+//!
+//! One function per stage, with the pointer-table ABI of [`StageExec`]:
+//! `fn(rows, args, scratch)`, where `args` holds each row's input and
+//! output pointers. For each row the function walks the stage's values in
+//! order: scalars (constants, reductions) stay in registers, broadcasts are
+//! splats, slices are pointers into their source, and every other vector is
+//! one loop of `f32x4` operations with a scalar tail, writing into the
+//! output it is (when it is one) or into scratch. Row reductions (LayerNorm's
+//! `mean`) accumulate in four lanes and add them in a fixed order, so
+//! results are the same run to run.
+
+pub mod math;
+
+use super::stage::StageExec;
+use cellc::interp::Plan;
+use cellc::ir::{BinaryOp, Graph, Op, ReduceOp, UnaryOp, ValueId};
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{types, AbiParam, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{default_libcall_names, Linkage, Module};
+use math::fc;
+use std::collections::HashMap;
+
+/// Why a stage could not be compiled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JitError(pub String);
+
+impl std::fmt::Display for JitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cranelift: {}", self.0)
+    }
+}
+
+type KernelFn = unsafe extern "C" fn(usize, *const *mut f32, *mut f32);
+
+/// A compiled pointwise stage.
+pub struct JitStage {
+    func: KernelFn,
+    /// Owns the machine code `func` points into.
+    _module: JITModule,
+    inputs: Vec<ValueId>,
+    outputs: Vec<ValueId>,
+    scratch: usize,
+}
+
+impl std::fmt::Debug for JitStage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JitStage").field("inputs", &self.inputs).field("outputs", &self.outputs).finish()
+    }
+}
+
+// SAFETY: the module is only kept alive, never mutated after finalisation;
+// the function is reentrant (all state is in its arguments and scratch).
+unsafe impl Send for JitStage {}
+unsafe impl Sync for JitStage {}
+
+impl StageExec for JitStage {
+    fn inputs(&self) -> &[ValueId] {
+        &self.inputs
+    }
+
+    fn outputs(&self) -> &[ValueId] {
+        &self.outputs
+    }
+
+    unsafe fn run(&self, rows: usize, args: &[*mut f32]) {
+        let mut scratch = vec![0.0f32; self.scratch.max(1)];
+        // SAFETY: the caller's contract covers `args`; scratch has the size
+        // the code was compiled for.
+        unsafe { (self.func)(rows, args.as_ptr(), scratch.as_mut_ptr()) }
+    }
+}
+
+/// How a value is held while one row is computed.
+#[derive(Clone, Copy, Debug)]
+enum Held {
+    /// A scalar in a register.
+    Scalar(Value),
+    /// A vector whose every element is this scalar.
+    Splat(Value),
+    /// A vector in memory at this address (a pointer value).
+    Mem(Value),
+}
+
+fn isa() -> Result<cranelift_codegen::isa::OwnedTargetIsa, JitError> {
+    let mut flags = settings::builder();
+    flags.set("opt_level", "speed").map_err(|e| JitError(e.to_string()))?;
+    flags.set("is_pic", "false").map_err(|e| JitError(e.to_string()))?;
+    flags.set("use_colocated_libcalls", "false").map_err(|e| JitError(e.to_string()))?;
+    let native = cranelift_native::builder().map_err(|e| JitError(e.to_string()))?;
+    native.finish(settings::Flags::new(flags)).map_err(|e| JitError(e.to_string()))
+}
+
+impl JitStage {
+    /// Compiles `values` (a stage, in order) of `graph` at `plan`'s shapes,
+    /// reading `inputs` and writing `outputs` through the row pointer table.
+    pub fn compile(
+        graph: &Graph,
+        plan: &Plan,
+        values: &[ValueId],
+        inputs: &[ValueId],
+        outputs: &[ValueId],
+    ) -> Result<JitStage, JitError> {
+        let isa = isa()?;
+        let mut module = JITModule::new(JITBuilder::with_isa(isa, default_libcall_names()));
+        let ptr = module.target_config().pointer_type();
+        let mut ctx = module.make_context();
+        for _ in 0..3 {
+            ctx.func.signature.params.push(AbiParam::new(ptr));
+        }
+        let mut fctx = FunctionBuilderContext::new();
+        let scratch_len;
+        {
+            let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+            let mut g = Gen { b: &mut b, graph, plan, ptr, held: HashMap::new(), scratch_at: 0 };
+            g.body(values, inputs, outputs)?;
+            scratch_len = g.scratch_at;
+            b.seal_all_blocks();
+            b.finalize(module.target_config());
+        }
+        let id = module
+            .declare_function("stage", Linkage::Export, &ctx.func.signature)
+            .map_err(|e| JitError(e.to_string()))?;
+        module.define_function(id, &mut ctx).map_err(|e| JitError(format!("{e:?}")))?;
+        module.clear_context(&mut ctx);
+        module.finalize_definitions().map_err(|e| JitError(e.to_string()))?;
+        let code = module.get_finalized_function(id);
+        // SAFETY: the function was built with exactly this signature (three
+        // pointer-sized arguments, no result) and the module stays alive in
+        // the returned value.
+        let func: KernelFn = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };
+        Ok(JitStage {
+            func,
+            _module: module,
+            inputs: inputs.to_vec(),
+            outputs: outputs.to_vec(),
+            scratch: scratch_len,
+        })
+    }
+}
+
+struct Gen<'a, 'b> {
+    b: &'a mut FunctionBuilder<'b>,
+    graph: &'a Graph,
+    plan: &'a Plan,
+    ptr: Type,
+    held: HashMap<ValueId, Held>,
+    /// Floats of scratch handed out so far.
+    scratch_at: usize,
+}
+
+fn flags() -> MemFlagsData {
+    MemFlagsData::trusted()
+}
+
+impl Gen<'_, '_> {
+    fn len(&self, v: ValueId) -> usize {
+        self.plan.elements(v)
+    }
+
+    fn body(&mut self, values: &[ValueId], inputs: &[ValueId], outputs: &[ValueId]) -> Result<(), JitError> {
+        let entry = self.b.create_block();
+        let head = self.b.create_block();
+        let body = self.b.create_block();
+        let exit = self.b.create_block();
+        self.b.append_block_params_for_function_params(entry);
+        self.b.append_block_param(head, self.ptr);
+        self.b.switch_to_block(entry);
+        let p = self.b.block_params(entry).to_vec();
+        let (rows, args, scratch) = (p[0], p[1], p[2]);
+        let zero = self.b.ins().iconst(self.ptr, 0);
+        self.b.ins().jump(head, &[zero.into()]);
+
+        self.b.switch_to_block(head);
+        let r = self.b.block_params(head)[0];
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, r, rows);
+        self.b.ins().brif(more, body, &[], exit, &[]);
+
+        self.b.switch_to_block(body);
+        let k = (inputs.len() + outputs.len()) as i64;
+        let row_bytes = self.b.ins().imul_imm_s(r, k * 8);
+        let base = self.b.ins().iadd(args, row_bytes);
+        self.held.clear();
+        // Constants first: literals, even when also listed as inputs.
+        for (v, value) in self.plan.constant_values::<f32>(self.graph) {
+            let h = match (value.len(), self.graph.node(v).op.clone()) {
+                (1, Op::Const(_) | Op::DimValue(_)) => Held::Scalar(self.b.ins().f32const(value[0])),
+                (_, Op::Broadcast) if value.iter().all(|x| x.to_bits() == value[0].to_bits()) => {
+                    Held::Splat(self.b.ins().f32const(value[0]))
+                }
+                _ => continue, // a vector constant: read through its input pointer
+            };
+            self.held.insert(v, h);
+        }
+        for (i, &v) in inputs.iter().enumerate() {
+            if self.held.contains_key(&v) {
+                continue;
+            }
+            let p = self.b.ins().load(self.ptr, flags(), base, (i * 8) as i32);
+            let h = if self.graph.ty(v).vector_dim().is_some() || self.len(v) != 1 {
+                Held::Mem(p)
+            } else {
+                Held::Scalar(self.b.ins().load(types::F32, flags(), p, 0))
+            };
+            self.held.insert(v, h);
+        }
+        let mut out_ptr: HashMap<ValueId, Value> = HashMap::new();
+        for (i, &v) in outputs.iter().enumerate() {
+            let p = self.b.ins().load(self.ptr, flags(), base, ((inputs.len() + i) * 8) as i32);
+            out_ptr.entry(v).or_insert(p);
+        }
+        for &v in values {
+            if self.held.contains_key(&v) {
+                continue;
+            }
+            let dst = out_ptr.get(&v).copied();
+            let h = self.value(v, dst, scratch)?;
+            self.held.insert(v, h);
+        }
+        // Outputs not already written in place.
+        for (i, &v) in outputs.iter().enumerate() {
+            let p = self.b.ins().load(self.ptr, flags(), base, ((inputs.len() + i) * 8) as i32);
+            let h = *self.held.get(&v).ok_or_else(|| JitError(format!("output {v} is never computed")))?;
+            match h {
+                Held::Mem(src)
+                    if out_ptr.get(&v) == Some(&src)
+                        && i == outputs.iter().position(|o| *o == v).unwrap_or(i) => {}
+                _ => self.copy(h, p, self.len(v)),
+            }
+        }
+        let next = self.b.ins().iadd_imm_s(r, 1);
+        self.b.ins().jump(head, &[next.into()]);
+        self.b.switch_to_block(exit);
+        self.b.ins().return_(&[]);
+        Ok(())
+    }
+
+    /// Storage for a computed vector: its output, or fresh scratch.
+    fn storage(&mut self, v: ValueId, dst: Option<Value>, scratch: Value) -> Value {
+        if let Some(d) = dst {
+            return d;
+        }
+        let at = self.scratch_at;
+        self.scratch_at += self.len(v);
+        self.b.ins().iadd_imm_s(scratch, (at * 4) as i64)
+    }
+
+    fn value(&mut self, v: ValueId, dst: Option<Value>, scratch: Value) -> Result<Held, JitError> {
+        let node = self.graph.node(v).clone();
+        let ops = self.graph.operands(v);
+        let get = |s: &Self, o: ValueId| {
+            s.held.get(&o).copied().ok_or_else(|| JitError(format!("{v} reads {o}, not available")))
+        };
+        let n = self.len(v);
+        let scalar_result = self.graph.ty(v).vector_dim().is_none();
+        Ok(match node.op {
+            Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Seed(_) => {
+                return Err(JitError(format!("leaf {v} is not among the stage's inputs")))
+            }
+            Op::Const(_) | Op::DimValue(_) => {
+                let c = self.plan.compute::<f32>(self.graph, v, &[]);
+                Held::Scalar(self.b.ins().f32const(c.first().copied().unwrap_or(0.0)))
+            }
+            Op::MatVec | Op::MatVecT | Op::Outer => {
+                return Err(JitError(format!("{v}: a matrix product in a pointwise stage")))
+            }
+            Op::Broadcast => match get(self, ops[0])? {
+                Held::Scalar(s) | Held::Splat(s) => Held::Splat(s),
+                Held::Mem(p) => Held::Splat(self.b.ins().load(types::F32, flags(), p, 0)),
+            },
+            Op::Slice { .. } => match get(self, ops[0])? {
+                Held::Mem(p) => {
+                    let offset = slice_offset(self.graph, self.plan, v);
+                    Held::Mem(self.b.ins().iadd_imm_s(p, (offset * 4) as i64))
+                }
+                other => other,
+            },
+            Op::Unary(_) | Op::Binary(_) if scalar_result => {
+                let args: Vec<Value> = ops
+                    .iter()
+                    .map(|&o| match get(self, o)? {
+                        Held::Scalar(s) | Held::Splat(s) => Ok(s),
+                        Held::Mem(p) => Ok(self.b.ins().load(types::F32, flags(), p, 0)),
+                    })
+                    .collect::<Result<_, JitError>>()?;
+                Held::Scalar(self.op(&node.op, types::F32, &args))
+            }
+            Op::Unary(_) | Op::Binary(_) => {
+                let operands: Vec<Held> = ops.iter().map(|&o| get(self, o)).collect::<Result<_, _>>()?;
+                if operands.iter().all(|h| matches!(h, Held::Splat(_) | Held::Scalar(_))) {
+                    let args: Vec<Value> = operands
+                        .iter()
+                        .map(|h| if let Held::Splat(s) | Held::Scalar(s) = h { *s } else { unreachable!() })
+                        .collect();
+                    Held::Splat(self.op(&node.op, types::F32, &args))
+                } else {
+                    let out = self.storage(v, dst, scratch);
+                    let op = node.op.clone();
+                    self.each(n, |g, ty, off| {
+                        let args: Vec<Value> = operands.iter().map(|h| g.load(*h, ty, off)).collect();
+                        let r = g.op(&op, ty, &args);
+                        let addr = g.b.ins().iadd(out, off);
+                        g.b.ins().store(flags(), r, addr, 0);
+                    });
+                    Held::Mem(out)
+                }
+            }
+            Op::Reduce(op) => {
+                let src = get(self, ops[0])?;
+                let m = self.len(ops[0]);
+                let sum = match src {
+                    Held::Scalar(s) | Held::Splat(s) => {
+                        let k = self.b.ins().f32const(m as f32);
+                        self.b.ins().fmul(s, k)
+                    }
+                    Held::Mem(p) => self.sum(p, m),
+                };
+                Held::Scalar(match op {
+                    ReduceOp::Sum => sum,
+                    ReduceOp::Mean => {
+                        let k = self.b.ins().f32const(m as f32);
+                        self.b.ins().fdiv(sum, k)
+                    }
+                })
+            }
+            Op::Pad { .. } => {
+                let out = self.storage(v, dst, scratch);
+                let zero = self.b.ins().f32const(0.0);
+                self.copy(Held::Splat(zero), out, n);
+                let offset = slice_offset(self.graph, self.plan, v);
+                let at = self.b.ins().iadd_imm_s(out, (offset * 4) as i64);
+                let src = get(self, ops[0])?;
+                self.copy(src, at, self.len(ops[0]));
+                Held::Mem(out)
+            }
+            Op::Concat => {
+                let out = self.storage(v, dst, scratch);
+                let mut at = 0usize;
+                for &o in &ops {
+                    let src = get(self, o)?;
+                    let p = self.b.ins().iadd_imm_s(out, (at * 4) as i64);
+                    let l = self.len(o);
+                    self.copy(src, p, l);
+                    at += l;
+                }
+                Held::Mem(out)
+            }
+        })
+    }
+
+    /// Loads element(s) at byte offset `off` of a held value.
+    fn load(&mut self, h: Held, ty: Type, off: Value) -> Value {
+        match h {
+            Held::Scalar(s) | Held::Splat(s) => {
+                if ty.is_vector() {
+                    self.b.ins().splat(ty, s)
+                } else {
+                    s
+                }
+            }
+            Held::Mem(p) => {
+                let addr = self.b.ins().iadd(p, off);
+                self.b.ins().load(ty, flags(), addr, 0)
+            }
+        }
+    }
+
+    /// Emits `body(ty, byte_offset)` over `n` elements: f32x4 steps, then a scalar tail.
+    fn each(&mut self, n: usize, mut body: impl FnMut(&mut Self, Type, Value)) {
+        let vec_n = n / 4 * 4;
+        for (ty, from, to, step) in [(types::F32X4, 0, vec_n, 4), (types::F32, vec_n, n, 1)] {
+            if from >= to {
+                continue;
+            }
+            let head = self.b.create_block();
+            let blk = self.b.create_block();
+            let done = self.b.create_block();
+            self.b.append_block_param(head, self.ptr);
+            let start = self.b.ins().iconst(self.ptr, (from * 4) as i64);
+            self.b.ins().jump(head, &[start.into()]);
+            self.b.switch_to_block(head);
+            let off = self.b.block_params(head)[0];
+            let more = self.b.ins().icmp_imm_s(IntCC::UnsignedLessThan, off, (to * 4) as i64);
+            self.b.ins().brif(more, blk, &[], done, &[]);
+            self.b.switch_to_block(blk);
+            body(self, ty, off);
+            let next = self.b.ins().iadd_imm_s(off, (step * 4) as i64);
+            self.b.ins().jump(head, &[next.into()]);
+            self.b.switch_to_block(done);
+        }
+    }
+
+    /// Writes `n` elements of a held value to `dst`.
+    fn copy(&mut self, src: Held, dst: Value, n: usize) {
+        self.each(n, |g, ty, off| {
+            let x = g.load(src, ty, off);
+            let addr = g.b.ins().iadd(dst, off);
+            g.b.ins().store(flags(), x, addr, 0);
+        });
+    }
+
+    /// Sum of `n` floats at `p`: four lanes, then a fixed-order lane sum, then the tail.
+    fn sum(&mut self, p: Value, n: usize) -> Value {
+        let vec_n = n / 4 * 4;
+        let zero_s = self.b.ins().f32const(0.0);
+        let mut total = zero_s;
+        if vec_n > 0 {
+            let zero_v = self.b.ins().splat(types::F32X4, zero_s);
+            let head = self.b.create_block();
+            let blk = self.b.create_block();
+            let done = self.b.create_block();
+            self.b.append_block_param(head, self.ptr);
+            self.b.append_block_param(head, types::F32X4);
+            self.b.append_block_param(done, types::F32X4);
+            let start = self.b.ins().iconst(self.ptr, 0);
+            self.b.ins().jump(head, &[start.into(), zero_v.into()]);
+            self.b.switch_to_block(head);
+            let (off, acc) = (self.b.block_params(head)[0], self.b.block_params(head)[1]);
+            let more = self.b.ins().icmp_imm_s(IntCC::UnsignedLessThan, off, (vec_n * 4) as i64);
+            self.b.ins().brif(more, blk, &[], done, &[acc.into()]);
+            self.b.switch_to_block(blk);
+            let addr = self.b.ins().iadd(p, off);
+            let x = self.b.ins().load(types::F32X4, flags(), addr, 0);
+            let acc2 = self.b.ins().fadd(acc, x);
+            let next = self.b.ins().iadd_imm_s(off, 16);
+            self.b.ins().jump(head, &[next.into(), acc2.into()]);
+            self.b.switch_to_block(done);
+            let acc = self.b.block_params(done)[0];
+            let l: Vec<Value> = (0..4).map(|i| self.b.ins().extractlane(acc, i as u8)).collect();
+            let a = self.b.ins().fadd(l[0], l[1]);
+            let c = self.b.ins().fadd(l[2], l[3]);
+            total = self.b.ins().fadd(a, c);
+        }
+        for i in vec_n..n {
+            let x = self.b.ins().load(types::F32, flags(), p, (i * 4) as i32);
+            total = self.b.ins().fadd(total, x);
+        }
+        total
+    }
+
+    /// One elementwise op at type `ty` (f32 or f32x4).
+    fn op(&mut self, op: &Op, ty: Type, a: &[Value]) -> Value {
+        let b = &mut *self.b;
+        match op {
+            Op::Unary(u) => {
+                let x = a[0];
+                match u {
+                    UnaryOp::Neg => b.ins().fneg(x),
+                    UnaryOp::Sigmoid => math::sigmoid(b, ty, x),
+                    UnaryOp::Tanh => math::tanh(b, ty, x),
+                    UnaryOp::Relu => {
+                        let z = fc(b, ty, 0.0);
+                        let pos = b.ins().fcmp(FloatCC::GreaterThan, x, z);
+                        math::choose(b, ty, pos, x, z)
+                    }
+                    UnaryOp::Exp => math::exp(b, ty, x),
+                    UnaryOp::Log => math::log(b, ty, x),
+                    UnaryOp::Sqrt => b.ins().sqrt(x),
+                    UnaryOp::Rsqrt => {
+                        let s = b.ins().sqrt(x);
+                        let one = fc(b, ty, 1.0);
+                        b.ins().fdiv(one, s)
+                    }
+                    UnaryOp::Abs => b.ins().fabs(x),
+                    UnaryOp::Softplus => {
+                        // max(x, 0) + log(1 + exp(-|x|))
+                        let z = fc(b, ty, 0.0);
+                        let m = math::max(b, ty, x, z);
+                        let ax = b.ins().fabs(x);
+                        let nax = b.ins().fneg(ax);
+                        let e = math::exp(b, ty, nax);
+                        let one = fc(b, ty, 1.0);
+                        let e1 = b.ins().fadd(one, e);
+                        let l = math::log(b, ty, e1);
+                        b.ins().fadd(m, l)
+                    }
+                    UnaryOp::Silu => {
+                        let s = math::sigmoid(b, ty, x);
+                        b.ins().fmul(x, s)
+                    }
+                    UnaryOp::Step => {
+                        let z = fc(b, ty, 0.0);
+                        math::indicator(b, ty, FloatCC::GreaterThan, x, z)
+                    }
+                    UnaryOp::Sign => {
+                        let z = fc(b, ty, 0.0);
+                        let p = math::indicator(b, ty, FloatCC::GreaterThan, x, z);
+                        let n = math::indicator(b, ty, FloatCC::LessThan, x, z);
+                        b.ins().fsub(p, n)
+                    }
+                }
+            }
+            Op::Binary(o) => {
+                let (x, y) = (a[0], a[1]);
+                match o {
+                    BinaryOp::Add => b.ins().fadd(x, y),
+                    BinaryOp::Sub => b.ins().fsub(x, y),
+                    BinaryOp::Mul => b.ins().fmul(x, y),
+                    BinaryOp::Div => b.ins().fdiv(x, y),
+                    BinaryOp::Min => math::min(b, ty, x, y),
+                    BinaryOp::Max => math::max(b, ty, x, y),
+                    BinaryOp::Ge => math::indicator(b, ty, FloatCC::GreaterThanOrEqual, x, y),
+                }
+            }
+            // Only elementwise ops reach here.
+            _ => a[0],
+        }
+    }
+}
+
+/// The element offset of a `slice` or `pad` at these sizes.
+fn slice_offset(graph: &Graph, plan: &Plan, v: ValueId) -> usize {
+    // A slice of the value [0, 1, 2, ...] gives its own offset as the first element.
+    let src = graph.operands(v)[0];
+    match graph.node(v).op {
+        Op::Slice { .. } => {
+            let iota: Vec<f32> = (0..plan.elements(src)).map(|i| i as f32).collect();
+            plan.compute(graph, v, &[&iota]).first().map_or(0, |x| *x as usize)
+        }
+        Op::Pad { .. } => {
+            let ones = vec![1.0f32; plan.elements(src)];
+            plan.compute(graph, v, &[&ones]).iter().position(|x| *x == 1.0).unwrap_or(0)
+        }
+        _ => 0,
+    }
+}
+
+/// A compiled one-op kernel over `n` elements, for the accuracy tests.
+#[cfg(test)]
+pub fn compile_unary_for_test(op: UnaryOp, n: usize) -> impl Fn(&[f32]) -> Vec<f32> {
+    let src =
+        format!("cell t {{ input x[N] state h[N] h' = {}(x) + 0 * h\n output {}(x) }}", op.name(), op.name());
+    let module = cellc::compile("t.cell", &src).into_result().expect("test cell compiles");
+    let mut cell = module.cells.into_iter().next().expect("one cell");
+    cellc::passes::optimize_cell(&mut cell);
+    let sizes = [("N".to_string(), n)].into();
+    let plan = Plan::new(&cell, &sizes, "t").expect("plan");
+    let x = cell.values().find(|&v| matches!(cell.node(v).op, Op::Input(0))).expect("x");
+    let out = cell.output;
+    let stage = JitStage::compile(&cell, &plan, &[out], &[x], &[out]).expect("compiles");
+    move |xs: &[f32]| {
+        let mut input = xs.to_vec();
+        let mut y = vec![0.0f32; xs.len()];
+        // SAFETY: one row, both pointers valid for n floats.
+        unsafe { stage.run(1, &[input.as_mut_ptr(), y.as_mut_ptr()]) };
+        y
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::stage::Interpreted;
+    use cellc::schedule::StageKind;
+    use std::sync::Arc;
+
+    /// Every pointwise stage of every shipped cell, forward and backward,
+    /// compiled and run against the interpreted stage on random rows.
+    #[test]
+    fn every_stage_of_every_cell_matches_the_interpreter() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../cells");
+        let mut files: Vec<_> =
+            std::fs::read_dir(&dir).expect("cells/").map(|e| e.expect("entry").path()).collect();
+        files.sort();
+        let mut compiled = 0;
+        for path in files.iter().filter(|p| p.extension().is_some_and(|e| e == "cell")) {
+            let src = std::fs::read_to_string(path).expect("readable");
+            let module = cellc::compile("c.cell", &src).into_result().expect("compiles");
+            for cell in &module.cells {
+                let mut cell = cell.clone();
+                cellc::passes::optimize_cell(&mut cell);
+                let grad = cellc::autodiff::backward_step(&cell).expect("backward");
+                for h in [1usize, 5, 13] {
+                    let sizes: cellc::dims::Bindings =
+                        cell.sizes.iter().map(|s| (s.clone(), if s == "I" { 3 } else { h })).collect();
+                    let sched = cellc::schedule::schedule(&cell, &grad, &sizes);
+                    for (graph, stages) in
+                        [(&*cell as &Graph, &sched.forward), (&grad.graph, &sched.backward)]
+                    {
+                        let plan = Plan::new(graph, &sizes, &cell.name).expect("plan");
+                        let g = Arc::new(graph.clone());
+                        let p = Arc::new(plan.clone());
+                        for st in stages.iter().filter(|s| {
+                            matches!(s.kind, StageKind::Pointwise { .. } | StageKind::WholeSequence { .. })
+                        }) {
+                            let jit = JitStage::compile(graph, &plan, &st.values, &st.inputs, &st.outputs)
+                                .unwrap_or_else(|e| panic!("{} H={h}: {e}", cell.name));
+                            let reference =
+                                Interpreted::new(g.clone(), p.clone(), &st.values, &st.inputs, &st.outputs);
+                            compare(&jit, &reference, &plan, &format!("{} H={h}", cell.name));
+                            compiled += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(compiled > 50, "only {compiled} stages compiled");
+    }
+
+    fn compare(jit: &JitStage, reference: &Interpreted, plan: &Plan, name: &str) {
+        let rows = 3;
+        let mut seed = 1u64;
+        let mut rand = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        let mut inputs: Vec<Vec<f32>> = Vec::new();
+        for _ in 0..rows {
+            for &v in jit.inputs() {
+                // Positive values keep log/sqrt inputs in their domain where a stage takes them directly.
+                inputs.push((0..plan.elements(v)).map(|_| rand() * 0.5 + 0.6).collect());
+            }
+        }
+        let mut out_a: Vec<Vec<f32>> =
+            (0..rows).flat_map(|_| jit.outputs().iter().map(|&v| vec![0.0; plan.elements(v)])).collect();
+        let mut out_b = out_a.clone();
+        let table = |inputs: &mut Vec<Vec<f32>>, outs: &mut Vec<Vec<f32>>| -> Vec<*mut f32> {
+            let (ni, no) = (jit.inputs().len(), jit.outputs().len());
+            let mut t = Vec::new();
+            for r in 0..rows {
+                for i in 0..ni {
+                    t.push(inputs[r * ni + i].as_mut_ptr());
+                }
+                for o in 0..no {
+                    t.push(outs[r * no + o].as_mut_ptr());
+                }
+            }
+            t
+        };
+        let ta = table(&mut inputs, &mut out_a);
+        // SAFETY: every pointer is a live buffer of its value's length.
+        unsafe { jit.run(rows, &ta) };
+        let tb = table(&mut inputs, &mut out_b);
+        // SAFETY: as above.
+        unsafe { reference.run(rows, &tb) };
+        let no = jit.outputs().len();
+        for (k, (a, b)) in out_a.iter().zip(&out_b).enumerate() {
+            for (x, y) in a.iter().zip(b) {
+                let ok = (x - y).abs() <= 2e-5 * y.abs().max(1.0) || (x.is_nan() && y.is_nan());
+                assert!(
+                    ok,
+                    "{name}: output {} of {:?} (inputs {:?}): jit {x} vs interpreter {y}",
+                    jit.outputs()[k % no],
+                    jit.outputs(),
+                    jit.inputs()
+                );
+            }
+        }
+    }
+}
