@@ -180,6 +180,11 @@ fn cpu_backend_with_interpreted_kernels_matches_per_sequence_interpreter() {
     conformance(&|| Box::new(Cpu::new(2, Kernels::Interpreted).expect("cpu backend")));
 }
 
+#[test]
+fn cpu_backend_with_jit_kernels_matches_per_sequence_interpreter() {
+    conformance(&|| Box::new(Cpu::new(2, Kernels::Jit).expect("cpu backend")));
+}
+
 /// The whole suite, for one backend.
 fn conformance(backend: &dyn Fn() -> Box<dyn Backend>) {
     let mut rng = Rng::new(11);
