@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Tuple
 
 import torch
 import torch.nn as nn
@@ -77,7 +78,7 @@ class LayerNormLSTMCell(nn.Module):
         self.layernorm_h = nn.LayerNorm(4 * h)
         self.layernorm_c = nn.LayerNorm(h)
 
-    def forward(self, x, state):
+    def forward(self, x: torch.Tensor, state: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
         hx, cx = state
         igates = self.layernorm_i(torch.mm(x, self.weight_ih.t()))
         hgates = self.layernorm_h(torch.mm(hx, self.weight_hh.t()))

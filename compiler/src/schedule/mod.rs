@@ -233,6 +233,38 @@ fn gemm_stages(
     groups.into_values().map(|vals| make_stage(g, StageKind::Gemm, placement, vals, roots)).collect()
 }
 
+/// The stages run each step, level by level: the GEMMs of level k, then
+/// one pointwise kernel for level k. Without per-step GEMMs, the pointwise
+/// work is one whole-sequence kernel.
+fn per_step_stages(
+    g: &Graph,
+    order: &[ValueId],
+    level: &HashMap<ValueId, usize>,
+    gemm_member: &dyn Fn(ValueId) -> bool,
+    pw_member: &dyn Fn(ValueId) -> bool,
+    roots: &HashSet<ValueId>,
+) -> Vec<Stage> {
+    let mut stages = Vec::new();
+    let max_level = level.values().copied().max().unwrap_or(0);
+    let step_gemms = order.iter().any(|&v| gemm_member(v));
+    for k in 0..=max_level {
+        let at = |v: &ValueId| level.get(v) == Some(&k);
+        let gemms: Vec<ValueId> = order.iter().copied().filter(|v| gemm_member(*v) && at(v)).collect();
+        stages.extend(gemm_stages(g, &gemms, Placement::EachStep, roots));
+        let pw: Vec<ValueId> = order.iter().copied().filter(|v| pw_member(*v) && at(v)).collect();
+        if !pw.is_empty() {
+            let reductions = has_reduction(g, &pw);
+            let kind = if step_gemms {
+                StageKind::Pointwise { reductions }
+            } else {
+                StageKind::WholeSequence { reductions }
+            };
+            stages.push(make_stage(g, kind, Placement::EachStep, pw, roots));
+        }
+    }
+    stages
+}
+
 fn stage_forward(cell: &Cell, roots: &[ValueId]) -> Vec<Stage> {
     let g: &Graph = cell;
     let roots: HashSet<ValueId> = roots.iter().copied().collect();
@@ -267,30 +299,9 @@ fn stage_forward(cell: &Cell, roots: &[ValueId]) -> Vec<Stage> {
     }
     stages.extend(gemm_stages(g, &hoisted, Placement::BeforeLoop, &roots));
 
-    let max_level = level.values().copied().max().unwrap_or(0);
-    let step_gemms = computed.iter().any(|v| per_step.contains(v) && is_product(g, *v));
-    for k in 0..=max_level {
-        let gemms: Vec<ValueId> = computed
-            .iter()
-            .copied()
-            .filter(|v| per_step.contains(v) && is_product(g, *v) && level.get(v) == Some(&k))
-            .collect();
-        stages.extend(gemm_stages(g, &gemms, Placement::EachStep, &roots));
-        let pw: Vec<ValueId> = computed
-            .iter()
-            .copied()
-            .filter(|v| !is_product(g, *v) && !before_loop.contains(v) && level.get(v) == Some(&k))
-            .collect();
-        if !pw.is_empty() {
-            let reductions = has_reduction(g, &pw);
-            let kind = if step_gemms {
-                StageKind::Pointwise { reductions }
-            } else {
-                StageKind::WholeSequence { reductions }
-            };
-            stages.push(make_stage(g, kind, Placement::EachStep, pw, &roots));
-        }
-    }
+    let gemm_member = |v: ValueId| per_step.contains(&v) && is_product(g, v);
+    let pw_member = |v: ValueId| !is_product(g, v) && !before_loop.contains(&v);
+    stages.extend(per_step_stages(g, &computed, &level, &gemm_member, &pw_member, &roots));
     stages
 }
 
@@ -338,35 +349,9 @@ fn stage_backward(grad: &Gradient, saved: &SavedValues) -> Vec<Stage> {
     let mut roots = results.clone();
     roots.extend(after.iter().flat_map(|&v| g.operands(v)));
 
-    let mut stages = Vec::new();
-    let max_level = level.values().copied().max().unwrap_or(0);
-    let step_gemms = per_step.iter().any(|v| is_product(g, *v));
-    for k in 0..=max_level {
-        let gemms: Vec<ValueId> = order
-            .iter()
-            .copied()
-            .filter(|v| per_step.contains(v) && is_product(g, *v) && level.get(v) == Some(&k))
-            .collect();
-        stages.extend(gemm_stages(g, &gemms, Placement::EachStep, &roots));
-        let pw: Vec<ValueId> = order
-            .iter()
-            .copied()
-            .filter(|v| {
-                (per_step.contains(v) || recomputed.contains(v))
-                    && !is_product(g, *v)
-                    && level.get(v) == Some(&k)
-            })
-            .collect();
-        if !pw.is_empty() {
-            let reductions = has_reduction(g, &pw);
-            let kind = if step_gemms {
-                StageKind::Pointwise { reductions }
-            } else {
-                StageKind::WholeSequence { reductions }
-            };
-            stages.push(make_stage(g, kind, Placement::EachStep, pw, &roots));
-        }
-    }
+    let gemm_member = |v: ValueId| per_step.contains(&v) && is_product(g, v);
+    let pw_member = |v: ValueId| (per_step.contains(&v) || recomputed.contains(&v)) && !is_product(g, v);
+    let mut stages = per_step_stages(g, &order, &level, &gemm_member, &pw_member, &roots);
     // After the loop: GEMMs and the pointwise work on their results, by level.
     let after_level = levels(g, &order, &after_set, &|v| is_product(g, v));
     let max_after = after_level.values().copied().max().unwrap_or(0);

@@ -419,17 +419,7 @@ fn forward_whole_sequence(
             }
         }
     }
-    let tables: Vec<SendTable> = tables.into_iter().map(SendTable).collect();
-    rayon::scope(|sc| {
-        for table in &tables {
-            sc.spawn(move |_| {
-                // SAFETY: pointers from `locate` (or h0), valid for their values;
-                // each table holds whole sequences in time order, so a row's
-                // state was written by an earlier row of the same table.
-                unsafe { exec.run(table.0.len() / k.max(1), &table.0) }
-            });
-        }
-    });
+    run_tables(exec.as_ref(), tables, k);
 
     let o = layer.output_size;
     let mut finals: Vec<Vec<f32>> =
@@ -559,16 +549,7 @@ fn backward_whole_sequence(
             }
         }
     }
-    let tables: Vec<SendTable> = tables.into_iter().map(SendTable).collect();
-    rayon::scope(|sc| {
-        for table in &tables {
-            sc.spawn(move |_| {
-                // SAFETY: as in the forward: whole sequences per table, in
-                // reverse time, so each carried adjoint is written before it is read.
-                unsafe { exec.run(table.0.len() / k.max(1), &table.0) }
-            });
-        }
-    });
+    run_tables(exec.as_ref(), tables, k);
     // The adjoints of the initial states: the carry out of each sequence's first step.
     for (r, &b) in order.iter().enumerate() {
         let t = job.plan.time(b, 0, job.reverse);
@@ -577,6 +558,21 @@ fn backward_whole_sequence(
         }
     }
     Ok(true)
+}
+
+/// Runs one pointer table per thread (each holding whole sequences in time
+/// order, so each row's chained inputs were written by an earlier row).
+fn run_tables(exec: &dyn StageExec, tables: Vec<Vec<*mut f32>>, k: usize) {
+    let tables: Vec<SendTable> = tables.into_iter().map(SendTable).collect();
+    rayon::scope(|sc| {
+        for table in &tables {
+            sc.spawn(move |_| {
+                // SAFETY: pointers from `locate` (or the caller's h0 / final
+                // adjoints), valid for their values; tables write disjoint sequences.
+                unsafe { exec.run(table.0.len() / k.max(1), &table.0) }
+            });
+        }
+    });
 }
 
 /// A pointer table handed to one thread.
