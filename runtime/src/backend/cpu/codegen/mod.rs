@@ -67,10 +67,19 @@ impl StageExec for JitStage {
     }
 
     unsafe fn run(&self, rows: usize, args: &[*mut f32]) {
-        let mut scratch = vec![0.0f32; self.scratch.max(1)];
-        // SAFETY: the caller's contract covers `args`; scratch has the size
-        // the code was compiled for.
-        unsafe { (self.func)(rows, args.as_ptr(), scratch.as_mut_ptr()) }
+        thread_local! {
+            /// Scratch reused across calls on this thread (kernels run one at a time per thread).
+            static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            if s.len() < self.scratch.max(1) {
+                s.resize(self.scratch.max(1), 0.0);
+            }
+            // SAFETY: the caller's contract covers `args`; scratch has at
+            // least the size the code was compiled for.
+            unsafe { (self.func)(rows, args.as_ptr(), s.as_mut_ptr()) }
+        })
     }
 }
 
