@@ -109,15 +109,7 @@ impl<'a> Globals<'a> {
         };
         if let Some(p) = prelude {
             for item in &p.items {
-                match item {
-                    ast::Item::Fn(f) => {
-                        g.fns.insert(&f.name.name, f);
-                    }
-                    ast::Item::Const(c) => {
-                        g.consts.insert(&c.name.name, c);
-                    }
-                    ast::Item::Cell(_) => {}
-                }
+                g.define(item);
             }
         }
         let mut own: HashMap<&str, Span> = HashMap::new();
@@ -147,17 +139,22 @@ impl<'a> Globals<'a> {
                 );
                 continue;
             }
-            match item {
-                ast::Item::Fn(f) => {
-                    g.fns.insert(&f.name.name, f);
-                }
-                ast::Item::Const(c) => {
-                    g.consts.insert(&c.name.name, c);
-                }
-                ast::Item::Cell(_) => {}
-            }
+            g.define(item);
         }
         g
+    }
+
+    /// Makes a function or constant visible (a later definition wins).
+    fn define(&mut self, item: &'a ast::Item) {
+        match item {
+            ast::Item::Fn(f) => {
+                self.fns.insert(&f.name.name, f);
+            }
+            ast::Item::Const(c) => {
+                self.consts.insert(&c.name.name, c);
+            }
+            ast::Item::Cell(_) => {}
+        }
     }
 
     fn mark_used(&self, name: &str) {
