@@ -259,7 +259,10 @@ pub fn runs(plan: &BatchPlan, layout: &RowLayout) -> Vec<(usize, usize, usize, u
 }
 
 /// Runs GEMM products over every valid row (before or after the loop).
-/// `MatVec`: `Y = X · Wᵀ`; `MatVecT`: `Y = D · W`; `Outer`: `dW += Dᵀ · X` summed over rows.
+/// `MatVec`: `Y = X · Wᵀ`; `MatVecT`: `Y = D · W`; `Outer`: `dW += Dᵀ · X`
+/// summed over rows. The runs are shared out between `threads` tasks;
+/// weight gradients are summed per task and the partial sums added in task
+/// order, so results are the same run to run for a given thread count.
 pub fn gemm_all_rows(
     products: &[(ValueId, Op, ValueId, ValueId)],
     bufs: &mut Buffers,
@@ -267,9 +270,14 @@ pub fn gemm_all_rows(
     plan: &BatchPlan,
     matrices: &mut HashMap<ValueId, Vec<f32>>,
     shape: &dyn Fn(ValueId) -> (usize, usize),
+    threads: usize,
 ) -> Result<()> {
+    let runs = runs(plan, f.layout);
+    let tasks = threads.clamp(1, runs.len().max(1));
     for &(out, ref op, m, x) in products {
-        for (b0, t0, count, step) in runs(plan, f.layout) {
+        // (dst, a, b) per run, gathered first: `locate` needs the buffers.
+        let mut jobs: Vec<(View, View, View)> = Vec::with_capacity(runs.len());
+        for &(b0, t0, count, step) in &runs {
             match op {
                 Op::MatVec | Op::MatVecT => {
                     let (rows_w, cols_w) = shape(m);
@@ -282,35 +290,56 @@ pub fn gemm_all_rows(
                     } else {
                         (View::rows(w, rows_w, cols_w, cols_w), rows_w, cols_w)
                     };
-                    // SAFETY: rows of the run are `step` layout rows apart in
-                    // every row buffer and in the input; shapes from the plan.
-                    unsafe {
-                        matmul(
-                            View::rows(y, count, n, ystride),
-                            View::rows(xin, count, k, xstride),
-                            wv,
-                            false,
-                        )
-                    };
+                    jobs.push((View::rows(y, count, n, ystride), View::rows(xin, count, k, xstride), wv));
                 }
                 Op::Outer => {
                     let (rows_d, cols_d) = shape(out);
-                    let acc = matrices.entry(out).or_insert_with(|| vec![0.0; rows_d * cols_d]);
                     let d = locate(bufs, f, m, b0, t0, 0)?;
                     let xin = locate(bufs, f, x, b0, t0, 0)?;
                     let (dstride, xstride) = (row_stride(bufs, f, m, step), row_stride(bufs, f, x, step));
-                    // SAFETY: as above; acc is [rows_d, cols_d].
-                    unsafe {
-                        matmul(
-                            View::rows(acc.as_mut_ptr(), rows_d, cols_d, cols_d),
-                            View::rows(d, count, rows_d, dstride).t(),
-                            View::rows(xin, count, cols_d, xstride),
-                            true,
-                        )
-                    };
+                    let acc = View::rows(std::ptr::null(), rows_d, cols_d, cols_d);
+                    jobs.push((
+                        acc,
+                        View::rows(d, count, rows_d, dstride).t(),
+                        View::rows(xin, count, cols_d, xstride),
+                    ));
                 }
                 other => return Err(RuntimeError::Internal(format!("{other:?} in a GEMM stage"))),
             }
+        }
+        let per = jobs.len().div_ceil(tasks).max(1);
+        if *op == Op::Outer {
+            let (rows_d, cols_d) = shape(out);
+            let mut partials: Vec<Vec<f32>> = (0..tasks).map(|_| vec![0.0f32; rows_d * cols_d]).collect();
+            rayon::scope(|sc| {
+                for (chunk, part) in jobs.chunks(per).zip(partials.iter_mut()) {
+                    sc.spawn(move |_| {
+                        for &(_, a, b) in chunk {
+                            // SAFETY: each task accumulates into its own partial
+                            // [rows_d, cols_d]; a and b describe the run's rows.
+                            unsafe {
+                                matmul(View::rows(part.as_mut_ptr(), rows_d, cols_d, cols_d), a, b, true)
+                            };
+                        }
+                    });
+                }
+            });
+            let acc = matrices.entry(out).or_insert_with(|| vec![0.0; rows_d * cols_d]);
+            for part in &partials {
+                acc.iter_mut().zip(part).for_each(|(a, p)| *a += p);
+            }
+        } else {
+            rayon::scope(|sc| {
+                for chunk in jobs.chunks(per) {
+                    sc.spawn(move |_| {
+                        for &(dst, a, b) in chunk {
+                            // SAFETY: runs write disjoint rows of the output;
+                            // every view was located for its run.
+                            unsafe { matmul(dst, a, b, false) };
+                        }
+                    });
+                }
+            });
         }
     }
     Ok(())

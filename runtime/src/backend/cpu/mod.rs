@@ -262,7 +262,7 @@ fn forward(
             match st {
                 Step::Gemm { products, .. } => {
                     let mut none = HashMap::new();
-                    gemm_all_rows(products, &mut bufs, &frame, job.plan, &mut none, &shape)?;
+                    gemm_all_rows(products, &mut bufs, &frame, job.plan, &mut none, &shape, threads)?;
                 }
                 Step::Pointwise { exec, .. } => {
                     run_pointwise(exec.as_ref(), &mut bufs, &frame, &all_rows, threads)?
@@ -739,7 +739,7 @@ fn backward(
     for st in code.backward.iter().filter(|s| s.placement() == Placement::AfterLoop) {
         match st {
             Step::Gemm { products, .. } => {
-                gemm_all_rows(products, &mut bufs, &frame, job.plan, &mut matrices, &shape)?
+                gemm_all_rows(products, &mut bufs, &frame, job.plan, &mut matrices, &shape, threads)?
             }
             Step::Pointwise { exec, .. } => {
                 run_pointwise(exec.as_ref(), &mut bufs, &frame, &all_rows, threads)?
