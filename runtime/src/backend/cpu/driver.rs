@@ -427,6 +427,19 @@ pub fn gemm_step(
         let xlen = *bufs.len.get(&x).ok_or_else(|| RuntimeError::Internal(format!("no length for {x}")))?;
         let ylen =
             *bufs.len.get(&out).ok_or_else(|| RuntimeError::Internal(format!("no length for {out}")))?;
+        if *op == Op::MatVecT && n <= super::gemv::MAX_ROWS {
+            // A few rows of `D · W`: one axpy per row of W, halves on two cores.
+            // SAFETY: rank buffers hold `batch >= n` rows; W is [rows_w, cols_w].
+            let (ys, ds, ws) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(y, n * ylen),
+                    std::slice::from_raw_parts(xin, n * xlen),
+                    std::slice::from_raw_parts(w, rows_w * cols_w),
+                )
+            };
+            super::gemv::gemv_adjoint(ys, ds, ws, n, rows_w, cols_w, threads);
+            continue;
+        }
         if *op == Op::MatVec && n <= super::gemv::MAX_ROWS {
             // A few rows: stream W's rows directly (memory bound), split across cores.
             // SAFETY: rank buffers hold `batch >= n` rows of their length; W is [rows_w, cols_w].

@@ -101,6 +101,80 @@ pub fn gemv(y: &mut [f32], x: &[f32], w: &[f32], n: usize, m: usize, k: usize, p
     );
 }
 
+/// `y[r, cols] = Σ_j d[r, j] · W[j, cols]`: the adjoint product `D · W`,
+/// one contiguous axpy per row of `W`, vectorised along the outputs.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn dw_avx512(
+    y: &mut [f32],
+    d: &[f32],
+    w: &[f32],
+    n: usize,
+    m: usize,
+    k: usize,
+    cols: std::ops::Range<usize>,
+) {
+    const BLOCK: usize = 64; // four AVX-512 registers of partial sums
+    for r in 0..n {
+        let dr = &d[r * m..(r + 1) * m];
+        let mut c0 = cols.start;
+        while c0 < cols.end {
+            let c1 = (c0 + BLOCK).min(cols.end);
+            if c1 - c0 == BLOCK {
+                let mut acc = [0.0f32; BLOCK];
+                for (j, &dj) in dr.iter().enumerate() {
+                    let wr = &w[j * k + c0..j * k + c0 + BLOCK];
+                    for l in 0..BLOCK {
+                        acc[l] = wr[l].mul_add(dj, acc[l]);
+                    }
+                }
+                y[r * k + c0..r * k + c1].copy_from_slice(&acc);
+            } else {
+                for c in c0..c1 {
+                    y[r * k + c] =
+                        dr.iter().enumerate().fold(0.0f32, |a, (j, &dj)| w[j * k + c].mul_add(dj, a));
+                }
+            }
+            c0 = c1;
+        }
+    }
+}
+
+fn dw_block(y: &mut [f32], d: &[f32], w: &[f32], n: usize, m: usize, k: usize, cols: std::ops::Range<usize>) {
+    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the features it is compiled for were just detected.
+        unsafe { dw_avx512(y, d, w, n, m, k, cols) }
+    } else {
+        for r in 0..n {
+            for c in cols.clone() {
+                y[r * k + c] = (0..m).map(|j| d[r * m + j] * w[j * k + c]).sum();
+            }
+        }
+    }
+}
+
+/// `y[n, k] = d[n, m] · W` with `W: [m, k]` row-major (the backward of a
+/// GEMV), the output columns split in two halves across cores.
+pub fn gemv_adjoint(y: &mut [f32], d: &[f32], w: &[f32], n: usize, m: usize, k: usize, parts: usize) {
+    if parts <= 1 || k < 128 {
+        return dw_block(y, d, w, n, m, k, 0..k);
+    }
+    let half = (k / 2).next_multiple_of(16).min(k);
+    let ptr = SendPtr(y.as_mut_ptr());
+    let len = y.len();
+    rayon::join(
+        || {
+            // SAFETY: the halves write disjoint columns of y; y outlives the join.
+            let y = unsafe { std::slice::from_raw_parts_mut(ptr.get(), len) };
+            dw_block(y, d, w, n, m, k, 0..half)
+        },
+        || {
+            // SAFETY: as above.
+            let y = unsafe { std::slice::from_raw_parts_mut(ptr.get(), len) };
+            dw_block(y, d, w, n, m, k, half..k)
+        },
+    );
+}
+
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
 impl SendPtr {
@@ -122,6 +196,16 @@ mod tests {
             let x: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.13).sin()).collect();
             let w: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.07).cos()).collect();
             for parts in [1, 2] {
+                // The adjoint form: y2[n, k] = y[n, m] · W.
+                let d: Vec<f32> = (0..n * m).map(|i| (i as f32 * 0.11).cos()).collect();
+                let mut y2 = vec![0.0; n * k];
+                gemv_adjoint(&mut y2, &d, &w, n, m, k, parts);
+                for r in 0..n {
+                    for i in 0..k {
+                        let want: f32 = (0..m).map(|j| d[r * m + j] * w[j * k + i]).sum();
+                        assert!((y2[r * k + i] - want).abs() < 1e-3 * want.abs().max(1.0));
+                    }
+                }
                 let mut y = vec![0.0; n * m];
                 gemv(&mut y, &x, &w, n, m, k, parts);
                 for r in 0..n {
