@@ -104,44 +104,88 @@ pub enum Loc {
     RowBuf,
     /// One row per sequence, rank-ordered.
     RankBuf,
+    /// One row per `(b, t)` at the layer's row layout, in a buffer owned
+    /// elsewhere (the forward's tape) that outlives the run and is only read.
+    Borrowed(*const f32),
 }
 
-/// Value buffers of one run.
+/// One value's storage.
+#[derive(Default)]
+struct Slot {
+    loc: Option<Loc>,
+    /// Floats per row.
+    len: usize,
+    data: Vec<f32>,
+}
+
+/// Value buffers of one run, indexed by value (a lookup is an array index:
+/// the driver resolves several pointers per row and step).
+#[derive(Default)]
 pub struct Buffers {
-    pub loc: HashMap<ValueId, Loc>,
-    pub row: HashMap<ValueId, Vec<f32>>,
-    pub rank: HashMap<ValueId, Vec<f32>>,
-    pub consts: HashMap<ValueId, Vec<f32>>,
-    pub len: HashMap<ValueId, usize>,
+    slots: Vec<Slot>,
 }
 
 impl Buffers {
     pub fn new() -> Buffers {
-        Buffers {
-            loc: HashMap::new(),
-            row: HashMap::new(),
-            rank: HashMap::new(),
-            consts: HashMap::new(),
-            len: HashMap::new(),
+        Buffers::default()
+    }
+
+    fn slot(&mut self, v: ValueId) -> &mut Slot {
+        if self.slots.len() <= v.index() {
+            self.slots.resize_with(v.index() + 1, Slot::default);
         }
+        &mut self.slots[v.index()]
     }
 
+    /// Where `v` lives, if it has storage.
+    pub fn loc(&self, v: ValueId) -> Option<Loc> {
+        self.slots.get(v.index()).and_then(|s| s.loc)
+    }
+
+    /// Floats per row of `v` (0 without storage).
+    pub fn len(&self, v: ValueId) -> usize {
+        self.slots.get(v.index()).map_or(0, |s| s.len)
+    }
+
+    /// Places `v` somewhere that needs no buffer of its own.
+    pub fn place(&mut self, v: ValueId, loc: Loc, len: usize) {
+        let s = self.slot(v);
+        s.loc = Some(loc);
+        s.len = len;
+    }
+
+    /// A layout-row buffer for `v` (kept if it already has one).
     pub fn row_buf(&mut self, v: ValueId, len: usize, rows: usize) {
-        self.loc.insert(v, Loc::RowBuf);
-        self.len.insert(v, len);
-        self.row.entry(v).or_insert_with(|| vec![0.0; rows * len]);
+        let s = self.slot(v);
+        if s.loc != Some(Loc::RowBuf) || s.len != len {
+            s.data = vec![0.0; rows * len];
+        }
+        s.loc = Some(Loc::RowBuf);
+        s.len = len;
     }
 
+    /// Layout rows of `v` in `data`, which becomes its storage.
+    pub fn row_data(&mut self, v: ValueId, data: Vec<f32>) {
+        let s = self.slot(v);
+        s.loc = Some(Loc::RowBuf);
+        s.data = data;
+    }
+
+    /// A rank-ordered buffer for `v`, unless `v` already lives elsewhere.
     pub fn rank_buf(&mut self, v: ValueId, len: usize, batch: usize) {
-        self.loc.entry(v).or_insert(Loc::RankBuf);
-        self.len.insert(v, len);
-        self.rank.entry(v).or_insert_with(|| vec![0.0; batch * len]);
+        let s = self.slot(v);
+        if s.loc.is_none() {
+            s.loc = Some(Loc::RankBuf);
+            s.data = vec![0.0; batch * len];
+        }
+        s.len = len;
     }
-}
 
-impl Default for Buffers {
-    fn default() -> Self {
-        Buffers::new()
+    pub fn constant(&mut self, v: ValueId, value: Vec<f32>) {
+        let s = self.slot(v);
+        s.loc = Some(Loc::Const);
+        s.len = value.len();
+        s.data = value;
     }
 }
 
@@ -163,9 +207,9 @@ pub struct Frame<'a> {
 /// The pointer to value `v` for `(b, t)` at rank `r`. Inputs are only read.
 pub fn locate(bufs: &mut Buffers, f: &Frame, v: ValueId, b: usize, t: usize, r: usize) -> Result<*mut f32> {
     let missing = || RuntimeError::Internal(format!("cpu backend: no storage for {v}"));
-    let loc = *bufs.loc.get(&v).ok_or_else(missing)?;
-    let len = bufs.len.get(&v).copied().unwrap_or(0);
-    Ok(match loc {
+    let slot = bufs.slots.get_mut(v.index()).ok_or_else(missing)?;
+    let len = slot.len;
+    Ok(match slot.loc.ok_or_else(missing)? {
         Loc::Input(i) => {
             let (o, l) = f.input_slices[i];
             f.input.get(b, t, o + l)[o..].as_ptr() as *mut f32
@@ -177,21 +221,18 @@ pub fn locate(bufs: &mut Buffers, f: &Frame, v: ValueId, b: usize, t: usize, r: 
             let (rows, n) = f.d_output.ok_or_else(missing)?;
             rows.get(b, t, n).as_ptr() as *mut f32
         }
-        Loc::Const => bufs.consts.get(&v).ok_or_else(missing)?.as_ptr() as *mut f32,
-        Loc::RowBuf => {
-            let row = f.layout.row(b, t);
-            bufs.row.get_mut(&v).ok_or_else(missing)?[row * len..].as_mut_ptr()
-        }
-        Loc::RankBuf => bufs.rank.get_mut(&v).ok_or_else(missing)?[r * len..].as_mut_ptr(),
+        Loc::Const => slot.data.as_mut_ptr(),
+        Loc::RowBuf => slot.data[f.layout.row(b, t) * len..].as_mut_ptr(),
+        Loc::RankBuf => slot.data[r * len..].as_mut_ptr(),
+        // SAFETY: the owner holds a row of `len` floats for every (b, t) of the layout.
+        Loc::Borrowed(p) => unsafe { p.add(f.layout.row(b, t) * len) as *mut f32 },
     })
 }
 
 /// Constants (and values of constants only) as tiny buffers.
 pub fn constants(graph: &Graph, plan: &Plan, bufs: &mut Buffers) {
     for (v, value) in plan.constant_values(graph) {
-        bufs.len.insert(v, value.len());
-        bufs.consts.insert(v, value);
-        bufs.loc.insert(v, Loc::Const);
+        bufs.constant(v, value);
     }
 }
 
@@ -347,18 +388,18 @@ pub fn gemm_all_rows(
 
 /// Floats between consecutive rows of a run, for a value's storage.
 fn row_stride(bufs: &Buffers, f: &Frame, v: ValueId, step: usize) -> usize {
-    match bufs.loc.get(&v) {
+    match bufs.loc(v) {
         Some(Loc::Input(_)) => step * f.input.width,
         Some(Loc::DOutput) => step * f.d_output.map_or(0, |(r, _)| r.width),
-        _ => step * bufs.len.get(&v).copied().unwrap_or(0),
+        _ => step * bufs.len(v),
     }
 }
 
 /// `Wᵀ` as a row-major `[cols, rows]` view: the transposed copy if the
 /// parameter has one, else a strided view of `W`.
 fn weight_t(bufs: &mut Buffers, f: &Frame, m: ValueId, rows_w: usize, cols_w: usize) -> Result<View> {
-    if let Some(Loc::Param(i)) = bufs.loc.get(&m) {
-        if let Some(t) = f.params_t.get(i) {
+    if let Some(Loc::Param(i)) = bufs.loc(m) {
+        if let Some(t) = f.params_t.get(&i) {
             return Ok(View::rows(t.as_ptr(), cols_w, rows_w, rows_w));
         }
     }
@@ -424,9 +465,7 @@ pub fn gemm_step(
         let w = locate(bufs, f, m, 0, 0, 0)?;
         let xin = locate(bufs, f, x, 0, 0, 0)?;
         let y = locate(bufs, f, out, 0, 0, 0)?;
-        let xlen = *bufs.len.get(&x).ok_or_else(|| RuntimeError::Internal(format!("no length for {x}")))?;
-        let ylen =
-            *bufs.len.get(&out).ok_or_else(|| RuntimeError::Internal(format!("no length for {out}")))?;
+        let (xlen, ylen) = (bufs.len(x), bufs.len(out));
         if *op == Op::MatVecT && n <= super::gemv::MAX_ROWS {
             // A few rows of `D · W`: one axpy per row of W, halves on two cores.
             // SAFETY: rank buffers hold `batch >= n` rows; W is [rows_w, cols_w].

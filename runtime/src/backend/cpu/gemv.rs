@@ -8,30 +8,10 @@
 /// Below this many rows a step's `X · Wᵀ` goes through [`gemv`].
 pub const MAX_ROWS: usize = 4;
 
-#[inline(always)]
-fn dot16(w: &[f32], x: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 16];
-    let mut wc = w.chunks_exact(16);
-    let mut xc = x.chunks_exact(16);
-    for (a, b) in (&mut wc).zip(&mut xc) {
-        for l in 0..16 {
-            acc[l] = a[l].mul_add(b[l], acc[l]);
-        }
-    }
-    let mut tail = 0.0f32;
-    for (a, b) in wc.remainder().iter().zip(xc.remainder()) {
-        tail = a.mul_add(*b, tail);
-    }
-    // A fixed summation tree: the same result for the same inputs, always.
-    let mut s8 = [0.0f32; 8];
-    for l in 0..8 {
-        s8[l] = acc[l] + acc[l + 8];
-    }
-    let s4 = [s8[0] + s8[4], s8[1] + s8[5], s8[2] + s8[6], s8[3] + s8[7]];
-    (s4[0] + s4[2]) + (s4[1] + s4[3]) + tail
-}
-
-/// `y[r, j] = W[j, :] · x[r, :]` for `j` in `rows`.
+/// `y[r, j] = W[j, :] · x[r, :]` for `j` in `rows`: `U` rows of `W` at a
+/// time, each with its own accumulator register (the FMA chains overlap and
+/// one load of `x` serves `U` rows), then one fixed horizontal sum per row,
+/// so a result never depends on how the rows were shared out.
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn block_avx512(
     y: &mut [f32],
@@ -42,10 +22,50 @@ unsafe fn block_avx512(
     k: usize,
     rows: std::ops::Range<usize>,
 ) {
-    for j in rows {
-        let wr = &w[j * k..(j + 1) * k];
-        for r in 0..n {
-            y[r * m + j] = dot16(wr, &x[r * k..(r + 1) * k]);
+    assert!(x.len() >= n * k && w.len() >= rows.end * k && y.len() >= n.saturating_sub(1) * m + rows.end);
+    let mut j = rows.start;
+    while j + 8 <= rows.end {
+        // SAFETY: rows j..j+8 are within W and the sizes were checked above.
+        unsafe { dots::<8>(y, x, w, n, m, k, j) };
+        j += 8;
+    }
+    while j < rows.end {
+        // SAFETY: as above, for row j.
+        unsafe { dots::<1>(y, x, w, n, m, k, j) };
+        j += 1;
+    }
+}
+
+/// Rows `j..j + U` of `W` against every row of `x`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+unsafe fn dots<const U: usize>(y: &mut [f32], x: &[f32], w: &[f32], n: usize, m: usize, k: usize, j: usize) {
+    use std::arch::x86_64::*;
+    let (full, tail) = (k / 16, k % 16);
+    let mask: __mmask16 = ((1u32 << tail) - 1) as u16;
+    for r in 0..n {
+        // SAFETY (whole block): the caller checked that x holds n rows of k,
+        // W rows j..j + U of k, and y row r column j + U - 1; masked loads
+        // touch only the k % 16 valid floats of the tail.
+        unsafe {
+            let xr = x.as_ptr().add(r * k);
+            let wr = w.as_ptr().add(j * k);
+            let mut acc = [_mm512_setzero_ps(); U];
+            for c in 0..full {
+                let xv = _mm512_loadu_ps(xr.add(c * 16));
+                for (u, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(_mm512_loadu_ps(wr.add(u * k + c * 16)), xv, *a);
+                }
+            }
+            if tail > 0 {
+                let xv = _mm512_maskz_loadu_ps(mask, xr.add(full * 16));
+                for (u, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, wr.add(u * k + full * 16)), xv, *a);
+                }
+            }
+            for (u, a) in acc.iter().enumerate() {
+                y[r * m + j + u] = _mm512_reduce_add_ps(*a);
+            }
         }
     }
 }

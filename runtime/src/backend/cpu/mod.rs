@@ -157,8 +157,7 @@ fn leaf_locations(g: &Graph, plan: &Plan, bufs: &mut Buffers) {
             Op::Seed(k) => Loc::Carry(k - 1),
             _ => continue,
         };
-        bufs.loc.insert(v, loc);
-        bufs.len.insert(v, plan.elements(v));
+        bufs.place(v, loc, plan.elements(v));
     }
 }
 
@@ -600,25 +599,17 @@ fn backward(
     let state_leaf = |i: usize| g.values().find(|&v| g.node(v).op == Op::State(i));
     for (i, &m) in layer.state_sizes.iter().enumerate() {
         if let Some(v) = state_leaf(i) {
-            bufs.loc.insert(v, Loc::RowBuf);
-            bufs.len.insert(v, m);
-            bufs.row.insert(v, tape.states_before[i].clone());
+            bufs.place(v, Loc::Borrowed(tape.states_before[i].as_ptr()), m);
         }
         if let Some(Some(v)) = grad.primal_next_states.get(i) {
-            bufs.loc.insert(*v, Loc::RowBuf);
-            bufs.len.insert(*v, m);
-            bufs.row.insert(*v, tape.states_after[i].clone());
+            bufs.place(*v, Loc::Borrowed(tape.states_after[i].as_ptr()), m);
         }
     }
     if let Some(v) = grad.primal_output {
-        bufs.loc.insert(v, Loc::RowBuf);
-        bufs.len.insert(v, layer.output_size);
-        bufs.row.insert(v, tape.output.clone());
+        bufs.place(v, Loc::Borrowed(tape.output.as_ptr()), layer.output_size);
     }
     for (v, data) in &tape.saved {
-        bufs.loc.insert(*v, Loc::RowBuf);
-        bufs.len.insert(*v, plan.elements(*v));
-        bufs.row.insert(*v, data.clone());
+        bufs.place(*v, Loc::Borrowed(data.as_ptr()), plan.elements(*v));
     }
     // Storage for what the stages compute; per-step values that are needed
     // after the loop are also kept per row.
@@ -719,8 +710,7 @@ fn backward(
 
     // After the loop, over every valid row.
     for (v, data) in kept {
-        bufs.loc.insert(v, Loc::RowBuf);
-        bufs.row.insert(v, data);
+        bufs.row_data(v, data);
     }
     let frame = Frame {
         input: job.input,
