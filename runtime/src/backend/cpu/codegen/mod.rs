@@ -83,6 +83,15 @@ impl StageExec for JitStage {
     }
 }
 
+/// Where an operand of a fused loop's member comes from.
+#[derive(Clone, Copy, Debug)]
+enum Operand {
+    /// The `i`-th value held before the loop.
+    Outside(usize),
+    /// The `j`-th member's result in this iteration.
+    Member(usize),
+}
+
 /// How a value is held while one row is computed.
 #[derive(Clone, Copy, Debug)]
 enum Held {
@@ -221,14 +230,29 @@ impl Gen<'_, '_> {
             let p = self.b.ins().load(self.ptr, flags(), base, ((inputs.len() + i) * 8) as i32);
             out_ptr.entry(v).or_insert(p);
         }
+        // Elementwise vector ops of one length run as one fused loop (their
+        // intermediates stay in registers); anything else flushes the group.
+        let mut group: Vec<ValueId> = Vec::new();
         for &v in values {
             if self.held.contains_key(&v) {
                 continue;
+            }
+            let reads_group = self.graph.operands(v).iter().any(|o| group.contains(o));
+            if self.fusable(v, &group) {
+                if !group.is_empty() && self.len(group[0]) != self.len(v) {
+                    self.flush(&mut group, values, &out_ptr, scratch)?;
+                }
+                group.push(v);
+                continue;
+            }
+            if reads_group {
+                self.flush(&mut group, values, &out_ptr, scratch)?;
             }
             let dst = out_ptr.get(&v).copied();
             let h = self.value(v, dst, scratch)?;
             self.held.insert(v, h);
         }
+        self.flush(&mut group, values, &out_ptr, scratch)?;
         // Outputs not already written in place.
         for (i, &v) in outputs.iter().enumerate() {
             let p = self.b.ins().load(self.ptr, flags(), base, ((inputs.len() + i) * 8) as i32);
@@ -244,6 +268,94 @@ impl Gen<'_, '_> {
         self.b.ins().jump(head, &[next.into()]);
         self.b.switch_to_block(exit);
         self.b.ins().return_(&[]);
+        Ok(())
+    }
+
+    /// Whether `v` is an elementwise op over a vector that can join a fused
+    /// loop: at least one operand is a vector in memory or in `group`.
+    fn fusable(&self, v: ValueId, group: &[ValueId]) -> bool {
+        let node = self.graph.node(v);
+        if !matches!(node.op, Op::Unary(_) | Op::Binary(_)) || self.graph.ty(v).vector_dim().is_none() {
+            return false;
+        }
+        self.graph
+            .operands(v)
+            .iter()
+            .any(|o| group.contains(o) || matches!(self.held.get(o), Some(Held::Mem(_))))
+    }
+
+    /// Emits the fused loop of `group` (elementwise ops of one length, in
+    /// order) and empties it. A member is written to memory (its output, or
+    /// scratch) only when an output or a value outside the group reads it.
+    fn flush(
+        &mut self,
+        group: &mut Vec<ValueId>,
+        values: &[ValueId],
+        out_ptr: &HashMap<ValueId, Value>,
+        scratch: Value,
+    ) -> Result<(), JitError> {
+        if group.is_empty() {
+            return Ok(());
+        }
+        let members = std::mem::take(group);
+        let read_outside = |v: ValueId| {
+            out_ptr.contains_key(&v)
+                || values.iter().any(|u| !members.contains(u) && self.graph.operands(*u).contains(&v))
+        };
+        let mut keep: Vec<Option<Value>> = Vec::with_capacity(members.len());
+        for &v in &members {
+            let kept = read_outside(v).then(|| self.storage(v, out_ptr.get(&v).copied(), scratch));
+            keep.push(kept);
+        }
+        // Each member's operands: a value held before the group (loaded once
+        // per iteration) or an earlier member's result.
+        let mut outside: Vec<Held> = Vec::new();
+        let mut outside_ids: Vec<ValueId> = Vec::new();
+        let mut plan: Vec<(Op, Vec<Operand>)> = Vec::with_capacity(members.len());
+        for (i, &v) in members.iter().enumerate() {
+            let mut args = Vec::new();
+            for o in self.graph.operands(v) {
+                if let Some(j) = members[..i].iter().position(|m| *m == o) {
+                    args.push(Operand::Member(j));
+                    continue;
+                }
+                let at = match outside_ids.iter().position(|x| *x == o) {
+                    Some(at) => at,
+                    None => {
+                        let h = self.held.get(&o).copied();
+                        outside.push(h.ok_or_else(|| JitError(format!("{v} reads {o}, not available")))?);
+                        outside_ids.push(o);
+                        outside.len() - 1
+                    }
+                };
+                args.push(Operand::Outside(at));
+            }
+            plan.push((self.graph.node(v).op.clone(), args));
+        }
+        self.each(self.len(members[0]), |g, ty, off| {
+            let loaded: Vec<Value> = outside.iter().map(|&h| g.load(h, ty, off)).collect();
+            let mut results: Vec<Value> = Vec::with_capacity(plan.len());
+            for ((op, operands), kept) in plan.iter().zip(&keep) {
+                let args: Vec<Value> = operands
+                    .iter()
+                    .map(|a| match *a {
+                        Operand::Outside(i) => loaded[i],
+                        Operand::Member(j) => results[j],
+                    })
+                    .collect();
+                let r = g.op(op, ty, &args);
+                if let Some(addr) = kept {
+                    let at = g.b.ins().iadd(*addr, off);
+                    g.b.ins().store(flags(), r, at, 0);
+                }
+                results.push(r);
+            }
+        });
+        for (&v, kept) in members.iter().zip(&keep) {
+            if let Some(addr) = kept {
+                self.held.insert(v, Held::Mem(*addr));
+            }
+        }
         Ok(())
     }
 
