@@ -6,6 +6,7 @@
 
 mod support;
 
+use cellc::ir::Op;
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Backend;
@@ -43,11 +44,27 @@ fn build(
     }
 }
 
-fn close(what: &str, a: &[f32], b: &[f32]) -> Result<(), TestCaseError> {
+/// How far the two f32 back ends may drift apart on a cell. They sum in
+/// different orders (blocked GEMMs vs plain loops); a cell with row
+/// reductions (LayerNorm) divides by each row's spread and subtracts means
+/// in its backward, which amplifies that rounding: on 2-layer bidirectional
+/// LayerNorm-LSTMs the two differ by up to ~7e-4 even with the CPU running
+/// the interpreter's own op semantics. Against an f64 oracle both stay
+/// within 2e-5 (`runtime_oracle.rs`).
+fn tolerance(cell: &CompiledCell) -> f32 {
+    let g = &cell.cell;
+    if g.values().any(|v| matches!(g.node(v).op, Op::Reduce(_))) {
+        2e-3
+    } else {
+        1e-4
+    }
+}
+
+fn close(what: &str, a: &[f32], b: &[f32], tol: f32) -> Result<(), TestCaseError> {
     prop_assert_eq!(a.len(), b.len());
     for (k, (x, y)) in a.iter().zip(b).enumerate() {
         let err = (x - y).abs() / y.abs().max(1.0);
-        prop_assert!(err < 1e-4, "{}[{}]: cpu {} vs reference {}", what, k, x, y);
+        prop_assert!(err < tol, "{}[{}]: cpu {} vs reference {}", what, k, x, y);
     }
     Ok(())
 }
@@ -80,18 +97,19 @@ proptest! {
         let (o1, tr1) = cpu.forward_train(input, None).expect("cpu forward");
         let (o2, tr2) = reference.forward_train(input, None).expect("reference forward");
         let name = &c.cell.name;
-        close(&format!("{name} output"), &o1.data, &o2.data)?;
+        let tol = tolerance(c);
+        close(&format!("{name} output"), &o1.data, &o2.data, tol)?;
         for (a, r) in o1.final_states.iter().zip(&o2.final_states) {
-            close(&format!("{name} final"), a, r)?;
+            close(&format!("{name} final"), a, r, tol)?;
         }
         let g1 = cpu.backward(&tr1, &dy, None).expect("cpu backward");
         let g2 = reference.backward(&tr2, &dy, None).expect("reference backward");
-        close(&format!("{name} d_input"), &g1.d_input, &g2.d_input)?;
+        close(&format!("{name} d_input"), &g1.d_input, &g2.d_input, tol)?;
         for (a, r) in g1.d_h0.iter().zip(&g2.d_h0) {
-            close(&format!("{name} d_h0"), a, r)?;
+            close(&format!("{name} d_h0"), a, r, tol)?;
         }
         for (a, r) in g1.d_params.iter().flatten().zip(g2.d_params.iter().flatten()) {
-            close(&format!("{name} d_param"), a, r)?;
+            close(&format!("{name} d_param"), a, r, tol)?;
         }
         // Run to run, bit for bit.
         let (o3, tr3) = cpu.forward_train(input, None).expect("cpu forward again");
