@@ -177,9 +177,28 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
     let tokens_per_s = tokens as f64 / median;
     let gflops = gemm_flops(&model, tokens as f64, args.mode == Mode::Train) / median / 1e9;
     let sizes_text: Vec<String> = model.layers()[0].sizes.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    // The same products timed alone (CPU inference): the bound the model is measured against.
+    let gemm_only = match (args.mode, model.backend_name()) {
+        (Mode::Infer, "cpu") => {
+            let threads = args
+                .threads
+                .map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), |n| n as usize);
+            let (flops, secs) = cellc_runtime::backend::cpu::roofline::forward_gemms(
+                &model,
+                &lengths,
+                threads,
+                args.min_time.min(1.0),
+            )?;
+            Some(flops / secs / 1e9)
+        }
+        _ => None,
+    };
+    let gemm_only_json = gemm_only.map_or_else(String::new, |g| {
+        format!(", \"gemm_only_gflops\": {g:.4}, \"gemm_fraction\": {:.4}", gflops / g)
+    });
     if args.json {
         println!(
-            "{{\"cell\": \"{}\", \"backend\": \"{}\", \"mode\": \"{}\", \"batch\": {b}, \"steps\": {t}, \"layers\": {}, \"bidirectional\": {}, \"sizes\": \"{}\", \"tokens\": {tokens}, \"runs\": {}, \"median_s\": {median:.6e}, \"min_s\": {min:.6e}, \"compile_s\": {compile_s:.6e}, \"tokens_per_s\": {tokens_per_s:.6e}, \"gflops\": {gflops:.4}}}",
+            "{{\"cell\": \"{}\", \"backend\": \"{}\", \"mode\": \"{}\", \"batch\": {b}, \"steps\": {t}, \"layers\": {}, \"bidirectional\": {}, \"sizes\": \"{}\", \"tokens\": {tokens}, \"runs\": {}, \"median_s\": {median:.6e}, \"min_s\": {min:.6e}, \"compile_s\": {compile_s:.6e}, \"tokens_per_s\": {tokens_per_s:.6e}, \"gflops\": {gflops:.4}{gemm_only_json}}}",
             model.compiled().cell.name,
             model.backend_name(),
             if args.mode == Mode::Train { "train" } else { "infer" },
@@ -202,6 +221,12 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
             gflops,
             compile_s
         );
+        if let Some(g) = gemm_only {
+            println!(
+                "the same matrix products alone: {g:.2} GFLOP/s; the whole model runs at {:.0}% of that",
+                100.0 * gflops / g
+            );
+        }
     }
     Ok(())
 }

@@ -293,9 +293,8 @@ pub fn runs(plan: &BatchPlan, layout: &RowLayout) -> Vec<(usize, usize, usize, u
                 (b, 0, plan.lengths()[b], step)
             })
             .collect(),
-        RowLayout::Packed { .. } => {
-            (0..plan.steps()).map(|s| (plan.order()[0], s, plan.batch_sizes()[s], 1)).collect()
-        }
+        // Packed rows are all valid and contiguous: one run.
+        RowLayout::Packed { .. } => vec![(plan.order()[0], 0, plan.rows(), 1)],
     }
 }
 
@@ -407,9 +406,12 @@ fn weight_t(bufs: &mut Buffers, f: &Frame, m: ValueId, rows_w: usize, cols_w: us
     Ok(View::rows(w, rows_w, cols_w, cols_w).t())
 }
 
-/// Transposed copies of the matrix parameters read by per-step `matvec`s
-/// in `steps` (hoisted products amortise gemm's own packing over many rows
-/// and read `W` in place).
+/// Transposed copies (`[n, m]` row-major) of the matrix parameters that
+/// `matvec`s read: `gemm` packs its right operand on every call, and packing
+/// a strided transposed view of `W` is a cache-hostile gather. Hoisted
+/// products always get one (one pass over `W` buys fast packing for every
+/// run of rows); per-step products only above the GEMV's batch (below it
+/// they read `W` itself).
 pub fn transpose_params(
     graph: &Graph,
     steps: &[Step],
@@ -418,11 +420,11 @@ pub fn transpose_params(
     batch: usize,
 ) -> HashMap<usize, Vec<f32>> {
     let mut out = HashMap::new();
-    if batch <= super::gemv::MAX_ROWS {
-        return out; // every per-step product is a GEMV on W itself
-    }
     for st in steps {
-        let Step::Gemm { products, placement: Placement::EachStep } = st else { continue };
+        let Step::Gemm { products, placement } = st else { continue };
+        if *placement == Placement::EachStep && batch <= super::gemv::MAX_ROWS {
+            continue;
+        }
         for &(_, ref op, m, _) in products {
             let Op::Param(i) = graph.node(m).op else { continue };
             if *op != Op::MatVec || out.contains_key(&i) {

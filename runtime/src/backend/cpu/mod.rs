@@ -11,6 +11,7 @@ pub mod codegen;
 mod driver;
 pub mod gemm;
 pub mod gemv;
+pub mod roofline;
 pub mod stage;
 
 use super::{Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, Tape};
