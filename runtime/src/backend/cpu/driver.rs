@@ -347,6 +347,32 @@ pub fn gemm_all_rows(
                 other => return Err(RuntimeError::Internal(format!("{other:?} in a GEMM stage"))),
             }
         }
+        if jobs.len() < threads {
+            // Fewer runs than cores (one long sequence): split each product
+            // by output columns instead; runs still add up in order.
+            if *op == Op::Outer {
+                let (rows_d, cols_d) = shape(out);
+                let acc = matrices.entry(out).or_insert_with(|| vec![0.0; rows_d * cols_d]);
+                for &(_, a, b) in &jobs {
+                    // SAFETY: acc is [rows_d, cols_d]; a and b describe the run's rows.
+                    unsafe {
+                        matmul_split(
+                            View::rows(acc.as_mut_ptr(), rows_d, cols_d, cols_d),
+                            a,
+                            b,
+                            true,
+                            threads,
+                        )
+                    };
+                }
+            } else {
+                for &(dst, a, b) in &jobs {
+                    // SAFETY: every view was located for its run.
+                    unsafe { matmul_split(dst, a, b, false, threads) };
+                }
+            }
+            continue;
+        }
         let per = jobs.len().div_ceil(tasks).max(1);
         if *op == Op::Outer {
             let (rows_d, cols_d) = shape(out);
@@ -409,9 +435,9 @@ fn weight_t(bufs: &mut Buffers, f: &Frame, m: ValueId, rows_w: usize, cols_w: us
 /// Transposed copies (`[n, m]` row-major) of the matrix parameters that
 /// `matvec`s read: `gemm` packs its right operand on every call, and packing
 /// a strided transposed view of `W` is a cache-hostile gather. Hoisted
-/// products always get one (one pass over `W` buys fast packing for every
-/// run of rows); per-step products only above the GEMV's batch (below it
-/// they read `W` itself).
+/// products get one when they run over several sequences (one pass over
+/// `W` buys fast packing for every run of rows); per-step products above
+/// the GEMV's batch (below it they read `W` itself).
 pub fn transpose_params(
     graph: &Graph,
     steps: &[Step],
@@ -422,7 +448,10 @@ pub fn transpose_params(
     let mut out = HashMap::new();
     for st in steps {
         let Step::Gemm { products, placement } = st else { continue };
-        if *placement == Placement::EachStep && batch <= super::gemv::MAX_ROWS {
+        // One sequence is one run: a single packing of the strided view
+        // costs what the transpose would.
+        let pays = if *placement == Placement::EachStep { batch > super::gemv::MAX_ROWS } else { batch > 1 };
+        if !pays {
             continue;
         }
         for &(_, ref op, m, _) in products {
