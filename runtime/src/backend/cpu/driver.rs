@@ -119,10 +119,20 @@ struct Slot {
 }
 
 /// Value buffers of one run, indexed by value (a lookup is an array index:
-/// the driver resolves several pointers per row and step).
+/// the driver resolves several pointers per row and step). Row and rank
+/// buffers come from the [`super::pool`] unzeroed: every row a stage reads
+/// was written by an earlier stage, step or run.
 #[derive(Default)]
 pub struct Buffers {
     slots: Vec<Slot>,
+}
+
+impl Drop for Buffers {
+    fn drop(&mut self) {
+        for s in &mut self.slots {
+            super::pool::give(std::mem::take(&mut s.data));
+        }
+    }
 }
 
 impl Buffers {
@@ -158,7 +168,7 @@ impl Buffers {
     pub fn row_buf(&mut self, v: ValueId, len: usize, rows: usize) {
         let s = self.slot(v);
         if s.loc != Some(Loc::RowBuf) || s.len != len {
-            s.data = vec![0.0; rows * len];
+            super::pool::give(std::mem::replace(&mut s.data, super::pool::take(rows * len)));
         }
         s.loc = Some(Loc::RowBuf);
         s.len = len;
@@ -168,7 +178,7 @@ impl Buffers {
     pub fn row_data(&mut self, v: ValueId, data: Vec<f32>) {
         let s = self.slot(v);
         s.loc = Some(Loc::RowBuf);
-        s.data = data;
+        super::pool::give(std::mem::replace(&mut s.data, data));
     }
 
     /// A rank-ordered buffer for `v`, unless `v` already lives elsewhere.
@@ -176,7 +186,7 @@ impl Buffers {
         let s = self.slot(v);
         if s.loc.is_none() {
             s.loc = Some(Loc::RankBuf);
-            s.data = vec![0.0; batch * len];
+            super::pool::give(std::mem::replace(&mut s.data, super::pool::take(batch * len)));
         }
         s.len = len;
     }

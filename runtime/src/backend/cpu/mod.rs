@@ -11,6 +11,7 @@ pub mod codegen;
 mod driver;
 pub mod gemm;
 pub mod gemv;
+mod pool;
 pub mod roofline;
 pub mod stage;
 
@@ -139,13 +140,22 @@ impl Cpu {
     }
 }
 
-/// What the forward keeps, per row at the layer's row layout.
+/// What the forward keeps, per row at the layer's row layout (buffers
+/// from the [`pool`], returned when the tape is dropped).
 struct CpuTape {
     states_before: Vec<Vec<f32>>,
     states_after: Vec<Vec<f32>>,
     output: Vec<f32>,
     /// Saved forward values by id (the backward graph shares the ids).
     saved: HashMap<ValueId, Vec<f32>>,
+}
+
+impl Drop for CpuTape {
+    fn drop(&mut self) {
+        let states = self.states_before.drain(..).chain(self.states_after.drain(..));
+        let saved = self.saved.drain().map(|(_, b)| b);
+        states.chain([std::mem::take(&mut self.output)]).chain(saved).for_each(pool::give);
+    }
 }
 
 fn leaf_locations(g: &Graph, plan: &Plan, bufs: &mut Buffers) {
@@ -234,10 +244,10 @@ fn forward(
     let saved_ids: Vec<ValueId> =
         layer.schedule.saved.saved.iter().copied().filter(|v| g.contains(*v)).collect();
     let mut tape = job.training.then(|| CpuTape {
-        states_before: layer.state_sizes.iter().map(|&n| vec![0.0; layout_rows * n]).collect(),
-        states_after: layer.state_sizes.iter().map(|&n| vec![0.0; layout_rows * n]).collect(),
-        output: vec![0.0; layout_rows * layer.output_size],
-        saved: saved_ids.iter().map(|&v| (v, vec![0.0; layout_rows * plan.elements(v)])).collect(),
+        states_before: layer.state_sizes.iter().map(|&n| pool::take(layout_rows * n)).collect(),
+        states_after: layer.state_sizes.iter().map(|&n| pool::take(layout_rows * n)).collect(),
+        output: pool::take(layout_rows * layer.output_size),
+        saved: saved_ids.iter().map(|&v| (v, pool::take(layout_rows * plan.elements(v)))).collect(),
     });
     let out_layout = output.layout;
     let shape = shape_of(plan);
@@ -642,7 +652,7 @@ fn backward(
         }
     }
     let mut kept: HashMap<ValueId, Vec<f32>> =
-        persisted.iter().map(|&v| (v, vec![0.0; layout_rows * plan.elements(v)])).collect();
+        persisted.iter().map(|&v| (v, pool::take(layout_rows * plan.elements(v)))).collect();
 
     let order = job.plan.order().to_vec();
     let mut carry: Vec<Vec<f32>> = layer
