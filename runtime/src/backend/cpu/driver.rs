@@ -191,6 +191,13 @@ impl Buffers {
         s.len = len;
     }
 
+    /// Moves `v`'s buffer out (its storage is gone afterwards).
+    pub fn take_data(&mut self, v: ValueId) -> Vec<f32> {
+        let s = self.slot(v);
+        s.loc = None;
+        std::mem::take(&mut s.data)
+    }
+
     pub fn constant(&mut self, v: ValueId, value: Vec<f32>) {
         let s = self.slot(v);
         s.loc = Some(Loc::Const);

@@ -241,8 +241,25 @@ fn forward(
         .map(|(i, &n)| order.iter().flat_map(|&b| job.h0[i][b * n..(b + 1) * n].iter().copied()).collect())
         .collect();
     let mut finals: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&n| vec![0.0; batch * n]).collect();
-    let saved_ids: Vec<ValueId> =
-        layer.schedule.saved.saved.iter().copied().filter(|v| g.contains(*v)).collect();
+    let saved: Vec<ValueId> = layer.schedule.saved.saved.iter().copied().filter(|v| g.contains(*v)).collect();
+    // Saved values that only pointwise stages touch are written straight
+    // into layout rows, which become the tape's; the rest are copied per row.
+    let (direct, saved_ids): (Vec<ValueId>, Vec<ValueId>) = saved.iter().partition(|&&v| {
+        let pointwise_output = code.forward.iter().any(|st| {
+            st.placement() == Placement::EachStep
+                && matches!(st, Step::Pointwise { exec, .. } if exec.outputs().contains(&v))
+        });
+        let gemm_input = code.forward.iter().any(|st| match st {
+            Step::Gemm { products, placement: Placement::EachStep } => {
+                products.iter().any(|p| p.2 == v || p.3 == v)
+            }
+            _ => false,
+        });
+        job.training && pointwise_output && !gemm_input
+    });
+    for &v in &direct {
+        bufs.row_buf(v, plan.elements(v), layout_rows);
+    }
     let mut tape = job.training.then(|| CpuTape {
         states_before: layer.state_sizes.iter().map(|&n| pool::take(layout_rows * n)).collect(),
         states_after: layer.state_sizes.iter().map(|&n| pool::take(layout_rows * n)).collect(),
@@ -282,11 +299,18 @@ fn forward(
         }
     }
 
+    let into_tape = |tape: Option<CpuTape>, bufs: &mut Buffers| {
+        tape.map(|mut t| {
+            t.saved.extend(direct.iter().map(|&v| (v, bufs.take_data(v))));
+            Tape(Box::new(t))
+        })
+    };
     if let Some(result) =
         forward_whole_sequence(threads, code, job, output, &mut bufs, &params_t, tape.as_mut())?
     {
-        return Ok(ForwardResult { final_states: result, tape: tape.map(|t| Tape(Box::new(t))) });
+        return Ok(ForwardResult { final_states: result, tape: into_tape(tape, &mut bufs) });
     }
+    let mut next: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&m| vec![0.0; batch * m]).collect();
 
     for s in 0..job.plan.steps() {
         let n = job.plan.batch_sizes()[s];
@@ -313,7 +337,6 @@ fn forward(
             }
         }
         // Outputs, the tape, then the new states (read last: the stages read the old ones).
-        let mut next: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&m| vec![0.0; n * m]).collect();
         for &(b, t, r) in &rows {
             let o = layer.output_size;
             let out_row = out_layout.row(b, t) * output.width + output.offset;
@@ -347,7 +370,7 @@ fn forward(
             }
         }
         for (i, &m) in layer.state_sizes.iter().enumerate() {
-            states[i][..n * m].copy_from_slice(&next[i]);
+            states[i][..n * m].copy_from_slice(&next[i][..n * m]);
         }
         for &(b, _, r) in &rows {
             if s + 1 == job.plan.lengths()[b] {
@@ -357,7 +380,7 @@ fn forward(
             }
         }
     }
-    Ok(ForwardResult { final_states: finals, tape: tape.map(|t| Tape(Box::new(t))) })
+    Ok(ForwardResult { final_states: finals, tape: into_tape(tape, &mut bufs) })
 }
 
 /// An elementwise recurrence (no per-step GEMM) runs as one kernel call
