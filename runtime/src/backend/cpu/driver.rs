@@ -393,7 +393,8 @@ pub fn gemm_all_rows(
         let per = jobs.len().div_ceil(tasks).max(1);
         if *op == Op::Outer {
             let (rows_d, cols_d) = shape(out);
-            let mut partials: Vec<Vec<f32>> = (0..tasks).map(|_| vec![0.0f32; rows_d * cols_d]).collect();
+            let mut partials: Vec<Vec<f32>> =
+                (0..tasks).map(|_| super::pool::take_zeroed(rows_d * cols_d)).collect();
             rayon::scope(|sc| {
                 for (chunk, part) in jobs.chunks(per).zip(partials.iter_mut()) {
                     sc.spawn(move |_| {
@@ -408,8 +409,9 @@ pub fn gemm_all_rows(
                 }
             });
             let acc = matrices.entry(out).or_insert_with(|| vec![0.0; rows_d * cols_d]);
-            for part in &partials {
-                acc.iter_mut().zip(part).for_each(|(a, p)| *a += p);
+            for part in partials {
+                acc.iter_mut().zip(&part).for_each(|(a, p)| *a += p);
+                super::pool::give(part);
             }
         } else {
             rayon::scope(|sc| {

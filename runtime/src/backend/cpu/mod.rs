@@ -694,6 +694,7 @@ fn backward(
         kept.clear();
     }
     if !whole {
+        let mut next: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&m| vec![0.0; batch * m]).collect();
         for s in (0..job.plan.steps()).rev() {
             let n = job.plan.batch_sizes()[s];
             let rows: Vec<(usize, usize, usize)> =
@@ -720,7 +721,6 @@ fn backward(
                     Step::Sum { .. } => {}
                 }
             }
-            let mut next: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&m| vec![0.0; n * m]).collect();
             for &(b, t, r) in &rows {
                 for (i, &m) in layer.state_sizes.iter().enumerate() {
                     if let Some(v) = grad.d_states[i] {
@@ -737,7 +737,7 @@ fn backward(
                 }
             }
             for (i, &m) in layer.state_sizes.iter().enumerate() {
-                carry[i][..n * m].copy_from_slice(&next[i]);
+                carry[i][..n * m].copy_from_slice(&next[i][..n * m]);
             }
         }
     }
@@ -783,21 +783,23 @@ fn backward(
             d_params.push(m.clone());
             continue;
         }
+        let rows: Vec<*const f32> = all_rows
+            .iter()
+            .map(|&(b, t, _)| locate(&mut bufs, &frame, *v, b, t, 0).map(|p| p as *const f32))
+            .collect::<Result<_>>()?;
         let mut acc = vec![0.0f32; len];
-        let mut row = vec![0.0f32; len];
-        for &(b, t, _) in &all_rows {
-            copy_row(&mut bufs, &frame, *v, (b, t, 0), &mut row)?;
-            acc.iter_mut().zip(&row).for_each(|(a, x)| *a += x);
-        }
+        // SAFETY: each pointer is a located row of `len` floats of v.
+        unsafe { sum_rows(&rows, &mut acc, threads) };
         d_params.push(acc);
     }
     for (d, &(o, l)) in grad.d_inputs.iter().zip(&layer.input_slices) {
         let Some(v) = d else { continue };
-        let mut row = vec![0.0f32; l];
         for &(b, t, _) in &all_rows {
-            copy_row(&mut bufs, &frame, *v, (b, t, 0), &mut row)?;
+            let p = locate(&mut bufs, &frame, *v, b, t, 0)?;
+            // SAFETY: a located row of `l` floats of v, in a buffer of this run (not d_input).
+            let row = unsafe { std::slice::from_raw_parts(p, l) };
             let dst = d_input.get_mut(b, t, layer.input_size);
-            dst[o..o + l].iter_mut().zip(&row).for_each(|(a, x)| *a += x);
+            dst[o..o + l].iter_mut().zip(row).for_each(|(a, x)| *a += x);
         }
     }
     let d_h0 = layer
@@ -813,4 +815,29 @@ fn backward(
         })
         .collect();
     Ok(BackwardResult { d_h0, d_params })
+}
+
+/// `out[j] = Σ_rows row[j]`, rows added in order; the columns are shared
+/// out between up to `threads` threads, so the result does not depend on
+/// the thread count.
+///
+/// # Safety
+/// Every pointer is valid for `out.len()` floats.
+unsafe fn sum_rows(rows: &[*const f32], out: &mut [f32], threads: usize) {
+    let len = out.len();
+    let parts = if rows.len() * len >= 1 << 16 { threads.clamp(1, len.div_ceil(16)) } else { 1 };
+    let per = len.div_ceil(parts).next_multiple_of(16).max(16);
+    let rows = SendTable(rows.iter().map(|&p| p as *mut f32).collect());
+    rayon::scope(|s| {
+        for (c, chunk) in out.chunks_mut(per).enumerate() {
+            let rows = &rows;
+            s.spawn(move |_| {
+                for &p in &rows.0 {
+                    // SAFETY: per the contract, p has `len` floats; this chunk's columns lie within.
+                    let row = unsafe { std::slice::from_raw_parts(p.add(c * per), chunk.len()) };
+                    chunk.iter_mut().zip(row).for_each(|(a, x)| *a += x);
+                }
+            });
+        }
+    });
 }

@@ -35,6 +35,14 @@ pub fn take(len: usize) -> Vec<f32> {
     vec![f32::NAN; len]
 }
 
+/// A buffer of `len` zeros (reused memory is cleared, which is far cheaper
+/// than faulting in fresh pages).
+pub fn take_zeroed(len: usize) -> Vec<f32> {
+    let mut b = take(len);
+    b.fill(0.0);
+    b
+}
+
 /// Hands a buffer back for reuse (dropped when small or when the pool is full).
 pub fn give(buffer: Vec<f32>) {
     if buffer.len() < MIN_KEPT_FLOATS {
