@@ -69,7 +69,11 @@ pub fn forward_gemms(model: &Model, lengths: &[usize], threads: usize, min_time:
             let dst = View::rows(y.as_mut_ptr(), p.rows, p.m, p.m);
             let a = View::rows(x.as_ptr(), p.rows, p.k, p.k);
             let b = View::rows(w.as_ptr(), p.k, p.m, p.m);
-            if p.per_step {
+            if p.per_step && p.rows <= super::gemv::MAX_ROWS {
+                // The back end's path for a few rows: W itself ([m, k]), streamed.
+                let (ys, xs) = (&mut y[..p.rows * p.m], &x[..p.rows * p.k]);
+                super::gemv::gemv(ys, xs, &w[..p.m * p.k], p.rows, p.m, p.k, threads);
+            } else if p.per_step {
                 // SAFETY: x, w and y hold the largest product's operands.
                 unsafe { matmul_split(dst, a, b, false, if p.m * p.k >= 64 * 64 { threads } else { 1 }) };
             } else {
