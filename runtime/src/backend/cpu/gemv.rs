@@ -121,8 +121,11 @@ pub fn gemv(y: &mut [f32], x: &[f32], w: &[f32], n: usize, m: usize, k: usize, p
     );
 }
 
-/// `y[r, cols] = Σ_j d[r, j] · W[j, cols]`: the adjoint product `D · W`,
-/// one contiguous axpy per row of `W`, vectorised along the outputs.
+/// `y[r, cols] = Σ_j d[r, j] · W[j, cols]`: the adjoint product `D · W`.
+/// Up to 256 output columns per pass are held in registers (16 AVX-512
+/// accumulators, fewer per row when several rows share a pass) while the
+/// rows of `W` stream by, each read as one contiguous piece; sums run over
+/// `j` in order, so the result does not depend on how columns were split.
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn dw_avx512(
     y: &mut [f32],
@@ -133,29 +136,67 @@ unsafe fn dw_avx512(
     k: usize,
     cols: std::ops::Range<usize>,
 ) {
-    const BLOCK: usize = 64; // four AVX-512 registers of partial sums
-    for r in 0..n {
-        let dr = &d[r * m..(r + 1) * m];
-        let mut c0 = cols.start;
-        while c0 < cols.end {
-            let c1 = (c0 + BLOCK).min(cols.end);
-            if c1 - c0 == BLOCK {
-                let mut acc = [0.0f32; BLOCK];
-                for (j, &dj) in dr.iter().enumerate() {
-                    let wr = &w[j * k + c0..j * k + c0 + BLOCK];
-                    for l in 0..BLOCK {
-                        acc[l] = wr[l].mul_add(dj, acc[l]);
-                    }
-                }
-                y[r * k + c0..r * k + c1].copy_from_slice(&acc);
-            } else {
-                for c in c0..c1 {
-                    y[r * k + c] =
-                        dr.iter().enumerate().fold(0.0f32, |a, (j, &dj)| w[j * k + c].mul_add(dj, a));
+    assert!(d.len() >= n * m && w.len() >= m * k && y.len() >= n * k && cols.end <= k);
+    // SAFETY (all calls): sizes checked above; each pass stays inside `cols`.
+    unsafe {
+        match n {
+            1 => dw_rows::<1, 16>(y, d, w, m, k, cols),
+            2 => dw_rows::<2, 8>(y, d, w, m, k, cols),
+            3 => dw_rows::<3, 4>(y, d, w, m, k, cols),
+            _ => {
+                dw_rows::<4, 4>(y, d, w, m, k, cols.clone());
+                if n > 4 {
+                    let (d, y) = (&d[4 * m..], &mut y[4 * k..]);
+                    dw_avx512(y, d, w, n - 4, m, k, cols);
                 }
             }
-            c0 = c1;
         }
+    }
+}
+
+/// `R` rows of `D · W` over `cols`, in passes of `V` registers (16 columns
+/// each); the last pass of a range narrower than `16·V` is masked.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn dw_rows<const R: usize, const V: usize>(
+    y: &mut [f32],
+    d: &[f32],
+    w: &[f32],
+    m: usize,
+    k: usize,
+    cols: std::ops::Range<usize>,
+) {
+    use std::arch::x86_64::*;
+    let mut c0 = cols.start;
+    while c0 < cols.end {
+        let width = (cols.end - c0).min(16 * V);
+        // Lanes of each register that are inside this pass.
+        let masks: [__mmask16; V] = std::array::from_fn(|v| {
+            let lanes = width.saturating_sub(16 * v).min(16);
+            ((1u32 << lanes) - 1) as u16
+        });
+        // SAFETY: rows j < m of W and columns c0..c0 + width < k; masked
+        // lanes are neither read nor written.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); V]; R];
+            for j in 0..m {
+                let wr = w.as_ptr().add(j * k + c0);
+                let row: [__m512; V] =
+                    std::array::from_fn(|v| _mm512_maskz_loadu_ps(masks[v], wr.add(16 * v)));
+                for (r, acc_r) in acc.iter_mut().enumerate() {
+                    let dj = _mm512_set1_ps(*d.get_unchecked(r * m + j));
+                    for v in 0..V {
+                        acc_r[v] = _mm512_fmadd_ps(row[v], dj, acc_r[v]);
+                    }
+                }
+            }
+            for (r, acc_r) in acc.iter().enumerate() {
+                let yr = y.as_mut_ptr().add(r * k + c0);
+                for v in 0..V {
+                    _mm512_mask_storeu_ps(yr.add(16 * v), masks[v], acc_r[v]);
+                }
+            }
+        }
+        c0 += width;
     }
 }
 
