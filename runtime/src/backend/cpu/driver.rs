@@ -11,6 +11,7 @@
 //!   prefix and a per-step GEMM is one call on `n` rows (`RankBuf`).
 
 use super::gemm::{matmul, matmul_split, View};
+use super::prepared::{transpose, AlignedBuf, Prepared};
 use super::stage::StageExec;
 use crate::backend::Rows;
 use crate::error::{Result, RuntimeError};
@@ -211,9 +212,8 @@ pub struct Frame<'a> {
     pub input: Rows<'a>,
     pub input_slices: &'a [(usize, usize)],
     pub params: &'a [Vec<f32>],
-    /// Transposed copies (`[n, m]` row-major) of the matrix parameters that
-    /// `matvec` reads: `gemm` is fastest with both operands row-major.
-    pub params_t: &'a HashMap<usize, Vec<f32>>,
+    /// Matrix parameters prepared for the products that read them.
+    pub prepared: &'a HashMap<usize, Prepared>,
     pub states: &'a [Vec<f32>],
     pub state_sizes: &'a [usize],
     pub carry: &'a [Vec<f32>],
@@ -443,62 +443,54 @@ fn row_stride(bufs: &Buffers, f: &Frame, v: ValueId, step: usize) -> usize {
 /// parameter has one, else a strided view of `W`.
 fn weight_t(bufs: &mut Buffers, f: &Frame, m: ValueId, rows_w: usize, cols_w: usize) -> Result<View> {
     if let Some(Loc::Param(i)) = bufs.loc(m) {
-        if let Some(t) = f.params_t.get(&i) {
-            return Ok(View::rows(t.as_ptr(), cols_w, rows_w, rows_w));
+        if let Some(p) = f.prepared.get(&i).filter(|p| p.transposed) {
+            return Ok(View::rows(p.data.as_ptr(), cols_w, rows_w, rows_w));
         }
     }
     let w = locate(bufs, f, m, 0, 0, 0)?;
     Ok(View::rows(w, rows_w, cols_w, cols_w).t())
 }
 
-/// Transposed copies (`[n, m]` row-major) of the matrix parameters that
-/// `matvec`s read: `gemm` packs its right operand on every call, and packing
-/// a strided transposed view of `W` is a cache-hostile gather. Hoisted
-/// products get one when they run over several sequences (one pass over
-/// `W` buys fast packing for every run of rows); per-step products above
-/// the GEMV's batch (below it they read `W` itself).
-pub fn transpose_params(
+/// The matrix parameters that products read, prepared once per call
+/// (see [`super::prepared`]):
+/// - per-step products read a copy of `W` (transposed for a `matvec`
+///   through `gemm`, as is for the GEMV paths and `D · W`), in huge-page
+///   aligned memory: the same bytes are streamed every step;
+/// - hoisted `matvec`s over several sequences read a transposed copy:
+///   `gemm` packs its right operand on every call, and packing a strided
+///   transposed view of `W` is a cache-hostile gather (for one sequence, a
+///   single packing of the view costs what the transpose would).
+pub fn prepare_params(
     graph: &Graph,
     steps: &[Step],
     params: &[Vec<f32>],
     shape: &dyn Fn(ValueId) -> (usize, usize),
     batch: usize,
-) -> HashMap<usize, Vec<f32>> {
+) -> HashMap<usize, Prepared> {
     let mut out = HashMap::new();
     for st in steps {
         let Step::Gemm { products, placement } = st else { continue };
-        // One sequence is one run: a single packing of the strided view
-        // costs what the transpose would.
-        let pays = if *placement == Placement::EachStep { batch > super::gemv::MAX_ROWS } else { batch > 1 };
-        if !pays {
-            continue;
-        }
+        let per_step = *placement == Placement::EachStep;
         for &(_, ref op, m, _) in products {
             let Op::Param(i) = graph.node(m).op else { continue };
-            if *op != Op::MatVec || out.contains_key(&i) {
+            if out.contains_key(&i) {
+                continue;
+            }
+            let transposed = *op == Op::MatVec && (!per_step || batch > super::gemv::MAX_ROWS);
+            let wanted = per_step || (*op == Op::MatVec && batch > 1);
+            if !wanted || !matches!(op, Op::MatVec | Op::MatVecT) {
                 continue;
             }
             let (r, c) = shape(m);
-            out.insert(i, transpose(&params[i], r, c));
+            let data = if transposed {
+                AlignedBuf::copy_of(&transpose(&params[i], r, c))
+            } else {
+                AlignedBuf::copy_of(&params[i])
+            };
+            out.insert(i, Prepared { data, transposed });
         }
     }
     out
-}
-
-/// `[r, c]` row-major to `[c, r]` row-major, in cache-sized tiles.
-fn transpose(w: &[f32], r: usize, c: usize) -> Vec<f32> {
-    const TILE: usize = 32;
-    let mut t = vec![0.0f32; r * c];
-    for r0 in (0..r).step_by(TILE) {
-        for c0 in (0..c).step_by(TILE) {
-            for row in r0..(r0 + TILE).min(r) {
-                for col in c0..(c0 + TILE).min(c) {
-                    t[col * r + row] = w[row * c + col];
-                }
-            }
-        }
-    }
-    t
 }
 
 /// A per-step GEMM on the first `n` ranks: `Y[0..n] = X[0..n] · Wᵀ` (or `· W`).
@@ -512,7 +504,14 @@ pub fn gemm_step(
 ) -> Result<()> {
     for &(out, ref op, m, x) in products {
         let (rows_w, cols_w) = shape(m);
-        let w = locate(bufs, f, m, 0, 0, 0)?;
+        // W as is: its prepared copy if there is one.
+        let w = match bufs.loc(m) {
+            Some(Loc::Param(i)) => match f.prepared.get(&i) {
+                Some(p) if !p.transposed => p.data.as_ptr() as *mut f32,
+                _ => locate(bufs, f, m, 0, 0, 0)?,
+            },
+            _ => locate(bufs, f, m, 0, 0, 0)?,
+        };
         let xin = locate(bufs, f, x, 0, 0, 0)?;
         let y = locate(bufs, f, out, 0, 0, 0)?;
         let (xlen, ylen) = (bufs.len(x), bufs.len(out));

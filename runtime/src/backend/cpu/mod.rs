@@ -12,6 +12,7 @@ mod driver;
 pub mod gemm;
 pub mod gemv;
 mod pool;
+pub mod prepared;
 pub mod roofline;
 pub mod stage;
 
@@ -22,7 +23,7 @@ use cellc::interp::Plan;
 use cellc::ir::{Graph, Op, Type, ValueId};
 use cellc::schedule::Placement;
 use driver::{
-    constants, gemm_all_rows, gemm_step, locate, run_pointwise, transpose_params, Buffers, Frame, Loc, Step,
+    constants, gemm_all_rows, gemm_step, locate, prepare_params, run_pointwise, Buffers, Frame, Loc, Step,
 };
 use stage::{Interpreted, StageExec};
 use std::collections::{HashMap, HashSet};
@@ -268,7 +269,7 @@ fn forward(
     });
     let out_layout = output.layout;
     let shape = shape_of(plan);
-    let params_t = transpose_params(g, &code.forward, job.params, &shape, batch);
+    let params_t = prepare_params(g, &code.forward, job.params, &shape, batch);
 
     // Before the loop: every valid row.
     let all_rows: Vec<(usize, usize, usize)> =
@@ -278,7 +279,7 @@ fn forward(
             input: job.input,
             input_slices: &layer.input_slices,
             params: job.params,
-            params_t: &params_t,
+            prepared: &params_t,
             states: &states,
             state_sizes: &layer.state_sizes,
             carry: &[],
@@ -320,7 +321,7 @@ fn forward(
             input: job.input,
             input_slices: &layer.input_slices,
             params: job.params,
-            params_t: &params_t,
+            prepared: &params_t,
             states: &states,
             state_sizes: &layer.state_sizes,
             carry: &[],
@@ -394,7 +395,7 @@ fn forward_whole_sequence(
     job: &ForwardJob,
     output: &mut RowsMut,
     bufs: &mut Buffers,
-    params_t: &HashMap<usize, Vec<f32>>,
+    params_t: &HashMap<usize, prepared::Prepared>,
     mut tape: Option<&mut CpuTape>,
 ) -> Result<Option<Vec<Vec<f32>>>> {
     let mut each_step = code.forward.iter().filter(|s| s.placement() == Placement::EachStep);
@@ -419,7 +420,7 @@ fn forward_whole_sequence(
         input: job.input,
         input_slices: &layer.input_slices,
         params: job.params,
-        params_t,
+        prepared: params_t,
         states: &[],
         state_sizes: &layer.state_sizes,
         carry: &[],
@@ -524,7 +525,7 @@ fn backward_whole_sequence(
     code: &LayerCode,
     job: &BackwardJob,
     bufs: &mut Buffers,
-    params_t: &HashMap<usize, Vec<f32>>,
+    params_t: &HashMap<usize, prepared::Prepared>,
     carry: &mut [Vec<f32>],
 ) -> Result<bool> {
     let mut each_step = code.backward.iter().filter(|s| s.placement() == Placement::EachStep);
@@ -546,7 +547,7 @@ fn backward_whole_sequence(
         input: job.input,
         input_slices: &layer.input_slices,
         params: job.params,
-        params_t,
+        prepared: params_t,
         states: &[],
         state_sizes: &layer.state_sizes,
         carry: &[],
@@ -687,7 +688,7 @@ fn backward(
         })
         .collect();
     let shape = shape_of(plan);
-    let params_t = transpose_params(g, &code.backward, job.params, &shape, batch);
+    let params_t = prepare_params(g, &code.backward, job.params, &shape, batch);
     let d_out = Some((job.d_output, layer.output_size));
     let whole = backward_whole_sequence(threads, code, job, &mut bufs, &params_t, &mut carry)?;
     if whole {
@@ -703,7 +704,7 @@ fn backward(
                 input: job.input,
                 input_slices: &layer.input_slices,
                 params: job.params,
-                params_t: &params_t,
+                prepared: &params_t,
                 states: &[],
                 state_sizes: &layer.state_sizes,
                 carry: &carry,
@@ -750,7 +751,7 @@ fn backward(
         input: job.input,
         input_slices: &layer.input_slices,
         params: job.params,
-        params_t: &params_t,
+        prepared: &params_t,
         states: &[],
         state_sizes: &layer.state_sizes,
         carry: &carry,
