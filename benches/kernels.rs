@@ -1,0 +1,127 @@
+//! The CPU back end's building blocks, one at a time: the LSTM's fused
+//! pointwise stages (forward and backward step) JIT-compiled against the
+//! same stages interpreted, the GEMM and GEMV on the shapes an RNN runs,
+//! and the tape of values they are measured on.
+//!
+//! `cargo bench -p cellc-benches --bench kernels`
+
+use cellc::schedule::StageKind;
+use cellc_runtime::backend::cpu::codegen::JitStage;
+use cellc_runtime::backend::cpu::gemm::{matmul, View};
+use cellc_runtime::backend::cpu::gemv::gemv;
+use cellc_runtime::backend::cpu::stage::{Interpreted, StageExec};
+use cellc_runtime::backend::reference::Reference;
+use cellc_runtime::{CompiledCell, Model, ModelConfig};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use std::hint::black_box;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn lstm(h: usize) -> Model {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cells/lstm.cell");
+    let cell = Arc::new(CompiledCell::from_file(&path, None).expect("lstm.cell compiles"));
+    let sizes = [("H".to_string(), h), ("I".to_string(), h)].into();
+    let config = ModelConfig { layers: 1, bidirectional: false };
+    Model::new(cell, config, &sizes, Some(h), None, 1, Box::new(Reference)).expect("model")
+}
+
+/// Buffers for `rows` rows of a stage's inputs and outputs, and the pointer table.
+struct Table {
+    _buffers: Vec<Vec<f32>>,
+    ptrs: Vec<*mut f32>,
+}
+
+fn table(exec: &dyn StageExec, plan: &cellc::interp::Plan, rows: usize) -> Table {
+    let mut buffers = Vec::new();
+    let mut ptrs = Vec::new();
+    for _ in 0..rows {
+        for &v in exec.inputs().iter().chain(exec.outputs()) {
+            let n = plan.elements(v);
+            let mut b: Vec<f32> = (0..n).map(|i| ((i % 13) as f32 - 6.0) * 0.1).collect();
+            ptrs.push(b.as_mut_ptr());
+            buffers.push(b);
+        }
+    }
+    Table { _buffers: buffers, ptrs }
+}
+
+fn pointwise(c: &mut Criterion) {
+    let mut g = c.benchmark_group("lstm pointwise stage");
+    g.measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(500));
+    for h in [128, 512] {
+        let model = lstm(h);
+        let layer = &model.layers()[0];
+        let compiled = model.compiled();
+        let sides = [
+            ("forward", Arc::new((*compiled.cell).clone()), &layer.schedule.forward, &layer.forward_plan),
+            (
+                "backward",
+                Arc::new(compiled.grad.graph.clone()),
+                &layer.schedule.backward,
+                &layer.backward_plan,
+            ),
+        ];
+        for (side, graph, stages, plan) in sides {
+            let st = stages
+                .iter()
+                .find(|s| matches!(s.kind, StageKind::Pointwise { .. }))
+                .expect("a pointwise stage");
+            let plan_arc = Arc::new(plan.clone());
+            let jit = JitStage::compile(&graph, plan, &st.values, &st.inputs, &st.outputs).expect("compiles");
+            let interp = Interpreted::new(graph.clone(), plan_arc, &st.values, &st.inputs, &st.outputs);
+            for rows in [1, 16, 64] {
+                g.throughput(Throughput::Elements((rows * h) as u64));
+                for (kind, exec) in [("jit", &jit as &dyn StageExec), ("interpreted", &interp)] {
+                    if kind == "interpreted" && rows > 1 {
+                        continue; // one row shows the gap; more only takes longer
+                    }
+                    let t = table(exec, plan, rows);
+                    g.bench_function(BenchmarkId::new(format!("{side} {kind} H={h}"), rows), |b| {
+                        // SAFETY: the table holds `rows` rows of valid buffers at the plan's sizes.
+                        b.iter(|| unsafe { exec.run(black_box(rows), &t.ptrs) })
+                    });
+                }
+            }
+        }
+    }
+    g.finish();
+}
+
+fn products(c: &mut Criterion) {
+    let mut g = c.benchmark_group("matrix products");
+    g.measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(500));
+    let h = 512;
+    let (k, m) = (h, 4 * h);
+    let w: Vec<f32> = (0..k * m).map(|i| ((i % 17) as f32) * 0.01).collect();
+    // A step's rows against Wᵀ ([k, m] row-major, as the back end prepares it), and
+    // the hoisted projection of every row of a T=100 batch of 64.
+    for rows in [1usize, 16, 64, 6400] {
+        let x: Vec<f32> = (0..rows * k).map(|i| ((i % 7) as f32) * 0.1).collect();
+        let mut y = vec![0.0f32; rows * m];
+        g.throughput(Throughput::Elements((2 * rows * k * m) as u64));
+        g.bench_function(BenchmarkId::new(format!("gemm [B, {k}] x [{k}, {m}] (flops)"), rows), |b| {
+            b.iter(|| {
+                // SAFETY: x, w and y have exactly the viewed shapes.
+                unsafe {
+                    matmul(
+                        View::rows(y.as_mut_ptr(), rows, m, m),
+                        View::rows(x.as_ptr(), rows, k, k),
+                        View::rows(w.as_ptr(), k, m, m),
+                        false,
+                    )
+                }
+            })
+        });
+        if rows == 1 {
+            g.bench_function(
+                BenchmarkId::new(format!("gemv [1, {k}] x W[{m}, {k}]ᵀ (flops)"), rows),
+                |b| b.iter(|| gemv(&mut y, black_box(&x), &w, 1, m, k, 1)),
+            );
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, pointwise, products);
+criterion_main!(benches);
