@@ -26,6 +26,7 @@
 //! ```
 
 pub mod autodiff;
+pub mod cuda;
 pub mod diag;
 pub mod dims;
 pub mod gradcheck;

@@ -7,6 +7,7 @@
 //! alignment — and never sees padding.
 
 pub mod cpu;
+pub mod cuda;
 pub mod reference;
 
 use crate::error::Result;

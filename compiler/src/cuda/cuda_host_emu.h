@@ -1,0 +1,79 @@
+// cellc: compile generated CUDA C++ kernels as host C++, to run them on a
+// machine without a GPU (tests compare them with the interpreter).
+//
+//   g++ -std=c++20 -O1 -pthread -shared -fPIC -include cuda_host_emu.h -x c++ kernels.cu
+//
+// Launches run one OS thread per CUDA thread of a block, blocks one after
+// another; __syncthreads() is a std::barrier, __shared__ memory is one
+// static copy per kernel (right because blocks never overlap). Every
+// kernel is exported as `cellc_launch_<name>(grid, block, args)` taking
+// cuLaunchKernel-style argument pointers.
+#pragma once
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <utility>
+#include <vector>
+
+struct cellc_dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+namespace cellc_emu {
+inline thread_local cellc_dim3 tid, bid, bdim, gdim;
+inline thread_local std::barrier<>* block_barrier = nullptr;
+}  // namespace cellc_emu
+#define threadIdx (::cellc_emu::tid)
+#define blockIdx (::cellc_emu::bid)
+#define blockDim (::cellc_emu::bdim)
+#define gridDim (::cellc_emu::gdim)
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+// Blocks run one at a time, so one static copy per kernel is what the
+// threads of the running block share.
+#define __shared__ static
+
+inline void __syncthreads() {
+    if (::cellc_emu::block_barrier) ::cellc_emu::block_barrier->arrive_and_wait();
+}
+inline float __int_as_float(unsigned x) {
+    float f;
+    std::memcpy(&f, &x, sizeof f);
+    return f;
+}
+#include <math.h>  // expf, tanhf, ... in the global namespace, as CUDA has them
+
+namespace cellc_emu {
+template <class... P, std::size_t... I>
+void run_block(void (*k)(P...), cellc_dim3 g, cellc_dim3 b, cellc_dim3 block, void** args, std::index_sequence<I...>) {
+    const unsigned n = b.x * b.y * b.z;
+    std::barrier<> bar(n);
+    std::vector<std::thread> threads;
+    threads.reserve(n);
+    for (unsigned t = 0; t < n; ++t) {
+        threads.emplace_back([&, t] {
+            gdim = g;
+            bdim = b;
+            bid = block;
+            tid = {t % b.x, (t / b.x) % b.y, t / (b.x * b.y)};
+            block_barrier = &bar;
+            k(*static_cast<std::remove_reference_t<P>*>(args[I])...);
+        });
+    }
+    for (auto& th : threads) th.join();
+}
+template <class... P>
+void launch(void (*k)(P...), unsigned grid, unsigned block, void** args) {
+    const cellc_dim3 g{grid, 1, 1}, b{block, 1, 1};
+    for (unsigned bx = 0; bx < grid; ++bx) run_block(k, g, b, cellc_dim3{bx, 0, 0}, args, std::index_sequence_for<P...>{});
+}
+}  // namespace cellc_emu
+
+#define CELLC_EMU_EXPORT(name) \
+    extern "C" void cellc_launch_##name(unsigned grid, unsigned block, void** args) { ::cellc_emu::launch(&name, grid, block, args); }

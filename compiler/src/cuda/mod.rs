@@ -1,0 +1,538 @@
+//! CUDA C++ for a cell's pointwise stages: text in, text out.
+//!
+//! One `__global__` function per schedule stage, with the same row
+//! pointer-table ABI as the CPU back end's kernels, so the runtime gathers
+//! and scatters the caller's padded or packed rows without copies:
+//!
+//! ```text
+//! extern "C" __global__ void NAME(float* const* __restrict__ args, int rows,
+//!                                 float* __restrict__ scratch)
+//! ```
+//!
+//! - `args` holds, for each row, one pointer per stage input (in the
+//!   stage's input order) then one per output: `args[row * K + i]`.
+//! - One block per row (grid-stride over rows), the block's threads stride
+//!   over a row's elements. `scratch` holds `SCRATCH` floats per block
+//!   (`gridDim.x * SCRATCH` in all) for intermediate vectors.
+//! - Row reductions (LayerNorm's `mean`) are block reductions in shared
+//!   memory in a fixed tree order: results do not depend on timing, and no
+//!   `atomicAdd` is used anywhere.
+//!
+//! Whole-sequence stages (elementwise recurrences) take the rows of each
+//! sequence in time order, each row's state pointer pointing at the
+//! previous row's next state:
+//!
+//! ```text
+//! extern "C" __global__ void NAME(float* const* __restrict__ args,
+//!                                 const int* __restrict__ seq_start,
+//!                                 const int* __restrict__ seq_rows, int sequences,
+//!                                 float* __restrict__ scratch)
+//! ```
+//!
+//! One block per sequence walks its rows `seq_start[b] .. seq_start[b] +
+//! seq_rows[b]` with a barrier between rows; each thread keeps to the same
+//! units from row to row.
+//!
+//! Elementwise ops of one length fuse into one loop with intermediates in
+//! registers, as in the CPU's JIT; every value is commented with its IR
+//! line and, given the sources, the `.cell` location it came from.
+
+pub mod prelude;
+
+use crate::diag::SourceMap;
+use crate::interp::Plan;
+use crate::ir::print::{value_line, LeafNames};
+use crate::ir::{BinaryOp, Graph, Op, ReduceOp, UnaryOp, ValueId};
+use crate::schedule::{Stage, StageKind};
+use std::collections::HashMap;
+use std::fmt::Write;
+
+/// The NVRTC options the kernels are meant to be compiled with (plus
+/// `--gpu-architecture`). `--prec-div=false`: an IEEE division's slow path
+/// (denormal or huge operands) is a real function call whose ABI spills
+/// registers to the stack in the larger backward kernels; the fast path is
+/// within 2 ulp, the same order as the GPU's `expf`/`tanhf` and as the CPU
+/// back end's polynomials, which is the accuracy the project promises.
+pub const NVRTC_OPTIONS: &[&str] = &["--std=c++17", "--prec-div=false"];
+
+/// Threads per block the kernels are written for (the shared-memory
+/// reduction buffer has this many slots).
+pub const BLOCK: u32 = 128;
+
+/// One generated kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kernel {
+    pub name: String,
+    /// The function's source (no prelude).
+    pub source: String,
+    pub inputs: Vec<ValueId>,
+    pub outputs: Vec<ValueId>,
+    /// Scratch floats each block needs.
+    pub scratch: usize,
+    /// Takes sequences (`seq_start`, `seq_rows`) rather than independent rows.
+    pub whole_sequence: bool,
+}
+
+/// Why a stage could not be emitted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EmitError(pub String);
+
+impl std::fmt::Display for EmitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cuda: {}", self.0)
+    }
+}
+
+impl std::error::Error for EmitError {}
+
+/// A translation unit: the prelude, then every kernel.
+pub fn translation_unit(kernels: &[Kernel]) -> String {
+    let mut out = String::from(prelude::PRELUDE);
+    for k in kernels {
+        out.push('\n');
+        out.push_str(&k.source);
+    }
+    out
+}
+
+/// Where to find the names and source locations for comments.
+#[derive(Clone, Copy, Default)]
+#[allow(missing_debug_implementations)] // SourceMap holds codespan files, which are not Debug
+pub struct Context<'a> {
+    pub names: Option<&'a LeafNames<'a>>,
+    pub sources: Option<&'a SourceMap>,
+}
+
+/// The kernel for one pointwise or whole-sequence stage of `graph` at
+/// `plan`'s sizes.
+pub fn emit_stage(
+    graph: &Graph,
+    plan: &Plan,
+    stage: &Stage,
+    name: &str,
+    cx: Context,
+) -> Result<Kernel, EmitError> {
+    let whole_sequence = match stage.kind {
+        StageKind::Pointwise { .. } => false,
+        StageKind::WholeSequence { .. } => true,
+        _ => return Err(EmitError(format!("{name}: only pointwise stages become kernels"))),
+    };
+    let mut e = Emitter {
+        graph,
+        plan,
+        cx,
+        body: String::new(),
+        held: HashMap::new(),
+        scratch: 0,
+        reduces: false,
+        indent: if whole_sequence { 3 } else { 2 },
+    };
+    e.stage(stage)?;
+    let k = stage.inputs.len() + stage.outputs.len();
+    // Declarations only for what the body uses (NVRTC warns about the rest).
+    let mut locals = String::new();
+    if e.reduces {
+        let _ = writeln!(locals, "    __shared__ float red[{BLOCK}];");
+    }
+    if e.scratch > 0 {
+        let _ = writeln!(locals, "    float* const s = scratch + (size_t)blockIdx.x * {};", e.scratch);
+    }
+    // Every row ends with a barrier (the next row may reuse scratch or, in
+    // a sequence, read this row's results); the body's last one serves.
+    let body = e.body.trim_end_matches(|c: char| c.is_whitespace());
+    let body = body.strip_suffix("__syncthreads();").unwrap_or(body).trim_end().to_string() + "\n";
+    let mut src = String::new();
+    let _ = writeln!(
+        src,
+        "// {name}: {} values, {} inputs, {} outputs",
+        stage.values.len(),
+        stage.inputs.len(),
+        stage.outputs.len()
+    );
+    if whole_sequence {
+        let _ = writeln!(
+            src,
+            "extern \"C\" __global__ void {name}(float* const* __restrict__ args, const int* __restrict__ seq_start, const int* __restrict__ seq_rows, int sequences, float* __restrict__ scratch) {{"
+        );
+        src.push_str(&locals);
+        src.push_str("    for (int seq = blockIdx.x; seq < sequences; seq += gridDim.x) {\n");
+        src.push_str(
+            "        for (int row = seq_start[seq]; row < seq_start[seq] + seq_rows[seq]; ++row) {\n",
+        );
+        let _ = writeln!(src, "            float* const* const a = args + (size_t)row * {k};");
+        src.push_str(&body);
+        src.push_str("            __syncthreads();\n        }\n    }\n}\n");
+    } else {
+        let _ = writeln!(
+            src,
+            "extern \"C\" __global__ void {name}(float* const* __restrict__ args, int rows, float* __restrict__ scratch) {{"
+        );
+        src.push_str(&locals);
+        src.push_str("    for (int row = blockIdx.x; row < rows; row += gridDim.x) {\n");
+        let _ = writeln!(src, "        float* const* const a = args + (size_t)row * {k};");
+        src.push_str(&body);
+        src.push_str("        __syncthreads();\n    }\n}\n");
+    }
+    Ok(Kernel {
+        name: name.to_string(),
+        source: src,
+        inputs: stage.inputs.clone(),
+        outputs: stage.outputs.clone(),
+        scratch: e.scratch,
+        whole_sequence,
+    })
+}
+
+/// How a value is held while a row is computed.
+#[derive(Clone, Debug, PartialEq)]
+enum Held {
+    /// A scalar, the same in every thread: a C expression.
+    Scalar(String),
+    /// A vector whose elements all equal this scalar expression.
+    Splat(String),
+    /// A vector in memory: a pointer expression.
+    Mem(String),
+}
+
+struct Emitter<'a> {
+    graph: &'a Graph,
+    plan: &'a Plan,
+    cx: Context<'a>,
+    body: String,
+    held: HashMap<ValueId, Held>,
+    scratch: usize,
+    /// Whether a block reduction (and its shared buffer) is needed.
+    reduces: bool,
+    indent: usize,
+}
+
+impl Emitter<'_> {
+    fn len(&self, v: ValueId) -> usize {
+        self.plan.elements(v)
+    }
+
+    fn line(&mut self, text: &str) {
+        for _ in 0..self.indent {
+            self.body.push_str("    ");
+        }
+        self.body.push_str(text);
+        self.body.push('\n');
+    }
+
+    /// `// v12: [4*H] = add v10, v11  (lstm.cell:9:12)`
+    fn comment(&mut self, v: ValueId) {
+        let text = match self.cx.names {
+            Some(names) => value_line(self.graph, names, v),
+            None => value_line(self.graph, &LeafNames::default(), v),
+        };
+        let at = match (self.cx.sources, self.graph.span(v)) {
+            (Some(src), Some(span)) => format!("  ({})", src.location(span)),
+            _ => String::new(),
+        };
+        self.line(&format!("// {text}{at}"));
+    }
+
+    fn stage(&mut self, stage: &Stage) -> Result<(), EmitError> {
+        let n_in = stage.inputs.len();
+        // Literal constants, even when also listed as inputs.
+        for (v, value) in self.plan.constant_values::<f32>(self.graph) {
+            let h = match (value.len(), &self.graph.node(v).op) {
+                (1, Op::Const(_) | Op::DimValue(_)) => Held::Scalar(literal(value[0])),
+                (_, Op::Broadcast) if value.iter().all(|x| x.to_bits() == value[0].to_bits()) => {
+                    Held::Splat(literal(value[0]))
+                }
+                _ => continue, // a vector constant: read through its input pointer
+            };
+            self.held.insert(v, h);
+        }
+        for (i, &v) in stage.inputs.iter().enumerate() {
+            if self.held.contains_key(&v) {
+                continue;
+            }
+            let vector = self.graph.ty(v).vector_dim().is_some() || self.len(v) != 1;
+            let h = if vector { Held::Mem(format!("a[{i}]")) } else { Held::Scalar(format!("a[{i}][0]")) };
+            self.held.insert(v, h);
+        }
+        let mut out_ptr: HashMap<ValueId, String> = HashMap::new();
+        for (i, &v) in stage.outputs.iter().enumerate() {
+            out_ptr.entry(v).or_insert_with(|| format!("a[{}]", n_in + i));
+        }
+        let mut group: Vec<ValueId> = Vec::new();
+        for &v in &stage.values {
+            if self.held.contains_key(&v) {
+                continue;
+            }
+            let reads_group = self.graph.operands(v).iter().any(|o| group.contains(o));
+            if self.fusable(v, &group) {
+                if !group.is_empty() && self.len(group[0]) != self.len(v) {
+                    self.flush(&mut group, &stage.values, &out_ptr);
+                }
+                group.push(v);
+                continue;
+            }
+            if reads_group {
+                self.flush(&mut group, &stage.values, &out_ptr);
+            }
+            self.value(v, out_ptr.get(&v).cloned())?;
+        }
+        self.flush(&mut group, &stage.values, &out_ptr);
+        // Outputs not already in place.
+        for (i, &v) in stage.outputs.iter().enumerate() {
+            let dst = format!("a[{}]", n_in + i);
+            let h = self
+                .held
+                .get(&v)
+                .cloned()
+                .ok_or_else(|| EmitError(format!("output {v} is never computed")))?;
+            if h == Held::Mem(dst.clone()) {
+                continue;
+            }
+            let n = self.len(v);
+            let src = match &h {
+                Held::Scalar(x) | Held::Splat(x) => x.clone(),
+                Held::Mem(p) => format!("{p}[j]"),
+            };
+            self.line(&format!("// output {v}"));
+            self.line(&format!("for (int j = threadIdx.x; j < {n}; j += blockDim.x) {dst}[j] = {src};"));
+        }
+        Ok(())
+    }
+
+    fn fusable(&self, v: ValueId, group: &[ValueId]) -> bool {
+        let node = self.graph.node(v);
+        if !matches!(node.op, Op::Unary(_) | Op::Binary(_)) || self.graph.ty(v).vector_dim().is_none() {
+            return false;
+        }
+        self.graph
+            .operands(v)
+            .iter()
+            .any(|o| group.contains(o) || matches!(self.held.get(o), Some(Held::Mem(_))))
+    }
+
+    /// Scratch (or the output) for a vector.
+    fn storage(&mut self, v: ValueId, dst: Option<String>) -> String {
+        if let Some(d) = dst {
+            return d;
+        }
+        let at = self.scratch;
+        self.scratch += self.len(v);
+        format!("(s + {at})")
+    }
+
+    /// One loop over the group's elements; members read outside it (or
+    /// outputs) are stored, the rest stay in registers.
+    fn flush(&mut self, group: &mut Vec<ValueId>, values: &[ValueId], out_ptr: &HashMap<ValueId, String>) {
+        if group.is_empty() {
+            return;
+        }
+        let members = std::mem::take(group);
+        let n = self.len(members[0]);
+        for &v in &members {
+            self.comment(v);
+        }
+        let mut stores = Vec::new();
+        let mut code = Vec::new();
+        for &v in &members {
+            let args: Vec<String> = self
+                .graph
+                .operands(v)
+                .iter()
+                .map(|o| {
+                    if members.contains(o) {
+                        format!("t{}", o.index())
+                    } else {
+                        match self.held.get(o) {
+                            Some(Held::Scalar(x) | Held::Splat(x)) => x.clone(),
+                            Some(Held::Mem(p)) => format!("{p}[j]"),
+                            None => "0.0f /* missing */".into(),
+                        }
+                    }
+                })
+                .collect();
+            code.push(format!("const float t{} = {};", v.index(), op_expr(&self.graph.node(v).op, &args)));
+            let read_outside = out_ptr.contains_key(&v)
+                || values.iter().any(|u| !members.contains(u) && self.graph.operands(*u).contains(&v));
+            if read_outside {
+                let at = self.storage(v, out_ptr.get(&v).cloned());
+                code.push(format!("{at}[j] = t{};", v.index()));
+                stores.push((v, at));
+            }
+        }
+        self.line(&format!("for (int j = threadIdx.x; j < {n}; j += blockDim.x) {{"));
+        for c in code {
+            self.line(&format!("    {c}"));
+        }
+        self.line("}");
+        self.line("__syncthreads();");
+        for (v, at) in stores {
+            self.held.insert(v, Held::Mem(at));
+        }
+    }
+
+    fn get(&self, v: ValueId, o: ValueId) -> Result<Held, EmitError> {
+        self.held.get(&o).cloned().ok_or_else(|| EmitError(format!("{v} reads {o}, not available")))
+    }
+
+    /// A value that is not part of a fused loop.
+    fn value(&mut self, v: ValueId, dst: Option<String>) -> Result<(), EmitError> {
+        let node = self.graph.node(v).clone();
+        let ops = self.graph.operands(v);
+        let n = self.len(v);
+        self.comment(v);
+        let h = match node.op {
+            Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Seed(_) => {
+                return Err(EmitError(format!("leaf {v} is not among the stage's inputs")))
+            }
+            Op::Const(_) | Op::DimValue(_) => {
+                let c = self.plan.compute::<f32>(self.graph, v, &[]);
+                Held::Scalar(literal(c.first().copied().unwrap_or(0.0)))
+            }
+            Op::MatVec | Op::MatVecT | Op::Outer => {
+                return Err(EmitError(format!("{v}: a matrix product in a pointwise stage")))
+            }
+            Op::Broadcast => match self.get(v, ops[0])? {
+                Held::Scalar(s) | Held::Splat(s) => Held::Splat(s),
+                Held::Mem(p) => {
+                    self.line(&format!("const float u{} = {p}[0];", v.index()));
+                    Held::Splat(format!("u{}", v.index()))
+                }
+            },
+            Op::Slice { .. } => match self.get(v, ops[0])? {
+                Held::Mem(p) => Held::Mem(format!("({p} + {})", slice_offset(self.graph, self.plan, v))),
+                other => other,
+            },
+            Op::Unary(_) | Op::Binary(_) => {
+                // Scalars and splats only (vectors in memory go through fused loops).
+                let args: Vec<String> = ops
+                    .iter()
+                    .map(|&o| match self.get(v, o)? {
+                        Held::Scalar(x) | Held::Splat(x) => Ok(x),
+                        Held::Mem(p) => Ok(format!("{p}[0]")),
+                    })
+                    .collect::<Result<_, EmitError>>()?;
+                self.line(&format!("const float u{} = {};", v.index(), op_expr(&node.op, &args)));
+                let name = format!("u{}", v.index());
+                if self.graph.ty(v).vector_dim().is_some() {
+                    Held::Splat(name)
+                } else {
+                    Held::Scalar(name)
+                }
+            }
+            Op::Reduce(op) => {
+                let m = self.len(ops[0]);
+                let sum = match self.get(v, ops[0])? {
+                    Held::Scalar(s) | Held::Splat(s) => format!("({s}) * {}", literal(m as f32)),
+                    Held::Mem(p) => {
+                        self.reduces = true;
+                        format!("cellc_block_sum({p}, {m}, red)")
+                    }
+                };
+                let expr = match op {
+                    ReduceOp::Sum => sum,
+                    ReduceOp::Mean => format!("{sum} / {}", literal(m as f32)),
+                };
+                self.line(&format!("const float u{} = {expr};", v.index()));
+                Held::Scalar(format!("u{}", v.index()))
+            }
+            Op::Pad { .. } => {
+                let out = self.storage(v, dst);
+                let offset = slice_offset(self.graph, self.plan, v);
+                let len = self.len(ops[0]);
+                let src = match self.get(v, ops[0])? {
+                    Held::Scalar(x) | Held::Splat(x) => x,
+                    Held::Mem(p) => format!("{p}[j - {offset}]"),
+                };
+                self.line(&format!(
+                    "for (int j = threadIdx.x; j < {n}; j += blockDim.x) {out}[j] = (j >= {offset} && j < {}) ? {src} : 0.0f;",
+                    offset + len
+                ));
+                self.line("__syncthreads();");
+                Held::Mem(out)
+            }
+            Op::Concat => {
+                let out = self.storage(v, dst);
+                let mut at = 0usize;
+                for &o in &ops {
+                    let l = self.len(o);
+                    let src = match self.get(v, o)? {
+                        Held::Scalar(x) | Held::Splat(x) => x,
+                        Held::Mem(p) => format!("{p}[j]"),
+                    };
+                    self.line(&format!(
+                        "for (int j = threadIdx.x; j < {l}; j += blockDim.x) {out}[{at} + j] = {src};"
+                    ));
+                    at += l;
+                }
+                self.line("__syncthreads();");
+                Held::Mem(out)
+            }
+        };
+        self.held.insert(v, h);
+        Ok(())
+    }
+}
+
+/// The C expression of an elementwise op on argument expressions. Each
+/// operation mirrors the interpreter's definition (`interp.rs`).
+fn op_expr(op: &Op, a: &[String]) -> String {
+    let x = a.first().map(String::as_str).unwrap_or("0.0f");
+    let y = a.get(1).map(String::as_str).unwrap_or("0.0f");
+    match op {
+        Op::Unary(u) => match u {
+            UnaryOp::Neg => format!("-({x})"),
+            UnaryOp::Sigmoid => format!("cellc_sigmoid({x})"),
+            UnaryOp::Tanh => format!("tanhf({x})"),
+            UnaryOp::Relu => format!("cellc_relu({x})"),
+            UnaryOp::Exp => format!("expf({x})"),
+            UnaryOp::Log => format!("logf({x})"),
+            UnaryOp::Sqrt => format!("sqrtf({x})"),
+            UnaryOp::Rsqrt => format!("(1.0f / sqrtf({x}))"),
+            UnaryOp::Abs => format!("fabsf({x})"),
+            UnaryOp::Softplus => format!("cellc_softplus({x})"),
+            UnaryOp::Silu => format!("cellc_silu({x})"),
+            UnaryOp::Step => format!("(({x}) > 0.0f ? 1.0f : 0.0f)"),
+            UnaryOp::Sign => format!("cellc_sign({x})"),
+        },
+        Op::Binary(b) => match b {
+            BinaryOp::Add => format!("({x} + {y})"),
+            BinaryOp::Sub => format!("({x} - {y})"),
+            BinaryOp::Mul => format!("({x} * {y})"),
+            BinaryOp::Div => format!("({x} / {y})"),
+            BinaryOp::Min => format!("cellc_min({x}, {y})"),
+            BinaryOp::Max => format!("cellc_max({x}, {y})"),
+            BinaryOp::Ge => format!("(({x}) >= ({y}) ? 1.0f : 0.0f)"),
+        },
+        _ => x.to_string(),
+    }
+}
+
+/// An exact `float` literal (Rust's shortest round-trip form).
+fn literal(x: f32) -> String {
+    if x.is_nan() {
+        "__int_as_float(0x7fc00000)".into()
+    } else if x.is_infinite() {
+        if x > 0.0 {
+            "__int_as_float(0x7f800000)".into()
+        } else {
+            "__int_as_float(0xff800000)".into()
+        }
+    } else {
+        format!("{x:e}f")
+    }
+}
+
+/// Where a slice starts in its operand, or a pad's operand in its result.
+fn slice_offset(graph: &Graph, plan: &Plan, v: ValueId) -> usize {
+    let src = graph.operands(v)[0];
+    match graph.node(v).op {
+        Op::Slice { .. } => {
+            let iota: Vec<f32> = (0..plan.elements(src)).map(|i| i as f32).collect();
+            plan.compute(graph, v, &[&iota]).first().map_or(0, |x| *x as usize)
+        }
+        Op::Pad { .. } => {
+            let ones = vec![1.0f32; plan.elements(src)];
+            plan.compute(graph, v, &[&ones]).iter().position(|x| *x == 1.0).unwrap_or(0)
+        }
+        _ => 0,
+    }
+}

@@ -1,0 +1,177 @@
+//! NVRTC through cudarc, loaded dynamically: the project builds and runs
+//! where CUDA is absent, and asking for a compilation there is a typed
+//! error, never a panic.
+//!
+//! The library is found the way cudarc looks for it (`libnvrtc.so.12` on
+//! the loader's path, e.g. `LD_LIBRARY_PATH` pointing at the
+//! `nvidia-cuda-nvrtc-cu12` wheel's `lib` folder).
+
+use cudarc::nvrtc::{result, sys};
+use std::ffi::CString;
+
+/// What one compilation produced.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    pub ptx: String,
+    /// SASS for a real architecture (`sm_XX`); empty for a virtual one (`compute_XX`).
+    pub cubin: Vec<u8>,
+    /// NVRTC's log: with `--ptxas-options=-v`, the registers, spills and
+    /// shared memory of every kernel.
+    pub log: String,
+}
+
+/// Why a compilation did not happen or failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NvrtcError {
+    /// `libnvrtc` could not be loaded.
+    NotFound,
+    /// NVRTC rejected the source or the options: its log, then the source
+    /// with line numbers (NVRTC's messages cite them).
+    Compile { options: Vec<String>, log: String, numbered_source: String },
+    /// Any other NVRTC failure.
+    Nvrtc(String),
+}
+
+impl std::fmt::Display for NvrtcError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NvrtcError::NotFound => f.write_str(
+                "NVRTC not found: install the nvidia-cuda-nvrtc-cu12 wheel (or a CUDA toolkit) \
+                 and put its lib folder on LD_LIBRARY_PATH",
+            ),
+            NvrtcError::Compile { options, log, numbered_source } => {
+                write!(f, "NVRTC failed with options {options:?}:\n{log}\n--- source ---\n{numbered_source}")
+            }
+            NvrtcError::Nvrtc(m) => write!(f, "NVRTC: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for NvrtcError {}
+
+/// Whether `libnvrtc` can be loaded in this process.
+pub fn available() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { sys::is_culib_present() }
+}
+
+/// NVRTC's version, `(major, minor)`.
+pub fn version() -> Result<(i32, i32), NvrtcError> {
+    if !available() {
+        return Err(NvrtcError::NotFound);
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two out-parameters.
+    let r = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };
+    r.result().map_err(|e| NvrtcError::Nvrtc(format!("{e:?}")))?;
+    Ok((major, minor))
+}
+
+/// Compiles `source` (named `name` in messages) with `options`, e.g.
+/// `["--gpu-architecture=sm_80", "--ptxas-options=-v"]`.
+pub fn compile(source: &str, name: &str, options: &[String]) -> Result<Compiled, NvrtcError> {
+    if !available() {
+        return Err(NvrtcError::NotFound);
+    }
+    let src = CString::new(source).map_err(|_| NvrtcError::Nvrtc("source contains a NUL byte".into()))?;
+    let name = CString::new(name).map_err(|_| NvrtcError::Nvrtc("name contains a NUL byte".into()))?;
+    let prog = result::create_program(&src, Some(&name)).map_err(|e| NvrtcError::Nvrtc(format!("{e:?}")))?;
+    // SAFETY: `prog` was just created and is destroyed below, once.
+    let outcome = unsafe { result::compile_program(prog, options) };
+    // SAFETY: as above.
+    let log = unsafe { result::get_program_log(prog) }
+        .map(|raw| {
+            let bytes: Vec<u8> = raw.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+            String::from_utf8_lossy(&bytes).into_owned()
+        })
+        .unwrap_or_default();
+    let compiled = match outcome {
+        Err(_) => Err(NvrtcError::Compile {
+            options: options.to_vec(),
+            log,
+            numbered_source: source.lines().enumerate().map(|(i, l)| format!("{:4} {l}\n", i + 1)).collect(),
+        }),
+        Ok(()) => {
+            // SAFETY: the program compiled.
+            let ptx = unsafe { result::get_ptx(prog) }.map_err(|e| NvrtcError::Nvrtc(format!("{e:?}")))?;
+            let ptx: Vec<u8> = ptx.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+            let mut n = 0usize;
+            // SAFETY: an out-parameter; the CUBIN is empty for virtual architectures.
+            unsafe { sys::nvrtcGetCUBINSize(prog, &mut n) }
+                .result()
+                .map_err(|e| NvrtcError::Nvrtc(format!("{e:?}")))?;
+            let mut cubin = vec![0u8; n];
+            if n > 0 {
+                // SAFETY: a buffer of the size NVRTC reported.
+                unsafe { sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast()) }
+                    .result()
+                    .map_err(|e| NvrtcError::Nvrtc(format!("{e:?}")))?;
+            }
+            Ok(Compiled { ptx: String::from_utf8_lossy(&ptx).into_owned(), cubin, log })
+        }
+    };
+    // SAFETY: created above, not used afterwards.
+    let _ = unsafe { result::destroy_program(prog) };
+    compiled
+}
+
+/// Per-kernel resource use parsed from a `--ptxas-options=-v` log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Usage {
+    pub kernel: String,
+    pub registers: u32,
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+    pub shared_bytes: u32,
+}
+
+/// Reads ptxas' `Compiling entry function 'k'` / `Used N registers` lines.
+pub fn usage(log: &str) -> Vec<Usage> {
+    let mut out: Vec<Usage> = Vec::new();
+    let number_before = |line: &str, word: &str| -> u32 {
+        line.split(',')
+            .find(|part| part.contains(word))
+            .and_then(|part| part.split_whitespace().find_map(|w| w.parse().ok()))
+            .unwrap_or(0)
+    };
+    for line in log.lines() {
+        if let Some(rest) = line.split("entry function '").nth(1) {
+            let kernel = rest.split('\'').next().unwrap_or("").to_string();
+            out.push(Usage { kernel, registers: 0, spill_stores: 0, spill_loads: 0, shared_bytes: 0 });
+        } else if let Some(u) = out.last_mut() {
+            if line.contains("Used") && line.contains("registers") {
+                u.registers = number_before(line, "registers");
+                u.shared_bytes = number_before(line, "smem");
+            } else if line.contains("spill stores") {
+                u.spill_stores = number_before(line, "spill stores");
+                u.spill_loads = number_before(line, "spill loads");
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ptxas_reports_are_read_per_kernel() {
+        let log = "ptxas info    : 0 bytes gmem\n\
+ptxas info    : Compiling entry function 'lstm_fwd_s2' for 'sm_80'\n\
+ptxas info    : Function properties for lstm_fwd_s2\n\
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+ptxas info    : Used 30 registers, used 1 barriers, 512 bytes smem, 380 bytes cmem[0]\n";
+        let u = usage(log);
+        assert_eq!(u.len(), 1);
+        assert_eq!(u[0].kernel, "lstm_fwd_s2");
+        assert_eq!((u[0].registers, u[0].spill_stores, u[0].shared_bytes), (30, 0, 512));
+    }
+
+    #[test]
+    fn a_missing_library_is_an_error_not_a_panic() {
+        if !available() {
+            assert_eq!(compile("", "x.cu", &[]).err(), Some(NvrtcError::NotFound));
+        }
+    }
+}
