@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """cellc against PyTorch on this machine, in the same run, alternating.
 
-    python benches/compare_pytorch.py [--cells lstm gru layernorm_lstm] [--quick] [--plot ratios.png]
+    python benches/compare_pytorch.py [--cells lstm gru layernorm_lstm sru mingru] [--quick] [--plot ratios.png]
 
 Needs a Python with torch (e.g. a virtualenv made by the shared setup-torch-cpu.sh; never a CI
 dependency) and a release build of cellc (`cargo build --release`). For every shape it times
@@ -9,7 +9,7 @@ dependency) and a release build of cellc (`cargo build --release`). For every sh
 
 - lstm, gru: torch.nn.LSTM / nn.GRU on a PackedSequence (pack_padded_sequence of the same
   uniform lengths), under no_grad for inference, forward + backward for training;
-- custom cells (layernorm_lstm): the TorchScript and the plain Python-loop versions, as
+- custom cells (layernorm_lstm, sru, mingru): the TorchScript and the plain Python-loop versions, as
   PyTorch's benchmarks/fastrnns does (padded input, each sequence's steps up to its length).
 
 Shapes: T=100, I=H, lengths uniform in [T/2, T], B in {1, 16, 64}, H in {128, 256, 512},
@@ -64,7 +64,7 @@ def cellc_time(cell, b, t, h, threads, mode, min_time):
            "--batch", str(b), "--steps", str(t), "--lengths", "uniform", "--mode", mode,
            "--threads", str(threads), "--min-time", str(min_time), "--json"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out)["median_s"]
+    return json.loads(out)
 
 
 class LayerNormLSTMCell(nn.Module):
@@ -72,6 +72,7 @@ class LayerNormLSTMCell(nn.Module):
 
     def __init__(self, i, h):
         super().__init__()
+        self.hidden, self.n_states = h, 2
         self.weight_ih = nn.Parameter(torch.randn(4 * h, i) * 0.05)
         self.weight_hh = nn.Parameter(torch.randn(4 * h, h) * 0.05)
         self.layernorm_i = nn.LayerNorm(4 * h)
@@ -88,19 +89,60 @@ class LayerNormLSTMCell(nn.Module):
         return hy, (hy, cy)
 
 
+class SRUCell(nn.Module):
+    """cells/sru.cell: the highway SRU (Lei et al. 2018), one state c."""
+
+    def __init__(self, i, h):
+        super().__init__()
+        self.hidden, self.n_states = h, 1
+        self.weight_ih = nn.Parameter(torch.randn(3 * h, h) * 0.05)
+        self.v_f = nn.Parameter(torch.randn(h) * 0.05)
+        self.v_r = nn.Parameter(torch.randn(h) * 0.05)
+        self.bias_f = nn.Parameter(torch.zeros(h))
+        self.bias_r = nn.Parameter(torch.zeros(h))
+
+    def forward(self, x: torch.Tensor, state: Tuple[torch.Tensor]) -> Tuple[torch.Tensor, Tuple[torch.Tensor]]:
+        c = state[0]
+        xt, fx, rx = torch.mm(x, self.weight_ih.t()).chunk(3, 1)
+        f = torch.sigmoid(fx + self.v_f * c + self.bias_f)
+        r = torch.sigmoid(rx + self.v_r * c + self.bias_r)
+        c2 = f * c + (1 - f) * xt
+        return r * c2 + (1 - r) * x, (c2,)
+
+
+class MinGRUCell(nn.Module):
+    """cells/mingru.cell: minGRU (Feng et al. 2024), sequential form."""
+
+    def __init__(self, i, h):
+        super().__init__()
+        self.hidden, self.n_states = h, 1
+        self.weight_z = nn.Parameter(torch.randn(h, i) * 0.05)
+        self.bias_z = nn.Parameter(torch.zeros(h))
+        self.weight_h = nn.Parameter(torch.randn(h, i) * 0.05)
+        self.bias_h = nn.Parameter(torch.zeros(h))
+
+    def forward(self, x: torch.Tensor, state: Tuple[torch.Tensor]) -> Tuple[torch.Tensor, Tuple[torch.Tensor]]:
+        h = state[0]
+        z = torch.sigmoid(nn.functional.linear(x, self.weight_z, self.bias_z))
+        ht = nn.functional.linear(x, self.weight_h, self.bias_h)
+        h2 = (1 - z) * h + z * ht
+        return h2, (h2,)
+
+
+CUSTOM = {"layernorm_lstm": LayerNormLSTMCell, "sru": SRUCell, "mingru": MinGRUCell}
+
+
 def loop_over_time(cell, x, lengths):
     """A plain loop over time; finished sequences keep their state (masking)."""
     b, t, _ = x.shape
-    h = x.new_zeros(b, cell.weight_hh.shape[1])
-    c = x.new_zeros(b, cell.weight_hh.shape[1])
+    state = tuple(x.new_zeros(b, cell.hidden) for _ in range(cell.n_states))
     mask = (torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]).float().unsqueeze(-1)
     outs = []
     for s in range(t):
-        hy, (hn, cn) = cell(x[:, s], (h, c))
+        y, new = cell(x[:, s], state)
         m = mask[:, s]
-        h = m * hn + (1 - m) * h
-        c = m * cn + (1 - m) * c
-        outs.append(hy * m)
+        state = tuple(m * n + (1 - m) * o for n, o in zip(new, state))
+        outs.append(y * m)
     return torch.stack(outs, 1)
 
 
@@ -119,8 +161,8 @@ def torch_time(cell, b, t, h, mode, variant, min_time):
                 out, _ = mod(packed)
                 out.data.sum().backward()
         return time_it(run, min_time)
-    if cell == "layernorm_lstm":
-        c = LayerNormLSTMCell(h, h)
+    if cell in CUSTOM:
+        c = CUSTOM[cell](h, h)
         if variant == "torchscript":
             c = torch.jit.script(c)
 
@@ -134,26 +176,59 @@ def torch_time(cell, b, t, h, mode, variant, min_time):
     raise ValueError(f"no PyTorch version of {cell}")
 
 
+def markdown(rows):
+    """One line per shape; one ratio column per (mode, threads, torch variant)."""
+    cols = sorted({(r["mode"], r["threads"], r["variant"]) for r in rows},
+                  key=lambda c: (c[0] != "infer", c[1], c[2]))
+    out = []
+    for cell in dict.fromkeys(r["cell"] for r in rows):
+        cell_rows = [r for r in rows if r["cell"] == cell]
+        cell_cols = [c for c in cols if any((r["mode"], r["threads"], r["variant"]) == c for r in cell_rows)]
+        head = [f"{mode} {threads}t" + ("" if variant == "nn" else f" vs {variant}") for mode, threads, variant in cell_cols]
+        out.append(f"**{cell}** (PyTorch time / cellc time; > 1: cellc faster)\n")
+        out.append("| B | H | " + " | ".join(head) + " |")
+        out.append("|---|---|" + "---|" * len(head))
+        for b, h in dict.fromkeys((r["batch"], r["hidden"]) for r in cell_rows):
+            cells = []
+            for c in cell_cols:
+                m = [r for r in cell_rows if (r["batch"], r["hidden"]) == (b, h) and (r["mode"], r["threads"], r["variant"]) == c]
+                cells.append(f"{m[0]['ratio']:.2f}" if m else "")
+            out.append(f"| {b} | {h} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cells", nargs="+", default=["lstm", "gru", "layernorm_lstm"])
+    ap.add_argument("--cells", nargs="+", default=["lstm", "gru", "layernorm_lstm", "sru", "mingru"])
     ap.add_argument("--quick", action="store_true", help="B=16, H=256 only, 0.3 s per measurement")
     ap.add_argument("--min-time", type=float, default=0.5)
+    ap.add_argument("--batches", nargs="+", type=int, help="batch sizes (default 1 16 64)")
+    ap.add_argument("--hiddens", nargs="+", type=int, help="hidden sizes (default 128 256 512)")
+    ap.add_argument("--modes", nargs="+", default=["infer", "train"], choices=["infer", "train"])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--plot", help="write a bar chart of the ratios (needs matplotlib)")
     ap.add_argument("--json", help="write all measurements here")
+    ap.add_argument("--markdown-from", metavar="JSON",
+                    help="print the ratio table of an earlier --json run as Markdown, run nothing")
     args = ap.parse_args()
+    if args.markdown_from:
+        with open(args.markdown_from) as f:
+            print(markdown(json.load(f)))
+        return
     if not os.path.exists(CELLC):
         sys.exit("build cellc first: cargo build --release")
     batches, hiddens = ([16], [256]) if args.quick else ([1, 16, 64], [128, 256, 512])
+    batches, hiddens = args.batches or batches, args.hiddens or hiddens
     min_time = 0.3 if args.quick else args.min_time
     t = 100
     rows = []
     print(f"torch {torch.__version__}, T={t}, I=H, lengths uniform in [T/2, T]; ratio = torch / cellc (> 1: cellc faster)")
-    print(f"{'cell':<16}{'mode':<7}{'thr':>4}{'B':>5}{'H':>5}  {'cellc ms':>10}  {'torch variant':<14}{'torch ms':>10}{'ratio':>8}")
+    print("GF/s: cellc's matrix-product rate; gemm%: that rate over the same products timed alone (inference)")
+    print(f"{'cell':<16}{'mode':<7}{'thr':>4}{'B':>5}{'H':>5}  {'cellc ms':>10}{'GF/s':>8}{'gemm%':>7}  {'torch variant':<14}{'torch ms':>10}{'ratio':>8}")
     for cell in args.cells:
         variants = ["nn"] if cell in ("lstm", "gru") else ["torchscript", "loop"]
-        for mode in ("infer", "train"):
+        for mode in args.modes:
             for threads in args.threads:
                 torch.set_num_threads(threads)
                 for b in batches:
@@ -163,10 +238,15 @@ def main():
                             c1 = cellc_time(cell, b, t, h, threads, mode, min_time)
                             pt = torch_time(cell, b, t, h, mode, variant, min_time)
                             c2 = cellc_time(cell, b, t, h, threads, mode, min_time)
-                            c = min(c1, c2)
+                            best = min((c1, c2), key=lambda r: r["median_s"])
+                            c = best["median_s"]
+                            # Inference: the share of the GEMM-only rate on the same products.
+                            frac = best.get("gemm_fraction")
                             rows.append(dict(cell=cell, mode=mode, threads=threads, batch=b, hidden=h,
-                                             variant=variant, cellc_s=c, torch_s=pt, ratio=pt / c))
-                            print(f"{cell:<16}{mode:<7}{threads:>4}{b:>5}{h:>5}  {c * 1e3:>10.3f}  {variant:<14}{pt * 1e3:>10.3f}{pt / c:>8.2f}",
+                                             variant=variant, cellc_s=c, torch_s=pt, ratio=pt / c,
+                                             cellc_gflops=best["gflops"], gemm_only_gflops=best.get("gemm_only_gflops")))
+                            share = f"{100 * frac:>6.0f}%" if frac is not None else f"{'':>7}"
+                            print(f"{cell:<16}{mode:<7}{threads:>4}{b:>5}{h:>5}  {c * 1e3:>10.3f}{best['gflops']:>8.1f}{share}  {variant:<14}{pt * 1e3:>10.3f}{pt / c:>8.2f}",
                                   flush=True)
     if args.json:
         with open(args.json, "w") as f:
