@@ -32,6 +32,7 @@ pub mod dims;
 pub mod gradcheck;
 pub mod interp;
 pub mod ir;
+pub mod kernel;
 pub mod lower;
 pub mod passes;
 pub mod schedule;

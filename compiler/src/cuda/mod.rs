@@ -299,14 +299,7 @@ impl Emitter<'_> {
     }
 
     fn fusable(&self, v: ValueId, group: &[ValueId]) -> bool {
-        let node = self.graph.node(v);
-        if !matches!(node.op, Op::Unary(_) | Op::Binary(_)) || self.graph.ty(v).vector_dim().is_none() {
-            return false;
-        }
-        self.graph
-            .operands(v)
-            .iter()
-            .any(|o| group.contains(o) || matches!(self.held.get(o), Some(Held::Mem(_))))
+        crate::kernel::fusable(self.graph, v, group, |o| matches!(self.held.get(&o), Some(Held::Mem(_))))
     }
 
     /// Scratch (or the output) for a vector.
@@ -398,7 +391,9 @@ impl Emitter<'_> {
                 }
             },
             Op::Slice { .. } => match self.get(v, ops[0])? {
-                Held::Mem(p) => Held::Mem(format!("({p} + {})", slice_offset(self.graph, self.plan, v))),
+                Held::Mem(p) => {
+                    Held::Mem(format!("({p} + {})", crate::kernel::slice_offset(self.graph, self.plan, v)))
+                }
                 other => other,
             },
             Op::Unary(_) | Op::Binary(_) => {
@@ -436,7 +431,7 @@ impl Emitter<'_> {
             }
             Op::Pad { .. } => {
                 let out = self.storage(v, dst);
-                let offset = slice_offset(self.graph, self.plan, v);
+                let offset = crate::kernel::slice_offset(self.graph, self.plan, v);
                 let len = self.len(ops[0]);
                 let src = match self.get(v, ops[0])? {
                     Held::Scalar(x) | Held::Splat(x) => x,
@@ -518,21 +513,5 @@ fn literal(x: f32) -> String {
         }
     } else {
         format!("{x:e}f")
-    }
-}
-
-/// Where a slice starts in its operand, or a pad's operand in its result.
-fn slice_offset(graph: &Graph, plan: &Plan, v: ValueId) -> usize {
-    let src = graph.operands(v)[0];
-    match graph.node(v).op {
-        Op::Slice { .. } => {
-            let iota: Vec<f32> = (0..plan.elements(src)).map(|i| i as f32).collect();
-            plan.compute(graph, v, &[&iota]).first().map_or(0, |x| *x as usize)
-        }
-        Op::Pad { .. } => {
-            let ones = vec![1.0f32; plan.elements(src)];
-            plan.compute(graph, v, &[&ones]).iter().position(|x| *x == 1.0).unwrap_or(0)
-        }
-        _ => 0,
     }
 }

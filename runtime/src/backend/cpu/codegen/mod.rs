@@ -271,17 +271,8 @@ impl Gen<'_, '_> {
         Ok(())
     }
 
-    /// Whether `v` is an elementwise op over a vector that can join a fused
-    /// loop: at least one operand is a vector in memory or in `group`.
     fn fusable(&self, v: ValueId, group: &[ValueId]) -> bool {
-        let node = self.graph.node(v);
-        if !matches!(node.op, Op::Unary(_) | Op::Binary(_)) || self.graph.ty(v).vector_dim().is_none() {
-            return false;
-        }
-        self.graph
-            .operands(v)
-            .iter()
-            .any(|o| group.contains(o) || matches!(self.held.get(o), Some(Held::Mem(_))))
+        cellc::kernel::fusable(self.graph, v, group, |o| matches!(self.held.get(&o), Some(Held::Mem(_))))
     }
 
     /// Emits the fused loop of `group` (elementwise ops of one length, in
@@ -394,7 +385,7 @@ impl Gen<'_, '_> {
             },
             Op::Slice { .. } => match get(self, ops[0])? {
                 Held::Mem(p) => {
-                    let offset = slice_offset(self.graph, self.plan, v);
+                    let offset = cellc::kernel::slice_offset(self.graph, self.plan, v);
                     Held::Mem(self.b.ins().iadd_imm_s(p, (offset * 4) as i64))
                 }
                 other => other,
@@ -451,7 +442,7 @@ impl Gen<'_, '_> {
                 let out = self.storage(v, dst, scratch);
                 let zero = self.b.ins().f32const(0.0);
                 self.copy(Held::Splat(zero), out, n);
-                let offset = slice_offset(self.graph, self.plan, v);
+                let offset = cellc::kernel::slice_offset(self.graph, self.plan, v);
                 let at = self.b.ins().iadd_imm_s(out, (offset * 4) as i64);
                 let src = get(self, ops[0])?;
                 self.copy(src, at, self.len(ops[0]));
@@ -644,23 +635,6 @@ impl Gen<'_, '_> {
             // Only elementwise ops reach here.
             _ => a[0],
         }
-    }
-}
-
-/// The element offset of a `slice` or `pad` at these sizes.
-fn slice_offset(graph: &Graph, plan: &Plan, v: ValueId) -> usize {
-    // A slice of the value [0, 1, 2, ...] gives its own offset as the first element.
-    let src = graph.operands(v)[0];
-    match graph.node(v).op {
-        Op::Slice { .. } => {
-            let iota: Vec<f32> = (0..plan.elements(src)).map(|i| i as f32).collect();
-            plan.compute(graph, v, &[&iota]).first().map_or(0, |x| *x as usize)
-        }
-        Op::Pad { .. } => {
-            let ones = vec![1.0f32; plan.elements(src)];
-            plan.compute(graph, v, &[&ones]).iter().position(|x| *x == 1.0).unwrap_or(0)
-        }
-        _ => 0,
     }
 }
 
