@@ -10,12 +10,9 @@
 
 mod support;
 
-use cellc::cuda::{self, Context, Kernel};
-use cellc::schedule::StageKind;
+use cellc::cuda::{self, Kernel};
 use cellc_runtime::backend::cuda::nvrtc;
-use cellc_runtime::backend::reference::Reference;
-use cellc_runtime::{CompiledCell, Model, ModelConfig};
-use std::sync::Arc;
+use cellc_runtime::CompiledCell;
 
 /// Registers per thread allowed: 64 keeps eight of our 128-thread blocks
 /// (1024 threads, half an SM's maximum) resident on sm_80 and sm_90; more
@@ -26,30 +23,12 @@ const MAX_REGISTERS: u32 = 64;
 
 const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
 
-fn kernels(c: &Arc<CompiledCell>, h: usize) -> Vec<Kernel> {
-    let sizes = [("H".to_string(), h), ("P".to_string(), h / 2)]
+fn kernels(c: &CompiledCell, h: usize) -> Vec<Kernel> {
+    let sizes = [("H".to_string(), h), ("P".to_string(), h / 2), ("I".to_string(), h)]
         .into_iter()
         .filter(|(k, _)| c.cell.sizes.contains(k))
         .collect();
-    let config = ModelConfig { layers: 1, bidirectional: false };
-    let model = Model::new(c.clone(), config, &sizes, Some(h), None, 1, Box::new(Reference)).expect("model");
-    let layer = &model.layers()[0];
-    let name = &c.cell.name;
-    let mut out = Vec::new();
-    let sides = [
-        ("fwd", &*c.cell as &cellc::ir::Graph, &layer.schedule.forward, &layer.forward_plan),
-        ("bwd", &c.grad.graph, &layer.schedule.backward, &layer.backward_plan),
-    ];
-    for (side, graph, stages, plan) in sides {
-        for (i, st) in stages.iter().enumerate() {
-            if matches!(st.kind, StageKind::Pointwise { .. } | StageKind::WholeSequence { .. }) {
-                let k = cuda::emit_stage(graph, plan, st, &format!("{name}_{side}_s{i}"), Context::default())
-                    .expect("emits");
-                out.push(k);
-            }
-        }
-    }
-    out
+    cuda::emit_cell(&c.cell, &c.grad, &sizes, None).expect("emits")
 }
 
 #[test]
@@ -67,7 +46,7 @@ fn every_kernel_compiles_for_sm80_and_sm90_without_spills() {
     eprintln!("{:<16} {:<28} {:<6} {:>9} {:>11}", "cell", "kernel", "arch", "registers", "shared (B)");
     let mut count = 0;
     for path in support::shipped_cells().iter().filter(|p| p.file_stem().is_some_and(|s| s != "prelude")) {
-        let c = Arc::new(CompiledCell::from_file(path, None).expect("compiles"));
+        let c = CompiledCell::from_file(path, None).expect("compiles");
         let ks = kernels(&c, 256);
         let source = cuda::translation_unit(&ks);
         if let Some(dir) = std::env::var_os("CELLC_CUDA_DUMP") {

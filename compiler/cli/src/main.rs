@@ -34,6 +34,7 @@ enum Stage {
 }
 
 mod bench;
+mod compile;
 mod run;
 
 #[derive(Subcommand, Debug)]
@@ -42,6 +43,8 @@ enum Command {
     Run(run::RunArgs),
     /// Time a model on synthetic data (compilation reported apart).
     Bench(bench::BenchArgs),
+    /// Write a cell's kernels for a target: CUDA C++, or PTX / SASS through NVRTC.
+    Compile(compile::CompileArgs),
     /// Check .cell files: exit 0 when clean (warnings allowed), 1 on errors.
     Check {
         #[arg(required = true)]
@@ -123,6 +126,7 @@ fn main() -> ExitCode {
                 false
             }
         },
+        Command::Compile(args) => compile::compile(&args, color),
         Command::Run(args) => match run::run(&args) {
             Ok(()) => true,
             Err(e) => {

@@ -290,3 +290,50 @@ fn run_reproduces_pytorch_on_the_right_aligned_fixture() {
         }
     }
 }
+
+#[test]
+fn compile_writes_cuda_source_with_every_stage_and_its_source_lines() {
+    let p = temp_file("rnn_compile.cell", RNN.as_bytes());
+    let path = p.to_str().expect("utf-8 path");
+    let out = cellc(&["compile", path, "--target", "cuda", "-D", "H=8", "-D", "I=3"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let cu = String::from_utf8_lossy(&out.stdout);
+    assert!(cu.contains("extern \"C\" __global__ void rnn_fwd_s"), "{cu}");
+    assert!(cu.contains("extern \"C\" __global__ void rnn_bwd_s"), "{cu}");
+    assert!(cu.contains("rnn_compile.cell:5:"), "no source locations:\n{cu}");
+    // Written to a file with -o, the same text.
+    let target = p.with_extension("cu");
+    let to_file = cellc(&[
+        "compile",
+        path,
+        "--target",
+        "cuda",
+        "-D",
+        "H=8",
+        "-D",
+        "I=3",
+        "-o",
+        target.to_str().expect("utf-8"),
+    ]);
+    assert!(to_file.status.success());
+    assert_eq!(std::fs::read_to_string(&target).expect("written"), cu);
+}
+
+#[test]
+fn compile_explains_what_it_cannot_do() {
+    let p = temp_file("rnn_compile_errors.cell", RNN.as_bytes());
+    let path = p.to_str().expect("utf-8 path");
+    let unbound = cellc(&["compile", path, "--target", "cuda", "-D", "H=8"]);
+    assert_eq!(unbound.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&unbound.stderr).contains("I"),
+        "{}",
+        String::from_utf8_lossy(&unbound.stderr)
+    );
+    let cpu = cellc(&["compile", path, "--target", "cpu", "-D", "H=8", "-D", "I=3"]);
+    assert_eq!(cpu.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&cpu.stderr).contains("issue 8"));
+    let cubin = cellc(&["compile", path, "--target", "cuda", "--emit", "cubin", "-D", "H=8", "-D", "I=3"]);
+    assert_eq!(cubin.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&cubin.stderr).contains("-o"));
+}

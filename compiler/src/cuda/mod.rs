@@ -39,10 +39,12 @@
 
 pub mod prelude;
 
+use crate::autodiff::Gradient;
 use crate::diag::SourceMap;
+use crate::dims::Bindings;
 use crate::interp::Plan;
 use crate::ir::print::{value_line, LeafNames};
-use crate::ir::{BinaryOp, Graph, Op, ReduceOp, UnaryOp, ValueId};
+use crate::ir::{BinaryOp, Cell, Graph, Op, ReduceOp, UnaryOp, ValueId};
 use crate::schedule::{Stage, StageKind};
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -84,6 +86,37 @@ impl std::fmt::Display for EmitError {
 }
 
 impl std::error::Error for EmitError {}
+
+/// Every kernel of a cell at `sizes`: its forward and backward pointwise
+/// and whole-sequence stages as the runtime schedules them, named
+/// `<cell>_fwd_s<i>` / `<cell>_bwd_s<i>` after the stage's position. `cell`
+/// is the optimised forward step and `grad` its backward step.
+pub fn emit_cell(
+    cell: &Cell,
+    grad: &Gradient,
+    sizes: &Bindings,
+    sources: Option<&SourceMap>,
+) -> Result<Vec<Kernel>, EmitError> {
+    let schedule = crate::schedule::schedule(cell, grad, sizes);
+    let err = |e: crate::interp::InterpError| EmitError(e.to_string());
+    let forward_plan = Plan::new(cell, sizes, &cell.name).map_err(err)?;
+    let backward_plan = Plan::new(&grad.graph, sizes, &cell.name).map_err(err)?;
+    let names = LeafNames::of(cell, &grad.seeds);
+    let cx = Context { names: Some(&names), sources };
+    let sides = [
+        ("fwd", &**cell, &schedule.forward, &forward_plan),
+        ("bwd", &grad.graph, &schedule.backward, &backward_plan),
+    ];
+    let mut out = Vec::new();
+    for (side, graph, stages, plan) in sides {
+        for (i, st) in stages.iter().enumerate() {
+            if matches!(st.kind, StageKind::Pointwise { .. } | StageKind::WholeSequence { .. }) {
+                out.push(emit_stage(graph, plan, st, &format!("{}_{side}_s{i}", cell.name), cx)?);
+            }
+        }
+    }
+    Ok(out)
+}
 
 /// A translation unit: the prelude, then every kernel.
 pub fn translation_unit(kernels: &[Kernel]) -> String {
@@ -149,6 +182,13 @@ pub fn emit_stage(
         stage.inputs.len(),
         stage.outputs.len()
     );
+    // What each row's pointers hold.
+    let no_names = LeafNames::default();
+    let names = cx.names.unwrap_or(&no_names);
+    for (i, &v) in stage.inputs.iter().chain(&stage.outputs).enumerate() {
+        let what = if i < stage.inputs.len() { "in " } else { "out" };
+        let _ = writeln!(src, "//   a[{i}] {what} {}", value_line(graph, names, v));
+    }
     if whole_sequence {
         let _ = writeln!(
             src,
