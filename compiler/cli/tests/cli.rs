@@ -337,3 +337,24 @@ fn compile_explains_what_it_cannot_do() {
     assert_eq!(cubin.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&cubin.stderr).contains("-o"));
 }
+
+#[test]
+fn cuda_backend_without_a_driver_is_a_clear_error() {
+    let out = cellc(&[
+        "bench",
+        "../../cells/lstm.cell",
+        "-D",
+        "H=8",
+        "--batch",
+        "1",
+        "--steps",
+        "3",
+        "--backend",
+        "cuda",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    // Either no driver (machines without a GPU) or the plain statement that GPU execution is not built.
+    assert!(err.contains("no CUDA driver found") || err.contains("not built yet"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
