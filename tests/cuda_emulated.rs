@@ -12,148 +12,19 @@
 //! against Rust's and in the reduction order (a tree over the block's
 //! threads against a left-to-right sum).
 
+#[path = "cuda/emu.rs"]
+mod emu;
 mod support;
 
-use cellc::cuda::{self, Context, Kernel, BLOCK};
-use cellc::interp::Plan;
-use cellc::ir::{Graph, Op, ValueId};
-use cellc::schedule::{Stage, StageKind};
+use cellc::cuda::{self, Context, BLOCK};
+use cellc::schedule::StageKind;
 use cellc_runtime::backend::cpu::stage::{Interpreted, StageExec};
-use cellc_runtime::backend::reference::Reference;
-use cellc_runtime::{CompiledCell, Model, ModelConfig};
-use std::collections::HashMap;
+use cellc_runtime::CompiledCell;
 use std::ffi::c_void;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::Arc;
-use support::Rng;
 
 type Launch = unsafe extern "C" fn(u32, u32, *mut *mut c_void);
-
-/// One side (forward or backward) of a layer: its graph, plan and stages.
-struct Side {
-    graph: Arc<Graph>,
-    plan: Arc<Plan>,
-    stages: Vec<Stage>,
-    /// For whole-sequence stages: (input value, output value of the previous row) pairs.
-    chains: Vec<(ValueId, ValueId)>,
-}
-
-fn sides(c: &Arc<CompiledCell>, h: usize, i: usize) -> Vec<(&'static str, Side)> {
-    let sizes = [("H".to_string(), h), ("P".to_string(), 3)]
-        .into_iter()
-        .filter(|(k, _)| c.cell.sizes.contains(k))
-        .collect();
-    let input = if c.cell.input_dim().variables() == ["H"] { h } else { i };
-    let config = ModelConfig { layers: 1, bidirectional: false };
-    let model =
-        Model::new(c.clone(), config, &sizes, Some(input), None, 1, Box::new(Reference)).expect("model");
-    let layer = &model.layers()[0];
-    let fwd_graph = Arc::new((*c.cell).clone());
-    let bwd_graph = Arc::new(c.grad.graph.clone());
-    let state_leaf = |g: &Graph, k: usize| g.values().find(|&v| g.node(v).op == Op::State(k));
-    let seed_leaf = |g: &Graph, k: usize| g.values().find(|&v| g.node(v).op == Op::Seed(k));
-    let fwd_chains = (0..c.cell.states.len())
-        .filter_map(|k| Some((state_leaf(&fwd_graph, k)?, c.cell.next_states[k])))
-        .collect();
-    let bwd_chains = (0..c.cell.states.len())
-        .filter_map(|k| Some((seed_leaf(&bwd_graph, k + 1)?, c.grad.d_states[k]?)))
-        .collect();
-    vec![
-        (
-            "fwd",
-            Side {
-                graph: fwd_graph,
-                plan: Arc::new(layer.forward_plan.clone()),
-                stages: layer.schedule.forward.clone(),
-                chains: fwd_chains,
-            },
-        ),
-        (
-            "bwd",
-            Side {
-                graph: bwd_graph,
-                plan: Arc::new(layer.backward_plan.clone()),
-                stages: layer.schedule.backward.clone(),
-                chains: bwd_chains,
-            },
-        ),
-    ]
-}
-
-/// Row buffers and the pointer table of one run: `rows` rows (in sequences
-/// of `seq_rows` when the stage is whole-sequence), inputs random (vector
-/// constants at their values), chained state inputs pointing at the
-/// previous row's outputs.
-struct Run {
-    /// Owns what the table points into.
-    _buffers: Vec<Vec<f32>>,
-    table: Vec<*mut f32>,
-}
-
-fn run_buffers(side: &Side, stage: &Stage, seq_rows: &[usize], whole: bool, seed: u64) -> Run {
-    let constants: HashMap<ValueId, Vec<f32>> =
-        side.plan.constant_values::<f32>(&side.graph).into_iter().collect();
-    let mut rng = Rng::new(seed);
-    let mut buffers: Vec<Vec<f32>> = Vec::new();
-    let mut slots: Vec<usize> = Vec::new(); // buffer index per table entry
-    let k = stage.inputs.len() + stage.outputs.len();
-    for &rows in seq_rows {
-        for r in 0..rows {
-            let row_start = slots.len();
-            for &v in &stage.inputs {
-                let chained = side.chains.iter().find(|(input, _)| *input == v).map(|c| c.1);
-                match chained {
-                    Some(out) if whole && r > 0 => {
-                        let at = stage.outputs.iter().position(|o| *o == out).expect("chained output");
-                        let prev = row_start - k + stage.inputs.len() + at;
-                        slots.push(slots[prev]);
-                    }
-                    _ => {
-                        let n = side.plan.elements(v);
-                        let data = constants
-                            .get(&v)
-                            .cloned()
-                            .unwrap_or_else(|| rng.vec(n, 1.0).iter().map(|&x| x as f32).collect());
-                        buffers.push(data);
-                        slots.push(buffers.len() - 1);
-                    }
-                }
-            }
-            for &v in &stage.outputs {
-                buffers.push(vec![f32::NAN; side.plan.elements(v)]);
-                slots.push(buffers.len() - 1);
-            }
-        }
-    }
-    let table = slots.iter().map(|&b| buffers[b].as_mut_ptr()).collect();
-    Run { _buffers: buffers, table }
-}
-
-/// Compiles the kernels with g++ and the emulation header into a shared library.
-fn build(dir: &Path, name: &str, kernels: &[Kernel], extra: &[&str]) -> PathBuf {
-    let header = dir.join("cuda_host_emu.h");
-    std::fs::write(&header, cuda::prelude::HOST_EMULATION_HEADER).expect("header");
-    let mut src = cuda::translation_unit(kernels);
-    for k in kernels {
-        src.push_str(&format!("CELLC_EMU_EXPORT({})\n", k.name));
-    }
-    let cu = dir.join(format!("{name}.cu"));
-    std::fs::write(&cu, &src).expect("source");
-    let so = dir.join(format!("lib{name}.so"));
-    let out = Command::new("g++")
-        .args(["-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-include"])
-        .arg(&header)
-        .args(extra)
-        .args(["-x", "c++"])
-        .arg(&cu)
-        .arg("-o")
-        .arg(&so)
-        .output()
-        .expect("g++ runs");
-    assert!(out.status.success(), "g++ failed on {name}:\n{}\n{src}", String::from_utf8_lossy(&out.stderr));
-    so
-}
 
 fn close(what: &str, got: &[f32], want: &[f32]) {
     for (j, (a, b)) in got.iter().zip(want).enumerate() {
@@ -176,7 +47,7 @@ fn every_kernel_of_every_shipped_cell_matches_the_interpreter() {
     for path in support::shipped_cells().iter().filter(|p| p.file_stem().is_some_and(|s| s != "prelude")) {
         let c = Arc::new(CompiledCell::from_file(path, None).expect("compiles"));
         let cell = c.cell.name.clone();
-        let all_sides = sides(&c, 37, 5);
+        let all_sides = emu::sides(&c, 37, 5);
         let mut kernels = Vec::new();
         let mut cases = Vec::new();
         for (side_name, side) in &all_sides {
@@ -191,7 +62,7 @@ fn every_kernel_of_every_shipped_cell_matches_the_interpreter() {
                 cases.push((name, *side_name, i));
             }
         }
-        let so = build(&dir, &cell, &kernels, &[]);
+        let so = emu::build(&dir, &cell, &kernels);
         // SAFETY: a library this test just built from generated source.
         let lib = unsafe { libloading::Library::new(&so) }.expect("dlopen");
         for ((name, side_name, i), kernel) in cases.iter().zip(&kernels) {
@@ -199,8 +70,8 @@ fn every_kernel_of_every_shipped_cell_matches_the_interpreter() {
             let st = &side.stages[*i];
             let whole = kernel.whole_sequence;
             let seq_rows: Vec<usize> = if whole { vec![3, 1, 2] } else { vec![3] };
-            let want = run_buffers(side, st, &seq_rows, whole, 11);
-            let mut got = run_buffers(side, st, &seq_rows, whole, 11);
+            let want = emu::run_buffers(side, st, &seq_rows, whole, 11);
+            let mut got = emu::run_buffers(side, st, &seq_rows, whole, 11);
             let rows: usize = seq_rows.iter().sum();
             let oracle =
                 Interpreted::new(side.graph.clone(), side.plan.clone(), &st.values, &st.inputs, &st.outputs);

@@ -1,0 +1,164 @@
+//! What the CUDA emulation tests share: a layer's forward and backward
+//! stages at given sizes, row buffers and pointer tables for a stage
+//! (chained through time for whole-sequence stages), and building the
+//! generated kernels with g++ and the emulation header.
+
+// Each test binary that includes this module uses a part of it.
+#![allow(dead_code)]
+
+use cellc::cuda::{self, Kernel};
+use cellc::interp::Plan;
+use cellc::ir::{Graph, Op, ValueId};
+use cellc::schedule::Stage;
+use cellc_runtime::backend::reference::Reference;
+use cellc_runtime::{CompiledCell, Model, ModelConfig};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use crate::support::Rng;
+
+/// One side (forward or backward) of a layer: its graph, plan and stages.
+pub struct Side {
+    pub graph: Arc<Graph>,
+    pub plan: Arc<Plan>,
+    pub stages: Vec<Stage>,
+    /// For whole-sequence stages: (input value, output value of the previous row) pairs.
+    pub chains: Vec<(ValueId, ValueId)>,
+}
+
+pub fn sides(c: &Arc<CompiledCell>, h: usize, i: usize) -> Vec<(&'static str, Side)> {
+    let sizes = [("H".to_string(), h), ("P".to_string(), 3)]
+        .into_iter()
+        .filter(|(k, _)| c.cell.sizes.contains(k))
+        .collect();
+    let input = if c.cell.input_dim().variables() == ["H"] { h } else { i };
+    let config = ModelConfig { layers: 1, bidirectional: false };
+    let model =
+        Model::new(c.clone(), config, &sizes, Some(input), None, 1, Box::new(Reference)).expect("model");
+    let layer = &model.layers()[0];
+    let fwd_graph = Arc::new((*c.cell).clone());
+    let bwd_graph = Arc::new(c.grad.graph.clone());
+    let state_leaf = |g: &Graph, k: usize| g.values().find(|&v| g.node(v).op == Op::State(k));
+    let seed_leaf = |g: &Graph, k: usize| g.values().find(|&v| g.node(v).op == Op::Seed(k));
+    let fwd_chains = (0..c.cell.states.len())
+        .filter_map(|k| Some((state_leaf(&fwd_graph, k)?, c.cell.next_states[k])))
+        .collect();
+    let bwd_chains = (0..c.cell.states.len())
+        .filter_map(|k| Some((seed_leaf(&bwd_graph, k + 1)?, c.grad.d_states[k]?)))
+        .collect();
+    vec![
+        (
+            "fwd",
+            Side {
+                graph: fwd_graph,
+                plan: Arc::new(layer.forward_plan.clone()),
+                stages: layer.schedule.forward.clone(),
+                chains: fwd_chains,
+            },
+        ),
+        (
+            "bwd",
+            Side {
+                graph: bwd_graph,
+                plan: Arc::new(layer.backward_plan.clone()),
+                stages: layer.schedule.backward.clone(),
+                chains: bwd_chains,
+            },
+        ),
+    ]
+}
+
+/// Row buffers and the pointer table of one run: `rows` rows (in sequences
+/// of `seq_rows` when the stage is whole-sequence), inputs random (vector
+/// constants at their values), chained state inputs pointing at the
+/// previous row's outputs.
+pub struct Run {
+    /// Owns what the table points into.
+    pub buffers: Vec<Vec<f32>>,
+    pub table: Vec<*mut f32>,
+    /// The buffer each table entry points into.
+    pub slots: Vec<usize>,
+}
+
+pub fn run_buffers(side: &Side, stage: &Stage, seq_rows: &[usize], whole: bool, seed: u64) -> Run {
+    let constants: HashMap<ValueId, Vec<f32>> =
+        side.plan.constant_values::<f32>(&side.graph).into_iter().collect();
+    let mut rng = Rng::new(seed);
+    let mut buffers: Vec<Vec<f32>> = Vec::new();
+    let mut slots: Vec<usize> = Vec::new(); // buffer index per table entry
+    let k = stage.inputs.len() + stage.outputs.len();
+    for &rows in seq_rows {
+        for r in 0..rows {
+            let row_start = slots.len();
+            for &v in &stage.inputs {
+                let chained = side.chains.iter().find(|(input, _)| *input == v).map(|c| c.1);
+                match chained {
+                    Some(out) if whole && r > 0 => {
+                        let at = stage.outputs.iter().position(|o| *o == out).expect("chained output");
+                        let prev = row_start - k + stage.inputs.len() + at;
+                        slots.push(slots[prev]);
+                    }
+                    _ => {
+                        let n = side.plan.elements(v);
+                        let data = constants
+                            .get(&v)
+                            .cloned()
+                            .unwrap_or_else(|| rng.vec(n, 1.0).iter().map(|&x| x as f32).collect());
+                        buffers.push(data);
+                        slots.push(buffers.len() - 1);
+                    }
+                }
+            }
+            for &v in &stage.outputs {
+                buffers.push(vec![f32::NAN; side.plan.elements(v)]);
+                slots.push(buffers.len() - 1);
+            }
+        }
+    }
+    let table = slots.iter().map(|&b| buffers[b].as_mut_ptr()).collect();
+    Run { buffers, table, slots }
+}
+
+/// The kernels as one host-C++ file: the generated translation unit, each
+/// kernel exported as `cellc_launch_<name>`, and `cellc_find_launch(name)`.
+pub fn emulation_source(kernels: &[Kernel]) -> String {
+    let mut src = cuda::translation_unit(kernels);
+    for k in kernels {
+        src.push_str(&format!("CELLC_EMU_EXPORT({})\n", k.name));
+    }
+    src.push_str("extern \"C\" void (*cellc_find_launch(const char* name))(unsigned, unsigned, void**) {\n");
+    for k in kernels {
+        src.push_str(&format!("    if (!std::strcmp(name, \"{0}\")) return &cellc_launch_{0};\n", k.name));
+    }
+    src.push_str("    return nullptr;\n}\n");
+    src
+}
+
+/// Compiles `files` with g++ and the emulation header (written into `dir`);
+/// `args` choose a shared library or an executable and any sanitizers.
+pub fn gxx(dir: &Path, files: &[PathBuf], args: &[&str], output: &Path) {
+    let header = dir.join("cuda_host_emu.h");
+    std::fs::write(&header, cuda::prelude::HOST_EMULATION_HEADER).expect("header");
+    let out = Command::new("g++")
+        .args(["-std=c++20", "-O1", "-g", "-pthread", "-include"])
+        .arg(&header)
+        .args(args)
+        .args(["-x", "c++"])
+        .args(files)
+        .arg("-o")
+        .arg(output)
+        .output()
+        .expect("g++ runs");
+    assert!(out.status.success(), "g++ failed on {files:?}:\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The kernels as a shared library to dlopen.
+pub fn build(dir: &Path, name: &str, kernels: &[Kernel]) -> PathBuf {
+    let cu = dir.join(format!("{name}.cu"));
+    std::fs::write(&cu, emulation_source(kernels)).expect("source");
+    let so = dir.join(format!("lib{name}.so"));
+    gxx(dir, &[cu], &["-shared", "-fPIC"], &so);
+    so
+}
