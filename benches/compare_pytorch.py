@@ -48,21 +48,26 @@ def lengths_uniform(b, t, seed=0x5EED):
     return out
 
 
-def time_it(fn, min_time):
+def time_it(fn, min_time, sync=lambda: None):
+    """Median wall time of fn(); `sync` waits for queued GPU work."""
     fn()  # warm-up
+    sync()
     times = []
     start = time.perf_counter()
     while len(times) < 3 or (time.perf_counter() - start < min_time and len(times) < 1000):
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def cellc_time(cell, b, t, h, threads, mode, min_time):
+def cellc_time(cell, b, t, h, threads, mode, min_time, backend="cpu"):
     cmd = [CELLC, "bench", os.path.join(ROOT, "cells", f"{cell}.cell"), "-D", f"H={h}", "-D", f"I={h}",
            "--batch", str(b), "--steps", str(t), "--lengths", "uniform", "--mode", mode,
-           "--threads", str(threads), "--min-time", str(min_time), "--json"]
+           "--min-time", str(min_time), "--json", "--backend", backend]
+    if threads:
+        cmd += ["--threads", str(threads)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 
@@ -136,7 +141,7 @@ def loop_over_time(cell, x, lengths):
     """A plain loop over time; finished sequences keep their state (masking)."""
     b, t, _ = x.shape
     state = tuple(x.new_zeros(b, cell.hidden) for _ in range(cell.n_states))
-    mask = (torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]).float().unsqueeze(-1)
+    mask = (torch.arange(t, device=x.device)[None, :] < torch.tensor(lengths, device=x.device)[:, None]).float().unsqueeze(-1)
     outs = []
     for s in range(t):
         y, new = cell(x[:, s], state)
@@ -146,11 +151,12 @@ def loop_over_time(cell, x, lengths):
     return torch.stack(outs, 1)
 
 
-def torch_time(cell, b, t, h, mode, variant, min_time):
+def torch_time(cell, b, t, h, mode, variant, min_time, device="cpu"):
     lengths = lengths_uniform(b, t)
-    x = torch.randn(b, t, h)
+    x = torch.randn(b, t, h, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     if cell in ("lstm", "gru"):
-        mod = (nn.LSTM if cell == "lstm" else nn.GRU)(h, h, batch_first=True)
+        mod = (nn.LSTM if cell == "lstm" else nn.GRU)(h, h, batch_first=True).to(device)
 
         def run():
             packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
@@ -160,9 +166,9 @@ def torch_time(cell, b, t, h, mode, variant, min_time):
             else:
                 out, _ = mod(packed)
                 out.data.sum().backward()
-        return time_it(run, min_time)
+        return time_it(run, min_time, sync)
     if cell in CUSTOM:
-        c = CUSTOM[cell](h, h)
+        c = CUSTOM[cell](h, h).to(device)
         if variant == "torchscript":
             c = torch.jit.script(c)
 
@@ -172,7 +178,7 @@ def torch_time(cell, b, t, h, mode, variant, min_time):
                     loop_over_time(c, x, lengths)
             else:
                 loop_over_time(c, x, lengths).sum().backward()
-        return time_it(run, min_time)
+        return time_it(run, min_time, sync)
     raise ValueError(f"no PyTorch version of {cell}")
 
 
