@@ -115,6 +115,34 @@ pub fn compile(source: &str, name: &str, options: &[String]) -> Result<Compiled,
     compiled
 }
 
+/// [`compile`], remembered for the process: keyed by the source's hash,
+/// the options (architecture included) and NVRTC's version, so a model
+/// compiles its kernels once however many times it is built.
+pub fn compile_cached(
+    source: &str,
+    name: &str,
+    options: &[String],
+) -> Result<std::sync::Arc<Compiled>, NvrtcError> {
+    use std::collections::HashMap;
+    use std::hash::{Hash, Hasher};
+    use std::sync::{Arc, Mutex, OnceLock};
+    /// Source hash, options, NVRTC version.
+    type Key = (u64, Vec<String>, (i32, i32));
+    static CACHE: OnceLock<Mutex<HashMap<Key, Arc<Compiled>>>> = OnceLock::new();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    source.hash(&mut hasher);
+    let key = (hasher.finish(), options.to_vec(), version()?);
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(hit) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        return Ok(hit);
+    }
+    let compiled = Arc::new(compile(source, name, options)?);
+    if let Ok(mut c) = cache.lock() {
+        c.insert(key, compiled.clone());
+    }
+    Ok(compiled)
+}
+
 /// Per-kernel resource use parsed from a `--ptxas-options=-v` log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Usage {
@@ -172,6 +200,28 @@ ptxas info    : Used 30 registers, used 1 barriers, 512 bytes smem, 380 bytes cm
     fn a_missing_library_is_an_error_not_a_panic() {
         if !available() {
             assert_eq!(compile("", "x.cu", &[]).err(), Some(NvrtcError::NotFound));
+            assert_eq!(compile_cached("", "x.cu", &[]).err(), Some(NvrtcError::NotFound));
+        }
+    }
+
+    #[test]
+    fn the_cache_compiles_once_and_reports_errors_with_numbered_source() {
+        if !available() {
+            eprintln!("SKIPPED: libnvrtc not found");
+            return;
+        }
+        let src = "extern \"C\" __global__ void k(float* p) { p[threadIdx.x] = 1.0f; }";
+        let opts = vec!["--gpu-architecture=sm_80".to_string()];
+        let a = compile_cached(src, "k.cu", &opts).expect("compiles");
+        let b = compile_cached(src, "k.cu", &opts).expect("compiles");
+        assert!(std::sync::Arc::ptr_eq(&a, &b), "the second call is a cache hit");
+        assert!(!a.cubin.is_empty() && a.ptx.contains(".entry k"));
+        match compile("__global__ void k() { undefined_fn(); }", "bad.cu", &opts) {
+            Err(NvrtcError::Compile { log, numbered_source, .. }) => {
+                assert!(log.contains("undefined_fn"), "{log}");
+                assert!(numbered_source.starts_with("   1 __global__"), "{numbered_source}");
+            }
+            other => panic!("expected a compile error, got {other:?}"),
         }
     }
 }
