@@ -30,6 +30,12 @@ __device__ __forceinline__ float cellc_block_sum(const float* p, int n, float* r
     __syncthreads();
     return total;
 }
+
+// Row copies for the runtime: pairs[2 * row] <- pairs[2 * row + 1], n floats each.
+extern "C" __global__ void cellc_copy_rows(float* const* __restrict__ pairs, int rows, int n) {
+    for (int row = blockIdx.x; row < rows; row += gridDim.x)
+        for (int j = threadIdx.x; j < n; j += blockDim.x) pairs[2 * row][j] = pairs[2 * row + 1][j];
+}
 "#;
 
 /// `#include`d first when the generated source is compiled as host C++

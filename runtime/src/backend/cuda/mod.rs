@@ -2,16 +2,78 @@
 //! NVRTC and driven through cudarc, all loaded at run time, so the project
 //! builds and runs where CUDA is absent.
 //!
-//! What exists: NVRTC compilation ([`nvrtc`]) and the device check. A
-//! machine without a driver gets a typed error naming what is missing,
-//! never a panic (cudarc panics if a driver call is made without
-//! `libcuda`: every call is gated on [`driver_available`] first).
-//! Running the schedule on a device (pointer tables in device memory,
-//! cuBLAS GEMMs, the step loop) is the next piece of issue 6.
+//! The driver ([`forward`]) is written against the [`device::Device`]
+//! trait, so it runs on the emulated device (host memory, kernels as host
+//! C++) and is tested against the reference back end on machines without
+//! a GPU. What exists: inference, NVRTC compilation ([`nvrtc`]) and the
+//! device check. A machine without a driver gets a typed error naming what
+//! is missing, never a panic (cudarc panics if a driver call is made
+//! without `libcuda`: every call is gated on [`driver_available`] first).
+//! Next: the backward, and the cudarc device (device memory, NVRTC
+//! modules, cuBLAS).
 
+pub mod device;
+pub mod forward;
 pub mod nvrtc;
 
+use crate::backend::{Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, Tape};
 use crate::error::{Result, RuntimeError};
+use device::{Device, Module};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The CUDA back end over a device.
+pub struct Cuda {
+    device: Box<dyn Device>,
+    /// Loaded kernels by the hash of their source: a model compiles once.
+    modules: Mutex<HashMap<u64, Arc<Module>>>,
+}
+
+impl std::fmt::Debug for Cuda {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cuda").field("device", &self.device.name()).finish()
+    }
+}
+
+impl Cuda {
+    /// The back end on the emulated device (for verification without a GPU).
+    pub fn emulated() -> Result<Cuda> {
+        Ok(Cuda { device: Box::new(device::Emulated::new()?), modules: Mutex::new(HashMap::new()) })
+    }
+
+    fn module(&self, kernels: &[cellc::cuda::Kernel]) -> Result<Arc<Module>> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for k in kernels {
+            k.source.hash(&mut h);
+        }
+        let key = h.finish();
+        let mut cache = self.modules.lock().map_err(|_| error("module cache poisoned"))?;
+        if let Some(m) = cache.get(&key) {
+            return Ok(m.clone());
+        }
+        let m = Arc::new(self.device.load(kernels)?);
+        cache.insert(key, m.clone());
+        Ok(m)
+    }
+}
+
+impl Backend for Cuda {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn forward(&self, job: &ForwardJob, output: &mut RowsMut) -> Result<ForwardResult> {
+        let kernels = forward::kernels(job)?;
+        let list: Vec<cellc::cuda::Kernel> = kernels.iter().map(|(_, k)| k.clone()).collect();
+        let module = self.module(&list)?;
+        forward::forward(self.device.as_ref(), &module, &kernels, job, output)
+    }
+
+    fn backward(&self, _job: &BackwardJob, _tape: &Tape, _d_input: &mut RowsMut) -> Result<BackwardResult> {
+        Err(error("training on the CUDA back end is not built yet (issue 6); use --backend cpu"))
+    }
+}
 
 /// Whether `libcuda` can be loaded in this process.
 pub fn driver_available() -> bool {
