@@ -44,8 +44,21 @@ fn close(what: &str, got: &[f32], want: &[f32]) {
 }
 
 #[test]
-fn inference_matches_the_reference_on_every_cell_and_layout() {
-    let cuda = Arc::new(Cuda::emulated().expect("emulated device"));
+fn inference_on_the_emulated_device_matches_the_reference() {
+    inference_matches_the_reference(Arc::new(Cuda::emulated().expect("emulated device")));
+}
+
+/// The same on a real GPU, where there is one.
+#[test]
+fn inference_on_a_gpu_matches_the_reference() {
+    if !cellc_runtime::backend::cuda::driver_available() {
+        eprintln!("SKIPPED: no CUDA driver on this machine; the GPU path was not run");
+        return;
+    }
+    inference_matches_the_reference(Arc::new(Cuda::gpu(0).expect("GPU back end")));
+}
+
+fn inference_matches_the_reference(cuda: Arc<Cuda>) {
     let mut checked = 0;
     for path in support::shipped_cells().iter().filter(|p| p.file_stem().is_some_and(|s| s != "prelude")) {
         let c = Arc::new(CompiledCell::from_file(path, None).expect("compiles"));

@@ -80,17 +80,7 @@ pub fn make_backend(
     match choice.unwrap_or(BackendChoice::Cpu) {
         BackendChoice::Reference => Ok(Box::new(Reference)),
         BackendChoice::Cpu => Ok(Box::new(Cpu::new(threads.unwrap_or(0) as usize, Kernels::default())?)),
-        BackendChoice::Cuda => {
-            // A missing driver or device is reported as such first.
-            cellc_runtime::backend::cuda::open_device(0)?;
-            Err(RuntimeError::Backend {
-                backend: "cuda".into(),
-                message:
-                    "running models on the GPU is not built yet (issue 6): `cellc compile --target cuda` \
-                          writes the kernels; use --backend cpu or reference"
-                        .into(),
-            })
-        }
+        BackendChoice::Cuda => Ok(Box::new(cellc_runtime::backend::cuda::Cuda::gpu(0)?)),
     }
 }
 

@@ -340,6 +340,10 @@ fn compile_explains_what_it_cannot_do() {
 
 #[test]
 fn cuda_backend_without_a_driver_is_a_clear_error() {
+    if cellc_runtime::backend::cuda::driver_available() {
+        eprintln!("SKIPPED: a CUDA driver is present, the no-driver path cannot be exercised here");
+        return;
+    }
     let out = cellc(&[
         "bench",
         "../../cells/lstm.cell",
@@ -354,7 +358,6 @@ fn cuda_backend_without_a_driver_is_a_clear_error() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    // Either no driver (machines without a GPU) or the plain statement that GPU execution is not built.
-    assert!(err.contains("no CUDA driver found") || err.contains("not built yet"), "{err}");
+    assert!(err.contains("no CUDA driver found"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }

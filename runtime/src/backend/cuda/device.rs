@@ -28,6 +28,11 @@ impl std::fmt::Debug for Buf {
 }
 
 impl Buf {
+    /// Memory at `addr` of `len` elements, kept alive by `owner`.
+    pub fn new(addr: u64, len: usize, owner: Box<dyn Any + Send + Sync>) -> Buf {
+        Buf { addr, len, _owner: owner }
+    }
+
     /// The address of float `i`.
     pub fn at(&self, i: usize) -> u64 {
         self.addr + 4 * i as u64
@@ -44,6 +49,17 @@ pub enum Arg {
 /// A loaded set of kernels.
 pub struct Module {
     inner: Box<dyn Any + Send + Sync>,
+}
+
+impl Module {
+    pub fn new(inner: Box<dyn Any + Send + Sync>) -> Module {
+        Module { inner }
+    }
+
+    /// The device's own module type.
+    pub fn get<T: 'static>(&self) -> Option<&T> {
+        self.inner.downcast_ref::<T>()
+    }
 }
 
 impl std::fmt::Debug for Module {

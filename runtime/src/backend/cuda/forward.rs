@@ -171,9 +171,11 @@ pub fn forward(
     };
     let kernel_of = |i: usize| kernels.iter().find(|(k, _)| *k == i).map(|(_, k)| k);
     let scratch = device.zeros(kernels.iter().map(|(_, k)| k.scratch).max().unwrap_or(0).max(1) * 1024)?;
-    let launch_rows = |k: &Kernel, rows: &[(usize, usize, usize, usize)]| -> Result<()> {
+    // Address tables stay alive until the end: launches are asynchronous on a GPU.
+    let mut keep: Vec<Buf> = Vec::new();
+    let launch_rows = |k: &Kernel, rows: &[(usize, usize, usize, usize)]| -> Result<Option<Buf>> {
         if rows.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let mut table = Vec::with_capacity(rows.len() * (k.inputs.len() + k.outputs.len()));
         for &(b, t, s, r) in rows {
@@ -184,7 +186,8 @@ pub fn forward(
         let table = device.upload_addresses(&table)?;
         let grid = rows.len().min(1024) as u32;
         let args = [Arg::Ptr(table.addr), Arg::I32(rows.len() as i32), Arg::Ptr(scratch.addr)];
-        device.launch(module, &k.name, grid, device.block_size(), &args)
+        device.launch(module, &k.name, grid, device.block_size(), &args)?;
+        Ok(Some(table))
     };
 
     // Before the loop: hoisted products over every layout row, pointwise over valid rows.
@@ -211,7 +214,7 @@ pub fn forward(
             }
             _ => {
                 let k = kernel_of(i).ok_or_else(|| unsupported(format!("no kernel for stage {i}")))?;
-                launch_rows(k, &valid)?;
+                keep.extend(launch_rows(k, &valid)?);
             }
         }
     }
@@ -255,6 +258,7 @@ pub fn forward(
             Arg::Ptr(scratch.addr),
         ];
         device.launch(module, &k.name, grid, device.block_size(), &args)?;
+        keep.extend([table, starts, counts]);
     } else {
         for s in 0..steps {
             let n = job.plan.batch_sizes()[s];
@@ -313,8 +317,10 @@ pub fn forward(
         let rows = pairs.len() / 2;
         let args = [Arg::Ptr(table.addr), Arg::I32(rows as i32), Arg::I32(m as i32)];
         device.launch(module, "cellc_copy_rows", rows.clamp(1, 1024) as u32, device.block_size(), &args)?;
+        keep.push(table);
     }
-    let out_host = device.download(&out_dev)?;
+    let out_host = device.download(&out_dev)?; // waits for every launch above
+    drop(keep);
     debug_assert_eq!(out_host.len(), out_rows * output.width);
     output.data.copy_from_slice(&out_host);
     // Final states: each sequence's history at its own last step.

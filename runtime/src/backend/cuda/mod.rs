@@ -9,11 +9,11 @@
 //! device check. A machine without a driver gets a typed error naming what
 //! is missing, never a panic (cudarc panics if a driver call is made
 //! without `libcuda`: every call is gated on [`driver_available`] first).
-//! Next: the backward, and the cudarc device (device memory, NVRTC
-//! modules, cuBLAS).
+//! Next: the backward (training), and a CUDA-graph capture of the loop.
 
 pub mod device;
 pub mod forward;
+pub mod gpu;
 pub mod nvrtc;
 
 use crate::backend::{Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, Tape};
@@ -36,6 +36,13 @@ impl std::fmt::Debug for Cuda {
 }
 
 impl Cuda {
+    /// The back end on CUDA device `ordinal`: a typed error if there is no
+    /// driver, no such device, no cuBLAS or no NVRTC.
+    pub fn gpu(ordinal: usize) -> Result<Cuda> {
+        let device = gpu::Gpu::new(open_device(ordinal)?)?;
+        Ok(Cuda { device: Box::new(device), modules: Mutex::new(HashMap::new()) })
+    }
+
     /// The back end on the emulated device (for verification without a GPU).
     pub fn emulated() -> Result<Cuda> {
         Ok(Cuda { device: Box::new(device::Emulated::new()?), modules: Mutex::new(HashMap::new()) })
