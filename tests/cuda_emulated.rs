@@ -1,11 +1,18 @@
 //! The generated CUDA kernels, compiled as host C++ through the emulation
 //! header and run on the CPU, against the interpreter's semantics
 //! (`Interpreted` stages) on every shipped cell: every forward and backward
-//! pointwise stage over several rows, and whole-sequence stages over
-//! sequences of different lengths with each row's state chained to the
-//! previous row's result. Blocks of 32 threads on vectors longer than 32
-//! exercise the strided loops and the block reductions; two blocks on
-//! three rows exercise the grid-stride loop.
+//! pointwise stage over one row and over five, and whole-sequence stages
+//! over sequences of different lengths (one empty) with each row's state
+//! chained to the previous row's result, at two sizes: H = 37 (not a
+//! multiple of 4 or 32) and H = 1.
+//!
+//! Each kernel runs three ways: threaded emulation with blocks of 32
+//! threads on two blocks (vectors longer than a block exercise the strided
+//! loops and the block reductions, more rows or sequences than blocks the
+//! grid-stride loop), twice, the two runs bitwise equal (no result depends
+//! on timing); serial emulation with one thread per block; and, for
+//! lane-form whole-sequence kernels, whose threads never communicate,
+//! serial emulation with blocks of 32.
 //!
 //! Tolerance: 2e-5 relative (to max(1, |expected|)). Both sides run the
 //! same float operations; they differ only in libm's `expf`/`tanhf`
@@ -16,8 +23,8 @@
 mod emu;
 mod support;
 
-use cellc::cuda::{self, Context, BLOCK};
-use cellc::schedule::StageKind;
+use cellc::cuda::{self, Context, Kernel, BLOCK};
+use cellc::schedule::{Stage, StageKind};
 use cellc_runtime::backend::cpu::stage::{Interpreted, StageExec};
 use cellc_runtime::CompiledCell;
 use std::ffi::c_void;
@@ -26,7 +33,11 @@ use std::sync::Arc;
 
 type Launch = unsafe extern "C" fn(u32, u32, *mut *mut c_void);
 
+/// (H, I) pairs every kernel is generated and run at.
+const SIZES: [(usize, usize); 2] = [(37, 5), (1, 1)];
+
 fn close(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
     for (j, (a, b)) in got.iter().zip(want).enumerate() {
         let err = (a - b).abs() / b.abs().max(1.0);
         assert!(err <= 2e-5 || (a.is_nan() && b.is_nan()), "{what}[{j}]: emulated CUDA {a}, interpreter {b}");
@@ -39,100 +50,157 @@ fn scratch_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// Every output of every row of a run.
+fn outputs(side: &emu::Side, st: &Stage, run: &emu::Run, rows: usize) -> Vec<Vec<f32>> {
+    let k = st.inputs.len() + st.outputs.len();
+    let mut out = Vec::new();
+    for r in 0..rows {
+        for (o, &v) in st.outputs.iter().enumerate() {
+            let n = side.plan.elements(v);
+            // SAFETY: table entries point into the run's own buffers, sized by the plan.
+            out.push(
+                unsafe { std::slice::from_raw_parts(run.table[r * k + st.inputs.len() + o], n) }.to_vec(),
+            );
+        }
+    }
+    out
+}
+
+/// Launches `kernel` from `lib` on a fresh copy of the run's buffers.
+fn launch(
+    lib: &libloading::Library,
+    kernel: &Kernel,
+    serial: bool,
+    (grid, block): (u32, u32),
+    side: &emu::Side,
+    st: &Stage,
+    seq_rows: &[usize],
+) -> Vec<Vec<f32>> {
+    let whole = kernel.whole_sequence;
+    let mut run = emu::run_buffers(side, st, seq_rows, whole, 11);
+    let rows: usize = seq_rows.iter().sum();
+    let symbol = format!("cellc_launch_{}{}", if serial { "serial_" } else { "" }, kernel.name);
+    // SAFETY: the symbol was exported by CELLC_EMU_EXPORT with this signature.
+    let f: libloading::Symbol<Launch> = unsafe { lib.get(symbol.as_bytes()) }.expect("symbol");
+    let mut scratch = vec![0.0f32; grid as usize * kernel.scratch.max(1)];
+    let mut args_ptr = run.table.as_mut_ptr();
+    let mut scratch_ptr = scratch.as_mut_ptr();
+    if whole {
+        let starts: Vec<i32> = seq_rows
+            .iter()
+            .scan(0, |at, &n| {
+                let s = *at;
+                *at += n as i32;
+                Some(s)
+            })
+            .collect();
+        let counts: Vec<i32> = seq_rows.iter().map(|&n| n as i32).collect();
+        let (mut sp, mut cp, mut n) = (starts.as_ptr(), counts.as_ptr(), seq_rows.len() as i32);
+        let mut args: [*mut c_void; 5] = [
+            (&mut args_ptr as *mut *mut *mut f32).cast(),
+            (&mut sp as *mut *const i32).cast(),
+            (&mut cp as *mut *const i32).cast(),
+            (&mut n as *mut i32).cast(),
+            (&mut scratch_ptr as *mut *mut f32).cast(),
+        ];
+        // SAFETY: arguments packed as the kernel's parameters, in order; the
+        // table holds `rows` rows of buffers sized by the plan.
+        unsafe { f(grid, block, args.as_mut_ptr()) };
+    } else {
+        let mut n = rows as i32;
+        let mut args: [*mut c_void; 3] = [
+            (&mut args_ptr as *mut *mut *mut f32).cast(),
+            (&mut n as *mut i32).cast(),
+            (&mut scratch_ptr as *mut *mut f32).cast(),
+        ];
+        // SAFETY: as above.
+        unsafe { f(grid, block, args.as_mut_ptr()) };
+    }
+    outputs(side, st, &run, rows)
+}
+
 /// Every stage of every shipped cell, emulated against the interpreter.
 #[test]
 fn every_kernel_of_every_shipped_cell_matches_the_interpreter() {
     let dir = scratch_dir("all");
-    let mut checked = 0;
+    let (mut kernels_checked, mut runs, mut lane) = (0, 0, 0);
     for path in support::shipped_cells().iter().filter(|p| p.file_stem().is_some_and(|s| s != "prelude")) {
         let c = Arc::new(CompiledCell::from_file(path, None).expect("compiles"));
         let cell = c.cell.name.clone();
-        let all_sides = emu::sides(&c, 37, 5);
-        let mut kernels = Vec::new();
+        let at_sizes: Vec<_> = SIZES.iter().map(|&(h, i)| (h, emu::sides(&c, h, i))).collect();
+        // Every kernel of the cell at every size, in one library.
         let mut cases = Vec::new();
-        for (side_name, side) in &all_sides {
-            for (i, st) in side.stages.iter().enumerate() {
-                if !matches!(st.kind, StageKind::Pointwise { .. } | StageKind::WholeSequence { .. }) {
-                    continue;
+        for (h, sides) in &at_sizes {
+            for (side_name, side) in sides {
+                for (i, st) in side.stages.iter().enumerate() {
+                    if !matches!(st.kind, StageKind::Pointwise { .. } | StageKind::WholeSequence { .. }) {
+                        continue;
+                    }
+                    let name = format!("{cell}_{side_name}_s{i}_h{h}");
+                    let cx = Context { chains: &side.chains, ..Context::default() };
+                    let k = cuda::emit_stage(&side.graph, &side.plan, st, &name, cx)
+                        .unwrap_or_else(|e| panic!("{name}: {e}"));
+                    cases.push((k, side, st));
                 }
-                let name = format!("{cell}_{side_name}_s{i}");
-                let k = cuda::emit_stage(&side.graph, &side.plan, st, &name, Context::default())
-                    .unwrap_or_else(|e| panic!("{name}: {e}"));
-                kernels.push(k);
-                cases.push((name, *side_name, i));
             }
         }
+        let kernels: Vec<Kernel> = cases.iter().map(|(k, _, _)| k.clone()).collect();
         let so = emu::build(&dir, &cell, &kernels);
         // SAFETY: a library this test just built from generated source.
         let lib = unsafe { libloading::Library::new(&so) }.expect("dlopen");
-        for ((name, side_name, i), kernel) in cases.iter().zip(&kernels) {
-            let side = &all_sides.iter().find(|(n, _)| *n == *side_name).expect("side").1;
-            let st = &side.stages[*i];
-            let whole = kernel.whole_sequence;
-            let seq_rows: Vec<usize> = if whole { vec![3, 1, 2] } else { vec![3] };
-            let want = emu::run_buffers(side, st, &seq_rows, whole, 11);
-            let mut got = emu::run_buffers(side, st, &seq_rows, whole, 11);
-            let rows: usize = seq_rows.iter().sum();
-            let oracle =
-                Interpreted::new(side.graph.clone(), side.plan.clone(), &st.values, &st.inputs, &st.outputs);
-            // SAFETY: the table holds `rows` rows of buffers sized by the plan.
-            unsafe { oracle.run(rows, &want.table) };
-            let launch: libloading::Symbol<Launch> =
-                // SAFETY: the symbol was exported by CELLC_EMU_EXPORT with this signature.
-                unsafe { lib.get(format!("cellc_launch_{name}").as_bytes()) }.expect("symbol");
-            let mut scratch = vec![0.0f32; 2 * kernel.scratch.max(1)];
-            let mut args_ptr = got.table.as_mut_ptr();
-            let mut scratch_ptr = scratch.as_mut_ptr();
-            if whole {
-                let starts: Vec<i32> = seq_rows
-                    .iter()
-                    .scan(0, |at, &n| {
-                        let s = *at;
-                        *at += n as i32;
-                        Some(s)
-                    })
-                    .collect();
-                let counts: Vec<i32> = seq_rows.iter().map(|&n| n as i32).collect();
-                let (mut sp, mut cp, mut n) = (starts.as_ptr(), counts.as_ptr(), seq_rows.len() as i32);
-                let mut args: [*mut c_void; 5] = [
-                    (&mut args_ptr as *mut *mut *mut f32).cast(),
-                    (&mut sp as *mut *const i32).cast(),
-                    (&mut cp as *mut *const i32).cast(),
-                    (&mut n as *mut i32).cast(),
-                    (&mut scratch_ptr as *mut *mut f32).cast(),
-                ];
-                // SAFETY: arguments packed as the kernel's parameters, in order.
-                unsafe { launch(2, 32, args.as_mut_ptr()) };
+        for (kernel, side, st) in &cases {
+            let name = &kernel.name;
+            let configs: Vec<Vec<usize>> = if kernel.whole_sequence {
+                vec![vec![3, 1, 2], vec![1], vec![2, 0, 5]]
             } else {
-                let mut n = rows as i32;
-                let mut args: [*mut c_void; 3] = [
-                    (&mut args_ptr as *mut *mut *mut f32).cast(),
-                    (&mut n as *mut i32).cast(),
-                    (&mut scratch_ptr as *mut *mut f32).cast(),
-                ];
-                // SAFETY: as above.
-                unsafe { launch(2, 32, args.as_mut_ptr()) };
+                vec![vec![1], vec![5]]
+            };
+            if kernel.units > 0 {
+                lane += 1;
             }
-            // Compare every output buffer (outputs are the buffers filled with NaN at the start).
-            let k = st.inputs.len() + st.outputs.len();
-            for r in 0..rows {
-                for o in 0..st.outputs.len() {
-                    let at = r * k + st.inputs.len() + o;
-                    // SAFETY: table entries point into the runs' own buffers.
-                    let n = side.plan.elements(st.outputs[o]);
-                    let (g, w) = unsafe {
-                        (
-                            std::slice::from_raw_parts(got.table[at], n),
-                            std::slice::from_raw_parts(want.table[at], n),
-                        )
-                    };
-                    close(&format!("{name} row {r} output {}", st.outputs[o]), g, w);
+            for seq_rows in &configs {
+                let rows: usize = seq_rows.iter().sum();
+                let want = emu::run_buffers(side, st, seq_rows, kernel.whole_sequence, 11);
+                let oracle = Interpreted::new(
+                    side.graph.clone(),
+                    side.plan.clone(),
+                    &st.values,
+                    &st.inputs,
+                    &st.outputs,
+                );
+                // SAFETY: the table holds `rows` rows of buffers sized by the plan.
+                unsafe { oracle.run(rows, &want.table) };
+                let want = outputs(side, st, &want, rows);
+                let mut modes = vec![(false, (2, 32)), (true, (2, 1))];
+                if kernel.units > 0 {
+                    modes.push((true, (2, 32)));
+                }
+                for (serial, shape) in modes {
+                    let got = launch(&lib, kernel, serial, shape, side, st, seq_rows);
+                    for (n, (g, w)) in got.iter().zip(&want).enumerate() {
+                        let what = format!("{name} {seq_rows:?} serial={serial} {shape:?} output {n}");
+                        close(&what, g, w);
+                    }
+                    if !serial {
+                        let again = launch(&lib, kernel, serial, shape, side, st, seq_rows);
+                        let bits = |v: &[Vec<f32>]| -> Vec<u32> {
+                            v.iter().flatten().map(|x| x.to_bits()).collect()
+                        };
+                        assert_eq!(bits(&got), bits(&again), "{name} {seq_rows:?}: two threaded runs differ");
+                    }
+                    runs += 1;
                 }
             }
-            checked += 1;
+            kernels_checked += 1;
         }
     }
-    assert!(checked >= 30, "only {checked} kernels checked");
-    eprintln!("{checked} kernels emulated, all within 2e-5 of the interpreter (blocks of 32 of {BLOCK} max)");
+    assert!(kernels_checked >= 70, "only {kernels_checked} kernels checked");
+    assert!(
+        lane >= 6,
+        "only {lane} lane-form kernels: sru, mingru and indrnn have one forward and one backward"
+    );
+    eprintln!(
+        "{kernels_checked} kernels emulated ({lane} lane-form whole-sequence), {runs} runs, all within 2e-5 of the interpreter (blocks of 32 and 1, of {BLOCK} max)"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

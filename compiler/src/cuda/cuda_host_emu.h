@@ -3,11 +3,20 @@
 //
 //   g++ -std=c++20 -O1 -pthread -shared -fPIC -include cuda_host_emu.h -x c++ kernels.cu
 //
-// Launches run one OS thread per CUDA thread of a block, blocks one after
-// another; __syncthreads() is a std::barrier, __shared__ memory is one
-// static copy per kernel (right because blocks never overlap). Every
-// kernel is exported as `cellc_launch_<name>(grid, block, args)` taking
-// cuLaunchKernel-style argument pointers.
+// Two launch modes, both exported for every kernel by CELLC_EMU_EXPORT as
+// functions taking cuLaunchKernel-style argument pointers:
+//
+//   cellc_launch_<name>(grid, block, args)         threaded: one OS thread per
+//       CUDA thread of a block, blocks one after another; __syncthreads() is a
+//       std::barrier, __shared__ memory one static copy per kernel (right
+//       because blocks never overlap). Right for every kernel.
+//   cellc_launch_serial_<name>(grid, block, args)  serial: every (block,
+//       thread) in turn on the calling thread, __syncthreads() a no-op. Right
+//       only where a block's threads never communicate: lane-form kernels, or
+//       any kernel launched with one thread per block.
+//
+// Not emulated: warp intrinsics (the kernels use none), dynamic shared
+// memory, the GPU memory model.
 #pragma once
 #include <algorithm>
 #include <barrier>
@@ -73,7 +82,29 @@ void launch(void (*k)(P...), unsigned grid, unsigned block, void** args) {
     const cellc_dim3 g{grid, 1, 1}, b{block, 1, 1};
     for (unsigned bx = 0; bx < grid; ++bx) run_block(k, g, b, cellc_dim3{bx, 0, 0}, args, std::index_sequence_for<P...>{});
 }
+template <class... P, std::size_t... I>
+void launch_serial_impl(void (*k)(P...), unsigned grid, unsigned block, void** args, std::index_sequence<I...>) {
+    gdim = {grid, 1, 1};
+    bdim = {block, 1, 1};
+    block_barrier = nullptr;
+    for (unsigned bx = 0; bx < grid; ++bx) {
+        for (unsigned t = 0; t < block; ++t) {
+            bid = {bx, 0, 0};
+            tid = {t, 0, 0};
+            k(*static_cast<std::remove_reference_t<P>*>(args[I])...);
+        }
+    }
+}
+template <class... P>
+void launch_serial(void (*k)(P...), unsigned grid, unsigned block, void** args) {
+    launch_serial_impl(k, grid, block, args, std::index_sequence_for<P...>{});
+}
 }  // namespace cellc_emu
 
-#define CELLC_EMU_EXPORT(name) \
-    extern "C" void cellc_launch_##name(unsigned grid, unsigned block, void** args) { ::cellc_emu::launch(&name, grid, block, args); }
+#define CELLC_EMU_EXPORT(name)                                                                 \
+    extern "C" void cellc_launch_##name(unsigned grid, unsigned block, void** args) {         \
+        ::cellc_emu::launch(&name, grid, block, args);                                         \
+    }                                                                                          \
+    extern "C" void cellc_launch_serial_##name(unsigned grid, unsigned block, void** args) {  \
+        ::cellc_emu::launch_serial(&name, grid, block, args);                                  \
+    }

@@ -29,9 +29,20 @@
 //!                                 float* __restrict__ scratch)
 //! ```
 //!
-//! One block per sequence walks its rows `seq_start[b] .. seq_start[b] +
-//! seq_rows[b]` with a barrier between rows; each thread keeps to the same
-//! units from row to row.
+//! Sequence `b`'s rows are `seq_start[b] .. seq_start[b] + seq_rows[b]`
+//! of the table. Two forms, the same parameters:
+//!
+//! - **Lane form** ([`Kernel::units`] `> 0`), for stages whose every vector
+//!   is `units` long (or a concatenation of such pieces, written out): one
+//!   thread per (sequence, unit) walks the sequence's rows in time order on
+//!   its own, with no barrier and no shared memory; a chained state
+//!   ([`Context::chains`]) stays in a register from row to row, its pointer
+//!   read only at the sequence's first row. Blocks take (sequence, chunk of
+//!   `blockDim.x` units) items, grid-stride: any grid is right, and
+//!   `sequences * ceil(units / blockDim.x)` blocks give every item its own.
+//! - **Block form** (`units == 0`, e.g. a recurrence with a row
+//!   reduction): one block per sequence walks its rows with a barrier
+//!   between rows, as a pointwise kernel walks its rows.
 //!
 //! Elementwise ops of one length fuse into one loop with intermediates in
 //! registers, as in the CPU's JIT; every value is commented with its IR
@@ -46,7 +57,7 @@ use crate::interp::Plan;
 use crate::ir::print::{value_line, LeafNames};
 use crate::ir::{BinaryOp, Cell, Graph, Op, ReduceOp, UnaryOp, ValueId};
 use crate::schedule::{Stage, StageKind};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
 /// The NVRTC options the kernels are meant to be compiled with (plus
@@ -73,6 +84,9 @@ pub struct Kernel {
     pub scratch: usize,
     /// Takes sequences (`seq_start`, `seq_rows`) rather than independent rows.
     pub whole_sequence: bool,
+    /// Lane form (whole-sequence kernels only): the units each sequence
+    /// has, one thread each; 0 in block form.
+    pub units: usize,
 }
 
 /// Why a stage could not be emitted.
@@ -102,13 +116,14 @@ pub fn emit_cell(
     let forward_plan = Plan::new(cell, sizes, &cell.name).map_err(err)?;
     let backward_plan = Plan::new(&grad.graph, sizes, &cell.name).map_err(err)?;
     let names = LeafNames::of(cell, &grad.seeds);
-    let cx = Context { names: Some(&names), sources };
+    let (forward_chains, backward_chains) = chains(cell, grad);
     let sides = [
-        ("fwd", &**cell, &schedule.forward, &forward_plan),
-        ("bwd", &grad.graph, &schedule.backward, &backward_plan),
+        ("fwd", &**cell, &schedule.forward, &forward_plan, &forward_chains),
+        ("bwd", &grad.graph, &schedule.backward, &backward_plan, &backward_chains),
     ];
     let mut out = Vec::new();
-    for (side, graph, stages, plan) in sides {
+    for (side, graph, stages, plan, chains) in sides {
+        let cx = Context { names: Some(&names), sources, chains };
         for (i, st) in stages.iter().enumerate() {
             if matches!(st.kind, StageKind::Pointwise { .. } | StageKind::WholeSequence { .. }) {
                 out.push(emit_stage(graph, plan, st, &format!("{}_{side}_s{i}", cell.name), cx)?);
@@ -116,6 +131,25 @@ pub fn emit_cell(
         }
     }
     Ok(out)
+}
+
+/// A whole-sequence stage's `(input, output)` pair: a row's input is the
+/// previous row's output.
+pub type Chain = (ValueId, ValueId);
+
+/// The state chains of a cell's forward and backward steps, as
+/// [`Context::chains`] takes them: forward, state `k`'s leaf and the next
+/// state; backward (rows in reverse time), the seed of next state `k`'s
+/// gradient and the gradient of state `k`, which the step before reads.
+pub fn chains(cell: &Cell, grad: &Gradient) -> (Vec<Chain>, Vec<Chain>) {
+    let leaf = |g: &Graph, op: Op| g.values().find(|&v| g.node(v).op == op);
+    let forward = (0..cell.states.len())
+        .filter_map(|k| Some((leaf(cell, Op::State(k))?, *cell.next_states.get(k)?)))
+        .collect();
+    let backward = (0..cell.states.len())
+        .filter_map(|k| Some((leaf(&grad.graph, Op::Seed(k + 1))?, (*grad.d_states.get(k)?)?)))
+        .collect();
+    (forward, backward)
 }
 
 /// A translation unit: the prelude, then every kernel.
@@ -134,6 +168,11 @@ pub fn translation_unit(kernels: &[Kernel]) -> String {
 pub struct Context<'a> {
     pub names: Option<&'a LeafNames<'a>>,
     pub sources: Option<&'a SourceMap>,
+    /// Whole-sequence stages: `(input, output)` pairs where a row's input
+    /// is the previous row's output (a state and its next state). Lane-form
+    /// kernels keep these in registers; without them every row reads its
+    /// state through its pointer (the same values, one load more per row).
+    pub chains: &'a [Chain],
 }
 
 /// The kernel for one pointwise or whole-sequence stage of `graph` at
@@ -150,30 +189,24 @@ pub fn emit_stage(
         StageKind::WholeSequence { .. } => true,
         _ => return Err(EmitError(format!("{name}: only pointwise stages become kernels"))),
     };
-    let mut e = Emitter {
-        graph,
-        plan,
-        cx,
-        body: String::new(),
-        held: HashMap::new(),
-        scratch: 0,
-        reduces: false,
-        indent: if whole_sequence { 3 } else { 2 },
+    // The lane form where the stage allows it, else the block form.
+    let lane = match stage.kind {
+        StageKind::WholeSequence { reductions: false } => stage
+            .values
+            .iter()
+            .find(|&&v| {
+                matches!(graph.node(v).op, Op::Unary(_) | Op::Binary(_)) && graph.ty(v).vector_dim().is_some()
+            })
+            .map(|&v| plan.elements(v)),
+        _ => None,
     };
+    let mut e = Emitter::new(graph, plan, cx, lane);
     e.stage(stage)?;
+    if lane.is_some() && !e.lane_ok {
+        e = Emitter::new(graph, plan, cx, None);
+        e.stage(stage)?;
+    }
     let k = stage.inputs.len() + stage.outputs.len();
-    // Declarations only for what the body uses (NVRTC warns about the rest).
-    let mut locals = String::new();
-    if e.reduces {
-        let _ = writeln!(locals, "    __shared__ float red[{BLOCK}];");
-    }
-    if e.scratch > 0 {
-        let _ = writeln!(locals, "    float* const s = scratch + (size_t)blockIdx.x * {};", e.scratch);
-    }
-    // Every row ends with a barrier (the next row may reuse scratch or, in
-    // a sequence, read this row's results); the body's last one serves.
-    let body = e.body.trim_end_matches(|c: char| c.is_whitespace());
-    let body = body.strip_suffix("__syncthreads();").unwrap_or(body).trim_end().to_string() + "\n";
     let mut src = String::new();
     let _ = writeln!(
         src,
@@ -189,29 +222,78 @@ pub fn emit_stage(
         let what = if i < stage.inputs.len() { "in " } else { "out" };
         let _ = writeln!(src, "//   a[{i}] {what} {}", value_line(graph, names, v));
     }
-    if whole_sequence {
+    let units = e.lane.unwrap_or(0);
+    if let Some(n) = e.lane {
+        let _ = writeln!(
+            src,
+            "// Lane form: one thread per (sequence, unit), {n} units, rows in time order, no barriers."
+        );
         let _ = writeln!(
             src,
             "extern \"C\" __global__ void {name}(float* const* __restrict__ args, const int* __restrict__ seq_start, const int* __restrict__ seq_rows, int sequences, float* __restrict__ scratch) {{"
         );
-        src.push_str(&locals);
-        src.push_str("    for (int seq = blockIdx.x; seq < sequences; seq += gridDim.x) {\n");
-        src.push_str(
-            "        for (int row = seq_start[seq]; row < seq_start[seq] + seq_rows[seq]; ++row) {\n",
-        );
+        let _ = writeln!(src, "    const int chunks = ({n} + (int)blockDim.x - 1) / (int)blockDim.x;");
+        src.push_str("    for (int item = blockIdx.x; item < sequences * chunks; item += gridDim.x) {\n");
+        src.push_str("        const int seq = item / chunks;\n");
+        src.push_str("        const int j = (item - seq * chunks) * (int)blockDim.x + (int)threadIdx.x;\n");
+        let _ = writeln!(src, "        if (j >= {n}) continue;");
+        src.push_str("        const int first = seq_start[seq], end = first + seq_rows[seq];\n");
+        for (i, out, _) in &e.chained {
+            let _ = writeln!(
+                src,
+                "        // {}: read at the first row, then carried from a[{}] of the row before",
+                value_line(graph, names, stage.inputs[*i]),
+                stage.inputs.len() + out
+            );
+            let _ = writeln!(
+                src,
+                "        float c{i} = first < end ? args[(size_t)first * {k} + {i}][j] : 0.0f;"
+            );
+        }
+        src.push_str("        for (int row = first; row < end; ++row) {\n");
         let _ = writeln!(src, "            float* const* const a = args + (size_t)row * {k};");
-        src.push_str(&body);
-        src.push_str("            __syncthreads();\n        }\n    }\n}\n");
+        src.push_str(&e.body);
+        for (i, _, value) in &e.chained {
+            let _ = writeln!(src, "            c{i} = {value};");
+        }
+        src.push_str("        }\n    }\n}\n");
     } else {
-        let _ = writeln!(
-            src,
-            "extern \"C\" __global__ void {name}(float* const* __restrict__ args, int rows, float* __restrict__ scratch) {{"
-        );
-        src.push_str(&locals);
-        src.push_str("    for (int row = blockIdx.x; row < rows; row += gridDim.x) {\n");
-        let _ = writeln!(src, "        float* const* const a = args + (size_t)row * {k};");
-        src.push_str(&body);
-        src.push_str("        __syncthreads();\n    }\n}\n");
+        // Declarations only for what the body uses (NVRTC warns about the rest).
+        let mut locals = String::new();
+        if e.reduces {
+            let _ = writeln!(locals, "    __shared__ float red[{BLOCK}];");
+        }
+        if e.scratch > 0 {
+            let _ = writeln!(locals, "    float* const s = scratch + (size_t)blockIdx.x * {};", e.scratch);
+        }
+        // Every row ends with a barrier (the next row may reuse scratch or, in
+        // a sequence, read this row's results); the body's last one serves.
+        let body = e.body.trim_end_matches(|c: char| c.is_whitespace());
+        let body = body.strip_suffix("__syncthreads();").unwrap_or(body).trim_end().to_string() + "\n";
+        if whole_sequence {
+            let _ = writeln!(
+                src,
+                "extern \"C\" __global__ void {name}(float* const* __restrict__ args, const int* __restrict__ seq_start, const int* __restrict__ seq_rows, int sequences, float* __restrict__ scratch) {{"
+            );
+            src.push_str(&locals);
+            src.push_str("    for (int seq = blockIdx.x; seq < sequences; seq += gridDim.x) {\n");
+            src.push_str(
+                "        for (int row = seq_start[seq]; row < seq_start[seq] + seq_rows[seq]; ++row) {\n",
+            );
+            let _ = writeln!(src, "            float* const* const a = args + (size_t)row * {k};");
+            src.push_str(&body);
+            src.push_str("            __syncthreads();\n        }\n    }\n}\n");
+        } else {
+            let _ = writeln!(
+                src,
+                "extern \"C\" __global__ void {name}(float* const* __restrict__ args, int rows, float* __restrict__ scratch) {{"
+            );
+            src.push_str(&locals);
+            src.push_str("    for (int row = blockIdx.x; row < rows; row += gridDim.x) {\n");
+            let _ = writeln!(src, "        float* const* const a = args + (size_t)row * {k};");
+            src.push_str(&body);
+            src.push_str("        __syncthreads();\n    }\n}\n");
+        }
     }
     Ok(Kernel {
         name: name.to_string(),
@@ -220,6 +302,7 @@ pub fn emit_stage(
         outputs: stage.outputs.clone(),
         scratch: e.scratch,
         whole_sequence,
+        units,
     })
 }
 
@@ -232,6 +315,9 @@ enum Held {
     Splat(String),
     /// A vector in memory: a pointer expression.
     Mem(String),
+    /// Lane form: this thread's element `j` of a vector, a C expression
+    /// (a register).
+    Lane(String),
 }
 
 struct Emitter<'a> {
@@ -244,9 +330,39 @@ struct Emitter<'a> {
     /// Whether a block reduction (and its shared buffer) is needed.
     reduces: bool,
     indent: usize,
+    /// Lane form: the units (every vector's length); `None` in block form.
+    lane: Option<usize>,
+    /// Stays true while the stage fits the lane form.
+    lane_ok: bool,
+    /// Lane form: vectors this kernel writes to memory (only element `j`
+    /// of each `units`-long piece is this thread's to read).
+    lane_written: HashSet<ValueId>,
+    /// Lane form: output pointers already written.
+    stored: HashSet<String>,
+    /// Lane form: (input index, output index, the output's value at the
+    /// row's end) of each chained state.
+    chained: Vec<(usize, usize, String)>,
 }
 
-impl Emitter<'_> {
+impl<'a> Emitter<'a> {
+    fn new(graph: &'a Graph, plan: &'a Plan, cx: Context<'a>, lane: Option<usize>) -> Self {
+        Emitter {
+            graph,
+            plan,
+            cx,
+            body: String::new(),
+            held: HashMap::new(),
+            scratch: 0,
+            reduces: false,
+            indent: 3,
+            lane,
+            lane_ok: true,
+            lane_written: HashSet::new(),
+            stored: HashSet::new(),
+            chained: Vec::new(),
+        }
+    }
+
     fn len(&self, v: ValueId) -> usize {
         self.plan.elements(v)
     }
@@ -272,7 +388,25 @@ impl Emitter<'_> {
         self.line(&format!("// {text}{at}"));
     }
 
+    /// Marks the stage as not fitting the lane form (the caller then
+    /// emits the block form).
+    fn not_lane(&mut self) -> Result<(), EmitError> {
+        self.lane_ok = false;
+        Ok(())
+    }
+
+    /// Element `j` of a held vector in the lane form.
+    fn lane_expr(h: &Held) -> String {
+        match h {
+            Held::Scalar(x) | Held::Splat(x) | Held::Lane(x) => x.clone(),
+            Held::Mem(p) => format!("{p}[j]"),
+        }
+    }
+
     fn stage(&mut self, stage: &Stage) -> Result<(), EmitError> {
+        if self.lane.is_none() && matches!(stage.kind, StageKind::Pointwise { .. }) {
+            self.indent = 2;
+        }
         let n_in = stage.inputs.len();
         // Literal constants, even when also listed as inputs.
         for (v, value) in self.plan.constant_values::<f32>(self.graph) {
@@ -290,7 +424,15 @@ impl Emitter<'_> {
                 continue;
             }
             let vector = self.graph.ty(v).vector_dim().is_some() || self.len(v) != 1;
-            let h = if vector { Held::Mem(format!("a[{i}]")) } else { Held::Scalar(format!("a[{i}][0]")) };
+            let chained = self.cx.chains.iter().find(|(input, _)| *input == v).map(|c| c.1);
+            let h = match chained.and_then(|out| stage.outputs.iter().position(|&o| o == out)) {
+                Some(o) if self.lane == Some(self.len(v)) => {
+                    self.chained.push((i, o, String::new()));
+                    Held::Lane(format!("c{i}"))
+                }
+                _ if vector => Held::Mem(format!("a[{i}]")),
+                _ => Held::Scalar(format!("a[{i}][0]")),
+            };
             self.held.insert(v, h);
         }
         let mut out_ptr: HashMap<ValueId, String> = HashMap::new();
@@ -324,22 +466,44 @@ impl Emitter<'_> {
                 .get(&v)
                 .cloned()
                 .ok_or_else(|| EmitError(format!("output {v} is never computed")))?;
-            if h == Held::Mem(dst.clone()) {
+            if h == Held::Mem(dst.clone()) || self.stored.contains(&dst) {
                 continue;
             }
             let n = self.len(v);
+            self.line(&format!("// output {v}"));
+            if self.lane.is_some() {
+                if n != self.lane.unwrap_or(0) || self.lane_written.contains(&v) {
+                    return self.not_lane();
+                }
+                self.line(&format!("{dst}[j] = {};", Self::lane_expr(&h)));
+                continue;
+            }
             let src = match &h {
-                Held::Scalar(x) | Held::Splat(x) => x.clone(),
+                Held::Scalar(x) | Held::Splat(x) | Held::Lane(x) => x.clone(),
                 Held::Mem(p) => format!("{p}[j]"),
             };
-            self.line(&format!("// output {v}"));
             self.line(&format!("for (int j = threadIdx.x; j < {n}; j += blockDim.x) {dst}[j] = {src};"));
+        }
+        // Each chained state's value for the next row.
+        let mut chained = std::mem::take(&mut self.chained);
+        for (_, o, value) in &mut chained {
+            let h = self.held.get(&stage.outputs[*o]).cloned();
+            match h {
+                Some(h) if !self.lane_written.contains(&stage.outputs[*o]) => *value = Self::lane_expr(&h),
+                _ => self.lane_ok = false,
+            }
+        }
+        self.chained = chained;
+        if self.lane.is_none() {
+            self.chained.clear();
         }
         Ok(())
     }
 
     fn fusable(&self, v: ValueId, group: &[ValueId]) -> bool {
-        crate::kernel::fusable(self.graph, v, group, |o| matches!(self.held.get(&o), Some(Held::Mem(_))))
+        crate::kernel::fusable(self.graph, v, group, |o| {
+            matches!(self.held.get(&o), Some(Held::Mem(_) | Held::Lane(_)))
+        })
     }
 
     /// Scratch (or the output) for a vector.
@@ -353,52 +517,72 @@ impl Emitter<'_> {
     }
 
     /// One loop over the group's elements; members read outside it (or
-    /// outputs) are stored, the rest stay in registers.
+    /// outputs) are stored, the rest stay in registers. In the lane form,
+    /// straight-line code for element `j`, every member a register.
     fn flush(&mut self, group: &mut Vec<ValueId>, values: &[ValueId], out_ptr: &HashMap<ValueId, String>) {
         if group.is_empty() {
             return;
         }
         let members = std::mem::take(group);
         let n = self.len(members[0]);
+        if self.lane.is_some_and(|units| units != n) {
+            self.lane_ok = false;
+            return;
+        }
         for &v in &members {
             self.comment(v);
         }
         let mut stores = Vec::new();
         let mut code = Vec::new();
         for &v in &members {
-            let args: Vec<String> = self
-                .graph
-                .operands(v)
-                .iter()
-                .map(|o| {
-                    if members.contains(o) {
-                        format!("t{}", o.index())
-                    } else {
-                        match self.held.get(o) {
-                            Some(Held::Scalar(x) | Held::Splat(x)) => x.clone(),
-                            Some(Held::Mem(p)) => format!("{p}[j]"),
-                            None => "0.0f /* missing */".into(),
+            let mut args = Vec::new();
+            for o in self.graph.operands(v) {
+                let arg = if members.contains(&o) {
+                    format!("t{}", o.index())
+                } else {
+                    match self.held.get(&o) {
+                        Some(Held::Scalar(x) | Held::Splat(x) | Held::Lane(x)) => x.clone(),
+                        Some(Held::Mem(p)) => {
+                            if self.lane_written.contains(&o) {
+                                // Lane form: another thread's element.
+                                self.lane_ok = false;
+                            }
+                            format!("{p}[j]")
                         }
+                        None => "0.0f /* missing */".into(),
                     }
-                })
-                .collect();
+                };
+                args.push(arg);
+            }
             code.push(format!("const float t{} = {};", v.index(), op_expr(&self.graph.node(v).op, &args)));
             let read_outside = out_ptr.contains_key(&v)
                 || values.iter().any(|u| !members.contains(u) && self.graph.operands(*u).contains(&v));
-            if read_outside {
+            if self.lane.is_some() {
+                if let Some(dst) = out_ptr.get(&v) {
+                    code.push(format!("{dst}[j] = t{};", v.index()));
+                    self.stored.insert(dst.clone());
+                }
+                stores.push((v, Held::Lane(format!("t{}", v.index()))));
+            } else if read_outside {
                 let at = self.storage(v, out_ptr.get(&v).cloned());
                 code.push(format!("{at}[j] = t{};", v.index()));
-                stores.push((v, at));
+                stores.push((v, Held::Mem(at)));
             }
         }
-        self.line(&format!("for (int j = threadIdx.x; j < {n}; j += blockDim.x) {{"));
-        for c in code {
-            self.line(&format!("    {c}"));
+        if self.lane.is_some() {
+            for c in code {
+                self.line(&c);
+            }
+        } else {
+            self.line(&format!("for (int j = threadIdx.x; j < {n}; j += blockDim.x) {{"));
+            for c in code {
+                self.line(&format!("    {c}"));
+            }
+            self.line("}");
+            self.line("__syncthreads();");
         }
-        self.line("}");
-        self.line("__syncthreads();");
-        for (v, at) in stores {
-            self.held.insert(v, Held::Mem(at));
+        for (v, h) in stores {
+            self.held.insert(v, h);
         }
     }
 
@@ -426,25 +610,50 @@ impl Emitter<'_> {
             Op::Broadcast => match self.get(v, ops[0])? {
                 Held::Scalar(s) | Held::Splat(s) => Held::Splat(s),
                 Held::Mem(p) => {
+                    if self.lane_written.contains(&ops[0]) {
+                        return self.not_lane();
+                    }
                     self.line(&format!("const float u{} = {p}[0];", v.index()));
                     Held::Splat(format!("u{}", v.index()))
                 }
+                // Element 0 is another thread's.
+                Held::Lane(_) => return self.not_lane(),
             },
-            Op::Slice { .. } => match self.get(v, ops[0])? {
-                Held::Mem(p) => {
-                    Held::Mem(format!("({p} + {})", crate::kernel::slice_offset(self.graph, self.plan, v)))
+            Op::Slice { .. } => {
+                let offset = crate::kernel::slice_offset(self.graph, self.plan, v);
+                match self.get(v, ops[0])? {
+                    Held::Mem(p) => {
+                        if self.lane_written.contains(&ops[0]) {
+                            // One whole piece of what this thread wrote, or not lane form.
+                            match self.lane {
+                                Some(units) if offset.is_multiple_of(units) && n == units => {
+                                    self.lane_written.insert(v);
+                                }
+                                _ => return self.not_lane(),
+                            }
+                        }
+                        Held::Mem(format!("({p} + {offset})"))
+                    }
+                    Held::Lane(x) if offset == 0 && n == self.len(ops[0]) => Held::Lane(x),
+                    Held::Lane(_) => return self.not_lane(),
+                    other => other,
                 }
-                other => other,
-            },
+            }
             Op::Unary(_) | Op::Binary(_) => {
                 // Scalars and splats only (vectors in memory go through fused loops).
-                let args: Vec<String> = ops
-                    .iter()
-                    .map(|&o| match self.get(v, o)? {
-                        Held::Scalar(x) | Held::Splat(x) => Ok(x),
-                        Held::Mem(p) => Ok(format!("{p}[0]")),
-                    })
-                    .collect::<Result<_, EmitError>>()?;
+                let mut args = Vec::new();
+                for &o in &ops {
+                    args.push(match self.get(v, o)? {
+                        Held::Scalar(x) | Held::Splat(x) => x,
+                        Held::Mem(p) => {
+                            if self.lane.is_some() {
+                                return self.not_lane();
+                            }
+                            format!("{p}[0]")
+                        }
+                        Held::Lane(_) => return self.not_lane(),
+                    });
+                }
                 self.line(&format!("const float u{} = {};", v.index(), op_expr(&node.op, &args)));
                 let name = format!("u{}", v.index());
                 if self.graph.ty(v).vector_dim().is_some() {
@@ -457,10 +666,12 @@ impl Emitter<'_> {
                 let m = self.len(ops[0]);
                 let sum = match self.get(v, ops[0])? {
                     Held::Scalar(s) | Held::Splat(s) => format!("({s}) * {}", literal(m as f32)),
-                    Held::Mem(p) => {
+                    Held::Mem(p) if self.lane.is_none() => {
                         self.reduces = true;
                         format!("cellc_block_sum({p}, {m}, red)")
                     }
+                    // A row reduction needs the whole row: block form.
+                    Held::Mem(_) | Held::Lane(_) => return self.not_lane(),
                 };
                 let expr = match op {
                     ReduceOp::Sum => sum,
@@ -470,11 +681,14 @@ impl Emitter<'_> {
                 Held::Scalar(format!("u{}", v.index()))
             }
             Op::Pad { .. } => {
+                if self.lane.is_some() {
+                    return self.not_lane();
+                }
                 let out = self.storage(v, dst);
                 let offset = crate::kernel::slice_offset(self.graph, self.plan, v);
                 let len = self.len(ops[0]);
                 let src = match self.get(v, ops[0])? {
-                    Held::Scalar(x) | Held::Splat(x) => x,
+                    Held::Scalar(x) | Held::Splat(x) | Held::Lane(x) => x,
                     Held::Mem(p) => format!("{p}[j - {offset}]"),
                 };
                 self.line(&format!(
@@ -484,13 +698,30 @@ impl Emitter<'_> {
                 self.line("__syncthreads();");
                 Held::Mem(out)
             }
+            Op::Concat if self.lane.is_some() => {
+                // Element j of every piece, straight into the output.
+                let units = self.lane.unwrap_or(0);
+                let Some(out) = dst else { return self.not_lane() };
+                let mut at = 0usize;
+                for &o in &ops {
+                    if self.len(o) != units || self.lane_written.contains(&o) {
+                        return self.not_lane();
+                    }
+                    let src = Self::lane_expr(&self.get(v, o)?);
+                    self.line(&format!("{out}[{at} + j] = {src};"));
+                    at += units;
+                }
+                self.stored.insert(out.clone());
+                self.lane_written.insert(v);
+                Held::Mem(out)
+            }
             Op::Concat => {
                 let out = self.storage(v, dst);
                 let mut at = 0usize;
                 for &o in &ops {
                     let l = self.len(o);
                     let src = match self.get(v, o)? {
-                        Held::Scalar(x) | Held::Splat(x) => x,
+                        Held::Scalar(x) | Held::Splat(x) | Held::Lane(x) => x,
                         Held::Mem(p) => format!("{p}[j]"),
                     };
                     self.line(&format!(
