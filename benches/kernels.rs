@@ -1,10 +1,14 @@
 //! The CPU back end's building blocks, one at a time: the LSTM's fused
 //! pointwise stages (forward and backward step) JIT-compiled against the
-//! same stages interpreted, the GEMM and GEMV on the shapes an RNN runs,
-//! and the tape of values they are measured on.
+//! same stages interpreted, the JIT's own exp/tanh/sigmoid polynomials
+//! against the standard library's, and the GEMM and GEMV on the shapes an
+//! RNN runs. Everything is built through the public API, the way the back
+//! end builds it, so a change inside the back end shows up here unchanged.
 //!
 //! `cargo bench -p cellc-benches --bench kernels`
 
+use cellc::interp::Plan;
+use cellc::ir::Op;
 use cellc::schedule::StageKind;
 use cellc_runtime::backend::cpu::codegen::JitStage;
 use cellc_runtime::backend::cpu::gemm::{matmul, View};
@@ -32,7 +36,7 @@ struct Table {
     ptrs: Vec<*mut f32>,
 }
 
-fn table(exec: &dyn StageExec, plan: &cellc::interp::Plan, rows: usize) -> Table {
+fn table(exec: &dyn StageExec, plan: &Plan, rows: usize) -> Table {
     let mut buffers = Vec::new();
     let mut ptrs = Vec::new();
     for _ in 0..rows {
@@ -73,9 +77,6 @@ fn pointwise(c: &mut Criterion) {
             for rows in [1, 16, 64] {
                 g.throughput(Throughput::Elements((rows * h) as u64));
                 for (kind, exec) in [("jit", &jit as &dyn StageExec), ("interpreted", &interp)] {
-                    if kind == "interpreted" && rows > 1 {
-                        continue; // one row shows the gap; more only takes longer
-                    }
                     let t = table(exec, plan, rows);
                     g.bench_function(BenchmarkId::new(format!("{side} {kind} H={h}"), rows), |b| {
                         // SAFETY: the table holds `rows` rows of valid buffers at the plan's sizes.
@@ -84,6 +85,39 @@ fn pointwise(c: &mut Criterion) {
                 }
             }
         }
+    }
+    g.finish();
+}
+
+/// `y = op(x)` over `n` floats as one JIT-compiled stage, through the same
+/// pipeline as a cell's kernels (the math module itself only emits IR).
+fn unary_kernel(op: &str, n: usize) -> JitStage {
+    let src = format!("cell t {{ input x[N] state h[N] h' = {op}(x) + 0 * h\n output {op}(x) }}");
+    let module = cellc::compile("t.cell", &src).into_result().expect("the one-op cell compiles");
+    let mut cell = module.cells.into_iter().next().expect("one cell");
+    cellc::passes::optimize_cell(&mut cell);
+    let plan = Plan::new(&cell, &[("N".to_string(), n)].into(), "t").expect("plan");
+    let x = cell.values().find(|&v| matches!(cell.node(v).op, Op::Input(0))).expect("the input x");
+    JitStage::compile(&cell, &plan, &[cell.output], &[x], &[cell.output]).expect("compiles")
+}
+
+fn math(c: &mut Criterion) {
+    const N: usize = 4096;
+    let mut g = c.benchmark_group("math over 4096 floats");
+    g.measurement_time(Duration::from_secs(1)).warm_up_time(Duration::from_millis(300));
+    g.throughput(Throughput::Elements(N as u64));
+    let mut x: Vec<f32> = (0..N).map(|i| (i as f32 / N as f32 - 0.5) * 16.0).collect();
+    let mut y = vec![0.0f32; N];
+    let sigmoid = |v: f32| 1.0 / (1.0 + (-v).exp());
+    let libm = [("exp", f32::exp as fn(f32) -> f32), ("tanh", f32::tanh), ("sigmoid", sigmoid)];
+    for (op, std_fn) in libm {
+        let jit = unary_kernel(op, N);
+        let ptrs = [x.as_mut_ptr(), y.as_mut_ptr()];
+        // SAFETY: one row; both pointers are valid for N floats and outlive the closure.
+        g.bench_function(BenchmarkId::new(op, "jit"), |b| b.iter(|| unsafe { jit.run(1, black_box(&ptrs)) }));
+        g.bench_function(BenchmarkId::new(op, "std"), |b| {
+            b.iter(|| y.iter_mut().zip(black_box(&x)).for_each(|(o, &v)| *o = std_fn(v)))
+        });
     }
     g.finish();
 }
@@ -123,5 +157,5 @@ fn products(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, pointwise, products);
+criterion_group!(benches, pointwise, math, products);
 criterion_main!(benches);
