@@ -119,6 +119,38 @@ fn launch(
     outputs(side, st, &run, rows)
 }
 
+/// The form each kernel takes is part of the design: gated and elementwise
+/// recurrences get lane-form kernels (one thread per unit, registers only,
+/// no barriers), LayerNorm's row reductions block-form ones.
+#[test]
+fn kernels_take_the_lane_form_unless_they_reduce_a_row() {
+    for cell in ["lstm", "gru", "sru", "mingru", "indrnn"] {
+        let c = CompiledCell::from_file(&support::root().join("cells").join(format!("{cell}.cell")), None)
+            .expect("compiles");
+        let sizes = [("H".to_string(), 37), ("I".to_string(), 5)]
+            .into_iter()
+            .filter(|(k, _)| c.cell.sizes.contains(k))
+            .collect();
+        let kernels = cuda::emit_cell(&c.cell, &c.grad, &sizes, None).expect("emits");
+        assert!(!kernels.is_empty());
+        // The step's kernel (the first) has a thread per hidden unit; others
+        // (e.g. summing two input gradients, [I]) a thread per element.
+        assert_eq!(kernels[0].units, 37, "{}", kernels[0].name);
+        for k in &kernels {
+            assert!(k.units > 0, "{}: not in lane form", k.name);
+            assert_eq!(k.scratch, 0, "{}: lane form needs no scratch", k.name);
+            assert!(!k.source.contains("__syncthreads") && !k.source.contains("__shared__"), "{}", k.name);
+        }
+    }
+    let c =
+        CompiledCell::from_file(&support::root().join("cells/layernorm_lstm.cell"), None).expect("compiles");
+    let sizes = [("H".to_string(), 37), ("I".to_string(), 5)].into_iter().collect();
+    let kernels = cuda::emit_cell(&c.cell, &c.grad, &sizes, None).expect("emits");
+    let fwd = kernels.iter().find(|k| k.name.contains("_fwd_")).expect("a forward kernel");
+    assert_eq!(fwd.units, 0, "{}: a row reduction needs the block form", fwd.name);
+    assert!(fwd.source.contains("cellc_block_sum"), "{}", fwd.name);
+}
+
 /// Every stage of every shipped cell, emulated against the interpreter.
 #[test]
 fn every_kernel_of_every_shipped_cell_matches_the_interpreter() {
@@ -195,12 +227,13 @@ fn every_kernel_of_every_shipped_cell_matches_the_interpreter() {
         }
     }
     assert!(kernels_checked >= 70, "only {kernels_checked} kernels checked");
+    assert!(lane >= 40, "only {lane} lane-form kernels");
     assert!(
         lane >= 6,
         "only {lane} lane-form kernels: sru, mingru and indrnn have one forward and one backward"
     );
     eprintln!(
-        "{kernels_checked} kernels emulated ({lane} lane-form whole-sequence), {runs} runs, all within 2e-5 of the interpreter (blocks of 32 and 1, of {BLOCK} max)"
+        "{kernels_checked} kernels emulated ({lane} in lane form), {runs} runs, all within 2e-5 of the interpreter (blocks of 32 and 1, of {BLOCK} max)"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -2,7 +2,7 @@
 //! (sm_80 and sm_90, SASS via NVRTC's built-in ptxas), with spills turned
 //! into errors and the register count of each kernel checked against
 //! [`MAX_REGISTERS`]. Prints the table (cell, kernel, arch, registers,
-//! shared memory).
+//! shared memory, the kernel's form: lane or block).
 //!
 //! Needs `libnvrtc.so.12` on the loader path (CI fetches the
 //! `nvidia-cuda-nvrtc-cu12` wheel). Without it the test says so and
@@ -43,7 +43,7 @@ fn every_kernel_compiles_for_sm80_and_sm90_without_spills() {
     }
     let (major, minor) = nvrtc::version().expect("version");
     eprintln!("NVRTC {major}.{minor}");
-    eprintln!("{:<16} {:<28} {:<6} {:>9} {:>11}", "cell", "kernel", "arch", "registers", "shared (B)");
+    eprintln!("{:<16} {:<28} {:<6} {:>9} {:>11}  form", "cell", "kernel", "arch", "registers", "shared (B)");
     let mut count = 0;
     for path in support::shipped_cells().iter().filter(|p| p.file_stem().is_some_and(|s| s != "prelude")) {
         let c = CompiledCell::from_file(path, None).expect("compiles");
@@ -71,8 +71,9 @@ fn every_kernel_compiles_for_sm80_and_sm90_without_spills() {
                     .iter()
                     .find(|u| u.kernel == k.name)
                     .unwrap_or_else(|| panic!("{arch}: no ptxas report for {}:\n{}", k.name, out.log));
+                let form = if k.units > 0 { format!("lane (U={})", k.units) } else { "block".to_string() };
                 eprintln!(
-                    "{:<16} {:<28} {:<6} {:>9} {:>11}",
+                    "{:<16} {:<28} {:<6} {:>9} {:>11}  {form}",
                     c.cell.name, k.name, arch, u.registers, u.shared_bytes
                 );
                 assert_eq!((u.spill_stores, u.spill_loads), (0, 0), "{} spills on {arch}", k.name);

@@ -11,12 +11,29 @@
 //!
 //! - `args` holds, for each row, one pointer per stage input (in the
 //!   stage's input order) then one per output: `args[row * K + i]`.
-//! - One block per row (grid-stride over rows), the block's threads stride
-//!   over a row's elements. `scratch` holds `SCRATCH` floats per block
-//!   (`gridDim.x * SCRATCH` in all) for intermediate vectors.
-//! - Row reductions (LayerNorm's `mean`) are block reductions in shared
-//!   memory in a fixed tree order: results do not depend on timing, and no
-//!   `atomicAdd` is used anywhere.
+//! - `scratch` holds [`Kernel::scratch`] floats per block (`gridDim.x *
+//!   scratch` in all) for intermediate vectors of the block form; lane-form
+//!   kernels use none.
+//! - Any grid and any block size up to [`BLOCK`] are right (every loop is
+//!   grid- or block-stride); the grids below give every item its own block.
+//!
+//! Two forms, the same parameters:
+//!
+//! - **Lane form** ([`Kernel::units`] `= U > 0`), for stages whose every
+//!   vector is a whole number of `U`-element pieces (an LSTM's `[4*H]`
+//!   gates and `[H]` states, `U = H`): one thread per (row, unit); thread
+//!   `j` computes element `p * U + j` of every vector, in registers, so no
+//!   thread reads what another wrote: no barrier, no shared memory, no
+//!   scratch. Slices and concatenations at piece boundaries are register
+//!   renamings. Blocks take (row, chunk of `blockDim.x` units) items,
+//!   grid-stride; `rows * ceil(U / blockDim.x)` blocks give each its own.
+//! - **Block form** (`units == 0`: a row reduction such as LayerNorm's
+//!   `mean`, or lengths that share no piece): one block per row
+//!   (grid-stride over rows), the block's threads stride over a row's
+//!   elements, intermediates in `scratch` with barriers between loops. Row
+//!   reductions are block reductions in shared memory in a fixed tree
+//!   order: results do not depend on timing, and no `atomicAdd` is used
+//!   anywhere.
 //!
 //! Whole-sequence stages (elementwise recurrences) take the rows of each
 //! sequence in time order, each row's state pointer pointing at the
@@ -30,23 +47,19 @@
 //! ```
 //!
 //! Sequence `b`'s rows are `seq_start[b] .. seq_start[b] + seq_rows[b]`
-//! of the table. Two forms, the same parameters:
-//!
-//! - **Lane form** ([`Kernel::units`] `> 0`), for stages whose every vector
-//!   is `units` long (or a concatenation of such pieces, written out): one
-//!   thread per (sequence, unit) walks the sequence's rows in time order on
-//!   its own, with no barrier and no shared memory; a chained state
-//!   ([`Context::chains`]) stays in a register from row to row, its pointer
-//!   read only at the sequence's first row. Blocks take (sequence, chunk of
-//!   `blockDim.x` units) items, grid-stride: any grid is right, and
-//!   `sequences * ceil(units / blockDim.x)` blocks give every item its own.
-//! - **Block form** (`units == 0`, e.g. a recurrence with a row
-//!   reduction): one block per sequence walks its rows with a barrier
-//!   between rows, as a pointwise kernel walks its rows.
+//! of the table (a count of 0 is allowed). In the lane form one thread per
+//! (sequence, unit) walks the sequence's rows in time order on its own; a
+//! chained state ([`Context::chains`]) stays in a register from row to
+//! row, its pointer read only at the sequence's first row. Blocks take
+//! (sequence, chunk) items: `sequences * ceil(U / blockDim.x)` blocks. In
+//! the block form one block per sequence walks its rows with a barrier
+//! between rows.
 //!
 //! Elementwise ops of one length fuse into one loop with intermediates in
 //! registers, as in the CPU's JIT; every value is commented with its IR
-//! line and, given the sources, the `.cell` location it came from.
+//! line and, given the sources, the `.cell` location it came from. Math is
+//! `expf`/`tanhf`/`logf` (not the `__expf` intrinsics), to stay close to
+//! the CPU back ends.
 
 pub mod prelude;
 
@@ -84,8 +97,8 @@ pub struct Kernel {
     pub scratch: usize,
     /// Takes sequences (`seq_start`, `seq_rows`) rather than independent rows.
     pub whole_sequence: bool,
-    /// Lane form (whole-sequence kernels only): the units each sequence
-    /// has, one thread each; 0 in block form.
+    /// Lane form: the units `U` of each row or sequence, one thread each
+    /// (see the module documentation); 0 in block form.
     pub units: usize,
 }
 
@@ -189,22 +202,29 @@ pub fn emit_stage(
         StageKind::WholeSequence { .. } => true,
         _ => return Err(EmitError(format!("{name}: only pointwise stages become kernels"))),
     };
-    // The lane form where the stage allows it, else the block form.
+    // The lane form where the stage allows it, else the block form. The
+    // unit is the shortest elementwise vector; every other length must be
+    // a multiple of it.
     let lane = match stage.kind {
-        StageKind::WholeSequence { reductions: false } => stage
+        StageKind::Pointwise { .. } | StageKind::WholeSequence { reductions: false } => stage
             .values
             .iter()
-            .find(|&&v| {
+            .filter(|&&v| {
                 matches!(graph.node(v).op, Op::Unary(_) | Op::Binary(_)) && graph.ty(v).vector_dim().is_some()
             })
-            .map(|&v| plan.elements(v)),
+            .map(|&v| plan.elements(v))
+            .min(),
         _ => None,
     };
     let mut e = Emitter::new(graph, plan, cx, lane);
-    e.stage(stage)?;
-    if lane.is_some() && !e.lane_ok {
+    let tried = e.stage(stage);
+    // A stage that leaves the lane form part-way may have left values
+    // unheld (an error then): either way the block form decides.
+    if lane.is_some() && (tried.is_err() || !e.lane_ok) {
         e = Emitter::new(graph, plan, cx, None);
         e.stage(stage)?;
+    } else {
+        tried?;
     }
     let k = stage.inputs.len() + stage.outputs.len();
     let mut src = String::new();
@@ -223,7 +243,24 @@ pub fn emit_stage(
         let _ = writeln!(src, "//   a[{i}] {what} {}", value_line(graph, names, v));
     }
     let units = e.lane.unwrap_or(0);
-    if let Some(n) = e.lane {
+    if let (Some(n), false) = (e.lane, whole_sequence) {
+        let _ = writeln!(
+            src,
+            "// Lane form: one thread per (row, unit), {n} units; thread j computes element p * {n} + j of every vector."
+        );
+        let _ = writeln!(
+            src,
+            "extern \"C\" __global__ void {name}(float* const* __restrict__ args, int rows, float* __restrict__ scratch) {{"
+        );
+        let _ = writeln!(src, "    const int chunks = ({n} + (int)blockDim.x - 1) / (int)blockDim.x;");
+        src.push_str("    for (int item = blockIdx.x; item < rows * chunks; item += gridDim.x) {\n");
+        src.push_str("        const int row = item / chunks;\n");
+        src.push_str("        const int j = (item - row * chunks) * (int)blockDim.x + (int)threadIdx.x;\n");
+        let _ = writeln!(src, "        if (j >= {n}) continue;");
+        let _ = writeln!(src, "        float* const* const a = args + (size_t)row * {k};");
+        src.push_str(&e.body);
+        src.push_str("    }\n}\n");
+    } else if let Some(n) = e.lane {
         let _ = writeln!(
             src,
             "// Lane form: one thread per (sequence, unit), {n} units, rows in time order, no barriers."
@@ -315,9 +352,9 @@ enum Held {
     Splat(String),
     /// A vector in memory: a pointer expression.
     Mem(String),
-    /// Lane form: this thread's element `j` of a vector, a C expression
-    /// (a register).
-    Lane(String),
+    /// Lane form: a vector of `pieces.len()` pieces of `units` elements,
+    /// this thread's element `j` of each piece (registers, or `0.0f`).
+    Lanes(Vec<String>),
 }
 
 struct Emitter<'a> {
@@ -330,13 +367,12 @@ struct Emitter<'a> {
     /// Whether a block reduction (and its shared buffer) is needed.
     reduces: bool,
     indent: usize,
-    /// Lane form: the units (every vector's length); `None` in block form.
+    /// Lane form: the units (every vector's length is a multiple); `None`
+    /// in block form. In the lane form nothing the kernel computes goes
+    /// through memory but its outputs, so no thread reads another's work.
     lane: Option<usize>,
     /// Stays true while the stage fits the lane form.
     lane_ok: bool,
-    /// Lane form: vectors this kernel writes to memory (only element `j`
-    /// of each `units`-long piece is this thread's to read).
-    lane_written: HashSet<ValueId>,
     /// Lane form: output pointers already written.
     stored: HashSet<String>,
     /// Lane form: (input index, output index, the output's value at the
@@ -357,7 +393,6 @@ impl<'a> Emitter<'a> {
             indent: 3,
             lane,
             lane_ok: true,
-            lane_written: HashSet::new(),
             stored: HashSet::new(),
             chained: Vec::new(),
         }
@@ -395,16 +430,35 @@ impl<'a> Emitter<'a> {
         Ok(())
     }
 
-    /// Element `j` of a held vector in the lane form.
-    fn lane_expr(h: &Held) -> String {
+    /// Lane form: this thread's elements of a `len`-element vector, one per
+    /// piece, or `None` when `len` is not a whole number of pieces.
+    fn pieces(&self, h: &Held, len: usize) -> Option<Vec<String>> {
+        let units = self.lane?;
+        if units == 0 || !len.is_multiple_of(units) {
+            return None;
+        }
+        let q = len / units;
         match h {
-            Held::Scalar(x) | Held::Splat(x) | Held::Lane(x) => x.clone(),
-            Held::Mem(p) => format!("{p}[j]"),
+            Held::Scalar(x) | Held::Splat(x) => Some(vec![x.clone(); q]),
+            Held::Mem(p) => Some((0..q).map(|i| index(p, i * units)).collect()),
+            Held::Lanes(v) if v.len() == q => Some(v.clone()),
+            Held::Lanes(_) => None,
         }
     }
 
+    /// Lane form: writes this thread's elements of `h` to `dst`.
+    fn store_pieces(&mut self, dst: &str, h: &Held, len: usize) -> Result<(), EmitError> {
+        let Some(pieces) = self.pieces(h, len) else { return self.not_lane() };
+        let units = self.lane.unwrap_or(0);
+        for (i, x) in pieces.iter().enumerate() {
+            self.line(&format!("{} = {x};", index(dst, i * units)));
+        }
+        self.stored.insert(dst.to_string());
+        Ok(())
+    }
+
     fn stage(&mut self, stage: &Stage) -> Result<(), EmitError> {
-        if self.lane.is_none() && matches!(stage.kind, StageKind::Pointwise { .. }) {
+        if matches!(stage.kind, StageKind::Pointwise { .. }) {
             self.indent = 2;
         }
         let n_in = stage.inputs.len();
@@ -419,6 +473,7 @@ impl<'a> Emitter<'a> {
             };
             self.held.insert(v, h);
         }
+        let whole_sequence = matches!(stage.kind, StageKind::WholeSequence { .. });
         for (i, &v) in stage.inputs.iter().enumerate() {
             if self.held.contains_key(&v) {
                 continue;
@@ -426,9 +481,9 @@ impl<'a> Emitter<'a> {
             let vector = self.graph.ty(v).vector_dim().is_some() || self.len(v) != 1;
             let chained = self.cx.chains.iter().find(|(input, _)| *input == v).map(|c| c.1);
             let h = match chained.and_then(|out| stage.outputs.iter().position(|&o| o == out)) {
-                Some(o) if self.lane == Some(self.len(v)) => {
+                Some(o) if whole_sequence && self.lane == Some(self.len(v)) => {
                     self.chained.push((i, o, String::new()));
-                    Held::Lane(format!("c{i}"))
+                    Held::Lanes(vec![format!("c{i}")])
                 }
                 _ if vector => Held::Mem(format!("a[{i}]")),
                 _ => Held::Scalar(format!("a[{i}][0]")),
@@ -472,37 +527,32 @@ impl<'a> Emitter<'a> {
             let n = self.len(v);
             self.line(&format!("// output {v}"));
             if self.lane.is_some() {
-                if n != self.lane.unwrap_or(0) || self.lane_written.contains(&v) {
-                    return self.not_lane();
-                }
-                self.line(&format!("{dst}[j] = {};", Self::lane_expr(&h)));
+                self.store_pieces(&dst, &h, n)?;
                 continue;
             }
             let src = match &h {
-                Held::Scalar(x) | Held::Splat(x) | Held::Lane(x) => x.clone(),
+                Held::Scalar(x) | Held::Splat(x) => x.clone(),
                 Held::Mem(p) => format!("{p}[j]"),
+                Held::Lanes(_) => return Err(EmitError(format!("output {v}: lane value in block form"))),
             };
             self.line(&format!("for (int j = threadIdx.x; j < {n}; j += blockDim.x) {dst}[j] = {src};"));
         }
         // Each chained state's value for the next row.
         let mut chained = std::mem::take(&mut self.chained);
         for (_, o, value) in &mut chained {
-            let h = self.held.get(&stage.outputs[*o]).cloned();
-            match h {
-                Some(h) if !self.lane_written.contains(&stage.outputs[*o]) => *value = Self::lane_expr(&h),
+            let v = stage.outputs[*o];
+            match self.held.get(&v).and_then(|h| self.pieces(h, self.len(v))) {
+                Some(p) if p.len() == 1 => *value = p[0].clone(),
                 _ => self.lane_ok = false,
             }
         }
-        self.chained = chained;
-        if self.lane.is_none() {
-            self.chained.clear();
-        }
+        self.chained = if self.lane.is_some() { chained } else { Vec::new() };
         Ok(())
     }
 
     fn fusable(&self, v: ValueId, group: &[ValueId]) -> bool {
         crate::kernel::fusable(self.graph, v, group, |o| {
-            matches!(self.held.get(&o), Some(Held::Mem(_) | Held::Lane(_)))
+            matches!(self.held.get(&o), Some(Held::Mem(_) | Held::Lanes(_)))
         })
     }
 
@@ -518,71 +568,99 @@ impl<'a> Emitter<'a> {
 
     /// One loop over the group's elements; members read outside it (or
     /// outputs) are stored, the rest stay in registers. In the lane form,
-    /// straight-line code for element `j`, every member a register.
+    /// straight-line code for this thread's element of each piece, every
+    /// member a register.
     fn flush(&mut self, group: &mut Vec<ValueId>, values: &[ValueId], out_ptr: &HashMap<ValueId, String>) {
         if group.is_empty() {
             return;
         }
         let members = std::mem::take(group);
         let n = self.len(members[0]);
-        if self.lane.is_some_and(|units| units != n) {
-            self.lane_ok = false;
-            return;
-        }
         for &v in &members {
             self.comment(v);
+        }
+        if let Some(units) = self.lane {
+            if units == 0 || !n.is_multiple_of(units) {
+                self.lane_ok = false;
+                return;
+            }
+            let q = n / units;
+            let reg = |v: ValueId, p: usize| {
+                if q == 1 {
+                    format!("t{}", v.index())
+                } else {
+                    format!("t{}_{p}", v.index())
+                }
+            };
+            for p in 0..q {
+                for &v in &members {
+                    let mut args = Vec::new();
+                    for o in self.graph.operands(v) {
+                        let arg = if members.contains(&o) {
+                            reg(o, p)
+                        } else {
+                            let h = self.held.get(&o).cloned().unwrap_or(Held::Scalar("0.0f".into()));
+                            match self.pieces(&h, n) {
+                                Some(pieces) => pieces[p].clone(),
+                                None => {
+                                    self.lane_ok = false;
+                                    return;
+                                }
+                            }
+                        };
+                        args.push(arg);
+                    }
+                    let r = reg(v, p);
+                    self.line(&format!("const float {r} = {};", op_expr(&self.graph.node(v).op, &args)));
+                    if let Some(dst) = out_ptr.get(&v) {
+                        self.line(&format!("{} = {r};", index(dst, p * units)));
+                    }
+                }
+            }
+            for &v in &members {
+                if let Some(dst) = out_ptr.get(&v) {
+                    self.stored.insert(dst.clone());
+                }
+                self.held.insert(v, Held::Lanes((0..q).map(|p| reg(v, p)).collect()));
+            }
+            return;
         }
         let mut stores = Vec::new();
         let mut code = Vec::new();
         for &v in &members {
-            let mut args = Vec::new();
-            for o in self.graph.operands(v) {
-                let arg = if members.contains(&o) {
-                    format!("t{}", o.index())
-                } else {
-                    match self.held.get(&o) {
-                        Some(Held::Scalar(x) | Held::Splat(x) | Held::Lane(x)) => x.clone(),
-                        Some(Held::Mem(p)) => {
-                            if self.lane_written.contains(&o) {
-                                // Lane form: another thread's element.
-                                self.lane_ok = false;
-                            }
-                            format!("{p}[j]")
+            let args: Vec<String> = self
+                .graph
+                .operands(v)
+                .iter()
+                .map(|o| {
+                    if members.contains(o) {
+                        format!("t{}", o.index())
+                    } else {
+                        match self.held.get(o) {
+                            Some(Held::Scalar(x) | Held::Splat(x)) => x.clone(),
+                            Some(Held::Mem(p)) => format!("{p}[j]"),
+                            Some(Held::Lanes(_)) | None => "0.0f /* missing */".into(),
                         }
-                        None => "0.0f /* missing */".into(),
                     }
-                };
-                args.push(arg);
-            }
+                })
+                .collect();
             code.push(format!("const float t{} = {};", v.index(), op_expr(&self.graph.node(v).op, &args)));
             let read_outside = out_ptr.contains_key(&v)
                 || values.iter().any(|u| !members.contains(u) && self.graph.operands(*u).contains(&v));
-            if self.lane.is_some() {
-                if let Some(dst) = out_ptr.get(&v) {
-                    code.push(format!("{dst}[j] = t{};", v.index()));
-                    self.stored.insert(dst.clone());
-                }
-                stores.push((v, Held::Lane(format!("t{}", v.index()))));
-            } else if read_outside {
+            if read_outside {
                 let at = self.storage(v, out_ptr.get(&v).cloned());
                 code.push(format!("{at}[j] = t{};", v.index()));
-                stores.push((v, Held::Mem(at)));
+                stores.push((v, at));
             }
         }
-        if self.lane.is_some() {
-            for c in code {
-                self.line(&c);
-            }
-        } else {
-            self.line(&format!("for (int j = threadIdx.x; j < {n}; j += blockDim.x) {{"));
-            for c in code {
-                self.line(&format!("    {c}"));
-            }
-            self.line("}");
-            self.line("__syncthreads();");
+        self.line(&format!("for (int j = threadIdx.x; j < {n}; j += blockDim.x) {{"));
+        for c in code {
+            self.line(&format!("    {c}"));
         }
-        for (v, h) in stores {
-            self.held.insert(v, h);
+        self.line("}");
+        self.line("__syncthreads();");
+        for (v, at) in stores {
+            self.held.insert(v, Held::Mem(at));
         }
     }
 
@@ -609,49 +687,36 @@ impl<'a> Emitter<'a> {
             }
             Op::Broadcast => match self.get(v, ops[0])? {
                 Held::Scalar(s) | Held::Splat(s) => Held::Splat(s),
+                // In the lane form memory is only ever an input: any thread may read it.
                 Held::Mem(p) => {
-                    if self.lane_written.contains(&ops[0]) {
-                        return self.not_lane();
-                    }
                     self.line(&format!("const float u{} = {p}[0];", v.index()));
                     Held::Splat(format!("u{}", v.index()))
                 }
                 // Element 0 is another thread's.
-                Held::Lane(_) => return self.not_lane(),
+                Held::Lanes(_) => return self.not_lane(),
             },
             Op::Slice { .. } => {
                 let offset = crate::kernel::slice_offset(self.graph, self.plan, v);
                 match self.get(v, ops[0])? {
-                    Held::Mem(p) => {
-                        if self.lane_written.contains(&ops[0]) {
-                            // One whole piece of what this thread wrote, or not lane form.
-                            match self.lane {
-                                Some(units) if offset.is_multiple_of(units) && n == units => {
-                                    self.lane_written.insert(v);
-                                }
-                                _ => return self.not_lane(),
-                            }
+                    Held::Mem(p) => Held::Mem(format!("({p} + {offset})")),
+                    Held::Lanes(pieces) => {
+                        let units = self.lane.unwrap_or(0);
+                        if units == 0 || !offset.is_multiple_of(units) || !n.is_multiple_of(units) {
+                            return self.not_lane();
                         }
-                        Held::Mem(format!("({p} + {offset})"))
+                        Held::Lanes(pieces[offset / units..(offset + n) / units].to_vec())
                     }
-                    Held::Lane(x) if offset == 0 && n == self.len(ops[0]) => Held::Lane(x),
-                    Held::Lane(_) => return self.not_lane(),
                     other => other,
                 }
             }
             Op::Unary(_) | Op::Binary(_) => {
-                // Scalars and splats only (vectors in memory go through fused loops).
+                // Scalars and splats only (vectors go through fused loops).
                 let mut args = Vec::new();
                 for &o in &ops {
                     args.push(match self.get(v, o)? {
                         Held::Scalar(x) | Held::Splat(x) => x,
-                        Held::Mem(p) => {
-                            if self.lane.is_some() {
-                                return self.not_lane();
-                            }
-                            format!("{p}[0]")
-                        }
-                        Held::Lane(_) => return self.not_lane(),
+                        Held::Mem(p) => format!("{p}[0]"),
+                        Held::Lanes(_) => return self.not_lane(),
                     });
                 }
                 self.line(&format!("const float u{} = {};", v.index(), op_expr(&node.op, &args)));
@@ -671,7 +736,7 @@ impl<'a> Emitter<'a> {
                         format!("cellc_block_sum({p}, {m}, red)")
                     }
                     // A row reduction needs the whole row: block form.
-                    Held::Mem(_) | Held::Lane(_) => return self.not_lane(),
+                    Held::Mem(_) | Held::Lanes(_) => return self.not_lane(),
                 };
                 let expr = match op {
                     ReduceOp::Sum => sum,
@@ -680,16 +745,34 @@ impl<'a> Emitter<'a> {
                 self.line(&format!("const float u{} = {expr};", v.index()));
                 Held::Scalar(format!("u{}", v.index()))
             }
-            Op::Pad { .. } => {
-                if self.lane.is_some() {
+            Op::Pad { .. } if self.lane.is_some() => {
+                // Zeros around this thread's pieces of the operand.
+                let units = self.lane.unwrap_or(0);
+                let offset = crate::kernel::slice_offset(self.graph, self.plan, v);
+                let len = self.len(ops[0]);
+                let inner = self.get(v, ops[0])?;
+                let (Some(inner), true) =
+                    (self.pieces(&inner, len), offset.is_multiple_of(units) && n.is_multiple_of(units))
+                else {
                     return self.not_lane();
+                };
+                let mut pieces = vec!["0.0f".to_string(); offset / units];
+                pieces.extend(inner);
+                pieces.resize(n / units, "0.0f".to_string());
+                let h = Held::Lanes(pieces);
+                if let Some(out) = dst {
+                    self.store_pieces(&out, &h, n)?;
                 }
+                h
+            }
+            Op::Pad { .. } => {
                 let out = self.storage(v, dst);
                 let offset = crate::kernel::slice_offset(self.graph, self.plan, v);
                 let len = self.len(ops[0]);
                 let src = match self.get(v, ops[0])? {
-                    Held::Scalar(x) | Held::Splat(x) | Held::Lane(x) => x,
+                    Held::Scalar(x) | Held::Splat(x) => x,
                     Held::Mem(p) => format!("{p}[j - {offset}]"),
+                    Held::Lanes(_) => return Err(EmitError(format!("{v}: lane value in block form"))),
                 };
                 self.line(&format!(
                     "for (int j = threadIdx.x; j < {n}; j += blockDim.x) {out}[j] = (j >= {offset} && j < {}) ? {src} : 0.0f;",
@@ -699,21 +782,20 @@ impl<'a> Emitter<'a> {
                 Held::Mem(out)
             }
             Op::Concat if self.lane.is_some() => {
-                // Element j of every piece, straight into the output.
-                let units = self.lane.unwrap_or(0);
-                let Some(out) = dst else { return self.not_lane() };
-                let mut at = 0usize;
+                // This thread's pieces of every operand, in order.
+                let mut pieces = Vec::new();
                 for &o in &ops {
-                    if self.len(o) != units || self.lane_written.contains(&o) {
-                        return self.not_lane();
+                    let h = self.get(v, o)?;
+                    match self.pieces(&h, self.len(o)) {
+                        Some(p) => pieces.extend(p),
+                        None => return self.not_lane(),
                     }
-                    let src = Self::lane_expr(&self.get(v, o)?);
-                    self.line(&format!("{out}[{at} + j] = {src};"));
-                    at += units;
                 }
-                self.stored.insert(out.clone());
-                self.lane_written.insert(v);
-                Held::Mem(out)
+                let h = Held::Lanes(pieces);
+                if let Some(out) = dst {
+                    self.store_pieces(&out, &h, n)?;
+                }
+                h
             }
             Op::Concat => {
                 let out = self.storage(v, dst);
@@ -721,8 +803,9 @@ impl<'a> Emitter<'a> {
                 for &o in &ops {
                     let l = self.len(o);
                     let src = match self.get(v, o)? {
-                        Held::Scalar(x) | Held::Splat(x) | Held::Lane(x) => x,
+                        Held::Scalar(x) | Held::Splat(x) => x,
                         Held::Mem(p) => format!("{p}[j]"),
+                        Held::Lanes(_) => return Err(EmitError(format!("{v}: lane value in block form"))),
                     };
                     self.line(&format!(
                         "for (int j = threadIdx.x; j < {l}; j += blockDim.x) {out}[{at} + j] = {src};"
@@ -735,6 +818,15 @@ impl<'a> Emitter<'a> {
         };
         self.held.insert(v, h);
         Ok(())
+    }
+}
+
+/// `p[offset + j]`, written `p[j]` at offset 0.
+fn index(p: &str, offset: usize) -> String {
+    if offset == 0 {
+        format!("{p}[j]")
+    } else {
+        format!("{p}[{offset} + j]")
     }
 }
 
