@@ -81,6 +81,11 @@ use std::fmt::Write;
 /// back end's polynomials, which is the accuracy the project promises.
 pub const NVRTC_OPTIONS: &[&str] = &["--std=c++17", "--prec-div=false"];
 
+/// At most this many pieces per vector in the lane form (an LSTM's gates
+/// are 4): past it a thread would hold too many registers (and the source
+/// unroll too far), and the stage takes the block form.
+pub const MAX_PIECES: usize = 16;
+
 /// Threads per block the kernels are written for (the shared-memory
 /// reduction buffer has this many slots).
 pub const BLOCK: u32 = 128;
@@ -204,16 +209,16 @@ pub fn emit_stage(
     };
     // The lane form where the stage allows it, else the block form. The
     // unit is the shortest elementwise vector; every other length must be
-    // a multiple of it.
+    // a multiple of it, at most MAX_PIECES times.
+    let elementwise = |v: &&ValueId| {
+        matches!(graph.node(**v).op, Op::Unary(_) | Op::Binary(_)) && graph.ty(**v).vector_dim().is_some()
+    };
     let lane = match stage.kind {
-        StageKind::Pointwise { .. } | StageKind::WholeSequence { reductions: false } => stage
-            .values
-            .iter()
-            .filter(|&&v| {
-                matches!(graph.node(v).op, Op::Unary(_) | Op::Binary(_)) && graph.ty(v).vector_dim().is_some()
-            })
-            .map(|&v| plan.elements(v))
-            .min(),
+        StageKind::Pointwise { .. } | StageKind::WholeSequence { reductions: false } => {
+            let units = stage.values.iter().filter(elementwise).map(|&v| plan.elements(v)).min();
+            let longest = stage.values.iter().map(|&v| plan.elements(v)).max().unwrap_or(0);
+            units.filter(|&u| u > 0 && longest <= u * MAX_PIECES)
+        }
         _ => None,
     };
     let mut e = Emitter::new(graph, plan, cx, lane);
@@ -876,5 +881,31 @@ fn literal(x: f32) -> String {
         }
     } else {
         format!("{x:e}f")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `[1]` state beside an `[H]` one makes the unit 1: fine for a small
+    /// H, the block form once H would need more than MAX_PIECES pieces.
+    #[test]
+    fn lane_form_only_up_to_max_pieces() {
+        let src = "cell two {\n input x[H]\n state h[H], g[1]\n param w[1]\n \
+                   h' = tanh(x + h)\n g' = sigmoid(g * w)\n output h'\n}\n";
+        let compiled = crate::compile("two.cell", src);
+        let module = compiled.module.expect("compiles");
+        let mut cell = module.cell("two").expect("cell").clone();
+        crate::passes::optimize_cell(&mut cell);
+        let grad = crate::autodiff::backward_step(&cell).expect("backward");
+        let units = |h: usize| -> Vec<usize> {
+            let sizes: Bindings = [("H".to_string(), h)].into_iter().collect();
+            emit_cell(&cell, &grad, &sizes, None).expect("emits").iter().map(|k| k.units).collect()
+        };
+        let small = units(MAX_PIECES);
+        assert!(!small.is_empty() && small.iter().all(|&u| u == 1), "{small:?}");
+        let large = units(MAX_PIECES + 1);
+        assert!(large.contains(&0), "{large:?}");
     }
 }
