@@ -15,16 +15,19 @@ __device__ __forceinline__ float cellc_min(float a, float b) { return fminf(a, b
 __device__ __forceinline__ float cellc_max(float a, float b) { return fmaxf(a, b); }
 
 // Sum of p[0..n) over the block: each thread adds its strided elements in
-// order, then a fixed tree over the shared slots. Every thread gets the
-// result; the same inputs give the same bits, whatever the timing.
+// order, then a fixed tree over the shared slots (halving, the odd slot
+// out carried to the next level, so any block size works). Every thread
+// gets the result; the same inputs give the same bits, whatever the timing.
 __device__ __forceinline__ float cellc_block_sum(const float* p, int n, float* red) {
     float acc = 0.0f;
     for (int j = threadIdx.x; j < n; j += blockDim.x) acc += p[j];
     red[threadIdx.x] = acc;
     __syncthreads();
-    for (int half = blockDim.x / 2; half > 0; half /= 2) {
-        if ((int)threadIdx.x < half) red[threadIdx.x] += red[threadIdx.x + half];
+    for (int live = blockDim.x; live > 1;) {
+        const int half = (live + 1) / 2;
+        if ((int)threadIdx.x < live - half) red[threadIdx.x] += red[threadIdx.x + half];
         __syncthreads();
+        live = half;
     }
     const float total = red[0];
     __syncthreads();
