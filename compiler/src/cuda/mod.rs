@@ -16,6 +16,8 @@
 //!   kernels use none.
 //! - Any grid and any block size up to [`BLOCK`] are right (every loop is
 //!   grid- or block-stride); the grids below give every item its own block.
+//!   Kernels with a block reduction say `__launch_bounds__(BLOCK)`, so a
+//!   larger block fails to launch instead of overrunning shared memory.
 //!
 //! Two forms, the same parameters:
 //!
@@ -308,6 +310,9 @@ pub fn emit_stage(
         if e.scratch > 0 {
             let _ = writeln!(locals, "    float* const s = scratch + (size_t)blockIdx.x * {};", e.scratch);
         }
+        // The shared reduction buffer has BLOCK slots: a larger block must
+        // fail to launch rather than write past it.
+        let bounds = if e.reduces { format!("__launch_bounds__({BLOCK}) ") } else { String::new() };
         // Every row ends with a barrier (the next row may reuse scratch or, in
         // a sequence, read this row's results); the body's last one serves.
         let body = e.body.trim_end_matches(|c: char| c.is_whitespace());
@@ -315,7 +320,7 @@ pub fn emit_stage(
         if whole_sequence {
             let _ = writeln!(
                 src,
-                "extern \"C\" __global__ void {name}(float* const* __restrict__ args, const int* __restrict__ seq_start, const int* __restrict__ seq_rows, int sequences, float* __restrict__ scratch) {{"
+                "extern \"C\" __global__ void {bounds}{name}(float* const* __restrict__ args, const int* __restrict__ seq_start, const int* __restrict__ seq_rows, int sequences, float* __restrict__ scratch) {{"
             );
             src.push_str(&locals);
             src.push_str("    for (int seq = blockIdx.x; seq < sequences; seq += gridDim.x) {\n");
@@ -328,7 +333,7 @@ pub fn emit_stage(
         } else {
             let _ = writeln!(
                 src,
-                "extern \"C\" __global__ void {name}(float* const* __restrict__ args, int rows, float* __restrict__ scratch) {{"
+                "extern \"C\" __global__ void {bounds}{name}(float* const* __restrict__ args, int rows, float* __restrict__ scratch) {{"
             );
             src.push_str(&locals);
             src.push_str("    for (int row = blockIdx.x; row < rows; row += gridDim.x) {\n");
