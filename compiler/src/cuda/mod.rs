@@ -388,6 +388,8 @@ struct Emitter<'a> {
     /// Lane form: (input index, output index, the output's value at the
     /// row's end) of each chained state.
     chained: Vec<(usize, usize, String)>,
+    /// The `.cell` line last quoted in a comment.
+    quoted: Option<(crate::diag::FileId, usize)>,
 }
 
 impl<'a> Emitter<'a> {
@@ -405,6 +407,7 @@ impl<'a> Emitter<'a> {
             lane_ok: true,
             stored: HashSet::new(),
             chained: Vec::new(),
+            quoted: None,
         }
     }
 
@@ -420,17 +423,28 @@ impl<'a> Emitter<'a> {
         self.body.push('\n');
     }
 
-    /// `// v12: [4*H] = add v10, v11  (lstm.cell:9:12)`
+    /// `// v12: [4*H] = add v10, v11  (lstm.cell:9:12)`, after the `.cell`
+    /// line itself when the value comes from a line not quoted just before:
+    /// `// lstm.cell:9:     let gates = weight_ih @ x + bias_ih`.
     fn comment(&mut self, v: ValueId) {
         let text = match self.cx.names {
             Some(names) => value_line(self.graph, names, v),
             None => value_line(self.graph, &LeafNames::default(), v),
         };
         let at = match (self.cx.sources, self.graph.span(v)) {
-            (Some(src), Some(span)) => format!("  ({})", src.location(span)),
+            (Some(src), Some(span)) => {
+                let (line, _) = src.line_col(span.file, span.start);
+                if self.quoted != Some((span.file, line)) {
+                    self.quoted = Some((span.file, line));
+                    let code = src.source(span.file).lines().nth(line - 1).unwrap_or("").trim();
+                    let quote = format!("// {}:{line}: {code}", src.name(span.file));
+                    self.line(&comment_safe(&quote));
+                }
+                format!("  ({})", src.location(span))
+            }
             _ => String::new(),
         };
-        self.line(&format!("// {text}{at}"));
+        self.line(&comment_safe(&format!("// {text}{at}")));
     }
 
     /// Marks the stage as not fitting the lane form (the caller then
@@ -831,6 +845,14 @@ impl<'a> Emitter<'a> {
     }
 }
 
+/// A `//` comment that stays one: no control characters (a lone carriage
+/// return may end a line) and no trailing backslash (it would splice the
+/// next line of code into the comment).
+fn comment_safe(text: &str) -> String {
+    let text: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    text.trim_end_matches(|c: char| c == '\\' || c.is_whitespace()).to_string()
+}
+
 /// `p[offset + j]`, written `p[j]` at offset 0.
 fn index(p: &str, offset: usize) -> String {
     if offset == 0 {
@@ -892,6 +914,12 @@ fn literal(x: f32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn comments_cannot_swallow_the_next_line() {
+        assert_eq!(comment_safe("// a \\\\ b \\"), "// a \\\\ b");
+        assert_eq!(comment_safe("// x\ry\n"), "// x y");
+    }
 
     /// A `[1]` state beside an `[H]` one makes the unit 1: fine for a small
     /// H, the block form once H would need more than MAX_PIECES pieces.
