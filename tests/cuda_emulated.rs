@@ -239,3 +239,34 @@ fn every_kernel_of_every_shipped_cell_matches_the_interpreter() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The source exactly as `cellc compile --target cuda` writes it (every
+/// cell of `cells/`, `.cell` lines quoted in comments) compiles as host
+/// C++ through the emulation header: a quoted line cannot break the code.
+#[test]
+fn compile_output_with_quoted_source_lines_is_valid_cpp() {
+    let dir = scratch_dir("quoted");
+    let mut kernels = Vec::new();
+    for path in support::shipped_cells().iter().filter(|p| p.file_stem().is_some_and(|s| s != "prelude")) {
+        let text = std::fs::read_to_string(path).expect("readable");
+        let compiled = cellc::compile(&path.display().to_string(), &text);
+        let module = compiled.module.as_ref().expect("compiles");
+        for cell in &module.cells {
+            let mut forward = cell.clone();
+            cellc::passes::optimize_cell(&mut forward);
+            let grad = cellc::autodiff::backward_step(&forward).expect("backward");
+            let sizes = [("H", 37), ("I", 5), ("P", 3)]
+                .into_iter()
+                .filter(|(k, _)| forward.sizes.iter().any(|s| s == k))
+                .map(|(k, v)| (k.to_string(), v))
+                .collect();
+            let ks = cuda::emit_cell(&forward, &grad, &sizes, Some(&compiled.sources)).expect("emits");
+            assert!(ks.iter().any(|k| k.source.contains(".cell:")), "{}: no quoted lines", cell.name);
+            kernels.extend(ks);
+        }
+    }
+    let cu = dir.join("all.cu");
+    std::fs::write(&cu, emu::emulation_source(&kernels)).expect("source");
+    emu::gxx(&dir, &[cu], &["-fsyntax-only", "-Werror"], &dir.join("unused"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
