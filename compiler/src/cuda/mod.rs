@@ -490,7 +490,7 @@ impl<'a> Emitter<'a> {
         for (v, value) in self.plan.constant_values::<f32>(self.graph) {
             let h = match (value.len(), &self.graph.node(v).op) {
                 (1, Op::Const(_) | Op::DimValue(_)) => Held::Scalar(literal(value[0])),
-                (_, Op::Broadcast) if value.iter().all(|x| x.to_bits() == value[0].to_bits()) => {
+                (n, Op::Broadcast) if n > 0 && value.iter().all(|x| x.to_bits() == value[0].to_bits()) => {
                     Held::Splat(literal(value[0]))
                 }
                 _ => continue, // a vector constant: read through its input pointer
@@ -728,7 +728,10 @@ impl<'a> Emitter<'a> {
                         if units == 0 || !offset.is_multiple_of(units) || !n.is_multiple_of(units) {
                             return self.not_lane();
                         }
-                        Held::Lanes(pieces[offset / units..(offset + n) / units].to_vec())
+                        match pieces.get(offset / units..(offset + n) / units) {
+                            Some(p) => Held::Lanes(p.to_vec()),
+                            None => return self.not_lane(),
+                        }
                     }
                     other => other,
                 }
@@ -940,5 +943,21 @@ mod tests {
         assert!(!small.is_empty() && small.iter().all(|&u| u == 1), "{small:?}");
         let large = units(MAX_PIECES + 1);
         assert!(large.contains(&0), "{large:?}");
+    }
+
+    /// A size of 0 through the API is an error, not a panic.
+    #[test]
+    fn zero_sizes_are_an_error() {
+        let src =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../cells/layernorm_lstm.cell"))
+                .expect("shipped cell");
+        let compiled = crate::compile("layernorm_lstm.cell", &src);
+        let module = compiled.module.expect("compiles");
+        let mut cell = module.cells[0].clone();
+        crate::passes::optimize_cell(&mut cell);
+        let grad = crate::autodiff::backward_step(&cell).expect("backward");
+        let sizes: Bindings = [("H".to_string(), 0), ("I".to_string(), 0)].into_iter().collect();
+        let err = emit_cell(&cell, &grad, &sizes, None).expect_err("a zero size");
+        assert!(err.to_string().contains("not positive"), "{err}");
     }
 }
