@@ -69,15 +69,7 @@ pub fn compile(args: &CompileArgs, color: bool) -> bool {
     for cell in cells {
         let mut forward = cell.clone();
         cellc::passes::optimize_cell(&mut forward);
-        let grad = match cellc::autodiff::backward_step(&forward) {
-            Ok(g) => g,
-            Err(errors) => {
-                for e in errors {
-                    eprintln!("error: internal compiler error in cell `{}`: {e}", cell.name);
-                }
-                return false;
-            }
-        };
+        let Some(grad) = crate::backward_or_report(&forward) else { return false };
         match cellc::cuda::emit_cell(&forward, &grad, &sizes, Some(&c.sources)) {
             Ok(k) => kernels.extend(k),
             Err(e) => {

@@ -147,6 +147,19 @@ fn main() -> ExitCode {
     }
 }
 
+/// The backward step of an optimised cell; failures (compiler bugs) are printed.
+pub(crate) fn backward_or_report(cell: &cellc::Cell) -> Option<cellc::autodiff::Gradient> {
+    match cellc::autodiff::backward_step(cell) {
+        Ok(g) => Some(g),
+        Err(errors) => {
+            for e in errors {
+                eprintln!("error: internal compiler error in cell `{}`: {e}", cell.name);
+            }
+            None
+        }
+    }
+}
+
 /// Reads and compiles one file; prints its diagnostics. `None` on errors.
 fn compile_file(path: &Path, color: bool) -> Option<Compilation> {
     let name = path.display().to_string();
@@ -330,15 +343,7 @@ fn graph(
             (Stage::Checked | Stage::Forward, true) => cellc::ir::print::to_dot(&forward),
             (Stage::Checked | Stage::Forward, false) => cellc::ir::print::to_text(&forward, Some(&c.sources)),
             (Stage::Backward | Stage::Schedule, _) => {
-                let grad = match cellc::autodiff::backward_step(&forward) {
-                    Ok(g) => g,
-                    Err(errors) => {
-                        for e in errors {
-                            eprintln!("error: internal compiler error in cell `{}`: {e}", cell.name);
-                        }
-                        return false;
-                    }
-                };
+                let Some(grad) = backward_or_report(&forward) else { return false };
                 if stage == Stage::Backward {
                     cellc::ir::print::gradient_to_text(&forward, &grad, Some(&c.sources))
                 } else {

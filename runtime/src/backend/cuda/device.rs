@@ -46,6 +46,21 @@ pub enum Arg {
     I32(i32),
 }
 
+/// `C[m, n] = A[m, k] · B[n, k]ᵀ` on device addresses, row-major with row
+/// strides `lda`, `ldb`, `ldc` (in floats).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmNt {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: u64,
+    pub lda: usize,
+    pub b: u64,
+    pub ldb: usize,
+    pub c: u64,
+    pub ldc: usize,
+}
+
 /// A loaded set of kernels.
 pub struct Module {
     inner: Box<dyn Any + Send + Sync>,
@@ -84,20 +99,8 @@ pub trait Device: Send + Sync {
     /// Compiles and loads `kernels` (with the prelude's helpers).
     fn load(&self, kernels: &[Kernel]) -> Result<Module>;
     fn launch(&self, module: &Module, kernel: &str, grid: u32, block: u32, args: &[Arg]) -> Result<()>;
-    /// `C[m, n] = A[m, k] · B[n, k]ᵀ`, row-major with row strides `lda`, `ldb`, `ldc` (floats).
-    #[allow(clippy::too_many_arguments)]
-    fn gemm_nt(
-        &self,
-        m: usize,
-        n: usize,
-        k: usize,
-        a: u64,
-        lda: usize,
-        b: u64,
-        ldb: usize,
-        c: u64,
-        ldc: usize,
-    ) -> Result<()>;
+    /// `C = A · Bᵀ` (see [`GemmNt`]).
+    fn gemm_nt(&self, p: GemmNt) -> Result<()>;
 }
 
 fn error(message: impl Into<String>) -> RuntimeError {
@@ -219,18 +222,8 @@ impl Device for Emulated {
         Ok(())
     }
 
-    fn gemm_nt(
-        &self,
-        m: usize,
-        n: usize,
-        k: usize,
-        a: u64,
-        lda: usize,
-        b: u64,
-        ldb: usize,
-        c: u64,
-        ldc: usize,
-    ) -> Result<()> {
+    fn gemm_nt(&self, p: GemmNt) -> Result<()> {
+        let GemmNt { m, n, k, a, lda, b, ldb, c, ldc } = p;
         // SAFETY: the caller passes addresses of this device's buffers with these shapes.
         unsafe {
             matmul(

@@ -11,7 +11,7 @@
 //! - the output is written by the kernels straight into the output rows,
 //!   or copied there from the history when it is also a next state.
 
-use super::device::{Arg, Buf, Device, Module};
+use super::device::{Arg, Buf, Device, GemmNt, Module};
 use crate::backend::{ForwardJob, ForwardResult, RowsMut};
 use crate::error::{Result, RuntimeError};
 use cellc::cuda::Kernel;
@@ -209,7 +209,17 @@ pub fn forward(
                     // Every layout row, from row 0 of the input's slice.
                     let a = x.at(layer.input_slices[input].0);
                     let c = rows_bufs[out].addr;
-                    device.gemm_nt(layout_rows, m, k, a, job.input.width, addr(w, 0, 0, 0, 0)?, k, c, m)?;
+                    device.gemm_nt(GemmNt {
+                        m: layout_rows,
+                        n: m,
+                        k,
+                        a,
+                        lda: job.input.width,
+                        b: addr(w, 0, 0, 0, 0)?,
+                        ldb: k,
+                        c,
+                        ldc: m,
+                    })?;
                 }
             }
             _ => {
@@ -289,7 +299,17 @@ pub fn forward(
                                     "per-step product {v} on rows of the layout"
                                 )));
                             }
-                            device.gemm_nt(n, m, k, a, k, addr(w, 0, 0, 0, 0)?, k, c, m)?;
+                            device.gemm_nt(GemmNt {
+                                m: n,
+                                n: m,
+                                k,
+                                a,
+                                lda: k,
+                                b: addr(w, 0, 0, 0, 0)?,
+                                ldb: k,
+                                c,
+                                ldc: m,
+                            })?;
                         }
                     }
                     _ => {

@@ -9,7 +9,7 @@
 //! alike (so every operation is ordered after the previous one), and every
 //! call's error turned into a typed error naming the call.
 
-use super::device::{Arg, Buf, Device, Module};
+use super::device::{Arg, Buf, Device, GemmNt, Module};
 use super::nvrtc;
 use crate::error::{Result, RuntimeError};
 use cellc::cuda::Kernel;
@@ -230,18 +230,8 @@ impl Device for Gpu {
         .map_err(|e| error(format!("launching `{kernel}`: {e:?}")))
     }
 
-    fn gemm_nt(
-        &self,
-        m: usize,
-        n: usize,
-        k: usize,
-        a: u64,
-        lda: usize,
-        b: u64,
-        ldb: usize,
-        c: u64,
-        ldc: usize,
-    ) -> Result<()> {
+    fn gemm_nt(&self, p: GemmNt) -> Result<()> {
+        let GemmNt { m, n, k, a, lda, b, ldb, c, ldc } = p;
         if m == 0 || n == 0 {
             return Ok(());
         }
