@@ -7,7 +7,8 @@
 //!   chained through time): any read or write outside a row's buffer fails;
 //! - ThreadSanitizer on LayerNorm-LSTM's kernels, whose block reductions
 //!   and per-row barriers make the block's threads share memory: a missing
-//!   `__syncthreads` is reported as a data race.
+//!   `__syncthreads` is reported as a data race; and on the LSTM's and
+//!   SRU's lane-form kernels, which have no barrier and must share nothing.
 //!
 //! The results are checked against the interpreter too (2e-5), so a
 //! sanitized build that computes something else fails as well.
@@ -164,4 +165,16 @@ fn kernels_are_clean_under_address_and_undefined_behaviour_sanitizers() {
 fn block_cooperative_kernels_are_race_free_under_thread_sanitizer() {
     let n = run_sanitized("layernorm_lstm", "thread", 32);
     eprintln!("{n} kernels race-free under ThreadSanitizer (threaded emulation, barriers as std::barrier)");
+}
+
+/// Lane-form kernels have no barrier at all: they are right only if no
+/// thread ever reads what another wrote, which ThreadSanitizer checks (an
+/// LSTM's [4*H] pieces and SRU's register-carried state).
+#[test]
+fn lane_form_kernels_share_nothing_under_thread_sanitizer() {
+    let mut n = 0;
+    for cell in ["lstm", "sru"] {
+        n += run_sanitized(cell, "thread", 32);
+    }
+    eprintln!("{n} kernels race-free under ThreadSanitizer (lane form: no barriers, no shared memory)");
 }
