@@ -47,11 +47,14 @@ enum Home {
 pub fn kernels(job: &ForwardJob) -> Result<Vec<(usize, Kernel)>> {
     let graph: &Graph = &job.cell.cell;
     let layer = job.layer;
+    // States chained through a sequence stay in registers in whole-sequence kernels.
+    let (chains, _) = cellc::cuda::chains(&job.cell.cell, &job.cell.grad);
+    let cx = cellc::cuda::Context { chains: &chains, ..Default::default() };
     let mut out = Vec::new();
     for (i, st) in layer.schedule.forward.iter().enumerate() {
         if matches!(st.kind, StageKind::Pointwise { .. } | StageKind::WholeSequence { .. }) {
             let name = format!("{}_fwd_s{i}", job.cell.cell.name);
-            let k = cellc::cuda::emit_stage(graph, &layer.forward_plan, st, &name, Default::default())
+            let k = cellc::cuda::emit_stage(graph, &layer.forward_plan, st, &name, cx)
                 .map_err(|e| unsupported(e.to_string()))?;
             out.push((i, k));
         }
@@ -184,7 +187,7 @@ pub fn forward(
             }
         }
         let table = device.upload_addresses(&table)?;
-        let grid = rows.len().min(1024) as u32;
+        let grid = grid_for(k, rows.len(), device.block_size());
         let args = [Arg::Ptr(table.addr), Arg::I32(rows.len() as i32), Arg::Ptr(scratch.addr)];
         device.launch(module, &k.name, grid, device.block_size(), &args)?;
         Ok(Some(table))
@@ -259,7 +262,7 @@ pub fn forward(
         }
         let table = device.upload_addresses(&table)?;
         let (starts, counts) = (device.upload_i32(&starts)?, device.upload_i32(&counts)?);
-        let grid = batch.min(1024) as u32;
+        let grid = grid_for(k, batch, device.block_size());
         let args = [
             Arg::Ptr(table.addr),
             Arg::Ptr(starts.addr),
@@ -356,4 +359,12 @@ pub fn forward(
         finals.push(f);
     }
     Ok(ForwardResult { final_states: finals, tape: None })
+}
+
+/// Blocks for `items` rows or sequences: a lane-form kernel gives every
+/// (item, chunk of a block's worth of units) its own block; a block-form
+/// kernel one block per item. Both loop over whatever the grid leaves out.
+fn grid_for(k: &Kernel, items: usize, block: u32) -> u32 {
+    let per_item = if k.units > 0 { k.units.div_ceil(block.max(1) as usize) } else { 1 };
+    (items * per_item).clamp(1, 65_535) as u32
 }
