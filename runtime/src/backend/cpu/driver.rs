@@ -515,20 +515,7 @@ pub fn gemm_step(
         let xin = locate(bufs, f, x, 0, 0, 0)?;
         let y = locate(bufs, f, out, 0, 0, 0)?;
         let (xlen, ylen) = (bufs.len(x), bufs.len(out));
-        if *op == Op::MatVecT && n <= super::gemv::MAX_ROWS {
-            // A few rows of `D · W`: one axpy per row of W, halves on two cores.
-            // SAFETY: rank buffers hold `batch >= n` rows; W is [rows_w, cols_w].
-            let (ys, ds, ws) = unsafe {
-                (
-                    std::slice::from_raw_parts_mut(y, n * ylen),
-                    std::slice::from_raw_parts(xin, n * xlen),
-                    std::slice::from_raw_parts(w, rows_w * cols_w),
-                )
-            };
-            super::gemv::gemv_adjoint(ys, ds, ws, n, rows_w, cols_w, threads);
-            continue;
-        }
-        if *op == Op::MatVec && n <= super::gemv::MAX_ROWS {
+        if matches!(op, Op::MatVec | Op::MatVecT) && n <= super::gemv::MAX_ROWS {
             // A few rows: stream W's rows directly (memory bound), split across cores.
             // SAFETY: rank buffers hold `batch >= n` rows of their length; W is [rows_w, cols_w].
             let (ys, xs, ws) = unsafe {
@@ -538,7 +525,12 @@ pub fn gemm_step(
                     std::slice::from_raw_parts(w, rows_w * cols_w),
                 )
             };
-            super::gemv::gemv(ys, xs, ws, n, rows_w, cols_w, threads);
+            if *op == Op::MatVec {
+                super::gemv::gemv(ys, xs, ws, n, rows_w, cols_w, threads);
+            } else {
+                // `D · W`: one axpy per row of W.
+                super::gemv::gemv_adjoint(ys, xs, ws, n, rows_w, cols_w, threads);
+            }
             continue;
         }
         let wv = match op {

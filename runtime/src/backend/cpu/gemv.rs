@@ -104,21 +104,23 @@ pub fn gemv(y: &mut [f32], x: &[f32], w: &[f32], n: usize, m: usize, k: usize, p
         return block(y, x, w, n, m, k, 0..m);
     }
     // Two halves (rounded to 16 rows): each core keeps its half of W hot.
-    let half = (m / 2).next_multiple_of(16).min(m);
+    in_halves(y, m, |y, rows| block(y, x, w, n, m, k, rows));
+}
+
+/// Runs `part` on two threads, for output indices `0..half` and `half..len`
+/// (`half` rounded up to 16), each with the whole of `y` but writing only
+/// its own indices.
+fn in_halves(y: &mut [f32], len: usize, part: impl Fn(&mut [f32], std::ops::Range<usize>) + Sync) {
+    let half = (len / 2).next_multiple_of(16).min(len);
     let ptr = SendPtr(y.as_mut_ptr());
-    let len = y.len();
-    rayon::join(
-        || {
-            // SAFETY: both halves write disjoint columns j of y; y outlives the join.
-            let y = unsafe { std::slice::from_raw_parts_mut(ptr.get(), len) };
-            block(y, x, w, n, m, k, 0..half)
-        },
-        || {
-            // SAFETY: as above.
-            let y = unsafe { std::slice::from_raw_parts_mut(ptr.get(), len) };
-            block(y, x, w, n, m, k, half..m)
-        },
-    );
+    let size = y.len();
+    let run = |range: std::ops::Range<usize>| {
+        // SAFETY: the two calls write disjoint indices of y (the caller's
+        // `part` writes only its range); y outlives the join.
+        let y = unsafe { std::slice::from_raw_parts_mut(ptr.get(), size) };
+        part(y, range)
+    };
+    rayon::join(|| run(0..half), || run(half..len));
 }
 
 /// `y[r, cols] = Σ_j d[r, j] · W[j, cols]`: the adjoint product `D · W`.
@@ -219,21 +221,7 @@ pub fn gemv_adjoint(y: &mut [f32], d: &[f32], w: &[f32], n: usize, m: usize, k: 
     if parts <= 1 || k < 128 {
         return dw_block(y, d, w, n, m, k, 0..k);
     }
-    let half = (k / 2).next_multiple_of(16).min(k);
-    let ptr = SendPtr(y.as_mut_ptr());
-    let len = y.len();
-    rayon::join(
-        || {
-            // SAFETY: the halves write disjoint columns of y; y outlives the join.
-            let y = unsafe { std::slice::from_raw_parts_mut(ptr.get(), len) };
-            dw_block(y, d, w, n, m, k, 0..half)
-        },
-        || {
-            // SAFETY: as above.
-            let y = unsafe { std::slice::from_raw_parts_mut(ptr.get(), len) };
-            dw_block(y, d, w, n, m, k, half..k)
-        },
-    );
+    in_halves(y, k, |y, cols| dw_block(y, d, w, n, m, k, cols));
 }
 
 #[derive(Clone, Copy)]
