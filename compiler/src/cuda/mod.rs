@@ -255,15 +255,8 @@ pub fn emit_stage(
             src,
             "// Lane form: one thread per (row, unit), {n} units; thread j computes element p * {n} + j of every vector."
         );
-        let _ = writeln!(
-            src,
-            "extern \"C\" __global__ void {name}(float* const* __restrict__ args, int rows, float* __restrict__ scratch) {{"
-        );
-        let _ = writeln!(src, "    const int chunks = ({n} + (int)blockDim.x - 1) / (int)blockDim.x;");
-        src.push_str("    for (int item = blockIdx.x; item < rows * chunks; item += gridDim.x) {\n");
-        src.push_str("        const int row = item / chunks;\n");
-        src.push_str("        const int j = (item - row * chunks) * (int)blockDim.x + (int)threadIdx.x;\n");
-        let _ = writeln!(src, "        if (j >= {n}) continue;");
+        src.push_str(&signature(name, "", false));
+        src.push_str(&lane_items(n, "rows", "row"));
         let _ = writeln!(src, "        float* const* const a = args + (size_t)row * {k};");
         src.push_str(&e.body);
         src.push_str("    }\n}\n");
@@ -272,15 +265,8 @@ pub fn emit_stage(
             src,
             "// Lane form: one thread per (sequence, unit), {n} units, rows in time order, no barriers."
         );
-        let _ = writeln!(
-            src,
-            "extern \"C\" __global__ void {name}(float* const* __restrict__ args, const int* __restrict__ seq_start, const int* __restrict__ seq_rows, int sequences, float* __restrict__ scratch) {{"
-        );
-        let _ = writeln!(src, "    const int chunks = ({n} + (int)blockDim.x - 1) / (int)blockDim.x;");
-        src.push_str("    for (int item = blockIdx.x; item < sequences * chunks; item += gridDim.x) {\n");
-        src.push_str("        const int seq = item / chunks;\n");
-        src.push_str("        const int j = (item - seq * chunks) * (int)blockDim.x + (int)threadIdx.x;\n");
-        let _ = writeln!(src, "        if (j >= {n}) continue;");
+        src.push_str(&signature(name, "", true));
+        src.push_str(&lane_items(n, "sequences", "seq"));
         src.push_str("        const int first = seq_start[seq], end = first + seq_rows[seq];\n");
         for (i, out, _) in &e.chained {
             let _ = writeln!(
@@ -318,10 +304,7 @@ pub fn emit_stage(
         let body = e.body.trim_end_matches(|c: char| c.is_whitespace());
         let body = body.strip_suffix("__syncthreads();").unwrap_or(body).trim_end().to_string() + "\n";
         if whole_sequence {
-            let _ = writeln!(
-                src,
-                "extern \"C\" __global__ void {bounds}{name}(float* const* __restrict__ args, const int* __restrict__ seq_start, const int* __restrict__ seq_rows, int sequences, float* __restrict__ scratch) {{"
-            );
+            src.push_str(&signature(name, &bounds, true));
             src.push_str(&locals);
             src.push_str("    for (int seq = blockIdx.x; seq < sequences; seq += gridDim.x) {\n");
             src.push_str(
@@ -331,10 +314,7 @@ pub fn emit_stage(
             src.push_str(&body);
             src.push_str("            __syncthreads();\n        }\n    }\n}\n");
         } else {
-            let _ = writeln!(
-                src,
-                "extern \"C\" __global__ void {bounds}{name}(float* const* __restrict__ args, int rows, float* __restrict__ scratch) {{"
-            );
+            src.push_str(&signature(name, &bounds, false));
             src.push_str(&locals);
             src.push_str("    for (int row = blockIdx.x; row < rows; row += gridDim.x) {\n");
             let _ = writeln!(src, "        float* const* const a = args + (size_t)row * {k};");
@@ -351,6 +331,29 @@ pub fn emit_stage(
         whole_sequence,
         units,
     })
+}
+
+/// A kernel's first line: the row ABI, or the sequence ABI of
+/// whole-sequence stages (see the module documentation).
+fn signature(name: &str, bounds: &str, whole_sequence: bool) -> String {
+    let params = if whole_sequence {
+        "float* const* __restrict__ args, const int* __restrict__ seq_start, const int* __restrict__ seq_rows, int sequences, float* __restrict__ scratch"
+    } else {
+        "float* const* __restrict__ args, int rows, float* __restrict__ scratch"
+    };
+    format!("extern \"C\" __global__ void {bounds}{name}({params}) {{\n")
+}
+
+/// The lane form's grid-stride loop over (item, chunk of a block's units):
+/// opens the loop, names the item `index` and the thread's unit `j`.
+fn lane_items(units: usize, count: &str, index: &str) -> String {
+    format!(
+        "    const int chunks = ({units} + (int)blockDim.x - 1) / (int)blockDim.x;\n\
+         \x20   for (int item = blockIdx.x; item < {count} * chunks; item += gridDim.x) {{\n\
+         \x20       const int {index} = item / chunks;\n\
+         \x20       const int j = (item - {index} * chunks) * (int)blockDim.x + (int)threadIdx.x;\n\
+         \x20       if (j >= {units}) continue;\n"
+    )
 }
 
 /// How a value is held while a row is computed.
