@@ -6,7 +6,7 @@
 // Each test binary that includes this module uses a part of it.
 #![allow(dead_code)]
 
-use cellc::cuda::{self, Kernel};
+use cellc::cuda::Kernel;
 use cellc::interp::Plan;
 use cellc::ir::{Graph, Op, ValueId};
 use cellc::schedule::Stage;
@@ -14,7 +14,6 @@ use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::{CompiledCell, Model, ModelConfig};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use crate::support::Rng;
@@ -121,37 +120,15 @@ pub fn run_buffers(side: &Side, stage: &Stage, seq_rows: &[usize], whole: bool, 
     Run { buffers, table, slots }
 }
 
-/// The kernels as one host-C++ file: the generated translation unit, each
-/// kernel exported as `cellc_launch_<name>`, and `cellc_find_launch(name)`.
-pub fn emulation_source(kernels: &[Kernel]) -> String {
-    let mut src = cuda::translation_unit(kernels);
-    for k in kernels {
-        src.push_str(&format!("CELLC_EMU_EXPORT({})\n", k.name));
-    }
-    src.push_str("extern \"C\" void (*cellc_find_launch(const char* name))(unsigned, unsigned, void**) {\n");
-    for k in kernels {
-        src.push_str(&format!("    if (!std::strcmp(name, \"{0}\")) return &cellc_launch_{0};\n", k.name));
-    }
-    src.push_str("    return nullptr;\n}\n");
-    src
-}
+pub use cellc_runtime::backend::cuda::device::emulation_source;
 
-/// Compiles `files` with g++ and the emulation header (written into `dir`);
-/// `args` choose a shared library or an executable and any sanitizers.
+/// Compiles `files` with g++ and the emulation header (see the runtime's
+/// `device::gxx`), with debug information for sanitizer reports.
 pub fn gxx(dir: &Path, files: &[PathBuf], args: &[&str], output: &Path) {
-    let header = dir.join("cuda_host_emu.h");
-    std::fs::write(&header, cuda::prelude::HOST_EMULATION_HEADER).expect("header");
-    let out = Command::new("g++")
-        .args(["-std=c++20", "-O1", "-g", "-pthread", "-include"])
-        .arg(&header)
-        .args(args)
-        .args(["-x", "c++"])
-        .args(files)
-        .arg("-o")
-        .arg(output)
-        .output()
-        .expect("g++ runs");
-    assert!(out.status.success(), "g++ failed on {files:?}:\n{}", String::from_utf8_lossy(&out.stderr));
+    let args: Vec<&str> = ["-g"].into_iter().chain(args.iter().copied()).collect();
+    if let Err(e) = cellc_runtime::backend::cuda::device::gxx(dir, files, &args, output) {
+        panic!("{e}");
+    }
 }
 
 /// The kernels as a shared library to dlopen.

@@ -12,7 +12,7 @@ use crate::error::{Result, RuntimeError};
 use cellc::cuda::Kernel;
 use std::any::Any;
 use std::ffi::c_void;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Device memory: its address, its length in elements, and what owns it.
 pub struct Buf {
@@ -107,6 +107,45 @@ fn error(message: impl Into<String>) -> RuntimeError {
     RuntimeError::Backend { backend: "cuda".into(), message: message.into() }
 }
 
+/// The kernels as one host-C++ file: the generated translation unit, each
+/// kernel (and the prelude's `cellc_copy_rows`) exported as
+/// `cellc_launch_<name>`, and `cellc_find_launch(name)` to look one up.
+pub fn emulation_source(kernels: &[Kernel]) -> String {
+    let mut src = cellc::cuda::translation_unit(kernels);
+    let names: Vec<&str> = kernels.iter().map(|k| k.name.as_str()).chain(["cellc_copy_rows"]).collect();
+    for name in &names {
+        src.push_str(&format!("CELLC_EMU_EXPORT({name})\n"));
+    }
+    src.push_str("extern \"C\" void (*cellc_find_launch(const char* name))(unsigned, unsigned, void**) {\n");
+    for name in &names {
+        src.push_str(&format!("    if (!std::strcmp(name, \"{name}\")) return &cellc_launch_{name};\n"));
+    }
+    src.push_str("    return nullptr;\n}\n");
+    src
+}
+
+/// Compiles `files` as host C++ with g++ and the emulation header (written
+/// into `dir`) into `output`; `args` choose a shared library or an
+/// executable, debug information, sanitizers.
+pub fn gxx(dir: &Path, files: &[PathBuf], args: &[&str], output: &Path) -> Result<()> {
+    let header = dir.join("cuda_host_emu.h");
+    std::fs::write(&header, cellc::cuda::prelude::HOST_EMULATION_HEADER).map_err(|e| error(e.to_string()))?;
+    let out = std::process::Command::new("g++")
+        .args(["-std=c++20", "-O1", "-pthread", "-include"])
+        .arg(&header)
+        .args(args)
+        .args(["-x", "c++"])
+        .args(files)
+        .arg("-o")
+        .arg(output)
+        .output()
+        .map_err(|e| error(format!("the emulated device needs g++: {e}")))?;
+    if !out.status.success() {
+        return Err(error(format!("g++ failed on {files:?}:\n{}", String::from_utf8_lossy(&out.stderr))));
+    }
+    Ok(())
+}
+
 /// The emulated device: everything in host memory, kernels through g++.
 #[derive(Debug)]
 pub struct Emulated {
@@ -164,37 +203,17 @@ impl Device for Emulated {
     }
 
     fn load(&self, kernels: &[Kernel]) -> Result<Module> {
-        let mut src = cellc::cuda::translation_unit(kernels);
-        for name in kernels.iter().map(|k| k.name.as_str()).chain(["cellc_copy_rows"]) {
-            src.push_str(&format!("CELLC_EMU_EXPORT({name})\n"));
-        }
+        let src = emulation_source(kernels);
         let hash = {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
             src.hash(&mut h);
             h.finish()
         };
-        let header = self.dir.join("cuda_host_emu.h");
         let cu = self.dir.join(format!("k{hash:016x}.cu"));
         let so = self.dir.join(format!("libk{hash:016x}.so"));
-        let io = |e: std::io::Error| error(e.to_string());
-        std::fs::write(&header, cellc::cuda::prelude::HOST_EMULATION_HEADER).map_err(io)?;
-        std::fs::write(&cu, &src).map_err(io)?;
-        let out = std::process::Command::new("g++")
-            .args(["-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-include"])
-            .arg(&header)
-            .args(["-x", "c++"])
-            .arg(&cu)
-            .arg("-o")
-            .arg(&so)
-            .output()
-            .map_err(|e| error(format!("the emulated device needs g++: {e}")))?;
-        if !out.status.success() {
-            return Err(error(format!(
-                "g++ failed on the kernels:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            )));
-        }
+        std::fs::write(&cu, &src).map_err(|e| error(e.to_string()))?;
+        gxx(&self.dir, &[cu], &["-shared", "-fPIC"], &so)?;
         // SAFETY: a library just built from the generated kernels; loading runs no constructors of ours.
         let lib = unsafe { libloading::Library::new(&so) }.map_err(|e| error(e.to_string()))?;
         Ok(Module { inner: Box::new(EmulatedModule { lib }) })
