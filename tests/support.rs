@@ -62,3 +62,53 @@ pub fn compile_shipped(path: &Path) -> cellc::Module {
         Err(e) => panic!("{name} does not compile:\n{e}"),
     }
 }
+
+/// The sizes a test gives a shipped cell: `H`, and `P` (a projection) where the cell has one.
+pub fn cell_sizes(cell: &cellc_runtime::CompiledCell, h: usize, p: usize) -> cellc::dims::Bindings {
+    [("H".to_string(), h), ("P".to_string(), p)]
+        .into_iter()
+        .filter(|(k, _)| cell.cell.sizes.contains(k))
+        .collect()
+}
+
+/// A model of `cell` with hidden size `h`, input size `i` (or `h` where
+/// the cell reads `x[H]`), weights drawn from `seed`; `None` where the
+/// cell's input cannot read such a layer (sru's `x[H]` after a
+/// bidirectional layer of `2*H` features).
+pub fn try_model(
+    cell: &std::sync::Arc<cellc_runtime::CompiledCell>,
+    (h, p, i): (usize, usize, usize),
+    config: &cellc_runtime::ModelConfig,
+    seed: u64,
+    backend: Box<dyn cellc_runtime::backend::Backend>,
+) -> Option<cellc_runtime::Model> {
+    let sizes = cell_sizes(cell, h, p);
+    let input = if cell.cell.input_dim().variables() == ["H"] { h } else { i };
+    match cellc_runtime::Model::new(cell.clone(), config.clone(), &sizes, Some(input), None, seed, backend) {
+        Ok(m) => Some(m),
+        Err(cellc_runtime::RuntimeError::Layer { .. }) => None,
+        Err(e) => panic!("{}: {e}", cell.cell.name),
+    }
+}
+
+/// A 2-layer bidirectional model where the cell allows it, else 2 layers one way.
+pub fn two_layer_model(
+    cell: &std::sync::Arc<cellc_runtime::CompiledCell>,
+    sizes: (usize, usize, usize),
+    seed: u64,
+    backend: &dyn Fn() -> Box<dyn cellc_runtime::backend::Backend>,
+) -> cellc_runtime::Model {
+    let config = |bidirectional| cellc_runtime::ModelConfig { layers: 2, bidirectional };
+    try_model(cell, sizes, &config(true), seed, backend())
+        .or_else(|| try_model(cell, sizes, &config(false), seed, backend()))
+        .unwrap_or_else(|| panic!("{}: no 2-layer model", cell.cell.name))
+}
+
+/// The shipped cells (not the prelude), compiled.
+pub fn compiled_cells() -> Vec<std::sync::Arc<cellc_runtime::CompiledCell>> {
+    shipped_cells()
+        .iter()
+        .filter(|p| p.file_stem().is_some_and(|s| s != "prelude"))
+        .map(|p| std::sync::Arc::new(cellc_runtime::CompiledCell::from_file(p, None).expect("compiles")))
+        .collect()
+}

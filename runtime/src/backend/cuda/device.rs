@@ -11,8 +11,10 @@ use crate::backend::cpu::gemm::{matmul, View};
 use crate::error::{Result, RuntimeError};
 use cellc::cuda::Kernel;
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 /// Device memory: its address, its length in elements, and what owns it.
 pub struct Buf {
@@ -40,25 +42,42 @@ impl Buf {
 }
 
 /// A kernel argument.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Arg {
     Ptr(u64),
     I32(i32),
 }
 
-/// `C[m, n] = A[m, k] · B[n, k]ᵀ` on device addresses, row-major with row
-/// strides `lda`, `ldb`, `ldc` (in floats).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GemmNt {
+/// `C = op(A) · op(B)`, or `C += op(A) · op(B)` with `accumulate`, on
+/// row-major matrices at device addresses with row strides `lda`, `ldb`,
+/// `ldc` (in floats). `op(A)` is `[m, k]`: `A` stored `[m, k]`, or stored
+/// `[k, m]` and transposed (`trans_a`); likewise `op(B)` is `[k, n]`.
+///
+/// The RNN's products: `Y = X · Wᵀ` (`trans_b`), `Y = D · W`,
+/// `dW = Dᵀ · X` (`trans_a`), and a column sum as `ones · V`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Gemm {
     pub m: usize,
     pub n: usize,
     pub k: usize,
     pub a: u64,
     pub lda: usize,
+    pub trans_a: bool,
     pub b: u64,
     pub ldb: usize,
+    pub trans_b: bool,
     pub c: u64,
     pub ldc: usize,
+    pub accumulate: bool,
+}
+
+/// One operation of a run: a kernel launch or a GEMM. A forward or
+/// backward pass is a list of these, built after every upload, so the
+/// list can run as it is or be captured into a CUDA graph.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Call {
+    Launch { kernel: String, grid: u32, block: u32, args: Vec<Arg> },
+    Gemm(Gemm),
 }
 
 /// A loaded set of kernels.
@@ -95,15 +114,97 @@ pub trait Device: Send + Sync {
     /// A table of addresses.
     fn upload_addresses(&self, addresses: &[u64]) -> Result<Buf>;
     fn upload_i32(&self, data: &[i32]) -> Result<Buf>;
-    fn download(&self, buf: &Buf) -> Result<Vec<f32>>;
+    /// Floats `[from, from + len)` of `buf` (a float buffer), once every call run so far is done.
+    fn download(&self, buf: &Buf, from: usize, len: usize) -> Result<Vec<f32>>;
     /// Compiles and loads `kernels` (with the prelude's helpers).
     fn load(&self, kernels: &[Kernel]) -> Result<Module>;
-    fn launch(&self, module: &Module, kernel: &str, grid: u32, block: u32, args: &[Arg]) -> Result<()>;
-    /// `C = A · Bᵀ` (see [`GemmNt`]).
-    fn gemm_nt(&self, p: GemmNt) -> Result<()>;
+    /// Runs `calls` in order. With `graph`, a device that has CUDA graphs
+    /// captures them into one and launches that, reusing it whenever the
+    /// same calls come again; others run them one by one.
+    fn run(&self, module: &Module, calls: &[Call], graph: bool) -> Result<()>;
+    /// How many runs reused a captured graph, and how many captured one.
+    fn graph_stats(&self) -> GraphStats {
+        GraphStats::default()
+    }
 }
 
-fn error(message: impl Into<String>) -> RuntimeError {
+/// Counts of [`Device::run`] with `graph` set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GraphStats {
+    pub replayed: usize,
+    pub captured: usize,
+}
+
+/// Whether floats `[from, from + len)` lie inside `buf`.
+pub fn check_range(buf: &Buf, from: usize, len: usize) -> Result<()> {
+    match from.checked_add(len) {
+        Some(end) if end <= buf.len => Ok(()),
+        _ => Err(error(format!("download of [{from}, {from}+{len}) from a buffer of {} floats", buf.len))),
+    }
+}
+
+/// Freed device memory kept for reuse, by size in bytes (PyTorch's
+/// caching allocator does the same: allocating is a driver call that
+/// synchronises). A request takes the free block of its size with the
+/// lowest address, so which block it gets depends only on what is free,
+/// not on the order things were freed in: a pass run again at the same
+/// shape, once everything it used is free again, gets the same addresses,
+/// its [`Call`]s are identical, and a captured graph is replayed.
+pub struct Pool<T> {
+    free: Mutex<BTreeMap<usize, BTreeMap<u64, T>>>,
+}
+
+impl<T> Default for Pool<T> {
+    fn default() -> Self {
+        Pool { free: Mutex::new(BTreeMap::new()) }
+    }
+}
+
+impl<T> std::fmt::Debug for Pool<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pool")
+    }
+}
+
+impl<T: Send + 'static> Pool<T> {
+    /// The free block of `bytes` with the lowest address, if there is one.
+    pub fn take(&self, bytes: usize) -> Option<(u64, T)> {
+        self.free.lock().ok()?.get_mut(&bytes)?.pop_first()
+    }
+
+    /// Drops every cached block (a device out of memory frees them and retries).
+    pub fn clear(&self) {
+        if let Ok(mut free) = self.free.lock() {
+            free.clear();
+        }
+    }
+
+    /// A [`Buf`] of `len` elements over `block` at `addr`, returned to this pool when dropped.
+    pub fn buf(self: &Arc<Self>, addr: u64, len: usize, bytes: usize, block: T) -> Buf
+    where
+        T: Sync,
+    {
+        Buf::new(addr, len, Box::new(Pooled { block: Some(block), addr, bytes, pool: self.clone() }))
+    }
+}
+
+/// A block on loan from a [`Pool`].
+struct Pooled<T: Send + 'static> {
+    block: Option<T>,
+    addr: u64,
+    bytes: usize,
+    pool: Arc<Pool<T>>,
+}
+
+impl<T: Send + 'static> Drop for Pooled<T> {
+    fn drop(&mut self) {
+        if let (Some(block), Ok(mut free)) = (self.block.take(), self.pool.free.lock()) {
+            free.entry(self.bytes).or_default().insert(self.addr, block);
+        }
+    }
+}
+
+pub(super) fn error(message: impl Into<String>) -> RuntimeError {
     RuntimeError::Backend { backend: "cuda".into(), message: message.into() }
 }
 
@@ -146,10 +247,15 @@ pub fn gxx(dir: &Path, files: &[PathBuf], args: &[&str], output: &Path) -> Resul
     Ok(())
 }
 
-/// The emulated device: everything in host memory, kernels through g++.
+/// The emulated device: everything in host memory, kernels through g++,
+/// GEMMs through the CPU back end's `gemm`. With `graph`, runs are matched
+/// against the ones seen before exactly as the GPU matches captured
+/// graphs (and counted in [`Device::graph_stats`]), then run call by call.
 #[derive(Debug)]
 pub struct Emulated {
     dir: PathBuf,
+    pool: Arc<Pool<Box<[u64]>>>,
+    graphs: Mutex<GraphCache<()>>,
 }
 
 type Launch = unsafe extern "C" fn(u32, u32, *mut *mut c_void);
@@ -161,62 +267,34 @@ struct EmulatedModule {
 impl Emulated {
     /// Needs `g++` (C++20) on the path when kernels are loaded.
     pub fn new() -> Result<Emulated> {
-        let dir = std::env::temp_dir().join(format!("cellc-emulated-{}", std::process::id()));
+        // One folder per device: another device's drop removes its own.
+        static DEVICES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = DEVICES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("cellc-emulated-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| error(format!("{}: {e}", dir.display())))?;
-        Ok(Emulated { dir })
-    }
-}
-
-impl Device for Emulated {
-    fn name(&self) -> String {
-        "emulated (host C++)".into()
+        Ok(Emulated { dir, pool: Arc::default(), graphs: Mutex::new(GraphCache::new(GRAPHS_KEPT)) })
     }
 
-    /// One OS thread per CUDA thread: small blocks keep the emulation quick
-    /// while still striding over rows longer than a block.
-    fn block_size(&self) -> u32 {
-        32
+    /// Host memory for `bytes` (8-byte aligned), from the pool if it can.
+    fn block(&self, bytes: usize, len: usize, fill: impl FnOnce(&mut [u8])) -> Buf {
+        let mut block = self
+            .pool
+            .take(bytes)
+            .map(|(_, b)| b)
+            .unwrap_or_else(|| vec![0u64; bytes.div_ceil(8)].into_boxed_slice());
+        // SAFETY: the block holds at least `bytes` bytes.
+        fill(unsafe { std::slice::from_raw_parts_mut(block.as_mut_ptr().cast::<u8>(), bytes) });
+        let addr = block.as_ptr() as u64;
+        self.pool.buf(addr, len, bytes, block)
     }
 
-    fn zeros(&self, len: usize) -> Result<Buf> {
-        self.upload(&vec![0.0; len])
-    }
-
-    fn upload(&self, data: &[f32]) -> Result<Buf> {
-        let owned: Box<[f32]> = data.to_vec().into_boxed_slice();
-        Ok(Buf { addr: owned.as_ptr() as u64, len: owned.len(), _owner: Box::new(owned) })
-    }
-
-    fn upload_addresses(&self, addresses: &[u64]) -> Result<Buf> {
-        let owned: Box<[u64]> = addresses.to_vec().into_boxed_slice();
-        Ok(Buf { addr: owned.as_ptr() as u64, len: owned.len(), _owner: Box::new(owned) })
-    }
-
-    fn upload_i32(&self, data: &[i32]) -> Result<Buf> {
-        let owned: Box<[i32]> = data.to_vec().into_boxed_slice();
-        Ok(Buf { addr: owned.as_ptr() as u64, len: owned.len(), _owner: Box::new(owned) })
-    }
-
-    fn download(&self, buf: &Buf) -> Result<Vec<f32>> {
-        // SAFETY: emulated buffers are host memory of `len` floats, owned by `buf`.
-        Ok(unsafe { std::slice::from_raw_parts(buf.addr as *const f32, buf.len) }.to_vec())
-    }
-
-    fn load(&self, kernels: &[Kernel]) -> Result<Module> {
-        let src = emulation_source(kernels);
-        let hash = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            src.hash(&mut h);
-            h.finish()
-        };
-        let cu = self.dir.join(format!("k{hash:016x}.cu"));
-        let so = self.dir.join(format!("libk{hash:016x}.so"));
-        std::fs::write(&cu, &src).map_err(|e| error(e.to_string()))?;
-        gxx(&self.dir, &[cu], &["-shared", "-fPIC"], &so)?;
-        // SAFETY: a library just built from the generated kernels; loading runs no constructors of ours.
-        let lib = unsafe { libloading::Library::new(&so) }.map_err(|e| error(e.to_string()))?;
-        Ok(Module { inner: Box::new(EmulatedModule { lib }) })
+    fn upload_bytes<T: Copy>(&self, data: &[T]) -> Buf {
+        let bytes = std::mem::size_of_val(data);
+        self.block(bytes, data.len(), |dst| {
+            // SAFETY: `data` is `bytes` bytes of plain values.
+            let src = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), bytes) };
+            dst.copy_from_slice(src);
+        })
     }
 
     fn launch(&self, module: &Module, kernel: &str, grid: u32, block: u32, args: &[Arg]) -> Result<()> {
@@ -241,23 +319,190 @@ impl Device for Emulated {
         Ok(())
     }
 
-    fn gemm_nt(&self, p: GemmNt) -> Result<()> {
-        let GemmNt { m, n, k, a, lda, b, ldb, c, ldc } = p;
-        // SAFETY: the caller passes addresses of this device's buffers with these shapes.
-        unsafe {
-            matmul(
-                View::rows(c as *const f32, m, n, ldc),
-                View::rows(a as *const f32, m, k, lda),
-                View::rows(b as *const f32, n, k, ldb).t(),
-                false,
-            )
+    fn gemm(&self, p: &Gemm) -> Result<()> {
+        let Gemm { m, n, k, a, lda, trans_a, b, ldb, trans_b, c, ldc, accumulate } = *p;
+        let a = if trans_a {
+            View::rows(a as *const f32, k, m, lda).t()
+        } else {
+            View::rows(a as *const f32, m, k, lda)
         };
+        let b = if trans_b {
+            View::rows(b as *const f32, n, k, ldb).t()
+        } else {
+            View::rows(b as *const f32, k, n, ldb)
+        };
+        // SAFETY: the caller passes addresses of this device's buffers with these shapes.
+        unsafe { matmul(View::rows(c as *const f32, m, n, ldc), a, b, accumulate) };
         Ok(())
+    }
+}
+
+impl Device for Emulated {
+    fn name(&self) -> String {
+        "emulated (host C++)".into()
+    }
+
+    /// One OS thread per CUDA thread: small blocks keep the emulation quick
+    /// while still striding over rows longer than a block.
+    fn block_size(&self) -> u32 {
+        32
+    }
+
+    fn zeros(&self, len: usize) -> Result<Buf> {
+        Ok(self.block(4 * len, len, |b| b.fill(0)))
+    }
+
+    fn upload(&self, data: &[f32]) -> Result<Buf> {
+        Ok(self.upload_bytes(data))
+    }
+
+    fn upload_addresses(&self, addresses: &[u64]) -> Result<Buf> {
+        Ok(self.upload_bytes(addresses))
+    }
+
+    fn upload_i32(&self, data: &[i32]) -> Result<Buf> {
+        Ok(self.upload_bytes(data))
+    }
+
+    fn download(&self, buf: &Buf, from: usize, len: usize) -> Result<Vec<f32>> {
+        check_range(buf, from, len)?;
+        // SAFETY: emulated buffers are host memory of `buf.len` floats, owned by `buf`.
+        Ok(unsafe { std::slice::from_raw_parts((buf.addr as *const f32).add(from), len) }.to_vec())
+    }
+
+    fn load(&self, kernels: &[Kernel]) -> Result<Module> {
+        let src = emulation_source(kernels);
+        let hash = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            src.hash(&mut h);
+            h.finish()
+        };
+        let cu = self.dir.join(format!("k{hash:016x}.cu"));
+        let so = self.dir.join(format!("libk{hash:016x}.so"));
+        std::fs::write(&cu, &src).map_err(|e| error(e.to_string()))?;
+        gxx(&self.dir, &[cu], &["-shared", "-fPIC"], &so)?;
+        // SAFETY: a library just built from the generated kernels; loading runs no constructors of ours.
+        let lib = unsafe { libloading::Library::new(&so) }.map_err(|e| error(e.to_string()))?;
+        Ok(Module { inner: Box::new(EmulatedModule { lib }) })
+    }
+
+    fn run(&self, module: &Module, calls: &[Call], graph: bool) -> Result<()> {
+        if graph {
+            let mut graphs = self.graphs.lock().map_err(|_| error("graph cache poisoned"))?;
+            if graphs.get(calls).is_none() {
+                graphs.insert(calls.to_vec(), ());
+            }
+        }
+        for call in calls {
+            match call {
+                Call::Launch { kernel, grid, block, args } => {
+                    self.launch(module, kernel, *grid, *block, args)?
+                }
+                Call::Gemm(g) => self.gemm(g)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn graph_stats(&self) -> GraphStats {
+        self.graphs.lock().map(|g| g.stats).unwrap_or_default()
     }
 }
 
 impl Drop for Emulated {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Captured graphs kept per device: a model's layers and directions, forward
+/// and backward, at a few batch shapes.
+pub const GRAPHS_KEPT: usize = 64;
+
+/// Instantiated graphs by the exact calls they captured, the oldest
+/// dropped past a bound. A graph replays its captured arguments, so it is
+/// reused only for identical calls (the same kernels, grids, pointer
+/// tables' addresses and GEMM operands); the tables' contents are read
+/// when it runs.
+#[derive(Debug)]
+pub struct GraphCache<G> {
+    entries: Vec<(u64, Vec<Call>, G)>,
+    bound: usize,
+    pub stats: GraphStats,
+}
+
+impl<G> GraphCache<G> {
+    pub fn new(bound: usize) -> Self {
+        GraphCache { entries: Vec::new(), bound, stats: GraphStats::default() }
+    }
+
+    fn key(calls: &[Call]) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        calls.hash(&mut h);
+        h.finish()
+    }
+
+    /// The graph captured for exactly these calls (counted as replayed).
+    pub fn get(&mut self, calls: &[Call]) -> Option<&G> {
+        let key = Self::key(calls);
+        let found = self.entries.iter().position(|(k, c, _)| *k == key && c.as_slice() == calls)?;
+        self.stats.replayed += 1;
+        Some(&self.entries[found].2)
+    }
+
+    /// Keeps `graph` for `calls` (counted as captured); returns the one dropped to make room.
+    pub fn insert(&mut self, calls: Vec<Call>, graph: G) -> Option<G> {
+        self.stats.captured += 1;
+        let evicted = (self.entries.len() >= self.bound.max(1)).then(|| self.entries.remove(0).2);
+        self.entries.push((Self::key(&calls), calls, graph));
+        evicted
+    }
+
+    /// Every graph kept, for the device to destroy.
+    pub fn drain(&mut self) -> Vec<G> {
+        self.entries.drain(..).map(|(_, _, g)| g).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launch(kernel: &str, table: u64) -> Call {
+        Call::Launch { kernel: kernel.into(), grid: 1, block: 32, args: vec![Arg::Ptr(table), Arg::I32(3)] }
+    }
+
+    #[test]
+    fn graphs_are_reused_only_for_identical_calls() {
+        let mut cache = GraphCache::new(2);
+        assert!(cache.get(&[launch("a", 16)]).is_none());
+        assert_eq!(cache.insert(vec![launch("a", 16)], 1), None);
+        assert_eq!(cache.get(&[launch("a", 16)]), Some(&1));
+        assert!(cache.get(&[launch("a", 32)]).is_none(), "another table address");
+        assert!(cache.get(&[launch("b", 16)]).is_none(), "another kernel");
+        assert!(cache.get(&[launch("a", 16), launch("a", 16)]).is_none(), "more calls");
+        assert_eq!(cache.insert(vec![launch("b", 16)], 2), None);
+        assert_eq!(cache.insert(vec![launch("c", 16)], 3), Some(1), "the oldest goes");
+        assert_eq!(cache.stats, GraphStats { replayed: 1, captured: 3 });
+        assert_eq!(cache.drain(), vec![2, 3]);
+    }
+
+    #[test]
+    fn freed_memory_comes_back_lowest_address_first() {
+        let device = Emulated::new().expect("emulated device");
+        let (a, b) = (device.zeros(10).expect("a"), device.zeros(10).expect("b"));
+        let (low, high) = (a.addr.min(b.addr), a.addr.max(b.addr));
+        // Whatever the order they are freed in, they are handed out by address.
+        drop(b);
+        drop(a);
+        let again = [device.upload(&[1.0; 10]).expect("a"), device.zeros(10).expect("b")];
+        assert_eq!([again[0].addr, again[1].addr], [low, high]);
+        assert_eq!(device.download(&again[1], 0, 10).expect("download"), vec![0.0; 10], "zeroed again");
+        assert_eq!(device.download(&again[0], 4, 6).expect("download"), vec![1.0; 6]);
+        assert!(device.download(&again[0], 5, 6).is_err(), "past the end");
+        let other_size = device.zeros(11).expect("c");
+        assert!(other_size.addr != low && other_size.addr != high, "blocks are reused only at their size");
     }
 }

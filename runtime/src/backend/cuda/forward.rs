@@ -1,370 +1,283 @@
 //! One layer and direction forwards on a [`Device`]: the schedule's GEMMs
-//! as `gemm_nt` calls, its pointwise stages as the generated kernels over
-//! pointer tables built once per call, so no row is gathered or copied:
+//! and its pointwise stages as one list of [`Call`]s over pointer tables
+//! uploaded beforehand, so no row is gathered or copied:
 //!
 //! - hoisted products run over every row of the caller's layout (padding
 //!   rows included: a GPU does them for free and nothing reads them);
-//! - states live in a history on the device, slot `s` holding every
-//!   sequence's state before step `s` in rank order (longest first), so a
-//!   step's GEMM reads a contiguous prefix and a step's kernel writes the
-//!   next slot directly: no copy between steps;
-//! - the output is written by the kernels straight into the output rows,
-//!   or copied there from the history when it is also a next state.
+//! - states live in a history (a `Steps` home, slot `s` before step `s`),
+//!   so a step's GEMM reads a contiguous prefix and a step's kernel writes
+//!   the next slot directly: no copy between steps;
+//! - for training, values the backward reads are kept in `Steps` homes and
+//!   the pass's buffers become the tape ([`CudaTape`]).
+//!
+//! [`Call`]: super::device::Call
 
-use super::device::{Arg, Buf, Device, GemmNt, Module};
-use crate::backend::{ForwardJob, ForwardResult, RowsMut};
-use crate::error::{Result, RuntimeError};
+use super::calls::Calls;
+use super::device::{Device, Module};
+use super::storage::{error, Home, Kept, Pass, Row};
+use crate::backend::{ForwardJob, ForwardResult, RowsMut, Tape};
+use crate::error::Result;
 use cellc::cuda::Kernel;
 use cellc::ir::{Graph, Op, ValueId};
 use cellc::schedule::{Placement, StageKind};
-use std::collections::HashMap;
 
-fn unsupported(what: impl Into<String>) -> RuntimeError {
-    RuntimeError::Backend { backend: "cuda".into(), message: what.into() }
+/// What a training forward leaves on the device for the backward.
+#[derive(Debug)]
+pub struct CudaTape {
+    /// The device it lives on ([`Device::name`]).
+    pub device: String,
+    /// The layer input (a `Layout` home of the input's width).
+    pub input: Home,
+    pub params: Vec<u64>,
+    /// State `i`'s history: slot `s` before step `s`.
+    pub states: Vec<Home>,
+    /// This direction's output.
+    pub output: Home,
+    /// The buffers, and the homes of the values the backward reads.
+    pub kept: Kept,
 }
 
-/// Where a value lives on the device.
-#[derive(Clone, Copy, Debug)]
-enum Home {
-    /// Features `[offset, ..)` of the input's row.
-    Input(usize),
-    Param(usize),
-    /// A vector constant (its own buffer).
-    Const(usize),
-    /// State `i`'s history: slot `s` (before the step), rank `r`.
-    State(usize),
-    /// Next state `i`: history slot `s + 1`.
-    NextState(usize),
-    /// One row per layout row.
-    Rows(usize),
-    /// One row per rank, overwritten each step.
-    Rank(usize),
-    /// This direction's output rows.
-    Output,
+/// The kernels of a layer's forward or backward stages, by stage index.
+pub fn kernel_of(kernels: &[(usize, Kernel)], stage: usize) -> Result<&Kernel> {
+    kernels
+        .iter()
+        .find(|(i, _)| *i == stage)
+        .map(|(_, k)| k)
+        .ok_or_else(|| error(format!("no kernel for stage {stage}")))
 }
 
-/// The kernels of a layer's forward stages, in stage order.
-pub fn kernels(job: &ForwardJob) -> Result<Vec<(usize, Kernel)>> {
-    let graph: &Graph = &job.cell.cell;
-    let layer = job.layer;
-    // States chained through a sequence stay in registers in whole-sequence kernels.
-    let (chains, _) = cellc::cuda::chains(&job.cell.cell, &job.cell.grad);
-    let cx = cellc::cuda::Context { chains: &chains, ..Default::default() };
-    let mut out = Vec::new();
-    for (i, st) in layer.schedule.forward.iter().enumerate() {
-        if matches!(st.kind, StageKind::Pointwise { .. } | StageKind::WholeSequence { .. }) {
-            let name = format!("{}_fwd_s{i}", job.cell.cell.name);
-            let k = cellc::cuda::emit_stage(graph, &layer.forward_plan, st, &name, cx)
-                .map_err(|e| unsupported(e.to_string()))?;
-            out.push((i, k));
+/// The homes every pass shares: the layer input's features and the
+/// graph's constants.
+pub fn place_inputs_and_constants(
+    pass: &mut Pass,
+    graph: &Graph,
+    plan: &cellc::interp::Plan,
+    input: Home,
+    input_slices: &[(usize, usize)],
+) -> Result<()> {
+    let Home::Layout { base, width } = input else {
+        return Err(error("the layer input is not in the caller's layout"));
+    };
+    for v in graph.values() {
+        if let Op::Input(i) = graph.node(v).op {
+            pass.place(v, Home::Layout { base: base + 4 * input_slices[i].0 as u64, width });
         }
     }
-    Ok(out)
+    for (v, value) in plan.constant_values::<f32>(graph) {
+        let at = pass.upload(&value)?;
+        pass.place(v, Home::Fixed(at));
+    }
+    Ok(())
 }
 
-/// Runs the forward of `job` on `device` with `module` (the [`kernels`], loaded).
+/// Runs the forward of `job` on `device` with `module` (holding `kernels`).
 pub fn forward(
     device: &dyn Device,
     module: &Module,
     kernels: &[(usize, Kernel)],
     job: &ForwardJob,
     output: &mut RowsMut,
+    graph_capture: bool,
 ) -> Result<ForwardResult> {
-    if job.training {
-        return Err(unsupported(
-            "training on the CUDA back end is not built yet (issue 6); infer, or use --backend cpu",
-        ));
-    }
     let g: &Graph = &job.cell.cell;
     let cell = &job.cell.cell;
     let layer = job.layer;
     let plan = &layer.forward_plan;
     let stages = &layer.schedule.forward;
-    let batch = job.plan.batch();
-    let steps = job.plan.steps();
-    let order = job.plan.order();
-    let mut rank = vec![0usize; batch];
-    for (r, &b) in order.iter().enumerate() {
-        rank[b] = r;
-    }
-    let layout = job.input.layout;
     let layout_rows = job.input.data.len() / job.input.width.max(1);
-    let out_rows = output.data.len() / output.width.max(1);
+    let mut pass = Pass::new(device, job.input.layout, job.plan, job.reverse, layout_rows);
+    let (batch, steps) = (pass.batch(), pass.steps());
 
-    // Device memory.
-    let x = device.upload(job.input.data)?;
-    let params: Vec<Buf> = job.params.iter().map(|p| device.upload(p)).collect::<Result<_>>()?;
-    let mut consts: Vec<Buf> = Vec::new();
-    let mut home: HashMap<ValueId, Home> = HashMap::new();
-    for v in g.values() {
-        match g.node(v).op {
-            Op::Input(i) => {
-                home.insert(v, Home::Input(i));
-            }
-            Op::State(i) => {
-                home.insert(v, Home::State(i));
-            }
-            Op::Param(i) => {
-                home.insert(v, Home::Param(i));
-            }
-            _ => {}
+    // Leaves, constants and the state histories.
+    let input = Home::Layout { base: pass.upload(job.input.data)?, width: job.input.width };
+    place_inputs_and_constants(&mut pass, g, plan, input, &layer.input_slices)?;
+    let params: Vec<u64> = job.params.iter().map(|p| pass.upload(p)).collect::<Result<_>>()?;
+    let order = job.plan.order();
+    let mut states = Vec::new();
+    for (i, &m) in layer.state_sizes.iter().enumerate() {
+        let mut history = vec![0.0f32; (steps + 1) * batch * m];
+        for (r, &b) in order.iter().enumerate() {
+            history[r * m..(r + 1) * m].copy_from_slice(&job.h0[i][b * m..(b + 1) * m]);
         }
-    }
-    for (v, value) in plan.constant_values::<f32>(g) {
-        home.insert(v, Home::Const(consts.len()));
-        consts.push(device.upload(&value)?);
-    }
-    for (i, v) in cell.next_states.iter().enumerate() {
-        // A next state that is a leaf, or the next state of two states, needs a copy step
-        // this back end does not have yet.
-        if home.insert(*v, Home::NextState(i)).is_some() {
-            return Err(unsupported(format!(
+        let base = pass.upload(&history)?;
+        states.push(Home::Steps { base, len: m });
+        let next = Home::Steps { base: base + 4 * (batch * m) as u64, len: m };
+        if pass.has_home(cell.next_states[i]) {
+            return Err(error(format!(
                 "next state {i} of `{}` is not computed by a stage of its own",
                 cell.name
             )));
         }
+        pass.place(cell.next_states[i], next);
     }
-    let mut rows_bufs: Vec<Buf> = Vec::new();
-    let mut rank_bufs: Vec<Buf> = Vec::new();
+    for v in g.values() {
+        match g.node(v).op {
+            Op::Param(i) => pass.place(v, Home::Fixed(params[i])),
+            Op::State(i) => pass.place(v, states[i]),
+            _ => {}
+        }
+    }
+    if !pass.has_home(cell.output) {
+        pass.place_layout(cell.output, layer.output_size)?;
+    }
+    let saved = &layer.schedule.saved.saved;
     for st in stages {
         for &v in &st.outputs {
-            if home.contains_key(&v) {
+            if pass.has_home(v) {
                 continue;
             }
-            let h = if v == cell.output {
-                Home::Output
-            } else if st.placement == Placement::BeforeLoop {
-                rows_bufs.push(device.zeros(layout_rows * plan.elements(v))?);
-                Home::Rows(rows_bufs.len() - 1)
-            } else {
-                rank_bufs.push(device.zeros(batch * plan.elements(v))?);
-                Home::Rank(rank_bufs.len() - 1)
+            let len = plan.elements(v);
+            match st.placement {
+                Placement::BeforeLoop => pass.place_layout(v, len)?,
+                _ if job.training && saved.contains(&v) => pass.place_steps(v, len)?,
+                _ => pass.place_rank(v, len)?,
             };
-            home.insert(v, h);
         }
     }
-    // State history, slot 0 = h0 in rank order.
-    let hist: Vec<Buf> = layer
-        .state_sizes
-        .iter()
-        .enumerate()
-        .map(|(i, &m)| {
-            let mut h = vec![0.0f32; (steps + 1) * batch * m];
-            for (r, &b) in order.iter().enumerate() {
-                h[r * m..(r + 1) * m].copy_from_slice(&job.h0[i][b * m..(b + 1) * m]);
-            }
-            device.upload(&h)
-        })
-        .collect::<Result<_>>()?;
-    let out_dev = device.upload(output.data)?;
 
-    // The address of value `v` for row (b, t) at step s, rank r.
-    let addr = |v: ValueId, b: usize, t: usize, s: usize, r: usize| -> Result<u64> {
-        let len = plan.elements(v);
-        Ok(match *home.get(&v).ok_or_else(|| unsupported(format!("no storage for {v}")))? {
-            Home::Input(i) => x.at(layout.row(b, t) * job.input.width + layer.input_slices[i].0),
-            Home::Param(i) => params[i].addr,
-            Home::Const(i) => consts[i].addr,
-            Home::State(i) => hist[i].at((s * batch + r) * layer.state_sizes[i]),
-            Home::NextState(i) => hist[i].at(((s + 1) * batch + r) * layer.state_sizes[i]),
-            Home::Rows(i) => rows_bufs[i].at(layout.row(b, t) * len),
-            Home::Rank(i) => rank_bufs[i].at(r * len),
-            Home::Output => out_dev.at(output.layout.row(b, t) * output.width + output.offset),
-        })
-    };
-    let kernel_of = |i: usize| kernels.iter().find(|(k, _)| *k == i).map(|(_, k)| k);
-    let scratch = device.zeros(kernels.iter().map(|(_, k)| k.scratch).max().unwrap_or(0).max(1) * 1024)?;
-    // Address tables stay alive until the end: launches are asynchronous on a GPU.
-    let mut keep: Vec<Buf> = Vec::new();
-    let launch_rows = |k: &Kernel, rows: &[(usize, usize, usize, usize)]| -> Result<Option<Buf>> {
-        if rows.is_empty() {
-            return Ok(None);
-        }
-        let mut table = Vec::with_capacity(rows.len() * (k.inputs.len() + k.outputs.len()));
-        for &(b, t, s, r) in rows {
-            for &v in k.inputs.iter().chain(&k.outputs) {
-                table.push(addr(v, b, t, s, r)?);
-            }
-        }
-        let table = device.upload_addresses(&table)?;
-        let grid = grid_for(k, rows.len(), device.block_size());
-        let args = [Arg::Ptr(table.addr), Arg::I32(rows.len() as i32), Arg::Ptr(scratch.addr)];
-        device.launch(module, &k.name, grid, device.block_size(), &args)?;
-        Ok(Some(table))
-    };
-
-    // Before the loop: hoisted products over every layout row, pointwise over valid rows.
-    let valid: Vec<(usize, usize, usize, usize)> =
-        (0..batch).flat_map(|b| (0..job.plan.lengths()[b]).map(move |t| (b, t, 0, 0))).collect();
+    let mut calls = Calls::new(device.block_size());
+    // Before the loop: hoisted products over every layout row, pointwise stages over valid rows.
+    let valid = pass.valid_rows();
     for (i, st) in stages.iter().enumerate().filter(|(_, s)| s.placement == Placement::BeforeLoop) {
         match st.kind {
             StageKind::Gemm => {
                 for &v in &st.values {
-                    let [w, xin] = g.operands(v)[..] else {
-                        return Err(unsupported("a product needs two operands"));
-                    };
-                    let (m, k) = plan.shape(w);
-                    let (Some(Home::Param(_)), Some(&Home::Input(input)), Some(&Home::Rows(out))) =
-                        (home.get(&w), home.get(&xin), home.get(&v))
-                    else {
-                        return Err(unsupported(format!("hoisted product {v}: only W @ input is built yet")));
-                    };
-                    // Every layout row, from row 0 of the input's slice.
-                    let a = x.at(layer.input_slices[input].0);
-                    let c = rows_bufs[out].addr;
-                    device.gemm_nt(GemmNt {
-                        m: layout_rows,
-                        n: m,
-                        k,
-                        a,
-                        lda: job.input.width,
-                        b: addr(w, 0, 0, 0, 0)?,
-                        ldb: k,
-                        c,
-                        ldc: m,
-                    })?;
+                    calls.all_rows_product(&mut pass, g, plan, v)?;
                 }
             }
-            _ => {
-                let k = kernel_of(i).ok_or_else(|| unsupported(format!("no kernel for stage {i}")))?;
-                keep.extend(launch_rows(k, &valid)?);
-            }
+            _ => calls.over(&mut pass, kernel_of(kernels, i)?, &valid)?,
         }
     }
-
-    // The time loop.
-    let whole = stages.iter().filter(|s| s.placement == Placement::EachStep).count() == 1
-        && stages
-            .iter()
-            .any(|s| s.placement == Placement::EachStep && matches!(s.kind, StageKind::WholeSequence { .. }));
-    if whole {
-        let (i, _) = stages
-            .iter()
-            .enumerate()
-            .find(|(_, s)| s.placement == Placement::EachStep)
-            .ok_or_else(|| unsupported("no per-step stage"))?;
-        let k = kernel_of(i).ok_or_else(|| unsupported(format!("no kernel for stage {i}")))?;
-        // Sequences in rank order, each sequence's rows in time order.
-        let mut table = Vec::new();
-        let (mut starts, mut counts) = (Vec::new(), Vec::new());
-        let mut at = 0i32;
-        for (r, &b) in order.iter().enumerate() {
-            let len = job.plan.lengths()[b];
-            starts.push(at);
-            counts.push(len as i32);
-            at += len as i32;
-            for s in 0..len {
-                let t = job.plan.time(b, s, job.reverse);
-                for &v in k.inputs.iter().chain(&k.outputs) {
-                    table.push(addr(v, b, t, s, r)?);
-                }
-            }
+    // The time loop: one whole-sequence kernel, or the stages step by step.
+    let each_step: Vec<(usize, &cellc::schedule::Stage)> =
+        stages.iter().enumerate().filter(|(_, s)| s.placement == Placement::EachStep).collect();
+    match each_step[..] {
+        [(i, st)] if matches!(st.kind, StageKind::WholeSequence { .. }) => {
+            let sequences: Vec<Vec<Row>> = (0..batch).map(|r| pass.sequence(r)).collect();
+            calls.sequences(&mut pass, kernel_of(kernels, i)?, &sequences)?;
         }
-        let table = device.upload_addresses(&table)?;
-        let (starts, counts) = (device.upload_i32(&starts)?, device.upload_i32(&counts)?);
-        let grid = grid_for(k, batch, device.block_size());
-        let args = [
-            Arg::Ptr(table.addr),
-            Arg::Ptr(starts.addr),
-            Arg::Ptr(counts.addr),
-            Arg::I32(batch as i32),
-            Arg::Ptr(scratch.addr),
-        ];
-        device.launch(module, &k.name, grid, device.block_size(), &args)?;
-        keep.extend([table, starts, counts]);
+        _ => step_by_step(&mut pass, &mut calls, g, plan, kernels, &each_step, (0..steps).collect())?,
+    }
+    // Final states: each sequence's history at its own last step, gathered in batch order.
+    let mut finals = Vec::new();
+    for (i, &m) in layer.state_sizes.iter().enumerate() {
+        let out = pass.zeros(batch * m)?;
+        let pairs: Vec<(u64, u64)> = (0..batch)
+            .map(|r| {
+                let b = order[r];
+                let last = Row { b, t: 0, s: job.plan.lengths()[b], r };
+                (out + 4 * (b * m) as u64, states[i].addr(last, pass.layout, batch))
+            })
+            .collect();
+        calls.copy_rows(&mut pass, &pairs, m)?;
+        finals.push(out);
+    }
+
+    device.run(module, &calls.list, graph_capture)?;
+
+    // The output rows, from wherever the output lives.
+    let o = layer.output_size;
+    let out_home = pass.home(cell.output)?;
+    let host = fetch_rows(&pass, out_home, o)?;
+    for row in &valid {
+        let at = output.layout.row(row.b, row.t) * output.width + output.offset;
+        output.data[at..at + o].copy_from_slice(host.row(*row, &pass));
+    }
+    let final_states = finals
+        .iter()
+        .zip(&layer.state_sizes)
+        .map(|(&at, &m)| pass.download(at, batch * m))
+        .collect::<Result<_>>()?;
+    let tape = if job.training {
+        let keep: Vec<ValueId> =
+            saved.iter().copied().filter(|v| g.contains(*v) && pass.has_home(*v)).collect();
+        let kept = pass.keep(keep)?;
+        Some(Tape(Box::new(CudaTape {
+            device: device.name(),
+            input,
+            params,
+            states,
+            output: out_home,
+            kept,
+        })))
     } else {
-        for s in 0..steps {
-            let n = job.plan.batch_sizes()[s];
-            let rows: Vec<(usize, usize, usize, usize)> =
-                (0..n).map(|r| (order[r], job.plan.time(order[r], s, job.reverse), s, r)).collect();
-            for (i, st) in stages.iter().enumerate().filter(|(_, s)| s.placement == Placement::EachStep) {
-                match st.kind {
-                    StageKind::Gemm => {
-                        for &v in &st.values {
-                            let [w, xin] = g.operands(v)[..] else {
-                                return Err(unsupported("a product needs two operands"));
-                            };
-                            if g.node(v).op != Op::MatVec {
-                                return Err(unsupported(format!(
-                                    "per-step {:?} is not built yet",
-                                    g.node(v).op
-                                )));
-                            }
-                            let (m, k) = plan.shape(w);
-                            // The first active rank's row; ranks are contiguous with stride = length.
-                            let a = addr(xin, order[0], job.plan.time(order[0], s, job.reverse), s, 0)?;
-                            let c = addr(v, order[0], job.plan.time(order[0], s, job.reverse), s, 0)?;
-                            let contiguous = |h: Option<&Home>| {
-                                matches!(h, Some(Home::State(_) | Home::NextState(_) | Home::Rank(_)))
-                            };
-                            if !contiguous(home.get(&xin)) || !contiguous(home.get(&v)) {
-                                return Err(unsupported(format!(
-                                    "per-step product {v} on rows of the layout"
-                                )));
-                            }
-                            device.gemm_nt(GemmNt {
-                                m: n,
-                                n: m,
-                                k,
-                                a,
-                                lda: k,
-                                b: addr(w, 0, 0, 0, 0)?,
-                                ldb: k,
-                                c,
-                                ldc: m,
-                            })?;
-                        }
-                    }
-                    _ => {
-                        let k =
-                            kernel_of(i).ok_or_else(|| unsupported(format!("no kernel for stage {i}")))?;
-                        launch_rows(k, &rows)?;
-                    }
-                }
-            }
-        }
-    }
-
-    // The output, where it is a next state: copied from the history into its rows.
-    if let Some(Home::NextState(i)) = home.get(&cell.output).copied() {
-        let m = layer.state_sizes[i];
-        let mut pairs = Vec::new();
-        for &b in order {
-            for s in 0..job.plan.lengths()[b] {
-                let t = job.plan.time(b, s, job.reverse);
-                pairs.push(out_dev.at(output.layout.row(b, t) * output.width + output.offset));
-                pairs.push(hist[i].at(((s + 1) * batch + rank[b]) * m));
-            }
-        }
-        let table = device.upload_addresses(&pairs)?;
-        let rows = pairs.len() / 2;
-        let args = [Arg::Ptr(table.addr), Arg::I32(rows as i32), Arg::I32(m as i32)];
-        device.launch(module, "cellc_copy_rows", rows.clamp(1, 1024) as u32, device.block_size(), &args)?;
-        keep.push(table);
-    }
-    let out_host = device.download(&out_dev)?; // waits for every launch above
-    drop(keep);
-    debug_assert_eq!(out_host.len(), out_rows * output.width);
-    output.data.copy_from_slice(&out_host);
-    // Final states: each sequence's history at its own last step.
-    let mut finals = Vec::with_capacity(hist.len());
-    for (i, h) in hist.iter().enumerate() {
-        let m = layer.state_sizes[i];
-        let all = device.download(h)?;
-        let mut f = vec![0.0f32; batch * m];
-        for b in 0..batch {
-            let at = (job.plan.lengths()[b] * batch + rank[b]) * m;
-            f[b * m..(b + 1) * m].copy_from_slice(&all[at..at + m]);
-        }
-        finals.push(f);
-    }
-    Ok(ForwardResult { final_states: finals, tape: None })
+        None
+    };
+    Ok(ForwardResult { final_states, tape })
 }
 
-/// Blocks for `items` rows or sequences: a lane-form kernel gives every
-/// (item, chunk of a block's worth of units) its own block; a block-form
-/// kernel one block per item. Both loop over whatever the grid leaves out.
-fn grid_for(k: &Kernel, items: usize, block: u32) -> u32 {
-    let per_item = if k.units > 0 { k.units.div_ceil(block.max(1) as usize) } else { 1 };
-    (items * per_item).clamp(1, 65_535) as u32
+/// The per-step stages for each step in `steps` (in that order): GEMMs
+/// on the active ranks' contiguous rows, kernels over a slice of one
+/// pointer table per kernel uploaded for all steps.
+pub fn step_by_step(
+    pass: &mut Pass,
+    calls: &mut Calls,
+    g: &Graph,
+    plan: &cellc::interp::Plan,
+    kernels: &[(usize, Kernel)],
+    stages: &[(usize, &cellc::schedule::Stage)],
+    steps: Vec<usize>,
+) -> Result<()> {
+    // One table per kernel: every step's rows, in the order the steps run.
+    let mut tables = Vec::new();
+    for &(i, st) in stages {
+        if st.kind == StageKind::Gemm {
+            tables.push(None);
+            continue;
+        }
+        let k = kernel_of(kernels, i)?;
+        let rows: Vec<Row> = steps.iter().flat_map(|&s| pass.rows_at(s)).collect();
+        tables.push(Some((k, Calls::table(pass, k, &rows)?)));
+    }
+    let mut done = 0usize;
+    for &s in &steps {
+        let n = pass.plan.batch_sizes()[s];
+        for (&(_, st), table) in stages.iter().zip(&tables) {
+            match table {
+                None => {
+                    for &v in &st.values {
+                        calls.step_product(pass, g, plan, v, s, n)?;
+                    }
+                }
+                Some((k, base)) => {
+                    let per_row = 8 * (k.inputs.len() + k.outputs.len()) as u64;
+                    calls.rows(pass, k, base + per_row * done as u64, n)?;
+                }
+            }
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+/// A value's rows downloaded from its home.
+#[derive(Debug)]
+pub struct HostRows {
+    home: Home,
+    data: Vec<f32>,
+    len: usize,
+}
+
+impl HostRows {
+    /// Row `row`'s `len` floats.
+    pub fn row(&self, row: Row, pass: &Pass) -> &[f32] {
+        let at = match self.home {
+            Home::Layout { width, .. } => pass.layout.row(row.b, row.t) * width,
+            Home::Steps { len, .. } => (row.s * pass.batch() + row.r) * len,
+            Home::Rank { len, .. } => row.r * len,
+            Home::Fixed(_) => 0,
+        };
+        &self.data[at..at + self.len]
+    }
+}
+
+/// Downloads every row of a value of `len` floats held at `home`.
+pub fn fetch_rows(pass: &Pass, home: Home, len: usize) -> Result<HostRows> {
+    let (base, floats) = match home {
+        Home::Layout { base, width } => (base, pass.layout_rows.saturating_sub(1) * width + len),
+        Home::Steps { base, len: l } => (base, pass.step_major_rows().saturating_sub(1) * l + len),
+        Home::Rank { base, len: l } => (base, pass.batch().saturating_sub(1) * l + len),
+        Home::Fixed(base) => (base, len),
+    };
+    Ok(HostRows { home, data: pass.download(base, floats)?, len })
 }

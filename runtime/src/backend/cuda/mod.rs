@@ -2,36 +2,50 @@
 //! NVRTC and driven through cudarc, all loaded at run time, so the project
 //! builds and runs where CUDA is absent.
 //!
-//! The driver ([`forward`]) is written against the [`device::Device`]
-//! trait, so it runs on the emulated device (host memory, kernels as host
-//! C++) and is tested against the reference back end on machines without
-//! a GPU. What exists: inference, NVRTC compilation ([`nvrtc`]) and the
-//! device check. A machine without a driver gets a typed error naming what
-//! is missing, never a panic (cudarc panics if a driver call is made
-//! without `libcuda`: every call is gated on [`driver_available`] first).
-//! Next: the backward (training), and a CUDA-graph capture of the loop.
+//! The drivers ([`forward`], [`backward`]) are written against the
+//! [`device::Device`] trait, so they run on the emulated device (host
+//! memory, kernels as host C++) and are tested against the reference back
+//! end on machines without a GPU. A pass uploads its pointer tables first
+//! and then runs as one list of calls ([`calls`]), which a GPU can capture
+//! into a CUDA graph ([`Cuda::with_graphs`]). A machine without a driver
+//! gets a typed error naming what is missing, never a panic (cudarc panics
+//! if a driver call is made without `libcuda`: every call is gated on
+//! [`driver_available`] first).
 
+pub mod backward;
+pub mod calls;
 pub mod device;
 pub mod forward;
 pub mod gpu;
 pub mod nvrtc;
+pub mod storage;
 
 use crate::backend::{Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, Tape};
 use crate::error::{Result, RuntimeError};
-use device::{Device, Module};
+use crate::model::{CompiledCell, LayerProgram};
+use cellc::cuda::Kernel;
+use device::{Device, GraphStats, Module};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// The CUDA back end over a device.
 pub struct Cuda {
     device: Box<dyn Device>,
-    /// Loaded kernels by the hash of their source: a model compiles once.
-    modules: Mutex<HashMap<u64, Arc<Module>>>,
+    /// Compiled layers by the hash of their kernels' source: a model compiles once.
+    programs: Mutex<HashMap<u64, Arc<Program>>>,
+    graphs: bool,
+}
+
+/// A layer's kernels, forward and backward, loaded as one module.
+struct Program {
+    module: Module,
+    forward: Vec<(usize, Kernel)>,
+    backward: Vec<(usize, Kernel)>,
 }
 
 impl std::fmt::Debug for Cuda {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cuda").field("device", &self.device.name()).finish()
+        f.debug_struct("Cuda").field("device", &self.device.name()).field("graphs", &self.graphs).finish()
     }
 }
 
@@ -40,28 +54,77 @@ impl Cuda {
     /// driver, no such device, no cuBLAS or no NVRTC.
     pub fn gpu(ordinal: usize) -> Result<Cuda> {
         let device = gpu::Gpu::new(open_device(ordinal)?)?;
-        Ok(Cuda { device: Box::new(device), modules: Mutex::new(HashMap::new()) })
+        Ok(Cuda::on(Box::new(device)))
     }
 
     /// The back end on the emulated device (for verification without a GPU).
     pub fn emulated() -> Result<Cuda> {
-        Ok(Cuda { device: Box::new(device::Emulated::new()?), modules: Mutex::new(HashMap::new()) })
+        Ok(Cuda::on(Box::new(device::Emulated::new()?)))
     }
 
-    fn module(&self, kernels: &[cellc::cuda::Kernel]) -> Result<Arc<Module>> {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        for k in kernels {
-            k.source.hash(&mut h);
+    fn on(device: Box<dyn Device>) -> Cuda {
+        Cuda { device, programs: Mutex::new(HashMap::new()), graphs: false }
+    }
+
+    /// Runs every pass as a CUDA graph, captured the first time its exact
+    /// calls are seen and relaunched after that (a model run again at the
+    /// same batch shape), which cuts the launch cost of the time loop's
+    /// many small kernels to one launch.
+    pub fn with_graphs(mut self, graphs: bool) -> Cuda {
+        self.graphs = graphs;
+        self
+    }
+
+    /// How many passes replayed a captured graph, and how many captured one.
+    pub fn graph_stats(&self) -> GraphStats {
+        self.device.graph_stats()
+    }
+
+    /// The layer's kernels, emitted, compiled and loaded once.
+    fn program(&self, cell: &CompiledCell, layer: &LayerProgram) -> Result<Arc<Program>> {
+        let (chains_fwd, chains_bwd) = cellc::cuda::chains(&cell.cell, &cell.grad);
+        let side = |graph: &cellc::ir::Graph,
+                    plan: &cellc::interp::Plan,
+                    stages: &[cellc::schedule::Stage],
+                    chains: &[cellc::cuda::Chain],
+                    name: &str|
+         -> Result<Vec<(usize, Kernel)>> {
+            let cx = cellc::cuda::Context { chains, ..Default::default() };
+            stages
+                .iter()
+                .enumerate()
+                .filter(|(_, st)| {
+                    matches!(
+                        st.kind,
+                        cellc::schedule::StageKind::Pointwise { .. }
+                            | cellc::schedule::StageKind::WholeSequence { .. }
+                    )
+                })
+                .map(|(i, st)| {
+                    let name = format!("{}_{name}_s{i}", cell.cell.name);
+                    cellc::cuda::emit_stage(graph, plan, st, &name, cx)
+                        .map(|k| (i, k))
+                        .map_err(|e| error(e.to_string()))
+                })
+                .collect()
+        };
+        let forward = side(&cell.cell, &layer.forward_plan, &layer.schedule.forward, &chains_fwd, "fwd")?;
+        let backward =
+            side(&cell.grad.graph, &layer.backward_plan, &layer.schedule.backward, &chains_bwd, "bwd")?;
+        let kernels: Vec<Kernel> = forward.iter().chain(&backward).map(|(_, k)| k.clone()).collect();
+        let key = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            kernels.iter().for_each(|k| k.source.hash(&mut h));
+            h.finish()
+        };
+        let mut cache = self.programs.lock().map_err(|_| error("module cache poisoned"))?;
+        if let Some(p) = cache.get(&key) {
+            return Ok(p.clone());
         }
-        let key = h.finish();
-        let mut cache = self.modules.lock().map_err(|_| error("module cache poisoned"))?;
-        if let Some(m) = cache.get(&key) {
-            return Ok(m.clone());
-        }
-        let m = Arc::new(self.device.load(kernels)?);
-        cache.insert(key, m.clone());
-        Ok(m)
+        let program = Arc::new(Program { module: self.device.load(&kernels)?, forward, backward });
+        cache.insert(key, program.clone());
+        Ok(program)
     }
 }
 
@@ -71,14 +134,17 @@ impl Backend for Cuda {
     }
 
     fn forward(&self, job: &ForwardJob, output: &mut RowsMut) -> Result<ForwardResult> {
-        let kernels = forward::kernels(job)?;
-        let list: Vec<cellc::cuda::Kernel> = kernels.iter().map(|(_, k)| k.clone()).collect();
-        let module = self.module(&list)?;
-        forward::forward(self.device.as_ref(), &module, &kernels, job, output)
+        let p = self.program(job.cell, job.layer)?;
+        forward::forward(self.device.as_ref(), &p.module, &p.forward, job, output, self.graphs)
     }
 
-    fn backward(&self, _job: &BackwardJob, _tape: &Tape, _d_input: &mut RowsMut) -> Result<BackwardResult> {
-        Err(error("training on the CUDA back end is not built yet (issue 6); use --backend cpu"))
+    fn backward(&self, job: &BackwardJob, tape: &Tape, d_input: &mut RowsMut) -> Result<BackwardResult> {
+        let tape = tape
+            .0
+            .downcast_ref::<forward::CudaTape>()
+            .ok_or_else(|| RuntimeError::Internal("a cuda backward needs a cuda forward's tape".into()))?;
+        let p = self.program(job.cell, job.layer)?;
+        backward::backward(self.device.as_ref(), &p.module, &p.backward, job, tape, d_input, self.graphs)
     }
 }
 

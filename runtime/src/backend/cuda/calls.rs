@@ -1,0 +1,338 @@
+//! Building a pass's [`Call`] list: kernel launches over pointer tables
+//! (uploaded before anything runs), GEMMs on the values' homes, row
+//! gathers and column sums.
+//!
+//! Every table is uploaded while the list is built, so the list itself
+//! touches no host memory: it runs as it is, or is captured as one graph.
+
+use super::device::{Arg, Call, Gemm};
+use super::storage::{error, Home, Order, Pass, Row};
+use crate::error::Result;
+use cellc::cuda::Kernel;
+use cellc::interp::Plan;
+use cellc::ir::{Graph, Op, ValueId};
+use std::collections::HashMap;
+
+/// The calls of one pass, in order.
+#[derive(Debug)]
+pub struct Calls {
+    pub list: Vec<Call>,
+    block: u32,
+    /// The largest scratch buffer so far: its address and floats.
+    scratch: (u64, usize),
+    /// `Layout` values gathered into `Steps` order, by value.
+    gathered: HashMap<ValueId, Home>,
+    /// `ones[steps * batch]`, for column sums.
+    ones: Option<u64>,
+}
+
+impl Calls {
+    pub fn new(block: u32) -> Calls {
+        Calls { list: Vec::new(), block, scratch: (0, 0), gathered: HashMap::new(), ones: None }
+    }
+
+    /// The pointer table of kernel `k` over `rows`: each row's inputs,
+    /// then its outputs, as the kernel's ABI lists them.
+    pub fn table(pass: &mut Pass, k: &Kernel, rows: &[Row]) -> Result<u64> {
+        let mut table = Vec::with_capacity(rows.len() * (k.inputs.len() + k.outputs.len()));
+        for &row in rows {
+            for &v in k.inputs.iter().chain(&k.outputs) {
+                table.push(pass.addr(v, row)?);
+            }
+        }
+        pass.upload_addresses(&table)
+    }
+
+    /// Scratch for `blocks` blocks of `k`, or none if it needs none.
+    fn scratch(&mut self, pass: &mut Pass, k: &Kernel, blocks: u32) -> Result<u64> {
+        let floats = k.scratch * blocks as usize;
+        if floats == 0 {
+            return Ok(0);
+        }
+        if floats > self.scratch.1 {
+            // Earlier calls keep the smaller buffer: the pass owns both.
+            self.scratch = (pass.zeros(floats)?, floats);
+        }
+        Ok(self.scratch.0)
+    }
+
+    /// Kernel `k` over `rows` rows of the table at `table`.
+    pub fn rows(&mut self, pass: &mut Pass, k: &Kernel, table: u64, rows: usize) -> Result<()> {
+        if rows == 0 {
+            return Ok(());
+        }
+        let grid = grid_for(k, rows, self.block);
+        let scratch = self.scratch(pass, k, grid)?;
+        self.list.push(Call::Launch {
+            kernel: k.name.clone(),
+            grid,
+            block: self.block,
+            args: vec![Arg::Ptr(table), Arg::I32(int(rows)?), Arg::Ptr(scratch)],
+        });
+        Ok(())
+    }
+
+    /// Kernel `k` once over `rows` (one table of its own).
+    pub fn over(&mut self, pass: &mut Pass, k: &Kernel, rows: &[Row]) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let table = Self::table(pass, k, rows)?;
+        self.rows(pass, k, table, rows.len())
+    }
+
+    /// A whole-sequence kernel over `sequences`, each a list of rows in
+    /// the order the kernel walks them.
+    pub fn sequences(&mut self, pass: &mut Pass, k: &Kernel, sequences: &[Vec<Row>]) -> Result<()> {
+        let all: Vec<Row> = sequences.iter().flatten().copied().collect();
+        let table = Self::table(pass, k, &all)?;
+        let (mut starts, mut counts) = (Vec::new(), Vec::new());
+        let mut at = 0;
+        for seq in sequences {
+            starts.push(int(at)?);
+            counts.push(int(seq.len())?);
+            at += seq.len();
+        }
+        let starts = pass.upload_i32(&starts)?;
+        let counts = pass.upload_i32(&counts)?;
+        let grid = grid_for(k, sequences.len(), self.block);
+        let scratch = self.scratch(pass, k, grid)?;
+        self.list.push(Call::Launch {
+            kernel: k.name.clone(),
+            grid,
+            block: self.block,
+            args: vec![
+                Arg::Ptr(table),
+                Arg::Ptr(starts),
+                Arg::Ptr(counts),
+                Arg::I32(int(sequences.len())?),
+                Arg::Ptr(scratch),
+            ],
+        });
+        Ok(())
+    }
+
+    /// Copies `n` floats for each `(destination, source)` pair (the prelude's `cellc_copy_rows`).
+    pub fn copy_rows(&mut self, pass: &mut Pass, pairs: &[(u64, u64)], n: usize) -> Result<()> {
+        if pairs.is_empty() || n == 0 {
+            return Ok(());
+        }
+        let flat: Vec<u64> = pairs.iter().flat_map(|&(d, s)| [d, s]).collect();
+        let table = pass.upload_addresses(&flat)?;
+        self.list.push(Call::Launch {
+            kernel: "cellc_copy_rows".into(),
+            grid: pairs.len().clamp(1, 65_535) as u32,
+            block: self.block,
+            args: vec![Arg::Ptr(table), Arg::I32(int(pairs.len())?), Arg::I32(int(n)?)],
+        });
+        Ok(())
+    }
+
+    pub fn gemm(&mut self, g: Gemm) {
+        if g.m > 0 && g.n > 0 {
+            self.list.push(Call::Gemm(g));
+        }
+    }
+
+    /// Product `v` for step `s`'s first `n` ranks: `Y = X · Wᵀ` (`matvec`)
+    /// or `Y = D · W` (`matvect`), vector and result in step rows.
+    pub fn step_product(
+        &mut self,
+        pass: &Pass,
+        graph: &Graph,
+        plan: &Plan,
+        v: ValueId,
+        s: usize,
+        n: usize,
+    ) -> Result<()> {
+        let (w, x) = operands(graph, v)?;
+        let weight = fixed(pass, w, v)?;
+        let (rows_w, cols_w) = plan.shape(w);
+        let batch = pass.batch();
+        let rows = |u: ValueId| -> Result<(u64, usize)> {
+            pass.home(u)?
+                .step_rows(s, batch)
+                .ok_or_else(|| error(format!("per-step product {v}: {u} is not held per rank")))
+        };
+        let ((xa, xs), (ya, ys)) = (rows(x)?, rows(v)?);
+        self.gemm(match graph.node(v).op {
+            Op::MatVec => product(n, rows_w, cols_w, (xa, xs), (weight, cols_w, true), (ya, ys)),
+            Op::MatVecT => product(n, cols_w, rows_w, (xa, xs), (weight, cols_w, false), (ya, ys)),
+            ref other => return Err(error(format!("{v}: {other:?} in a per-step GEMM"))),
+        });
+        Ok(())
+    }
+
+    /// Product `v` over every row at once (before or after the loop). A
+    /// `matvec`/`matvect` result takes its vector's order (given a home
+    /// here if it has none); an `outer` sums over rows in `Steps` order,
+    /// gathering a `Layout` operand first (padding rows hold anything).
+    pub fn all_rows_product(
+        &mut self,
+        pass: &mut Pass,
+        graph: &Graph,
+        plan: &Plan,
+        v: ValueId,
+    ) -> Result<()> {
+        let (m, x) = operands(graph, v)?;
+        match graph.node(v).op {
+            Op::MatVec | Op::MatVecT => {
+                let w = fixed(pass, m, v)?;
+                let (rows_w, cols_w) = plan.shape(m);
+                let (order, xa, xs) = all_rows(pass, x)?;
+                let rows = match order {
+                    Order::Layout => pass.layout_rows,
+                    Order::Steps => pass.step_major_rows(),
+                };
+                if !pass.has_home(v) {
+                    match order {
+                        Order::Layout => pass.place_layout(v, plan.elements(v))?,
+                        Order::Steps => pass.place_steps(v, plan.elements(v))?,
+                    };
+                }
+                let (out_order, ya, ys) = all_rows(pass, v)?;
+                if out_order != order {
+                    return Err(error(format!("{v} is stored in another row order than {x}")));
+                }
+                self.gemm(if graph.node(v).op == Op::MatVec {
+                    product(rows, rows_w, cols_w, (xa, xs), (w, cols_w, true), (ya, ys))
+                } else {
+                    product(rows, cols_w, rows_w, (xa, xs), (w, cols_w, false), (ya, ys))
+                });
+            }
+            Op::Outer => {
+                let (rows_d, cols) = plan.shape(v);
+                let (da, ds) = self.steps_order(pass, plan, m)?;
+                let (xa, xs) = self.steps_order(pass, plan, x)?;
+                let out = pass.zeros(rows_d * cols)?;
+                pass.place(v, Home::Fixed(out));
+                self.gemm(Gemm {
+                    m: rows_d,
+                    n: cols,
+                    k: pass.step_major_rows(),
+                    a: da,
+                    lda: ds,
+                    trans_a: true,
+                    b: xa,
+                    ldb: xs,
+                    trans_b: false,
+                    c: out,
+                    ldc: cols,
+                    accumulate: false,
+                });
+            }
+            ref other => return Err(error(format!("{v}: {other:?} in a GEMM stage"))),
+        }
+        Ok(())
+    }
+
+    /// `v`'s rows in `Steps` order (zeros where sequences ended): its own
+    /// home, or a gathered copy of its valid `Layout` rows.
+    fn steps_order(&mut self, pass: &mut Pass, plan: &Plan, v: ValueId) -> Result<(u64, usize)> {
+        let home = match self.gathered.get(&v) {
+            Some(&h) => h,
+            None => pass.home(v)?,
+        };
+        match home {
+            Home::Steps { base, len } => Ok((base, len)),
+            Home::Layout { .. } => {
+                let len = plan.elements(v);
+                let gathered = Home::Steps { base: pass.zeros(pass.step_major_rows() * len)?, len };
+                let (layout, batch) = (pass.layout, pass.batch());
+                let pairs: Vec<(u64, u64)> = pass
+                    .valid_rows()
+                    .into_iter()
+                    .map(|row| (gathered.addr(row, layout, batch), home.addr(row, layout, batch)))
+                    .collect();
+                self.copy_rows(pass, &pairs, len)?;
+                self.gathered.insert(v, gathered);
+                match gathered {
+                    Home::Steps { base, len } => Ok((base, len)),
+                    _ => Err(error("unreachable: a gathered value is in Steps order")),
+                }
+            }
+            other => Err(error(format!("{v} ({other:?}) is not held for every row"))),
+        }
+    }
+
+    /// `Σ` over every row of `v`, in a fixed order (a GEMM with ones, no
+    /// atomics): the address of the `[len]` result.
+    pub fn column_sum(&mut self, pass: &mut Pass, plan: &Plan, v: ValueId) -> Result<u64> {
+        let (va, vs) = self.steps_order(pass, plan, v)?;
+        let rows = pass.step_major_rows();
+        let ones = match self.ones {
+            Some(o) => o,
+            None => {
+                let o = pass.upload(&vec![1.0; rows])?;
+                self.ones = Some(o);
+                o
+            }
+        };
+        let len = plan.elements(v);
+        let out = pass.zeros(len)?;
+        self.gemm(Gemm {
+            m: 1,
+            n: len,
+            k: rows,
+            a: ones,
+            lda: rows,
+            trans_a: false,
+            b: va,
+            ldb: vs,
+            trans_b: false,
+            c: out,
+            ldc: len,
+            accumulate: false,
+        });
+        Ok(out)
+    }
+}
+
+/// `Y[rows, n] = X[rows, k] · op(W)`, `W` stored with `ldw` floats per row
+/// and transposed if `w.2` (`W` is `[n, k]`), else `[k, n]`.
+fn product(rows: usize, n: usize, k: usize, x: (u64, usize), w: (u64, usize, bool), y: (u64, usize)) -> Gemm {
+    Gemm {
+        m: rows,
+        n,
+        k,
+        a: x.0,
+        lda: x.1,
+        trans_a: false,
+        b: w.0,
+        ldb: w.1,
+        trans_b: w.2,
+        c: y.0,
+        ldc: y.1,
+        accumulate: false,
+    }
+}
+
+fn operands(graph: &Graph, v: ValueId) -> Result<(ValueId, ValueId)> {
+    match graph.operands(v)[..] {
+        [a, b] => Ok((a, b)),
+        _ => Err(error(format!("product {v} needs two operands"))),
+    }
+}
+
+fn fixed(pass: &Pass, w: ValueId, v: ValueId) -> Result<u64> {
+    match pass.home(w)? {
+        Home::Fixed(a) => Ok(a),
+        other => Err(error(format!("product {v}: matrix {w} is not a parameter ({other:?})"))),
+    }
+}
+
+fn all_rows(pass: &Pass, v: ValueId) -> Result<(Order, u64, usize)> {
+    pass.home(v)?.all_rows().ok_or_else(|| error(format!("{v} is not held for every row")))
+}
+
+fn int(x: usize) -> Result<i32> {
+    i32::try_from(x).map_err(|_| error(format!("{x} rows do not fit a kernel's int argument")))
+}
+
+/// Blocks for `items` rows or sequences: a lane-form kernel gives every
+/// (item, chunk of a block's worth of units) its own block; a block-form
+/// kernel one block per item. Both loop over whatever the grid leaves out.
+pub fn grid_for(k: &Kernel, items: usize, block: u32) -> u32 {
+    let per_item = if k.units > 0 { k.units.div_ceil(block.max(1) as usize) } else { 1 };
+    (items * per_item).clamp(1, 65_535) as u32
+}

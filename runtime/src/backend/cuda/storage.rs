@@ -1,0 +1,288 @@
+//! Where a layer's values live on the device during one pass, and the
+//! address of any value's row.
+//!
+//! A value has one [`Home`]; its row for `(sequence b, time t)`, taken at
+//! step `s` by the sequence of rank `r` (rank order: longest first, so a
+//! step's active sequences are a prefix), is found arithmetically:
+//!
+//! - [`Home::Layout`]: one row per row of the caller's layout (the input,
+//!   the output, the output's adjoint, values computed before the loop);
+//! - [`Home::Steps`]: one row per `(step, rank)`, step-major: state
+//!   histories (slot `s` holds the states before step `s`, so a step's
+//!   next state is slot `s + 1` of the same buffer), values kept for the
+//!   backward, and the backward's carried adjoints, likewise;
+//! - [`Home::Rank`]: one row per rank, rewritten every step;
+//! - [`Home::Fixed`]: the same memory for every row (parameters, constants).
+//!
+//! A step's rows of a `Steps` or `Rank` home are contiguous, so a per-step
+//! GEMM is one call; all rows of a `Steps` home are one matrix with zeros
+//! where a sequence had ended, so a weight gradient over all steps is one
+//! GEMM too.
+
+pub(super) use super::device::error;
+use super::device::{Buf, Device};
+use crate::error::Result;
+use crate::sequence::{BatchPlan, RowLayout};
+use cellc::ir::ValueId;
+use std::collections::HashMap;
+
+/// One row of a pass: sequence `b` at time `t`, its step `s` and rank `r`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Row {
+    pub b: usize,
+    pub t: usize,
+    pub s: usize,
+    pub r: usize,
+}
+
+/// Where a value lives (see the module documentation). Addresses in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Home {
+    Layout { base: u64, width: usize },
+    Steps { base: u64, len: usize },
+    Rank { base: u64, len: usize },
+    Fixed(u64),
+}
+
+/// How a matrix of rows is laid out for a GEMM over all rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// One row per layout row (padding rows hold anything).
+    Layout,
+    /// One row per `(step, rank)` (rows of ended sequences hold zeros).
+    Steps,
+}
+
+impl Home {
+    fn base(self) -> u64 {
+        match self {
+            Home::Layout { base, .. } | Home::Steps { base, .. } | Home::Rank { base, .. } => base,
+            Home::Fixed(base) => base,
+        }
+    }
+
+    /// The address of `row`.
+    pub fn addr(self, row: Row, layout: &RowLayout, batch: usize) -> u64 {
+        let floats = match self {
+            Home::Layout { width, .. } => layout.row(row.b, row.t) * width,
+            Home::Steps { len, .. } => (row.s * batch + row.r) * len,
+            Home::Rank { len, .. } => row.r * len,
+            Home::Fixed(_) => 0,
+        };
+        self.base() + 4 * floats as u64
+    }
+
+    /// Step `s`'s rows, contiguous from rank 0: their address and stride.
+    pub fn step_rows(self, s: usize, batch: usize) -> Option<(u64, usize)> {
+        match self {
+            Home::Steps { base, len } => Some((base + 4 * (s * batch * len) as u64, len)),
+            Home::Rank { base, len } => Some((base, len)),
+            _ => None,
+        }
+    }
+
+    /// Every row as one matrix: its order, address and stride.
+    pub fn all_rows(self) -> Option<(Order, u64, usize)> {
+        match self {
+            Home::Layout { base, width } => Some((Order::Layout, base, width)),
+            Home::Steps { base, len } => Some((Order::Steps, base, len)),
+            _ => None,
+        }
+    }
+}
+
+/// Device buffers, freed last-allocated first (so the device's pool hands
+/// the same addresses to the next pass that allocates the same way).
+#[derive(Debug, Default)]
+pub struct Arena(Vec<Buf>);
+
+impl Arena {
+    pub fn keep(&mut self, buf: Buf) -> u64 {
+        let addr = buf.addr;
+        self.0.push(buf);
+        addr
+    }
+
+    /// The buffer holding floats `[addr, addr + 4 * len)`, and the offset of `addr` in it.
+    fn find(&self, addr: u64, len: usize) -> Option<(&Buf, usize)> {
+        self.0.iter().find_map(|b| {
+            let from = addr.checked_sub(b.addr)? / 4;
+            (addr >= b.addr && (from as usize) + len <= b.len).then_some((b, from as usize))
+        })
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        while let Some(b) = self.0.pop() {
+            drop(b);
+        }
+    }
+}
+
+/// One pass (a layer and direction, forwards or backwards) on a device:
+/// its buffers, the homes of its values, and the batch's rows.
+pub struct Pass<'a> {
+    pub device: &'a dyn Device,
+    pub layout: &'a RowLayout,
+    pub plan: &'a BatchPlan,
+    pub reverse: bool,
+    /// Rows of the caller's layout (padding included).
+    pub layout_rows: usize,
+    homes: HashMap<ValueId, Home>,
+    arena: Arena,
+}
+
+impl std::fmt::Debug for Pass<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pass")
+            .field("device", &self.device.name())
+            .field("values", &self.homes.len())
+            .finish()
+    }
+}
+
+impl<'a> Pass<'a> {
+    pub fn new(
+        device: &'a dyn Device,
+        layout: &'a RowLayout,
+        plan: &'a BatchPlan,
+        reverse: bool,
+        layout_rows: usize,
+    ) -> Pass<'a> {
+        Pass { device, layout, plan, reverse, layout_rows, homes: HashMap::new(), arena: Arena::default() }
+    }
+
+    pub fn batch(&self) -> usize {
+        self.plan.batch()
+    }
+
+    pub fn steps(&self) -> usize {
+        self.plan.steps()
+    }
+
+    /// Rows of a `Steps` home: every `(step, rank)`.
+    pub fn step_major_rows(&self) -> usize {
+        self.steps() * self.batch()
+    }
+
+    /// `len` zeroed floats, kept for the pass.
+    pub fn zeros(&mut self, len: usize) -> Result<u64> {
+        let buf = self.device.zeros(len)?;
+        Ok(self.arena.keep(buf))
+    }
+
+    pub fn upload(&mut self, data: &[f32]) -> Result<u64> {
+        let buf = self.device.upload(data)?;
+        Ok(self.arena.keep(buf))
+    }
+
+    pub fn upload_addresses(&mut self, addresses: &[u64]) -> Result<u64> {
+        let buf = self.device.upload_addresses(addresses)?;
+        Ok(self.arena.keep(buf))
+    }
+
+    pub fn upload_i32(&mut self, data: &[i32]) -> Result<u64> {
+        let buf = self.device.upload_i32(data)?;
+        Ok(self.arena.keep(buf))
+    }
+
+    /// Floats `[addr, addr + 4 * len)` of one of this pass's buffers, once the pass has run.
+    pub fn download(&self, addr: u64, len: usize) -> Result<Vec<f32>> {
+        let (buf, from) = self
+            .arena
+            .find(addr, len)
+            .ok_or_else(|| error(format!("no buffer holds {len} floats at {addr:#x}")))?;
+        self.device.download(buf, from, len)
+    }
+
+    pub fn place(&mut self, v: ValueId, home: Home) {
+        self.homes.insert(v, home);
+    }
+
+    pub fn has_home(&self, v: ValueId) -> bool {
+        self.homes.contains_key(&v)
+    }
+
+    pub fn home(&self, v: ValueId) -> Result<Home> {
+        self.homes.get(&v).copied().ok_or_else(|| error(format!("no storage for {v}")))
+    }
+
+    /// A `Steps` home of `len` floats per row, zeroed, for `v`.
+    pub fn place_steps(&mut self, v: ValueId, len: usize) -> Result<Home> {
+        let home = Home::Steps { base: self.zeros(self.step_major_rows() * len)?, len };
+        self.place(v, home);
+        Ok(home)
+    }
+
+    /// A `Layout` home of `len` floats per row for `v`.
+    pub fn place_layout(&mut self, v: ValueId, len: usize) -> Result<Home> {
+        let home = Home::Layout { base: self.zeros(self.layout_rows * len)?, width: len };
+        self.place(v, home);
+        Ok(home)
+    }
+
+    /// A `Rank` home of `len` floats per row for `v`.
+    pub fn place_rank(&mut self, v: ValueId, len: usize) -> Result<Home> {
+        let home = Home::Rank { base: self.zeros(self.batch() * len)?, len };
+        self.place(v, home);
+        Ok(home)
+    }
+
+    pub fn addr(&self, v: ValueId, row: Row) -> Result<u64> {
+        Ok(self.home(v)?.addr(row, self.layout, self.batch()))
+    }
+
+    /// The active rows of step `s`, in rank order.
+    pub fn rows_at(&self, s: usize) -> Vec<Row> {
+        let order = self.plan.order();
+        (0..self.plan.batch_sizes()[s])
+            .map(|r| Row { b: order[r], t: self.plan.time(order[r], s, self.reverse), s, r })
+            .collect()
+    }
+
+    /// Sequence `r`'s rows (by rank), in step order.
+    pub fn sequence(&self, r: usize) -> Vec<Row> {
+        let b = self.plan.order()[r];
+        (0..self.plan.lengths()[b]).map(|s| Row { b, t: self.plan.time(b, s, self.reverse), s, r }).collect()
+    }
+
+    /// Every valid row, sequence by sequence in rank order.
+    pub fn valid_rows(&self) -> Vec<Row> {
+        (0..self.batch()).flat_map(|r| self.sequence(r)).collect()
+    }
+
+    /// The pass's buffers and the homes of `values`, for a later pass.
+    pub fn keep(mut self, values: impl IntoIterator<Item = ValueId>) -> Result<Kept> {
+        let homes = values.into_iter().map(|v| Ok((v, self.home(v)?))).collect::<Result<_>>()?;
+        Ok(Kept { _arena: std::mem::take(&mut self.arena), homes })
+    }
+}
+
+/// Buffers of a finished pass that a later one reads (the tape).
+#[derive(Debug)]
+pub struct Kept {
+    /// Owns the memory the homes point into.
+    _arena: Arena,
+    pub homes: HashMap<ValueId, Home>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sequence::{Align, Major};
+
+    #[test]
+    fn rows_are_found_by_arithmetic() {
+        let plan = BatchPlan::new(&[2, 3], 3).expect("plan");
+        let layout = RowLayout::padded(&plan, 3, Major::BatchFirst, Align::Left);
+        // Sequence 1 is the longer: rank 0.
+        let row = Row { b: 1, t: 2, s: 2, r: 0 };
+        assert_eq!(Home::Layout { base: 1000, width: 5 }.addr(row, &layout, 2), 1000 + 4 * (5 * 5));
+        assert_eq!(Home::Steps { base: 1000, len: 3 }.addr(row, &layout, 2), 1000 + 4 * (2 * 2 * 3));
+        assert_eq!(Home::Rank { base: 1000, len: 3 }.addr(Row { r: 1, ..row }, &layout, 2), 1000 + 12);
+        assert_eq!(Home::Fixed(1000).addr(row, &layout, 2), 1000);
+        assert_eq!(Home::Steps { base: 0, len: 3 }.step_rows(1, 2), Some((24, 3)));
+        assert_eq!(Home::Fixed(8).step_rows(1, 2), None);
+    }
+}
