@@ -62,12 +62,13 @@ def time_it(fn, min_time, sync=lambda: None):
     return statistics.median(times)
 
 
-def cellc_time(cell, b, t, h, threads, mode, min_time, backend="cpu"):
+def cellc_time(cell, b, t, h, threads, mode, min_time, backend="cpu", extra=()):
     cmd = [CELLC, "bench", os.path.join(ROOT, "cells", f"{cell}.cell"), "-D", f"H={h}", "-D", f"I={h}",
            "--batch", str(b), "--steps", str(t), "--lengths", "uniform", "--mode", mode,
            "--min-time", str(min_time), "--json", "--backend", backend]
     if threads:
         cmd += ["--threads", str(threads)]
+    cmd += list(extra)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """cellc's CUDA back end against PyTorch on a GPU, in the same run, alternating.
 
-    python benches/compare_pytorch_gpu.py [--cells lstm gru layernorm_lstm sru mingru] [--json out.json]
+    python benches/compare_pytorch_gpu.py [--cells lstm gru layernorm_lstm sru mingru] [--cuda-graphs] [--json out.json]
 
 For a machine with an NVIDIA GPU, torch built with CUDA and a release build of cellc
 (`cargo build --release`; NVRTC and the driver are loaded at run time). The same shapes as
 `compare_pytorch.py` (T=100, I=H, lengths uniform in [T/2, T], B in {1, 16, 64}, H in
 {128, 256, 512}, inference and training), against `nn.LSTM`/`nn.GRU` on a PackedSequence
 (cuDNN) and against TorchScript and plain-loop custom cells on the GPU. Prints PyTorch time /
-cellc time per shape; where `cellc bench --backend cuda` fails (no driver, no device, or a
+cellc time per shape (`--cuda-graphs`: cellc runs each layer as a CUDA graph, captured at the
+first timed run and relaunched after it); where `cellc bench --backend cuda` fails (no driver, no device, or a
 back end that cannot run yet) the row says why instead of a ratio.
 """
 import argparse
@@ -28,6 +29,7 @@ def main():
     ap.add_argument("--hiddens", nargs="+", type=int, default=[128, 256, 512])
     ap.add_argument("--modes", nargs="+", default=["infer", "train"], choices=["infer", "train"])
     ap.add_argument("--min-time", type=float, default=0.5)
+    ap.add_argument("--cuda-graphs", action="store_true", help="cellc bench --cuda-graphs")
     ap.add_argument("--json", help="write all measurements here")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -43,7 +45,8 @@ def main():
                 for h in args.hiddens:
                     for variant in variants:
                         try:
-                            c = cpu.cellc_time(cell, b, t, h, None, mode, args.min_time, backend="cuda")["median_s"]
+                            c = cpu.cellc_time(cell, b, t, h, None, mode, args.min_time, backend="cuda",
+                                           extra=["--cuda-graphs"] if args.cuda_graphs else [])["median_s"]
                         except subprocess.CalledProcessError as e:
                             c, why = None, (e.stderr or "").strip().splitlines()[-1:] or ["failed"]
                         pt = cpu.torch_time(cell, b, t, h, mode, variant, args.min_time, device="cuda")

@@ -144,6 +144,15 @@ fn inference_matches_the_reference(cuda: Arc<Cuda>) {
         }
     }
     assert_eq!(cells.len(), 14);
+    eprintln!(
+        "{}: inference of {} cells x 5 layouts (2 layers, varlen) within 2e-5 of the reference",
+        cuda_name(&cuda),
+        cells.len()
+    );
+}
+
+fn cuda_name(cuda: &Cuda) -> String {
+    format!("{cuda:?}")
 }
 
 fn training_matches_the_reference(cuda: Arc<Cuda>) {
@@ -192,6 +201,12 @@ fn training_matches_the_reference(cuda: Arc<Cuda>) {
         }
     }
     assert_eq!(cells.len(), 14);
+    eprintln!(
+        "{}: training (forward, then input, state and parameter gradients) of {} cells x 5 layouts \
+         within 1e-4 (2e-3 with row reductions) of the reference",
+        cuda_name(&cuda),
+        cells.len()
+    );
 }
 
 /// LSTM training and SRU (a whole-sequence kernel) inference, run twice

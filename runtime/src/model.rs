@@ -23,6 +23,8 @@ use std::sync::Arc;
 pub struct CompiledCell {
     pub cell: Cell,
     pub grad: Gradient,
+    /// Both steps' IR as text: what back ends key compiled kernels by.
+    identity: String,
 }
 
 impl CompiledCell {
@@ -44,7 +46,19 @@ impl CompiledCell {
         let grad = cellc::autodiff::backward_step(&cell).map_err(|e| {
             RuntimeError::Internal(e.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))
         })?;
-        Ok(CompiledCell { cell, grad })
+        let names = cellc::ir::print::LeafNames::of(&cell, &grad.seeds);
+        let identity = format!(
+            "{}\n{}",
+            cellc::ir::print::values_text(&cell, &names, None),
+            cellc::ir::print::values_text(&grad.graph, &names, None)
+        );
+        Ok(CompiledCell { cell, grad, identity })
+    }
+
+    /// The forward and backward steps' IR as text: two cells with the same
+    /// identity compile to the same kernels at the same sizes.
+    pub fn identity(&self) -> &str {
+        &self.identity
     }
 
     /// Reads and compiles a `.cell` file.

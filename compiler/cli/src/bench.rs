@@ -49,6 +49,9 @@ pub struct BenchArgs {
     pub backend: Option<BackendChoice>,
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub threads: Option<u64>,
+    /// CUDA backend: run each layer as a CUDA graph (captured at the first run, then relaunched).
+    #[arg(long)]
+    pub cuda_graphs: bool,
     /// Least total measured time, in seconds.
     #[arg(long, default_value_t = 1.0)]
     pub min_time: f64,
@@ -125,7 +128,7 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
         }
     };
     sizes.retain(|k, _| compiled.cell.sizes.contains(k));
-    let backend = crate::run::make_backend(args.backend, args.threads)?;
+    let backend = crate::run::make_backend(args.backend, args.threads, args.cuda_graphs)?;
     let config = ModelConfig { layers: args.layers, bidirectional: args.bidirectional };
     let model = Model::new(compiled, config, &sizes, Some(input_size), None, 1, backend)?;
 

@@ -70,17 +70,23 @@ pub struct RunArgs {
     /// Threads for the CPU backend (default: all cores).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub threads: Option<u64>,
+    /// CUDA backend: run each layer as a CUDA graph (captured once per shape, then relaunched).
+    #[arg(long)]
+    pub cuda_graphs: bool,
 }
 
 /// The backend asked for; by default the fastest available (the CPU).
 pub fn make_backend(
     choice: Option<BackendChoice>,
     threads: Option<u64>,
+    cuda_graphs: bool,
 ) -> Result<Box<dyn Backend>, RuntimeError> {
     match choice.unwrap_or(BackendChoice::Cpu) {
         BackendChoice::Reference => Ok(Box::new(Reference)),
         BackendChoice::Cpu => Ok(Box::new(Cpu::new(threads.unwrap_or(0) as usize, Kernels::default())?)),
-        BackendChoice::Cuda => Ok(Box::new(cellc_runtime::backend::cuda::Cuda::gpu(0)?)),
+        BackendChoice::Cuda => {
+            Ok(Box::new(cellc_runtime::backend::cuda::Cuda::gpu(0)?.with_graphs(cuda_graphs)))
+        }
     }
 }
 
@@ -155,7 +161,7 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
         Some(features),
         Some(&weights),
         0,
-        make_backend(args.backend, args.threads)?,
+        make_backend(args.backend, args.threads, args.cuda_graphs)?,
     )?;
     let ld = model.layers().len() * model.directions();
     let state_sizes = model.layers()[0].state_sizes.clone();

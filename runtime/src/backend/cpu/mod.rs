@@ -99,15 +99,7 @@ impl Cpu {
     }
 
     fn code(&self, cell: &CompiledCell, layer: &LayerProgram) -> Result<Arc<LayerCode>> {
-        let names = cellc::ir::print::LeafNames::of(&cell.cell, &cell.grad.seeds);
-        let key = format!(
-            "{:?}|{:?}|{}|{}|{}",
-            self.kernels,
-            layer.sizes,
-            host_features(),
-            cellc::ir::print::values_text(&cell.cell, &names, None),
-            cellc::ir::print::values_text(&cell.grad.graph, &names, None),
-        );
+        let key = format!("{:?}|{:?}|{}|{}", self.kernels, layer.sizes, host_features(), cell.identity());
         let mut cache =
             program_cache().lock().map_err(|_| RuntimeError::Internal("kernel cache poisoned".into()))?;
         if let Some(c) = cache.get(&key) {

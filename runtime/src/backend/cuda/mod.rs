@@ -24,6 +24,7 @@ use crate::backend::{Backend, BackwardJob, BackwardResult, ForwardJob, ForwardRe
 use crate::error::{Result, RuntimeError};
 use crate::model::{CompiledCell, LayerProgram};
 use cellc::cuda::Kernel;
+use cellc::schedule::StageKind;
 use device::{Device, GraphStats, Module};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -31,8 +32,8 @@ use std::sync::{Arc, Mutex};
 /// The CUDA back end over a device.
 pub struct Cuda {
     device: Box<dyn Device>,
-    /// Compiled layers by the hash of their kernels' source: a model compiles once.
-    programs: Mutex<HashMap<u64, Arc<Program>>>,
+    /// Compiled layers by the cell's identity and the layer's sizes: a model compiles once.
+    programs: Mutex<HashMap<String, Arc<Program>>>,
     graphs: bool,
 }
 
@@ -82,6 +83,11 @@ impl Cuda {
 
     /// The layer's kernels, emitted, compiled and loaded once.
     fn program(&self, cell: &CompiledCell, layer: &LayerProgram) -> Result<Arc<Program>> {
+        let key = format!("{:?}|{}", layer.sizes, cell.identity());
+        let mut cache = self.programs.lock().map_err(|_| error("module cache poisoned"))?;
+        if let Some(p) = cache.get(&key) {
+            return Ok(p.clone());
+        }
         let (chains_fwd, chains_bwd) = cellc::cuda::chains(&cell.cell, &cell.grad);
         let side = |graph: &cellc::ir::Graph,
                     plan: &cellc::interp::Plan,
@@ -90,16 +96,13 @@ impl Cuda {
                     name: &str|
          -> Result<Vec<(usize, Kernel)>> {
             let cx = cellc::cuda::Context { chains, ..Default::default() };
+            let kernel_stage = |st: &&cellc::schedule::Stage| {
+                matches!(st.kind, StageKind::Pointwise { .. } | StageKind::WholeSequence { .. })
+            };
             stages
                 .iter()
                 .enumerate()
-                .filter(|(_, st)| {
-                    matches!(
-                        st.kind,
-                        cellc::schedule::StageKind::Pointwise { .. }
-                            | cellc::schedule::StageKind::WholeSequence { .. }
-                    )
-                })
+                .filter(|(_, st)| kernel_stage(st))
                 .map(|(i, st)| {
                     let name = format!("{}_{name}_s{i}", cell.cell.name);
                     cellc::cuda::emit_stage(graph, plan, st, &name, cx)
@@ -112,16 +115,6 @@ impl Cuda {
         let backward =
             side(&cell.grad.graph, &layer.backward_plan, &layer.schedule.backward, &chains_bwd, "bwd")?;
         let kernels: Vec<Kernel> = forward.iter().chain(&backward).map(|(_, k)| k.clone()).collect();
-        let key = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            kernels.iter().for_each(|k| k.source.hash(&mut h));
-            h.finish()
-        };
-        let mut cache = self.programs.lock().map_err(|_| error("module cache poisoned"))?;
-        if let Some(p) = cache.get(&key) {
-            return Ok(p.clone());
-        }
         let program = Arc::new(Program { module: self.device.load(&kernels)?, forward, backward });
         cache.insert(key, program.clone());
         Ok(program)
