@@ -10,7 +10,7 @@ use cellc::ir::Op;
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Backend;
-use cellc_runtime::{Align, CompiledCell, Input, Major, Model, ModelConfig, RuntimeError};
+use cellc_runtime::{Align, CompiledCell, Input, Major, Model, ModelConfig};
 use proptest::prelude::*;
 use std::sync::{Arc, OnceLock};
 
@@ -32,16 +32,7 @@ fn build(
     config: &ModelConfig,
     backend: Box<dyn Backend>,
 ) -> Option<Model> {
-    let sizes = [("H".to_string(), h), ("P".to_string(), (h / 2).max(1))]
-        .into_iter()
-        .filter(|(k, _)| cell.cell.sizes.contains(k))
-        .collect();
-    let input = if cell.cell.input_dim().variables() == ["H"] { h } else { i };
-    match Model::new(cell.clone(), config.clone(), &sizes, Some(input), None, 3, backend) {
-        Ok(m) => Some(m),
-        Err(RuntimeError::Layer { .. }) => None, // e.g. sru's x[H] cannot read a bidirectional layer
-        Err(e) => panic!("{}: {e}", cell.cell.name),
-    }
+    support::try_model(cell, (h, (h / 2).max(1), i), config, 3, backend)
 }
 
 /// How far the two f32 back ends may drift apart on a cell. They sum in

@@ -6,13 +6,10 @@
 
 mod support;
 
-use cellc::dims::Bindings;
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Backend;
-use cellc_runtime::{
-    Align, CompiledCell, Input, Major, Model, ModelConfig, PackedSequence, RowLayout, RuntimeError,
-};
+use cellc_runtime::{Align, CompiledCell, Input, Major, Model, PackedSequence, RowLayout};
 use std::sync::Arc;
 use support::Rng;
 
@@ -27,24 +24,7 @@ struct Case {
 
 /// A 2-layer bidirectional model when the cell allows it, else 2 layers one way.
 fn build(compiled: Arc<CompiledCell>, rng: &mut Rng, backend: &dyn Fn() -> Box<dyn Backend>) -> Case {
-    let cell = &compiled.cell;
-    let sizes: Bindings = [("H".to_string(), 3), ("P".to_string(), 2)]
-        .into_iter()
-        .filter(|(k, _)| cell.sizes.contains(k))
-        .collect();
-    let input_size = if cell.input_dim().variables() == ["H"] { 3 } else { 2 };
-    let mut config = ModelConfig { layers: 2, bidirectional: true };
-    let model =
-        match Model::new(compiled.clone(), config.clone(), &sizes, Some(input_size), None, 7, backend()) {
-            Ok(m) => m,
-            Err(RuntimeError::Layer { layer: 1, .. }) => {
-                // A cell whose input must be state-sized cannot read a bidirectional layer's 2*H output.
-                config.bidirectional = false;
-                Model::new(compiled.clone(), config, &sizes, Some(input_size), None, 7, backend())
-                    .expect("model")
-            }
-            Err(e) => panic!("{}: {e}", cell.name),
-        };
+    let model = support::two_layer_model(&compiled, (3, 2, 2), 7, backend);
     let ld = model.layers().len() * model.directions();
     let states: Vec<usize> = model.layers()[0].state_sizes.clone();
     let h0 = states
