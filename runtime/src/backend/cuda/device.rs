@@ -128,6 +128,25 @@ pub trait Device: Send + Sync {
     }
 }
 
+/// The two things a device does for a [`Call`]; [`Primitives::issue`]
+/// runs a list of them in order.
+pub trait Primitives {
+    fn launch(&self, module: &Module, kernel: &str, grid: u32, block: u32, args: &[Arg]) -> Result<()>;
+    fn gemm(&self, g: &Gemm) -> Result<()>;
+
+    fn issue(&self, module: &Module, calls: &[Call]) -> Result<()> {
+        for call in calls {
+            match call {
+                Call::Launch { kernel, grid, block, args } => {
+                    self.launch(module, kernel, *grid, *block, args)?
+                }
+                Call::Gemm(g) => self.gemm(g)?,
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Counts of [`Device::run`] with `graph` set.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GraphStats {
@@ -296,7 +315,9 @@ impl Emulated {
             dst.copy_from_slice(src);
         })
     }
+}
 
+impl Primitives for Emulated {
     fn launch(&self, module: &Module, kernel: &str, grid: u32, block: u32, args: &[Arg]) -> Result<()> {
         let m =
             module.inner.downcast_ref::<EmulatedModule>().ok_or_else(|| error("not an emulated module"))?;
@@ -394,15 +415,7 @@ impl Device for Emulated {
                 graphs.insert(calls.to_vec(), ());
             }
         }
-        for call in calls {
-            match call {
-                Call::Launch { kernel, grid, block, args } => {
-                    self.launch(module, kernel, *grid, *block, args)?
-                }
-                Call::Gemm(g) => self.gemm(g)?,
-            }
-        }
-        Ok(())
+        self.issue(module, calls)
     }
 
     fn graph_stats(&self) -> GraphStats {

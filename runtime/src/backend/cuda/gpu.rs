@@ -13,7 +13,7 @@
 //! ([`GraphCache`]) and relaunched when the same calls come again.
 
 use super::device::{
-    check_range, Arg, Buf, Call, Device, Gemm, GraphCache, GraphStats, Module, Pool, GRAPHS_KEPT,
+    check_range, Arg, Buf, Call, Device, Gemm, GraphCache, GraphStats, Module, Pool, Primitives, GRAPHS_KEPT,
 };
 use super::nvrtc;
 use crate::error::{Result, RuntimeError};
@@ -143,6 +143,31 @@ impl Gpu {
         Ok(buf)
     }
 
+    /// Captures `calls` from the stream into an instantiated graph.
+    fn capture(&self, module: &Module, calls: &[Call]) -> Result<Handle<drv_sys::CUgraphExec>> {
+        let mode = drv_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        // SAFETY: the device's own stream, not capturing yet.
+        unsafe { drv::stream::begin_capture(self.stream.0, mode) }
+            .map_err(|e| error(format!("cuStreamBeginCapture: {e:?}")))?;
+        let issued = self.issue(module, calls);
+        // SAFETY: ends the capture begun above, whatever happened in between.
+        let graph = unsafe { drv::stream::end_capture(self.stream.0) };
+        if let (Err(e), Ok(g)) = (&issued, &graph) {
+            // SAFETY: the partial graph of a failed capture, destroyed once.
+            let _ = unsafe { drv::graph::destroy(*g) };
+            return Err(e.clone());
+        }
+        issued?;
+        let graph = graph.map_err(|e| error(format!("cuStreamEndCapture: {e:?}")))?;
+        // SAFETY: a graph just captured; destroyed once instantiated.
+        let exec = unsafe { drv::graph::instantiate(graph, drv_sys::CUgraphInstantiate_flags(0)) };
+        // SAFETY: the graph is no longer needed once instantiated (or if that failed).
+        let _ = unsafe { drv::graph::destroy(graph) };
+        exec.map(Handle).map_err(|e| error(format!("cuGraphInstantiate: {e:?}")))
+    }
+}
+
+impl Primitives for Gpu {
     fn launch(&self, module: &Module, kernel: &str, grid: u32, block: u32, args: &[Arg]) -> Result<()> {
         let m = module.get::<GpuModule>().ok_or_else(|| error("not a GPU module"))?;
         let f = {
@@ -227,36 +252,6 @@ impl Gpu {
             )
         }
         .map_err(|e| error(format!("cublasSgemm: {e:?}")))
-    }
-
-    fn issue(&self, module: &Module, calls: &[Call]) -> Result<()> {
-        for call in calls {
-            match call {
-                Call::Launch { kernel, grid, block, args } => {
-                    self.launch(module, kernel, *grid, *block, args)?
-                }
-                Call::Gemm(g) => self.gemm(g)?,
-            }
-        }
-        Ok(())
-    }
-
-    /// Captures `calls` from the stream into an instantiated graph.
-    fn capture(&self, module: &Module, calls: &[Call]) -> Result<Handle<drv_sys::CUgraphExec>> {
-        let mode = drv_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-        // SAFETY: the device's own stream, not capturing yet.
-        unsafe { drv::stream::begin_capture(self.stream.0, mode) }
-            .map_err(|e| error(format!("cuStreamBeginCapture: {e:?}")))?;
-        let issued = self.issue(module, calls);
-        // SAFETY: ends the capture begun above, whatever happened in between.
-        let graph = unsafe { drv::stream::end_capture(self.stream.0) };
-        issued?;
-        let graph = graph.map_err(|e| error(format!("cuStreamEndCapture: {e:?}")))?;
-        // SAFETY: a graph just captured; destroyed once instantiated.
-        let exec = unsafe { drv::graph::instantiate(graph, drv_sys::CUgraphInstantiate_flags(0)) };
-        // SAFETY: the graph is no longer needed once instantiated (or if that failed).
-        let _ = unsafe { drv::graph::destroy(graph) };
-        exec.map(Handle).map_err(|e| error(format!("cuGraphInstantiate: {e:?}")))
     }
 }
 
