@@ -10,7 +10,7 @@
 use cellc::interp::Plan;
 use cellc::ir::Op;
 use cellc::schedule::StageKind;
-use cellc_runtime::backend::cpu::codegen::JitStage;
+use cellc_runtime::backend::cpu::codegen::jit::compile_stage;
 use cellc_runtime::backend::cpu::gemm::{matmul, View};
 use cellc_runtime::backend::cpu::gemv::gemv;
 use cellc_runtime::backend::cpu::stage::{Interpreted, StageExec};
@@ -72,7 +72,7 @@ fn pointwise(c: &mut Criterion) {
                 .find(|s| matches!(s.kind, StageKind::Pointwise { .. }))
                 .expect("a pointwise stage");
             let plan_arc = Arc::new(plan.clone());
-            let jit = JitStage::compile(&graph, plan, &st.values, &st.inputs, &st.outputs).expect("compiles");
+            let jit = compile_stage(&graph, plan, &st.values, &st.inputs, &st.outputs).expect("compiles");
             let interp = Interpreted::new(graph.clone(), plan_arc, &st.values, &st.inputs, &st.outputs);
             for rows in [1, 16, 64] {
                 g.throughput(Throughput::Elements((rows * h) as u64));
@@ -91,14 +91,14 @@ fn pointwise(c: &mut Criterion) {
 
 /// `y = op(x)` over `n` floats as one JIT-compiled stage, through the same
 /// pipeline as a cell's kernels (the math module itself only emits IR).
-fn unary_kernel(op: &str, n: usize) -> JitStage {
+fn unary_kernel(op: &str, n: usize) -> cellc_runtime::backend::cpu::native::NativeStage {
     let src = format!("cell t {{ input x[N] state h[N] h' = {op}(x) + 0 * h\n output {op}(x) }}");
     let module = cellc::compile("t.cell", &src).into_result().expect("the one-op cell compiles");
     let mut cell = module.cells.into_iter().next().expect("one cell");
     cellc::passes::optimize_cell(&mut cell);
     let plan = Plan::new(&cell, &[("N".to_string(), n)].into(), "t").expect("plan");
     let x = cell.values().find(|&v| matches!(cell.node(v).op, Op::Input(0))).expect("the input x");
-    JitStage::compile(&cell, &plan, &[cell.output], &[x], &[cell.output]).expect("compiles")
+    compile_stage(&cell, &plan, &[cell.output], &[x], &[cell.output]).expect("compiles")
 }
 
 fn math(c: &mut Criterion) {

@@ -204,6 +204,25 @@ impl Model {
         seed: u64,
         backend: Box<dyn Backend>,
     ) -> Result<Model> {
+        let layers = Self::plan_layers(&compiled, &config, sizes, input_size, weights)?;
+        let mut model = Model { compiled, config, layers, params: Vec::new(), backend };
+        model.params = match weights {
+            Some(w) => model.take_weights(w)?,
+            None => model.init_params(seed)?,
+        };
+        Ok(model)
+    }
+
+    /// Each layer's sizes, plans and schedule, as [`Model::new`] makes them
+    /// (`sizes` explicit, then bound from `input_size` and `weights`), without
+    /// parameters or a back end: what an ahead-of-time compiler needs.
+    pub fn plan_layers(
+        compiled: &CompiledCell,
+        config: &ModelConfig,
+        sizes: &Bindings,
+        input_size: Option<usize>,
+        weights: Option<&Weights>,
+    ) -> Result<Vec<LayerProgram>> {
         if config.layers == 0 {
             return Err(RuntimeError::Layer { layer: 0, message: "a model needs at least one layer".into() });
         }
@@ -269,15 +288,9 @@ impl Model {
                 )
                 .map_err(|e| RuntimeError::Layer { layer: k, message: e.to_string() })?;
             }
-            layers.push(Self::program(&compiled, k, &sizes)?);
+            layers.push(Self::program(compiled, k, &sizes)?);
         }
-
-        let mut model = Model { compiled, config, layers, params: Vec::new(), backend };
-        model.params = match weights {
-            Some(w) => model.take_weights(w)?,
-            None => model.init_params(seed)?,
-        };
-        Ok(model)
+        Ok(layers)
     }
 
     fn program(compiled: &CompiledCell, index: usize, sizes: &Bindings) -> Result<LayerProgram> {

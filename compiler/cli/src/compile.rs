@@ -3,6 +3,11 @@
 //! `--target cuda` writes the generated CUDA C++ (`--emit cu`), or compiles
 //! it with NVRTC (`--emit ptx|cubin`, for `--arch`). Every size the cell
 //! uses must be bound with `-D`: the kernels are specialised to them.
+//!
+//! `--target cpu` compiles the kernels the CPU back end's JIT would build,
+//! ahead of time: an object file (`--emit obj`, with its manifest beside
+//! it as `.json`), their Cranelift IR (`--emit clif`) or their disassembly
+//! (`--emit asm`). Sizes no kernel depends on may stay unbound.
 
 use crate::{bind_all, compile_file, select_cells};
 use cellc::dims::Bindings;
@@ -13,7 +18,7 @@ use std::path::PathBuf;
 pub enum Target {
     /// CUDA C++ compiled with NVRTC.
     Cuda,
-    /// Object files of the CPU kernels (ahead-of-time; not built yet).
+    /// The CPU back end's kernels, compiled ahead of time with Cranelift.
     Cpu,
 }
 
@@ -25,6 +30,12 @@ pub enum Emit {
     Ptx,
     /// SASS for `--arch` from NVRTC (binary: needs `-o`).
     Cubin,
+    /// CPU: an object file (needs `-o`; the manifest goes beside it as `.json`).
+    Obj,
+    /// CPU: the kernels' Cranelift IR.
+    Clif,
+    /// CPU: the kernels' machine code, disassembled.
+    Asm,
 }
 
 #[derive(Debug, clap::Args)]
@@ -43,15 +54,26 @@ pub struct CompileArgs {
     /// Bind a size variable, e.g. -D H=256 (every size the cell uses).
     #[arg(short = 'D', value_name = "NAME=VALUE", value_parser = crate::parse_binding)]
     pub define: Vec<(String, usize)>,
+    /// CPU: layers of the model the kernels are for (layers after the first may need other sizes).
+    #[arg(long, default_value_t = 1)]
+    pub layers: usize,
+    /// CPU: the model is bidirectional.
+    #[arg(long)]
+    pub bidirectional: bool,
     /// Write here instead of standard output.
     #[arg(short = 'o', long = "output")]
     pub out: Option<PathBuf>,
 }
 
 pub fn compile(args: &CompileArgs, color: bool) -> bool {
-    if args.target == Target::Cpu {
-        eprintln!("error: --target cpu (ahead-of-time object files) is not built yet (issue 8); the CPU back end compiles its kernels at run time");
+    let cpu_emit = matches!(args.emit, Emit::Obj | Emit::Clif | Emit::Asm);
+    if (args.target == Target::Cpu) != cpu_emit {
+        let wanted = if args.target == Target::Cpu { "obj, clif or asm" } else { "cu, ptx or cubin" };
+        eprintln!("error: --target {:?} emits {wanted}", args.target);
         return false;
+    }
+    if args.target == Target::Cpu {
+        return compile_cpu(args, color);
     }
     if args.emit == Emit::Cubin && args.out.is_none() {
         eprintln!("error: --emit cubin writes a binary: give a file with -o");
@@ -80,7 +102,7 @@ pub fn compile(args: &CompileArgs, color: bool) -> bool {
     }
     let source = cellc::cuda::translation_unit(&kernels);
     let bytes: Vec<u8> = match args.emit {
-        Emit::Cu => source.into_bytes(),
+        Emit::Cu | Emit::Obj | Emit::Clif | Emit::Asm => source.into_bytes(),
         Emit::Ptx | Emit::Cubin => {
             let mut options: Vec<String> = cellc::cuda::NVRTC_OPTIONS.iter().map(|o| o.to_string()).collect();
             options.push(format!("--gpu-architecture={}", args.arch));
@@ -101,9 +123,14 @@ pub fn compile(args: &CompileArgs, color: bool) -> bool {
             }
         }
     };
-    match &args.out {
+    write_out(args.out.as_deref(), &bytes)
+}
+
+/// Writes `bytes` to `out`, or to standard output.
+fn write_out(out: Option<&std::path::Path>, bytes: &[u8]) -> bool {
+    match out {
         Some(path) => {
-            if let Err(e) = std::fs::write(path, &bytes) {
+            if let Err(e) = std::fs::write(path, bytes) {
                 eprintln!("error: cannot write `{}`: {e}", path.display());
                 return false;
             }
@@ -111,7 +138,71 @@ pub fn compile(args: &CompileArgs, color: bool) -> bool {
         }
         None => {
             use std::io::Write;
-            std::io::stdout().write_all(&bytes).is_ok()
+            std::io::stdout().write_all(bytes).is_ok()
         }
+    }
+}
+
+/// `--target cpu`: one cell's kernels for a model of `--layers` (and `--bidirectional`).
+fn compile_cpu(args: &CompileArgs, color: bool) -> bool {
+    if args.emit == Emit::Obj && args.out.is_none() {
+        eprintln!("error: --emit obj writes an object file: give its path with -o");
+        return false;
+    }
+    let Some(c) = compile_file(&args.file, color) else { return false };
+    let file = args.file.display().to_string();
+    let Some(module) = &c.module else { return false };
+    let Some(cells) = select_cells(module, args.cell.as_deref(), &file) else { return false };
+    let [cell] = cells[..] else {
+        eprintln!("error: {file} defines {} cells: choose one with --cell (one object per cell)", cells.len());
+        return false;
+    };
+    let compiled = match cellc_runtime::CompiledCell::from_file(&args.file, Some(&cell.name)) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return false;
+        }
+    };
+    let config = cellc_runtime::ModelConfig { layers: args.layers, bidirectional: args.bidirectional };
+    let sizes: Bindings = args.define.iter().cloned().collect();
+    let text = args.emit != Emit::Obj;
+    let built = match cellc_runtime::backend::cpu::codegen::object::compile_model(&compiled, &config, &sizes, text) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: {file}: {e}");
+            return false;
+        }
+    };
+    let a = &built.artifacts;
+    match (args.emit, args.out.as_deref()) {
+        (Emit::Obj, Some(out)) => {
+            let manifest_path = out.with_extension("json");
+            let manifest = match serde_json::to_string_pretty(&a.manifest) {
+                Ok(m) => m,
+                Err(e) => {
+                    eprintln!("error: the manifest: {e}");
+                    return false;
+                }
+            };
+            if !write_out(Some(out), &a.object) || !write_out(Some(&manifest_path), manifest.as_bytes()) {
+                return false;
+            }
+            let free = if built.free_sizes.is_empty() {
+                String::new()
+            } else {
+                format!("; free at run time: {}", built.free_sizes.join(", "))
+            };
+            eprintln!(
+                "wrote {} ({} kernels, {} bytes) and {}{free}",
+                out.display(),
+                a.manifest.kernels.len(),
+                a.object.len(),
+                manifest_path.display()
+            );
+            true
+        }
+        (Emit::Clif, out) => write_out(out, a.clif.as_bytes()),
+        (_, out) => write_out(out, a.asm.as_bytes()),
     }
 }

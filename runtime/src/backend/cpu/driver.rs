@@ -57,15 +57,16 @@ impl Step {
     }
 }
 
-/// Turns schedule stages into steps; `pointwise` builds each kernel.
+/// Turns schedule stages into steps; `pointwise` builds each kernel (given its index and stage).
 pub fn steps(
     graph: &Graph,
     stages: &[Stage],
-    pointwise: &mut dyn FnMut(&Stage) -> Result<Arc<dyn StageExec>>,
+    pointwise: &mut dyn FnMut(usize, &Stage) -> Result<Arc<dyn StageExec>>,
 ) -> Result<Vec<Step>> {
     stages
         .iter()
-        .map(|st| {
+        .enumerate()
+        .map(|(index, st)| {
             Ok(match st.kind {
                 StageKind::Gemm => Step::Gemm {
                     placement: st.placement,
@@ -79,7 +80,7 @@ pub fn steps(
                         .collect(),
                 },
                 StageKind::Pointwise { .. } | StageKind::WholeSequence { .. } => {
-                    Step::Pointwise { placement: st.placement, exec: pointwise(st)? }
+                    Step::Pointwise { placement: st.placement, exec: pointwise(index, st)? }
                 }
                 StageKind::SumOverSteps => Step::Sum { values: st.outputs.clone() },
             })

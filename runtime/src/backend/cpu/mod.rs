@@ -7,10 +7,13 @@
 //! rows. Per-step values live in rank order, so a step's active sequences
 //! are a contiguous prefix and each per-step GEMM is one call.
 
+pub mod aot;
+#[cfg(feature = "codegen")]
 pub mod codegen;
 mod driver;
 pub mod gemm;
 pub mod gemv;
+pub mod native;
 mod pool;
 pub mod prepared;
 pub mod roofline;
@@ -32,11 +35,15 @@ use std::sync::{Arc, Mutex};
 /// How pointwise stages are executed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Kernels {
-    /// Compiled with Cranelift (f32x4 SIMD, own exp/log/tanh polynomials).
+    /// Compiled with Cranelift in the process (f32x4 SIMD, own
+    /// exp/log/tanh polynomials); needs the `jit` feature.
     #[default]
     Jit,
     /// The interpreter's op semantics, value by value (a check on the driver and the JIT).
     Interpreted,
+    /// The same machine code, compiled ahead of time by `cellc-build` and
+    /// linked into the program: no code generator at run time.
+    Linked(&'static aot::LinkedKernels),
 }
 
 /// The CPU back end.
@@ -99,7 +106,12 @@ impl Cpu {
     }
 
     fn code(&self, cell: &CompiledCell, layer: &LayerProgram) -> Result<Arc<LayerCode>> {
-        let key = format!("{:?}|{:?}|{}|{}", self.kernels, layer.sizes, host_features(), cell.identity());
+        let kernels = match self.kernels {
+            // Tables are told apart by address (they are statics).
+            Kernels::Linked(linked) => format!("linked@{:p}", linked),
+            other => format!("{other:?}"),
+        };
+        let key = format!("{kernels}|{:?}|{}|{}", layer.sizes, host_features(), cell.identity());
         let mut cache =
             program_cache().lock().map_err(|_| RuntimeError::Internal("kernel cache poisoned".into()))?;
         if let Some(c) = cache.get(&key) {
@@ -110,27 +122,50 @@ impl Cpu {
         let bwd_graph = Arc::new(cell.grad.graph.clone());
         let bwd_plan = Arc::new(layer.backward_plan.clone());
         let kernels = self.kernels;
-        let make = |g: &Arc<Graph>, p: &Arc<Plan>| {
+        let make = |side: aot::Side, g: &Arc<Graph>, p: &Arc<Plan>| {
             let (g, p) = (g.clone(), p.clone());
-            move |st: &cellc::schedule::Stage| -> Result<Arc<dyn StageExec>> {
+            move |index: usize, st: &cellc::schedule::Stage| -> Result<Arc<dyn StageExec>> {
                 Ok(match kernels {
                     Kernels::Interpreted => {
                         Arc::new(Interpreted::new(g.clone(), p.clone(), &st.values, &st.inputs, &st.outputs))
                     }
-                    Kernels::Jit => Arc::new(
-                        codegen::JitStage::compile(&g, &p, &st.values, &st.inputs, &st.outputs).map_err(
-                            |e| RuntimeError::Backend { backend: "cpu".into(), message: e.to_string() },
-                        )?,
-                    ),
+                    Kernels::Jit => jit_stage(&g, &p, st)?,
+                    Kernels::Linked(linked) => Arc::new(linked.stage(cell, layer, side, index, st)?),
                 })
             }
         };
-        let forward = driver::steps(&fwd_graph, &layer.schedule.forward, &mut make(&fwd_graph, &fwd_plan))?;
-        let backward = driver::steps(&bwd_graph, &layer.schedule.backward, &mut make(&bwd_graph, &bwd_plan))?;
+        let forward = driver::steps(
+            &fwd_graph,
+            &layer.schedule.forward,
+            &mut make(aot::Side::Forward, &fwd_graph, &fwd_plan),
+        )?;
+        let backward = driver::steps(
+            &bwd_graph,
+            &layer.schedule.backward,
+            &mut make(aot::Side::Backward, &bwd_graph, &bwd_plan),
+        )?;
         let code = Arc::new(LayerCode { fwd_graph, fwd_plan, bwd_graph, bwd_plan, forward, backward });
         cache.insert(key, code.clone());
         Ok(code)
     }
+}
+
+/// A stage compiled by the JIT.
+#[cfg(feature = "jit")]
+fn jit_stage(g: &Graph, p: &Plan, st: &cellc::schedule::Stage) -> Result<Arc<dyn StageExec>> {
+    codegen::jit::compile_stage(g, p, &st.values, &st.inputs, &st.outputs)
+        .map(|s| Arc::new(s) as Arc<dyn StageExec>)
+        .map_err(|e| RuntimeError::Backend { backend: "cpu".into(), message: e.to_string() })
+}
+
+#[cfg(not(feature = "jit"))]
+fn jit_stage(_: &Graph, _: &Plan, _: &cellc::schedule::Stage) -> Result<Arc<dyn StageExec>> {
+    Err(RuntimeError::Backend {
+        backend: "cpu".into(),
+        message: "this build of cellc-runtime has no JIT (feature `jit`): use kernels linked by \
+                  cellc-build (Kernels::Linked) or Kernels::Interpreted"
+            .into(),
+    })
 }
 
 /// What the forward keeps, per row at the layer's row layout (buffers

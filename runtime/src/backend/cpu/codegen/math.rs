@@ -208,7 +208,7 @@ pub fn log(b: &mut FunctionBuilder, ty: Type, x: Value) -> Value {
     choose(b, ty, is_inf, inf, r)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "jit"))]
 mod tests {
     //! Accuracy over a sweep of f32 inputs, against f64 std math.
     use crate::backend::cpu::codegen::compile_unary_for_test;

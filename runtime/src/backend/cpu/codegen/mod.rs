@@ -1,87 +1,48 @@
 //! Pointwise stages compiled to native code with Cranelift.
 //!
-//! One function per stage, with the pointer-table ABI of [`StageExec`]:
-//! `fn(rows, args, scratch)`, where `args` holds each row's input and
-//! output pointers. For each row the function walks the stage's values in
-//! order: scalars (constants, reductions) stay in registers, broadcasts are
-//! splats, slices are pointers into their source, and every other vector is
-//! one loop of `f32x4` operations with a scalar tail, writing into the
-//! output it is (when it is one) or into scratch. Row reductions (LayerNorm's
-//! `mean`) accumulate in four lanes and add them in a fixed order, so
-//! results are the same run to run.
+//! One function per stage, with the pointer-table ABI of [`StageExec`]
+//! ([`super::native::KernelFn`]): `fn(rows, args, scratch)`, where `args`
+//! holds each row's input and output pointers. For each row the function
+//! walks the stage's values in order: scalars (constants, reductions) stay
+//! in registers, broadcasts are splats, slices are pointers into their
+//! source, and every other vector is one loop of `f32x4` operations with a
+//! scalar tail, writing into the output it is (when it is one) or into
+//! scratch. Row reductions (LayerNorm's `mean`) accumulate in four lanes and
+//! add them in a fixed order, so results are the same run to run.
+//!
+//! [`define_stage`] builds the function; [`jit`] compiles it into the
+//! process, [`object`] into an object file ahead of time. Both use the same
+//! ISA settings ([`isa`]), so the machine code, and every result, is the same.
+//!
+//! [`StageExec`]: super::stage::StageExec
 
+#[cfg(feature = "jit")]
+pub mod jit;
 pub mod math;
+#[cfg(feature = "object")]
+pub mod object;
 
-use super::stage::StageExec;
 use cellc::interp::Plan;
 use cellc::ir::{BinaryOp, Graph, Op, ReduceOp, UnaryOp, ValueId};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, AbiParam, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_codegen::isa::TargetFrontendConfig;
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
-use cranelift_jit::{JITBuilder, JITModule};
-use cranelift_module::{default_libcall_names, Linkage, Module};
 use math::fc;
 use std::collections::HashMap;
 
 /// Why a stage could not be compiled.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct JitError(pub String);
+pub struct CodegenError(pub String);
 
-impl std::fmt::Display for JitError {
+impl std::fmt::Display for CodegenError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "cranelift: {}", self.0)
     }
 }
 
-type KernelFn = unsafe extern "C" fn(usize, *const *mut f32, *mut f32);
-
-/// A compiled pointwise stage.
-pub struct JitStage {
-    func: KernelFn,
-    /// Owns the machine code `func` points into.
-    _module: JITModule,
-    inputs: Vec<ValueId>,
-    outputs: Vec<ValueId>,
-    scratch: usize,
-}
-
-impl std::fmt::Debug for JitStage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JitStage").field("inputs", &self.inputs).field("outputs", &self.outputs).finish()
-    }
-}
-
-// SAFETY: the module is only kept alive, never mutated after finalisation;
-// the function is reentrant (all state is in its arguments and scratch).
-unsafe impl Send for JitStage {}
-unsafe impl Sync for JitStage {}
-
-impl StageExec for JitStage {
-    fn inputs(&self) -> &[ValueId] {
-        &self.inputs
-    }
-
-    fn outputs(&self) -> &[ValueId] {
-        &self.outputs
-    }
-
-    unsafe fn run(&self, rows: usize, args: &[*mut f32]) {
-        thread_local! {
-            /// Scratch reused across calls on this thread (kernels run one at a time per thread).
-            static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
-        SCRATCH.with(|s| {
-            let mut s = s.borrow_mut();
-            if s.len() < self.scratch.max(1) {
-                s.resize(self.scratch.max(1), 0.0);
-            }
-            // SAFETY: the caller's contract covers `args`; scratch has at
-            // least the size the code was compiled for.
-            unsafe { (self.func)(rows, args.as_ptr(), s.as_mut_ptr()) }
-        })
-    }
-}
+impl std::error::Error for CodegenError {}
 
 /// Where an operand of a fused loop's member comes from.
 #[derive(Clone, Copy, Debug)]
@@ -103,61 +64,41 @@ enum Held {
     Mem(Value),
 }
 
-fn isa() -> Result<cranelift_codegen::isa::OwnedTargetIsa, JitError> {
+/// The host's ISA with the settings every kernel is compiled with.
+pub fn isa() -> Result<cranelift_codegen::isa::OwnedTargetIsa, CodegenError> {
     let mut flags = settings::builder();
-    flags.set("opt_level", "speed").map_err(|e| JitError(e.to_string()))?;
-    flags.set("is_pic", "false").map_err(|e| JitError(e.to_string()))?;
-    flags.set("use_colocated_libcalls", "false").map_err(|e| JitError(e.to_string()))?;
-    let native = cranelift_native::builder().map_err(|e| JitError(e.to_string()))?;
-    native.finish(settings::Flags::new(flags)).map_err(|e| JitError(e.to_string()))
+    flags.set("opt_level", "speed").map_err(|e| CodegenError(e.to_string()))?;
+    flags.set("is_pic", "false").map_err(|e| CodegenError(e.to_string()))?;
+    flags.set("use_colocated_libcalls", "false").map_err(|e| CodegenError(e.to_string()))?;
+    let native = cranelift_native::builder().map_err(|e| CodegenError(e.to_string()))?;
+    native.finish(settings::Flags::new(flags)).map_err(|e| CodegenError(e.to_string()))
 }
 
-impl JitStage {
-    /// Compiles `values` (a stage, in order) of `graph` at `plan`'s shapes,
-    /// reading `inputs` and writing `outputs` through the row pointer table.
-    pub fn compile(
-        graph: &Graph,
-        plan: &Plan,
-        values: &[ValueId],
-        inputs: &[ValueId],
-        outputs: &[ValueId],
-    ) -> Result<JitStage, JitError> {
-        let isa = isa()?;
-        let mut module = JITModule::new(JITBuilder::with_isa(isa, default_libcall_names()));
-        let ptr = module.target_config().pointer_type();
-        let mut ctx = module.make_context();
-        for _ in 0..3 {
-            ctx.func.signature.params.push(AbiParam::new(ptr));
-        }
-        let mut fctx = FunctionBuilderContext::new();
-        let scratch_len;
-        {
-            let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-            let mut g = Gen { b: &mut b, graph, plan, ptr, held: HashMap::new(), scratch_at: 0 };
-            g.body(values, inputs, outputs)?;
-            scratch_len = g.scratch_at;
-            b.seal_all_blocks();
-            b.finalize(module.target_config());
-        }
-        let id = module
-            .declare_function("stage", Linkage::Export, &ctx.func.signature)
-            .map_err(|e| JitError(e.to_string()))?;
-        module.define_function(id, &mut ctx).map_err(|e| JitError(format!("{e:?}")))?;
-        module.clear_context(&mut ctx);
-        module.finalize_definitions().map_err(|e| JitError(e.to_string()))?;
-        let code = module.get_finalized_function(id);
-        // SAFETY: the function was built with exactly this signature (three
-        // pointer-sized arguments, no result) and the module stays alive in
-        // the returned value.
-        let func: KernelFn = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };
-        Ok(JitStage {
-            func,
-            _module: module,
-            inputs: inputs.to_vec(),
-            outputs: outputs.to_vec(),
-            scratch: scratch_len,
-        })
+/// Builds `values` (a stage, in order) of `graph` at `plan`'s shapes into
+/// `func`, reading `inputs` and writing `outputs` through the row pointer
+/// table. Returns the floats of scratch the function needs.
+pub fn define_stage(
+    func: &mut cranelift_codegen::ir::Function,
+    target: TargetFrontendConfig,
+    graph: &Graph,
+    plan: &Plan,
+    stage: (&[ValueId], &[ValueId], &[ValueId]),
+) -> Result<usize, CodegenError> {
+    let (values, inputs, outputs) = stage;
+    let ptr = target.pointer_type();
+    func.signature.params.clear();
+    func.signature.returns.clear();
+    for _ in 0..3 {
+        func.signature.params.push(AbiParam::new(ptr));
     }
+    let mut fctx = FunctionBuilderContext::new();
+    let mut b = FunctionBuilder::new(func, &mut fctx);
+    let mut g = Gen { b: &mut b, graph, plan, ptr, held: HashMap::new(), scratch_at: 0 };
+    g.body(values, inputs, outputs)?;
+    let scratch = g.scratch_at;
+    b.seal_all_blocks();
+    b.finalize(target);
+    Ok(scratch)
 }
 
 struct Gen<'a, 'b> {
@@ -179,7 +120,7 @@ impl Gen<'_, '_> {
         self.plan.elements(v)
     }
 
-    fn body(&mut self, values: &[ValueId], inputs: &[ValueId], outputs: &[ValueId]) -> Result<(), JitError> {
+    fn body(&mut self, values: &[ValueId], inputs: &[ValueId], outputs: &[ValueId]) -> Result<(), CodegenError> {
         let entry = self.b.create_block();
         let head = self.b.create_block();
         let body = self.b.create_block();
@@ -256,7 +197,7 @@ impl Gen<'_, '_> {
         // Outputs not already written in place.
         for (i, &v) in outputs.iter().enumerate() {
             let p = self.b.ins().load(self.ptr, flags(), base, ((inputs.len() + i) * 8) as i32);
-            let h = *self.held.get(&v).ok_or_else(|| JitError(format!("output {v} is never computed")))?;
+            let h = *self.held.get(&v).ok_or_else(|| CodegenError(format!("output {v} is never computed")))?;
             match h {
                 Held::Mem(src)
                     if out_ptr.get(&v) == Some(&src)
@@ -284,7 +225,7 @@ impl Gen<'_, '_> {
         values: &[ValueId],
         out_ptr: &HashMap<ValueId, Value>,
         scratch: Value,
-    ) -> Result<(), JitError> {
+    ) -> Result<(), CodegenError> {
         if group.is_empty() {
             return Ok(());
         }
@@ -314,7 +255,7 @@ impl Gen<'_, '_> {
                     Some(at) => at,
                     None => {
                         let h = self.held.get(&o).copied();
-                        outside.push(h.ok_or_else(|| JitError(format!("{v} reads {o}, not available")))?);
+                        outside.push(h.ok_or_else(|| CodegenError(format!("{v} reads {o}, not available")))?);
                         outside_ids.push(o);
                         outside.len() - 1
                     }
@@ -360,24 +301,24 @@ impl Gen<'_, '_> {
         self.b.ins().iadd_imm_s(scratch, (at * 4) as i64)
     }
 
-    fn value(&mut self, v: ValueId, dst: Option<Value>, scratch: Value) -> Result<Held, JitError> {
+    fn value(&mut self, v: ValueId, dst: Option<Value>, scratch: Value) -> Result<Held, CodegenError> {
         let node = self.graph.node(v).clone();
         let ops = self.graph.operands(v);
         let get = |s: &Self, o: ValueId| {
-            s.held.get(&o).copied().ok_or_else(|| JitError(format!("{v} reads {o}, not available")))
+            s.held.get(&o).copied().ok_or_else(|| CodegenError(format!("{v} reads {o}, not available")))
         };
         let n = self.len(v);
         let scalar_result = self.graph.ty(v).vector_dim().is_none();
         Ok(match node.op {
             Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Seed(_) => {
-                return Err(JitError(format!("leaf {v} is not among the stage's inputs")))
+                return Err(CodegenError(format!("leaf {v} is not among the stage's inputs")))
             }
             Op::Const(_) | Op::DimValue(_) => {
                 let c = self.plan.compute::<f32>(self.graph, v, &[]);
                 Held::Scalar(self.b.ins().f32const(c.first().copied().unwrap_or(0.0)))
             }
             Op::MatVec | Op::MatVecT | Op::Outer => {
-                return Err(JitError(format!("{v}: a matrix product in a pointwise stage")))
+                return Err(CodegenError(format!("{v}: a matrix product in a pointwise stage")))
             }
             Op::Broadcast => match get(self, ops[0])? {
                 Held::Scalar(s) | Held::Splat(s) => Held::Splat(s),
@@ -397,7 +338,7 @@ impl Gen<'_, '_> {
                         Held::Scalar(s) | Held::Splat(s) => Ok(s),
                         Held::Mem(p) => Ok(self.b.ins().load(types::F32, flags(), p, 0)),
                     })
-                    .collect::<Result<_, JitError>>()?;
+                    .collect::<Result<_, CodegenError>>()?;
                 Held::Scalar(self.op(&node.op, types::F32, &args))
             }
             Op::Unary(_) | Op::Binary(_) => {
@@ -639,7 +580,7 @@ impl Gen<'_, '_> {
 }
 
 /// A compiled one-op kernel over `n` elements, for the accuracy tests.
-#[cfg(test)]
+#[cfg(all(test, feature = "jit"))]
 pub fn compile_unary_for_test(op: UnaryOp, n: usize) -> impl Fn(&[f32]) -> Vec<f32> {
     let src =
         format!("cell t {{ input x[N] state h[N] h' = {}(x) + 0 * h\n output {}(x) }}", op.name(), op.name());
@@ -650,7 +591,7 @@ pub fn compile_unary_for_test(op: UnaryOp, n: usize) -> impl Fn(&[f32]) -> Vec<f
     let plan = Plan::new(&cell, &sizes, "t").expect("plan");
     let x = cell.values().find(|&v| matches!(cell.node(v).op, Op::Input(0))).expect("x");
     let out = cell.output;
-    let stage = JitStage::compile(&cell, &plan, &[out], &[x], &[out]).expect("compiles");
+    let stage = jit::compile_stage(&cell, &plan, &[out], &[x], &[out]).expect("compiles");
     move |xs: &[f32]| {
         let mut input = xs.to_vec();
         let mut y = vec![0.0f32; xs.len()];
@@ -660,10 +601,11 @@ pub fn compile_unary_for_test(op: UnaryOp, n: usize) -> impl Fn(&[f32]) -> Vec<f
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "jit"))]
 mod tests {
     use super::*;
-    use crate::backend::cpu::stage::Interpreted;
+    use crate::backend::cpu::native::NativeStage;
+    use crate::backend::cpu::stage::{Interpreted, StageExec};
     use cellc::schedule::StageKind;
     use std::sync::Arc;
 
@@ -696,7 +638,7 @@ mod tests {
                         for st in stages.iter().filter(|s| {
                             matches!(s.kind, StageKind::Pointwise { .. } | StageKind::WholeSequence { .. })
                         }) {
-                            let jit = JitStage::compile(graph, &plan, &st.values, &st.inputs, &st.outputs)
+                            let jit = jit::compile_stage(graph, &plan, &st.values, &st.inputs, &st.outputs)
                                 .unwrap_or_else(|e| panic!("{} H={h}: {e}", cell.name));
                             let reference =
                                 Interpreted::new(g.clone(), p.clone(), &st.values, &st.inputs, &st.outputs);
@@ -710,7 +652,7 @@ mod tests {
         assert!(compiled > 50, "only {compiled} stages compiled");
     }
 
-    fn compare(jit: &JitStage, reference: &Interpreted, plan: &Plan, name: &str) {
+    fn compare(jit: &NativeStage, reference: &Interpreted, plan: &Plan, name: &str) {
         let rows = 3;
         let mut seed = 1u64;
         let mut rand = move || {

@@ -1,0 +1,262 @@
+//! Kernels compiled ahead of time: the symbol that names each one, the
+//! manifest written beside the object file, and [`LinkedKernels`], the
+//! table through which the CPU back end takes them from a program that
+//! linked the object (no code generator at run time).
+//!
+//! A kernel is one pointwise or whole-sequence stage of a cell's forward or
+//! backward schedule, compiled for the sizes its values have. Sizes that no
+//! kernel's value depends on (an LSTM's input size `I`: only GEMMs read
+//! `x`) are not part of a kernel's identity, so one object serves every
+//! value of them, and every layer of a stacked model.
+
+use super::native::{KernelFn, NativeStage, KERNEL_ABI};
+use crate::error::{Result, RuntimeError};
+use crate::model::{CompiledCell, LayerProgram};
+use cellc::ir::{Graph, Type, ValueId};
+use cellc::schedule::{Stage, StageKind};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+/// The manifest format this runtime reads and writes.
+pub const MANIFEST_FORMAT: u32 = 1;
+
+/// Which step of the cell a kernel belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Side {
+    Forward,
+    Backward,
+}
+
+impl Side {
+    pub fn tag(self) -> &'static str {
+        match self {
+            Side::Forward => "fwd",
+            Side::Backward => "bwd",
+        }
+    }
+}
+
+/// The stages of a layer that are kernels, with their side and index in the schedule.
+pub fn kernel_stages(layer: &LayerProgram) -> Vec<(Side, usize, &Stage)> {
+    let sides = [(Side::Forward, &layer.schedule.forward), (Side::Backward, &layer.schedule.backward)];
+    sides
+        .into_iter()
+        .flat_map(|(side, stages)| stages.iter().enumerate().map(move |(i, st)| (side, i, st)))
+        .filter(|(_, _, st)| matches!(st.kind, StageKind::Pointwise { .. } | StageKind::WholeSequence { .. }))
+        .collect()
+}
+
+/// The size variables some kernel of the cell depends on, with their
+/// values in `layer`: those in the type of any value a kernel computes,
+/// reads or writes.
+pub fn kernel_sizes(cell: &CompiledCell, layer: &LayerProgram) -> BTreeMap<String, usize> {
+    let mut vars = BTreeMap::new();
+    for (side, _, st) in kernel_stages(layer) {
+        let graph: &Graph = match side {
+            Side::Forward => &cell.cell,
+            Side::Backward => &cell.grad.graph,
+        };
+        for &v in st.values.iter().chain(&st.inputs).chain(&st.outputs) {
+            let dims = match graph.ty(v) {
+                Type::Vector(d) => vec![d.clone()],
+                Type::Matrix(r, c) => vec![r.clone(), c.clone()],
+                _ => Vec::new(),
+            };
+            for var in dims.iter().flat_map(|d| d.variables()) {
+                if let Some(&n) = layer.sizes.get(&var) {
+                    vars.insert(var, n);
+                }
+            }
+        }
+    }
+    vars
+}
+
+/// A short, stable fingerprint of the cell's IR (FNV-1a, 64 bits).
+pub fn fingerprint(cell: &CompiledCell) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in cell.identity().bytes() {
+        h = (h ^ byte as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// The symbol of a kernel: `cellc_<cell>_<fingerprint>_<fwd|bwd>_s<stage>_<sizes>`,
+/// e.g. `cellc_lstm_1f0c…_fwd_s2_H128`.
+pub fn symbol(cell: &CompiledCell, side: Side, stage: usize, sizes: &BTreeMap<String, usize>) -> String {
+    let sizes: Vec<String> = sizes.iter().map(|(k, v)| format!("{k}{v}")).collect();
+    format!("cellc_{}_{}_{}_s{stage}_{}", cell.cell.name, &fingerprint(cell)[..8], side.tag(), sizes.join("_"))
+}
+
+/// What an object file holds and what the runtime needs to drive it
+/// (written as JSON beside the object).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: u32,
+    pub cell: String,
+    /// [`fingerprint`] of the cell the kernels were compiled from.
+    pub fingerprint: String,
+    /// The CPU features the code was compiled for (the build machine's).
+    pub target: Vec<String>,
+    /// The signature of every kernel.
+    pub abi: String,
+    pub kernels: Vec<ManifestKernel>,
+    /// The schedule at each set of sizes compiled, as `cellc graph --stage schedule` prints it.
+    pub schedules: Vec<ManifestSchedule>,
+}
+
+/// One kernel of a [`Manifest`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ManifestKernel {
+    pub symbol: String,
+    pub side: Side,
+    /// Its index in the side's schedule.
+    pub stage: usize,
+    /// The sizes it was compiled for (those its values depend on).
+    pub sizes: BTreeMap<String, usize>,
+    /// Pointer-table order: each row's inputs, then its outputs (value ids).
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+    /// Floats of scratch it needs.
+    pub scratch: usize,
+    /// Takes the rows of whole sequences in time order (a state chained from row to row).
+    pub whole_sequence: bool,
+}
+
+/// A schedule of a [`Manifest`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ManifestSchedule {
+    pub sizes: BTreeMap<String, usize>,
+    pub text: String,
+}
+
+/// The CPU features kernels compiled here may use.
+pub fn host_target() -> Vec<String> {
+    let mut out = vec![std::env::consts::ARCH.to_string()];
+    #[cfg(target_arch = "x86_64")]
+    {
+        let has = [
+            ("sse4.1", std::arch::is_x86_feature_detected!("sse4.1")),
+            ("avx", std::arch::is_x86_feature_detected!("avx")),
+            ("avx2", std::arch::is_x86_feature_detected!("avx2")),
+            ("fma", std::arch::is_x86_feature_detected!("fma")),
+            ("bmi2", std::arch::is_x86_feature_detected!("bmi2")),
+            ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
+        ];
+        out.extend(has.iter().filter(|(_, on)| *on).map(|(f, _)| f.to_string()));
+    }
+    out
+}
+
+fn error(message: impl Into<String>) -> RuntimeError {
+    RuntimeError::Backend { backend: "cpu".into(), message: message.into() }
+}
+
+/// Kernels compiled ahead of time and linked into the program: the
+/// manifest and each kernel's function, as `cellc-build` generates them.
+pub struct LinkedKernels {
+    manifest: &'static str,
+    functions: &'static [(&'static str, KernelFn)],
+    parsed: OnceLock<std::result::Result<Manifest, String>>,
+}
+
+impl LinkedKernels {
+    pub const fn new(manifest: &'static str, functions: &'static [(&'static str, KernelFn)]) -> LinkedKernels {
+        LinkedKernels { manifest, functions, parsed: OnceLock::new() }
+    }
+
+    /// The manifest, checked against this machine.
+    pub fn manifest(&self) -> Result<&Manifest> {
+        let parsed = self.parsed.get_or_init(|| {
+            let m: Manifest = serde_json::from_str(self.manifest).map_err(|e| format!("unreadable manifest: {e}"))?;
+            if m.format != MANIFEST_FORMAT {
+                return Err(format!("manifest format {} (this runtime reads {MANIFEST_FORMAT})", m.format));
+            }
+            let host = host_target();
+            let missing: Vec<&String> = m.target.iter().filter(|f| !host.contains(f)).collect();
+            if !missing.is_empty() {
+                return Err(format!(
+                    "the kernels were compiled for {:?}; this CPU lacks {missing:?}",
+                    m.target
+                ));
+            }
+            Ok(m)
+        });
+        parsed.as_ref().map_err(|e| error(format!("linked kernels: {e}")))
+    }
+
+    /// The kernel for stage `index` of `side` of `layer`, checked against
+    /// the manifest: the same cell, sizes, stage inputs and outputs.
+    pub fn stage(
+        &self,
+        cell: &CompiledCell,
+        layer: &LayerProgram,
+        side: Side,
+        index: usize,
+        stage: &Stage,
+    ) -> Result<NativeStage> {
+        let manifest = self.manifest()?;
+        if manifest.cell != cell.cell.name || manifest.fingerprint != fingerprint(cell) {
+            return Err(error(format!(
+                "the linked kernels are of cell `{}` ({}), not of this `{}` ({}): rebuild them from this .cell file",
+                manifest.cell,
+                manifest.fingerprint,
+                cell.cell.name,
+                fingerprint(cell)
+            )));
+        }
+        let sizes = kernel_sizes(cell, layer);
+        let name = symbol(cell, side, index, &sizes);
+        let entry = manifest.kernels.iter().find(|k| k.symbol == name).ok_or_else(|| {
+            let built: Vec<&BTreeMap<String, usize>> = manifest.kernels.iter().map(|k| &k.sizes).collect();
+            error(format!(
+                "no linked kernel for {} stage {index} of `{}` at {sizes:?} (compiled for {built:?}): \
+                 add these sizes to the cellc-build configuration",
+                side.tag(),
+                cell.cell.name
+            ))
+        })?;
+        let ids = |vs: &[ValueId]| vs.iter().map(|v| v.to_string()).collect::<Vec<_>>();
+        if entry.inputs != ids(&stage.inputs) || entry.outputs != ids(&stage.outputs) {
+            return Err(error(format!(
+                "linked kernel {name} reads {:?} and writes {:?}, but this schedule's stage reads {:?} and \
+                 writes {:?} (a size the kernels do not depend on changed the schedule: bind it when building)",
+                entry.inputs,
+                entry.outputs,
+                ids(&stage.inputs),
+                ids(&stage.outputs)
+            )));
+        }
+        let func = self
+            .functions
+            .iter()
+            .find(|(s, _)| *s == name)
+            .map(|(_, f)| *f)
+            .ok_or_else(|| error(format!("the manifest lists {name} but no such function is linked")))?;
+        // SAFETY: cellc-build links `func` from the object whose manifest
+        // describes it: this stage, at these sizes, needing `scratch` floats.
+        Ok(unsafe { NativeStage::new(func, &stage.inputs, &stage.outputs, entry.scratch, None) })
+    }
+}
+
+impl std::fmt::Debug for LinkedKernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkedKernels").field("functions", &self.functions.len()).finish()
+    }
+}
+
+/// The same table (kernel sets are told apart by identity).
+impl PartialEq for LinkedKernels {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl Eq for LinkedKernels {}
+
+/// The ABI string every manifest carries.
+pub fn abi() -> String {
+    KERNEL_ABI.to_string()
+}

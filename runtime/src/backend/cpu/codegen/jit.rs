@@ -1,0 +1,43 @@
+//! Stages compiled into the running process (Cranelift's JIT module).
+
+use super::{define_stage, isa, CodegenError};
+use crate::backend::cpu::native::{KernelFn, NativeStage};
+use cellc::interp::Plan;
+use cellc::ir::{Graph, ValueId};
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{default_libcall_names, Linkage, Module};
+
+/// The machine code of one stage, kept alive by its [`NativeStage`].
+struct JitCode(#[allow(dead_code)] JITModule);
+
+// SAFETY: the module is only kept alive, never touched after finalisation;
+// the function in it is reentrant (all state is in its arguments and scratch).
+unsafe impl Send for JitCode {}
+unsafe impl Sync for JitCode {}
+
+/// Compiles `values` (a stage, in order) of `graph` at `plan`'s shapes,
+/// reading `inputs` and writing `outputs` through the row pointer table.
+pub fn compile_stage(
+    graph: &Graph,
+    plan: &Plan,
+    values: &[ValueId],
+    inputs: &[ValueId],
+    outputs: &[ValueId],
+) -> Result<NativeStage, CodegenError> {
+    let mut module = JITModule::new(JITBuilder::with_isa(isa()?, default_libcall_names()));
+    let mut ctx = module.make_context();
+    let scratch = define_stage(&mut ctx.func, module.target_config(), graph, plan, (values, inputs, outputs))?;
+    let id = module
+        .declare_function("stage", Linkage::Export, &ctx.func.signature)
+        .map_err(|e| CodegenError(e.to_string()))?;
+    module.define_function(id, &mut ctx).map_err(|e| CodegenError(format!("{e:?}")))?;
+    module.clear_context(&mut ctx);
+    module.finalize_definitions().map_err(|e| CodegenError(e.to_string()))?;
+    let code = module.get_finalized_function(id);
+    // SAFETY: the function was built with exactly this signature (three
+    // pointer-sized arguments, no result).
+    let func: KernelFn = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };
+    // SAFETY: the function computes this stage with `scratch` floats of
+    // scratch (define_stage), and its module lives as long as the stage.
+    Ok(unsafe { NativeStage::new(func, inputs, outputs, scratch, Some(Box::new(JitCode(module)))) })
+}
