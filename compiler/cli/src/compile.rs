@@ -154,7 +154,10 @@ fn compile_cpu(args: &CompileArgs, color: bool) -> bool {
     let Some(module) = &c.module else { return false };
     let Some(cells) = select_cells(module, args.cell.as_deref(), &file) else { return false };
     let [cell] = cells[..] else {
-        eprintln!("error: {file} defines {} cells: choose one with --cell (one object per cell)", cells.len());
+        eprintln!(
+            "error: {file} defines {} cells: choose one with --cell (one object per cell)",
+            cells.len()
+        );
         return false;
     };
     let compiled = match cellc_runtime::CompiledCell::from_file(&args.file, Some(&cell.name)) {
@@ -167,13 +170,14 @@ fn compile_cpu(args: &CompileArgs, color: bool) -> bool {
     let config = cellc_runtime::ModelConfig { layers: args.layers, bidirectional: args.bidirectional };
     let sizes: Bindings = args.define.iter().cloned().collect();
     let text = args.emit != Emit::Obj;
-    let built = match cellc_runtime::backend::cpu::codegen::object::compile_model(&compiled, &config, &sizes, text) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("error: {file}: {e}");
-            return false;
-        }
-    };
+    let built =
+        match cellc_runtime::backend::cpu::codegen::object::compile_model(&compiled, &config, &sizes, text) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("error: {file}: {e}");
+                return false;
+            }
+        };
     let a = &built.artifacts;
     match (args.emit, args.out.as_deref()) {
         (Emit::Obj, Some(out)) => {

@@ -320,6 +320,47 @@ fn compile_writes_cuda_source_with_every_stage_and_its_source_lines() {
 }
 
 #[test]
+fn compile_writes_cpu_objects_with_a_manifest_and_their_ir() {
+    let p = temp_file("rnn_compile_cpu.cell", RNN.as_bytes());
+    let path = p.to_str().expect("utf-8 path");
+    let object = p.with_extension("o");
+    // I is free: no kernel of this cell depends on it.
+    let out = cellc(&[
+        "compile",
+        path,
+        "--target",
+        "cpu",
+        "--emit",
+        "obj",
+        "-D",
+        "H=8",
+        "-o",
+        object.to_str().expect("utf-8"),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("free at run time: I"), "{said}");
+    let bytes = std::fs::read(&object).expect("the object");
+    assert_eq!(&bytes[..4], b"\x7fELF", "an ELF object");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p.with_extension("json")).expect("the manifest"))
+            .expect("json");
+    let kernels = manifest["kernels"].as_array().expect("kernels");
+    assert!(
+        kernels.iter().any(|k| k["side"] == "forward") && kernels.iter().any(|k| k["side"] == "backward")
+    );
+    for k in kernels {
+        let symbol = k["symbol"].as_str().expect("symbol");
+        assert!(symbol.starts_with("cellc_rnn_") && symbol.ends_with("_H8"), "{symbol}");
+        assert!(bytes.windows(symbol.len()).any(|w| w == symbol.as_bytes()), "{symbol} is in the object");
+    }
+    let clif = cellc(&["compile", path, "--target", "cpu", "--emit", "clif", "-D", "H=8"]);
+    assert!(String::from_utf8_lossy(&clif.stdout).contains("function u0:0(i64, i64, i64)"));
+    let asm = cellc(&["compile", path, "--target", "cpu", "--emit", "asm", "-D", "H=8"]);
+    assert!(String::from_utf8_lossy(&asm.stdout).contains("_fwd_s"));
+}
+
+#[test]
 fn compile_explains_what_it_cannot_do() {
     let p = temp_file("rnn_compile_errors.cell", RNN.as_bytes());
     let path = p.to_str().expect("utf-8 path");
@@ -330,9 +371,12 @@ fn compile_explains_what_it_cannot_do() {
         "{}",
         String::from_utf8_lossy(&unbound.stderr)
     );
-    let cpu = cellc(&["compile", path, "--target", "cpu", "-D", "H=8", "-D", "I=3"]);
-    assert_eq!(cpu.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&cpu.stderr).contains("issue 8"));
+    let cpu_without_o = cellc(&["compile", path, "--target", "cpu", "--emit", "obj", "-D", "H=8"]);
+    assert_eq!(cpu_without_o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&cpu_without_o.stderr).contains("-o"));
+    let mixed = cellc(&["compile", path, "--target", "cpu", "--emit", "ptx", "-D", "H=8"]);
+    assert_eq!(mixed.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&mixed.stderr).contains("obj, clif or asm"));
     let cubin = cellc(&["compile", path, "--target", "cuda", "--emit", "cubin", "-D", "H=8", "-D", "I=3"]);
     assert_eq!(cubin.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&cubin.stderr).contains("-o"));

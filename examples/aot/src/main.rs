@@ -47,9 +47,10 @@ fn model(weights: &Path) -> Result<Lstm, String> {
     #[cfg(not(feature = "jit"))]
     let model = Lstm::load(config, weights, 1);
     #[cfg(feature = "jit")]
-    let model = cellc_runtime::backend::cpu::Cpu::new(1, cellc_runtime::backend::cpu::Kernels::Jit).and_then(|cpu| {
-        Lstm::from_weights_on(config, &cellc_runtime::Weights::load(weights)?, Box::new(cpu))
-    });
+    let model =
+        cellc_runtime::backend::cpu::Cpu::new(1, cellc_runtime::backend::cpu::Kernels::Jit).and_then(|cpu| {
+            Lstm::from_weights_on(config, &cellc_runtime::Weights::load(weights)?, Box::new(cpu))
+        });
     model.map_err(|e| e.to_string())
 }
 
@@ -72,16 +73,26 @@ fn run(dir: &Path) -> Result<f32, String> {
         };
         let x = f32s(&input, "input")?;
         let align_ = if align == "left" { Align::Left } else { Align::Right };
-        let batch_input =
-            Input::Padded { data: x, batch, steps, major: Major::BatchFirst, align: align_, lengths: &lengths };
+        let batch_input = Input::Padded {
+            data: x,
+            batch,
+            steps,
+            major: Major::BatchFirst,
+            align: align_,
+            lengths: &lengths,
+        };
         let h0 = LstmStates { h: f32s(&input, "h0.h")?.to_vec(), c: f32s(&input, "h0.c")?.to_vec() };
         let t = Instant::now();
-        let (output, finals, trace) = model.forward_train(batch_input, Some(&h0)).map_err(|e| e.to_string())?;
+        let (output, finals, trace) =
+            model.forward_train(batch_input, Some(&h0)).map_err(|e| e.to_string())?;
         let forward = t.elapsed();
-        let d_final =
-            LstmStates { h: f32s(&input, "grad_final.h")?.to_vec(), c: f32s(&input, "grad_final.c")?.to_vec() };
-        let grads =
-            model.backward(&trace, f32s(&input, "grad_output")?, Some(&d_final)).map_err(|e| e.to_string())?;
+        let d_final = LstmStates {
+            h: f32s(&input, "grad_final.h")?.to_vec(),
+            c: f32s(&input, "grad_final.c")?.to_vec(),
+        };
+        let grads = model
+            .backward(&trace, f32s(&input, "grad_output")?, Some(&d_final))
+            .map_err(|e| e.to_string())?;
         let mut checks = vec![
             ("output", error(&output, f32s(&expected, "output")?)),
             ("final h", error(&finals.h, f32s(&expected, "final.h")?)),
@@ -122,9 +133,10 @@ fn run(dir: &Path) -> Result<f32, String> {
 }
 
 fn main() -> ExitCode {
-    let dir = std::env::args().nth(1).map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/runtime")
-    });
+    let dir = std::env::args()
+        .nth(1)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/runtime"));
     match run(&dir) {
         Ok(worst) if worst <= 1e-4 => ExitCode::SUCCESS,
         Ok(worst) => {

@@ -34,11 +34,11 @@ pub fn camel(name: &str) -> String {
 /// A field name for a `.cell` name (a raw identifier if it is a Rust keyword).
 fn field(name: &str) -> String {
     const KEYWORDS: &[&str] = &[
-        "as", "async", "await", "break", "const", "continue", "crate", "dyn", "else", "enum", "extern", "false",
-        "fn", "for", "gen", "if", "impl", "in", "let", "loop", "match", "mod", "move", "mut", "pub", "ref",
-        "return", "static", "struct", "super", "trait", "true", "type", "unsafe", "use", "where", "while",
-        "abstract", "become", "box", "do", "final", "macro", "override", "priv", "try", "typeof", "unsized",
-        "virtual", "yield",
+        "as", "async", "await", "break", "const", "continue", "crate", "dyn", "else", "enum", "extern",
+        "false", "fn", "for", "gen", "if", "impl", "in", "let", "loop", "match", "mod", "move", "mut", "pub",
+        "ref", "return", "static", "struct", "super", "trait", "true", "type", "unsafe", "use", "where",
+        "while", "abstract", "become", "box", "do", "final", "macro", "override", "priv", "try", "typeof",
+        "unsized", "virtual", "yield",
     ];
     if KEYWORDS.contains(&name) {
         format!("r#{name}")
@@ -96,7 +96,8 @@ pub fn module(i: &Input) -> String {
          ::cellc_runtime::backend::cpu::aot::LinkedKernels::new(\n        MANIFEST,\n        &["
     );
     for sym in &i.symbols {
-        let _ = writeln!(s, "            ({sym:?}, {sym} as ::cellc_runtime::backend::cpu::native::KernelFn),");
+        let _ =
+            writeln!(s, "            ({sym:?}, {sym} as ::cellc_runtime::backend::cpu::native::KernelFn),");
     }
     let _ = writeln!(s, "        ],\n    );\n");
 
@@ -124,7 +125,12 @@ pub fn module(i: &Input) -> String {
          fn into_vecs(self) -> Vec<Vec<f32>> {{\n        \
          vec![{}]\n    \
          }}\n}}\n",
-        param_fields.iter().enumerate().map(|(k, f)| format!("{f}: v[{k}].clone()")).collect::<Vec<_>>().join(", "),
+        param_fields
+            .iter()
+            .enumerate()
+            .map(|(k, f)| format!("{f}: v[{k}].clone()"))
+            .collect::<Vec<_>>()
+            .join(", "),
         param_fields.iter().map(|f| format!("self.{f}")).collect::<Vec<_>>().join(", ")
     );
     let _ = writeln!(
@@ -150,7 +156,12 @@ pub fn module(i: &Input) -> String {
          fn to_vecs(&self) -> Vec<Vec<f32>> {{\n        \
          vec![{}]\n    \
          }}\n}}\n",
-        state_fields.iter().enumerate().map(|(k, f)| format!("{f}: v[{k}].clone()")).collect::<Vec<_>>().join(", "),
+        state_fields
+            .iter()
+            .enumerate()
+            .map(|(k, f)| format!("{f}: v[{k}].clone()"))
+            .collect::<Vec<_>>()
+            .join(", "),
         state_fields.iter().map(|f| format!("self.{f}.clone()")).collect::<Vec<_>>().join(", ")
     );
     let _ = writeln!(

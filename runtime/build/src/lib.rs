@@ -2,10 +2,8 @@
 //! script, the way `prost-build` turns `.proto` files into Rust.
 //!
 //! ```no_run
-//! // build.rs
-//! fn main() {
-//!     cellc_build::cell("cells/lstm.cell").size("H", 128).build();
-//! }
+//! // build.rs, in `fn main`:
+//! cellc_build::cell("cells/lstm.cell").size("H", 128).build();
 //! ```
 //!
 //! ```ignore
@@ -119,7 +117,8 @@ impl CellBuild {
     /// memory (no cargo involved).
     pub fn generate(&self) -> Result<Generated, Error> {
         let file = self.path.display().to_string();
-        let source = std::fs::read_to_string(&self.path).map_err(|e| Error(format!("cannot read {file}: {e}")))?;
+        let source =
+            std::fs::read_to_string(&self.path).map_err(|e| Error(format!("cannot read {file}: {e}")))?;
         let checked = cellc::compile(&file, &source);
         let warnings = checked.render(false);
         let module = checked.into_result().map_err(|e| Error(e.rendered))?;
@@ -130,15 +129,22 @@ impl CellBuild {
                 .find(|c| &c.name == n)
                 .map(|c| c.name.clone())
                 .ok_or_else(|| Error(format!("{file} defines no cell named `{n}`")))?,
-            None => module.cells.first().map(|c| c.name.clone()).ok_or_else(|| Error(format!("{file} defines no cell")))?,
+            None => module
+                .cells
+                .first()
+                .map(|c| c.name.clone())
+                .ok_or_else(|| Error(format!("{file} defines no cell")))?,
         };
-        let compiled = CompiledCell::from_source(&file, &source, Some(&cell_name)).map_err(|e| Error(e.to_string()))?;
-        let built = compile_model(&compiled, &self.config, &self.sizes, false).map_err(|e| Error(format!("{file}: {e}")))?;
+        let compiled =
+            CompiledCell::from_source(&file, &source, Some(&cell_name)).map_err(|e| Error(e.to_string()))?;
+        let built = compile_model(&compiled, &self.config, &self.sizes, false)
+            .map_err(|e| Error(format!("{file}: {e}")))?;
         let name = self.name.clone().unwrap_or_else(|| cell_name.clone());
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
             return Err(Error(format!("module name `{name}`: use letters, digits and `_`")));
         }
-        let manifest = serde_json::to_string_pretty(&built.artifacts.manifest).map_err(|e| Error(e.to_string()))?;
+        let manifest =
+            serde_json::to_string_pretty(&built.artifacts.manifest).map_err(|e| Error(e.to_string()))?;
         let file_name = self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or(file);
         let rust = bindings::module(&bindings::Input {
             type_name: bindings::camel(&name),
@@ -167,7 +173,9 @@ impl CellBuild {
     /// [`CellBuild::build`], returning the error instead of reporting it.
     pub fn try_build(self) -> Result<Generated, Error> {
         println!("cargo::rerun-if-changed={}", self.path.display());
-        let env = |k: &str| std::env::var(k).map_err(|_| Error(format!("{k} is not set: call this from a build script")));
+        let env = |k: &str| {
+            std::env::var(k).map_err(|_| Error(format!("{k} is not set: call this from a build script")))
+        };
         let (target, host) = (env("TARGET")?, env("HOST")?);
         if target != host {
             return Err(Error(format!(
@@ -182,7 +190,9 @@ impl CellBuild {
         let stem = format!("cellc_{}", generated.name);
         let write = |ext: &str, bytes: &[u8]| {
             let path = out.join(format!("{stem}.{ext}"));
-            std::fs::write(&path, bytes).map_err(|e| Error(format!("cannot write {}: {e}", path.display()))).map(|_| path)
+            std::fs::write(&path, bytes)
+                .map_err(|e| Error(format!("cannot write {}: {e}", path.display())))
+                .map(|_| path)
         };
         let object = write("o", &generated.object)?;
         write("json", generated.manifest.as_bytes())?;
@@ -200,7 +210,69 @@ impl CellBuild {
 /// rendered diagnostics on standard error (cargo shows it when the script fails).
 fn report_error(e: &Error) {
     let text = e.to_string();
-    let headline = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("cellc-build failed");
-    println!("cargo::error=cellc-build: {headline}");
+    let headline = text
+        .lines()
+        .find(|l| l.starts_with("error"))
+        .or_else(|| text.lines().find(|l| !l.trim().is_empty()))
+        .unwrap_or("cellc-build failed");
+    let headline = headline.strip_prefix("error: ").unwrap_or(headline);
+    println!("cargo::error=cellc-build: {} (the diagnostics are below, under stderr)", headline.trim());
     eprintln!("{text}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_cell(name: &str, source: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("cellc-build-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join(name);
+        std::fs::write(&path, source).expect("write");
+        path
+    }
+
+    const RNN: &str = "cell rnn {\n    input x[I]\n    state h[H]\n    param w[H, I], u[H, H], b[H]\n    \
+                       let unused = h\n    h' = tanh(w @ x + u @ h + b)\n    output h'\n}\n";
+
+    #[test]
+    fn generates_bindings_with_a_field_per_param_and_state() {
+        let g = cell(temp_cell("rnn.cell", RNN)).size("H", 4).generate().expect("generates");
+        assert_eq!(g.name, "rnn");
+        for needle in [
+            "pub struct RnnParams",
+            "pub w: Vec<f32>",
+            "pub struct RnnStates",
+            "pub h: Vec<f32>",
+            "pub struct Rnn {",
+        ] {
+            assert!(g.rust.contains(needle), "no `{needle}` in\n{}", g.rust);
+        }
+        // I is free: the constructor takes the input size.
+        assert!(g.rust.contains("input_size: usize"), "{}", g.rust);
+        assert!(g.warnings.contains("unused"), "the .cell file's warning is passed on: {}", g.warnings);
+        assert_eq!(&g.object[..4], b"\x7fELF");
+    }
+
+    #[test]
+    fn errors_carry_the_rendered_diagnostics() {
+        let broken = RNN.replace("u @ h", "u @ x");
+        let e = cell(temp_cell("broken.cell", &broken)).size("H", 4).generate().expect_err("does not check");
+        assert!(e.0.contains("cannot multiply") && e.0.contains("broken.cell:6"), "{e}");
+        let e = cell(temp_cell("rnn2.cell", RNN)).generate().expect_err("H unbound");
+        assert!(e.0.contains("size `H`"), "{e}");
+        let e = cell(temp_cell("rnn3.cell", RNN)).size("Q", 1).size("H", 4).generate().expect_err("no Q");
+        assert!(e.0.contains("no size variable `Q`"), "{e}");
+        let e = cell("no/such.cell").generate().expect_err("no file");
+        assert!(e.0.contains("cannot read no/such.cell"), "{e}");
+    }
+
+    #[test]
+    fn outside_a_build_script_it_says_so() {
+        if std::env::var_os("OUT_DIR").is_some() {
+            return;
+        }
+        let e = cell(temp_cell("rnn4.cell", RNN)).size("H", 4).try_build().expect_err("no cargo");
+        assert!(e.0.contains("build script"), "{e}");
+    }
 }

@@ -87,7 +87,13 @@ pub fn fingerprint(cell: &CompiledCell) -> String {
 /// e.g. `cellc_lstm_1f0c…_fwd_s2_H128`.
 pub fn symbol(cell: &CompiledCell, side: Side, stage: usize, sizes: &BTreeMap<String, usize>) -> String {
     let sizes: Vec<String> = sizes.iter().map(|(k, v)| format!("{k}{v}")).collect();
-    format!("cellc_{}_{}_{}_s{stage}_{}", cell.cell.name, &fingerprint(cell)[..8], side.tag(), sizes.join("_"))
+    format!(
+        "cellc_{}_{}_{}_s{stage}_{}",
+        cell.cell.name,
+        &fingerprint(cell)[..8],
+        side.tag(),
+        sizes.join("_")
+    )
 }
 
 /// What an object file holds and what the runtime needs to drive it
@@ -163,14 +169,18 @@ pub struct LinkedKernels {
 }
 
 impl LinkedKernels {
-    pub const fn new(manifest: &'static str, functions: &'static [(&'static str, KernelFn)]) -> LinkedKernels {
+    pub const fn new(
+        manifest: &'static str,
+        functions: &'static [(&'static str, KernelFn)],
+    ) -> LinkedKernels {
         LinkedKernels { manifest, functions, parsed: OnceLock::new() }
     }
 
     /// The manifest, checked against this machine.
     pub fn manifest(&self) -> Result<&Manifest> {
         let parsed = self.parsed.get_or_init(|| {
-            let m: Manifest = serde_json::from_str(self.manifest).map_err(|e| format!("unreadable manifest: {e}"))?;
+            let m: Manifest =
+                serde_json::from_str(self.manifest).map_err(|e| format!("unreadable manifest: {e}"))?;
             if m.format != MANIFEST_FORMAT {
                 return Err(format!("manifest format {} (this runtime reads {MANIFEST_FORMAT})", m.format));
             }

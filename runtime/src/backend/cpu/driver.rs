@@ -57,12 +57,11 @@ impl Step {
     }
 }
 
-/// Turns schedule stages into steps; `pointwise` builds each kernel (given its index and stage).
-pub fn steps(
-    graph: &Graph,
-    stages: &[Stage],
-    pointwise: &mut dyn FnMut(usize, &Stage) -> Result<Arc<dyn StageExec>>,
-) -> Result<Vec<Step>> {
+/// Builds the kernel of a stage, given its index in the schedule.
+pub type StageBuilder<'a> = dyn FnMut(usize, &Stage) -> Result<Arc<dyn StageExec>> + 'a;
+
+/// Turns schedule stages into steps; `pointwise` builds each kernel.
+pub fn steps(graph: &Graph, stages: &[Stage], pointwise: &mut StageBuilder) -> Result<Vec<Step>> {
     stages
         .iter()
         .enumerate()

@@ -26,7 +26,8 @@ pub fn compile_stage(
 ) -> Result<NativeStage, CodegenError> {
     let mut module = JITModule::new(JITBuilder::with_isa(isa()?, default_libcall_names()));
     let mut ctx = module.make_context();
-    let scratch = define_stage(&mut ctx.func, module.target_config(), graph, plan, (values, inputs, outputs))?;
+    let scratch =
+        define_stage(&mut ctx.func, module.target_config(), graph, plan, (values, inputs, outputs))?;
     let id = module
         .declare_function("stage", Linkage::Export, &ctx.func.signature)
         .map_err(|e| CodegenError(e.to_string()))?;

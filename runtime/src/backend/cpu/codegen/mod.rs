@@ -120,7 +120,12 @@ impl Gen<'_, '_> {
         self.plan.elements(v)
     }
 
-    fn body(&mut self, values: &[ValueId], inputs: &[ValueId], outputs: &[ValueId]) -> Result<(), CodegenError> {
+    fn body(
+        &mut self,
+        values: &[ValueId],
+        inputs: &[ValueId],
+        outputs: &[ValueId],
+    ) -> Result<(), CodegenError> {
         let entry = self.b.create_block();
         let head = self.b.create_block();
         let body = self.b.create_block();
@@ -197,7 +202,8 @@ impl Gen<'_, '_> {
         // Outputs not already written in place.
         for (i, &v) in outputs.iter().enumerate() {
             let p = self.b.ins().load(self.ptr, flags(), base, ((inputs.len() + i) * 8) as i32);
-            let h = *self.held.get(&v).ok_or_else(|| CodegenError(format!("output {v} is never computed")))?;
+            let h =
+                *self.held.get(&v).ok_or_else(|| CodegenError(format!("output {v} is never computed")))?;
             match h {
                 Held::Mem(src)
                     if out_ptr.get(&v) == Some(&src)
@@ -596,7 +602,9 @@ pub fn compile_unary_for_test(op: UnaryOp, n: usize) -> impl Fn(&[f32]) -> Vec<f
         let mut input = xs.to_vec();
         let mut y = vec![0.0f32; xs.len()];
         // SAFETY: one row, both pointers valid for n floats.
-        unsafe { stage.run(1, &[input.as_mut_ptr(), y.as_mut_ptr()]) };
+        unsafe {
+            crate::backend::cpu::stage::StageExec::run(&stage, 1, &[input.as_mut_ptr(), y.as_mut_ptr()])
+        };
         y
     }
 }

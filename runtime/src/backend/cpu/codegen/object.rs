@@ -31,7 +31,11 @@ pub struct Artifacts {
 
 /// Compiles every kernel `layers` need (each distinct one once) into one
 /// object; `text` also keeps the IR and the disassembly.
-pub fn compile_object(cell: &CompiledCell, layers: &[LayerProgram], text: bool) -> Result<Artifacts, CodegenError> {
+pub fn compile_object(
+    cell: &CompiledCell,
+    layers: &[LayerProgram],
+    text: bool,
+) -> Result<Artifacts, CodegenError> {
     let err = |e: &dyn std::fmt::Display| CodegenError(e.to_string());
     let builder = ObjectBuilder::new(isa()?, format!("cellc_{}", cell.cell.name), default_libcall_names())
         .map_err(|e| err(&e))?;
@@ -68,7 +72,8 @@ pub fn compile_object(cell: &CompiledCell, layers: &[LayerProgram], text: bool) 
             if text {
                 let _ = writeln!(clif, "; {name}\n{}", ctx.func.display());
             }
-            let id = module.declare_function(&name, Linkage::Export, &ctx.func.signature).map_err(|e| err(&e))?;
+            let id =
+                module.declare_function(&name, Linkage::Export, &ctx.func.signature).map_err(|e| err(&e))?;
             module.define_function(id, &mut ctx).map_err(|e| CodegenError(format!("{name}: {e:?}")))?;
             if text {
                 let code = ctx.compiled_code().and_then(|c| c.vcode.clone()).unwrap_or_default();
@@ -128,7 +133,8 @@ pub fn compile_model(
         }
     }
     // A stand-in for each free size; kernels that depend on one are refused below.
-    let free_sizes: Vec<String> = cell.cell.sizes.iter().filter(|s| !sizes.contains_key(*s)).cloned().collect();
+    let free_sizes: Vec<String> =
+        cell.cell.sizes.iter().filter(|s| !sizes.contains_key(*s)).cloned().collect();
     let mut bound = sizes.clone();
     for s in &free_sizes {
         bound.insert(s.clone(), 1);
@@ -137,12 +143,39 @@ pub fn compile_model(
     for layer in &layers {
         let needed = kernel_sizes(cell, layer);
         if let Some(s) = free_sizes.iter().find(|s| needed.contains_key(*s)) {
-            return Err(RuntimeError::UnboundSize { size: s.clone() });
+            return Err(RuntimeError::Backend {
+                backend: "cpu".into(),
+                message: format!(
+                    "size `{s}` must be bound: `{}`'s kernels are specialised to it ({})",
+                    cell.cell.name,
+                    depends_on(cell, layer, s)
+                ),
+            });
         }
     }
-    let artifacts = compile_object(cell, &layers, text).map_err(|e| RuntimeError::Backend {
-        backend: "cpu".into(),
-        message: e.to_string(),
-    })?;
+    let artifacts = compile_object(cell, &layers, text)
+        .map_err(|e| RuntimeError::Backend { backend: "cpu".into(), message: e.to_string() })?;
     Ok(CompiledModel { artifacts, free_sizes })
+}
+
+/// The first kernel value whose type mentions size `var`, as `fwd stage 2 computes v7 [4*H]`.
+fn depends_on(cell: &CompiledCell, layer: &LayerProgram, var: &str) -> String {
+    for (side, index, stage) in kernel_stages(layer) {
+        let graph: &Graph = match side {
+            Side::Forward => &cell.cell,
+            Side::Backward => &cell.grad.graph,
+        };
+        for &v in stage.values.iter().chain(&stage.inputs) {
+            let ty = graph.ty(v);
+            let mentions = match ty {
+                cellc::ir::Type::Vector(d) => d.variables().iter().any(|x| x == var),
+                cellc::ir::Type::Matrix(r, c) => r.variables().iter().chain(&c.variables()).any(|x| x == var),
+                _ => false,
+            };
+            if mentions {
+                return format!("{} stage {index} holds {v}: {ty}", side.tag());
+            }
+        }
+    }
+    "a kernel holds a value of that size".into()
 }
