@@ -122,7 +122,7 @@ fn graphs_on_a_gpu_replay_and_give_the_same_bits() {
 
 fn gpu() -> Option<Cuda> {
     if !cellc_runtime::backend::cuda::driver_available() {
-        eprintln!("SKIPPED: no CUDA driver on this machine; the GPU path was not run");
+        support::report("SKIPPED: no CUDA driver on this machine; the GPU path was not run");
         return None;
     }
     Some(Cuda::gpu(0).expect("GPU back end"))
@@ -144,11 +144,11 @@ fn inference_matches_the_reference(cuda: Arc<Cuda>) {
         }
     }
     assert_eq!(cells.len(), 14);
-    eprintln!(
+    support::report(&format!(
         "{}: inference of {} cells x 5 layouts (2 layers, varlen) within 2e-5 of the reference",
         cuda_name(&cuda),
         cells.len()
-    );
+    ));
 }
 
 fn cuda_name(cuda: &Cuda) -> String {
@@ -201,12 +201,12 @@ fn training_matches_the_reference(cuda: Arc<Cuda>) {
         }
     }
     assert_eq!(cells.len(), 14);
-    eprintln!(
+    support::report(&format!(
         "{}: training (forward, then input, state and parameter gradients) of {} cells x 5 layouts \
          within 1e-4 (2e-3 with row reductions) of the reference",
         cuda_name(&cuda),
         cells.len()
-    );
+    ));
 }
 
 /// LSTM training and SRU (a whole-sequence kernel) inference, run twice
@@ -243,7 +243,9 @@ fn graphs_replay(device: impl Fn() -> Cuda) {
             drop(trace);
             let stats = graphs.graph_stats();
             let (captured, replayed) = (stats.captured - before.captured, stats.replayed - before.replayed);
-            eprintln!("{name} round {round}: {captured} passes captured, {replayed} replayed");
+            support::report(&format!(
+                "{name} round {round}: {captured} passes captured, {replayed} replayed"
+            ));
             assert_eq!(captured + replayed, 2 * passes, "{name}: every pass runs as a graph");
             if round == 0 {
                 assert_eq!(captured, 2 * passes, "{name}: the first round captures");

@@ -234,9 +234,9 @@ fn every_kernel_of_every_shipped_cell_matches_the_interpreter() {
         lane >= 6,
         "only {lane} lane-form kernels: sru, mingru and indrnn have one forward and one backward"
     );
-    eprintln!(
+    support::report(&format!(
         "{kernels_checked} kernels emulated ({lane} in lane form), {runs} runs, all within 2e-5 of the interpreter (blocks of 32, 24 and 1, of {BLOCK} max)"
-    );
+    ));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

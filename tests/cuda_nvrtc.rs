@@ -38,12 +38,17 @@ fn every_kernel_compiles_for_sm80_and_sm90_without_spills() {
             std::env::var_os("CELLC_REQUIRE_NVRTC").is_none(),
             "CELLC_REQUIRE_NVRTC is set but libnvrtc cannot be loaded (LD_LIBRARY_PATH?)"
         );
-        eprintln!("SKIPPED: libnvrtc not found; NVRTC compilation of the generated kernels was not checked");
+        support::report(
+            "SKIPPED: libnvrtc not found; NVRTC compilation of the generated kernels was not checked",
+        );
         return;
     }
     let (major, minor) = nvrtc::version().expect("version");
-    eprintln!("NVRTC {major}.{minor}");
-    eprintln!("{:<16} {:<28} {:<6} {:>9} {:>11}  form", "cell", "kernel", "arch", "registers", "shared (B)");
+    support::report(&format!("NVRTC {major}.{minor}"));
+    support::report(&format!(
+        "{:<16} {:<28} {:<6} {:>9} {:>11}  form",
+        "cell", "kernel", "arch", "registers", "shared (B)"
+    ));
     let mut count = 0;
     // The table is for H = 256; H = 37 (odd offsets, a partial block) is
     // compiled and checked the same way without printing.
@@ -79,10 +84,10 @@ fn every_kernel_compiles_for_sm80_and_sm90_without_spills() {
                     .unwrap_or_else(|| panic!("{arch}: no ptxas report for {}:\n{}", k.name, out.log));
                 let form = if k.units > 0 { format!("lane (U={})", k.units) } else { "block".to_string() };
                 if h == 256 {
-                    eprintln!(
+                    support::report(&format!(
                         "{:<16} {:<28} {:<6} {:>9} {:>11}  {form}",
                         c.cell.name, k.name, arch, u.registers, u.shared_bytes
-                    );
+                    ));
                 }
                 assert_eq!((u.spill_stores, u.spill_loads), (0, 0), "{} (H={h}) spills on {arch}", k.name);
                 assert!(
@@ -96,5 +101,5 @@ fn every_kernel_compiles_for_sm80_and_sm90_without_spills() {
         }
     }
     assert!(count >= 120, "only {count} kernel compilations checked");
-    eprintln!("{count} kernel compilations (H=256 and H=37, sm_80 and sm_90): no spills, at most {MAX_REGISTERS} registers");
+    support::report(&format!("{count} kernel compilations (H=256 and H=37, sm_80 and sm_90): no spills, at most {MAX_REGISTERS} registers"));
 }

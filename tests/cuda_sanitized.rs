@@ -158,13 +158,15 @@ fn kernels_are_clean_under_address_and_undefined_behaviour_sanitizers() {
     for cell in ["lstm", "layernorm_lstm", "sru"] {
         n += run_sanitized(cell, "address,undefined", 32);
     }
-    eprintln!("{n} kernels clean under AddressSanitizer + UBSan");
+    support::report(&format!("{n} kernels clean under AddressSanitizer + UBSan"));
 }
 
 #[test]
 fn block_cooperative_kernels_are_race_free_under_thread_sanitizer() {
     let n = run_sanitized("layernorm_lstm", "thread", 32);
-    eprintln!("{n} kernels race-free under ThreadSanitizer (threaded emulation, barriers as std::barrier)");
+    support::report(&format!(
+        "{n} kernels race-free under ThreadSanitizer (threaded emulation, barriers as std::barrier)"
+    ));
 }
 
 /// Lane-form kernels have no barrier at all: they are right only if no
@@ -176,5 +178,7 @@ fn lane_form_kernels_share_nothing_under_thread_sanitizer() {
     for cell in ["lstm", "sru"] {
         n += run_sanitized(cell, "thread", 32);
     }
-    eprintln!("{n} kernels race-free under ThreadSanitizer (lane form: no barriers, no shared memory)");
+    support::report(&format!(
+        "{n} kernels race-free under ThreadSanitizer (lane form: no barriers, no shared memory)"
+    ));
 }

@@ -112,3 +112,15 @@ pub fn compiled_cells() -> Vec<std::sync::Arc<cellc_runtime::CompiledCell>> {
         .map(|p| std::sync::Arc::new(cellc_runtime::CompiledCell::from_file(p, None).expect("compiles")))
         .collect()
 }
+
+/// Says `line` on standard error and appends it to `verification.log` in
+/// cargo's temporary folder for tests, which CI prints after the test run
+/// (what the CUDA verification checked, without running it twice).
+pub fn report(line: &str) {
+    use std::io::Write;
+    eprintln!("{line}");
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("verification.log");
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = f.write_all(format!("{line}\n").as_bytes());
+    }
+}

@@ -34,7 +34,7 @@ pub enum Emit {
     Obj,
     /// CPU: the kernels' Cranelift IR.
     Clif,
-    /// CPU: the kernels' machine code, disassembled.
+    /// CPU: the kernels' machine code after register allocation (Cranelift's listing).
     Asm,
 }
 
