@@ -47,6 +47,29 @@ fn field(name: &str) -> String {
     }
 }
 
+/// A struct of one `Vec<f32>` per `(field, doc)`, with conversions from
+/// and to the runtime's lists of tensors (in declaration order).
+fn tensor_struct(s: &mut String, name: &str, doc: &str, fields: &[(String, String)]) {
+    let _ = writeln!(
+        s,
+        "/// {doc}\n#[derive(Clone, Debug, Default, PartialEq)]\n#[allow(dead_code)]\npub struct {name} {{"
+    );
+    for (f, doc) in fields {
+        let _ = writeln!(s, "    /// {doc}\n    pub {f}: Vec<f32>,");
+    }
+    let from: Vec<String> =
+        fields.iter().enumerate().map(|(k, (f, _))| format!("{f}: v[{k}].clone()")).collect();
+    let to: Vec<String> = fields.iter().map(|(f, _)| format!("self.{f}.clone()")).collect();
+    let _ = writeln!(
+        s,
+        "}}\n\n#[allow(dead_code)]\nimpl {name} {{\n    \
+         fn from_vecs(v: &[Vec<f32>]) -> Self {{\n        Self {{ {} }}\n    }}\n\n    \
+         fn to_vecs(&self) -> Vec<Vec<f32>> {{\n        vec![{}]\n    }}\n}}\n",
+        from.join(", "),
+        to.join(", ")
+    );
+}
+
 /// The whole generated module.
 pub fn module(i: &Input) -> String {
     let t = &i.type_name;
@@ -102,68 +125,22 @@ pub fn module(i: &Input) -> String {
     let _ = writeln!(s, "        ],\n    );\n");
 
     // Parameters, states, gradients.
-    let _ = writeln!(
-        s,
-        "/// The parameters of one layer and direction, one field per `param` of `{}`, row-major\n\
-         /// (PyTorch's layout).\n\
-         #[derive(Clone, Debug, Default, PartialEq)]\n\
-         #[allow(dead_code)]\n\
-         pub struct {t}Params {{",
+    let params: Vec<(String, String)> =
+        cell.params.iter().map(|p| (field(&p.name), format!("`{}: {}`", p.name, p.ty))).collect();
+    let doc = format!(
+        "The parameters of one layer and direction, one field per `param` of `{}`, row-major\n\
+         /// (PyTorch's layout).",
         cell.name
     );
-    for p in &cell.params {
-        let _ = writeln!(s, "    /// `{}: {}`\n    pub {}: Vec<f32>,", p.name, p.ty, field(&p.name));
-    }
-    let _ = writeln!(s, "}}\n");
-    let param_fields: Vec<String> = cell.params.iter().map(|p| field(&p.name)).collect();
-    let _ = writeln!(
-        s,
-        "#[allow(dead_code)]\nimpl {t}Params {{\n    \
-         fn from_vecs(v: &[Vec<f32>]) -> Self {{\n        \
-         Self {{ {} }}\n    \
-         }}\n\n    \
-         fn into_vecs(self) -> Vec<Vec<f32>> {{\n        \
-         vec![{}]\n    \
-         }}\n}}\n",
-        param_fields
-            .iter()
-            .enumerate()
-            .map(|(k, f)| format!("{f}: v[{k}].clone()"))
-            .collect::<Vec<_>>()
-            .join(", "),
-        param_fields.iter().map(|f| format!("self.{f}")).collect::<Vec<_>>().join(", ")
-    );
-    let _ = writeln!(
-        s,
-        "/// A batch's states (or their adjoints), one field per `state` of `{}`, each\n\
-         /// `[layers * directions, batch, size]` (PyTorch's `h_n` layout).\n\
-         #[derive(Clone, Debug, Default, PartialEq)]\n\
-         #[allow(dead_code)]\n\
-         pub struct {t}States {{",
+    tensor_struct(&mut s, &format!("{t}Params"), &doc, &params);
+    let states: Vec<(String, String)> =
+        cell.states.iter().map(|st| (field(&st.name), format!("`{}[{}]`", st.name, st.dim))).collect();
+    let doc = format!(
+        "A batch's states (or their adjoints), one field per `state` of `{}`, each\n\
+         /// `[layers * directions, batch, size]` (PyTorch's `h_n` layout).",
         cell.name
     );
-    for st in &cell.states {
-        let _ = writeln!(s, "    /// `{}[{}]`\n    pub {}: Vec<f32>,", st.name, st.dim, field(&st.name));
-    }
-    let _ = writeln!(s, "}}\n");
-    let state_fields: Vec<String> = cell.states.iter().map(|st| field(&st.name)).collect();
-    let _ = writeln!(
-        s,
-        "#[allow(dead_code)]\nimpl {t}States {{\n    \
-         fn from_vecs(v: &[Vec<f32>]) -> Self {{\n        \
-         Self {{ {} }}\n    \
-         }}\n\n    \
-         fn to_vecs(&self) -> Vec<Vec<f32>> {{\n        \
-         vec![{}]\n    \
-         }}\n}}\n",
-        state_fields
-            .iter()
-            .enumerate()
-            .map(|(k, f)| format!("{f}: v[{k}].clone()"))
-            .collect::<Vec<_>>()
-            .join(", "),
-        state_fields.iter().map(|f| format!("self.{f}.clone()")).collect::<Vec<_>>().join(", ")
-    );
+    tensor_struct(&mut s, &format!("{t}States"), &doc, &states);
     let _ = writeln!(
         s,
         "/// What a backward pass returns.\n\
@@ -294,7 +271,7 @@ impl {t} {{
             layer,
             message: "no such layer or direction".into(),
         }})?;
-        let given = params.into_vecs();
+        let given = params.to_vecs();
         for ((old, new), name) in target.iter().zip(&given).zip(&names) {{
             if old.len() != new.len() {{
                 return Err(::cellc_runtime::RuntimeError::Shape {{
