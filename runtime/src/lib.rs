@@ -47,4 +47,7 @@ pub use error::{Result, RuntimeError};
 pub use exec::{Gradients, Input, Output, Trace};
 pub use model::{CompiledCell, LayerProgram, Model, ModelConfig};
 pub use sequence::{Align, BatchPlan, Major, PackedSequence, RowLayout};
-pub use weights::{read_tensors, write_tensors, Tensor, TensorData, Weights};
+pub use weights::{
+    read_metadata, read_tensors, write_tensors, write_tensors_with_metadata, Metadata, Tensor, TensorData,
+    Weights,
+};

@@ -3,7 +3,9 @@
 //!
 //! A PyTorch `nn.LSTM`/`nn.GRU`/`nn.RNN` `state_dict` saved with
 //! `safetensors.torch.save_file` loads unchanged: its names are the
-//! cell's parameter names with `_lK` / `_lK_reverse`.
+//! cell's parameter names with `_lK` / `_lK_reverse`. A file may also carry
+//! string [`Metadata`] (safetensors' `__metadata__`, what `save_file(...,
+//! metadata=...)` writes): a model's vocabulary, how it was trained.
 
 use crate::error::{Result, RuntimeError};
 use safetensors::tensor::{Dtype, TensorView};
@@ -35,11 +37,31 @@ impl Tensor {
     }
 }
 
+/// A safetensors file's string metadata, by key.
+pub type Metadata = BTreeMap<String, String>;
+
 /// Reads every tensor of a safetensors file. f32 and f64 become f32;
 /// integer types become i64; anything else is an error naming the tensor.
 pub fn read_tensors(path: &Path) -> Result<BTreeMap<String, Tensor>> {
+    read_file(path).map(|(tensors, _)| tensors)
+}
+
+/// Reads a safetensors file's metadata (empty when it has none).
+pub fn read_metadata(path: &Path) -> Result<Metadata> {
     let io = |e: String| RuntimeError::Io { path: path.display().to_string(), message: e };
     let bytes = std::fs::read(path).map_err(|e| io(e.to_string()))?;
+    let (_, header) =
+        SafeTensors::read_metadata(&bytes).map_err(|e| io(format!("not a safetensors file: {e}")))?;
+    Ok(header.metadata().iter().flatten().map(|(k, v)| (k.clone(), v.clone())).collect())
+}
+
+/// Tensors and metadata of a safetensors file, read once.
+fn read_file(path: &Path) -> Result<(BTreeMap<String, Tensor>, Metadata)> {
+    let io = |e: String| RuntimeError::Io { path: path.display().to_string(), message: e };
+    let bytes = std::fs::read(path).map_err(|e| io(e.to_string()))?;
+    let (_, header) =
+        SafeTensors::read_metadata(&bytes).map_err(|e| io(format!("not a safetensors file: {e}")))?;
+    let metadata = header.metadata().iter().flatten().map(|(k, v)| (k.clone(), v.clone())).collect();
     let st = SafeTensors::deserialize(&bytes).map_err(|e| io(format!("not a safetensors file: {e}")))?;
     let mut out = BTreeMap::new();
     for (name, view) in st.tensors() {
@@ -67,11 +89,20 @@ pub fn read_tensors(path: &Path) -> Result<BTreeMap<String, Tensor>> {
         };
         out.insert(name, Tensor { shape: view.shape().to_vec(), data });
     }
-    Ok(out)
+    Ok((out, metadata))
 }
 
 /// Writes tensors to a safetensors file (f32 as F32, i64 as I64).
 pub fn write_tensors(path: &Path, tensors: &BTreeMap<String, Tensor>) -> Result<()> {
+    write_tensors_with_metadata(path, tensors, &Metadata::new())
+}
+
+/// Writes tensors and string metadata to a safetensors file.
+pub fn write_tensors_with_metadata(
+    path: &Path,
+    tensors: &BTreeMap<String, Tensor>,
+    metadata: &Metadata,
+) -> Result<()> {
     let io = |e: String| RuntimeError::Io { path: path.display().to_string(), message: e };
     let bytes: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = tensors
         .iter()
@@ -89,7 +120,8 @@ pub fn write_tensors(path: &Path, tensors: &BTreeMap<String, Tensor>) -> Result<
         .map(|(n, d, s, b)| TensorView::new(*d, s.clone(), b).map(|v| (n.clone(), v)))
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| io(e.to_string()))?;
-    let data = safetensors::serialize(views, None).map_err(|e| io(e.to_string()))?;
+    let metadata = (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
+    let data = safetensors::serialize(views, metadata).map_err(|e| io(e.to_string()))?;
     std::fs::write(path, data).map_err(|e| io(e.to_string()))
 }
 
@@ -128,8 +160,14 @@ impl Weights {
 
     /// Loads a safetensors file of f32 (or f64) tensors.
     pub fn load(path: &Path) -> Result<Weights> {
+        Weights::load_with_metadata(path).map(|(w, _)| w)
+    }
+
+    /// Loads a safetensors file of f32 (or f64) tensors and its metadata.
+    pub fn load_with_metadata(path: &Path) -> Result<(Weights, Metadata)> {
+        let (tensors, metadata) = read_file(path)?;
         let mut w = Weights::default();
-        for (name, t) in read_tensors(path)? {
+        for (name, t) in tensors {
             match t.data {
                 TensorData::F32(data) => w.insert(name, t.shape, data),
                 TensorData::I64(_) => {
@@ -140,16 +178,48 @@ impl Weights {
                 }
             }
         }
-        Ok(w)
+        Ok((w, metadata))
     }
 
     /// Saves as a safetensors file.
     pub fn save(&self, path: &Path) -> Result<()> {
+        self.save_with_metadata(path, &Metadata::new())
+    }
+
+    /// Saves as a safetensors file with string metadata.
+    pub fn save_with_metadata(&self, path: &Path, metadata: &Metadata) -> Result<()> {
         let map = self
             .tensors
             .iter()
             .map(|(n, t)| (n.clone(), Tensor::f32(t.shape.clone(), t.data.clone())))
             .collect();
-        write_tensors(path, &map)
+        write_tensors_with_metadata(path, &map, metadata)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_round_trips_with_the_weights() {
+        let path =
+            std::env::temp_dir().join(format!("cellc_weights_metadata_{}.safetensors", std::process::id()));
+        let mut w = Weights::default();
+        w.insert("weight_ih_l0".into(), vec![2, 3], (0..6).map(|i| i as f32 * 0.5).collect());
+        w.insert("bias_ih_l0".into(), vec![2], vec![-1.0, 1.0]);
+        let metadata: Metadata =
+            [("vocab".to_string(), "\n ab\"c".to_string()), ("layers".to_string(), "1".to_string())].into();
+        w.save_with_metadata(&path, &metadata).expect("saves");
+        let (loaded, read) = Weights::load_with_metadata(&path).expect("loads");
+        assert_eq!(loaded, w);
+        assert_eq!(read, metadata);
+        assert_eq!(read_metadata(&path).expect("reads"), metadata);
+
+        // Without metadata: an empty map, and the same tensors.
+        w.save(&path).expect("saves");
+        assert!(read_metadata(&path).expect("reads").is_empty());
+        assert_eq!(Weights::load(&path).expect("loads"), w);
+        std::fs::remove_file(&path).ok();
     }
 }
