@@ -1,0 +1,138 @@
+//! Saving and loading a model: one safetensors file holding the weights
+//! under the names PyTorch gives the `state_dict` of
+//!
+//! ```python
+//! class CharLM(nn.Module):          # examples/pytorch/train_export.py
+//!     embedding = nn.Embedding(V, E)
+//!     rnn = nn.LSTM(E, H)           # any cell: its parameters' names
+//!     head = nn.Linear(H, V)
+//! ```
+//!
+//! (`embedding.weight`, `rnn.weight_ih_l0`, ..., `head.weight`,
+//! `head.bias`), and in its metadata the vocabulary (`vocab`: the
+//! characters in id order), the `.cell` program (`cell`, so a checkpoint
+//! runs without the file it was trained from; a PyTorch export has none
+//! and is given one) and free-form entries on how it was trained.
+
+use crate::embedding::Embedding;
+use crate::head::Head;
+use crate::lm::{CellSource, CharLm};
+use crate::text::Vocab;
+use crate::{Error, Result};
+use cellc::dims::Bindings;
+use cellc_runtime::backend::Backend;
+use cellc_runtime::{Metadata, Model, ModelConfig, Weights};
+use std::path::Path;
+use std::sync::Arc;
+
+const EMBEDDING: &str = "embedding.weight";
+const HEAD_WEIGHT: &str = "head.weight";
+const HEAD_BIAS: &str = "head.bias";
+const RNN_PREFIX: &str = "rnn.";
+
+/// A loaded model and the metadata saved with it.
+#[derive(Debug)]
+pub struct Checkpoint {
+    pub lm: CharLm,
+    pub metadata: Metadata,
+}
+
+/// Saves `lm`; `extra` adds metadata entries (how it was trained).
+pub fn save(lm: &CharLm, path: &Path, extra: &Metadata) -> Result<()> {
+    let mut w = Weights::default();
+    w.insert(EMBEDDING.into(), vec![lm.embedding.vocab, lm.embedding.dim], lm.embedding.weight.clone());
+    let rnn = lm.rnn.weights();
+    for name in rnn.names() {
+        if let Some(t) = rnn.get(name) {
+            w.insert(format!("{RNN_PREFIX}{name}"), t.shape.clone(), t.data.clone());
+        }
+    }
+    w.insert(HEAD_WEIGHT.into(), vec![lm.head.vocab, lm.head.input], lm.head.weight.clone());
+    w.insert(HEAD_BIAS.into(), vec![lm.head.vocab], lm.head.bias.clone());
+    let mut metadata = extra.clone();
+    metadata.insert("vocab".into(), lm.vocab.as_string());
+    metadata.insert("cell".into(), lm.cell.text.clone());
+    metadata.insert("cell_file".into(), lm.cell.name.clone());
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    Ok(w.save_with_metadata(path, &metadata)?)
+}
+
+/// Loads a model saved by [`save`] or exported from PyTorch. `cell`
+/// overrides the program saved in the file (and is required when it has none).
+pub fn load(path: &Path, cell: Option<CellSource>, backend: Box<dyn Backend>) -> Result<Checkpoint> {
+    let (weights, metadata) = Weights::load_with_metadata(path)?;
+    let invalid = |m: String| Error::Invalid(format!("{}: {m}", path.display()));
+    let vocab =
+        Vocab::from_chars(metadata.get("vocab").ok_or_else(|| invalid("no `vocab` in the metadata".into()))?)
+            .map_err(|e| invalid(e.to_string()))?;
+    let cell = match cell {
+        Some(c) => c,
+        None => CellSource {
+            name: metadata.get("cell_file").cloned().unwrap_or_else(|| format!("{} (cell)", path.display())),
+            text: metadata
+                .get("cell")
+                .cloned()
+                .ok_or_else(|| invalid("no `cell` in the metadata: name the .cell file it runs".into()))?,
+        },
+    };
+
+    let tensor = |name: &str, rank: usize| {
+        let t = weights.get(name).ok_or_else(|| invalid(format!("no tensor `{name}`")))?;
+        if t.shape.len() != rank || t.shape[0] != vocab.len() {
+            return Err(invalid(format!(
+                "`{name}` has shape {:?}; expected {rank} dimensions, the first the vocabulary's {}",
+                t.shape,
+                vocab.len()
+            )));
+        }
+        Ok(t)
+    };
+    let emb = tensor(EMBEDDING, 2)?;
+    let head_weight = tensor(HEAD_WEIGHT, 2)?;
+    let head_bias = tensor(HEAD_BIAS, 1)?;
+    let embedding = Embedding { weight: emb.data.clone(), vocab: vocab.len(), dim: emb.shape[1] };
+    let head = Head {
+        weight: head_weight.data.clone(),
+        bias: head_bias.data.clone(),
+        vocab: vocab.len(),
+        input: head_weight.shape[1],
+    };
+
+    let mut rnn_weights = Weights::default();
+    let mut layers = 0;
+    for name in weights.names() {
+        if [EMBEDDING, HEAD_WEIGHT, HEAD_BIAS].contains(&name) {
+            continue;
+        }
+        let Some(own) = name.strip_prefix(RNN_PREFIX) else {
+            return Err(invalid(format!("unexpected tensor `{name}` (neither embedding, rnn nor head)")));
+        };
+        layers = layers.max(layer_of(own).map_err(invalid)? + 1);
+        if let Some(t) = weights.get(name) {
+            rnn_weights.insert(own.to_string(), t.shape.clone(), t.data.clone());
+        }
+    }
+    if layers == 0 {
+        return Err(invalid("no RNN weights (`rnn.<param>_l0`)".into()));
+    }
+    let compiled = Arc::new(cell.compile()?);
+    let config = ModelConfig { layers, bidirectional: false };
+    let rnn =
+        Model::new(compiled, config, &Bindings::new(), Some(embedding.dim), Some(&rnn_weights), 0, backend)?;
+    let lm = CharLm::from_parts(vocab, embedding, rnn, head, cell).map_err(|e| invalid(e.to_string()))?;
+    Ok(Checkpoint { lm, metadata })
+}
+
+/// The layer `k` of a weight named `<param>_l<k>`.
+fn layer_of(name: &str) -> std::result::Result<usize, String> {
+    if name.ends_with("_reverse") {
+        return Err(format!(
+            "`{name}` belongs to a reverse direction: a bidirectional RNN reads the future and cannot be a language model"
+        ));
+    }
+    name.rsplit_once("_l")
+        .and_then(|(_, k)| k.parse().ok())
+        .ok_or_else(|| format!("`rnn.{name}` is not named `<param>_l<layer>`"))
+}
