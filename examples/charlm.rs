@@ -141,9 +141,12 @@ fn run(args: &Args, threads: usize) -> Result<(), Box<dyn Error + Send + Sync>> 
     let unigram = corpus.unigram_baseline();
     println!("unigram baseline:  {unigram:.3} nats/char (perplexity {:.2})", unigram.exp());
 
-    let valid = match &args.load {
-        Some(_) => lm.evaluate(&train::validation_batches(&corpus, 64))?,
-        None => train_and_save(&mut lm, &corpus, args, unigram, &data)?,
+    let (valid, saved) = match &args.load {
+        Some(_) => (lm.evaluate(&train::validation_batches(&corpus))?, None),
+        None => {
+            let (valid, weights, curve) = train_and_save(&mut lm, &corpus, args, unigram, &data)?;
+            (valid, Some((weights, curve)))
+        }
     };
     println!(
         "validation loss:   {valid:.3} nats/char (perplexity {:.2}), {:.3} below the unigram baseline",
@@ -162,6 +165,10 @@ fn run(args: &Args, threads: usize) -> Result<(), Box<dyn Error + Send + Sync>> 
     for verse in generate(&lm, &options, &mut rng)? {
         println!("{}\n", wrap(&verse, 92, "  "));
     }
+    if let Some((weights, curve)) = saved {
+        println!("weights:    {} (reload with --load {})", shown(&weights), shown(&weights));
+        println!("loss curve: {}", shown(&curve));
+    }
     Ok(())
 }
 
@@ -175,26 +182,29 @@ fn print_setup(lm: &CharLm, corpus: &Corpus, data: &std::path::Path, threads: us
         if threads == 1 { "" } else { "s" }
     );
     println!(
-        "text:  {}: {} verses; training {} verses ({} characters), validation {} ({}); {} symbols",
+        "text:  {}: {} verses, {} distinct characters",
         shown(data),
         corpus.train.len() + corpus.valid.len(),
+        corpus.vocab.len()
+    );
+    println!(
+        "       training on {} verses ({} characters), validating on {} ({})",
         corpus.train.len(),
         corpus.train_steps(),
         corpus.valid.len(),
-        corpus.valid_steps(),
-        corpus.vocab.len()
+        corpus.valid_steps()
     );
 }
 
 /// Trains with a progress bar, saves the weights and the loss curve;
-/// returns the final validation loss.
+/// returns the final validation loss and where the two files are.
 fn train_and_save(
     lm: &mut CharLm,
     corpus: &Corpus,
     args: &Args,
     unigram: f64,
     data: &std::path::Path,
-) -> Result<f64, Box<dyn Error + Send + Sync>> {
+) -> Result<(f64, PathBuf, PathBuf), Box<dyn Error + Send + Sync>> {
     let config = TrainConfig {
         steps: args.steps,
         batch_size: args.batch,
@@ -229,7 +239,7 @@ fn train_and_save(
             rate = tokens as f64 / seconds.max(1e-9);
             bar.set_position(step as u64);
             bar.set_message(format!(
-                "loss {s:.3} | val {last_valid:.3} | {:.1}k chars/s | epoch {epoch}",
+                "loss {s:.3} | val {last_valid:.3} | {:.1}k tok/s | epoch {epoch}",
                 rate / 1e3
             ));
         }
@@ -240,7 +250,7 @@ fn train_and_save(
                 match smoothed {
                     None => println!("step {step:>5}/{}: val {loss:.3}", config.steps),
                     Some(s) => println!(
-                        "step {step:>5}/{}: train {s:.3} | val {loss:.3} | {:.1}k chars/s | {seconds:.0} s",
+                        "step {step:>5}/{}: train {s:.3} | val {loss:.3} | {:.1}k tok/s | {seconds:.0} s",
                         config.steps,
                         rate / 1e3
                     ),
@@ -251,7 +261,7 @@ fn train_and_save(
     bar.finish_and_clear();
     let valid = history.final_valid().unwrap_or(f64::NAN);
     println!(
-        "trained {} steps ({} epochs, {:.2}M characters) in {:.1} s: {:.1}k characters/s",
+        "trained {} steps ({} epochs, {:.2}M tokens) in {:.1} s: {:.1}k tokens/s (a token is a character)",
         history.train.len(),
         history.epochs,
         history.tokens as f64 / 1e6,
@@ -283,7 +293,5 @@ fn train_and_save(
         config.steps
     );
     loss_curve_svg(&curve, &history, unigram, &title)?;
-    println!("weights:    {} (reload: --load {})", shown(&weights), shown(&weights));
-    println!("loss curve: {}", shown(&curve));
-    Ok(valid)
+    Ok((valid, weights, curve))
 }

@@ -75,7 +75,7 @@ fn main() -> Result<(), Box<dyn Error>> {
 
     let valid_every = metadata.get("valid_every").map_or(Ok(10), |v| v.parse())?;
     let corpus = Corpus::load(&paths::default_corpus(), Some(lm.vocab.clone()), valid_every)?;
-    let valid = lm.evaluate(&validation_batches(&corpus, 64))?;
+    let valid = lm.evaluate(&validation_batches(&corpus))?;
     let unigram = corpus.unigram_baseline();
     println!("validation verses: {} ({} characters)", corpus.valid.len(), corpus.valid_steps());
     println!("unigram baseline:  {unigram:.4} nats/char (perplexity {:.2})", unigram.exp());

@@ -1,8 +1,8 @@
 //! The loss curve as an SVG image (plotters' SVG back end: text is left
 //! to the viewer's fonts, so no font files or system libraries are needed).
 //!
-//! It shows each batch's training loss (faint), its moving average, the
-//! validation loss at each evaluation, and the unigram baseline.
+//! It shows each batch's training loss (faint), its centred moving
+//! average, the validation loss at each evaluation, and the unigram baseline.
 
 use crate::train::History;
 use crate::{Error, Result};
@@ -17,18 +17,19 @@ pub fn loss_curve_svg(path: &Path, history: &History, unigram: f64, title: &str)
     draw(path, history, unigram, title).map_err(|e| Error::io(path, e))
 }
 
-/// The mean of each point's trailing `window` values.
+/// Each point's loss replaced by the mean over the `window` points centred
+/// on it (fewer at the ends), which follows the curve without lagging it.
 fn moving_average(points: &[(usize, f64)], window: usize) -> Vec<(f64, f64)> {
-    let mut sum = 0.0;
-    points
-        .iter()
-        .enumerate()
-        .map(|(i, &(step, loss))| {
-            sum += loss;
-            if i >= window {
-                sum -= points[i - window].1;
-            }
-            (step as f64, sum / (i + 1).min(window) as f64)
+    let half = window / 2;
+    let mut prefix = vec![0.0];
+    prefix.extend(points.iter().scan(0.0, |sum, &(_, loss)| {
+        *sum += loss;
+        Some(*sum)
+    }));
+    (0..points.len())
+        .map(|i| {
+            let (from, to) = (i.saturating_sub(half), (i + half + 1).min(points.len()));
+            (points[i].0 as f64, (prefix[to] - prefix[from]) / (to - from) as f64)
         })
         .collect()
 }
@@ -56,13 +57,15 @@ fn draw(
     chart
         .configure_mesh()
         .x_desc("training step")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.1}"))
         .y_desc("loss (nats per character)")
         .light_line_style(RGBColor(235, 235, 235))
         .draw()?;
 
     let raw = history.train.iter().map(|&(s, l)| (s as f64, l));
     chart.draw_series(LineSeries::new(raw, blue.mix(0.25)))?;
-    let window = (history.train.len() / 40).max(1);
+    let window = (history.train.len() / 40).max(1) | 1;
     chart
         .draw_series(LineSeries::new(moving_average(&history.train, window), blue.stroke_width(2)))?
         .label(format!("training batches (mean of {window})"))
@@ -96,9 +99,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn moving_average_covers_the_available_values_at_the_start() {
-        let points = [(1, 4.0), (2, 2.0), (3, 0.0), (4, 2.0)];
-        let avg = moving_average(&points, 2);
-        assert_eq!(avg, [(1.0, 4.0), (2.0, 3.0), (3.0, 1.0), (4.0, 1.0)]);
+    fn moving_average_is_centred_and_shrinks_at_the_ends() {
+        let points = [(1, 4.0), (2, 2.0), (3, 0.0), (4, 2.0), (5, 7.0)];
+        let avg = moving_average(&points, 3);
+        assert_eq!(avg, [(1.0, 3.0), (2.0, 2.0), (3.0, 4.0 / 3.0), (4.0, 3.0), (5.0, 4.5)]);
     }
 }

@@ -84,9 +84,13 @@ impl History {
     }
 }
 
-/// Validation batches: fixed, sorted by length.
-pub fn validation_batches(corpus: &Corpus, batch_size: usize) -> Vec<Batch> {
-    batches::in_order(&corpus.valid, batch_size)
+/// Sequences per validation batch.
+pub const VALID_BATCH: usize = 64;
+
+/// Validation batches: fixed, sorted by length, the same for every run and
+/// every reload (so a validation loss is reproduced to the last bit).
+pub fn validation_batches(corpus: &Corpus) -> Vec<Batch> {
+    batches::in_order(&corpus.valid, VALID_BATCH)
 }
 
 /// Trains `lm` on `corpus.train`, validating on `corpus.valid`.
@@ -96,7 +100,7 @@ pub fn train(
     config: &TrainConfig,
     on_progress: &mut dyn FnMut(&Progress),
 ) -> Result<History> {
-    let valid = validation_batches(corpus, config.batch_size.max(32));
+    let valid = validation_batches(corpus);
     let mut history = History::default();
     let evaluate =
         |lm: &CharLm, step: usize, history: &mut History, on_progress: &mut dyn FnMut(&Progress)| {

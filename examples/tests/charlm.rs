@@ -80,9 +80,10 @@ fn short_training_falls_well_below_the_unigram_baseline() {
 fn saved_weights_reload_to_the_same_validation_loss_and_samples() {
     let corpus = corpus();
     let mut lm = small_lm(&corpus, "gru", 24, 16, 9);
-    train::train(&mut lm, &corpus, &short_config(8), &mut |_| {}).expect("trains");
-    let valid = train::validation_batches(&corpus, 64);
+    let history = train::train(&mut lm, &corpus, &short_config(8), &mut |_| {}).expect("trains");
+    let valid = train::validation_batches(&corpus);
     let before = lm.evaluate(&valid).expect("evaluates");
+    assert_eq!(history.final_valid(), Some(before), "the loss training reports is the model's");
 
     let path = std::env::temp_dir().join(format!("charlm_reload_{}.safetensors", std::process::id()));
     let extra: Metadata = [("valid_loss".to_string(), before.to_string())].into();
@@ -112,7 +113,7 @@ fn pytorch_export_scores_what_pytorch_recorded() {
         .expect("the committed export loads into lstm.cell");
     let recorded: f64 = loaded.metadata.get("valid_loss").expect("recorded loss").parse().expect("a number");
     let corpus = Corpus::load(&paths::default_corpus(), Some(loaded.lm.vocab.clone()), 10).expect("corpus");
-    let valid = loaded.lm.evaluate(&train::validation_batches(&corpus, 64)).expect("evaluates");
+    let valid = loaded.lm.evaluate(&train::validation_batches(&corpus)).expect("evaluates");
     println!("cellc {valid:.6}, PyTorch {recorded:.6} nats/char");
     assert!((valid - recorded).abs() < 2e-4, "cellc {valid}, PyTorch {recorded}");
     assert!(valid < corpus.unigram_baseline() - 1.0);
@@ -135,7 +136,7 @@ fn model_gradients_match_finite_differences() {
     let eps = 1e-2f32;
     let mut checked = 0;
     for (t, grad) in analytic.iter().enumerate() {
-        for i in 0..grad.len() {
+        for (i, &a) in grad.iter().enumerate() {
             let original = lm.params_mut()[t][i];
             lm.params_mut()[t][i] = original + eps;
             let plus = loss(&lm);
@@ -143,7 +144,7 @@ fn model_gradients_match_finite_differences() {
             let minus = loss(&lm);
             lm.params_mut()[t][i] = original;
             let numeric = (plus - minus) / (2.0 * f64::from(eps));
-            let a = f64::from(grad[i]);
+            let a = f64::from(a);
             assert!(
                 (a - numeric).abs() <= 2e-3 + 2e-2 * numeric.abs(),
                 "tensor {t} element {i}: analytic {a:.6}, numeric {numeric:.6}"
