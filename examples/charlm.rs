@@ -51,7 +51,7 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     layers: usize,
     /// Optimiser steps, one batch each.
-    #[arg(long, default_value_t = 700)]
+    #[arg(long, default_value_t = 600)]
     steps: usize,
     /// Verses per batch.
     #[arg(long, default_value_t = 32)]
@@ -148,10 +148,10 @@ fn run(args: &Args, threads: usize) -> Result<(), Box<dyn Error + Send + Sync>> 
             (valid, Some((weights, curve)))
         }
     };
+    let (gap, side) = if valid <= unigram { (unigram - valid, "below") } else { (valid - unigram, "above") };
     println!(
-        "validation loss:   {valid:.3} nats/char (perplexity {:.2}), {:.3} below the unigram baseline",
-        valid.exp(),
-        unigram - valid
+        "validation loss:   {valid:.3} nats/char (perplexity {:.2}), {gap:.3} {side} the unigram baseline",
+        valid.exp()
     );
 
     let options = SampleOptions {
