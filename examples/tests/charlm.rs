@@ -176,3 +176,35 @@ fn padding_and_batch_composition_do_not_change_the_loss() {
         assert!((other - sorted.0).abs() < 1e-5 * sorted.0, "{other} vs {}", sorted.0);
     }
 }
+
+#[test]
+fn malformed_checkpoints_are_errors_that_say_what_is_wrong() {
+    let corpus = Corpus::from_text("abc\ncab\nbca\nacb\n", None, 2).expect("corpus");
+    let lm = small_lm(&corpus, "lstm", 4, 3, 1);
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!("charlm_malformed_{}.safetensors", std::process::id()));
+    checkpoint::save(&lm, &path, &Metadata::new()).expect("saves");
+    let (weights, metadata) = cellc_runtime::Weights::load_with_metadata(&path).expect("loads");
+
+    let broken = |edit: &dyn Fn(&mut cellc_runtime::Weights, &mut Metadata)| {
+        let (mut w, mut m) = (weights.clone(), metadata.clone());
+        edit(&mut w, &mut m);
+        w.save_with_metadata(&path, &m).expect("saves");
+        checkpoint::load(&path, None, cpu()).expect_err("malformed").to_string()
+    };
+    let no_vocab = broken(&|_, m| {
+        m.remove("vocab");
+    });
+    assert!(no_vocab.contains("no `vocab`"), "{no_vocab}");
+    let no_cell = broken(&|_, m| {
+        m.remove("cell");
+    });
+    assert!(no_cell.contains("no `cell`"), "{no_cell}");
+    let reverse = broken(&|w, _| w.insert("rnn.bias_ih_l0_reverse".into(), vec![16], vec![0.0; 16]));
+    assert!(reverse.contains("bidirectional"), "{reverse}");
+    let stranger = broken(&|w, _| w.insert("decoder.weight".into(), vec![1], vec![0.0]));
+    assert!(stranger.contains("unexpected tensor `decoder.weight`"), "{stranger}");
+    let wrong_vocab = broken(&|w, _| w.insert("head.bias".into(), vec![3], vec![0.0; 3]));
+    assert!(wrong_vocab.contains("`head.bias`"), "{wrong_vocab}");
+    std::fs::remove_file(&path).ok();
+}
