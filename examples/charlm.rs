@@ -51,7 +51,7 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     layers: usize,
     /// Optimiser steps, one batch each.
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = 1000)]
     steps: usize,
     /// Verses per batch.
     #[arg(long, default_value_t = 32)]
@@ -96,7 +96,7 @@ struct Args {
     #[arg(long, default_value = "")]
     prompt: String,
     /// Characters generated per verse at most.
-    #[arg(long, default_value_t = 400)]
+    #[arg(long, default_value_t = 500)]
     max_chars: usize,
 }
 

@@ -38,7 +38,7 @@ struct Args {
     #[arg(long, default_value = "lstm")]
     cell: String,
     /// Largest accepted difference from PyTorch's validation loss, in nats per character.
-    #[arg(long, default_value_t = 1e-3)]
+    #[arg(long, default_value_t = 1e-4)]
     tolerance: f64,
     /// Threads (0: every core).
     #[arg(long, default_value_t = 0)]
