@@ -48,20 +48,29 @@ pub fn read_tensors(path: &Path) -> Result<BTreeMap<String, Tensor>> {
 
 /// Reads a safetensors file's metadata (empty when it has none).
 pub fn read_metadata(path: &Path) -> Result<Metadata> {
-    let io = |e: String| RuntimeError::Io { path: path.display().to_string(), message: e };
-    let bytes = std::fs::read(path).map_err(|e| io(e.to_string()))?;
-    let (_, header) =
-        SafeTensors::read_metadata(&bytes).map_err(|e| io(format!("not a safetensors file: {e}")))?;
+    metadata_of(path, &read_bytes(path)?)
+}
+
+fn io_error(path: &Path, message: String) -> RuntimeError {
+    RuntimeError::Io { path: path.display().to_string(), message }
+}
+
+fn read_bytes(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| io_error(path, e.to_string()))
+}
+
+/// The metadata in the header of a safetensors file's `bytes`.
+fn metadata_of(path: &Path, bytes: &[u8]) -> Result<Metadata> {
+    let (_, header) = SafeTensors::read_metadata(bytes)
+        .map_err(|e| io_error(path, format!("not a safetensors file: {e}")))?;
     Ok(header.metadata().iter().flatten().map(|(k, v)| (k.clone(), v.clone())).collect())
 }
 
 /// Tensors and metadata of a safetensors file, read once.
 fn read_file(path: &Path) -> Result<(BTreeMap<String, Tensor>, Metadata)> {
-    let io = |e: String| RuntimeError::Io { path: path.display().to_string(), message: e };
-    let bytes = std::fs::read(path).map_err(|e| io(e.to_string()))?;
-    let (_, header) =
-        SafeTensors::read_metadata(&bytes).map_err(|e| io(format!("not a safetensors file: {e}")))?;
-    let metadata = header.metadata().iter().flatten().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let io = |e: String| io_error(path, e);
+    let bytes = read_bytes(path)?;
+    let metadata = metadata_of(path, &bytes)?;
     let st = SafeTensors::deserialize(&bytes).map_err(|e| io(format!("not a safetensors file: {e}")))?;
     let mut out = BTreeMap::new();
     for (name, view) in st.tensors() {
