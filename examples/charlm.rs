@@ -14,19 +14,18 @@
 //! second), the validation loss and perplexity, generated verses, and
 //! where it saved the weights (safetensors) and the loss curve (SVG).
 
+mod sampling;
+
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::Metadata;
 use charlm::checkpoint;
 use charlm::lm::{CellSource, CharLm, LmSpec};
 use charlm::paths::{self, shown};
 use charlm::plot::loss_curve_svg;
-use charlm::sample::{generate, wrap, SampleOptions};
 use charlm::text::Corpus;
 use charlm::train::{self, Progress, TrainConfig};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use std::error::Error;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -86,18 +85,8 @@ struct Args {
     /// Evaluate and sample from saved weights instead of training.
     #[arg(long, value_name = "SAFETENSORS")]
     load: Option<PathBuf>,
-    /// Verses to generate at the end.
-    #[arg(long, default_value_t = 4)]
-    samples: usize,
-    /// Sampling temperature (0: always the likeliest character).
-    #[arg(long, default_value_t = 0.7)]
-    temperature: f32,
-    /// Start of every generated verse.
-    #[arg(long, default_value = "")]
-    prompt: String,
-    /// Characters generated per verse at most.
-    #[arg(long, default_value_t = 500)]
-    max_chars: usize,
+    #[command(flatten)]
+    sampling: sampling::Sampling,
 }
 
 fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
@@ -154,17 +143,7 @@ fn run(args: &Args, threads: usize) -> Result<(), Box<dyn Error + Send + Sync>> 
         valid.exp()
     );
 
-    let options = SampleOptions {
-        count: args.samples,
-        max_chars: args.max_chars,
-        temperature: args.temperature,
-        prompt: args.prompt.clone(),
-    };
-    let mut rng = ChaCha8Rng::seed_from_u64(args.seed);
-    println!("\nsampled verses (temperature {}):", args.temperature);
-    for verse in generate(&lm, &options, &mut rng)? {
-        println!("{}\n", wrap(&verse, 92, "  "));
-    }
+    args.sampling.print(&lm, args.seed)?;
     if let Some((weights, curve)) = saved {
         println!("weights:    {} (reload with --load {})", shown(&weights), shown(&weights));
         println!("loss curve: {}", shown(&curve));

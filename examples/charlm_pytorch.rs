@@ -14,16 +14,15 @@
 //! metadata (an error if they differ by more than `--tolerance`), then
 //! generates verses.
 
+mod sampling;
+
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use charlm::checkpoint;
 use charlm::lm::CellSource;
 use charlm::paths::{self, shown};
-use charlm::sample::{generate, wrap, SampleOptions};
 use charlm::text::Corpus;
 use charlm::train::validation_batches;
 use clap::Parser;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use std::error::Error;
 use std::path::PathBuf;
 
@@ -43,15 +42,8 @@ struct Args {
     /// Threads (0: every core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
-    /// Verses to generate.
-    #[arg(long, default_value_t = 4)]
-    samples: usize,
-    /// Sampling temperature (0: always the likeliest character).
-    #[arg(long, default_value_t = 0.7)]
-    temperature: f32,
-    /// Start of every generated verse.
-    #[arg(long, default_value = "")]
-    prompt: String,
+    #[command(flatten)]
+    sampling: sampling::Sampling,
     /// Seed of the samples.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -92,15 +84,6 @@ fn main() -> Result<(), Box<dyn Error>> {
         .into());
     }
 
-    let options = SampleOptions {
-        count: args.samples,
-        max_chars: 400,
-        temperature: args.temperature,
-        prompt: args.prompt.clone(),
-    };
-    println!("\nsampled verses (temperature {}):", args.temperature);
-    for verse in generate(&lm, &options, &mut ChaCha8Rng::seed_from_u64(args.seed))? {
-        println!("{}\n", wrap(&verse, 92, "  "));
-    }
+    args.sampling.print(&lm, args.seed)?;
     Ok(())
 }
