@@ -42,6 +42,10 @@ pub struct Gpu {
     pool: Arc<Pool<DevMem>>,
     _workspace: Buf,
     graphs: Mutex<GraphCache<Handle<drv_sys::CUgraphExec>>>,
+    /// One operation at a time: a capture must not take in another
+    /// thread's launches, and the synchronous copies (on the legacy stream,
+    /// which waits for ours) must not meet a stream that is capturing.
+    serial: Mutex<()>,
 }
 
 /// A raw driver or cuBLAS handle.
@@ -125,6 +129,7 @@ impl Gpu {
             pool,
             _workspace: workspace,
             graphs: Mutex::new(GraphCache::new(GRAPHS_KEPT)),
+            serial: Mutex::new(()),
         })
     }
 
@@ -132,8 +137,15 @@ impl Gpu {
         self.ctx.bind_to_thread().map_err(|e| error(format!("binding the context: {e:?}")))
     }
 
-    fn upload_slice<T: Copy + Send + Sync + 'static>(&self, data: &[T]) -> Result<Buf> {
+    /// The device to this thread alone, its context bound.
+    fn exclusive(&self) -> Result<std::sync::MutexGuard<'_, ()>> {
+        let guard = self.serial.lock().map_err(|_| error("the device lock is poisoned"))?;
         self.bind()?;
+        Ok(guard)
+    }
+
+    fn upload_slice<T: Copy + Send + Sync + 'static>(&self, data: &[T]) -> Result<Buf> {
+        let _one = self.exclusive()?;
         let buf = alloc_pooled(&self.ctx, &self.pool, std::mem::size_of_val(data), data.len())?;
         if !data.is_empty() {
             // SAFETY: `buf` holds size_of_val(data) bytes; the copy is ordered after earlier work.
@@ -302,7 +314,7 @@ impl Device for Gpu {
     }
 
     fn zeros(&self, len: usize) -> Result<Buf> {
-        self.bind()?;
+        let _one = self.exclusive()?;
         let buf = alloc_pooled(&self.ctx, &self.pool, len * 4, len)?;
         // SAFETY: `buf` holds len * 4 bytes; a synchronous memset is ordered after earlier work.
         unsafe { drv::memset_d8_sync(buf.addr, 0, len * 4) }
@@ -324,7 +336,7 @@ impl Device for Gpu {
 
     fn download(&self, buf: &Buf, from: usize, len: usize) -> Result<Vec<f32>> {
         check_range(buf, from, len)?;
-        self.bind()?;
+        let _one = self.exclusive()?;
         let mut out = vec![0.0f32; len];
         if len > 0 {
             // SAFETY: floats [from, from + len) of a device buffer; the copy waits for prior work.
@@ -343,7 +355,7 @@ impl Device for Gpu {
         if compiled.cubin.is_empty() {
             return Err(error(format!("NVRTC produced no SASS for {}", self.arch)));
         }
-        self.bind()?;
+        let _one = self.exclusive()?;
         // SAFETY: a complete CUBIN image from NVRTC for this device's architecture.
         let module = unsafe { drv::module::load_data(compiled.cubin.as_ptr().cast()) }
             .map_err(|e| error(format!("cuModuleLoadData: {e:?}")))?;
@@ -355,7 +367,7 @@ impl Device for Gpu {
     }
 
     fn run(&self, module: &Module, calls: &[Call], graph: bool) -> Result<()> {
-        self.bind()?;
+        let _one = self.exclusive()?;
         if !graph {
             return self.issue(module, calls);
         }
