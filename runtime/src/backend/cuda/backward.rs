@@ -14,8 +14,8 @@
 
 use super::calls::Calls;
 use super::device::{Device, Module};
-use super::forward::{fetch_rows, kernel_of, place_inputs_and_constants, step_by_step, CudaTape};
-use super::storage::{error, Home, Pass, Row};
+use super::forward::CudaTape;
+use super::storage::{error, Home, Pass};
 use crate::backend::{BackwardJob, BackwardResult, RowsMut};
 use crate::error::Result;
 use cellc::cuda::Kernel;
@@ -41,12 +41,11 @@ pub fn backward(
     let layer = job.layer;
     let plan = &layer.backward_plan;
     let stages = &layer.schedule.backward;
-    let layout_rows = job.input.data.len() / job.input.width.max(1);
-    let mut pass = Pass::new(device, job.input.layout, job.plan, job.reverse, layout_rows);
-    let (batch, steps) = (pass.batch(), pass.steps());
+    let mut pass = Pass::new(device, &job.input, job.plan, job.reverse);
+    let batch = pass.batch();
 
     // What the forward left: the input, parameters, states, output and saved values.
-    place_inputs_and_constants(&mut pass, g, plan, tape.input, &layer.input_slices)?;
+    pass.place_input_and_constants(g, plan, tape.input, &layer.input_slices)?;
     for (&v, &home) in &tape.kept.homes {
         pass.place(v, home);
     }
@@ -59,43 +58,35 @@ pub fn backward(
             _ => {}
         }
     }
-    for (i, next) in grad.primal_next_states.iter().enumerate() {
-        if let (Some(v), Home::Steps { base, len }) = (next, tape.states[i]) {
-            pass.place(*v, Home::Steps { base: base + 4 * (batch * len) as u64, len });
+    for (next, history) in grad.primal_next_states.iter().zip(&tape.states) {
+        if let Some(v) = next {
+            pass.place(*v, history.next_slot(batch));
         }
     }
     if let Some(v) = grad.primal_output {
         pass.place(v, tape.output);
     }
-    // The output's adjoint, and the carried adjoints of the states.
+    // The output's adjoint, and the carried adjoints of the states (each
+    // sequence's final-state adjoint in the slot after its last step).
     let d_output = pass.upload(job.d_output.data)?;
     let d_output =
         Home::Layout { base: d_output + 4 * job.d_output.offset as u64, width: job.d_output.width };
-    let order = job.plan.order();
+    let lengths = job.plan.lengths();
     let mut carries = Vec::new();
     for (i, &m) in layer.state_sizes.iter().enumerate() {
-        let mut carry = vec![0.0f32; (steps + 1) * batch * m];
-        for (r, &b) in order.iter().enumerate() {
-            let at = (job.plan.lengths()[b] * batch + r) * m;
-            carry[at..at + m].copy_from_slice(&job.d_final[i][b * m..(b + 1) * m]);
-        }
-        let base = pass.upload(&carry)?;
-        carries.push(Home::Steps { base, len: m });
+        let carry = pass.history(job.d_final[i], m, |b| lengths[b])?;
+        carries.push(carry);
         if let Some(v) = grad.d_states[i] {
             if pass.has_home(v) {
                 return Err(error(format!("the adjoint of state {i} is not computed by a stage of its own")));
             }
-            pass.place(v, Home::Steps { base, len: m });
+            pass.place(v, carry);
         }
     }
     for v in g.values() {
         match g.node(v).op {
             Op::Seed(0) => pass.place(v, d_output),
-            Op::Seed(k) => {
-                if let Home::Steps { base, len } = carries[k - 1] {
-                    pass.place(v, Home::Steps { base: base + 4 * (batch * len) as u64, len });
-                }
-            }
+            Op::Seed(k) => pass.place(v, carries[k - 1].next_slot(batch)),
             _ => {}
         }
     }
@@ -121,42 +112,9 @@ pub fn backward(
     }
 
     let mut calls = Calls::new(device.block_size());
-    // The loop, in reverse time.
-    let each_step: Vec<(usize, &cellc::schedule::Stage)> =
-        stages.iter().enumerate().filter(|(_, s)| s.placement == Placement::EachStep).collect();
-    match each_step[..] {
-        [(i, st)] if matches!(st.kind, StageKind::WholeSequence { .. }) => {
-            let sequences: Vec<Vec<Row>> = (0..batch)
-                .map(|r| {
-                    let mut rows = pass.sequence(r);
-                    rows.reverse();
-                    rows
-                })
-                .collect();
-            calls.sequences(&mut pass, kernel_of(kernels, i)?, &sequences)?;
-        }
-        _ => step_by_step(&mut pass, &mut calls, g, plan, kernels, &each_step, (0..steps).rev().collect())?,
-    }
+    calls.time_loop(&mut pass, (g, plan), kernels, stages, true)?;
     // After the loop: products over all steps, then what is computed from them.
-    let valid = pass.valid_rows();
-    for (i, st) in stages.iter().enumerate().filter(|(_, s)| s.placement == Placement::AfterLoop) {
-        match st.kind {
-            StageKind::Gemm => {
-                for &v in &st.values {
-                    calls.all_rows_product(&mut pass, g, plan, v)?;
-                }
-            }
-            StageKind::SumOverSteps => {}
-            _ => {
-                for &v in &st.outputs {
-                    if !pass.has_home(v) {
-                        pass.place_steps(v, plan.elements(v))?;
-                    }
-                }
-                calls.over(&mut pass, kernel_of(kernels, i)?, &valid)?;
-            }
-        }
-    }
+    calls.all_rows_stages(&mut pass, (g, plan), kernels, stages, Placement::AfterLoop)?;
     // Parameter gradients: weight products are matrices already; vectors are summed over rows.
     let mut param_grads = Vec::with_capacity(job.params.len());
     for (i, d) in grad.d_params.iter().enumerate() {
@@ -173,6 +131,10 @@ pub fn backward(
         });
     }
 
+    // The initial states' adjoints: slot 0 of the carries.
+    let d_h0_at: Vec<u64> =
+        carries.iter().map(|&c| calls.gather_sequences(&mut pass, c, |_| 0)).collect::<Result<_>>()?;
+
     device.run(module, &calls.list, graph_capture)?;
 
     let d_params = param_grads
@@ -185,21 +147,16 @@ pub fn backward(
         .collect::<Result<_>>()?;
     for (d, &(offset, len)) in grad.d_inputs.iter().zip(&layer.input_slices) {
         let Some(v) = d else { continue };
-        let rows = fetch_rows(&pass, pass.home(*v)?, len)?;
-        for row in &valid {
+        let rows = pass.fetch(pass.home(*v)?, len)?;
+        for row in &pass.valid_rows() {
             let dst = d_input.get_mut(row.b, row.t, layer.input_size);
             dst[offset..offset + len].iter_mut().zip(rows.row(*row, &pass)).for_each(|(a, x)| *a += x);
         }
     }
-    let mut d_h0 = Vec::with_capacity(carries.len());
-    for (carry, &m) in carries.iter().zip(&layer.state_sizes) {
-        let Home::Steps { base, .. } = *carry else { continue };
-        let slot0 = pass.download(base, batch * m)?;
-        let mut out = vec![0.0; batch * m];
-        for (r, &b) in order.iter().enumerate() {
-            out[b * m..(b + 1) * m].copy_from_slice(&slot0[r * m..(r + 1) * m]);
-        }
-        d_h0.push(out);
-    }
+    let d_h0 = d_h0_at
+        .iter()
+        .zip(&layer.state_sizes)
+        .map(|(&at, &m)| pass.download(at, batch * m))
+        .collect::<Result<_>>()?;
     Ok(BackwardResult { d_h0, d_params })
 }

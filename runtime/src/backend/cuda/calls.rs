@@ -11,6 +11,7 @@ use crate::error::Result;
 use cellc::cuda::Kernel;
 use cellc::interp::Plan;
 use cellc::ir::{Graph, Op, ValueId};
+use cellc::schedule::{Placement, Stage, StageKind};
 use std::collections::HashMap;
 
 /// The calls of one pass, in order.
@@ -126,6 +127,126 @@ impl Calls {
             args: vec![Arg::Ptr(table), Arg::I32(int(pairs.len())?), Arg::I32(int(n)?)],
         });
         Ok(())
+    }
+
+    /// The stages of `stages` placed at `placement` (before or after the
+    /// loop), over every row at once: products as GEMMs over all rows,
+    /// kernels over every valid row (outputs with no home yet get a `Steps`
+    /// one). Sums over steps are the caller's.
+    pub fn all_rows_stages(
+        &mut self,
+        pass: &mut Pass,
+        (graph, plan): (&Graph, &Plan),
+        kernels: &[(usize, Kernel)],
+        stages: &[Stage],
+        placement: Placement,
+    ) -> Result<()> {
+        let valid = pass.valid_rows();
+        for (i, st) in stages.iter().enumerate().filter(|(_, s)| s.placement == placement) {
+            match st.kind {
+                StageKind::Gemm => {
+                    for &v in &st.values {
+                        self.all_rows_product(pass, graph, plan, v)?;
+                    }
+                }
+                StageKind::SumOverSteps => {}
+                StageKind::Pointwise { .. } | StageKind::WholeSequence { .. } => {
+                    for &v in &st.outputs {
+                        if !pass.has_home(v) {
+                            pass.place_steps(v, plan.elements(v))?;
+                        }
+                    }
+                    self.over(pass, kernel_of(kernels, i)?, &valid)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The time loop of `stages` (a side's schedule): one whole-sequence
+    /// kernel walking each sequence, or the per-step stages step by step;
+    /// in reverse time when `backwards`.
+    pub fn time_loop(
+        &mut self,
+        pass: &mut Pass,
+        (graph, plan): (&Graph, &Plan),
+        kernels: &[(usize, Kernel)],
+        stages: &[Stage],
+        backwards: bool,
+    ) -> Result<()> {
+        let each_step: Vec<(usize, &Stage)> =
+            stages.iter().enumerate().filter(|(_, s)| s.placement == Placement::EachStep).collect();
+        if let [(i, st)] = each_step[..] {
+            if matches!(st.kind, StageKind::WholeSequence { .. }) {
+                let sequences: Vec<Vec<Row>> = (0..pass.batch())
+                    .map(|r| {
+                        let mut rows = pass.sequence(r);
+                        if backwards {
+                            rows.reverse();
+                        }
+                        rows
+                    })
+                    .collect();
+                return self.sequences(pass, kernel_of(kernels, i)?, &sequences);
+            }
+        }
+        let mut steps: Vec<usize> = (0..pass.steps()).collect();
+        if backwards {
+            steps.reverse();
+        }
+        // One table per kernel: every step's rows, in the order the steps run.
+        let mut tables = Vec::new();
+        for &(i, st) in &each_step {
+            if st.kind == StageKind::Gemm {
+                tables.push(None);
+                continue;
+            }
+            let k = kernel_of(kernels, i)?;
+            let rows: Vec<Row> = steps.iter().flat_map(|&s| pass.rows_at(s)).collect();
+            tables.push(Some((k, Self::table(pass, k, &rows)?)));
+        }
+        let mut done = 0usize;
+        for &s in &steps {
+            let n = pass.plan.batch_sizes()[s];
+            for (&(_, st), table) in each_step.iter().zip(&tables) {
+                match table {
+                    None => {
+                        for &v in &st.values {
+                            self.step_product(pass, graph, plan, v, s, n)?;
+                        }
+                    }
+                    Some((k, base)) => {
+                        let per_row = 8 * (k.inputs.len() + k.outputs.len()) as u64;
+                        self.rows(pass, k, base + per_row * done as u64, n)?;
+                    }
+                }
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Each sequence's row of a `Steps` history at slot `slot(b)`, gathered
+    /// into a `[batch, m]` buffer in batch order: its address.
+    pub fn gather_sequences(
+        &mut self,
+        pass: &mut Pass,
+        history: Home,
+        slot: impl Fn(usize) -> usize,
+    ) -> Result<u64> {
+        let Home::Steps { len: m, .. } = history else {
+            return Err(error("only a history holds a row per sequence and step"));
+        };
+        let (batch, layout) = (pass.batch(), pass.layout);
+        let out = pass.zeros(batch * m)?;
+        let pairs: Vec<(u64, u64)> = (0..batch)
+            .map(|r| {
+                let b = pass.plan.order()[r];
+                (out + 4 * (b * m) as u64, history.addr(Row { b, t: 0, s: slot(b), r }, layout, batch))
+            })
+            .collect();
+        self.copy_rows(pass, &pairs, m)?;
+        Ok(out)
     }
 
     pub fn gemm(&mut self, g: Gemm) {
@@ -305,6 +426,15 @@ fn product(rows: usize, n: usize, k: usize, x: (u64, usize), w: (u64, usize, boo
         ldc: y.1,
         accumulate: false,
     }
+}
+
+/// The kernel of stage `stage` of a side, in `kernels` (by stage index).
+pub fn kernel_of(kernels: &[(usize, Kernel)], stage: usize) -> Result<&Kernel> {
+    kernels
+        .iter()
+        .find(|(i, _)| *i == stage)
+        .map(|(_, k)| k)
+        .ok_or_else(|| error(format!("no kernel for stage {stage}")))
 }
 
 fn operands(graph: &Graph, v: ValueId) -> Result<(ValueId, ValueId)> {

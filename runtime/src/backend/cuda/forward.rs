@@ -14,12 +14,12 @@
 
 use super::calls::Calls;
 use super::device::{Device, Module};
-use super::storage::{error, Home, Kept, Pass, Row};
+use super::storage::{error, Home, Kept, Pass};
 use crate::backend::{ForwardJob, ForwardResult, RowsMut, Tape};
 use crate::error::Result;
 use cellc::cuda::Kernel;
 use cellc::ir::{Graph, Op, ValueId};
-use cellc::schedule::{Placement, StageKind};
+use cellc::schedule::Placement;
 
 /// What a training forward leaves on the device for the backward.
 #[derive(Debug)]
@@ -37,39 +37,6 @@ pub struct CudaTape {
     pub kept: Kept,
 }
 
-/// The kernels of a layer's forward or backward stages, by stage index.
-pub fn kernel_of(kernels: &[(usize, Kernel)], stage: usize) -> Result<&Kernel> {
-    kernels
-        .iter()
-        .find(|(i, _)| *i == stage)
-        .map(|(_, k)| k)
-        .ok_or_else(|| error(format!("no kernel for stage {stage}")))
-}
-
-/// The homes every pass shares: the layer input's features and the
-/// graph's constants.
-pub fn place_inputs_and_constants(
-    pass: &mut Pass,
-    graph: &Graph,
-    plan: &cellc::interp::Plan,
-    input: Home,
-    input_slices: &[(usize, usize)],
-) -> Result<()> {
-    let Home::Layout { base, width } = input else {
-        return Err(error("the layer input is not in the caller's layout"));
-    };
-    for v in graph.values() {
-        if let Op::Input(i) = graph.node(v).op {
-            pass.place(v, Home::Layout { base: base + 4 * input_slices[i].0 as u64, width });
-        }
-    }
-    for (v, value) in plan.constant_values::<f32>(graph) {
-        let at = pass.upload(&value)?;
-        pass.place(v, Home::Fixed(at));
-    }
-    Ok(())
-}
-
 /// Runs the forward of `job` on `device` with `module` (holding `kernels`).
 pub fn forward(
     device: &dyn Device,
@@ -84,31 +51,24 @@ pub fn forward(
     let layer = job.layer;
     let plan = &layer.forward_plan;
     let stages = &layer.schedule.forward;
-    let layout_rows = job.input.data.len() / job.input.width.max(1);
-    let mut pass = Pass::new(device, job.input.layout, job.plan, job.reverse, layout_rows);
-    let (batch, steps) = (pass.batch(), pass.steps());
+    let mut pass = Pass::new(device, &job.input, job.plan, job.reverse);
+    let batch = pass.batch();
 
-    // Leaves, constants and the state histories.
+    // Leaves, constants and the state histories (slot 0: the initial states).
     let input = Home::Layout { base: pass.upload(job.input.data)?, width: job.input.width };
-    place_inputs_and_constants(&mut pass, g, plan, input, &layer.input_slices)?;
+    pass.place_input_and_constants(g, plan, input, &layer.input_slices)?;
     let params: Vec<u64> = job.params.iter().map(|p| pass.upload(p)).collect::<Result<_>>()?;
-    let order = job.plan.order();
     let mut states = Vec::new();
     for (i, &m) in layer.state_sizes.iter().enumerate() {
-        let mut history = vec![0.0f32; (steps + 1) * batch * m];
-        for (r, &b) in order.iter().enumerate() {
-            history[r * m..(r + 1) * m].copy_from_slice(&job.h0[i][b * m..(b + 1) * m]);
-        }
-        let base = pass.upload(&history)?;
-        states.push(Home::Steps { base, len: m });
-        let next = Home::Steps { base: base + 4 * (batch * m) as u64, len: m };
+        let history = pass.history(job.h0[i], m, |_| 0)?;
+        states.push(history);
         if pass.has_home(cell.next_states[i]) {
             return Err(error(format!(
                 "next state {i} of `{}` is not computed by a stage of its own",
                 cell.name
             )));
         }
-        pass.place(cell.next_states[i], next);
+        pass.place(cell.next_states[i], history.next_slot(batch));
     }
     for v in g.values() {
         match g.node(v).op {
@@ -137,49 +97,22 @@ pub fn forward(
 
     let mut calls = Calls::new(device.block_size());
     // Before the loop: hoisted products over every layout row, pointwise stages over valid rows.
-    let valid = pass.valid_rows();
-    for (i, st) in stages.iter().enumerate().filter(|(_, s)| s.placement == Placement::BeforeLoop) {
-        match st.kind {
-            StageKind::Gemm => {
-                for &v in &st.values {
-                    calls.all_rows_product(&mut pass, g, plan, v)?;
-                }
-            }
-            _ => calls.over(&mut pass, kernel_of(kernels, i)?, &valid)?,
-        }
-    }
-    // The time loop: one whole-sequence kernel, or the stages step by step.
-    let each_step: Vec<(usize, &cellc::schedule::Stage)> =
-        stages.iter().enumerate().filter(|(_, s)| s.placement == Placement::EachStep).collect();
-    match each_step[..] {
-        [(i, st)] if matches!(st.kind, StageKind::WholeSequence { .. }) => {
-            let sequences: Vec<Vec<Row>> = (0..batch).map(|r| pass.sequence(r)).collect();
-            calls.sequences(&mut pass, kernel_of(kernels, i)?, &sequences)?;
-        }
-        _ => step_by_step(&mut pass, &mut calls, g, plan, kernels, &each_step, (0..steps).collect())?,
-    }
-    // Final states: each sequence's history at its own last step, gathered in batch order.
-    let mut finals = Vec::new();
-    for (i, &m) in layer.state_sizes.iter().enumerate() {
-        let out = pass.zeros(batch * m)?;
-        let pairs: Vec<(u64, u64)> = (0..batch)
-            .map(|r| {
-                let b = order[r];
-                let last = Row { b, t: 0, s: job.plan.lengths()[b], r };
-                (out + 4 * (b * m) as u64, states[i].addr(last, pass.layout, batch))
-            })
-            .collect();
-        calls.copy_rows(&mut pass, &pairs, m)?;
-        finals.push(out);
-    }
+    calls.all_rows_stages(&mut pass, (g, plan), kernels, stages, Placement::BeforeLoop)?;
+    calls.time_loop(&mut pass, (g, plan), kernels, stages, false)?;
+    // Final states: each sequence's history at its own last step.
+    let lengths = job.plan.lengths();
+    let finals: Vec<u64> = states
+        .iter()
+        .map(|&h| calls.gather_sequences(&mut pass, h, |b| lengths[b]))
+        .collect::<Result<_>>()?;
 
     device.run(module, &calls.list, graph_capture)?;
 
     // The output rows, from wherever the output lives.
     let o = layer.output_size;
     let out_home = pass.home(cell.output)?;
-    let host = fetch_rows(&pass, out_home, o)?;
-    for row in &valid {
+    let host = pass.fetch(out_home, o)?;
+    for row in &pass.valid_rows() {
         let at = output.layout.row(row.b, row.t) * output.width + output.offset;
         output.data[at..at + o].copy_from_slice(host.row(*row, &pass));
     }
@@ -204,80 +137,4 @@ pub fn forward(
         None
     };
     Ok(ForwardResult { final_states, tape })
-}
-
-/// The per-step stages for each step in `steps` (in that order): GEMMs
-/// on the active ranks' contiguous rows, kernels over a slice of one
-/// pointer table per kernel uploaded for all steps.
-pub fn step_by_step(
-    pass: &mut Pass,
-    calls: &mut Calls,
-    g: &Graph,
-    plan: &cellc::interp::Plan,
-    kernels: &[(usize, Kernel)],
-    stages: &[(usize, &cellc::schedule::Stage)],
-    steps: Vec<usize>,
-) -> Result<()> {
-    // One table per kernel: every step's rows, in the order the steps run.
-    let mut tables = Vec::new();
-    for &(i, st) in stages {
-        if st.kind == StageKind::Gemm {
-            tables.push(None);
-            continue;
-        }
-        let k = kernel_of(kernels, i)?;
-        let rows: Vec<Row> = steps.iter().flat_map(|&s| pass.rows_at(s)).collect();
-        tables.push(Some((k, Calls::table(pass, k, &rows)?)));
-    }
-    let mut done = 0usize;
-    for &s in &steps {
-        let n = pass.plan.batch_sizes()[s];
-        for (&(_, st), table) in stages.iter().zip(&tables) {
-            match table {
-                None => {
-                    for &v in &st.values {
-                        calls.step_product(pass, g, plan, v, s, n)?;
-                    }
-                }
-                Some((k, base)) => {
-                    let per_row = 8 * (k.inputs.len() + k.outputs.len()) as u64;
-                    calls.rows(pass, k, base + per_row * done as u64, n)?;
-                }
-            }
-        }
-        done += n;
-    }
-    Ok(())
-}
-
-/// A value's rows downloaded from its home.
-#[derive(Debug)]
-pub struct HostRows {
-    home: Home,
-    data: Vec<f32>,
-    len: usize,
-}
-
-impl HostRows {
-    /// Row `row`'s `len` floats.
-    pub fn row(&self, row: Row, pass: &Pass) -> &[f32] {
-        let at = match self.home {
-            Home::Layout { width, .. } => pass.layout.row(row.b, row.t) * width,
-            Home::Steps { len, .. } => (row.s * pass.batch() + row.r) * len,
-            Home::Rank { len, .. } => row.r * len,
-            Home::Fixed(_) => 0,
-        };
-        &self.data[at..at + self.len]
-    }
-}
-
-/// Downloads every row of a value of `len` floats held at `home`.
-pub fn fetch_rows(pass: &Pass, home: Home, len: usize) -> Result<HostRows> {
-    let (base, floats) = match home {
-        Home::Layout { base, width } => (base, pass.layout_rows.saturating_sub(1) * width + len),
-        Home::Steps { base, len: l } => (base, pass.step_major_rows().saturating_sub(1) * l + len),
-        Home::Rank { base, len: l } => (base, pass.batch().saturating_sub(1) * l + len),
-        Home::Fixed(base) => (base, len),
-    };
-    Ok(HostRows { home, data: pass.download(base, floats)?, len })
 }

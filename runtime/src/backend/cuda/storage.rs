@@ -21,9 +21,11 @@
 
 pub(super) use super::device::error;
 use super::device::{Buf, Device};
+use crate::backend::Rows;
 use crate::error::Result;
 use crate::sequence::{BatchPlan, RowLayout};
-use cellc::ir::ValueId;
+use cellc::interp::Plan;
+use cellc::ir::{Graph, Op, ValueId};
 use std::collections::HashMap;
 
 /// One row of a pass: sequence `b` at time `t`, its step `s` and rank `r`.
@@ -61,15 +63,28 @@ impl Home {
         }
     }
 
-    /// The address of `row`.
-    pub fn addr(self, row: Row, layout: &RowLayout, batch: usize) -> u64 {
-        let floats = match self {
+    /// Where `row` starts, in floats from the home's base.
+    pub fn offset(self, row: Row, layout: &RowLayout, batch: usize) -> usize {
+        match self {
             Home::Layout { width, .. } => layout.row(row.b, row.t) * width,
             Home::Steps { len, .. } => (row.s * batch + row.r) * len,
             Home::Rank { len, .. } => row.r * len,
             Home::Fixed(_) => 0,
-        };
-        self.base() + 4 * floats as u64
+        }
+    }
+
+    /// The address of `row`.
+    pub fn addr(self, row: Row, layout: &RowLayout, batch: usize) -> u64 {
+        self.base() + 4 * self.offset(row, layout, batch) as u64
+    }
+
+    /// A `Steps` home one slot on: in a history, what step `s` writes
+    /// (a next state, or an adjoint the step before reads).
+    pub fn next_slot(self, batch: usize) -> Home {
+        match self {
+            Home::Steps { base, len } => Home::Steps { base: base + 4 * (batch * len) as u64, len },
+            other => other,
+        }
     }
 
     /// Step `s`'s rows, contiguous from rank 0: their address and stride.
@@ -143,14 +158,55 @@ impl std::fmt::Debug for Pass<'_> {
 }
 
 impl<'a> Pass<'a> {
-    pub fn new(
-        device: &'a dyn Device,
-        layout: &'a RowLayout,
-        plan: &'a BatchPlan,
-        reverse: bool,
-        layout_rows: usize,
-    ) -> Pass<'a> {
-        Pass { device, layout, plan, reverse, layout_rows, homes: HashMap::new(), arena: Arena::default() }
+    /// A pass over the rows of `input` (the layer's input, in the caller's layout).
+    pub fn new(device: &'a dyn Device, input: &Rows<'a>, plan: &'a BatchPlan, reverse: bool) -> Pass<'a> {
+        Pass {
+            device,
+            layout: input.layout,
+            plan,
+            reverse,
+            layout_rows: input.data.len() / input.width.max(1),
+            homes: HashMap::new(),
+            arena: Arena::default(),
+        }
+    }
+
+    /// Places the graph's input leaves (features of the layer input at
+    /// `input`) and its constants.
+    pub fn place_input_and_constants(
+        &mut self,
+        graph: &Graph,
+        plan: &Plan,
+        input: Home,
+        input_slices: &[(usize, usize)],
+    ) -> Result<()> {
+        let Home::Layout { base, width } = input else {
+            return Err(error("the layer input is not in the caller's layout"));
+        };
+        for v in graph.values() {
+            if let Op::Input(i) = graph.node(v).op {
+                self.place(v, Home::Layout { base: base + 4 * input_slices[i].0 as u64, width });
+            }
+        }
+        for (v, value) in plan.constant_values::<f32>(graph) {
+            let at = self.upload(&value)?;
+            self.place(v, Home::Fixed(at));
+        }
+        Ok(())
+    }
+
+    /// A history of `steps + 1` slots of `m` floats per rank, zero but for
+    /// each sequence's row of `per_sequence` (`[batch, m]`, batch order)
+    /// put in slot `slot(b)`: the states before the first step (slot 0),
+    /// or the final states' adjoints after each sequence's last step.
+    pub fn history(&mut self, per_sequence: &[f32], m: usize, slot: impl Fn(usize) -> usize) -> Result<Home> {
+        let batch = self.batch();
+        let mut history = vec![0.0f32; (self.steps() + 1) * batch * m];
+        for (r, &b) in self.plan.order().iter().enumerate() {
+            let at = (slot(b) * batch + r) * m;
+            history[at..at + m].copy_from_slice(&per_sequence[b * m..(b + 1) * m]);
+        }
+        Ok(Home::Steps { base: self.upload(&history)?, len: m })
     }
 
     pub fn batch(&self) -> usize {
@@ -252,10 +308,38 @@ impl<'a> Pass<'a> {
         (0..self.batch()).flat_map(|r| self.sequence(r)).collect()
     }
 
+    /// Downloads every row of a value of `len` floats held at `home`.
+    pub fn fetch(&self, home: Home, len: usize) -> Result<HostRows> {
+        let (base, rows, stride) = match home {
+            Home::Layout { base, width } => (base, self.layout_rows, width),
+            Home::Steps { base, len: l } => (base, self.step_major_rows(), l),
+            Home::Rank { base, len: l } => (base, self.batch(), l),
+            Home::Fixed(base) => (base, 1, len),
+        };
+        let floats = rows.saturating_sub(1) * stride + len;
+        Ok(HostRows { home, data: self.download(base, floats)?, len })
+    }
+
     /// The pass's buffers and the homes of `values`, for a later pass.
     pub fn keep(mut self, values: impl IntoIterator<Item = ValueId>) -> Result<Kept> {
         let homes = values.into_iter().map(|v| Ok((v, self.home(v)?))).collect::<Result<_>>()?;
         Ok(Kept { _arena: std::mem::take(&mut self.arena), homes })
+    }
+}
+
+/// A value's rows downloaded from its home ([`Pass::fetch`]).
+#[derive(Debug)]
+pub struct HostRows {
+    home: Home,
+    data: Vec<f32>,
+    len: usize,
+}
+
+impl HostRows {
+    /// Row `row`'s floats.
+    pub fn row(&self, row: Row, pass: &Pass) -> &[f32] {
+        let at = self.home.offset(row, pass.layout, pass.batch());
+        &self.data[at..at + self.len]
     }
 }
 
@@ -284,5 +368,8 @@ mod tests {
         assert_eq!(Home::Fixed(1000).addr(row, &layout, 2), 1000);
         assert_eq!(Home::Steps { base: 0, len: 3 }.step_rows(1, 2), Some((24, 3)));
         assert_eq!(Home::Fixed(8).step_rows(1, 2), None);
+        // Slot s of the next slot is slot s + 1 of the history.
+        let history = Home::Steps { base: 1000, len: 3 };
+        assert_eq!(history.next_slot(2).addr(row, &layout, 2), history.addr(Row { s: 3, ..row }, &layout, 2));
     }
 }
