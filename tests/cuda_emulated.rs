@@ -26,7 +26,7 @@ mod emu;
 mod support;
 
 use cellc::cuda::{self, Context, Kernel, BLOCK};
-use cellc::schedule::{Stage, StageKind};
+use cellc::schedule::Stage;
 use cellc_runtime::backend::cpu::stage::{Interpreted, StageExec};
 use cellc_runtime::CompiledCell;
 use std::ffi::c_void;
@@ -167,7 +167,7 @@ fn every_kernel_of_every_shipped_cell_matches_the_interpreter() {
         for (h, sides) in &at_sizes {
             for (side_name, side) in sides {
                 for (i, st) in side.stages.iter().enumerate() {
-                    if !matches!(st.kind, StageKind::Pointwise { .. } | StageKind::WholeSequence { .. }) {
+                    if !st.kind.is_kernel() {
                         continue;
                     }
                     let name = format!("{cell}_{side_name}_s{i}_h{h}");

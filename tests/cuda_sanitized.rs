@@ -18,7 +18,6 @@ mod emu;
 mod support;
 
 use cellc::cuda::{self, Context};
-use cellc::schedule::StageKind;
 use cellc_runtime::backend::cpu::stage::{Interpreted, StageExec};
 use cellc_runtime::CompiledCell;
 use std::path::{Path, PathBuf};
@@ -61,7 +60,7 @@ fn run_sanitized(cell_name: &str, sanitize: &str, threads: u32) -> usize {
     let mut cases = Vec::new();
     for (side_name, side) in &sides {
         for (i, st) in side.stages.iter().enumerate() {
-            if matches!(st.kind, StageKind::Pointwise { .. } | StageKind::WholeSequence { .. }) {
+            if st.kind.is_kernel() {
                 let name = format!("{cell_name}_{side_name}_s{i}");
                 kernels.push(
                     cuda::emit_stage(

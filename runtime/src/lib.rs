@@ -45,7 +45,7 @@ pub mod weights;
 
 pub use error::{Result, RuntimeError};
 pub use exec::{Gradients, Input, Output, Trace};
-pub use model::{CompiledCell, LayerProgram, Model, ModelConfig};
+pub use model::{CompiledCell, LayerProgram, Model, ModelConfig, Side};
 pub use sequence::{Align, BatchPlan, Major, PackedSequence, RowLayout};
 pub use weights::{
     read_metadata, read_tensors, write_tensors, write_tensors_with_metadata, Metadata, Tensor, TensorData,

@@ -78,6 +78,34 @@ impl CompiledCell {
     }
 }
 
+/// Which step of a cell: the forward step or its derived backward step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Side {
+    Forward,
+    Backward,
+}
+
+impl Side {
+    /// `fwd` or `bwd`, as kernel names say it.
+    pub fn tag(self) -> &'static str {
+        match self {
+            Side::Forward => "fwd",
+            Side::Backward => "bwd",
+        }
+    }
+}
+
+impl CompiledCell {
+    /// The graph of `side`: the forward step, or the backward step.
+    pub fn graph(&self, side: Side) -> &cellc::ir::Graph {
+        match side {
+            Side::Forward => &self.cell,
+            Side::Backward => &self.grad.graph,
+        }
+    }
+}
+
 /// Layers and directions.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModelConfig {
@@ -105,6 +133,34 @@ pub struct LayerProgram {
     pub forward_plan: Plan,
     pub backward_plan: Plan,
     pub schedule: Schedule,
+}
+
+impl LayerProgram {
+    /// The evaluation plan of `side`.
+    pub fn plan(&self, side: Side) -> &Plan {
+        match side {
+            Side::Forward => &self.forward_plan,
+            Side::Backward => &self.backward_plan,
+        }
+    }
+
+    /// The stages of `side`'s schedule.
+    pub fn stages(&self, side: Side) -> &[cellc::schedule::Stage] {
+        match side {
+            Side::Forward => &self.schedule.forward,
+            Side::Backward => &self.schedule.backward,
+        }
+    }
+
+    /// The stages that are generated kernels, with their side and index in
+    /// that side's schedule, forward first.
+    pub fn kernel_stages(&self) -> Vec<(Side, usize, &cellc::schedule::Stage)> {
+        [Side::Forward, Side::Backward]
+            .into_iter()
+            .flat_map(|side| self.stages(side).iter().enumerate().map(move |(i, st)| (side, i, st)))
+            .filter(|(_, _, st)| st.kind.is_kernel())
+            .collect()
+    }
 }
 
 /// A runnable model.

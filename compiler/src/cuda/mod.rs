@@ -145,7 +145,7 @@ pub fn emit_cell(
     for (side, graph, stages, plan, chains) in sides {
         let cx = Context { names: Some(&names), sources, chains };
         for (i, st) in stages.iter().enumerate() {
-            if matches!(st.kind, StageKind::Pointwise { .. } | StageKind::WholeSequence { .. }) {
+            if st.kind.is_kernel() {
                 out.push(emit_stage(graph, plan, st, &format!("{}_{side}_s{i}", cell.name), cx)?);
             }
         }

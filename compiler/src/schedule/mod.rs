@@ -57,6 +57,14 @@ pub enum StageKind {
     SumOverSteps,
 }
 
+impl StageKind {
+    /// Whether the stage is a generated kernel (pointwise or whole-sequence)
+    /// rather than a GEMM or a sum the runtime does itself.
+    pub fn is_kernel(self) -> bool {
+        matches!(self, StageKind::Pointwise { .. } | StageKind::WholeSequence { .. })
+    }
+}
+
 /// One kernel (or one GEMM call) of the schedule.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Stage {

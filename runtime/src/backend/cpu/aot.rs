@@ -11,9 +11,10 @@
 
 use super::native::{KernelFn, NativeStage, KERNEL_ABI};
 use crate::error::{Result, RuntimeError};
+pub use crate::model::Side;
 use crate::model::{CompiledCell, LayerProgram};
-use cellc::ir::{Graph, Type, ValueId};
-use cellc::schedule::{Stage, StageKind};
+use cellc::ir::{Type, ValueId};
+use cellc::schedule::Stage;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -21,57 +22,41 @@ use std::sync::OnceLock;
 /// The manifest format this runtime reads and writes.
 pub const MANIFEST_FORMAT: u32 = 1;
 
-/// Which step of the cell a kernel belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Side {
-    Forward,
-    Backward,
-}
-
-impl Side {
-    pub fn tag(self) -> &'static str {
-        match self {
-            Side::Forward => "fwd",
-            Side::Backward => "bwd",
+/// Each value a kernel of `layer` computes, reads or writes, with the
+/// size variables its type mentions: `(side, stage, value, variables)`.
+fn kernel_values(cell: &CompiledCell, layer: &LayerProgram) -> Vec<(Side, usize, ValueId, Vec<String>)> {
+    let mut out = Vec::new();
+    for (side, index, st) in layer.kernel_stages() {
+        let graph = cell.graph(side);
+        for &v in st.values.iter().chain(&st.inputs).chain(&st.outputs) {
+            let vars = match graph.ty(v) {
+                Type::Vector(d) => d.variables(),
+                Type::Matrix(r, c) => r.variables().into_iter().chain(c.variables()).collect(),
+                Type::Scalar => Vec::new(),
+            };
+            out.push((side, index, v, vars));
         }
     }
-}
-
-/// The stages of a layer that are kernels, with their side and index in the schedule.
-pub fn kernel_stages(layer: &LayerProgram) -> Vec<(Side, usize, &Stage)> {
-    let sides = [(Side::Forward, &layer.schedule.forward), (Side::Backward, &layer.schedule.backward)];
-    sides
-        .into_iter()
-        .flat_map(|(side, stages)| stages.iter().enumerate().map(move |(i, st)| (side, i, st)))
-        .filter(|(_, _, st)| matches!(st.kind, StageKind::Pointwise { .. } | StageKind::WholeSequence { .. }))
-        .collect()
+    out
 }
 
 /// The size variables some kernel of the cell depends on, with their
 /// values in `layer`: those in the type of any value a kernel computes,
 /// reads or writes.
 pub fn kernel_sizes(cell: &CompiledCell, layer: &LayerProgram) -> BTreeMap<String, usize> {
-    let mut vars = BTreeMap::new();
-    for (side, _, st) in kernel_stages(layer) {
-        let graph: &Graph = match side {
-            Side::Forward => &cell.cell,
-            Side::Backward => &cell.grad.graph,
-        };
-        for &v in st.values.iter().chain(&st.inputs).chain(&st.outputs) {
-            let dims = match graph.ty(v) {
-                Type::Vector(d) => vec![d.clone()],
-                Type::Matrix(r, c) => vec![r.clone(), c.clone()],
-                _ => Vec::new(),
-            };
-            for var in dims.iter().flat_map(|d| d.variables()) {
-                if let Some(&n) = layer.sizes.get(&var) {
-                    vars.insert(var, n);
-                }
-            }
-        }
-    }
-    vars
+    kernel_values(cell, layer)
+        .into_iter()
+        .flat_map(|(.., vars)| vars)
+        .filter_map(|var| layer.sizes.get(&var).map(|&n| (var, n)))
+        .collect()
+}
+
+/// The first kernel value whose type mentions size `var`, as
+/// `bwd stage 5 holds v36: [I]`.
+pub fn first_use(cell: &CompiledCell, layer: &LayerProgram, var: &str) -> Option<String> {
+    kernel_values(cell, layer).into_iter().find(|(.., vars)| vars.iter().any(|x| x == var)).map(
+        |(side, index, v, _)| format!("{} stage {index} holds {v}: {}", side.tag(), cell.graph(side).ty(v)),
+    )
 }
 
 /// A short, stable fingerprint of the cell's IR (FNV-1a, 64 bits).

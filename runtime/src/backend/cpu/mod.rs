@@ -62,16 +62,6 @@ fn program_cache() -> &'static Mutex<HashMap<String, Arc<LayerCode>>> {
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-fn host_features() -> String {
-    let has = |f: bool, name: &'static str| if f { name } else { "" };
-    [
-        has(std::arch::is_x86_feature_detected!("avx512f"), "avx512f "),
-        has(std::arch::is_x86_feature_detected!("avx2"), "avx2 "),
-        has(std::arch::is_x86_feature_detected!("fma"), "fma "),
-    ]
-    .concat()
-}
-
 impl std::fmt::Debug for Cpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cpu").field("threads", &self.threads).field("kernels", &self.kernels).finish()
@@ -111,7 +101,7 @@ impl Cpu {
             Kernels::Linked(linked) => format!("linked@{:p}", linked),
             other => format!("{other:?}"),
         };
-        let key = format!("{kernels}|{:?}|{}|{}", layer.sizes, host_features(), cell.identity());
+        let key = format!("{kernels}|{:?}|{}|{}", layer.sizes, aot::host_target().join(" "), cell.identity());
         let mut cache =
             program_cache().lock().map_err(|_| RuntimeError::Internal("kernel cache poisoned".into()))?;
         if let Some(c) = cache.get(&key) {

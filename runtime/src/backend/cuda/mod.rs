@@ -22,9 +22,8 @@ pub mod storage;
 
 use crate::backend::{Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, Tape};
 use crate::error::{Result, RuntimeError};
-use crate::model::{CompiledCell, LayerProgram};
+use crate::model::{CompiledCell, LayerProgram, Side};
 use cellc::cuda::Kernel;
-use cellc::schedule::StageKind;
 use device::{Device, GraphStats, Module};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -89,31 +88,18 @@ impl Cuda {
             return Ok(p.clone());
         }
         let (chains_fwd, chains_bwd) = cellc::cuda::chains(&cell.cell, &cell.grad);
-        let side = |graph: &cellc::ir::Graph,
-                    plan: &cellc::interp::Plan,
-                    stages: &[cellc::schedule::Stage],
-                    chains: &[cellc::cuda::Chain],
-                    name: &str|
-         -> Result<Vec<(usize, Kernel)>> {
-            let cx = cellc::cuda::Context { chains, ..Default::default() };
-            let kernel_stage = |st: &&cellc::schedule::Stage| {
-                matches!(st.kind, StageKind::Pointwise { .. } | StageKind::WholeSequence { .. })
+        let (mut forward, mut backward) = (Vec::new(), Vec::new());
+        for (side, i, st) in layer.kernel_stages() {
+            let (chains, list) = match side {
+                Side::Forward => (&chains_fwd, &mut forward),
+                Side::Backward => (&chains_bwd, &mut backward),
             };
-            stages
-                .iter()
-                .enumerate()
-                .filter(|(_, st)| kernel_stage(st))
-                .map(|(i, st)| {
-                    let name = format!("{}_{name}_s{i}", cell.cell.name);
-                    cellc::cuda::emit_stage(graph, plan, st, &name, cx)
-                        .map(|k| (i, k))
-                        .map_err(|e| error(e.to_string()))
-                })
-                .collect()
-        };
-        let forward = side(&cell.cell, &layer.forward_plan, &layer.schedule.forward, &chains_fwd, "fwd")?;
-        let backward =
-            side(&cell.grad.graph, &layer.backward_plan, &layer.schedule.backward, &chains_bwd, "bwd")?;
+            let cx = cellc::cuda::Context { chains, ..Default::default() };
+            let name = format!("{}_{}_s{i}", cell.cell.name, side.tag());
+            let kernel = cellc::cuda::emit_stage(cell.graph(side), layer.plan(side), st, &name, cx)
+                .map_err(|e| error(e.to_string()))?;
+            list.push((i, kernel));
+        }
         let kernels: Vec<Kernel> = forward.iter().chain(&backward).map(|(_, k)| k.clone()).collect();
         let program = Arc::new(Program { module: self.device.load(&kernels)?, forward, backward });
         cache.insert(key, program.clone());

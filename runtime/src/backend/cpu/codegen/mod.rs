@@ -614,7 +614,6 @@ mod tests {
     use super::*;
     use crate::backend::cpu::native::NativeStage;
     use crate::backend::cpu::stage::{Interpreted, StageExec};
-    use cellc::schedule::StageKind;
     use std::sync::Arc;
 
     /// Every pointwise stage of every shipped cell, forward and backward,
@@ -643,9 +642,7 @@ mod tests {
                         let plan = Plan::new(graph, &sizes, &cell.name).expect("plan");
                         let g = Arc::new(graph.clone());
                         let p = Arc::new(plan.clone());
-                        for st in stages.iter().filter(|s| {
-                            matches!(s.kind, StageKind::Pointwise { .. } | StageKind::WholeSequence { .. })
-                        }) {
+                        for st in stages.iter().filter(|s| s.kind.is_kernel()) {
                             let jit = jit::compile_stage(graph, &plan, &st.values, &st.inputs, &st.outputs)
                                 .unwrap_or_else(|e| panic!("{} H={h}: {e}", cell.name));
                             let reference =

@@ -5,13 +5,11 @@
 
 use super::{define_stage, isa, CodegenError};
 use crate::backend::cpu::aot::{
-    self, fingerprint, host_target, kernel_sizes, kernel_stages, Manifest, ManifestKernel, ManifestSchedule,
-    Side,
+    self, fingerprint, host_target, kernel_sizes, Manifest, ManifestKernel, ManifestSchedule,
 };
 use crate::error::RuntimeError;
 use crate::model::{CompiledCell, LayerProgram, Model, ModelConfig};
 use cellc::dims::Bindings;
-use cellc::ir::Graph;
 use cranelift_module::{default_libcall_names, Linkage, Module};
 use cranelift_object::{ObjectBuilder, ObjectModule};
 use std::collections::HashSet;
@@ -51,15 +49,12 @@ pub fn compile_object(
             let text = cellc::schedule::to_text(&cell.cell, &cell.grad, &layer.schedule, &layer.sizes);
             schedules.push(ManifestSchedule { sizes: schedule_sizes, text });
         }
-        for (side, index, stage) in kernel_stages(layer) {
+        for (side, index, stage) in layer.kernel_stages() {
             let name = aot::symbol(cell, side, index, &sizes);
             if !seen.insert(name.clone()) {
                 continue;
             }
-            let (graph, plan): (&Graph, _) = match side {
-                Side::Forward => (&cell.cell, &layer.forward_plan),
-                Side::Backward => (&cell.grad.graph, &layer.backward_plan),
-            };
+            let (graph, plan) = (cell.graph(side), layer.plan(side));
             let mut ctx = module.make_context();
             ctx.set_disasm(text);
             let scratch = define_stage(
@@ -148,7 +143,7 @@ pub fn compile_model(
                 message: format!(
                     "size `{s}` must be bound: `{}`'s kernels are specialised to it ({})",
                     cell.cell.name,
-                    depends_on(cell, layer, s)
+                    aot::first_use(cell, layer, s).unwrap_or_default()
                 ),
             });
         }
@@ -156,26 +151,4 @@ pub fn compile_model(
     let artifacts = compile_object(cell, &layers, text)
         .map_err(|e| RuntimeError::Backend { backend: "cpu".into(), message: e.to_string() })?;
     Ok(CompiledModel { artifacts, free_sizes })
-}
-
-/// The first kernel value whose type mentions size `var`, as `fwd stage 2 computes v7 [4*H]`.
-fn depends_on(cell: &CompiledCell, layer: &LayerProgram, var: &str) -> String {
-    for (side, index, stage) in kernel_stages(layer) {
-        let graph: &Graph = match side {
-            Side::Forward => &cell.cell,
-            Side::Backward => &cell.grad.graph,
-        };
-        for &v in stage.values.iter().chain(&stage.inputs) {
-            let ty = graph.ty(v);
-            let mentions = match ty {
-                cellc::ir::Type::Vector(d) => d.variables().iter().any(|x| x == var),
-                cellc::ir::Type::Matrix(r, c) => r.variables().iter().chain(&c.variables()).any(|x| x == var),
-                _ => false,
-            };
-            if mentions {
-                return format!("{} stage {index} holds {v}: {ty}", side.tag());
-            }
-        }
-    }
-    "a kernel holds a value of that size".into()
 }
