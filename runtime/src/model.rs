@@ -36,12 +36,17 @@ impl CompiledCell {
             Some(n) => module.cells.into_iter().find(|c| c.name == n),
             None => module.cells.into_iter().next(),
         };
-        let mut cell = found.ok_or_else(|| {
+        let cell = found.ok_or_else(|| {
             RuntimeError::Compile(format!(
                 "{file_name} defines no cell{}",
                 cell.map(|n| format!(" named `{n}`")).unwrap_or_default()
             ))
         })?;
+        CompiledCell::from_cell(cell)
+    }
+
+    /// Simplifies a checked cell (from [`cellc::compile`]) and derives its backward step.
+    pub fn from_cell(mut cell: Cell) -> Result<CompiledCell> {
         cellc::passes::optimize_cell(&mut cell);
         let grad = cellc::autodiff::backward_step(&cell).map_err(|e| {
             RuntimeError::Internal(e.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))

@@ -160,7 +160,7 @@ fn compile_cpu(args: &CompileArgs, color: bool) -> bool {
         );
         return false;
     };
-    let compiled = match cellc_runtime::CompiledCell::from_file(&args.file, Some(&cell.name)) {
+    let compiled = match cellc_runtime::CompiledCell::from_cell((*cell).clone()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");

@@ -122,21 +122,18 @@ impl CellBuild {
         let checked = cellc::compile(&file, &source);
         let warnings = checked.render(false);
         let module = checked.into_result().map_err(|e| Error(e.rendered))?;
-        let cell_name = match &self.cell {
+        let cell = match &self.cell {
             Some(n) => module
                 .cells
-                .iter()
+                .into_iter()
                 .find(|c| &c.name == n)
-                .map(|c| c.name.clone())
                 .ok_or_else(|| Error(format!("{file} defines no cell named `{n}`")))?,
-            None => module
-                .cells
-                .first()
-                .map(|c| c.name.clone())
-                .ok_or_else(|| Error(format!("{file} defines no cell")))?,
+            None => {
+                module.cells.into_iter().next().ok_or_else(|| Error(format!("{file} defines no cell")))?
+            }
         };
-        let compiled =
-            CompiledCell::from_source(&file, &source, Some(&cell_name)).map_err(|e| Error(e.to_string()))?;
+        let cell_name = cell.name.clone();
+        let compiled = CompiledCell::from_cell(cell).map_err(|e| Error(e.to_string()))?;
         let built = compile_model(&compiled, &self.config, &self.sizes, false)
             .map_err(|e| Error(format!("{file}: {e}")))?;
         let name = self.name.clone().unwrap_or_else(|| cell_name.clone());
