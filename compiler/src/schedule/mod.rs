@@ -338,11 +338,33 @@ fn stage_backward(grad: &Gradient, saved: &SavedValues) -> Vec<Stage> {
         }
     }
     let after: Vec<ValueId> = order.iter().copied().filter(|v| after_set.contains(v)).collect();
-    let per_step: HashSet<ValueId> = order
+    let in_loop: HashSet<ValueId> = order
         .iter()
         .copied()
         .filter(|v| backward.contains(v) && !is_leaf(g, *v) && !after_set.contains(v))
         .collect();
+    // Products on the carry's path whose vector does not depend on the
+    // carry (`vᵀ · dy` of an output `v @ h'`, a recomputed `U @ h`) run
+    // before the loop, over all steps at once, with the static values
+    // that feed them: a per-step product reads only values computed in
+    // the step, so its rows are the step's active sequences.
+    let carried = depends_on(g, &order, &|op| matches!(op, Op::Seed(k) if *k > 0));
+    let hoisted: Vec<ValueId> = order
+        .iter()
+        .copied()
+        .filter(|&v| in_loop.contains(&v) && is_product(g, v) && !carried.contains(&v))
+        .collect();
+    let mut before_loop: HashSet<ValueId> = HashSet::new();
+    let mut stack: Vec<ValueId> = hoisted.iter().flat_map(|&v| g.operands(v)).collect();
+    while let Some(v) = stack.pop() {
+        let computed_here = in_loop.contains(&v) || recomputed.contains(&v);
+        if computed_here && !carried.contains(&v) && before_loop.insert(v) {
+            stack.extend(g.operands(v));
+        }
+    }
+    let per_step: HashSet<ValueId> =
+        in_loop.iter().copied().filter(|v| !before_loop.contains(v) && !hoisted.contains(v)).collect();
+    let recomputed: HashSet<ValueId> = recomputed.difference(&before_loop).copied().collect();
     let mut level = levels(g, &order, &per_step, &|v| is_product(g, v));
     place_floating(g, &order, &recomputed, &mut level);
 
@@ -359,7 +381,14 @@ fn stage_backward(grad: &Gradient, saved: &SavedValues) -> Vec<Stage> {
 
     let gemm_member = |v: ValueId| per_step.contains(&v) && is_product(g, v);
     let pw_member = |v: ValueId| (per_step.contains(&v) || recomputed.contains(&v)) && !is_product(g, v);
-    let mut stages = per_step_stages(g, &order, &level, &gemm_member, &pw_member, &roots);
+    let mut stages = Vec::new();
+    let pre: Vec<ValueId> = order.iter().copied().filter(|v| before_loop.contains(v)).collect();
+    if !pre.is_empty() {
+        let kind = StageKind::Pointwise { reductions: has_reduction(g, &pre) };
+        stages.push(make_stage(g, kind, Placement::BeforeLoop, pre, &roots));
+    }
+    stages.extend(gemm_stages(g, &hoisted, Placement::BeforeLoop, &roots));
+    stages.extend(per_step_stages(g, &order, &level, &gemm_member, &pw_member, &roots));
     // After the loop: GEMMs and the pointwise work on their results, by level.
     let after_level = levels(g, &order, &after_set, &|v| is_product(g, v));
     let max_after = after_level.values().copied().max().unwrap_or(0);

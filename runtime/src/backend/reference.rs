@@ -238,7 +238,6 @@ impl Backend for Reference {
                         }
                         Op::State(i) => Some(row.states_before[i].clone()),
                         Op::Seed(0) => Some(d_out.to_vec()),
-                        Op::Seed(k) => Some(carry[b][k - 1].clone()),
                         _ => None,
                     };
                     if leaf.is_some() {
@@ -256,6 +255,17 @@ impl Backend for Reference {
                 }
                 if let Some(v) = grad.primal_output {
                     store[v.index()] = Some(row.output.clone());
+                }
+                // Before-loop stages see no carried adjoint: reading one is a schedule error.
+                for (k, st) in stages_at(stages, Placement::BeforeLoop) {
+                    for &v in &st.values {
+                        compute(g, plan, &mut store, job.params, v, k)?;
+                    }
+                }
+                for v in g.values() {
+                    if let Op::Seed(k @ 1..) = g.node(v).op {
+                        store[v.index()] = Some(carry[b][k - 1].clone());
+                    }
                 }
                 rows.push(store);
             }

@@ -512,6 +512,16 @@ pub fn gemm_step(
             },
             _ => locate(bufs, f, m, 0, 0, 0)?,
         };
+        // The step's rows are the first `n` ranks of rank-ordered storage;
+        // the schedule puts products of anything else before the loop.
+        for v in [x, out] {
+            if !matches!(bufs.loc(v), Some(Loc::RankBuf | Loc::State(_) | Loc::Carry(_))) {
+                return Err(RuntimeError::Internal(format!(
+                    "per-step product {out} reads or writes {v}, which is not held per rank ({:?})",
+                    bufs.loc(v)
+                )));
+            }
+        }
         let xin = locate(bufs, f, x, 0, 0, 0)?;
         let y = locate(bufs, f, out, 0, 0, 0)?;
         let (xlen, ylen) = (bufs.len(x), bufs.len(out));

@@ -303,18 +303,9 @@ fn forward(
             d_output: None,
             layout: job.input.layout,
         };
-        for st in code.forward.iter().filter(|s| s.placement() == Placement::BeforeLoop) {
-            match st {
-                Step::Gemm { products, .. } => {
-                    let mut none = HashMap::new();
-                    gemm_all_rows(products, &mut bufs, &frame, job.plan, &mut none, &shape, threads)?;
-                }
-                Step::Pointwise { exec, .. } => {
-                    run_pointwise(exec.as_ref(), &mut bufs, &frame, &all_rows, threads)?
-                }
-                Step::Sum { .. } => {}
-            }
-        }
+        let mut none = HashMap::new();
+        let all = AllRows { plan: job.plan, rows: &all_rows, shape: &shape, threads };
+        run_all_rows(&code.forward, Placement::BeforeLoop, &mut bufs, &frame, &all, &mut none)?;
     }
 
     let into_tape = |tape: Option<CpuTape>, bufs: &mut Buffers| {
@@ -678,12 +669,13 @@ fn backward(
     for st in &code.backward {
         for v in st.outputs() {
             match st.placement() {
+                Placement::BeforeLoop => bufs.row_buf(v, plan.elements(v), layout_rows),
                 Placement::AfterLoop => {
                     if !matches!(g.ty(v), Type::Matrix(..)) {
                         bufs.row_buf(v, plan.elements(v), layout_rows);
                     }
                 }
-                _ => {
+                Placement::EachStep => {
                     bufs.rank_buf(v, plan.elements(v), batch);
                     if after_reads.contains(&v) {
                         persisted.push(v);
@@ -707,6 +699,25 @@ fn backward(
     let shape = shape_of(plan);
     let params_t = prepare_params(g, &code.backward, job.params, &shape, batch);
     let d_out = Some((job.d_output, layer.output_size));
+    // Before the loop: products that read no carried adjoint, over every valid row.
+    let all_rows: Vec<(usize, usize, usize)> =
+        (0..batch).flat_map(|b| (0..job.plan.lengths()[b]).map(move |t| (b, t, 0))).collect();
+    {
+        let frame = Frame {
+            input: job.input,
+            input_slices: &layer.input_slices,
+            params: job.params,
+            prepared: &params_t,
+            states: &[],
+            state_sizes: &layer.state_sizes,
+            carry: &[],
+            d_output: d_out,
+            layout: job.input.layout,
+        };
+        let mut none = HashMap::new();
+        let all = AllRows { plan: job.plan, rows: &all_rows, shape: &shape, threads };
+        run_all_rows(&code.backward, Placement::BeforeLoop, &mut bufs, &frame, &all, &mut none)?;
+    }
     let whole = backward_whole_sequence(threads, code, job, &mut bufs, &params_t, &mut carry)?;
     if whole {
         kept.clear();
@@ -775,20 +786,9 @@ fn backward(
         d_output: d_out,
         layout: job.input.layout,
     };
-    let all_rows: Vec<(usize, usize, usize)> =
-        (0..batch).flat_map(|b| (0..job.plan.lengths()[b]).map(move |t| (b, t, 0))).collect();
     let mut matrices: HashMap<ValueId, Vec<f32>> = HashMap::new();
-    for st in code.backward.iter().filter(|s| s.placement() == Placement::AfterLoop) {
-        match st {
-            Step::Gemm { products, .. } => {
-                gemm_all_rows(products, &mut bufs, &frame, job.plan, &mut matrices, &shape, threads)?
-            }
-            Step::Pointwise { exec, .. } => {
-                run_pointwise(exec.as_ref(), &mut bufs, &frame, &all_rows, threads)?
-            }
-            Step::Sum { .. } => {}
-        }
-    }
+    let all = AllRows { plan: job.plan, rows: &all_rows, shape: &shape, threads };
+    run_all_rows(&code.backward, Placement::AfterLoop, &mut bufs, &frame, &all, &mut matrices)?;
     // Parameter gradients: accumulated products, or per-row values summed over rows.
     let mut d_params = Vec::with_capacity(job.params.len());
     for (i, d) in grad.d_params.iter().enumerate() {
@@ -833,6 +833,38 @@ fn backward(
         })
         .collect();
     Ok(BackwardResult { d_h0, d_params })
+}
+
+/// Every valid row of a batch, for the stages run before or after the loop.
+struct AllRows<'a> {
+    plan: &'a crate::sequence::BatchPlan,
+    /// `(b, t, 0)` for every valid row.
+    rows: &'a [(usize, usize, usize)],
+    shape: &'a dyn Fn(ValueId) -> (usize, usize),
+    threads: usize,
+}
+
+/// Runs the steps placed at `placement` (before or after the loop) over
+/// every valid row: products as GEMMs over all rows (weight gradients
+/// summed into `matrices`), kernels over every row.
+fn run_all_rows(
+    steps: &[Step],
+    placement: Placement,
+    bufs: &mut Buffers,
+    frame: &Frame,
+    all: &AllRows,
+    matrices: &mut HashMap<ValueId, Vec<f32>>,
+) -> Result<()> {
+    for st in steps.iter().filter(|s| s.placement() == placement) {
+        match st {
+            Step::Gemm { products, .. } => {
+                gemm_all_rows(products, bufs, frame, all.plan, matrices, all.shape, all.threads)?
+            }
+            Step::Pointwise { exec, .. } => run_pointwise(exec.as_ref(), bufs, frame, all.rows, all.threads)?,
+            Step::Sum { .. } => {}
+        }
+    }
+    Ok(())
 }
 
 /// `out[j] = Σ_rows row[j]`, rows added in order; the columns are shared

@@ -112,6 +112,8 @@ pub fn backward(
     }
 
     let mut calls = Calls::new(device.block_size());
+    // Before the loop: products that read no carried adjoint, over all rows.
+    calls.all_rows_stages(&mut pass, (g, plan), kernels, stages, Placement::BeforeLoop)?;
     calls.time_loop(&mut pass, (g, plan), kernels, stages, true)?;
     // After the loop: products over all steps, then what is computed from them.
     calls.all_rows_stages(&mut pass, (g, plan), kernels, stages, Placement::AfterLoop)?;

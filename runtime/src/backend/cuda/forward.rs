@@ -19,7 +19,7 @@ use crate::backend::{ForwardJob, ForwardResult, RowsMut, Tape};
 use crate::error::Result;
 use cellc::cuda::Kernel;
 use cellc::ir::{Graph, Op, ValueId};
-use cellc::schedule::Placement;
+use cellc::schedule::{Placement, StageKind};
 
 /// What a training forward leaves on the device for the backward.
 #[derive(Debug)]
@@ -78,7 +78,16 @@ pub fn forward(
         }
     }
     if !pass.has_home(cell.output) {
-        pass.place_layout(cell.output, layer.output_size)?;
+        // A per-step product writes a step's rows contiguously; a kernel
+        // or a product over all rows writes the caller's layout.
+        let by_step_product = stages.iter().any(|st| {
+            st.placement == Placement::EachStep && st.kind == StageKind::Gemm && st.values.contains(&cell.output)
+        });
+        if by_step_product {
+            pass.place_steps(cell.output, layer.output_size)?;
+        } else {
+            pass.place_layout(cell.output, layer.output_size)?;
+        }
     }
     let saved = &layer.schedule.saved.saved;
     for st in stages {
