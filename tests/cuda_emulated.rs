@@ -267,6 +267,6 @@ fn compile_output_with_quoted_source_lines_is_valid_cpp() {
     }
     let cu = dir.join("all.cu");
     std::fs::write(&cu, emu::emulation_source(&kernels)).expect("source");
-    emu::gxx(&dir, &[cu], &["-fsyntax-only", "-Werror"], &dir.join("unused"));
+    emu::gxx(&[cu], &["-fsyntax-only", "-Werror"], &dir.join("unused"));
     let _ = std::fs::remove_dir_all(&dir);
 }

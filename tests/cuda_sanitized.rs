@@ -81,7 +81,7 @@ fn run_sanitized(cell_name: &str, sanitize: &str, threads: u32) -> usize {
     let harness: PathBuf = support::root().join("tests/cuda/harness.cpp");
     let exe = dir.join("harness");
     let flag = format!("-fsanitize={sanitize}");
-    emu::gxx(&dir, &[cu, harness], &[&flag, "-fno-omit-frame-pointer", "-fno-sanitize-recover=all"], &exe);
+    emu::gxx(&[cu, harness], &[&flag, "-fno-omit-frame-pointer", "-fno-sanitize-recover=all"], &exe);
     for ((side, i), kernel) in cases.iter().zip(&kernels) {
         let st = &side.stages[*i];
         let whole = kernel.whole_sequence;

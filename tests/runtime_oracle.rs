@@ -6,6 +6,8 @@
 
 mod support;
 
+use cellc_difftest::batch::Batch;
+use cellc_difftest::oracle::oracle;
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Backend;
@@ -36,110 +38,6 @@ fn build(compiled: Arc<CompiledCell>, rng: &mut Rng, backend: &dyn Fn() -> Box<d
         .map(|&n| rng.vec(ld * LENGTHS.len() * n, 1.0).iter().map(|&v| v as f32).collect())
         .collect();
     Case { model, h0, d_final }
-}
-
-/// Per-sequence oracle results, in f64.
-struct Oracle {
-    /// `out[b][t]`: the last layer's output at step t (both directions).
-    out: Vec<Vec<Vec<f64>>>,
-    finals: Vec<Vec<f64>>,
-    d_in: Vec<Vec<Vec<f64>>>,
-    d_h0: Vec<Vec<f64>>,
-    d_params: Vec<Vec<Vec<f64>>>,
-}
-
-fn oracle(case: &Case, xs: &[Vec<Vec<f32>>], d_out: &[Vec<Vec<f32>>]) -> Oracle {
-    let m = &case.model;
-    let cell = &m.compiled().cell;
-    let grad = &m.compiled().grad;
-    let dirs = m.directions();
-    let batch = xs.len();
-    let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
-    let nstates = cell.states.len();
-    let mut finals: Vec<Vec<f64>> = case.h0.iter().map(|h| vec![0.0; h.len()]).collect();
-    let mut d_h0: Vec<Vec<f64>> = case.h0.iter().map(|h| vec![0.0; h.len()]).collect();
-    let mut d_params: Vec<Vec<Vec<f64>>> = (0..m.layers().len() * dirs)
-        .map(|slot| m.params(slot / dirs, slot % dirs == 1).iter().map(|p| vec![0.0; p.len()]).collect())
-        .collect();
-    let mut out = Vec::new();
-    let mut d_in_all = Vec::new();
-    for b in 0..batch {
-        let len = xs[b].len();
-        // Forward, keeping each layer's input for the backward.
-        let mut layer_in: Vec<Vec<Vec<f64>>> = vec![xs[b].iter().map(|r| f64s(r)).collect()];
-        for (k, layer) in m.layers().iter().enumerate() {
-            let bound = cell.bind(&layer.sizes).expect("binds");
-            let mut next = vec![Vec::new(); len];
-            for d in 0..dirs {
-                let slot = k * dirs + d;
-                let params: Vec<Vec<f64>> = m.params(k, d == 1).iter().map(|p| f64s(p)).collect();
-                let h0: Vec<Vec<f64>> = (0..nstates)
-                    .map(|i| {
-                        let n = layer.state_sizes[i];
-                        f64s(&case.h0[i][(slot * batch + b) * n..(slot * batch + b + 1) * n])
-                    })
-                    .collect();
-                let mut seq: Vec<Vec<f64>> = layer_in[k].clone();
-                if d == 1 {
-                    seq.reverse();
-                }
-                let run = bound.run(&seq.concat(), &h0, &params).expect("runs");
-                let o = layer.output_size;
-                for s in 0..len {
-                    let t = if d == 1 { len - 1 - s } else { s };
-                    next[t].extend_from_slice(&run.outputs[s * o..(s + 1) * o]);
-                }
-                for i in 0..nstates {
-                    let n = layer.state_sizes[i];
-                    finals[i][(slot * batch + b) * n..(slot * batch + b + 1) * n]
-                        .copy_from_slice(&run.final_states[i]);
-                }
-            }
-            layer_in.push(next);
-        }
-        out.push(layer_in.last().cloned().unwrap_or_default());
-        // Backward, last layer first.
-        let mut d_above: Vec<Vec<f64>> = d_out[b].iter().map(|r| f64s(r)).collect();
-        for (k, layer) in m.layers().iter().enumerate().rev() {
-            let bound = cell.bind(&layer.sizes).expect("binds");
-            let mut d_below = vec![vec![0.0; layer.input_size]; len];
-            for d in 0..dirs {
-                let slot = k * dirs + d;
-                let params: Vec<Vec<f64>> = m.params(k, d == 1).iter().map(|p| f64s(p)).collect();
-                let pick = |buf: &[Vec<f32>], i: usize| {
-                    let n = layer.state_sizes[i];
-                    f64s(&buf[i][(slot * batch + b) * n..(slot * batch + b + 1) * n])
-                };
-                let h0: Vec<Vec<f64>> = (0..nstates).map(|i| pick(&case.h0, i)).collect();
-                let df: Vec<Vec<f64>> = (0..nstates).map(|i| pick(&case.d_final, i)).collect();
-                let o = layer.output_size;
-                let order: Vec<usize> = if d == 1 { (0..len).rev().collect() } else { (0..len).collect() };
-                let seq: Vec<f64> = order.iter().flat_map(|&t| layer_in[k][t].iter().copied()).collect();
-                let dseq: Vec<f64> =
-                    order.iter().flat_map(|&t| d_above[t][d * o..(d + 1) * o].iter().copied()).collect();
-                let g = bound.backward(grad, &seq, &h0, &params, &dseq, &df).expect("backward");
-                for (s, &t) in order.iter().enumerate() {
-                    for (acc, v) in d_below[t]
-                        .iter_mut()
-                        .zip(&g.d_inputs[s * layer.input_size..(s + 1) * layer.input_size])
-                    {
-                        *acc += v;
-                    }
-                }
-                for i in 0..nstates {
-                    let n = layer.state_sizes[i];
-                    d_h0[i][(slot * batch + b) * n..(slot * batch + b + 1) * n]
-                        .copy_from_slice(&g.d_initial_states[i]);
-                }
-                for (acc, gp) in d_params[slot].iter_mut().zip(&g.d_params) {
-                    acc.iter_mut().zip(gp).for_each(|(a, v)| *a += v);
-                }
-            }
-            d_above = d_below;
-        }
-        d_in_all.push(d_above);
-    }
-    Oracle { out, finals, d_in: d_in_all, d_h0, d_params }
 }
 
 fn assert_close(what: &str, ours: &[f32], theirs: &[f64]) {
@@ -185,7 +83,15 @@ fn conformance(backend: &dyn Fn() -> Box<dyn Backend>) {
             .iter()
             .map(|&l| (0..l).map(|_| rng.vec(fout, 1.0).iter().map(|&v| v as f32).collect()).collect())
             .collect();
-        let want = oracle(&case, &xs, &d_out);
+        let sequences = Batch {
+            lengths: LENGTHS.to_vec(),
+            steps: STEPS,
+            xs: xs.clone(),
+            d_out: d_out.clone(),
+            h0: case.h0.clone(),
+            d_final: case.d_final.clone(),
+        };
+        let (want, _) = oracle(m, &sequences).expect("the interpreter runs every sequence");
 
         for (major, align) in [
             (Major::BatchFirst, Align::Left),

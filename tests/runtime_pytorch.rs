@@ -9,6 +9,7 @@
 mod support;
 
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
+use cellc_runtime::backend::cuda::Cuda;
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Backend;
 use cellc_runtime::{
@@ -160,4 +161,9 @@ fn reference_backend_matches_pytorch() {
 #[test]
 fn cpu_backend_matches_pytorch() {
     all(&|| Box::new(Cpu::new(2, Kernels::default()).expect("cpu")));
+}
+
+#[test]
+fn cuda_backend_on_the_emulated_device_matches_pytorch() {
+    all(&|| Box::new(Cuda::emulated().expect("the emulated device (g++)")));
 }

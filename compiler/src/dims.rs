@@ -17,6 +17,11 @@ pub struct Dim {
     terms: BTreeMap<Monomial, i64>,
 }
 
+/// The most terms a product of dimensions may expand to.
+pub const MAX_TERMS: usize = 64;
+/// The most size variables a term of a product may multiply (`H*H*H*H` is 4).
+pub const MAX_DEGREE: usize = 8;
+
 /// The size variables' values at instantiation.
 pub type Bindings = BTreeMap<String, usize>;
 
@@ -79,18 +84,34 @@ impl Dim {
         Some(Dim { terms })
     }
 
+    /// `Some` unless a coefficient overflows or the product is too
+    /// complex to keep expanded ([`Dim::product_too_complex`]).
     pub fn checked_mul(&self, other: &Dim) -> Option<Dim> {
-        let mut out = Dim::default();
+        if self.product_too_complex(other) {
+            return None;
+        }
+        let mut terms: BTreeMap<Monomial, i64> = BTreeMap::new();
         for (ma, ca) in &self.terms {
             for (mb, cb) in &other.terms {
                 let mut m = ma.clone();
                 m.extend(mb.iter().cloned());
                 m.sort();
-                let term = Dim { terms: BTreeMap::from([(m, ca.checked_mul(*cb)?)]) };
-                out = out.checked_add(&term)?;
+                let e = terms.entry(m).or_insert(0);
+                *e = e.checked_add(ca.checked_mul(*cb)?)?;
             }
         }
-        Some(out)
+        terms.retain(|_, c| *c != 0);
+        Some(Dim { terms })
+    }
+
+    /// Whether `self * other` expands past [`MAX_TERMS`] terms or
+    /// [`MAX_DEGREE`] variables in a term. A product of sums expands
+    /// exponentially (`(A0+B0)*...*(A13+B13)` has 16384 terms), so such a
+    /// size is refused where it is written rather than computed.
+    pub fn product_too_complex(&self, other: &Dim) -> bool {
+        let degree = |d: &Dim| d.terms.keys().map(Vec::len).max().unwrap_or(0);
+        self.terms.len().saturating_mul(other.terms.len()) > MAX_TERMS
+            || degree(self) + degree(other) > MAX_DEGREE
     }
 
     /// `self / n` when every coefficient is divisible by `n` (so `4*H / 4 = H`,

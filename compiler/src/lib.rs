@@ -29,6 +29,7 @@ pub mod autodiff;
 pub mod cuda;
 pub mod diag;
 pub mod dims;
+pub mod fuzzgen;
 pub mod gradcheck;
 pub mod interp;
 pub mod ir;

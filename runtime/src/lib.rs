@@ -39,12 +39,14 @@
 pub mod backend;
 pub mod error;
 pub mod exec;
+pub mod files;
 pub mod model;
 pub mod sequence;
 pub mod weights;
 
 pub use error::{Result, RuntimeError};
 pub use exec::{Gradients, Input, Output, Trace};
+pub use files::write_atomically;
 pub use model::{CompiledCell, LayerProgram, Model, ModelConfig, Side};
 pub use sequence::{Align, BatchPlan, Major, PackedSequence, RowLayout};
 pub use weights::{

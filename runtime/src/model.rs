@@ -429,12 +429,11 @@ impl Model {
                 return Err(RuntimeError::UnexpectedWeight { name: name.to_string() });
             }
         }
+        // One list per layer and direction, even for a cell without parameters.
         let per = self.compiled.cell.params.len();
-        let mut out: Vec<Vec<Vec<f32>>> = Vec::new();
+        let slots = self.layers.len() * self.directions();
+        let mut out: Vec<Vec<Vec<f32>>> = (0..slots).map(|_| Vec::with_capacity(per)).collect();
         for (i, (name, shape)) in names.iter().enumerate() {
-            if i % per == 0 {
-                out.push(Vec::new());
-            }
             let t = w.get(name).ok_or_else(|| RuntimeError::MissingWeight { name: name.clone() })?;
             if &t.shape != shape {
                 return Err(RuntimeError::Shape {
@@ -443,8 +442,8 @@ impl Model {
                     found: crate::error::shape_text(&t.shape),
                 });
             }
-            if let Some(last) = out.last_mut() {
-                last.push(t.data.clone());
+            if let Some(slot) = out.get_mut(i / per.max(1)) {
+                slot.push(t.data.clone());
             }
         }
         Ok(out)

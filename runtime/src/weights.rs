@@ -131,7 +131,7 @@ pub fn write_tensors_with_metadata(
         .map_err(|e| io(e.to_string()))?;
     let metadata = (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
     let data = safetensors::serialize(views, metadata).map_err(|e| io(e.to_string()))?;
-    std::fs::write(path, data).map_err(|e| io(e.to_string()))
+    crate::files::write_atomically(path, &data)
 }
 
 /// A model's weights by name (f32).

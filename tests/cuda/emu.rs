@@ -124,9 +124,9 @@ pub use cellc_runtime::backend::cuda::device::emulation_source;
 
 /// Compiles `files` with g++ and the emulation header (see the runtime's
 /// `device::gxx`), with debug information for sanitizer reports.
-pub fn gxx(dir: &Path, files: &[PathBuf], args: &[&str], output: &Path) {
+pub fn gxx(files: &[PathBuf], args: &[&str], output: &Path) {
     let args: Vec<&str> = ["-g"].into_iter().chain(args.iter().copied()).collect();
-    if let Err(e) = cellc_runtime::backend::cuda::device::gxx(dir, files, &args, output) {
+    if let Err(e) = cellc_runtime::backend::cuda::device::gxx(files, &args, output) {
         panic!("{e}");
     }
 }
@@ -136,6 +136,6 @@ pub fn build(dir: &Path, name: &str, kernels: &[Kernel]) -> PathBuf {
     let cu = dir.join(format!("{name}.cu"));
     std::fs::write(&cu, emulation_source(kernels)).expect("source");
     let so = dir.join(format!("lib{name}.so"));
-    gxx(dir, &[cu], &["-shared", "-fPIC"], &so);
+    gxx(&[cu], &["-shared"], &so);
     so
 }

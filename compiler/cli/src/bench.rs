@@ -108,6 +108,7 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
     let compile_start = Instant::now();
     let compiled = Arc::new(CompiledCell::from_file(&args.cell_file, args.cell.as_deref())?);
     let mut sizes: Bindings = args.define.iter().cloned().collect();
+    crate::warn_unused_defines(&args.define, &[&compiled.cell], &args.cell_file.display().to_string());
     // The input size defaults to the first state's size (I = H, as the benchmarks use).
     let input_dim = compiled.cell.input_dim();
     let input_size = match input_dim.eval(&sizes) {

@@ -168,7 +168,8 @@ fn compile_cpu(args: &CompileArgs, color: bool) -> bool {
         }
     };
     let config = cellc_runtime::ModelConfig { layers: args.layers, bidirectional: args.bidirectional };
-    let sizes: Bindings = args.define.iter().cloned().collect();
+    crate::warn_unused_defines(&args.define, &[cell], &file);
+    let sizes: Bindings = args.define.iter().filter(|(name, _)| cell.sizes.contains(name)).cloned().collect();
     let text = args.emit != Emit::Obj;
     let built =
         match cellc_runtime::backend::cpu::codegen::object::compile_model(&compiled, &config, &sizes, text) {

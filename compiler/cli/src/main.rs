@@ -35,6 +35,7 @@ enum Stage {
 
 mod bench;
 mod compile;
+mod fuzz;
 mod run;
 
 #[derive(Subcommand, Debug)]
@@ -45,6 +46,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Write a cell's kernels for a target: CUDA C++, or PTX / SASS through NVRTC.
     Compile(compile::CompileArgs),
+    /// Differential fuzzing: random cells (or your own) on every back end against the interpreter.
+    Fuzz(fuzz::FuzzArgs),
     /// Check .cell files: exit 0 when clean (warnings allowed), 1 on errors.
     Check {
         #[arg(required = true)]
@@ -107,8 +110,65 @@ pub(crate) fn parse_binding(s: &str) -> Result<(String, usize), String> {
     Ok((name.to_string(), v))
 }
 
+impl Command {
+    /// The command's `-D` bindings, for those that take them.
+    fn defines(&self) -> &[(String, usize)] {
+        match self {
+            Command::Check { define, .. }
+            | Command::Graph { define, .. }
+            | Command::Gradcheck { define, .. } => define,
+            Command::Run(args) => &args.define,
+            Command::Bench(args) => &args.define,
+            Command::Compile(args) => &args.define,
+            Command::Fuzz(_) => &[],
+        }
+    }
+}
+
+/// A size bound twice (`-D H=4 -D H=5`) is an error, not last-wins.
+fn reject_duplicate_defines(define: &[(String, usize)]) -> Result<(), String> {
+    for (i, (name, value)) in define.iter().enumerate() {
+        if let Some((_, first)) = define[..i].iter().find(|(n, _)| n == name) {
+            return Err(format!("-D {name} is given twice ({name}={first} and {name}={value})"));
+        }
+    }
+    Ok(())
+}
+
+/// Warns about every `-D` name that none of `cells` uses, naming the sizes
+/// they do have. The same warning in every subcommand.
+pub(crate) fn warn_unused_defines(define: &[(String, usize)], cells: &[&cellc::Cell], file: &str) {
+    let sizes_of = |cell: &cellc::Cell| {
+        if cell.sizes.is_empty() {
+            "no size variables".to_string()
+        } else {
+            cell.sizes.join(", ")
+        }
+    };
+    for (name, value) in define {
+        if cells.iter().any(|cell| cell.sizes.contains(name)) {
+            continue;
+        }
+        let what = match cells {
+            [cell] => {
+                format!("cell `{}` has no size variable `{name}` (its sizes: {})", cell.name, sizes_of(cell))
+            }
+            _ => {
+                let each: Vec<String> =
+                    cells.iter().map(|cell| format!("`{}`: {}", cell.name, sizes_of(cell))).collect();
+                format!("no cell has a size variable `{name}` (sizes of {})", each.join("; "))
+            }
+        };
+        eprintln!("warning: {file}: -D {name}={value} is not used: {what}");
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(message) = reject_duplicate_defines(cli.command.defines()) {
+        eprintln!("error: {message}");
+        return ExitCode::FAILURE;
+    }
     let color = match cli.color {
         Color::Always => true,
         Color::Never => false,
@@ -127,6 +187,13 @@ fn main() -> ExitCode {
             }
         },
         Command::Compile(args) => compile::compile(&args, color),
+        Command::Fuzz(args) => match fuzz::fuzz(&args) {
+            Ok(ok) => ok,
+            Err(e) => {
+                eprintln!("error: {e}");
+                false
+            }
+        },
         Command::Run(args) => match run::run(&args) {
             Ok(()) => true,
             Err(e) => {
@@ -180,11 +247,7 @@ fn bind_all(c: &Compilation, define: &[(String, usize)], file: &str) -> bool {
     let Some(module) = &c.module else { return false };
     let bindings: Bindings = define.iter().cloned().collect();
     let mut ok = true;
-    for (name, _) in define {
-        if !module.cells.iter().any(|cell| cell.sizes.contains(name)) {
-            eprintln!("warning: {file}: -D {name}: no cell uses a size variable `{name}`");
-        }
-    }
+    warn_unused_defines(define, &module.cells.iter().collect::<Vec<_>>(), file);
     for cell in &module.cells {
         let unbound: Vec<&String> = cell.sizes.iter().filter(|s| !bindings.contains_key(*s)).collect();
         if !unbound.is_empty() {

@@ -27,6 +27,10 @@ pub enum BackendChoice {
     Reference,
     Cpu,
     Cuda,
+    /// The CUDA back end on an emulated device: the generated CUDA C++
+    /// compiled as host C++ with g++ and run on the CPU, to check a cell's
+    /// CUDA kernels without a GPU.
+    CudaEmulated,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -86,6 +90,9 @@ pub fn make_backend(
         BackendChoice::Cpu => Ok(Box::new(Cpu::new(threads.unwrap_or(0) as usize, Kernels::default())?)),
         BackendChoice::Cuda => {
             Ok(Box::new(cellc_runtime::backend::cuda::Cuda::gpu(0)?.with_graphs(cuda_graphs)))
+        }
+        BackendChoice::CudaEmulated => {
+            Ok(Box::new(cellc_runtime::backend::cuda::Cuda::emulated()?.with_graphs(cuda_graphs)))
         }
     }
 }
@@ -148,11 +155,7 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
 
     let weights = Weights::load(&args.weights)?;
     let sizes: Bindings = args.define.iter().cloned().collect();
-    for (name, _) in &args.define {
-        if !compiled.cell.sizes.contains(name) {
-            eprintln!("warning: -D {name}: cell `{}` has no size variable `{name}`", compiled.cell.name);
-        }
-    }
+    crate::warn_unused_defines(&args.define, &[&compiled.cell], &args.cell_file.display().to_string());
     let config = ModelConfig { layers: args.layers, bidirectional: args.bidirectional };
     let model = Model::new(
         compiled,

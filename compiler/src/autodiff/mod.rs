@@ -131,6 +131,15 @@ impl Gradient {
 pub fn backward_step(cell: &Cell) -> Result<Gradient, Vec<VerifyError>> {
     let mut grad = differentiate(cell);
     crate::passes::optimize_gradient(&mut grad);
+    // Each state adjoint computed in the step, as the carry to the step
+    // before, and read by nothing else.
+    let others: Vec<ValueId> = grad.d_inputs.iter().chain(&grad.d_params).flatten().copied().collect();
+    crate::passes::materialize_recurrent(
+        &mut grad.graph,
+        &mut grad.d_states,
+        &|op| matches!(op, Op::Seed(k) if *k > 0),
+        Some(&others),
+    );
     grad.verify(cell)?;
     Ok(grad)
 }

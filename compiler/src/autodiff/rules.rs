@@ -92,6 +92,7 @@ fn unary(b: &mut Builder, op: UnaryOp, y: ValueId, a: ValueId, dy: ValueId) {
     let ty = b.ty(a);
     let d = match op {
         UnaryOp::Neg => b.unary(UnaryOp::Neg, dy),
+        UnaryOp::Copy => dy,
         UnaryOp::Sigmoid => {
             // y (1 - y)
             let one = b.constant_like(1.0, &ty);

@@ -529,17 +529,17 @@ impl<'a> Emitter<'a> {
             let reads_group = self.graph.operands(v).iter().any(|o| group.contains(o));
             if self.fusable(v, &group) {
                 if !group.is_empty() && self.len(group[0]) != self.len(v) {
-                    self.flush(&mut group, &stage.values, &out_ptr);
+                    self.flush(&mut group, &stage.values, &out_ptr)?;
                 }
                 group.push(v);
                 continue;
             }
             if reads_group {
-                self.flush(&mut group, &stage.values, &out_ptr);
+                self.flush(&mut group, &stage.values, &out_ptr)?;
             }
             self.value(v, out_ptr.get(&v).cloned())?;
         }
-        self.flush(&mut group, &stage.values, &out_ptr);
+        self.flush(&mut group, &stage.values, &out_ptr)?;
         // Outputs not already in place.
         for (i, &v) in stage.outputs.iter().enumerate() {
             let dst = format!("a[{}]", n_in + i);
@@ -597,9 +597,14 @@ impl<'a> Emitter<'a> {
     /// outputs) are stored, the rest stay in registers. In the lane form,
     /// straight-line code for this thread's element of each piece, every
     /// member a register.
-    fn flush(&mut self, group: &mut Vec<ValueId>, values: &[ValueId], out_ptr: &HashMap<ValueId, String>) {
+    fn flush(
+        &mut self,
+        group: &mut Vec<ValueId>,
+        values: &[ValueId],
+        out_ptr: &HashMap<ValueId, String>,
+    ) -> Result<(), EmitError> {
         if group.is_empty() {
-            return;
+            return Ok(());
         }
         let members = std::mem::take(group);
         let n = self.len(members[0]);
@@ -608,8 +613,7 @@ impl<'a> Emitter<'a> {
         }
         if let Some(units) = self.lane {
             if units == 0 || !n.is_multiple_of(units) {
-                self.lane_ok = false;
-                return;
+                return self.not_lane();
             }
             let q = n / units;
             let reg = |v: ValueId, p: usize| {
@@ -626,19 +630,17 @@ impl<'a> Emitter<'a> {
                         let arg = if members.contains(&o) {
                             reg(o, p)
                         } else {
-                            let h = self.held.get(&o).cloned().unwrap_or(Held::Scalar("0.0f".into()));
+                            let h = self.get(v, o)?;
                             match self.pieces(&h, n) {
                                 Some(pieces) => pieces[p].clone(),
-                                None => {
-                                    self.lane_ok = false;
-                                    return;
-                                }
+                                None => return self.not_lane(),
                             }
                         };
                         args.push(arg);
                     }
                     let r = reg(v, p);
-                    self.line(&format!("const float {r} = {};", op_expr(&self.graph.node(v).op, &args)));
+                    let expr = op_expr(v, &self.graph.node(v).op, &args)?;
+                    self.line(&format!("const float {r} = {expr};"));
                     if let Some(dst) = out_ptr.get(&v) {
                         self.line(&format!("{} = {r};", index(dst, p * units)));
                     }
@@ -650,28 +652,30 @@ impl<'a> Emitter<'a> {
                 }
                 self.held.insert(v, Held::Lanes((0..q).map(|p| reg(v, p)).collect()));
             }
-            return;
+            return Ok(());
         }
         let mut stores = Vec::new();
         let mut code = Vec::new();
         for &v in &members {
-            let args: Vec<String> = self
-                .graph
-                .operands(v)
-                .iter()
-                .map(|o| {
-                    if members.contains(o) {
-                        format!("t{}", o.index())
-                    } else {
-                        match self.held.get(o) {
-                            Some(Held::Scalar(x) | Held::Splat(x)) => x.clone(),
-                            Some(Held::Mem(p)) => format!("{p}[j]"),
-                            Some(Held::Lanes(_)) | None => "0.0f /* missing */".into(),
+            let mut args = Vec::new();
+            for o in self.graph.operands(v) {
+                args.push(if members.contains(&o) {
+                    format!("t{}", o.index())
+                } else {
+                    match self.get(v, o)? {
+                        Held::Scalar(x) | Held::Splat(x) => x,
+                        Held::Mem(p) => format!("{p}[j]"),
+                        Held::Lanes(_) => {
+                            return Err(EmitError(format!("{v} reads {o}, a lane value, in block form")))
                         }
                     }
-                })
-                .collect();
-            code.push(format!("const float t{} = {};", v.index(), op_expr(&self.graph.node(v).op, &args)));
+                });
+            }
+            code.push(format!(
+                "const float t{} = {};",
+                v.index(),
+                op_expr(v, &self.graph.node(v).op, &args)?
+            ));
             let read_outside = out_ptr.contains_key(&v)
                 || values.iter().any(|u| !members.contains(u) && self.graph.operands(*u).contains(&v));
             if read_outside {
@@ -689,6 +693,7 @@ impl<'a> Emitter<'a> {
         for (v, at) in stores {
             self.held.insert(v, Held::Mem(at));
         }
+        Ok(())
     }
 
     fn get(&self, v: ValueId, o: ValueId) -> Result<Held, EmitError> {
@@ -749,7 +754,7 @@ impl<'a> Emitter<'a> {
                         Held::Lanes(_) => return self.not_lane(),
                     });
                 }
-                self.line(&format!("const float u{} = {};", v.index(), op_expr(&node.op, &args)));
+                self.line(&format!("const float u{} = {};", v.index(), op_expr(v, &node.op, &args)?));
                 let name = format!("u{}", v.index());
                 if self.graph.ty(v).vector_dim().is_some() {
                     Held::Splat(name)
@@ -870,12 +875,20 @@ fn index(p: &str, offset: usize) -> String {
 
 /// The C expression of an elementwise op on argument expressions. Each
 /// operation mirrors the interpreter's definition (`interp.rs`).
-fn op_expr(op: &Op, a: &[String]) -> String {
-    let x = a.first().map(String::as_str).unwrap_or("0.0f");
-    let y = a.get(1).map(String::as_str).unwrap_or("0.0f");
-    match op {
+fn op_expr(v: ValueId, op: &Op, a: &[String]) -> Result<String, EmitError> {
+    let arity = match op {
+        Op::Unary(_) | Op::Broadcast => 1,
+        Op::Binary(_) => 2,
+        other => return Err(EmitError(format!("{v}: {other:?} is not an elementwise operation"))),
+    };
+    if a.len() != arity {
+        return Err(EmitError(format!("{v}: {} takes {arity} operands, found {}", op.mnemonic(), a.len())));
+    }
+    let (x, y) = (a[0].as_str(), a.get(1).map_or("", String::as_str));
+    Ok(match op {
         Op::Unary(u) => match u {
             UnaryOp::Neg => format!("-({x})"),
+            UnaryOp::Copy => format!("({x})"),
             UnaryOp::Sigmoid => format!("cellc_sigmoid({x})"),
             UnaryOp::Tanh => format!("tanhf({x})"),
             UnaryOp::Relu => format!("cellc_relu({x})"),
@@ -898,8 +911,9 @@ fn op_expr(op: &Op, a: &[String]) -> String {
             BinaryOp::Max => format!("cellc_max({x}, {y})"),
             BinaryOp::Ge => format!("(({x}) >= ({y}) ? 1.0f : 0.0f)"),
         },
+        // A broadcast's value is its scalar operand's.
         _ => x.to_string(),
-    }
+    })
 }
 
 /// An exact `float` literal (Rust's shortest round-trip form).

@@ -63,6 +63,9 @@ pub enum UnaryOp {
     Step,
     /// -1, 0 or 1 (internal: `abs`'s adjoint).
     Sign,
+    /// The operand itself, as a value of its own (internal: a next state
+    /// or state adjoint computed in the step; see `passes::materialize`).
+    Copy,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -113,6 +116,7 @@ impl UnaryOp {
             UnaryOp::Silu => "silu",
             UnaryOp::Step => "step",
             UnaryOp::Sign => "sign",
+            UnaryOp::Copy => "copy",
         }
     }
 
@@ -164,6 +168,7 @@ pub fn apply_unary<T: num_traits::Float>(op: UnaryOp, x: T) -> T {
                 T::zero()
             }
         }
+        UnaryOp::Copy => x,
     }
 }
 

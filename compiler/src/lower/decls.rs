@@ -173,13 +173,15 @@ impl CellLowerer<'_> {
                     if c.value.fract() == 0.0 && c.value.abs() < 1e15 {
                         return Some(Dim::constant(c.value as i64));
                     }
+                    let (problem, note) = if c.value.fract() == 0.0 {
+                        ("is too large for a size", "a size must be below 10^15")
+                    } else {
+                        ("is not a whole number", "a dimension must be a whole number")
+                    };
                     self.error(
-                        Diagnostic::error(
-                            id.span,
-                            format!("constant `{}` = {} is not a whole number", id.name, c.value),
-                        )
-                        .with_secondary(c.name.span, "defined here")
-                        .with_note("a dimension must be a whole number"),
+                        Diagnostic::error(id.span, format!("constant `{}` = {} {problem}", id.name, c.value))
+                            .with_secondary(c.name.span, "defined here")
+                            .with_note(note),
                     );
                     return None;
                 }
@@ -193,9 +195,20 @@ impl CellLowerer<'_> {
                     DimOp::Mul => a.checked_mul(&b),
                 };
                 if r.is_none() {
-                    self.error(
-                        Diagnostic::error(*span, "dimension is too large").with_label("overflows 64 bits"),
-                    );
+                    let d = if *op == DimOp::Mul && a.product_too_complex(&b) {
+                        Diagnostic::error(*span, "dimension is too complex")
+                            .with_label(format!(
+                                "expands to more than {} terms or {} variables in a term",
+                                crate::dims::MAX_TERMS,
+                                crate::dims::MAX_DEGREE
+                            ))
+                            .with_note(
+                                "sizes are kept as expanded polynomials; give a product of sums a size variable of its own",
+                            )
+                    } else {
+                        Diagnostic::error(*span, "dimension is too large").with_label("overflows 64 bits")
+                    };
+                    self.error(d);
                 }
                 r
             }

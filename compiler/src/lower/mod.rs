@@ -353,6 +353,15 @@ impl<'a> CellLowerer<'a> {
     fn run(&mut self, def: &ast::CellDef) -> bool {
         let errors_before = self.diags.error_count();
         self.declarations(def);
+        if !def.decls.iter().any(|d| d.kind == ast::DeclKind::Input) && !self.recovered {
+            self.error(
+                Diagnostic::error(def.name.span, format!("cell `{}` has no `input`", def.name.name))
+                    .with_note(
+                        "a step reads one element of its sequence: declare it, as `input x[I]` \
+                         (a cell that ignores its input can declare `input _x[1]` and be fed zeros)",
+                    ),
+            );
+        }
         for stmt in &def.stmts {
             if let ast::Stmt::Assign { state, span, .. } = stmt {
                 self.assigned_at.entry(state.name.clone()).or_insert(*span);
@@ -382,11 +391,13 @@ impl<'a> CellLowerer<'a> {
         }
         // After a syntax error, a missing assignment or output may just be
         // in the part that did not parse: that was reported already.
-        for (i, s) in def.decls.iter().filter(|d| d.kind == ast::DeclKind::State).enumerate() {
+        for s in def.decls.iter().filter(|d| d.kind == ast::DeclKind::State) {
+            // A state whose declaration failed was reported there.
+            let declared = self.cell.state_index(&s.name.name).is_some();
             match self.next.get(&s.name.name) {
-                Some((Some(v), _)) if i < self.cell.states.len() => self.cell.next_states.push(*v),
+                Some((Some(v), _)) if declared => self.cell.next_states.push(*v),
                 Some(_) => {}
-                None if self.recovered => {}
+                None if self.recovered || !declared => {}
                 None => {
                     // One message for the state: not also "never read".
                     let read = self.frames[0]
@@ -445,6 +456,14 @@ impl<'a> CellLowerer<'a> {
 
     fn assign(&mut self, state: &ast::Ident, value: &ast::Expr, span: Span) {
         let v = self.expr(value);
+        let failed_state = self.frames[0]
+            .names
+            .get(&state.name)
+            .is_some_and(|b| b.kind == BindingKind::State && b.value.is_none());
+        if failed_state {
+            // Its declaration was reported; one message is enough.
+            return;
+        }
         let Some(idx) = self.cell.state_index(&state.name) else {
             let what = match self.frames[0].names.get(&state.name) {
                 Some(b) => format!("`{}` is {}, not a state", state.name, b.kind.a_word()),

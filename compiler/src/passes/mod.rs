@@ -9,10 +9,12 @@
 
 mod cse;
 mod fold_constants;
+mod materialize;
 mod simplify_algebra;
 
 pub use cse::eliminate_common_subexpressions;
 pub use fold_constants::fold_constants;
+pub use materialize::materialize_recurrent;
 pub use simplify_algebra::simplify_algebra;
 
 use crate::autodiff::Gradient;
@@ -99,15 +101,18 @@ fn run(graph: &mut Graph, roots: &mut [&mut ValueId], weak: &mut [&mut Option<Va
     stats
 }
 
-/// Simplifies a forward step.
+/// Simplifies a forward step, then gives each next state a computation
+/// of its own in the step ([`materialize_recurrent`]).
 pub fn optimize_cell(cell: &mut Cell) -> Stats {
     let mut output = cell.output;
     let mut next = cell.next_states.clone();
     let mut roots: Vec<&mut ValueId> = next.iter_mut().collect();
     roots.push(&mut output);
     let stats = run(cell, &mut roots, &mut []);
+    let mut next: Vec<Option<ValueId>> = next.into_iter().map(Some).collect();
+    materialize_recurrent(cell, &mut next, &|op| matches!(op, Op::State(_)), None);
     cell.output = output;
-    cell.next_states = next;
+    cell.next_states = next.into_iter().flatten().collect();
     stats
 }
 

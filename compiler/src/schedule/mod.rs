@@ -55,6 +55,9 @@ pub enum StageKind {
     WholeSequence { reductions: bool },
     /// Vector parameters' gradients: sums over all steps.
     SumOverSteps,
+    /// Sums of weight-gradient matrices (a parameter used by several
+    /// products), once after the loop: `values` are matrix `add`s.
+    AddMatrices,
 }
 
 impl StageKind {
@@ -220,6 +223,40 @@ fn make_stage(
     Stage { kind, placement, values, inputs, outputs }
 }
 
+/// Stages for work done once over all steps (before or after the loop):
+/// by level (the products on a value's longest path), the GEMMs of level
+/// `k` and then the pointwise kernel of level `k`, so a product of a
+/// product's pointwise function (`W2 @ tanh(W1 @ x)`) runs in order.
+fn stages_by_level(
+    g: &Graph,
+    order: &[ValueId],
+    members: &HashSet<ValueId>,
+    placement: Placement,
+    roots: &HashSet<ValueId>,
+) -> Vec<Stage> {
+    let level = levels(g, order, members, &|v| is_product(g, v));
+    let max = level.values().copied().max().unwrap_or(0);
+    let mut stages = Vec::new();
+    for k in 0..=max {
+        let at = |v: &ValueId| level.get(v) == Some(&k);
+        let gemms: Vec<ValueId> = order.iter().copied().filter(|v| is_product(g, *v) && at(v)).collect();
+        stages.extend(gemm_stages(g, &gemms, placement, roots));
+        let (matrices, pw): (Vec<ValueId>, Vec<ValueId>) = order
+            .iter()
+            .copied()
+            .filter(|v| !is_product(g, *v) && at(v))
+            .partition(|v| matches!(g.ty(*v), Type::Matrix(..)));
+        if !pw.is_empty() {
+            let kind = StageKind::Pointwise { reductions: has_reduction(g, &pw) };
+            stages.push(make_stage(g, kind, placement, pw, roots));
+        }
+        if !matrices.is_empty() {
+            stages.push(make_stage(g, StageKind::AddMatrices, placement, matrices, roots));
+        }
+    }
+    stages
+}
+
 /// Groups products by their shared operand (one GEMM per group).
 fn gemm_stages(
     g: &Graph,
@@ -286,7 +323,8 @@ fn stage_forward(cell: &Cell, roots: &[ValueId]) -> Vec<Stage> {
     let mut before_loop: HashSet<ValueId> = HashSet::new();
     let mut stack: Vec<ValueId> = hoisted.iter().flat_map(|&v| g.operands(v)).collect();
     while let Some(v) = stack.pop() {
-        if !is_leaf(g, v) && !dynamic.contains(&v) && before_loop.insert(v) {
+        // A static product is hoisted itself; its operands are walked from there.
+        if !is_leaf(g, v) && !dynamic.contains(&v) && !is_product(g, v) && before_loop.insert(v) {
             stack.extend(g.operands(v));
         }
     }
@@ -299,13 +337,8 @@ fn stage_forward(cell: &Cell, roots: &[ValueId]) -> Vec<Stage> {
         .collect();
     place_floating(g, &order, &floating, &mut level);
 
-    let mut stages = Vec::new();
-    let pre: Vec<ValueId> = computed.iter().copied().filter(|v| before_loop.contains(v)).collect();
-    if !pre.is_empty() {
-        let kind = StageKind::Pointwise { reductions: has_reduction(g, &pre) };
-        stages.push(make_stage(g, kind, Placement::BeforeLoop, pre, &roots));
-    }
-    stages.extend(gemm_stages(g, &hoisted, Placement::BeforeLoop, &roots));
+    let pre: HashSet<ValueId> = before_loop.iter().chain(&hoisted).copied().collect();
+    let mut stages = stages_by_level(g, &order, &pre, Placement::BeforeLoop, &roots);
 
     let gemm_member = |v: ValueId| per_step.contains(&v) && is_product(g, v);
     let pw_member = |v: ValueId| !is_product(g, v) && !before_loop.contains(&v);
@@ -329,7 +362,8 @@ fn stage_backward(grad: &Gradient, saved: &SavedValues) -> Vec<Stage> {
         }
     }
     // Products off the carry run after the loop, over all steps at once,
-    // and so does everything computed from them.
+    // and so does everything computed from them. They may read the
+    // carried adjoints: the runtime keeps each step's for every row.
     let mut after_set: HashSet<ValueId> = HashSet::new();
     for &v in &order {
         let from_after = g.operands(v).iter().any(|o| after_set.contains(o));
@@ -358,7 +392,7 @@ fn stage_backward(grad: &Gradient, saved: &SavedValues) -> Vec<Stage> {
     let mut stack: Vec<ValueId> = hoisted.iter().flat_map(|&v| g.operands(v)).collect();
     while let Some(v) = stack.pop() {
         let computed_here = in_loop.contains(&v) || recomputed.contains(&v);
-        if computed_here && !carried.contains(&v) && before_loop.insert(v) {
+        if computed_here && !carried.contains(&v) && !is_product(g, v) && before_loop.insert(v) {
             stack.extend(g.operands(v));
         }
     }
@@ -381,27 +415,11 @@ fn stage_backward(grad: &Gradient, saved: &SavedValues) -> Vec<Stage> {
 
     let gemm_member = |v: ValueId| per_step.contains(&v) && is_product(g, v);
     let pw_member = |v: ValueId| (per_step.contains(&v) || recomputed.contains(&v)) && !is_product(g, v);
-    let mut stages = Vec::new();
-    let pre: Vec<ValueId> = order.iter().copied().filter(|v| before_loop.contains(v)).collect();
-    if !pre.is_empty() {
-        let kind = StageKind::Pointwise { reductions: has_reduction(g, &pre) };
-        stages.push(make_stage(g, kind, Placement::BeforeLoop, pre, &roots));
-    }
-    stages.extend(gemm_stages(g, &hoisted, Placement::BeforeLoop, &roots));
+    let pre: HashSet<ValueId> = before_loop.iter().chain(&hoisted).copied().collect();
+    let mut stages = stages_by_level(g, &order, &pre, Placement::BeforeLoop, &roots);
     stages.extend(per_step_stages(g, &order, &level, &gemm_member, &pw_member, &roots));
     // After the loop: GEMMs and the pointwise work on their results, by level.
-    let after_level = levels(g, &order, &after_set, &|v| is_product(g, v));
-    let max_after = after_level.values().copied().max().unwrap_or(0);
-    for k in 0..=max_after {
-        let at = |v: &ValueId| after_level.get(v) == Some(&k);
-        let gemms: Vec<ValueId> = after.iter().copied().filter(|v| is_product(g, *v) && at(v)).collect();
-        stages.extend(gemm_stages(g, &gemms, Placement::AfterLoop, &results));
-        let pw: Vec<ValueId> = after.iter().copied().filter(|v| !is_product(g, *v) && at(v)).collect();
-        if !pw.is_empty() {
-            let kind = StageKind::Pointwise { reductions: has_reduction(g, &pw) };
-            stages.push(make_stage(g, kind, Placement::AfterLoop, pw, &results));
-        }
-    }
+    stages.extend(stages_by_level(g, &order, &after_set, Placement::AfterLoop, &results));
     if !param_sums.is_empty() {
         let mut unique = param_sums;
         unique.sort();

@@ -86,6 +86,7 @@ fn kind_word(k: StageKind) -> &'static str {
         StageKind::WholeSequence { reductions: false } => "whole-sequence",
         StageKind::WholeSequence { reductions: true } => "whole-sequence+rowreduce",
         StageKind::SumOverSteps => "sum over steps",
+        StageKind::AddMatrices => "add matrices",
     }
 }
 
@@ -121,7 +122,7 @@ fn stages_text(
             }
             continue;
         }
-        if st.kind == StageKind::Gemm {
+        if matches!(st.kind, StageKind::Gemm | StageKind::AddMatrices) {
             for v in &st.values {
                 let ops = g.operands(*v);
                 let args: Vec<String> = ops.iter().map(|o| value_name(g, names, *o)).collect();

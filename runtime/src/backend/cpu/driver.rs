@@ -37,6 +37,10 @@ pub enum Step {
     Sum {
         values: Vec<ValueId>,
     },
+    /// Weight-gradient matrices added once after the loop: `(out, a, b)`.
+    AddMatrices {
+        sums: Vec<(ValueId, ValueId, ValueId)>,
+    },
 }
 
 impl Step {
@@ -45,14 +49,14 @@ impl Step {
         match self {
             Step::Gemm { products, .. } => products.iter().map(|p| p.0).collect(),
             Step::Pointwise { exec, .. } => exec.outputs().to_vec(),
-            Step::Sum { .. } => Vec::new(),
+            Step::Sum { .. } | Step::AddMatrices { .. } => Vec::new(),
         }
     }
 
     pub fn placement(&self) -> Placement {
         match self {
             Step::Gemm { placement, .. } | Step::Pointwise { placement, .. } => *placement,
-            Step::Sum { .. } => Placement::AfterLoop,
+            Step::Sum { .. } | Step::AddMatrices { .. } => Placement::AfterLoop,
         }
     }
 }
@@ -82,6 +86,18 @@ pub fn steps(graph: &Graph, stages: &[Stage], pointwise: &mut StageBuilder) -> R
                     Step::Pointwise { placement: st.placement, exec: pointwise(index, st)? }
                 }
                 StageKind::SumOverSteps => Step::Sum { values: st.outputs.clone() },
+                StageKind::AddMatrices => Step::AddMatrices {
+                    sums: st
+                        .values
+                        .iter()
+                        .map(|&v| match (&graph.node(v).op, &graph.operands(v)[..]) {
+                            (Op::Binary(cellc::ir::BinaryOp::Add), &[a, b]) => Ok((v, a, b)),
+                            (op, _) => {
+                                Err(RuntimeError::Internal(format!("{v}: {op:?} in a matrix sum stage")))
+                            }
+                        })
+                        .collect::<Result<_>>()?,
+                },
             })
         })
         .collect()
@@ -430,11 +446,13 @@ pub fn gemm_all_rows(
     Ok(())
 }
 
-/// Floats between consecutive rows of a run, for a value's storage.
+/// Floats between consecutive rows of a run, for a value's storage: 0
+/// for a parameter or a constant, the same for every row.
 fn row_stride(bufs: &Buffers, f: &Frame, v: ValueId, step: usize) -> usize {
     match bufs.loc(v) {
         Some(Loc::Input(_)) => step * f.input.width,
         Some(Loc::DOutput) => step * f.d_output.map_or(0, |(r, _)| r.width),
+        Some(Loc::Param(_) | Loc::Const) => 0,
         _ => step * bufs.len(v),
     }
 }

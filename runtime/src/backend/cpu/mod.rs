@@ -342,7 +342,7 @@ fn forward(
                 Step::Pointwise { exec, .. } => {
                     run_pointwise(exec.as_ref(), &mut bufs, &frame, &rows, threads)?
                 }
-                Step::Sum { .. } => {}
+                Step::Sum { .. } | Step::AddMatrices { .. } => {}
             }
         }
         // Outputs, the tape, then the new states (read last: the stages read the old ones).
@@ -602,6 +602,39 @@ fn backward_whole_sequence(
     Ok(true)
 }
 
+/// Carried adjoint `i` as each row of a whole-sequence backward saw it:
+/// the state adjoint its next step computed, or the final state's adjoint
+/// at a sequence's last step.
+fn seeds_per_row(job: &BackwardJob, bufs: &mut Buffers, i: usize, layout_rows: usize) -> Result<Vec<f32>> {
+    let layer = job.layer;
+    let m = layer.state_sizes[i];
+    let mut data = pool::take_zeroed(layout_rows * m);
+    let frame = Frame {
+        input: job.input,
+        input_slices: &layer.input_slices,
+        params: job.params,
+        prepared: &HashMap::new(),
+        states: &[],
+        state_sizes: &layer.state_sizes,
+        carry: &[],
+        d_output: None,
+        layout: job.input.layout,
+    };
+    for b in 0..job.plan.batch() {
+        let len = job.plan.lengths()[b];
+        for s in 0..len {
+            let row = job.input.layout.row(b, job.plan.time(b, s, job.reverse));
+            let dst = &mut data[row * m..(row + 1) * m];
+            if s + 1 == len {
+                dst.copy_from_slice(&job.d_final[i][b * m..(b + 1) * m]);
+            } else if let Some(d) = job.cell.grad.d_states[i] {
+                copy_row(bufs, &frame, d, (b, job.plan.time(b, s + 1, job.reverse), 0), dst)?;
+            }
+        }
+    }
+    Ok(data)
+}
+
 /// Runs one pointer table per thread (each holding whole sequences in time
 /// order, so each row's chained inputs were written by an earlier row).
 fn run_tables(exec: &dyn StageExec, tables: Vec<Vec<*mut f32>>, k: usize) {
@@ -663,6 +696,7 @@ fn backward(
             Step::Gemm { products, .. } => after_reads.extend(products.iter().flat_map(|p| [p.2, p.3])),
             Step::Pointwise { exec, .. } => after_reads.extend(exec.inputs().iter().copied()),
             Step::Sum { values } => after_reads.extend(values.iter().copied()),
+            Step::AddMatrices { .. } => {}
         }
     }
     let mut persisted: Vec<ValueId> = Vec::new();
@@ -684,6 +718,16 @@ fn backward(
             }
         }
     }
+    // Carried adjoints read after the loop (a weight gradient `d_h' ⊗ h`, a
+    // parameter whose gradient is `d_h'` itself) are kept per row too.
+    let seeds_after: Vec<(ValueId, usize)> = g
+        .values()
+        .filter_map(|v| match g.node(v).op {
+            Op::Seed(k) if k > 0 && after_reads.contains(&v) => Some((v, k - 1)),
+            _ => None,
+        })
+        .collect();
+    persisted.extend(seeds_after.iter().map(|&(v, _)| v));
     let mut kept: HashMap<ValueId, Vec<f32>> =
         persisted.iter().map(|&v| (v, pool::take(layout_rows * plan.elements(v)))).collect();
 
@@ -720,7 +764,12 @@ fn backward(
     }
     let whole = backward_whole_sequence(threads, code, job, &mut bufs, &params_t, &mut carry)?;
     if whole {
+        // The kernel kept every value per row; the carried adjoints are
+        // the next row's state adjoints, or the final ones.
         kept.clear();
+        for &(v, i) in &seeds_after {
+            kept.insert(v, seeds_per_row(job, &mut bufs, i, layout_rows)?);
+        }
     }
     if !whole {
         let mut next: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&m| vec![0.0; batch * m]).collect();
@@ -747,7 +796,7 @@ fn backward(
                     Step::Pointwise { exec, .. } => {
                         run_pointwise(exec.as_ref(), &mut bufs, &frame, &rows, threads)?
                     }
-                    Step::Sum { .. } => {}
+                    Step::Sum { .. } | Step::AddMatrices { .. } => {}
                 }
             }
             for &(b, t, r) in &rows {
@@ -862,6 +911,17 @@ fn run_all_rows(
             }
             Step::Pointwise { exec, .. } => run_pointwise(exec.as_ref(), bufs, frame, all.rows, all.threads)?,
             Step::Sum { .. } => {}
+            Step::AddMatrices { sums } => {
+                for &(out, a, b) in sums {
+                    let missing = |v: ValueId| RuntimeError::Internal(format!("matrix {v} is not computed"));
+                    let (x, y) = (
+                        matrices.get(&a).ok_or_else(|| missing(a))?,
+                        matrices.get(&b).ok_or_else(|| missing(b))?,
+                    );
+                    let sum = x.iter().zip(y).map(|(x, y)| x + y).collect();
+                    matrices.insert(out, sum);
+                }
+            }
         }
     }
     Ok(())

@@ -150,6 +150,11 @@ impl Calls {
                     }
                 }
                 StageKind::SumOverSteps => {}
+                StageKind::AddMatrices => {
+                    for &v in &st.values {
+                        self.add_matrices(pass, graph, plan, v)?;
+                    }
+                }
                 StageKind::Pointwise { .. } | StageKind::WholeSequence { .. } => {
                     for &v in &st.outputs {
                         if !pass.has_home(v) {
@@ -296,8 +301,33 @@ impl Calls {
         v: ValueId,
     ) -> Result<()> {
         let (m, x) = operands(graph, v)?;
-        match graph.node(v).op {
-            Op::MatVec | Op::MatVecT => {
+        match (&graph.node(v).op, pass.home(x)?) {
+            (Op::MatVec | Op::MatVecT, Home::Fixed(xa)) => {
+                // The same vector on every row (parameters only): one product.
+                let w = fixed(pass, m, v)?;
+                let (rows_w, cols_w) = plan.shape(m);
+                let len = plan.elements(v);
+                let once = pass.zeros(len)?;
+                let (xs, ws) = (plan.elements(x), cols_w);
+                self.gemm(if graph.node(v).op == Op::MatVec {
+                    product(1, rows_w, cols_w, (xa, xs), (w, ws, true), (once, len))
+                } else {
+                    product(1, cols_w, rows_w, (xa, xs), (w, ws, false), (once, len))
+                });
+                if pass.has_home(v) {
+                    let home = pass.home(v)?;
+                    let (layout, batch) = (pass.layout, pass.batch());
+                    let pairs: Vec<(u64, u64)> = pass
+                        .valid_rows()
+                        .into_iter()
+                        .map(|row| (home.addr(row, layout, batch), once))
+                        .collect();
+                    self.copy_rows(pass, &pairs, len)?;
+                } else {
+                    pass.place(v, Home::Fixed(once));
+                }
+            }
+            (Op::MatVec | Op::MatVecT, _) => {
                 let w = fixed(pass, m, v)?;
                 let (rows_w, cols_w) = plan.shape(m);
                 let (order, xa, xs) = all_rows(pass, x)?;
@@ -321,7 +351,7 @@ impl Calls {
                     product(rows, cols_w, rows_w, (xa, xs), (w, cols_w, false), (ya, ys))
                 });
             }
-            Op::Outer => {
+            (Op::Outer, _) => {
                 let (rows_d, cols) = plan.shape(v);
                 let (da, ds) = self.steps_order(pass, plan, m)?;
                 let (xa, xs) = self.steps_order(pass, plan, x)?;
@@ -342,13 +372,14 @@ impl Calls {
                     accumulate: false,
                 });
             }
-            ref other => return Err(error(format!("{v}: {other:?} in a GEMM stage"))),
+            (other, _) => return Err(error(format!("{v}: {other:?} in a GEMM stage"))),
         }
         Ok(())
     }
 
     /// `v`'s rows in `Steps` order (zeros where sequences ended): its own
-    /// home, or a gathered copy of its valid `Layout` rows.
+    /// home, or a gathered copy of its valid `Layout` rows (of its one
+    /// row, for a value the same on every row).
     fn steps_order(&mut self, pass: &mut Pass, plan: &Plan, v: ValueId) -> Result<(u64, usize)> {
         let home = match self.gathered.get(&v) {
             Some(&h) => h,
@@ -356,7 +387,7 @@ impl Calls {
         };
         match home {
             Home::Steps { base, len } => Ok((base, len)),
-            Home::Layout { .. } => {
+            Home::Layout { .. } | Home::Fixed(_) => {
                 let len = plan.elements(v);
                 let gathered = Home::Steps { base: pass.zeros(pass.step_major_rows() * len)?, len };
                 let (layout, batch) = (pass.layout, pass.batch());
@@ -376,19 +407,57 @@ impl Calls {
         }
     }
 
+    /// `v = a + b` for weight-gradient matrices: two GEMMs with a ones
+    /// vector (`1 · a`, then `1 · b` accumulated), exact as a plain add.
+    fn add_matrices(&mut self, pass: &mut Pass, graph: &Graph, plan: &Plan, v: ValueId) -> Result<()> {
+        let (a, b) = match (&graph.node(v).op, &graph.operands(v)[..]) {
+            (Op::Binary(cellc::ir::BinaryOp::Add), &[a, b]) => (a, b),
+            (op, _) => return Err(error(format!("{v}: {op:?} in a matrix sum stage"))),
+        };
+        let len = plan.elements(v);
+        let ones = self.ones(pass)?;
+        let out = pass.zeros(len)?;
+        for (operand, accumulate) in [(a, false), (b, true)] {
+            let Home::Fixed(at) = pass.home(operand)? else {
+                return Err(error(format!("matrix {operand} is not held once")));
+            };
+            self.gemm(Gemm {
+                m: 1,
+                n: len,
+                k: 1,
+                a: ones,
+                lda: 1,
+                trans_a: false,
+                b: at,
+                ldb: len,
+                trans_b: false,
+                c: out,
+                ldc: len,
+                accumulate,
+            });
+        }
+        pass.place(v, Home::Fixed(out));
+        Ok(())
+    }
+
+    /// `ones[steps * batch]` (at least one), uploaded once per pass.
+    fn ones(&mut self, pass: &mut Pass) -> Result<u64> {
+        match self.ones {
+            Some(o) => Ok(o),
+            None => {
+                let o = pass.upload(&vec![1.0; pass.step_major_rows().max(1)])?;
+                self.ones = Some(o);
+                Ok(o)
+            }
+        }
+    }
+
     /// `Σ` over every row of `v`, in a fixed order (a GEMM with ones, no
     /// atomics): the address of the `[len]` result.
     pub fn column_sum(&mut self, pass: &mut Pass, plan: &Plan, v: ValueId) -> Result<u64> {
         let (va, vs) = self.steps_order(pass, plan, v)?;
         let rows = pass.step_major_rows();
-        let ones = match self.ones {
-            Some(o) => o,
-            None => {
-                let o = pass.upload(&vec![1.0; rows])?;
-                self.ones = Some(o);
-                o
-            }
-        };
+        let ones = self.ones(pass)?;
         let len = plan.elements(v);
         let out = pass.zeros(len)?;
         self.gemm(Gemm {

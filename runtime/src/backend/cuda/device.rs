@@ -244,14 +244,66 @@ pub fn emulation_source(kernels: &[Kernel]) -> String {
     src
 }
 
-/// Compiles `files` as host C++ with g++ and the emulation header (written
-/// into `dir`) into `output`; `args` choose a shared library or an
-/// executable, debug information, sanitizers.
-pub fn gxx(dir: &Path, files: &[PathBuf], args: &[&str], output: &Path) -> Result<()> {
-    let header = dir.join("cuda_host_emu.h");
-    std::fs::write(&header, cellc::cuda::prelude::HOST_EMULATION_HEADER).map_err(|e| error(e.to_string()))?;
+/// Whether `g++` runs here (asked once per process).
+pub fn gxx_available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        std::process::Command::new("g++").arg("--version").output().is_ok_and(|o| o.status.success())
+    })
+}
+
+/// The flags every emulated build uses (a library build adds `-shared`).
+const GXX_FLAGS: [&str; 4] = ["-std=c++20", "-O1", "-pthread", "-fPIC"];
+
+/// The emulation header, written once per machine into a temporary folder
+/// named after its contents, beside a precompiled copy for [`GXX_FLAGS`]:
+/// parsing the header's standard library is most of a kernel build's
+/// time, and g++ takes the precompiled copy wherever the flags match (it
+/// reads the header itself otherwise: sanitizer builds). Several
+/// processes may race to write it; each writes a whole file and renames.
+fn emulation_header() -> Result<PathBuf> {
+    static HEADER: std::sync::OnceLock<std::result::Result<PathBuf, String>> = std::sync::OnceLock::new();
+    let made = HEADER.get_or_init(|| {
+        use std::hash::{Hash, Hasher};
+        let text = cellc::cuda::prelude::HOST_EMULATION_HEADER;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        text.hash(&mut h);
+        GXX_FLAGS.hash(&mut h);
+        let dir = std::env::temp_dir().join(format!("cellc-emulation-{:016x}", h.finish()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let header = dir.join("cuda_host_emu.h");
+        if std::fs::read_to_string(&header).ok().as_deref() != Some(text) {
+            crate::files::write_atomically(&header, text.as_bytes()).map_err(|e| e.to_string())?;
+        }
+        let pch = dir.join("cuda_host_emu.h.gch");
+        if !pch.exists() {
+            let tmp = dir.join(format!("cuda_host_emu.h.gch.tmp-{}", std::process::id()));
+            let built = std::process::Command::new("g++")
+                .args(GXX_FLAGS)
+                .args(["-Wno-pragma-once-outside-header", "-x", "c++-header"])
+                .arg(&header)
+                .arg("-o")
+                .arg(&tmp)
+                .output();
+            // Without a precompiled header every build parses the header: slower, not wrong.
+            if built.is_ok_and(|o| o.status.success()) {
+                let _ = std::fs::rename(&tmp, &pch);
+            }
+            let _ = std::fs::remove_file(&tmp);
+        }
+        Ok(header)
+    });
+    made.clone().map_err(error)
+}
+
+/// Compiles `files` as host C++ with g++ and the emulation header into
+/// `output`; `args` choose a shared library or an executable, debug
+/// information, sanitizers.
+pub fn gxx(files: &[PathBuf], args: &[&str], output: &Path) -> Result<()> {
+    let header = emulation_header()?;
     let out = std::process::Command::new("g++")
-        .args(["-std=c++20", "-O1", "-pthread", "-include"])
+        .args(GXX_FLAGS)
+        .arg("-include")
         .arg(&header)
         .args(args)
         .args(["-x", "c++"])
@@ -281,11 +333,22 @@ type Launch = unsafe extern "C" fn(u32, u32, *mut *mut c_void);
 
 struct EmulatedModule {
     lib: libloading::Library,
+    /// Kernels whose threads share nothing (lane form, row copies): run
+    /// serially, every (block, thread) in turn on the calling thread,
+    /// which gives the same results without an OS thread per CUDA thread.
+    /// Block-form kernels, whose threads meet at barriers, run threaded.
+    serial: std::collections::HashSet<String>,
 }
 
 impl Emulated {
-    /// Needs `g++` (C++20) on the path when kernels are loaded.
+    /// Needs `g++` (C++20) on the path: an error says so when it is missing.
     pub fn new() -> Result<Emulated> {
+        if !gxx_available() {
+            return Err(error(
+                "the emulated device compiles the generated CUDA C++ as host C++ with g++ (C++20), \
+                 and no `g++` was found on the PATH: install it (Debian: apt install g++)",
+            ));
+        }
         // One folder per device: another device's drop removes its own.
         static DEVICES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = DEVICES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -322,8 +385,10 @@ impl Primitives for Emulated {
         let m =
             module.inner.downcast_ref::<EmulatedModule>().ok_or_else(|| error("not an emulated module"))?;
         // SAFETY: CELLC_EMU_EXPORT defines this symbol with this signature.
-        let f: libloading::Symbol<Launch> = unsafe { m.lib.get(format!("cellc_launch_{kernel}").as_bytes()) }
-            .map_err(|_| error(format!("no kernel `{kernel}` in the module")))?;
+        let mode = if m.serial.contains(kernel) { "serial_" } else { "" };
+        let f: libloading::Symbol<Launch> =
+            unsafe { m.lib.get(format!("cellc_launch_{mode}{kernel}").as_bytes()) }
+                .map_err(|_| error(format!("no kernel `{kernel}` in the module")))?;
         // cuLaunchKernel-style: one pointer to each argument's value.
         let mut values: Vec<u64> = args
             .iter()
@@ -402,10 +467,16 @@ impl Device for Emulated {
         let cu = self.dir.join(format!("k{hash:016x}.cu"));
         let so = self.dir.join(format!("libk{hash:016x}.so"));
         std::fs::write(&cu, &src).map_err(|e| error(e.to_string()))?;
-        gxx(&self.dir, &[cu], &["-shared", "-fPIC"], &so)?;
+        gxx(&[cu], &["-shared"], &so)?;
         // SAFETY: a library just built from the generated kernels; loading runs no constructors of ours.
         let lib = unsafe { libloading::Library::new(&so) }.map_err(|e| error(e.to_string()))?;
-        Ok(Module { inner: Box::new(EmulatedModule { lib }) })
+        let serial = kernels
+            .iter()
+            .filter(|k| k.units > 0)
+            .map(|k| k.name.clone())
+            .chain(["cellc_copy_rows".to_string()])
+            .collect();
+        Ok(Module { inner: Box::new(EmulatedModule { lib, serial }) })
     }
 
     fn run(&self, module: &Module, calls: &[Call], graph: bool) -> Result<()> {

@@ -81,7 +81,9 @@ pub fn forward(
         // A per-step product writes a step's rows contiguously; a kernel
         // or a product over all rows writes the caller's layout.
         let by_step_product = stages.iter().any(|st| {
-            st.placement == Placement::EachStep && st.kind == StageKind::Gemm && st.values.contains(&cell.output)
+            st.placement == Placement::EachStep
+                && st.kind == StageKind::Gemm
+                && st.values.contains(&cell.output)
         });
         if by_step_product {
             pass.place_steps(cell.output, layer.output_size)?;

@@ -523,6 +523,7 @@ impl Gen<'_, '_> {
                 let x = a[0];
                 match u {
                     UnaryOp::Neg => b.ins().fneg(x),
+                    UnaryOp::Copy => x,
                     UnaryOp::Sigmoid => math::sigmoid(b, ty, x),
                     UnaryOp::Tanh => math::tanh(b, ty, x),
                     UnaryOp::Relu => {

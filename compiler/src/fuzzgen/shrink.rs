@@ -1,0 +1,261 @@
+//! Shrinking a failing cell: smaller variants of a [`CellSpec`], to be
+//! tried in order until none keeps the failure (see [`shrink`]).
+//!
+//! Every variant is valid when the original is: a removed state or input
+//! becomes a vector parameter of its size, an expression is replaced by a
+//! subexpression or a name of its own type, and only unused declarations
+//! are dropped. Guards stay with the nodes they protect.
+
+use super::spec::{CellSpec, Expr, FnDef, Init, Param, Scale, Stmt, Ty};
+use std::collections::BTreeMap;
+
+/// Shrinks `spec` while `fails` holds for the smaller cell, trying at most
+/// `budget` variants; returns the smallest failing cell found.
+pub fn shrink(spec: &CellSpec, budget: usize, fails: &mut dyn FnMut(&CellSpec) -> bool) -> CellSpec {
+    let mut best = spec.clone();
+    let mut tried = 0;
+    'outer: loop {
+        for candidate in candidates(&best) {
+            if tried >= budget {
+                break 'outer;
+            }
+            tried += 1;
+            if fails(&candidate) {
+                best = candidate;
+                continue 'outer;
+            }
+        }
+        break;
+    }
+    best
+}
+
+/// Every one-step reduction of `spec`, the largest first.
+pub fn candidates(spec: &CellSpec) -> Vec<CellSpec> {
+    let mut out = Vec::new();
+    if spec.states.len() > 1 {
+        for i in 0..spec.states.len() {
+            out.push(without_state(spec, i));
+        }
+    }
+    if spec.inputs.len() > 1 {
+        for i in 0..spec.inputs.len() {
+            out.push(without_input(spec, i));
+        }
+    }
+    out.extend(unused_removed(spec));
+    // Expressions: each node replaced by something of its type, roots first.
+    for i in 0..spec.stmts.len() {
+        let lets = spec.lets_before(i);
+        let value = stmt_value(&spec.stmts[i]);
+        let nodes = value.nodes().len();
+        for k in 0..nodes {
+            let Some(node) = value.nodes().get(k).map(|n| (*n).clone()) else { continue };
+            if matches!(node, Expr::Guarded(..)) {
+                continue;
+            }
+            for replacement in replacements(spec, &node, &lets) {
+                let mut c = spec.clone();
+                if let Some(slot) = stmt_value_mut(&mut c.stmts[i]).node_mut(k) {
+                    *slot = replacement;
+                }
+                out.push(c);
+            }
+        }
+    }
+    // Function bodies: down to one of their parameters.
+    for (i, f) in spec.fns.iter().enumerate() {
+        let first_vector = if f.matrix { 2 } else { 0 };
+        if let Some(p) = f.params.get(first_vector) {
+            if f.body != Expr::name(p) || !f.lets.is_empty() {
+                let mut c = spec.clone();
+                c.fns[i] = FnDef { lets: Vec::new(), body: Expr::name(p), ..f.clone() };
+                out.push(c);
+            }
+        }
+    }
+    // Plainer initialisers.
+    for (i, p) in spec.params.iter().enumerate() {
+        if p.init != Init::Default {
+            let mut c = spec.clone();
+            c.params[i].init = Init::Default;
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn stmt_value(st: &Stmt) -> &Expr {
+    match st {
+        Stmt::Let { value, .. } | Stmt::Assign { value, .. } | Stmt::Output(value) => value,
+    }
+}
+
+fn stmt_value_mut(st: &mut Stmt) -> &mut Expr {
+    match st {
+        Stmt::Let { value, .. } | Stmt::Assign { value, .. } | Stmt::Output(value) => value,
+    }
+}
+
+/// What `node` may become: a subexpression of the
+/// same type, a plainer name of that type, or a number for a scalar.
+fn replacements(spec: &CellSpec, node: &Expr, lets: &BTreeMap<String, Ty>) -> Vec<Expr> {
+    let Some(ty) = spec.type_of(node, lets) else { return Vec::new() };
+    let mut out = Vec::new();
+    for child in node.children() {
+        // Replacing `log(guarded(x))` or `a / guarded(b)` by what the guard
+        // protects drops the guard with the node that needed it.
+        let child = match child {
+            Expr::Guarded(_, inner) => inner,
+            c => c,
+        };
+        if spec.type_of(child, lets).as_ref() == Some(&ty) && child != node {
+            out.push(child.clone());
+        }
+    }
+    match &ty {
+        Ty::Scalar => {
+            if *node != Expr::Number(1.0) {
+                out.push(Expr::Number(1.0));
+            }
+        }
+        Ty::Vector(size) => {
+            // Inputs, then states (unprimed), then earlier lets of the same size.
+            let names = spec
+                .inputs
+                .iter()
+                .chain(&spec.states)
+                .filter(|(_, s)| s == size)
+                .map(|(n, _)| n.clone())
+                .chain(lets.iter().filter(|(_, t)| *t == &ty).map(|(n, _)| n.clone()));
+            for n in names {
+                let e = Expr::Name(n);
+                if e != *node && !out.contains(&e) {
+                    out.push(e);
+                }
+            }
+            if let Expr::Primed(s) = node {
+                out.push(Expr::Name(s.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// The cell without state `i`: its reads become a vector parameter.
+fn without_state(spec: &CellSpec, i: usize) -> CellSpec {
+    let mut c = spec.clone();
+    let (name, size) = c.states.remove(i);
+    let z = fresh_param(&c, &format!("z_{name}"));
+    c.params.push(Param { name: z.clone(), rows: size, cols: None, init: Init::Default });
+    c.stmts.retain(|st| !matches!(st, Stmt::Assign { state, .. } if *state == name));
+    for st in &mut c.stmts {
+        let e = stmt_value_mut(st);
+        e.replace_name(&name, false, &Expr::name(&z));
+        e.replace_name(&name, true, &Expr::name(&z));
+    }
+    c
+}
+
+/// The cell without input `i` (of several): its reads become a vector parameter.
+fn without_input(spec: &CellSpec, i: usize) -> CellSpec {
+    let mut c = spec.clone();
+    let (name, size) = c.inputs.remove(i);
+    let z = fresh_param(&c, &format!("z_{name}"));
+    c.params.push(Param { name: z.clone(), rows: size, cols: None, init: Init::Default });
+    for st in &mut c.stmts {
+        stmt_value_mut(st).replace_name(&name, false, &Expr::name(&z));
+    }
+    c
+}
+
+fn fresh_param(spec: &CellSpec, base: &str) -> String {
+    let mut name = base.to_string();
+    while spec.params.iter().any(|p| p.name == name) || spec.uses(&name) {
+        name.push('_');
+    }
+    name
+}
+
+/// Variants with one unused `let`, parameter, function or constant removed.
+fn unused_removed(spec: &CellSpec) -> Vec<CellSpec> {
+    let mut out = Vec::new();
+    for (k, st) in spec.stmts.iter().enumerate() {
+        if let Stmt::Let { names, .. } = st {
+            if names.iter().all(|n| !spec.uses(n)) {
+                let mut c = spec.clone();
+                c.stmts.remove(k);
+                out.push(c);
+            }
+        }
+    }
+    for (k, p) in spec.params.iter().enumerate() {
+        if !spec.uses(&p.name) {
+            let mut c = spec.clone();
+            c.params.remove(k);
+            out.push(c);
+        }
+    }
+    for (k, f) in spec.fns.iter().enumerate() {
+        if !spec.uses(&f.name) {
+            let mut c = spec.clone();
+            c.fns.remove(k);
+            out.push(c);
+        }
+    }
+    for (k, (name, value)) in spec.consts.iter().enumerate() {
+        let mut c = spec.clone();
+        c.consts.remove(k);
+        let number = Expr::Number(*value);
+        for st in &mut c.stmts {
+            stmt_value_mut(st).replace_name(name, false, &number);
+        }
+        for f in &mut c.fns {
+            f.body.replace_name(name, false, &number);
+            for (_, e) in &mut f.lets {
+                e.replace_name(name, false, &number);
+            }
+        }
+        for p in &mut c.params {
+            if let Init::Uniform(s) | Init::Constant(s) = &mut p.init {
+                if s.constant() == Some(name.as_str()) {
+                    *s = Scale::Number(*value);
+                }
+            }
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fuzzgen::{generate, Entropy};
+
+    #[test]
+    fn every_candidate_of_generated_cells_compiles() {
+        for seed in 0..40 {
+            let spec = generate(&mut Entropy::seeded(seed), "c");
+            for (k, c) in candidates(&spec).into_iter().enumerate().step_by(7) {
+                let text = c.to_string();
+                let compiled = crate::compile("c.cell", &text);
+                assert!(
+                    compiled.diagnostics.error_count() == 0,
+                    "seed {seed}, candidate {k}:\n{text}\n{}",
+                    compiled.render(false)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn shrinking_keeps_the_property_and_reaches_a_small_cell() {
+        let spec = generate(&mut Entropy::seeded(3), "c");
+        // "Fails" while the cell still has a state named h.
+        let small = shrink(&spec, 10_000, &mut |c| c.states.iter().any(|(n, _)| n == "h"));
+        assert!(small.states.iter().any(|(n, _)| n == "h"));
+        assert!(small.to_string().len() <= spec.to_string().len());
+        assert!(candidates(&small).iter().all(|c| !c.states.iter().any(|(n, _)| n == "h")));
+    }
+}

@@ -1,0 +1,132 @@
+//! The back ends a cell is checked on, and how each is made for a cell:
+//! the reference back end, the CPU back end with JIT-compiled and with
+//! interpreted kernels, the CPU back end with kernels compiled ahead of
+//! time (an object file, linked by the system linker into a shared library
+//! and loaded, as `cellc-build` links it into a program), and the CUDA back
+//! end on the emulated device (the generated CUDA C++ compiled by g++).
+
+use cellc_runtime::backend::cpu::aot::LinkedKernels;
+use cellc_runtime::backend::cpu::codegen::object::compile_object;
+use cellc_runtime::backend::cpu::native::KernelFn;
+use cellc_runtime::backend::cpu::{Cpu, Kernels};
+use cellc_runtime::backend::cuda::Cuda;
+use cellc_runtime::backend::reference::Reference;
+use cellc_runtime::backend::Backend;
+use cellc_runtime::{CompiledCell, LayerProgram};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// A back end under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum BackendKind {
+    Reference,
+    CpuJit,
+    CpuInterpreted,
+    CpuLinked,
+    CudaEmulated,
+}
+
+impl BackendKind {
+    pub const ALL: [BackendKind; 5] = [
+        BackendKind::Reference,
+        BackendKind::CpuJit,
+        BackendKind::CpuInterpreted,
+        BackendKind::CpuLinked,
+        BackendKind::CudaEmulated,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Reference => "reference",
+            BackendKind::CpuJit => "cpu (JIT kernels)",
+            BackendKind::CpuInterpreted => "cpu (interpreted kernels)",
+            BackendKind::CpuLinked => "cpu (kernels linked ahead of time)",
+            BackendKind::CudaEmulated => "cuda (emulated device)",
+        }
+    }
+}
+
+/// Whether the emulated CUDA device can compile kernels here (it needs g++).
+pub fn cuda_emulation_available() -> bool {
+    cellc_runtime::backend::cuda::device::gxx_available()
+}
+
+/// Makes back end `kind` for a model of `cell` whose layers are `layers`.
+pub fn make(
+    kind: BackendKind,
+    cell: &CompiledCell,
+    layers: &[LayerProgram],
+) -> Result<Box<dyn Backend>, String> {
+    let cpu =
+        |kernels| Cpu::new(2, kernels).map(|c| Box::new(c) as Box<dyn Backend>).map_err(|e| e.to_string());
+    match kind {
+        BackendKind::Reference => Ok(Box::new(Reference)),
+        BackendKind::CpuJit => cpu(Kernels::Jit),
+        BackendKind::CpuInterpreted => cpu(Kernels::Interpreted),
+        BackendKind::CpuLinked => cpu(Kernels::Linked(linked(cell, layers)?)),
+        BackendKind::CudaEmulated => {
+            Cuda::emulated().map(|c| Box::new(c) as Box<dyn Backend>).map_err(|e| e.to_string())
+        }
+    }
+}
+
+/// Libraries loaded for linked kernels. They stay loaded for the life of
+/// the process: the CPU back end caches compiled layers by the kernel
+/// table's address, which must never be reused.
+fn loaded() -> &'static Mutex<Vec<libloading::Library>> {
+    static LOADED: Mutex<Vec<libloading::Library>> = Mutex::new(Vec::new());
+    &LOADED
+}
+
+/// The cell's kernels for `layers` compiled into an object file, linked
+/// into a shared library with the system's C compiler driver, and loaded.
+fn linked(cell: &CompiledCell, layers: &[LayerProgram]) -> Result<&'static LinkedKernels, String> {
+    let artifacts = compile_object(cell, layers, false).map_err(|e| format!("object file: {e}"))?;
+    let dir = scratch_dir()?;
+    let object = dir.join("kernels.o");
+    let library = dir.join("kernels.so");
+    std::fs::write(&object, &artifacts.object).map_err(|e| format!("{}: {e}", object.display()))?;
+    link_shared(&object, &library)?;
+    // SAFETY: a library built just now from an object holding only the
+    // kernels (no initialisers run on loading).
+    let lib = unsafe { libloading::Library::new(&library) }
+        .map_err(|e| format!("loading {}: {e}", library.display()))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut functions: Vec<(&'static str, KernelFn)> = Vec::new();
+    for k in &artifacts.manifest.kernels {
+        // SAFETY: the manifest lists each kernel with the ABI of `KernelFn`.
+        let f: KernelFn = unsafe { lib.get::<KernelFn>(k.symbol.as_bytes()) }
+            .map(|s| *s)
+            .map_err(|e| format!("no symbol {} in the linked library: {e}", k.symbol))?;
+        functions.push((Box::leak(k.symbol.clone().into_boxed_str()), f));
+    }
+    let manifest = serde_json::to_string(&artifacts.manifest).map_err(|e| e.to_string())?;
+    loaded().lock().map_err(|_| "library list poisoned".to_string())?.push(lib);
+    let table =
+        LinkedKernels::new(Box::leak(manifest.into_boxed_str()), Box::leak(functions.into_boxed_slice()));
+    Ok(Box::leak(Box::new(table)))
+}
+
+fn link_shared(object: &Path, library: &Path) -> Result<(), String> {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = std::process::Command::new(&cc)
+        .arg("-shared")
+        .arg("-o")
+        .arg(library)
+        .arg(object)
+        .output()
+        .map_err(|e| format!("linking the kernels needs a C compiler driver (`{cc}`): {e}"))?;
+    if !out.status.success() {
+        return Err(format!("`{cc} -shared` failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(())
+}
+
+fn scratch_dir() -> Result<PathBuf, String> {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("cellc-difftest-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(dir)
+}

@@ -1,0 +1,389 @@
+//! Checking one cell on one [`Case`]: it compiles; its derived backward
+//! passes gradcheck; and every back end, as a model of the case's layers
+//! and directions on the case's batch, computes what the per-sequence
+//! interpreter computes, forwards (inference and training) and backwards,
+//! in a layout of its own per pass.
+
+use crate::backends::{self, BackendKind};
+use crate::batch::{Batch, LaidOut, Layout};
+use crate::oracle::{noise, oracle, Oracle};
+use cellc::dims::Bindings;
+use cellc::fuzzgen::Entropy;
+use cellc_runtime::{CompiledCell, Model, ModelConfig, RuntimeError};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Everything about a run but the cell: sizes, model shape, batch and
+/// the seed of the data and weights. Written into reproducers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Case {
+    pub seed: u64,
+    pub sizes: BTreeMap<String, usize>,
+    pub layers: usize,
+    pub bidirectional: bool,
+    pub lengths: Vec<usize>,
+    pub steps: usize,
+}
+
+impl Case {
+    /// A random case for a cell whose size variables are `variables`:
+    /// sizes 1 to 6 (1 and odd ones included), 1-2 layers, either
+    /// direction, 1-5 unsorted sequences of 1-6 steps, sometimes padded
+    /// beyond the longest.
+    pub fn random(rng: &mut Entropy, variables: &[String]) -> Case {
+        let sizes = variables.iter().map(|v| (v.clone(), 1 + rng.below(6))).collect();
+        let batch = 1 + rng.below(5);
+        let lengths: Vec<usize> = (0..batch).map(|_| 1 + rng.below(6)).collect();
+        let longest = lengths.iter().copied().max().unwrap_or(1);
+        Case {
+            seed: rng.next_u64(),
+            sizes,
+            layers: 1 + rng.below(2),
+            bidirectional: rng.chance(1, 2),
+            steps: longest + usize::from(rng.chance(1, 4)),
+            lengths,
+        }
+    }
+
+    /// Smaller variants: one layer, one direction, fewer or shorter sequences, smaller sizes.
+    pub fn smaller(&self) -> Vec<Case> {
+        let mut out = Vec::new();
+        if self.layers > 1 {
+            out.push(Case { layers: 1, ..self.clone() });
+        }
+        if self.bidirectional {
+            out.push(Case { bidirectional: false, ..self.clone() });
+        }
+        for b in 0..self.lengths.len() {
+            if self.lengths.len() > 1 {
+                let mut lengths = self.lengths.clone();
+                lengths.remove(b);
+                let steps = self.steps.min(lengths.iter().copied().max().unwrap_or(1) + 1);
+                out.push(Case { lengths, steps, ..self.clone() });
+            }
+        }
+        if self.steps > self.lengths.iter().copied().max().unwrap_or(1) {
+            out.push(Case { steps: self.steps - 1, ..self.clone() });
+        }
+        for (k, &v) in &self.sizes {
+            if v > 1 {
+                let mut sizes = self.sizes.clone();
+                sizes.insert(k.clone(), if v > 2 { 2 } else { 1 });
+                out.push(Case { sizes, ..self.clone() });
+            }
+        }
+        out
+    }
+}
+
+/// Which check failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Check {
+    /// The generated cell does not compile (a generator or compiler bug).
+    Compile,
+    /// The derived backward disagrees with finite differences.
+    Gradcheck,
+    /// The interpreter could not run the case.
+    Oracle,
+    /// A back end failed, disagreed with the interpreter, or panicked.
+    Backend(BackendKind),
+}
+
+impl std::fmt::Display for Check {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Check::Compile => write!(f, "compile"),
+            Check::Gradcheck => write!(f, "gradcheck"),
+            Check::Oracle => write!(f, "interpreter"),
+            Check::Backend(b) => write!(f, "{}", b.name()),
+        }
+    }
+}
+
+/// A failed check and what went wrong.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Failure {
+    pub check: Check,
+    pub message: String,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.check, self.message)
+    }
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub gradcheck: bool,
+    pub backends: Vec<BackendKind>,
+}
+
+impl Plan {
+    /// Every check; the emulated CUDA device only where g++ is installed.
+    pub fn everything() -> Plan {
+        let cuda = backends::cuda_emulation_available();
+        Plan {
+            gradcheck: true,
+            backends: BackendKind::ALL
+                .into_iter()
+                .filter(|&b| cuda || b != BackendKind::CudaEmulated)
+                .collect(),
+        }
+    }
+
+    /// Only the check that failed (for shrinking).
+    pub fn only(check: Check) -> Plan {
+        match check {
+            Check::Backend(b) => Plan { gradcheck: false, backends: vec![b] },
+            Check::Gradcheck => Plan { gradcheck: true, backends: Vec::new() },
+            Check::Compile | Check::Oracle => Plan { gradcheck: false, backends: Vec::new() },
+        }
+    }
+}
+
+/// What a passing check ran.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Passed {
+    /// Forward and backward passes run (each back end runs two forwards and a backward).
+    pub passes: usize,
+    /// The case as run: one layer where the cell cannot be stacked.
+    pub layers: usize,
+}
+
+/// `f32` results against `f64` ones: `|a - b| / max(1, |b|)` within `tol`
+/// (NaN only where the oracle has NaN).
+fn compare(what: &str, got: &[f32], want: &[f64], tol: f64) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!("{what}: {} values, the interpreter has {}", got.len(), want.len()));
+    }
+    for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
+        let a = a as f64;
+        let ok = if b.is_nan() || a.is_nan() {
+            b.is_nan() && a.is_nan()
+        } else if b.is_infinite() || a.is_infinite() {
+            a == b
+        } else {
+            (a - b).abs() / b.abs().max(1.0) <= tol
+        };
+        if !ok {
+            return Err(format!("{what}[{i}] is {a:e}, the interpreter gives {b:e}"));
+        }
+    }
+    Ok(())
+}
+
+/// The tolerances: `|a - b| / max(1, |b|)` of an f32 back end against
+/// the f64 oracle within [`BASE_TOLERANCE`], or within [`NOISE_FACTOR`]
+/// times the f32 oracle's own distance from the f64 one on that tensor,
+/// whichever is larger: a cell that amplifies rounding (a LayerNorm of a
+/// nearly constant row, a state growing step by step) is held to what f32
+/// can compute, and a wrong value is still far outside it.
+pub const BASE_TOLERANCE: f64 = 1e-4;
+pub const NOISE_FACTOR: f64 = 10.0;
+
+/// The oracle's values and its f32 twin, for tolerances.
+struct Expected<'a> {
+    f64: &'a Oracle,
+    f32: &'a Oracle,
+}
+
+fn flat(rows: &[Vec<Vec<f64>>]) -> Vec<f64> {
+    rows.iter().flatten().flatten().copied().collect()
+}
+
+fn tolerance(f32_values: &[f64], f64_values: &[f64]) -> f64 {
+    BASE_TOLERANCE.max(NOISE_FACTOR * noise(f32_values, f64_values))
+}
+
+/// Checks `source` (a `.cell` file whose first cell is checked) on `case`.
+pub fn check(source: &str, case: &Case, plan: &Plan) -> Result<Passed, Failure> {
+    let fail = |check: Check| move |message: String| Failure { check, message };
+    let cell = CompiledCell::from_source("fuzz.cell", source, None)
+        .map_err(|e| Failure { check: Check::Compile, message: e.to_string() })?;
+    let cell = Arc::new(cell);
+    let sizes: Bindings = case.sizes.iter().map(|(k, v)| (k.clone(), *v)).collect();
+    if plan.gradcheck {
+        gradcheck(&cell, &sizes, case.seed).map_err(fail(Check::Gradcheck))?;
+    }
+    if plan.backends.is_empty() {
+        return Ok(Passed::default());
+    }
+    let model = |kind: BackendKind, layers: usize| -> Result<Model, RuntimeError> {
+        let config = ModelConfig { layers, bidirectional: case.bidirectional };
+        let layer_programs = Model::plan_layers(&cell, &config, &sizes, None, None)?;
+        let backend = backends::make(kind, &cell, &layer_programs)
+            .map_err(|message| RuntimeError::Backend { backend: kind.name().into(), message })?;
+        Model::new(cell.clone(), config, &sizes, None, None, case.seed, backend)
+    };
+    // A cell whose input size is tied to its states stacks only where the
+    // sizes agree: one layer otherwise.
+    let (reference, layers) = match model(BackendKind::Reference, case.layers) {
+        Ok(m) => (m, case.layers),
+        Err(RuntimeError::Layer { .. }) if case.layers > 1 => (
+            model(BackendKind::Reference, 1)
+                .map_err(|e| fail(Check::Backend(BackendKind::Reference))(e.to_string()))?,
+            1,
+        ),
+        Err(e) => {
+            return Err(Failure { check: Check::Backend(BackendKind::Reference), message: e.to_string() })
+        }
+    };
+    let mut rng = Entropy::seeded(case.seed);
+    let ld = layers * reference.directions();
+    let states = reference.layers()[0].state_sizes.clone();
+    let shape = (reference.input_size(), reference.output_size());
+    let batch = Batch::random(&mut rng, &case.lengths, case.steps, shape, &states, ld);
+    let (f64_run, f32_run) = oracle(&reference, &batch).map_err(fail(Check::Oracle))?;
+    let want = Expected { f64: &f64_run, f32: &f32_run };
+    let mut passes = 0;
+    for (k, &kind) in plan.backends.iter().enumerate() {
+        // Each back end in two layouts of its own: one for inference, one for training.
+        let inference = Layout::ALL[(k * 2 + case.seed as usize) % Layout::ALL.len()];
+        let training = Layout::ALL[(k * 2 + 1 + case.seed as usize) % Layout::ALL.len()];
+        let run = || -> Result<(), String> {
+            let m = model(kind, layers).map_err(|e| e.to_string())?;
+            run_backend(&m, &batch, &want, (inference, training))
+        };
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+            Ok(Ok(())) => passes += 3,
+            Ok(Err(message)) => return Err(Failure { check: Check::Backend(kind), message }),
+            Err(panic) => {
+                let text = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                return Err(Failure { check: Check::Backend(kind), message: format!("panicked: {text}") });
+            }
+        }
+    }
+    Ok(Passed { passes, layers })
+}
+
+/// The derived backward against central finite differences (f64), on the
+/// optimised cell the back ends run.
+fn gradcheck(cell: &CompiledCell, sizes: &Bindings, seed: u64) -> Result<(), String> {
+    // Finite differences in f64 are good to about 1e-7 here; a wrong rule is off by far more.
+    let opts = cellc::gradcheck::Options { steps: 5, seed, tolerance: 1e-5, ..Default::default() };
+    let report =
+        cellc::gradcheck::gradcheck_with(&cell.cell, &cell.grad, sizes, &opts).map_err(|e| e.to_string())?;
+    match report.worst() {
+        Some(w) if !report.passed() => Err(format!(
+            "gradient of {} element {} is {:+.9e}, finite differences give {:+.9e} (error {:.2e})",
+            w.tensor, w.worst_index, w.analytic, w.numeric, w.error
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// One back end: inference in one layout, training (forward, then
+/// backward with output and final-state adjoints) in another.
+fn run_backend(
+    m: &Model,
+    batch: &Batch,
+    want: &Expected,
+    (inference, training): (Layout, Layout),
+) -> Result<(), String> {
+    let (features, outputs) = (m.input_size(), m.output_size());
+    let (w, w32) = (want.f64, want.f32);
+    let rows_tol = |f: fn(&Oracle) -> &Vec<Vec<Vec<f64>>>| tolerance(&flat(f(w32)), &flat(f(w)));
+    let out_tol = rows_tol(|o| &o.out);
+    let states = |got: &[Vec<f32>], what: &str| -> Result<(), String> {
+        for (i, g) in got.iter().enumerate() {
+            compare(
+                &format!("{what} final state {i}"),
+                g,
+                &w.finals[i],
+                tolerance(&w32.finals[i], &w.finals[i]),
+            )?;
+        }
+        Ok(())
+    };
+
+    let x = LaidOut::inputs(batch, inference, features)?;
+    let out =
+        m.forward(x.input(batch), Some(&batch.h0)).map_err(|e| format!("inference ({inference}): {e}"))?;
+    let at = batch.row_layout(inference)?;
+    compare_rows(
+        &format!("inference ({inference}) output"),
+        &out.data,
+        outputs,
+        &at,
+        batch,
+        &w.out,
+        out_tol,
+    )?;
+    states(&out.final_states, &format!("inference ({inference})"))?;
+
+    let x = LaidOut::inputs(batch, training, features)?;
+    let (out, trace) = m
+        .forward_train(x.input(batch), Some(&batch.h0))
+        .map_err(|e| format!("training forward ({training}): {e}"))?;
+    let at = batch.row_layout(training)?;
+    compare_rows(&format!("training ({training}) output"), &out.data, outputs, &at, batch, &w.out, out_tol)?;
+    states(&out.final_states, &format!("training ({training})"))?;
+    let dy = batch.lay_out(training, &batch.d_out, outputs)?;
+    let grads =
+        m.backward(&trace, &dy, Some(&batch.d_final)).map_err(|e| format!("backward ({training}): {e}"))?;
+    let d_in_tol = rows_tol(|o| &o.d_in);
+    compare_rows(
+        &format!("backward ({training}) d_input"),
+        &grads.d_input,
+        features,
+        &at,
+        batch,
+        &w.d_in,
+        d_in_tol,
+    )?;
+    for (i, got) in grads.d_h0.iter().enumerate() {
+        let tol = tolerance(&w32.d_h0[i], &w.d_h0[i]);
+        compare(&format!("backward ({training}) d_h0 of state {i}"), got, &w.d_h0[i], tol)?;
+    }
+    let names = m.compiled().param_names();
+    let dirs = m.directions();
+    for (slot, got) in grads.d_params.iter().enumerate() {
+        for (p, g) in got.iter().enumerate() {
+            let name =
+                format!("{}{}", names[p], cellc_runtime::model::weight_suffix(slot / dirs, slot % dirs == 1));
+            let tol = tolerance(&w32.d_params[slot][p], &w.d_params[slot][p]);
+            compare(&format!("backward ({training}) d_{name}"), g, &w.d_params[slot][p], tol)?;
+        }
+    }
+    Ok(())
+}
+
+/// Compares every valid row with the oracle's `[b][t]` rows, and checks
+/// that padding rows hold zeros.
+fn compare_rows(
+    what: &str,
+    data: &[f32],
+    width: usize,
+    layout: &cellc_runtime::RowLayout,
+    batch: &Batch,
+    want: &[Vec<Vec<f64>>],
+    tol: f64,
+) -> Result<(), String> {
+    let rows = data.len() / width.max(1);
+    let mut valid = vec![false; rows];
+    for (b, seq) in want.iter().enumerate() {
+        for (t, row) in seq.iter().enumerate() {
+            let r = layout.row(b, t);
+            valid[r] = true;
+            compare(
+                &format!("{what} (sequence {b}, step {t})"),
+                &data[r * width..(r + 1) * width],
+                row,
+                tol,
+            )?;
+        }
+    }
+    if let Some(r) =
+        (0..rows).find(|&r| !valid[r] && data[r * width..(r + 1) * width].iter().any(|&v| v != 0.0))
+    {
+        return Err(format!("{what}: padding row {r} is not zero (lengths {:?})", batch.lengths));
+    }
+    Ok(())
+}
