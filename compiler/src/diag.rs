@@ -180,14 +180,24 @@ impl SourceMap {
         self.files.get(file.0 as usize).map(|f| f.name().as_str()).unwrap_or("<unknown>")
     }
 
-    /// 1-based line and column of a byte offset.
+    /// 1-based line and column of a byte offset (the line by binary search
+    /// over the file's line starts, so quoting every value stays linear).
     pub fn line_col(&self, file: FileId, offset: u32) -> (usize, usize) {
+        use codespan_reporting::files::Files;
         let src = self.source(file);
-        let offset = (offset as usize).min(src.len());
-        let before = &src[..floor_char_boundary(src, offset)];
-        let line = before.matches('\n').count() + 1;
-        let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-        (line, col)
+        let offset = floor_char_boundary(src, (offset as usize).min(src.len()));
+        let id = file.0 as usize;
+        let line = self.files.line_index(id, offset).unwrap_or(0);
+        let start = self.files.line_range(id, line).map_or(0, |r| r.start.min(offset));
+        (line + 1, src[start..offset].chars().count() + 1)
+    }
+
+    /// The text of 1-based line `line` of `file`, without its line break.
+    pub fn line_text(&self, file: FileId, line: usize) -> &str {
+        use codespan_reporting::files::Files;
+        let src = self.source(file);
+        let range = self.files.line_range(file.0 as usize, line.saturating_sub(1)).unwrap_or(0..0);
+        src.get(range).unwrap_or("").trim_end_matches(['\n', '\r'])
     }
 
     /// `file:line:col` of a span's start.

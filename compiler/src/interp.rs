@@ -57,10 +57,46 @@ pub enum InterpError {
         param: String,
         message: String,
     },
+    /// A tensor has more elements than a kernel can index.
+    TooLarge {
+        what: String,
+        shape: String,
+        elements: u128,
+    },
     /// A compiler bug surfaced (an IR invariant broken).
     Internal {
         message: String,
     },
+}
+
+/// The most elements one tensor (a value, state, input or parameter) may
+/// have: kernels index a value with 32-bit integers (CUDA's `int`,
+/// cuBLAS's dimensions), and a larger one would not fit in memory anyway.
+pub const MAX_TENSOR_ELEMENTS: u128 = i32::MAX as u128;
+
+/// A byte count for people: `4.0 TB`, `512 bytes`.
+pub fn bytes_text(bytes: u128) -> String {
+    const UNITS: [&str; 6] = ["kB", "MB", "GB", "TB", "PB", "EB"];
+    if bytes < 1000 {
+        return format!("{bytes} bytes");
+    }
+    let mut value = bytes as f64 / 1000.0;
+    let mut unit = 0;
+    while value >= 1000.0 && unit + 1 < UNITS.len() {
+        value /= 1000.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// Refuses a `rows x cols` tensor over [`MAX_TENSOR_ELEMENTS`], before anything is allocated.
+fn check_elements(what: &str, rows: usize, cols: usize) -> Result<(), InterpError> {
+    let elements = rows as u128 * cols as u128;
+    if elements <= MAX_TENSOR_ELEMENTS {
+        return Ok(());
+    }
+    let shape = if cols == 1 { format!("[{rows}]") } else { format!("[{rows}, {cols}]") };
+    Err(InterpError::TooLarge { what: what.to_string(), shape, elements })
 }
 
 impl fmt::Display for InterpError {
@@ -82,6 +118,11 @@ impl fmt::Display for InterpError {
                 write!(f, "expected {expected} {what}, found {found}")
             }
             InterpError::Init { param, message } => write!(f, "cannot initialise `{param}`: {message}"),
+            InterpError::TooLarge { what, shape, elements } => write!(
+                f,
+                "{what} has shape {shape}: {elements} elements need {} as f32, and one tensor may have at most {MAX_TENSOR_ELEMENTS} elements",
+                bytes_text(elements * 4)
+            ),
             InterpError::Internal { message } => write!(f, "internal compiler error: {message}"),
         }
     }
@@ -141,6 +182,7 @@ impl Plan {
                 Type::Vector(d) => (eval(&what, d)?, 1),
                 Type::Matrix(m, n) => (eval(&what, m)?, eval(&what, n)?),
             };
+            check_elements(&what, shape[v.index()].0, shape[v.index()].1)?;
             match &graph.node(v).op {
                 // An offset may be 0, which `eval_dim` rejects.
                 Op::Slice { offset } | Op::Pad { offset } => {
@@ -349,7 +391,9 @@ impl<'c> BoundCell<'c> {
         let mut input_slices = Vec::new();
         let mut offset = 0usize;
         for i in &cell.inputs {
-            let n = eval_dim(&cell.name, &sizes, &format!("input `{}`", i.name), &i.dim)?;
+            let what = format!("input `{}`", i.name);
+            let n = eval_dim(&cell.name, &sizes, &what, &i.dim)?;
+            check_elements(&what, n, 1)?;
             input_slices.push((offset, n));
             offset = offset
                 .checked_add(n)
@@ -358,20 +402,25 @@ impl<'c> BoundCell<'c> {
         let state_sizes = cell
             .states
             .iter()
-            .map(|s| eval_dim(&cell.name, &sizes, &format!("state `{}`", s.name), &s.dim))
+            .map(|s| {
+                let what = format!("state `{}`", s.name);
+                let n = eval_dim(&cell.name, &sizes, &what, &s.dim)?;
+                check_elements(&what, n, 1).map(|()| n)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let param_shapes = cell
             .params
             .iter()
             .map(|p| {
                 let what = format!("parameter `{}`", p.name);
-                match &p.ty {
+                let (rows, cols) = match &p.ty {
                     Type::Matrix(m, n) => {
-                        Ok((eval_dim(&cell.name, &sizes, &what, m)?, eval_dim(&cell.name, &sizes, &what, n)?))
+                        (eval_dim(&cell.name, &sizes, &what, m)?, eval_dim(&cell.name, &sizes, &what, n)?)
                     }
-                    Type::Vector(d) => Ok((eval_dim(&cell.name, &sizes, &what, d)?, 1)),
-                    Type::Scalar => Ok((1, 1)),
-                }
+                    Type::Vector(d) => (eval_dim(&cell.name, &sizes, &what, d)?, 1),
+                    Type::Scalar => (1, 1),
+                };
+                check_elements(&what, rows, cols).map(|()| (rows, cols))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let plan = Plan::new(cell, &sizes, &cell.name)?;

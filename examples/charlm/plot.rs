@@ -9,12 +9,16 @@ use crate::{Error, Result};
 use plotters::prelude::*;
 use std::path::Path;
 
-/// Writes the loss curve of `history` to `path`.
+/// Writes the loss curve of `history` to `path` (atomically: the image is
+/// drawn in memory, then replaces the old file in one step).
 pub fn loss_curve_svg(path: &Path, history: &History, unigram: f64, title: &str) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
-    draw(path, history, unigram, title).map_err(|e| Error::io(path, e))
+    let mut svg = String::new();
+    draw(&mut svg, history, unigram, title).map_err(|e| Error::io(path, e))?;
+    cellc_runtime::write_atomically(path, svg.as_bytes())?;
+    Ok(())
 }
 
 /// Each point's loss replaced by the mean over the `window` points centred
@@ -35,7 +39,7 @@ fn moving_average(points: &[(usize, f64)], window: usize) -> Vec<(f64, f64)> {
 }
 
 fn draw(
-    path: &Path,
+    svg: &mut String,
     history: &History,
     unigram: f64,
     title: &str,
@@ -46,7 +50,7 @@ fn draw(
     let blue = RGBColor(31, 119, 180);
     let orange = RGBColor(230, 85, 13);
 
-    let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
+    let root = SVGBackend::with_string(svg, (900, 520)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 20))

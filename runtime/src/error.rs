@@ -8,61 +8,33 @@ pub enum RuntimeError {
     /// The `.cell` source did not compile (rendered diagnostics).
     Compile(String),
     /// A tensor has the wrong shape.
-    Shape {
-        tensor: String,
-        expected: String,
-        found: String,
-    },
-    /// A sequence length is 0 or longer than the padded length.
-    Length {
-        sequence: usize,
-        length: usize,
-        steps: usize,
-    },
+    Shape { tensor: String, expected: String, found: String },
+    /// A sequence length is not positive or is longer than the padded length.
+    Length { sequence: usize, length: i64, steps: usize },
     /// `batch_sizes` must be positive and non-increasing.
-    BatchSizes {
-        step: usize,
-        message: String,
-    },
+    BatchSizes { step: usize, message: String },
     /// A permutation (`sorted_indices`) is not one.
-    Permutation {
-        tensor: String,
-        message: String,
-    },
+    Permutation { tensor: String, message: String },
     /// A weight is missing, or one the model does not have was given.
-    MissingWeight {
-        name: String,
-    },
+    MissingWeight { name: String },
     UnexpectedWeight {
         name: String,
+        /// The names the model's weights do have.
+        expected: Vec<String>,
     },
+    /// A tensor, or a pass over a batch, needs more memory than cellc can
+    /// index or the machine has: refused before anything is allocated.
+    TooLarge { what: String, bytes: u128, limit: String },
     /// A size variable has two values (bound by `-D` and inferred, or inferred twice).
-    SizeConflict {
-        size: String,
-        first: usize,
-        first_from: String,
-        second: usize,
-        second_from: String,
-    },
+    SizeConflict { size: String, first: usize, first_from: String, second: usize, second_from: String },
     /// A size variable has no value and none could be inferred.
-    UnboundSize {
-        size: String,
-    },
+    UnboundSize { size: String },
     /// Layer sizes do not fit together (e.g. a cell whose input must be `[H]` fed `2*H` features).
-    Layer {
-        layer: usize,
-        message: String,
-    },
+    Layer { layer: usize, message: String },
     /// The backend cannot run here (e.g. no CUDA driver).
-    Backend {
-        backend: String,
-        message: String,
-    },
+    Backend { backend: String, message: String },
     /// Reading or writing weights or tensors.
-    Io {
-        path: String,
-        message: String,
-    },
+    Io { path: String, message: String },
     /// A compiler invariant broke: a bug.
     Internal(String),
 }
@@ -74,6 +46,9 @@ impl fmt::Display for RuntimeError {
             RuntimeError::Shape { tensor, expected, found } => {
                 write!(f, "`{tensor}` has shape {found}, expected {expected}")
             }
+            RuntimeError::Length { sequence, length, .. } if *length < 0 => {
+                write!(f, "sequence {sequence} has negative length {length}")
+            }
             RuntimeError::Length { sequence, length, steps } if *length == 0 => {
                 write!(f, "sequence {sequence} has length 0 (every sequence needs at least one step; the padded length is {steps})")
             }
@@ -83,7 +58,18 @@ impl fmt::Display for RuntimeError {
             RuntimeError::BatchSizes { step, message } => write!(f, "`batch_sizes[{step}]`: {message}"),
             RuntimeError::Permutation { tensor, message } => write!(f, "`{tensor}` is not a permutation: {message}"),
             RuntimeError::MissingWeight { name } => write!(f, "weight `{name}` is missing"),
-            RuntimeError::UnexpectedWeight { name } => write!(f, "weight `{name}` does not belong to this model"),
+            RuntimeError::UnexpectedWeight { name, expected } => {
+                const SHOWN: usize = 8;
+                let mut names: Vec<String> = expected.iter().take(SHOWN).map(|n| format!("`{n}`")).collect();
+                if expected.len() > SHOWN {
+                    names.push(format!("and {} more", expected.len() - SHOWN));
+                }
+                let have = if names.is_empty() { "none".to_string() } else { names.join(", ") };
+                write!(f, "weight `{name}` does not belong to this model (its weights: {have})")
+            }
+            RuntimeError::TooLarge { what, bytes, limit } => {
+                write!(f, "{what} needs {}: {limit}", cellc::interp::bytes_text(*bytes))
+            }
             RuntimeError::SizeConflict { size, first, first_from, second, second_from } => write!(
                 f,
                 "size `{size}` is bound two ways: {size}={first} from {first_from}, {size}={second} from {second_from}"
@@ -108,6 +94,11 @@ impl From<cellc::InterpError> for RuntimeError {
             cellc::InterpError::Shape { tensor, expected, found } => {
                 RuntimeError::Shape { tensor, expected, found }
             }
+            cellc::InterpError::TooLarge { what, shape, elements } => RuntimeError::TooLarge {
+                what: format!("{what} {shape}"),
+                bytes: elements * 4,
+                limit: format!("one tensor may have at most {} elements", cellc::interp::MAX_TENSOR_ELEMENTS),
+            },
             other => RuntimeError::Internal(other.to_string()),
         }
     }

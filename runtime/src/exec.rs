@@ -90,6 +90,33 @@ impl Model {
         }
     }
 
+    /// Refuses a pass whose buffers cannot fit in memory, before allocating
+    /// them. A lower bound of what the pass holds at once: every layer's
+    /// output rows; each state four times per sequence (initial, final, and
+    /// the back end's current and next); training, one copy of the states
+    /// per row for the backward.
+    fn ensure_pass_fits(&self, p: &Prepared, training: bool) -> Result<()> {
+        let (rows, batch) = (p.rows as u128, p.plan.batch() as u128);
+        let dirs = self.directions() as u128;
+        let mut elements = 0u128;
+        for layer in &self.layers {
+            let states: u128 = layer.state_sizes.iter().map(|&n| n as u128).sum::<u128>() * dirs;
+            elements += rows * layer.output_size as u128 * dirs + 4 * batch * states;
+            if training {
+                elements += p.plan.rows() as u128 * states;
+            }
+        }
+        crate::memory::ensure_fits(
+            || {
+                let pass = if training { "a training pass" } else { "a forward pass" };
+                let (b, r) = (p.plan.batch(), p.plan.rows());
+                let seqs = if b == 1 { "sequence" } else { "sequences" };
+                format!("{pass} of cell `{}` over {b} {seqs} ({r} steps in all)", self.compiled.cell.name)
+            },
+            crate::memory::f32_bytes(elements),
+        )
+    }
+
     fn input_data<'a>(input: &Input<'a>) -> &'a [f32] {
         match input {
             Input::Padded { data, .. } => data,
@@ -143,7 +170,19 @@ impl Model {
     ) -> Result<(Output, Option<Trace<'a>>)> {
         let p = self.prepare(&input)?;
         let batch = p.plan.batch();
+        self.ensure_pass_fits(&p, training)?;
         let h0 = self.states_or_zeros(h0, batch, "h0")?;
+        if batch == 0 {
+            // An empty batch: nothing to run, and no back end sees one.
+            let trace = training.then(|| Trace {
+                input,
+                plan: p.plan,
+                layout: p.layout,
+                layer_inputs: Vec::new(),
+                tapes: Vec::new(),
+            });
+            return Ok((Output { data: Vec::new(), final_states: h0 }, trace));
+        }
         let dirs = self.directions();
         let mut final_states: Vec<Vec<f32>> = h0.iter().map(|b| vec![0.0; b.len()]).collect();
         let mut layer_inputs: Vec<Vec<f32>> = Vec::new();
@@ -214,6 +253,9 @@ impl Model {
         let mut d_h0: Vec<Vec<f32>> = d_final.iter().map(|b| vec![0.0; b.len()]).collect();
         let mut d_params: Vec<Vec<Vec<f32>>> =
             self.params.iter().map(|ps| ps.iter().map(|p| vec![0.0; p.len()]).collect()).collect();
+        if batch == 0 {
+            return Ok(Gradients { d_input: Vec::new(), d_h0, d_params });
+        }
         let mut d_above: Vec<f32> = d_output.to_vec();
         for (k, layer) in self.layers.iter().enumerate().rev() {
             let in_data: &[f32] =

@@ -40,6 +40,7 @@ pub mod backend;
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod memory;
 pub mod model;
 pub mod sequence;
 pub mod weights;

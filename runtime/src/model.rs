@@ -267,6 +267,7 @@ impl Model {
     ) -> Result<Model> {
         let layers = Self::plan_layers(&compiled, &config, sizes, input_size, weights)?;
         let mut model = Model { compiled, config, layers, params: Vec::new(), backend };
+        model.ensure_weights_fit()?;
         model.params = match weights {
             Some(w) => model.take_weights(w)?,
             None => model.init_params(seed)?,
@@ -426,7 +427,10 @@ impl Model {
         let names = self.weight_names();
         for name in w.names() {
             if !names.iter().any(|(n, _)| n == name) {
-                return Err(RuntimeError::UnexpectedWeight { name: name.to_string() });
+                return Err(RuntimeError::UnexpectedWeight {
+                    name: name.to_string(),
+                    expected: names.into_iter().map(|(n, _)| n).collect(),
+                });
             }
         }
         // One list per layer and direction, even for a cell without parameters.
@@ -447,6 +451,22 @@ impl Model {
             }
         }
         Ok(out)
+    }
+
+    /// Refuses a model whose weights (and their gradients, when training)
+    /// cannot fit in memory, before they are allocated.
+    fn ensure_weights_fit(&self) -> Result<()> {
+        let elements: u128 = self
+            .layers
+            .iter()
+            .flat_map(|layer| layer.param_shapes.iter())
+            .map(|&(r, c)| r as u128 * c as u128)
+            .sum::<u128>()
+            * self.directions() as u128;
+        crate::memory::ensure_fits(
+            || format!("the weights of cell `{}` ({elements} f32 values)", self.compiled.cell.name),
+            crate::memory::f32_bytes(elements),
+        )
     }
 
     /// Parameters from their init clauses; each weight's stream depends on

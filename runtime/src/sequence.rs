@@ -48,7 +48,7 @@ impl BatchPlan {
     pub fn new(lengths: &[usize], steps: usize) -> Result<BatchPlan> {
         for (b, &l) in lengths.iter().enumerate() {
             if l == 0 || l > steps {
-                return Err(RuntimeError::Length { sequence: b, length: l, steps });
+                return Err(RuntimeError::Length { sequence: b, length: l as i64, steps });
             }
         }
         let mut order: Vec<usize> = (0..lengths.len()).collect();

@@ -61,9 +61,75 @@ fn read_bytes(path: &Path) -> Result<Vec<u8>> {
 
 /// The metadata in the header of a safetensors file's `bytes`.
 fn metadata_of(path: &Path, bytes: &[u8]) -> Result<Metadata> {
-    let (_, header) = SafeTensors::read_metadata(bytes)
-        .map_err(|e| io_error(path, format!("not a safetensors file: {e}")))?;
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| {
+        let why = explain_bad_tensor(bytes).unwrap_or_else(|| e.to_string());
+        io_error(path, format!("not a safetensors file: {why}"))
+    })?;
     Ok(header.metadata().iter().flatten().map(|(k, v)| (k.clone(), v.clone())).collect())
+}
+
+/// Which tensor of a header the safetensors crate rejected, and why: its
+/// errors for a tensor whose bytes do not match its shape, or data that
+/// runs past the end of the file, name no tensor. `None` when the header
+/// itself cannot be read (the crate's message says enough then).
+fn explain_bad_tensor(bytes: &[u8]) -> Option<String> {
+    let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let after_length = bytes.len() as u64 - 8;
+    if n > after_length && n < 100_000_000 {
+        return Some(format!(
+            "its header is {n} bytes long, but the file has {after_length} bytes after the length (truncated?)"
+        ));
+    }
+    let n = n as usize;
+    let header = bytes.get(8..8usize.checked_add(n)?)?;
+    let data_len = bytes.len() - 8 - n;
+    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
+    let mut entries: Vec<(&String, &serde_json::Value)> =
+        map.iter().filter(|(name, _)| name.as_str() != "__metadata__").collect();
+    let offsets = |v: &serde_json::Value| -> Option<(u64, u64)> {
+        let o = v.get("data_offsets")?.as_array()?;
+        Some((o.first()?.as_u64()?, o.get(1)?.as_u64()?))
+    };
+    entries.sort_by_key(|(_, v)| offsets(v).unwrap_or((0, 0)));
+    let mut expected_start = 0u64;
+    for (name, entry) in entries {
+        let dtype = entry.get("dtype").and_then(|d| d.as_str()).unwrap_or("?");
+        let shape: Vec<u64> = entry
+            .get("shape")
+            .and_then(|s| s.as_array())
+            .map(|dims| dims.iter().filter_map(|d| d.as_u64()).collect())
+            .unwrap_or_default();
+        let Some((start, end)) = offsets(entry) else {
+            return Some(format!("tensor `{name}` has no valid `data_offsets`"));
+        };
+        let element_bytes: u128 = match dtype {
+            "BOOL" | "U8" | "I8" | "F8_E5M2" | "F8_E4M3" => 1,
+            "I16" | "U16" | "F16" | "BF16" => 2,
+            "I32" | "U32" | "F32" => 4,
+            "I64" | "U64" | "F64" => 8,
+            _ => return Some(format!("tensor `{name}` has an unknown dtype `{dtype}`")),
+        };
+        let needed = shape.iter().map(|&d| d as u128).product::<u128>() * element_bytes;
+        let shape_text = format!("{dtype} {shape:?}");
+        if end < start || start != expected_start {
+            return Some(format!(
+                "tensor `{name}` ({shape_text}) has data_offsets [{start}, {end}]; the previous tensor ends at {expected_start}"
+            ));
+        }
+        if (end - start) as u128 != needed {
+            return Some(format!(
+                "tensor `{name}` ({shape_text}) needs {needed} bytes, but its data_offsets [{start}, {end}] hold {}",
+                end - start
+            ));
+        }
+        if end > data_len as u64 {
+            return Some(format!(
+                "tensor `{name}` ({shape_text}) ends at byte {end} of the data, but the file has {data_len} bytes of data (truncated?)"
+            ));
+        }
+        expected_start = end;
+    }
+    None
 }
 
 /// Tensors and metadata of a safetensors file, read once.

@@ -66,6 +66,12 @@ pub struct CompileArgs {
 }
 
 pub fn compile(args: &CompileArgs, color: bool) -> bool {
+    if let Some(out) = &args.out {
+        if let Err(message) = crate::refuse_overwriting_inputs(out, &[&args.file]) {
+            eprintln!("error: -o: {message}");
+            return false;
+        }
+    }
     let cpu_emit = matches!(args.emit, Emit::Obj | Emit::Clif | Emit::Asm);
     if (args.target == Target::Cpu) != cpu_emit {
         let wanted = if args.target == Target::Cpu { "obj, clif or asm" } else { "cu, ptx or cubin" };
@@ -126,12 +132,12 @@ pub fn compile(args: &CompileArgs, color: bool) -> bool {
     write_out(args.out.as_deref(), &bytes)
 }
 
-/// Writes `bytes` to `out`, or to standard output.
+/// Writes `bytes` to `out` (atomically: a crash leaves the old file), or to standard output.
 fn write_out(out: Option<&std::path::Path>, bytes: &[u8]) -> bool {
     match out {
         Some(path) => {
-            if let Err(e) = std::fs::write(path, bytes) {
-                eprintln!("error: cannot write `{}`: {e}", path.display());
+            if let Err(e) = cellc_runtime::write_atomically(path, bytes) {
+                eprintln!("error: cannot write {e}");
                 return false;
             }
             true
@@ -145,9 +151,20 @@ fn write_out(out: Option<&std::path::Path>, bytes: &[u8]) -> bool {
 
 /// `--target cpu`: one cell's kernels for a model of `--layers` (and `--bidirectional`).
 fn compile_cpu(args: &CompileArgs, color: bool) -> bool {
-    if args.emit == Emit::Obj && args.out.is_none() {
-        eprintln!("error: --emit obj writes an object file: give its path with -o");
-        return false;
+    match (args.emit, &args.out) {
+        (Emit::Obj, None) => {
+            eprintln!("error: --emit obj writes an object file: give its path with -o");
+            return false;
+        }
+        (Emit::Obj, Some(out)) if out.extension().is_some_and(|e| e == "json") => {
+            eprintln!(
+                "error: -o {}: the manifest is written beside the object as `.json`, so the object cannot be a `.json` file (name it e.g. `{}`)",
+                out.display(),
+                out.with_extension("o").display()
+            );
+            return false;
+        }
+        _ => {}
     }
     let Some(c) = compile_file(&args.file, color) else { return false };
     let file = args.file.display().to_string();

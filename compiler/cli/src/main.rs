@@ -163,6 +163,22 @@ pub(crate) fn warn_unused_defines(define: &[(String, usize)], cells: &[&cellc::C
     }
 }
 
+/// Refuses an output path that names one of the command's own input files
+/// (a typo that would destroy the input it reads).
+pub(crate) fn refuse_overwriting_inputs(out: &Path, inputs: &[&Path]) -> Result<(), String> {
+    let Ok(out_real) = out.canonicalize() else { return Ok(()) }; // does not exist yet
+    for input in inputs {
+        if input.canonicalize().is_ok_and(|i| i == out_real) {
+            return Err(format!(
+                "`{}` is also this command's input `{}`: writing it would destroy the input",
+                out.display(),
+                input.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Err(message) = reject_duplicate_defines(cli.command.defines()) {

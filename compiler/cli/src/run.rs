@@ -124,6 +124,8 @@ fn expect_shape(name: &str, shape: &[usize], want: &[usize]) -> Result<(), Runti
 }
 
 pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
+    crate::refuse_overwriting_inputs(&args.out, &[&args.cell_file, &args.weights, &args.input])
+        .map_err(|message| RuntimeError::Io { path: "--out".into(), message })?;
     let compiled = Arc::new(CompiledCell::from_file(&args.cell_file, args.cell.as_deref())?);
     let state_names: Vec<String> = compiled.cell.states.iter().map(|s| s.name.clone()).collect();
     let input_file = args.input.display().to_string();
@@ -144,7 +146,7 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
             l.iter()
                 .enumerate()
                 .map(|(b, &v)| {
-                    usize::try_from(v).map_err(|_| RuntimeError::Length { sequence: b, length: 0, steps })
+                    usize::try_from(v).map_err(|_| RuntimeError::Length { sequence: b, length: v, steps })
                 })
                 .collect::<Result<_, _>>()?
         }
@@ -169,8 +171,13 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
     let ld = model.layers().len() * model.directions();
     let state_sizes = model.layers()[0].state_sizes.clone();
 
+    // `None` when the file has none of them (the model starts from zeros
+    // without the CLI allocating them); missing ones among given ones are zeros.
     let read_states =
         |prefix: &str, x: &mut BTreeMap<String, Tensor>| -> Result<Option<Vec<Vec<f32>>>, RuntimeError> {
+            if !state_names.iter().any(|name| x.contains_key(&format!("{prefix}.{name}"))) {
+                return Ok(None);
+            }
             let mut out = Vec::new();
             for (name, &n) in state_names.iter().zip(&state_sizes) {
                 let key = format!("{prefix}.{name}");
@@ -202,17 +209,16 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
         let (output, trace) = model.forward_train(input, h0.as_deref())?;
         let grads = model.backward(&trace, &dy, d_final.as_deref())?;
         out.insert("grad.input".into(), Tensor::f32(vec![batch, steps, features], grads.d_input));
-        for (name, d) in state_names.iter().zip(grads.d_h0) {
-            let n = d.len() / (ld * batch);
+        for ((name, d), &n) in state_names.iter().zip(grads.d_h0).zip(&state_sizes) {
             out.insert(format!("grad.h0.{name}"), Tensor::f32(vec![ld, batch, n], d));
         }
         for ((name, shape), d) in model.weight_names().into_iter().zip(grads.d_params.into_iter().flatten()) {
             out.insert(format!("grad.{name}"), Tensor::f32(shape, d));
         }
-        insert_forward(&mut out, &state_names, output, [batch, steps, o], ld);
+        insert_forward(&mut out, &state_names, &state_sizes, output, [batch, steps, o], ld);
     } else {
         let output = model.forward(input, h0.as_deref())?;
-        insert_forward(&mut out, &state_names, output, [batch, steps, o], ld);
+        insert_forward(&mut out, &state_names, &state_sizes, output, [batch, steps, o], ld);
     }
     for unused in x.keys() {
         eprintln!("warning: {input_file}: tensor `{unused}` is not used");
@@ -223,13 +229,13 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
 fn insert_forward(
     out: &mut BTreeMap<String, Tensor>,
     states: &[String],
+    state_sizes: &[usize],
     o: cellc_runtime::Output,
     shape: [usize; 3],
     ld: usize,
 ) {
     out.insert("output".into(), Tensor::f32(shape.to_vec(), o.data));
-    for (name, d) in states.iter().zip(o.final_states) {
-        let n = d.len() / (ld * shape[0]);
+    for ((name, d), &n) in states.iter().zip(o.final_states).zip(state_sizes) {
         out.insert(format!("final.{name}"), Tensor::f32(vec![ld, shape[0], n], d));
     }
 }

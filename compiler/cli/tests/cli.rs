@@ -1,26 +1,8 @@
 //! The `cellc` binary: exit codes, output streams, and the `graph` formats.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn cellc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cellc"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("cellc runs")
-}
-
-fn temp_file(name: &str, contents: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("cellc-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let p = dir.join(name);
-    std::fs::write(&p, contents).expect("write temp file");
-    p
-}
-
-const RNN: &str = "cell rnn {\n    input x[I]\n    state h[H]\n    param w[H, I], u[H, H], b[H] = zeros\n    h' = tanh(w @ x + u @ h + b)\n    output h'\n}\n";
+use common::{cellc, temp_file, RNN};
 
 #[test]
 fn check_clean_file_exits_zero() {
@@ -72,7 +54,11 @@ fn unused_size_binding_is_a_warning() {
     let p = temp_file("d.cell", RNN.as_bytes());
     let out = cellc(&["check", "-D", "H=4", "-D", "I=3", "-D", "P=9", p.to_str().expect("utf-8 path")]);
     assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no cell uses a size variable `P`"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("-D P=9 is not used: cell `rnn` has no size variable `P` (its sizes: I, H)"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -114,7 +100,11 @@ fn gradcheck_rejects_short_sequences_and_binds_unknown_sizes_with_a_warning() {
     assert_eq!(cellc(&["gradcheck", path, "--steps", "3"]).status.code(), Some(2));
     let out = cellc(&["gradcheck", path, "-D", "Q=5"]);
     assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no cell uses a size variable `Q`"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("-D Q=5 is not used: cell `rnn` has no size variable `Q` (its sizes: I, H)"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -235,12 +225,13 @@ mod run {
     fn run_reports_bad_files_as_errors() {
         let cell_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../cells/gru.cell");
         let junk = temp_file("junk.safetensors", b"nope");
+        let out = temp_file("junk_out.safetensors", b"");
         let s = |p: &std::path::Path| p.to_str().expect("utf-8").to_string();
-        let (c, j) = (s(&cell_path), s(&junk));
-        let result = cellc(&["run", &c, "--weights", &j, "--input", &j, "--out", &j]);
+        let (c, j, o) = (s(&cell_path), s(&junk), s(&out));
+        let result = cellc(&["run", &c, "--weights", &j, "--input", &j, "--out", &o]);
         assert_eq!(result.status.code(), Some(1));
         assert!(String::from_utf8_lossy(&result.stderr).contains("not a safetensors file"));
-        let result = cellc(&["run", &c, "--weights", &j, "--input", &j, "--out", &j, "--backend", "cuda"]);
+        let result = cellc(&["run", &c, "--weights", &j, "--input", &j, "--out", &o, "--backend", "cuda"]);
         assert_eq!(result.status.code(), Some(1));
     }
 }

@@ -71,6 +71,7 @@ use crate::dims::Bindings;
 use crate::interp::Plan;
 use crate::ir::print::{value_line, LeafNames};
 use crate::ir::{BinaryOp, Cell, Graph, Op, ReduceOp, UnaryOp, ValueId};
+use crate::kernel::{FusedGroup, Readers};
 use crate::schedule::{Stage, StageKind};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
@@ -439,7 +440,7 @@ impl<'a> Emitter<'a> {
                 let (line, _) = src.line_col(span.file, span.start);
                 if self.quoted != Some((span.file, line)) {
                     self.quoted = Some((span.file, line));
-                    let code = src.source(span.file).lines().nth(line - 1).unwrap_or("").trim();
+                    let code = src.line_text(span.file, line).trim();
                     let quote = format!("// {}:{line}: {code}", src.name(span.file));
                     self.line(&comment_safe(&quote));
                 }
@@ -521,25 +522,26 @@ impl<'a> Emitter<'a> {
         for (i, &v) in stage.outputs.iter().enumerate() {
             out_ptr.entry(v).or_insert_with(|| format!("a[{}]", n_in + i));
         }
-        let mut group: Vec<ValueId> = Vec::new();
+        let readers = Readers::of(self.graph, &stage.values);
+        let mut group = FusedGroup::default();
         for &v in &stage.values {
             if self.held.contains_key(&v) {
                 continue;
             }
-            let reads_group = self.graph.operands(v).iter().any(|o| group.contains(o));
+            let reads_group = self.graph.operands(v).iter().any(|&o| group.contains(o));
             if self.fusable(v, &group) {
-                if !group.is_empty() && self.len(group[0]) != self.len(v) {
-                    self.flush(&mut group, &stage.values, &out_ptr)?;
+                if group.members().first().is_some_and(|&first| self.len(first) != self.len(v)) {
+                    self.flush(&mut group, &readers, &out_ptr)?;
                 }
                 group.push(v);
                 continue;
             }
             if reads_group {
-                self.flush(&mut group, &stage.values, &out_ptr)?;
+                self.flush(&mut group, &readers, &out_ptr)?;
             }
             self.value(v, out_ptr.get(&v).cloned())?;
         }
-        self.flush(&mut group, &stage.values, &out_ptr)?;
+        self.flush(&mut group, &readers, &out_ptr)?;
         // Outputs not already in place.
         for (i, &v) in stage.outputs.iter().enumerate() {
             let dst = format!("a[{}]", n_in + i);
@@ -577,7 +579,7 @@ impl<'a> Emitter<'a> {
         Ok(())
     }
 
-    fn fusable(&self, v: ValueId, group: &[ValueId]) -> bool {
+    fn fusable(&self, v: ValueId, group: &FusedGroup) -> bool {
         crate::kernel::fusable(self.graph, v, group, |o| {
             matches!(self.held.get(&o), Some(Held::Mem(_) | Held::Lanes(_)))
         })
@@ -599,16 +601,17 @@ impl<'a> Emitter<'a> {
     /// member a register.
     fn flush(
         &mut self,
-        group: &mut Vec<ValueId>,
-        values: &[ValueId],
+        group: &mut FusedGroup,
+        readers: &Readers,
         out_ptr: &HashMap<ValueId, String>,
     ) -> Result<(), EmitError> {
         if group.is_empty() {
             return Ok(());
         }
-        let members = std::mem::take(group);
+        let group = group.take();
+        let members = group.members();
         let n = self.len(members[0]);
-        for &v in &members {
+        for &v in members {
             self.comment(v);
         }
         if let Some(units) = self.lane {
@@ -624,10 +627,10 @@ impl<'a> Emitter<'a> {
                 }
             };
             for p in 0..q {
-                for &v in &members {
+                for &v in members {
                     let mut args = Vec::new();
                     for o in self.graph.operands(v) {
-                        let arg = if members.contains(&o) {
+                        let arg = if group.contains(o) {
                             reg(o, p)
                         } else {
                             let h = self.get(v, o)?;
@@ -646,7 +649,7 @@ impl<'a> Emitter<'a> {
                     }
                 }
             }
-            for &v in &members {
+            for &v in members {
                 if let Some(dst) = out_ptr.get(&v) {
                     self.stored.insert(dst.clone());
                 }
@@ -656,10 +659,10 @@ impl<'a> Emitter<'a> {
         }
         let mut stores = Vec::new();
         let mut code = Vec::new();
-        for &v in &members {
+        for &v in members {
             let mut args = Vec::new();
             for o in self.graph.operands(v) {
-                args.push(if members.contains(&o) {
+                args.push(if group.contains(o) {
                     format!("t{}", o.index())
                 } else {
                     match self.get(v, o)? {
@@ -676,8 +679,7 @@ impl<'a> Emitter<'a> {
                 v.index(),
                 op_expr(v, &self.graph.node(v).op, &args)?
             ));
-            let read_outside = out_ptr.contains_key(&v)
-                || values.iter().any(|u| !members.contains(u) && self.graph.operands(*u).contains(&v));
+            let read_outside = out_ptr.contains_key(&v) || readers.outside(v, &group);
             if read_outside {
                 let at = self.storage(v, out_ptr.get(&v).cloned());
                 code.push(format!("{at}[j] = t{};", v.index()));
@@ -899,7 +901,7 @@ fn op_expr(v: ValueId, op: &Op, a: &[String]) -> Result<String, EmitError> {
             UnaryOp::Abs => format!("fabsf({x})"),
             UnaryOp::Softplus => format!("cellc_softplus({x})"),
             UnaryOp::Silu => format!("cellc_silu({x})"),
-            UnaryOp::Step => format!("(({x}) > 0.0f ? 1.0f : 0.0f)"),
+            UnaryOp::Step => format!("cellc_step({x})"),
             UnaryOp::Sign => format!("cellc_sign({x})"),
         },
         Op::Binary(b) => match b {
@@ -909,7 +911,7 @@ fn op_expr(v: ValueId, op: &Op, a: &[String]) -> Result<String, EmitError> {
             BinaryOp::Div => format!("({x} / {y})"),
             BinaryOp::Min => format!("cellc_min({x}, {y})"),
             BinaryOp::Max => format!("cellc_max({x}, {y})"),
-            BinaryOp::Ge => format!("(({x}) >= ({y}) ? 1.0f : 0.0f)"),
+            BinaryOp::Ge => format!("cellc_ge({x}, {y})"),
         },
         // A broadcast's value is its scalar operand's.
         _ => x.to_string(),

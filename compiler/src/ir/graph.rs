@@ -140,12 +140,17 @@ impl Graph {
             }
             stack.extend(self.operands(v));
         }
-        let dead: Vec<ValueId> = self.values().filter(|v| !live[v.index()]).collect();
-        for v in &dead {
-            self.graph.remove_node(v.node());
-            self.spans.remove(v);
+        let dead = self.values().filter(|v| !live[v.index()]).count();
+        if dead > 0 {
+            // One rebuild (indices preserved), not a `remove_node` each:
+            // unlinking an edge walks its source's list of uses, so removing
+            // the users of a value read thousands of times (a shared
+            // constant) one by one would take quadratic time.
+            self.graph =
+                self.graph.filter_map(|n, node| live[n.index()].then(|| node.clone()), |_, &slot| Some(slot));
+            self.spans.retain(|v, _| live[v.index()]);
         }
-        dead.len()
+        dead
     }
 
     /// Makes every user of `old` read `new` instead (same slots).

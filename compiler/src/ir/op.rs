@@ -59,9 +59,9 @@ pub enum UnaryOp {
     Abs,
     Softplus,
     Silu,
-    /// 1 where the operand is positive, else 0 (internal: `relu`'s adjoint).
+    /// 1 where the operand is positive, else 0; NaN for NaN (internal: `relu`'s adjoint).
     Step,
-    /// -1, 0 or 1 (internal: `abs`'s adjoint).
+    /// -1, 0 or 1; NaN for NaN (internal: `abs`'s adjoint).
     Sign,
     /// The operand itself, as a value of its own (internal: a next state
     /// or state adjoint computed in the step; see `passes::materialize`).
@@ -76,7 +76,7 @@ pub enum BinaryOp {
     Div,
     Min,
     Max,
-    /// 1 where `a >= b`, else 0 (internal: `min`/`max`'s adjoints).
+    /// 1 where `a >= b`, else 0; NaN if either is (internal: `min`/`max`'s adjoints).
     Ge,
 }
 
@@ -130,18 +130,20 @@ impl UnaryOp {
     }
 }
 
-/// The semantics of the unary ops, for any float type.
+/// The semantics of the unary ops, for any float type. A NaN operand
+/// gives NaN for every op (as PyTorch's `relu`, `sign` and friends do), so
+/// a NaN in the data or the weights is never hidden behind a finite value.
 pub fn apply_unary<T: num_traits::Float>(op: UnaryOp, x: T) -> T {
-    let one = T::one();
+    let (zero, one) = (T::zero(), T::one());
     match op {
         UnaryOp::Neg => -x,
         UnaryOp::Sigmoid => one / (one + (-x).exp()),
         UnaryOp::Tanh => x.tanh(),
         UnaryOp::Relu => {
-            if x > T::zero() {
-                x
+            if x < zero {
+                zero
             } else {
-                T::zero()
+                x
             }
         }
         UnaryOp::Exp => x.exp(),
@@ -150,35 +152,42 @@ pub fn apply_unary<T: num_traits::Float>(op: UnaryOp, x: T) -> T {
         UnaryOp::Rsqrt => one / x.sqrt(),
         UnaryOp::Abs => x.abs(),
         // log(1 + e^x), computed without overflow for large x.
-        UnaryOp::Softplus => x.max(T::zero()) + (-x.abs()).exp().ln_1p(),
+        UnaryOp::Softplus => x.max(zero) + (-x.abs()).exp().ln_1p(),
         UnaryOp::Silu => x / (one + (-x).exp()),
         UnaryOp::Step => {
-            if x > T::zero() {
+            if x > zero {
                 one
+            } else if x <= zero {
+                zero
             } else {
-                T::zero()
+                x
             }
         }
         UnaryOp::Sign => {
-            if x > T::zero() {
+            if x > zero {
                 one
-            } else if x < T::zero() {
+            } else if x < zero {
                 -one
+            } else if x == zero {
+                zero
             } else {
-                T::zero()
+                x
             }
         }
         UnaryOp::Copy => x,
     }
 }
 
-/// The semantics of the binary ops, for any float type.
+/// The semantics of the binary ops, for any float type. As for the unary
+/// ops, a NaN operand gives NaN (`min`/`max` as PyTorch's `minimum`/`maximum`).
 pub fn apply_binary<T: num_traits::Float>(op: BinaryOp, a: T, b: T) -> T {
+    let either_nan = a.is_nan() || b.is_nan();
     match op {
         BinaryOp::Add => a + b,
         BinaryOp::Sub => a - b,
         BinaryOp::Mul => a * b,
         BinaryOp::Div => a / b,
+        BinaryOp::Min | BinaryOp::Max | BinaryOp::Ge if either_nan => a + b,
         BinaryOp::Min => a.min(b),
         BinaryOp::Max => a.max(b),
         BinaryOp::Ge => {

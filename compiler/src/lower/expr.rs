@@ -201,6 +201,9 @@ impl CellLowerer<'_> {
             b.kind
         });
         if self.cell.state_index(&id.name).is_none() {
+            if kind == Some(BindingKind::State) {
+                return None; // a state whose declaration failed: already reported
+            }
             let what = match kind {
                 Some(k) => format!("`{}` is {}", id.name, k.a_word()),
                 None => format!("`{}` is not declared", id.name),

@@ -187,8 +187,8 @@ impl CellBuild {
         let stem = format!("cellc_{}", generated.name);
         let write = |ext: &str, bytes: &[u8]| {
             let path = out.join(format!("{stem}.{ext}"));
-            std::fs::write(&path, bytes)
-                .map_err(|e| Error(format!("cannot write {}: {e}", path.display())))
+            cellc_runtime::write_atomically(&path, bytes)
+                .map_err(|e| Error(format!("cannot write {e}")))
                 .map(|_| path)
         };
         let object = write("o", &generated.object)?;

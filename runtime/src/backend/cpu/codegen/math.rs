@@ -49,30 +49,56 @@ pub fn choose(b: &mut FunctionBuilder, ty: Type, cond: Value, a: Value, c: Value
     }
 }
 
-/// `x < y ? x : y` (lowers to one `minps` for vectors).
-pub fn min(b: &mut FunctionBuilder, ty: Type, x: Value, y: Value) -> Value {
+/// `x < y ? x : y`: `y` when either is NaN (one `minps`; for clamps).
+fn min_ordered(b: &mut FunctionBuilder, ty: Type, x: Value, y: Value) -> Value {
     let lt = b.ins().fcmp(FloatCC::LessThan, x, y);
     choose(b, ty, lt, x, y)
 }
 
-/// `y < x ? x : y` (one `maxps`).
-pub fn max(b: &mut FunctionBuilder, ty: Type, x: Value, y: Value) -> Value {
+/// `y < x ? x : y`: `y` when either is NaN (one `maxps`; for clamps).
+fn max_ordered(b: &mut FunctionBuilder, ty: Type, x: Value, y: Value) -> Value {
     let gt = b.ins().fcmp(FloatCC::LessThan, y, x);
     choose(b, ty, gt, x, y)
 }
 
-/// 1.0 where `a cc c`, else 0.0.
+/// `r`, or NaN (`x + y`) where `x` or `y` is NaN: every op propagates NaN.
+pub fn keep_nan(b: &mut FunctionBuilder, ty: Type, x: Value, y: Value, r: Value) -> Value {
+    let unordered = b.ins().fcmp(FloatCC::Unordered, x, y);
+    let nan = b.ins().fadd(x, y);
+    choose(b, ty, unordered, nan, r)
+}
+
+/// The smaller of `x` and `y`; NaN if either is.
+pub fn min(b: &mut FunctionBuilder, ty: Type, x: Value, y: Value) -> Value {
+    let r = min_ordered(b, ty, x, y);
+    keep_nan(b, ty, x, y, r)
+}
+
+/// The larger of `x` and `y`; NaN if either is.
+pub fn max(b: &mut FunctionBuilder, ty: Type, x: Value, y: Value) -> Value {
+    let r = max_ordered(b, ty, x, y);
+    keep_nan(b, ty, x, y, r)
+}
+
+/// 1.0 where `a cc c`, else 0.0; NaN if `a` or `c` is.
 pub fn indicator(b: &mut FunctionBuilder, ty: Type, cc: FloatCC, a: Value, c: Value) -> Value {
     let cond = b.ins().fcmp(cc, a, c);
     let (one, zero) = (fc(b, ty, 1.0), fc(b, ty, 0.0));
-    choose(b, ty, cond, one, zero)
+    let r = choose(b, ty, cond, one, zero);
+    keep_nan(b, ty, a, c, r)
 }
 
+/// `e^x`; NaN for NaN (the clamp below would turn it into a bound).
 pub fn exp(b: &mut FunctionBuilder, ty: Type, x: Value) -> Value {
+    let r = exp_of_ordered(b, ty, x);
+    keep_nan(b, ty, x, x, r)
+}
+
+fn exp_of_ordered(b: &mut FunctionBuilder, ty: Type, x: Value) -> Value {
     let lo = fc(b, ty, -87.336_54);
     let hi = fc(b, ty, 88.376_26);
-    let x = max(b, ty, x, lo);
-    let x = min(b, ty, x, hi);
+    let x = max_ordered(b, ty, x, lo);
+    let x = min_ordered(b, ty, x, hi);
     let magic = fc(b, ty, 12_582_912.0); // 1.5 * 2^23: j's low bits hold round(x / ln2)
     let log2e = fc(b, ty, std::f32::consts::LOG2_E);
     let j = b.ins().fma(x, log2e, magic);
@@ -269,6 +295,21 @@ mod tests {
             let (u, r, at) = sweep(op, lo, hi, exact);
             eprintln!("{op:?}: max {u:.2} ulp (relative {r:.2e}) at x = {at:e}");
             assert!(u <= limit, "{op:?}: {u} ulp at {at}");
+        }
+    }
+
+    /// NaN in, NaN out, in the vector body (the first four lanes) and the
+    /// scalar tail (the fifth): the clamps inside `exp` must not turn it
+    /// into a bound, nor a comparison in `relu` into 0.
+    #[test]
+    fn every_builtin_propagates_nan() {
+        let xs = [f32::NAN, 1.5, 0.25, f32::NAN, f32::NAN];
+        for op in UnaryOp::BUILTINS {
+            let f = compile_unary_for_test(op, xs.len());
+            let ys = f(&xs);
+            for (x, y) in xs.iter().zip(&ys) {
+                assert_eq!(x.is_nan(), y.is_nan(), "{op:?}({x}) = {y}");
+            }
         }
     }
 }

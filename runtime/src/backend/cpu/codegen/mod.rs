@@ -24,6 +24,7 @@ pub mod object;
 
 use cellc::interp::Plan;
 use cellc::ir::{BinaryOp, Graph, Op, ReduceOp, UnaryOp, ValueId};
+use cellc::kernel::{FusedGroup, Readers};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, AbiParam, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_codegen::isa::TargetFrontendConfig;
@@ -178,27 +179,28 @@ impl Gen<'_, '_> {
         }
         // Elementwise vector ops of one length run as one fused loop (their
         // intermediates stay in registers); anything else flushes the group.
-        let mut group: Vec<ValueId> = Vec::new();
+        let readers = Readers::of(self.graph, values);
+        let mut group = FusedGroup::default();
         for &v in values {
             if self.held.contains_key(&v) {
                 continue;
             }
-            let reads_group = self.graph.operands(v).iter().any(|o| group.contains(o));
+            let reads_group = self.graph.operands(v).iter().any(|&o| group.contains(o));
             if self.fusable(v, &group) {
-                if !group.is_empty() && self.len(group[0]) != self.len(v) {
-                    self.flush(&mut group, values, &out_ptr, scratch)?;
+                if group.members().first().is_some_and(|&first| self.len(first) != self.len(v)) {
+                    self.flush(&mut group, &readers, &out_ptr, scratch)?;
                 }
                 group.push(v);
                 continue;
             }
             if reads_group {
-                self.flush(&mut group, values, &out_ptr, scratch)?;
+                self.flush(&mut group, &readers, &out_ptr, scratch)?;
             }
             let dst = out_ptr.get(&v).copied();
             let h = self.value(v, dst, scratch)?;
             self.held.insert(v, h);
         }
-        self.flush(&mut group, values, &out_ptr, scratch)?;
+        self.flush(&mut group, &readers, &out_ptr, scratch)?;
         // Outputs not already written in place.
         for (i, &v) in outputs.iter().enumerate() {
             let p = self.b.ins().load(self.ptr, flags(), base, ((inputs.len() + i) * 8) as i32);
@@ -218,7 +220,7 @@ impl Gen<'_, '_> {
         Ok(())
     }
 
-    fn fusable(&self, v: ValueId, group: &[ValueId]) -> bool {
+    fn fusable(&self, v: ValueId, group: &FusedGroup) -> bool {
         cellc::kernel::fusable(self.graph, v, group, |o| matches!(self.held.get(&o), Some(Held::Mem(_))))
     }
 
@@ -227,42 +229,39 @@ impl Gen<'_, '_> {
     /// scratch) only when an output or a value outside the group reads it.
     fn flush(
         &mut self,
-        group: &mut Vec<ValueId>,
-        values: &[ValueId],
+        group: &mut FusedGroup,
+        readers: &Readers,
         out_ptr: &HashMap<ValueId, Value>,
         scratch: Value,
     ) -> Result<(), CodegenError> {
         if group.is_empty() {
             return Ok(());
         }
-        let members = std::mem::take(group);
-        let read_outside = |v: ValueId| {
-            out_ptr.contains_key(&v)
-                || values.iter().any(|u| !members.contains(u) && self.graph.operands(*u).contains(&v))
-        };
+        let group = group.take();
+        let members = group.members();
         let mut keep: Vec<Option<Value>> = Vec::with_capacity(members.len());
-        for &v in &members {
-            let kept = read_outside(v).then(|| self.storage(v, out_ptr.get(&v).copied(), scratch));
-            keep.push(kept);
+        for &v in members {
+            let read_outside = out_ptr.contains_key(&v) || readers.outside(v, &group);
+            keep.push(read_outside.then(|| self.storage(v, out_ptr.get(&v).copied(), scratch)));
         }
         // Each member's operands: a value held before the group (loaded once
         // per iteration) or an earlier member's result.
         let mut outside: Vec<Held> = Vec::new();
-        let mut outside_ids: Vec<ValueId> = Vec::new();
+        let mut outside_at: HashMap<ValueId, usize> = HashMap::new();
         let mut plan: Vec<(Op, Vec<Operand>)> = Vec::with_capacity(members.len());
         for (i, &v) in members.iter().enumerate() {
             let mut args = Vec::new();
             for o in self.graph.operands(v) {
-                if let Some(j) = members[..i].iter().position(|m| *m == o) {
+                if let Some(j) = group.position(o).filter(|&j| j < i) {
                     args.push(Operand::Member(j));
                     continue;
                 }
-                let at = match outside_ids.iter().position(|x| *x == o) {
-                    Some(at) => at,
+                let at = match outside_at.get(&o) {
+                    Some(&at) => at,
                     None => {
                         let h = self.held.get(&o).copied();
                         outside.push(h.ok_or_else(|| CodegenError(format!("{v} reads {o}, not available")))?);
-                        outside_ids.push(o);
+                        outside_at.insert(o, outside.len() - 1);
                         outside.len() - 1
                     }
                 };
@@ -289,7 +288,7 @@ impl Gen<'_, '_> {
                 results.push(r);
             }
         });
-        for (&v, kept) in members.iter().zip(&keep) {
+        for (&v, kept) in group.members().iter().zip(&keep) {
             if let Some(addr) = kept {
                 self.held.insert(v, Held::Mem(*addr));
             }
@@ -527,9 +526,10 @@ impl Gen<'_, '_> {
                     UnaryOp::Sigmoid => math::sigmoid(b, ty, x),
                     UnaryOp::Tanh => math::tanh(b, ty, x),
                     UnaryOp::Relu => {
+                        // `x < 0 ? 0 : x`: NaN stays NaN.
                         let z = fc(b, ty, 0.0);
-                        let pos = b.ins().fcmp(FloatCC::GreaterThan, x, z);
-                        math::choose(b, ty, pos, x, z)
+                        let neg = b.ins().fcmp(FloatCC::LessThan, x, z);
+                        math::choose(b, ty, neg, z, x)
                     }
                     UnaryOp::Exp => math::exp(b, ty, x),
                     UnaryOp::Log => math::log(b, ty, x),
@@ -561,6 +561,7 @@ impl Gen<'_, '_> {
                         math::indicator(b, ty, FloatCC::GreaterThan, x, z)
                     }
                     UnaryOp::Sign => {
+                        // Each indicator is NaN for NaN, and so is their difference.
                         let z = fc(b, ty, 0.0);
                         let p = math::indicator(b, ty, FloatCC::GreaterThan, x, z);
                         let n = math::indicator(b, ty, FloatCC::LessThan, x, z);
