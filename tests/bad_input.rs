@@ -172,3 +172,25 @@ fn a_pass_larger_than_memory_is_refused_before_allocating() {
         "{text}"
     );
 }
+
+#[test]
+fn a_weight_that_fits_no_size_is_named_once() {
+    let lstm = Arc::new(
+        CompiledCell::from_file(&support::root().join("cells/lstm.cell"), None).expect("lstm compiles"),
+    );
+    let mut weights = cellc_runtime::Weights::default();
+    weights.insert("weight_ih_l0".into(), vec![7, 3], vec![0.0; 21]); // 7 rows: not 4*H
+    let err = Model::new(
+        lstm,
+        ModelConfig::default(),
+        &Default::default(),
+        Some(3),
+        Some(&weights),
+        0,
+        Box::new(Reference),
+    )
+    .expect_err("7 is not 4*H");
+    let text = err.to_string();
+    assert!(text.contains("`weight_ih_l0` has shape 7, expected a size of the form [4*H]"), "{text}");
+    assert!(!text.contains("``"), "{text}");
+}

@@ -198,10 +198,12 @@ pub fn weight_suffix(layer: usize, reverse: bool) -> String {
     }
 }
 
-/// Binds `dim = value` for a dimension of the form `c*V + k`; records where it came from.
+/// Binds `dim = value` for a dimension of the form `c*V + k`; records where
+/// it came from (`from`, a description) and names `tensor` when it cannot.
 fn infer(
     dim: &Dim,
     value: usize,
+    tensor: &str,
     from: &str,
     sizes: &mut Bindings,
     sources: &mut BTreeMap<String, String>,
@@ -223,7 +225,7 @@ fn infer(
             return Ok(());
         }
         return Err(RuntimeError::Shape {
-            tensor: from.to_string(),
+            tensor: tensor.to_string(),
             expected: format!("a size of the form [{dim}]"),
             found: format!("{value}"),
         });
@@ -243,7 +245,7 @@ fn infer(
                 });
             }
             return Err(RuntimeError::Shape {
-                tensor: from.to_string(),
+                tensor: tensor.to_string(),
                 expected: format!("[{dim}] = {want}"),
                 found: format!("{value}"),
             });
@@ -299,7 +301,7 @@ impl Model {
         let mut sources: BTreeMap<String, String> =
             base.keys().map(|k| (k.clone(), format!("-D {k}"))).collect();
         if let Some(n) = input_size {
-            infer(&input_dim, n, "the input's features", &mut base, &mut sources)?;
+            infer(&input_dim, n, "input", "the input's features", &mut base, &mut sources)?;
         }
         if let Some(w) = weights {
             for p in &cell.params {
@@ -315,7 +317,7 @@ impl Model {
                 }
                 // Matrices' row counts first: `[4*H, I]` binds H before I.
                 for (d, &n) in dims.iter().zip(&t.shape) {
-                    infer(d, n, &format!("weight `{name}`"), &mut base, &mut sources)?;
+                    infer(d, n, &name, &format!("weight `{name}`"), &mut base, &mut sources)?;
                 }
             }
         }
@@ -344,6 +346,7 @@ impl Model {
                 infer(
                     &input_dim,
                     features,
+                    "input",
                     &format!("layer {}'s output ({} features)", k - 1, features),
                     &mut sizes,
                     &mut srcs,

@@ -7,7 +7,7 @@ mod common;
 use cellc_runtime::{read_tensors, write_tensors, Tensor};
 use common::{arg, cellc, temp_file, RNN};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -31,6 +31,11 @@ fn rnn_weights() -> PathBuf {
             ("b_l0", Tensor::f32(vec![4], vec![0.0; 4])),
         ],
     )
+}
+
+/// `cellc run` of `cell` (an `rnn`) with [`rnn_weights`] on `input`, writing `out`.
+fn run_rnn(cell: &Path, input: &Path, out: &Path) -> std::process::Output {
+    cellc(&["run", arg(cell), "--weights", arg(&rnn_weights()), "--input", arg(input), "--out", arg(out)])
 }
 
 #[test]
@@ -73,16 +78,7 @@ fn a_negative_length_is_reported_as_it_is() {
         ],
     );
     let out = temp_file("neg_out.safetensors", b"");
-    let result = cellc(&[
-        "run",
-        arg(&cell),
-        "--weights",
-        arg(&rnn_weights()),
-        "--input",
-        arg(&input),
-        "--out",
-        arg(&out),
-    ]);
+    let result = run_rnn(&cell, &input, &out);
     assert_eq!(result.status.code(), Some(1));
     assert!(stderr(&result).contains("sequence 1 has negative length -3"), "{}", stderr(&result));
 }
@@ -300,16 +296,7 @@ fn safetensors_header_errors_name_the_tensor() {
     bytes.extend_from_slice(&[0; 48]);
     let input = temp_file("st_bad.safetensors", &bytes);
     let out = temp_file("st_out.safetensors", b"");
-    let result = cellc(&[
-        "run",
-        arg(&cell),
-        "--weights",
-        arg(&rnn_weights()),
-        "--input",
-        arg(&input),
-        "--out",
-        arg(&out),
-    ]);
+    let result = run_rnn(&cell, &input, &out);
     assert_eq!(result.status.code(), Some(1));
     assert!(
         stderr(&result).contains(

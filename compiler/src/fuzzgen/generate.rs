@@ -19,8 +19,9 @@
 //! bounded (`tanh`, gates, LayerNorm), as in real cells, so that f32 back
 //! ends and an f64 oracle can be compared at a fixed tolerance.
 
-use super::spec::{BinOp, CellSpec, Expr, FnDef, Guard, Init, Param, Scale, Size, Stmt, Ty, Unary};
+use super::spec::{guard_for, BinOp, CellSpec, Expr, FnDef, Guard, Init, Param, Scale, Size, Stmt, Ty};
 use super::Entropy;
+use crate::ir::UnaryOp;
 
 /// A value visible to the expression being generated.
 #[derive(Clone, Debug)]
@@ -216,7 +217,7 @@ impl Gen<'_, '_> {
                 // A chain of two dependent per-step products: W2 @ f(W1 @ inner).
                 let mid = self.rng.pick(&self.sizes.clone()).clone();
                 let first = self.product_of(&mid, inner);
-                let between = unary(*self.rng.pick(&Unary::ALL), first);
+                let between = unary(*self.rng.pick(&UnaryOp::BUILTINS), first);
                 self.product_of(size, between)
             } else {
                 self.product_of(size, inner)
@@ -225,10 +226,10 @@ impl Gen<'_, '_> {
         }
         let gate = |g: &mut Self| {
             let e = g.vector(size, 1, true);
-            Expr::Unary(Unary::Sigmoid, Box::new(e))
+            Expr::Unary(UnaryOp::Sigmoid, Box::new(e))
         };
         match self.rng.below(10) {
-            0..=2 => Expr::Unary(Unary::Tanh, Box::new(core)),
+            0..=2 => Expr::Unary(UnaryOp::Tanh, Box::new(core)),
             3 | 4 => {
                 // A gated mix: z * s + (1 - z) * tanh(core).
                 let z = gate(self);
@@ -237,7 +238,7 @@ impl Gen<'_, '_> {
                 let new = Expr::Binary(
                     BinOp::Mul,
                     Box::new(one_minus),
-                    Box::new(Expr::Unary(Unary::Tanh, Box::new(core))),
+                    Box::new(Expr::Unary(UnaryOp::Tanh, Box::new(core))),
                 );
                 Expr::Binary(BinOp::Add, Box::new(keep), Box::new(new))
             }
@@ -245,8 +246,11 @@ impl Gen<'_, '_> {
                 // LSTM's cell: f * s + i * tanh(core).
                 let (f, i) = (gate(self), gate(self));
                 let keep = Expr::Binary(BinOp::Mul, Box::new(f), Box::new(Expr::name(state)));
-                let new =
-                    Expr::Binary(BinOp::Mul, Box::new(i), Box::new(Expr::Unary(Unary::Tanh, Box::new(core))));
+                let new = Expr::Binary(
+                    BinOp::Mul,
+                    Box::new(i),
+                    Box::new(Expr::Unary(UnaryOp::Tanh, Box::new(core))),
+                );
                 Expr::Binary(BinOp::Add, Box::new(keep), Box::new(new))
             }
             7 if !self.in_fn => self.layernorm(core, size),
@@ -392,7 +396,7 @@ impl Gen<'_, '_> {
             match self.rng.below(24) {
                 0..=4 => return self.vector_leaf(size, dynamic_ok),
                 5..=7 => {
-                    let u = *self.rng.pick(&Unary::ALL);
+                    let u = *self.rng.pick(&UnaryOp::BUILTINS);
                     let arg = self.vector(size, d, dynamic_ok);
                     return unary(u, arg);
                 }
@@ -469,7 +473,7 @@ impl Gen<'_, '_> {
                 Expr::Reduce(self.rng.chance(1, 2), Box::new(v))
             }
             7 => {
-                let u = *self.rng.pick(&Unary::ALL);
+                let u = *self.rng.pick(&UnaryOp::BUILTINS);
                 unary(u, self.scalar(depth - 1, dynamic_ok))
             }
             _ => {
@@ -532,8 +536,8 @@ impl Gen<'_, '_> {
 }
 
 /// `u(arg)`, its argument guarded where `u` needs it.
-fn unary(u: Unary, arg: Expr) -> Expr {
-    match u.guard() {
+fn unary(u: UnaryOp, arg: Expr) -> Expr {
+    match guard_for(u) {
         Some(g) => Expr::Unary(u, Box::new(Expr::Guarded(g, Box::new(arg)))),
         None => Expr::Unary(u, Box::new(arg)),
     }
@@ -542,12 +546,12 @@ fn unary(u: Unary, arg: Expr) -> Expr {
 /// `a op b`: a divisor is guarded; two equal operands (`x - x`, a kink
 /// or a zero by construction) are made different.
 fn binary(op: BinOp, a: Expr, b: Expr) -> Expr {
-    let b = if a == b { Expr::Unary(Unary::Sigmoid, Box::new(b)) } else { b };
+    let b = if a == b { Expr::Unary(UnaryOp::Sigmoid, Box::new(b)) } else { b };
     let b = if op == BinOp::Div { Expr::Guarded(Guard::Positive, Box::new(b)) } else { b };
     Expr::Binary(op, Box::new(a), Box::new(b))
 }
 
 fn min_max(max: bool, a: Expr, b: Expr) -> Expr {
-    let b = if a == b { Expr::Unary(Unary::Sigmoid, Box::new(b)) } else { b };
+    let b = if a == b { Expr::Unary(UnaryOp::Sigmoid, Box::new(b)) } else { b };
     Expr::MinMax(max, Box::new(a), Box::new(b))
 }

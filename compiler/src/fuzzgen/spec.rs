@@ -5,6 +5,8 @@
 //! never strips the `+ 0.5` that keeps a `log` in its domain: a guard is
 //! removed only with the node it protects.
 
+use crate::ir::UnaryOp;
+pub use crate::syntax::ast::BinOp;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -98,83 +100,18 @@ pub enum Ty {
     Vector(Size),
 }
 
-/// Built-ins of one argument.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Unary {
-    Sigmoid,
-    Tanh,
-    Relu,
-    Exp,
-    Log,
-    Sqrt,
-    Rsqrt,
-    Abs,
-    Softplus,
-    Silu,
-}
-
-impl Unary {
-    pub const ALL: [Unary; 10] = [
-        Unary::Sigmoid,
-        Unary::Tanh,
-        Unary::Relu,
-        Unary::Exp,
-        Unary::Log,
-        Unary::Sqrt,
-        Unary::Rsqrt,
-        Unary::Abs,
-        Unary::Softplus,
-        Unary::Silu,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Unary::Sigmoid => "sigmoid",
-            Unary::Tanh => "tanh",
-            Unary::Relu => "relu",
-            Unary::Exp => "exp",
-            Unary::Log => "log",
-            Unary::Sqrt => "sqrt",
-            Unary::Rsqrt => "rsqrt",
-            Unary::Abs => "abs",
-            Unary::Softplus => "softplus",
-            Unary::Silu => "silu",
-        }
-    }
-
-    /// The guard its argument needs to stay in the domain and in range.
-    pub fn guard(self) -> Option<Guard> {
-        match self {
-            Unary::Log | Unary::Sqrt | Unary::Rsqrt => Some(Guard::Positive),
-            Unary::Exp => Some(Guard::Bounded),
-            _ => None,
-        }
-    }
-
-    /// Has a kink (a point where the derivative jumps).
-    pub fn kinked(self) -> bool {
-        matches!(self, Unary::Relu | Unary::Abs)
+/// The guard a built-in's argument needs to stay in the domain and in range.
+pub fn guard_for(op: UnaryOp) -> Option<Guard> {
+    match op {
+        UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt => Some(Guard::Positive),
+        UnaryOp::Exp => Some(Guard::Bounded),
+        _ => None,
     }
 }
 
-/// `+ - * /`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BinOp {
-    Add,
-    Sub,
-    Mul,
-    Div,
-}
-
-impl BinOp {
-    pub fn symbol(self) -> &'static str {
-        match self {
-            BinOp::Add => "+",
-            BinOp::Sub => "-",
-            BinOp::Mul => "*",
-            BinOp::Div => "/",
-        }
-    }
+/// Whether a built-in has a kink (a point where its derivative jumps).
+pub fn kinked(op: UnaryOp) -> bool {
+    matches!(op, UnaryOp::Relu | UnaryOp::Abs)
 }
 
 /// A numeric guard around a subexpression, printed as part of it.
@@ -196,7 +133,8 @@ pub enum Expr {
     /// A state's value at the end of the step: `h'`.
     Primed(String),
     Neg(Box<Expr>),
-    Unary(Unary, Box<Expr>),
+    /// A built-in of one argument (one of `UnaryOp::BUILTINS`).
+    Unary(UnaryOp, Box<Expr>),
     Binary(BinOp, Box<Expr>, Box<Expr>),
     /// `min(a, b)` (`false`) or `max(a, b)` (`true`).
     MinMax(bool, Box<Expr>, Box<Expr>),
@@ -551,7 +489,7 @@ impl CellSpec {
         let kinked = |e: &Expr| {
             e.nodes()
                 .iter()
-                .any(|n| matches!(n, Expr::MinMax(..)) || matches!(n, Expr::Unary(u, _) if u.kinked()))
+                .any(|n| matches!(n, Expr::MinMax(..)) || matches!(n, Expr::Unary(u, _) if kinked(*u)))
         };
         self.stmts.iter().any(|st| match st {
             Stmt::Let { value, .. } | Stmt::Assign { value, .. } | Stmt::Output(value) => kinked(value),
@@ -628,7 +566,8 @@ mod tests {
 
     #[test]
     fn guards_print_inside_their_node() {
-        let e = Expr::Unary(Unary::Log, Box::new(Expr::Guarded(Guard::Positive, Box::new(Expr::name("h")))));
+        let e =
+            Expr::Unary(UnaryOp::Log, Box::new(Expr::Guarded(Guard::Positive, Box::new(Expr::name("h")))));
         assert_eq!(e.to_string(), "log((softplus(h) + 0.5))");
         assert_eq!(Expr::Number(0.25).to_string(), "0.25");
         assert_eq!(Expr::Number(2.0).to_string(), "2");

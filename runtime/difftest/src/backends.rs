@@ -71,11 +71,18 @@ pub fn make(
     }
 }
 
-/// Libraries loaded for linked kernels. They stay loaded for the life of
+/// A library loaded for linked kernels, and the kernel table made from it.
+struct Loaded {
+    _library: libloading::Library,
+    _table: &'static LinkedKernels,
+}
+
+/// Everything loaded for linked kernels. It stays loaded for the life of
 /// the process: the CPU back end caches compiled layers by the kernel
-/// table's address, which must never be reused.
-fn loaded() -> &'static Mutex<Vec<libloading::Library>> {
-    static LOADED: Mutex<Vec<libloading::Library>> = Mutex::new(Vec::new());
+/// table's address, which must never be reused. Kept here, the tables stay
+/// reachable, so leak checkers (libFuzzer's) see no leak.
+fn loaded() -> &'static Mutex<Vec<Loaded>> {
+    static LOADED: Mutex<Vec<Loaded>> = Mutex::new(Vec::new());
     &LOADED
 }
 
@@ -102,10 +109,13 @@ fn linked(cell: &CompiledCell, layers: &[LayerProgram]) -> Result<&'static Linke
         functions.push((Box::leak(k.symbol.clone().into_boxed_str()), f));
     }
     let manifest = serde_json::to_string(&artifacts.manifest).map_err(|e| e.to_string())?;
-    loaded().lock().map_err(|_| "library list poisoned".to_string())?.push(lib);
-    let table =
-        LinkedKernels::new(Box::leak(manifest.into_boxed_str()), Box::leak(functions.into_boxed_slice()));
-    Ok(Box::leak(Box::new(table)))
+    let table: &'static LinkedKernels = Box::leak(Box::new(LinkedKernels::new(
+        Box::leak(manifest.into_boxed_str()),
+        Box::leak(functions.into_boxed_slice()),
+    )));
+    let mut all = loaded().lock().map_err(|_| "library list poisoned".to_string())?;
+    all.push(Loaded { _library: lib, _table: table });
+    Ok(table)
 }
 
 fn link_shared(object: &Path, library: &Path) -> Result<(), String> {

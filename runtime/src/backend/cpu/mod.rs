@@ -289,8 +289,7 @@ fn forward(
     let params_t = prepare_params(g, &code.forward, job.params, &shape, batch);
 
     // Before the loop: every valid row.
-    let all_rows: Vec<(usize, usize, usize)> =
-        (0..batch).flat_map(|b| (0..job.plan.lengths()[b]).map(move |t| (b, t, 0))).collect();
+    let all_rows = valid_rows(job.plan);
     {
         let frame = Frame {
             input: job.input,
@@ -744,8 +743,7 @@ fn backward(
     let params_t = prepare_params(g, &code.backward, job.params, &shape, batch);
     let d_out = Some((job.d_output, layer.output_size));
     // Before the loop: products that read no carried adjoint, over every valid row.
-    let all_rows: Vec<(usize, usize, usize)> =
-        (0..batch).flat_map(|b| (0..job.plan.lengths()[b]).map(move |t| (b, t, 0))).collect();
+    let all_rows = valid_rows(job.plan);
     {
         let frame = Frame {
             input: job.input,
@@ -950,4 +948,10 @@ unsafe fn sum_rows(rows: &[*const f32], out: &mut [f32], threads: usize) {
             });
         }
     });
+}
+
+/// Every valid `(sequence, step, 0)` of a batch, sequence by sequence: the
+/// rows a stage before or after the loop runs on.
+fn valid_rows(plan: &crate::sequence::BatchPlan) -> Vec<(usize, usize, usize)> {
+    plan.lengths().iter().enumerate().flat_map(|(b, &len)| (0..len).map(move |t| (b, t, 0))).collect()
 }
