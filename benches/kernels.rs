@@ -94,8 +94,8 @@ fn pointwise(c: &mut Criterion) {
 fn unary_kernel(op: &str, n: usize) -> cellc_runtime::backend::cpu::native::NativeStage {
     let src = format!("cell t {{ input x[N] state h[N] h' = {op}(x) + 0 * h\n output {op}(x) }}");
     let module = cellc::compile("t.cell", &src).into_result().expect("the one-op cell compiles");
-    let mut cell = module.cells.into_iter().next().expect("one cell");
-    cellc::passes::optimize_cell(&mut cell);
+    let cell = module.cells.into_iter().next().expect("one cell");
+    let cell = cellc::program::Steps::compile(&cell).expect("verifies").forward;
     let plan = Plan::new(&cell, &[("N".to_string(), n)].into(), "t").expect("plan");
     let x = cell.values().find(|&v| matches!(cell.node(v).op, Op::Input(0))).expect("the input x");
     compile_stage(&cell, &plan, &[cell.output], &[x], &[cell.output]).expect("compiles")

@@ -133,7 +133,8 @@ fn kernels_take_the_lane_form_unless_they_reduce_a_row() {
             .into_iter()
             .filter(|(k, _)| c.cell.sizes.contains(k))
             .collect();
-        let kernels = cuda::emit_cell(&c.cell, &c.grad, &sizes, None).expect("emits");
+        let kernels =
+            cuda::emit_cell(&c.cell, &c.grad, &c.program(&sizes).expect("sizes"), None).expect("emits");
         assert!(!kernels.is_empty());
         // The step's kernel (the first) has a thread per hidden unit; others
         // (e.g. summing two input gradients, [I]) a thread per element.
@@ -147,7 +148,7 @@ fn kernels_take_the_lane_form_unless_they_reduce_a_row() {
     let c =
         CompiledCell::from_file(&support::root().join("cells/layernorm_lstm.cell"), None).expect("compiles");
     let sizes = [("H".to_string(), 37), ("I".to_string(), 5)].into_iter().collect();
-    let kernels = cuda::emit_cell(&c.cell, &c.grad, &sizes, None).expect("emits");
+    let kernels = cuda::emit_cell(&c.cell, &c.grad, &c.program(&sizes).expect("sizes"), None).expect("emits");
     let fwd = kernels.iter().find(|k| k.name.contains("_fwd_")).expect("a forward kernel");
     assert_eq!(fwd.units, 0, "{}: a row reduction needs the block form", fwd.name);
     assert!(fwd.source.contains("cellc_block_sum"), "{}", fwd.name);
@@ -252,15 +253,15 @@ fn compile_output_with_quoted_source_lines_is_valid_cpp() {
         let compiled = cellc::compile(&path.display().to_string(), &text);
         let module = compiled.module.as_ref().expect("compiles");
         for cell in &module.cells {
-            let mut forward = cell.clone();
-            cellc::passes::optimize_cell(&mut forward);
-            let grad = cellc::autodiff::backward_step(&forward).expect("backward");
+            let steps = cellc::program::Steps::compile(cell).expect("verifies");
             let sizes = [("H", 37), ("I", 5), ("P", 3)]
                 .into_iter()
-                .filter(|(k, _)| forward.sizes.iter().any(|s| s == k))
+                .filter(|(k, _)| cell.sizes.iter().any(|s| s == k))
                 .map(|(k, v)| (k.to_string(), v))
                 .collect();
-            let ks = cuda::emit_cell(&forward, &grad, &sizes, Some(&compiled.sources)).expect("emits");
+            let program = steps.program(&sizes).expect("sizes");
+            let ks = cuda::emit_cell(&steps.forward, &steps.backward, &program, Some(&compiled.sources))
+                .expect("emits");
             assert!(ks.iter().any(|k| k.source.contains(".cell:")), "{}: no quoted lines", cell.name);
             kernels.extend(ks);
         }

@@ -28,7 +28,7 @@ fn kernels(c: &CompiledCell, h: usize) -> Vec<Kernel> {
         .into_iter()
         .filter(|(k, _)| c.cell.sizes.contains(k))
         .collect();
-    cuda::emit_cell(&c.cell, &c.grad, &sizes, None).expect("emits")
+    cuda::emit_cell(&c.cell, &c.grad, &c.program(&sizes).expect("sizes"), None).expect("emits")
 }
 
 #[test]

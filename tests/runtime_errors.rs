@@ -196,8 +196,17 @@ fn a_broken_cell_is_a_compile_error_with_diagnostics() {
     let err =
         CompiledCell::from_source("bad.cell", "cell c { input x[I] state h[H] h' = x output h' }", None)
             .unwrap_err();
-    let RuntimeError::Compile(text) = err else { panic!("expected a compile error") };
-    assert!(text.contains("bad.cell:1:"), "{text}");
+    let RuntimeError::Compile(e) = err else { panic!("expected a compile error") };
+    assert!(e.rendered.contains("bad.cell:1:"), "{}", e.rendered);
+    // Typed: the caller has each diagnostic with its span, and the sources
+    // to render them its own way.
+    assert_eq!(e.diagnostics.error_count(), 1, "{:?}", e.diagnostics);
+    let d = e.diagnostics.iter().next().expect("a diagnostic");
+    assert!(d.primary.span.end > d.primary.span.start, "{d:?}");
+    assert!(e.sources.render(&e.diagnostics, true).contains("\u{1b}["), "rendered again, in colour");
+    let none =
+        CompiledCell::from_source("ok.cell", "cell c { input x[H] state h[H] h' = x output h' }", Some("d"));
+    assert_eq!(none.unwrap_err(), RuntimeError::NoCell { file: "ok.cell".into(), name: Some("d".into()) });
 }
 
 #[test]

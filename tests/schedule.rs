@@ -6,12 +6,12 @@ mod support;
 
 use cellc::schedule::{schedule, Placement, Schedule, StageKind};
 
+/// The steps of `cell` and their schedule with every size symbolic (the
+/// schedule's structure does not depend on the sizes).
 fn plan(cell: &cellc::Cell) -> (cellc::Cell, cellc::autodiff::Gradient, Schedule) {
-    let mut forward = cell.clone();
-    cellc::passes::optimize_cell(&mut forward);
-    let grad = cellc::autodiff::backward_step(&forward).expect("backward verifies");
-    let sched = schedule(&forward, &grad, &Default::default());
-    (forward, grad, sched)
+    let steps = cellc::program::Steps::compile(cell).expect("verifies");
+    let sched = schedule(&steps.forward, &steps.backward, &Default::default());
+    (steps.forward, steps.backward, sched)
 }
 
 fn compile(src: &str) -> cellc::Module {

@@ -155,7 +155,7 @@ impl Diagnostics {
 }
 
 /// Source files known to one compilation: the user's file(s) and the prelude.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct SourceMap {
     files: SimpleFiles<String, String>,
     count: u32,

@@ -7,10 +7,11 @@
 //! `±eps`; the analytic gradient from backpropagation through time must
 //! agree with `(L(θ+eps) − L(θ−eps)) / 2 eps`.
 
-use crate::autodiff::{backward_step, Gradient};
+use crate::autodiff::Gradient;
 use crate::dims::Bindings;
 use crate::interp::InterpError;
 use crate::ir::Cell;
+use crate::program::Steps;
 
 /// What to check and how strictly.
 #[derive(Clone, Debug)]
@@ -68,12 +69,14 @@ pub fn default_sizes(cell: &Cell, given: &Bindings) -> Bindings {
         .collect()
 }
 
-/// Checks every gradient of `cell` at `sizes` (unbound ones get small defaults).
+/// Checks every gradient of `cell` at `sizes` (unbound ones get small
+/// defaults): the backward step the pipeline derives ([`Steps::compile`])
+/// against finite differences of the forward step.
 pub fn gradcheck(cell: &Cell, sizes: &Bindings, opts: &Options) -> Result<Report, InterpError> {
-    let grad = backward_step(cell).map_err(|e| InterpError::Internal {
+    let steps = Steps::compile(cell).map_err(|e| InterpError::Internal {
         message: e.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "),
     })?;
-    gradcheck_with(cell, &grad, sizes, opts)
+    gradcheck_with(&steps.forward, &steps.backward, sizes, opts)
 }
 
 /// Checks a given backward step of `cell` (so tests can check the checker).

@@ -36,6 +36,7 @@ pub mod ir;
 pub mod kernel;
 pub mod lower;
 pub mod passes;
+pub mod program;
 pub mod schedule;
 pub mod syntax;
 
@@ -65,23 +66,35 @@ impl Compilation {
         self.sources.render(&self.diagnostics, color)
     }
 
-    /// The module, or the rendered errors.
+    /// The module, or the errors (typed, with the sources to render them against).
     pub fn into_result(self) -> Result<Module, CompileError> {
         match self.module {
             Some(m) => Ok(m),
             None => Err(CompileError {
                 rendered: self.sources.render(&self.diagnostics, false),
                 diagnostics: self.diagnostics,
+                sources: self.sources,
             }),
         }
     }
 }
 
-/// A file that did not compile, with its diagnostics rendered.
+/// A file that did not compile: its diagnostics, typed (each with its
+/// spans), the sources they point into (so a caller can render them its
+/// own way, e.g. in colour with [`SourceMap::render`]), and the plain
+/// rendering.
 #[derive(Debug, Clone)]
 pub struct CompileError {
     pub rendered: String,
     pub diagnostics: Diagnostics,
+    pub sources: SourceMap,
+}
+
+impl PartialEq for CompileError {
+    /// The same diagnostics on the same text.
+    fn eq(&self, other: &CompileError) -> bool {
+        self.diagnostics == other.diagnostics && self.rendered == other.rendered
+    }
 }
 
 impl std::fmt::Display for CompileError {

@@ -5,8 +5,11 @@ use std::fmt;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum RuntimeError {
-    /// The `.cell` source did not compile (rendered diagnostics).
-    Compile(String),
+    /// The `.cell` source did not compile: its diagnostics, typed, with the
+    /// sources to render them against.
+    Compile(Box<cellc::CompileError>),
+    /// A file that compiles but has no cell (of that name).
+    NoCell { file: String, name: Option<String> },
     /// A tensor has the wrong shape.
     Shape { tensor: String, expected: String, found: String },
     /// A sequence length is not positive or is longer than the padded length.
@@ -42,7 +45,9 @@ pub enum RuntimeError {
 impl fmt::Display for RuntimeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            RuntimeError::Compile(text) => write!(f, "the cell does not compile:\n{text}"),
+            RuntimeError::Compile(e) => write!(f, "the cell does not compile:\n{}", e.rendered),
+            RuntimeError::NoCell { file, name: None } => write!(f, "{file} defines no cell"),
+            RuntimeError::NoCell { file, name: Some(n) } => write!(f, "{file} defines no cell named `{n}`"),
             RuntimeError::Shape { tensor, expected, found } => {
                 write!(f, "`{tensor}` has shape {found}, expected {expected}")
             }

@@ -52,7 +52,7 @@ pub struct Trace<'a> {
     tapes: Vec<Tape>,
 }
 
-struct Prepared {
+struct LaidOutBatch {
     plan: BatchPlan,
     layout: RowLayout,
     rows: usize,
@@ -60,7 +60,7 @@ struct Prepared {
 }
 
 impl Model {
-    fn prepare(&self, input: &Input) -> Result<Prepared> {
+    fn prepare(&self, input: &Input) -> Result<LaidOutBatch> {
         match input {
             Input::Padded { data, batch, steps, major, align, lengths } => {
                 if lengths.len() != *batch {
@@ -73,7 +73,7 @@ impl Model {
                 check_len("input", data.len(), &[*batch, *steps, self.input_size()])?;
                 let plan = BatchPlan::new(lengths, *steps)?;
                 let layout = RowLayout::padded(&plan, *steps, *major, *align);
-                Ok(Prepared { plan, layout, rows: batch * steps, data_features: self.input_size() })
+                Ok(LaidOutBatch { plan, layout, rows: batch * steps, data_features: self.input_size() })
             }
             Input::Packed(p) => {
                 if p.features != self.input_size() {
@@ -85,7 +85,7 @@ impl Model {
                 }
                 let plan = p.plan()?;
                 let layout = RowLayout::packed(&plan);
-                Ok(Prepared { rows: plan.rows(), plan, layout, data_features: p.features })
+                Ok(LaidOutBatch { rows: plan.rows(), plan, layout, data_features: p.features })
             }
         }
     }
@@ -95,7 +95,7 @@ impl Model {
     /// output rows; each state four times per sequence (initial, final, and
     /// the back end's current and next); training, one copy of the states
     /// per row for the backward.
-    fn ensure_pass_fits(&self, p: &Prepared, training: bool) -> Result<()> {
+    fn ensure_pass_fits(&self, p: &LaidOutBatch, training: bool) -> Result<()> {
         let (rows, batch) = (p.rows as u128, p.plan.batch() as u128);
         let dirs = self.directions() as u128;
         let mut elements = 0u128;

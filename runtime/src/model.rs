@@ -12,9 +12,10 @@ use crate::error::{Result, RuntimeError};
 use crate::weights::Weights;
 use cellc::autodiff::Gradient;
 use cellc::dims::{Bindings, Dim};
-use cellc::interp::{ConcreteInit, Plan};
+use cellc::interp::ConcreteInit;
 use cellc::ir::{Cell, Type};
-use cellc::schedule::Schedule;
+pub use cellc::program::Side;
+use cellc::program::{Program, Steps};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -30,34 +31,34 @@ pub struct CompiledCell {
 impl CompiledCell {
     /// Compiles the first cell of `source` (or the one named `cell`).
     pub fn from_source(file_name: &str, source: &str, cell: Option<&str>) -> Result<CompiledCell> {
-        let module =
-            cellc::compile(file_name, source).into_result().map_err(|e| RuntimeError::Compile(e.rendered))?;
+        let module = cellc::compile(file_name, source)
+            .into_result()
+            .map_err(|e| RuntimeError::Compile(Box::new(e)))?;
         let found = match cell {
             Some(n) => module.cells.into_iter().find(|c| c.name == n),
             None => module.cells.into_iter().next(),
         };
-        let cell = found.ok_or_else(|| {
-            RuntimeError::Compile(format!(
-                "{file_name} defines no cell{}",
-                cell.map(|n| format!(" named `{n}`")).unwrap_or_default()
-            ))
+        let cell = found.ok_or_else(|| RuntimeError::NoCell {
+            file: file_name.to_string(),
+            name: cell.map(str::to_string),
         })?;
         CompiledCell::from_cell(cell)
     }
 
-    /// Simplifies a checked cell (from [`cellc::compile`]) and derives its backward step.
-    pub fn from_cell(mut cell: Cell) -> Result<CompiledCell> {
-        cellc::passes::optimize_cell(&mut cell);
-        let grad = cellc::autodiff::backward_step(&cell).map_err(|e| {
+    /// Simplifies a checked cell (from [`cellc::compile`]) and derives its
+    /// backward step, through the compiler's one pipeline ([`Steps::compile`]).
+    pub fn from_cell(cell: Cell) -> Result<CompiledCell> {
+        let steps = Steps::compile(&cell).map_err(|e| {
             RuntimeError::Internal(e.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))
         })?;
-        let names = cellc::ir::print::LeafNames::of(&cell, &grad.seeds);
-        let identity = format!(
-            "{}\n{}",
-            cellc::ir::print::values_text(&cell, &names, None),
-            cellc::ir::print::values_text(&grad.graph, &names, None)
-        );
-        Ok(CompiledCell { cell, grad, identity })
+        let identity = steps.identity();
+        let Steps { forward, backward } = steps;
+        Ok(CompiledCell { cell: forward, grad: backward, identity })
+    }
+
+    /// The cell's steps at `sizes` ([`Program::new`]).
+    pub fn program(&self, sizes: &Bindings) -> std::result::Result<Program, cellc::InterpError> {
+        Program::new(&self.cell, &self.grad, sizes)
     }
 
     /// The forward and backward steps' IR as text: two cells with the same
@@ -73,31 +74,16 @@ impl CompiledCell {
         let name = path.display().to_string();
         match std::str::from_utf8(&source) {
             Ok(s) => CompiledCell::from_source(&name, s, cell),
-            Err(_) => Err(RuntimeError::Compile(cellc::compile_bytes(&name, &source).render(false))),
+            Err(_) => match cellc::compile_bytes(&name, &source).into_result() {
+                Err(e) => Err(RuntimeError::Compile(Box::new(e))),
+                Ok(_) => Err(RuntimeError::Internal(format!("{name} is not UTF-8 but compiled"))),
+            },
         }
     }
 
     /// Parameter names of the cell, in declaration order.
     pub fn param_names(&self) -> Vec<&str> {
         self.cell.params.iter().map(|p| p.name.as_str()).collect()
-    }
-}
-
-/// Which step of a cell: the forward step or its derived backward step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Side {
-    Forward,
-    Backward,
-}
-
-impl Side {
-    /// `fwd` or `bwd`, as kernel names say it.
-    pub fn tag(self) -> &'static str {
-        match self {
-            Side::Forward => "fwd",
-            Side::Backward => "bwd",
-        }
     }
 }
 
@@ -124,47 +110,19 @@ impl Default for ModelConfig {
     }
 }
 
-/// One layer's concrete shapes and evaluation plans (shared by its directions).
+/// One layer's program: the cell's steps at this layer's sizes (shared by
+/// its directions). Dereferences to the [`Program`].
 #[derive(Clone, Debug)]
 pub struct LayerProgram {
     pub index: usize,
-    pub sizes: Bindings,
-    pub input_size: usize,
-    pub output_size: usize,
-    pub state_sizes: Vec<usize>,
-    pub input_slices: Vec<(usize, usize)>,
-    /// `(rows, cols)`; `cols == 1` for vectors.
-    pub param_shapes: Vec<(usize, usize)>,
-    pub forward_plan: Plan,
-    pub backward_plan: Plan,
-    pub schedule: Schedule,
+    pub program: Program,
 }
 
-impl LayerProgram {
-    /// The evaluation plan of `side`.
-    pub fn plan(&self, side: Side) -> &Plan {
-        match side {
-            Side::Forward => &self.forward_plan,
-            Side::Backward => &self.backward_plan,
-        }
-    }
+impl std::ops::Deref for LayerProgram {
+    type Target = Program;
 
-    /// The stages of `side`'s schedule.
-    pub fn stages(&self, side: Side) -> &[cellc::schedule::Stage] {
-        match side {
-            Side::Forward => &self.schedule.forward,
-            Side::Backward => &self.schedule.backward,
-        }
-    }
-
-    /// The stages that are generated kernels, with their side and index in
-    /// that side's schedule, forward first.
-    pub fn kernel_stages(&self) -> Vec<(Side, usize, &cellc::schedule::Stage)> {
-        [Side::Forward, Side::Backward]
-            .into_iter()
-            .flat_map(|side| self.stages(side).iter().enumerate().map(move |(i, st)| (side, i, st)))
-            .filter(|(_, _, st)| st.kind.is_kernel())
-            .collect()
+    fn deref(&self) -> &Program {
+        &self.program
     }
 }
 
@@ -359,23 +317,10 @@ impl Model {
     }
 
     fn program(compiled: &CompiledCell, index: usize, sizes: &Bindings) -> Result<LayerProgram> {
-        let cell = &compiled.cell;
-        let bound =
-            cell.bind(sizes).map_err(|e| RuntimeError::Layer { layer: index, message: e.to_string() })?;
-        let backward_plan = Plan::new(&compiled.grad.graph, sizes, &cell.name)?;
-        let schedule = cellc::schedule::schedule(cell, &compiled.grad, sizes);
-        Ok(LayerProgram {
-            index,
-            sizes: bound.sizes().clone(),
-            input_size: bound.input_size(),
-            output_size: bound.output_size(),
-            state_sizes: bound.state_sizes().to_vec(),
-            input_slices: bound.input_slices().to_vec(),
-            param_shapes: bound.param_shapes().to_vec(),
-            forward_plan: bound.plan().clone(),
-            backward_plan,
-            schedule,
-        })
+        let program = compiled
+            .program(sizes)
+            .map_err(|e| RuntimeError::Layer { layer: index, message: e.to_string() })?;
+        Ok(LayerProgram { index, program })
     }
 
     pub fn compiled(&self) -> &CompiledCell {

@@ -24,12 +24,12 @@ fuzz_target!(|data: &[u8]| {
         let xs = vec![0.3f32; 2 * bound.input_size()];
         let _ = bound.run(&xs, &h0, &params);
 
-        let mut forward = cell.clone();
-        cellc::passes::optimize_cell(&mut forward);
-        let grad = cellc::autodiff::backward_step(&forward).expect("the backward step of a checked cell verifies");
-        let sched = cellc::schedule::schedule(&forward, &grad, &sizes);
-        let _ = cellc::schedule::to_text(&forward, &grad, &sched, &sizes);
+        let steps = cellc::program::Steps::compile(cell).expect("the steps of a checked cell verify");
+        let _ = steps.program(&sizes);
+        let sched = steps.schedule(&sizes);
+        let _ = cellc::schedule::to_text(&steps.forward, &steps.backward, &sched, &sizes);
+        let grad = &steps.backward;
         let d_out = vec![1.0f32; 2 * bound.output_size()];
-        let _ = bound.backward(&grad, &xs, &h0, &params, &d_out, &h0);
+        let _ = bound.backward(grad, &xs, &h0, &params, &d_out, &h0);
     }
 });

@@ -130,7 +130,7 @@ impl Gradient {
 /// (constant folding, algebra, CSE, dead values) and verified.
 pub fn backward_step(cell: &Cell) -> Result<Gradient, Vec<VerifyError>> {
     let mut grad = differentiate(cell);
-    crate::passes::optimize_gradient(&mut grad);
+    crate::passes::optimize_gradient(&mut grad)?;
     // Each state adjoint computed in the step, as the carry to the step
     // before, and read by nothing else.
     let others: Vec<ValueId> = grad.d_inputs.iter().chain(&grad.d_params).flatten().copied().collect();

@@ -67,11 +67,11 @@ pub mod prelude;
 
 use crate::autodiff::Gradient;
 use crate::diag::SourceMap;
-use crate::dims::Bindings;
 use crate::interp::Plan;
 use crate::ir::print::{value_line, LeafNames};
 use crate::ir::{BinaryOp, Cell, Graph, Op, ReduceOp, UnaryOp, ValueId};
 use crate::kernel::{FusedGroup, Readers};
+use crate::program::{Program, Side};
 use crate::schedule::{Stage, StageKind};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
@@ -122,32 +122,28 @@ impl std::fmt::Display for EmitError {
 
 impl std::error::Error for EmitError {}
 
-/// Every kernel of a cell at `sizes`: its forward and backward pointwise
-/// and whole-sequence stages as the runtime schedules them, named
-/// `<cell>_fwd_s<i>` / `<cell>_bwd_s<i>` after the stage's position. `cell`
-/// is the optimised forward step and `grad` its backward step.
+/// Every kernel of a cell's `program`: its forward and backward pointwise
+/// and whole-sequence stages as the runtime schedules them, named by
+/// [`Program::kernel_name`]. `cell` and `grad` are the steps the program
+/// was made from ([`crate::program::Steps`]).
 pub fn emit_cell(
     cell: &Cell,
     grad: &Gradient,
-    sizes: &Bindings,
+    program: &Program,
     sources: Option<&SourceMap>,
 ) -> Result<Vec<Kernel>, EmitError> {
-    let schedule = crate::schedule::schedule(cell, grad, sizes);
-    let err = |e: crate::interp::InterpError| EmitError(e.to_string());
-    let forward_plan = Plan::new(cell, sizes, &cell.name).map_err(err)?;
-    let backward_plan = Plan::new(&grad.graph, sizes, &cell.name).map_err(err)?;
     let names = LeafNames::of(cell, &grad.seeds);
     let (forward_chains, backward_chains) = chains(cell, grad);
-    let sides = [
-        ("fwd", &**cell, &schedule.forward, &forward_plan, &forward_chains),
-        ("bwd", &grad.graph, &schedule.backward, &backward_plan, &backward_chains),
-    ];
     let mut out = Vec::new();
-    for (side, graph, stages, plan, chains) in sides {
+    for (side, chains) in [(Side::Forward, &forward_chains), (Side::Backward, &backward_chains)] {
+        let graph = match side {
+            Side::Forward => &**cell,
+            Side::Backward => &grad.graph,
+        };
         let cx = Context { names: Some(&names), sources, chains };
-        for (i, st) in stages.iter().enumerate() {
+        for (i, st) in program.stages(side).iter().enumerate() {
             if st.kind.is_kernel() {
-                out.push(emit_stage(graph, plan, st, &format!("{}_{side}_s{i}", cell.name), cx)?);
+                out.push(emit_stage(graph, program.plan(side), st, &program.kernel_name(side, i), cx)?);
             }
         }
     }
@@ -936,6 +932,8 @@ fn literal(x: f32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dims::Bindings;
+    use crate::program::Steps;
 
     #[test]
     fn comments_cannot_swallow_the_next_line() {
@@ -951,12 +949,12 @@ mod tests {
                    h' = tanh(x + h)\n g' = sigmoid(g * w)\n output h'\n}\n";
         let compiled = crate::compile("two.cell", src);
         let module = compiled.module.expect("compiles");
-        let mut cell = module.cell("two").expect("cell").clone();
-        crate::passes::optimize_cell(&mut cell);
-        let grad = crate::autodiff::backward_step(&cell).expect("backward");
+        let steps = Steps::compile(module.cell("two").expect("cell")).expect("verifies");
         let units = |h: usize| -> Vec<usize> {
             let sizes: Bindings = [("H".to_string(), h)].into_iter().collect();
-            emit_cell(&cell, &grad, &sizes, None).expect("emits").iter().map(|k| k.units).collect()
+            let program = steps.program(&sizes).expect("sizes");
+            let kernels = emit_cell(&steps.forward, &steps.backward, &program, None).expect("emits");
+            kernels.iter().map(|k| k.units).collect()
         };
         let small = units(MAX_PIECES);
         assert!(!small.is_empty() && small.iter().all(|&u| u == 1), "{small:?}");
@@ -964,7 +962,7 @@ mod tests {
         assert!(large.contains(&0), "{large:?}");
     }
 
-    /// A size of 0 through the API is an error, not a panic.
+    /// A size of 0 through the API is an error (fixing the program), not a panic.
     #[test]
     fn zero_sizes_are_an_error() {
         let src =
@@ -972,11 +970,9 @@ mod tests {
                 .expect("shipped cell");
         let compiled = crate::compile("layernorm_lstm.cell", &src);
         let module = compiled.module.expect("compiles");
-        let mut cell = module.cells[0].clone();
-        crate::passes::optimize_cell(&mut cell);
-        let grad = crate::autodiff::backward_step(&cell).expect("backward");
+        let steps = Steps::compile(&module.cells[0]).expect("verifies");
         let sizes: Bindings = [("H".to_string(), 0), ("I".to_string(), 0)].into_iter().collect();
-        let err = emit_cell(&cell, &grad, &sizes, None).expect_err("a zero size");
+        let err = steps.program(&sizes).expect_err("a zero size");
         assert!(err.to_string().contains("not positive"), "{err}");
     }
 }

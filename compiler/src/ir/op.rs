@@ -224,12 +224,11 @@ impl BinaryOp {
         }
     }
 
+    /// The built-in functions of this kind, by their source names.
+    pub const BUILTINS: [BinaryOp; 2] = [BinaryOp::Min, BinaryOp::Max];
+
     pub fn from_builtin(name: &str) -> Option<BinaryOp> {
-        match name {
-            "min" => Some(BinaryOp::Min),
-            "max" => Some(BinaryOp::Max),
-            _ => None,
-        }
+        BinaryOp::BUILTINS.into_iter().find(|op| op.name() == name)
     }
 
     pub fn apply(self, a: f64, b: f64) -> f64 {
@@ -245,12 +244,11 @@ impl ReduceOp {
         }
     }
 
+    /// Every reduction; each is a built-in function of its name.
+    pub const ALL: [ReduceOp; 2] = [ReduceOp::Sum, ReduceOp::Mean];
+
     pub fn from_builtin(name: &str) -> Option<ReduceOp> {
-        match name {
-            "sum" => Some(ReduceOp::Sum),
-            "mean" => Some(ReduceOp::Mean),
-            _ => None,
-        }
+        ReduceOp::ALL.into_iter().find(|op| op.name() == name)
     }
 }
 

@@ -52,6 +52,44 @@ pub struct Leaves<'a> {
     pub seeds: &'a [Type],
 }
 
+/// The types a graph's leaves have, by kind and index: what a pass must keep
+/// (it may remove a leaf, never change one). Lets a pass be verified
+/// without the cell it came from.
+#[derive(Clone, Debug, Default)]
+pub struct LeafTypes {
+    inputs: Vec<Type>,
+    states: Vec<Type>,
+    params: Vec<Type>,
+    seeds: Vec<Type>,
+}
+
+impl LeafTypes {
+    /// The leaves `graph` has now. An index no leaf has gets a placeholder
+    /// type, which no value can be checked against.
+    pub fn of(graph: &Graph) -> LeafTypes {
+        let mut t = LeafTypes::default();
+        for v in graph.values() {
+            let node = graph.node(v);
+            let (list, i) = match node.op {
+                Op::Input(i) => (&mut t.inputs, i),
+                Op::State(i) => (&mut t.states, i),
+                Op::Param(i) => (&mut t.params, i),
+                Op::Seed(i) => (&mut t.seeds, i),
+                _ => continue,
+            };
+            if list.len() <= i {
+                list.resize(i + 1, Type::Scalar);
+            }
+            list[i] = node.ty.clone();
+        }
+        t
+    }
+
+    pub fn leaves(&self) -> Leaves<'_> {
+        Leaves { inputs: &self.inputs, states: &self.states, params: &self.params, seeds: &self.seeds }
+    }
+}
+
 /// Checks a forward step: the generic invariants plus the cell's own.
 pub fn verify(cell: &Cell) -> Result<(), Vec<VerifyError>> {
     let inputs: Vec<Type> = cell.inputs.iter().map(|d| Type::Vector(d.dim.clone())).collect();
@@ -188,5 +226,151 @@ fn fits(what: &str, whole: &Type, part: &Type, offset: &Dim) -> Option<String> {
             }
         }
         (a, r) => Some(format!("{what} between {a} and {r}")),
+    }
+}
+
+/// Broken IR, one invariant at a time (as Cranelift's verifier filetests):
+/// each case starts from a valid cell, breaks one thing, and expects the
+/// verifier to name it.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::Node;
+    use crate::ir::UnaryOp;
+
+    const RNN: &str = "cell rnn {\n input x[I]\n state h[H]\n param w[H, I], u[H, H], b[H]\n \
+                       let a = w @ x + u @ h + b\n h' = tanh(a)\n output h'\n}\n";
+
+    fn cell() -> Cell {
+        let module = crate::compile("rnn.cell", RNN).into_result().expect("compiles");
+        let cell = module.cells[0].clone();
+        assert_eq!(verify(&cell), Ok(()), "the starting cell is valid");
+        cell
+    }
+
+    /// The value computed by the first node with `op`.
+    fn find(cell: &Cell, op: &Op) -> ValueId {
+        cell.values().find(|&v| &cell.node(v).op == op).unwrap_or_else(|| panic!("no {op:?} in the cell"))
+    }
+
+    fn vector(name: &str) -> Type {
+        Type::Vector(Dim::var(name))
+    }
+
+    /// Applies `break_it` to a valid cell; the verifier must report `expected`.
+    fn expect_error(what: &str, expected: &str, break_it: impl FnOnce(&mut Cell)) {
+        let mut cell = cell();
+        break_it(&mut cell);
+        let errors = verify(&cell).expect_err(what);
+        assert!(
+            errors.iter().any(|e| e.to_string().contains(expected)),
+            "{what}: expected `{expected}`, got {errors:?}"
+        );
+    }
+
+    #[test]
+    fn a_cycle() {
+        expect_error("cycle", "is on a cycle", |c| {
+            let t = find(c, &Op::Unary(UnaryOp::Tanh));
+            c.set_operands(t, &[t]);
+        });
+    }
+
+    #[test]
+    fn the_wrong_number_of_operands() {
+        expect_error("arity", "`tanh` takes 1 operands, has 2", |c| {
+            let t = find(c, &Op::Unary(UnaryOp::Tanh));
+            let a = c.operands(t)[0];
+            c.set_operands(t, &[a, a]);
+        });
+        expect_error("empty concat", "needs at least one operand", |c| {
+            c.add(Op::Concat, vector("H"), &[], None);
+        });
+    }
+
+    #[test]
+    fn types_that_do_not_match_the_op() {
+        expect_error("unary", "unary op on [H] gives [I]", |c| {
+            let t = find(c, &Op::Unary(UnaryOp::Tanh));
+            c.set_node(t, Node { op: Op::Unary(UnaryOp::Tanh), ty: vector("I") });
+        });
+        expect_error("binary", "add on", |c| {
+            let x = find(c, &Op::Input(0));
+            let h = find(c, &Op::State(0));
+            c.add(Op::Binary(BinaryOp::Add), vector("H"), &[x, h], None);
+        });
+        expect_error("matvec", "matvec of [H, I] and [H] gives [H]", |c| {
+            let w = find(c, &Op::Param(0));
+            let h = find(c, &Op::State(0));
+            c.add(Op::MatVec, vector("H"), &[w, h], None);
+        });
+        expect_error("broadcast", "broadcast of [H] to [H]", |c| {
+            let h = find(c, &Op::State(0));
+            c.add(Op::Broadcast, vector("H"), &[h], None);
+        });
+        expect_error("reduction", "reduction of [H] gives [H]", |c| {
+            let h = find(c, &Op::State(0));
+            c.add(Op::Reduce(crate::ir::ReduceOp::Sum), vector("H"), &[h], None);
+        });
+        expect_error("concat", "concat operands do not add up to [H]", |c| {
+            let x = find(c, &Op::Input(0));
+            let h = find(c, &Op::State(0));
+            c.add(Op::Concat, vector("H"), &[x, h], None);
+        });
+        expect_error("slice", "slice [H +2] runs past [H]", |c| {
+            let h = find(c, &Op::State(0));
+            c.add(Op::Slice { offset: Dim::var("H") }, Type::Vector(Dim::constant(2)), &[h], None);
+        });
+    }
+
+    #[test]
+    fn a_matrix_read_elementwise() {
+        expect_error("matrix", "reads matrix", |c| {
+            let u = find(c, &Op::Param(1));
+            let ty = c.ty(u).clone();
+            c.add(Op::Unary(UnaryOp::Neg), ty, &[u], None);
+        });
+    }
+
+    #[test]
+    fn leaves_out_of_range_or_of_the_wrong_type() {
+        expect_error("input index", "input index 3 out of range", |c| {
+            c.add(Op::Input(3), vector("I"), &[], None);
+        });
+        expect_error("param type", "param type [I] is not [H]", |c| {
+            c.add(Op::Param(2), vector("I"), &[], None);
+        });
+        expect_error("seed in a forward step", "seed index 0 out of range", |c| {
+            c.add(Op::Seed(0), vector("H"), &[], None);
+        });
+        expect_error("constant", "bad constant inf", |c| {
+            c.add(Op::Const(f64::INFINITY), Type::Scalar, &[], None);
+        });
+    }
+
+    #[test]
+    fn the_cell_s_own_invariants() {
+        expect_error("next state type", "next state `h` has type [I], not [H]", |c| {
+            c.next_states[0] = find(c, &Op::Input(0));
+        });
+        expect_error("missing next state", "1 states but 0 next states", |c| {
+            c.next_states.clear();
+        });
+        expect_error("scalar output", "output has type scalar", |c| {
+            c.output = c.add(Op::Const(1.0), Type::Scalar, &[], None);
+        });
+    }
+
+    #[test]
+    fn a_gradient_whose_adjoint_has_the_wrong_type() {
+        let cell = cell();
+        let mut grad = crate::autodiff::backward_step(&cell).expect("valid");
+        let x = find(&cell, &Op::Input(0));
+        grad.d_states[0] = Some(x);
+        let errors = grad.verify(&cell).expect_err("a state adjoint of the input's type");
+        assert!(
+            errors.iter().any(|e| e.message.contains("state adjoint has type [I], not [H]")),
+            "{errors:?}"
+        );
     }
 }

@@ -5,7 +5,7 @@ use super::names::did_you_mean;
 use super::{describe, dim_of, BindingKind, Call, CellLowerer, Frame, MAX_CALL_DEPTH};
 use crate::diag::{Diagnostic, Span};
 use crate::dims::Dim;
-use crate::ir::{self, BinaryOp, Op, ReduceOp, Type, UnaryOp, ValueId};
+use crate::ir::{BinaryOp, Op, ReduceOp, Type, UnaryOp, ValueId};
 use crate::syntax::ast::{self, BinOp, Expr, ExprKind};
 
 impl CellLowerer<'_> {
@@ -390,12 +390,7 @@ impl CellLowerer<'_> {
         let Some(f) = globals.fns.get(name) else {
             let mut d = Diagnostic::error(callee.span, format!("unknown function `{name}`"))
                 .with_label("not defined");
-            let known = globals
-                .fns
-                .keys()
-                .copied()
-                .chain(ir::UnaryOp::BUILTINS.iter().map(|u| u.name()))
-                .chain(super::STRUCTURAL_BUILTINS);
+            let known = globals.fns.keys().copied().chain(super::builtin_names());
             if globals.cells.contains(&name) {
                 d = d.with_note(format!(
                     "`{name}` is a cell: cells cannot be called; put what they share in a `fn`"

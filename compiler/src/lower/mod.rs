@@ -37,11 +37,22 @@ const MAX_VALUES: usize = 100_000;
 /// Deepest chain of function calls being inlined.
 const MAX_CALL_DEPTH: usize = 64;
 
-/// Built-in function names, which no `fn` may take.
-const STRUCTURAL_BUILTINS: [&str; 6] = ["min", "max", "sum", "mean", "chunk", "concat"];
+/// Built-ins that shape vectors rather than compute: syntax, not ops.
+const SHAPE_BUILTINS: [&str; 2] = ["chunk", "concat"];
+
+/// Every built-in function name (which no `fn` may take): the ops' own
+/// lists, so a new op's name is reserved the moment it is added.
+pub(crate) fn builtin_names<'a>() -> impl Iterator<Item = &'a str> {
+    ir::UnaryOp::BUILTINS
+        .iter()
+        .map(|op| op.name())
+        .chain(ir::BinaryOp::BUILTINS.iter().map(|op| op.name()))
+        .chain(ir::ReduceOp::ALL.iter().map(|op| op.name()))
+        .chain(SHAPE_BUILTINS)
+}
 
 fn is_builtin(name: &str) -> bool {
-    ir::UnaryOp::from_builtin(name).is_some() || STRUCTURAL_BUILTINS.contains(&name)
+    builtin_names().any(|b| b == name)
 }
 
 /// Lowers every cell of `file`. `prelude` supplies functions (and

@@ -64,7 +64,7 @@ mod tests {
 
     fn cell(source: &str) -> crate::ir::Cell {
         let mut cell = crate::compile("t.cell", source).into_result().expect("compiles").cells.remove(0);
-        crate::passes::optimize_cell(&mut cell);
+        crate::passes::optimize_cell(&mut cell).expect("verifies");
         cell
     }
 
@@ -85,7 +85,7 @@ mod tests {
         let copies =
             |c: &crate::ir::Cell| c.values().filter(|&v| c.node(v).op == Op::Unary(UnaryOp::Copy)).count();
         let mut again = c.clone();
-        crate::passes::optimize_cell(&mut again);
+        crate::passes::optimize_cell(&mut again).expect("verifies");
         assert_eq!(copies(&again), copies(&c));
     }
 }

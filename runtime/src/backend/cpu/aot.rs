@@ -68,17 +68,15 @@ pub fn fingerprint(cell: &CompiledCell) -> String {
     format!("{h:016x}")
 }
 
-/// The symbol of a kernel: `cellc_<cell>_<fingerprint>_<fwd|bwd>_s<stage>_<sizes>`,
-/// e.g. `cellc_lstm_1f0c…_fwd_s2_H128`.
+/// The symbol of a kernel: the program's kernel name (the one scheme of
+/// every target, [`cellc::program::kernel_name`]) made unique across cells
+/// and sizes linked into one binary:
+/// `cellc_<cell>_<fingerprint>_<fwd|bwd>_s<stage>_<sizes>`, e.g.
+/// `cellc_lstm_1f0c…_fwd_s2_H128`.
 pub fn symbol(cell: &CompiledCell, side: Side, stage: usize, sizes: &BTreeMap<String, usize>) -> String {
     let sizes: Vec<String> = sizes.iter().map(|(k, v)| format!("{k}{v}")).collect();
-    format!(
-        "cellc_{}_{}_{}_s{stage}_{}",
-        cell.cell.name,
-        &fingerprint(cell)[..8],
-        side.tag(),
-        sizes.join("_")
-    )
+    let (name, fp) = (&cell.cell.name, &fingerprint(cell)[..8]);
+    format!("cellc_{name}_{fp}_{}_{}", side.stage_suffix(stage), sizes.join("_"))
 }
 
 /// What an object file holds and what the runtime needs to drive it

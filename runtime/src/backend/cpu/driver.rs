@@ -11,7 +11,7 @@
 //!   prefix and a per-step GEMM is one call on `n` rows (`RankBuf`).
 
 use super::gemm::{matmul, matmul_split, View};
-use super::prepared::{transpose, AlignedBuf, Prepared};
+use super::prepared::{transpose, AlignedBuf, PackedMatrix};
 use super::stage::StageExec;
 use crate::backend::Rows;
 use crate::error::{Result, RuntimeError};
@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// A schedule stage ready to run.
-pub enum Step {
+pub enum ReadyStage {
     /// Products sharing an operand; each `(out, op, matrix, vector)` or, for
     /// `outer`, `(out, Outer, left, right)`.
     Gemm {
@@ -43,20 +43,20 @@ pub enum Step {
     },
 }
 
-impl Step {
+impl ReadyStage {
     /// The values this step writes.
     pub fn outputs(&self) -> Vec<ValueId> {
         match self {
-            Step::Gemm { products, .. } => products.iter().map(|p| p.0).collect(),
-            Step::Pointwise { exec, .. } => exec.outputs().to_vec(),
-            Step::Sum { .. } | Step::AddMatrices { .. } => Vec::new(),
+            ReadyStage::Gemm { products, .. } => products.iter().map(|p| p.0).collect(),
+            ReadyStage::Pointwise { exec, .. } => exec.outputs().to_vec(),
+            ReadyStage::Sum { .. } | ReadyStage::AddMatrices { .. } => Vec::new(),
         }
     }
 
     pub fn placement(&self) -> Placement {
         match self {
-            Step::Gemm { placement, .. } | Step::Pointwise { placement, .. } => *placement,
-            Step::Sum { .. } | Step::AddMatrices { .. } => Placement::AfterLoop,
+            ReadyStage::Gemm { placement, .. } | ReadyStage::Pointwise { placement, .. } => *placement,
+            ReadyStage::Sum { .. } | ReadyStage::AddMatrices { .. } => Placement::AfterLoop,
         }
     }
 }
@@ -65,13 +65,17 @@ impl Step {
 pub type StageBuilder<'a> = dyn FnMut(usize, &Stage) -> Result<Arc<dyn StageExec>> + 'a;
 
 /// Turns schedule stages into steps; `pointwise` builds each kernel.
-pub fn steps(graph: &Graph, stages: &[Stage], pointwise: &mut StageBuilder) -> Result<Vec<Step>> {
+pub fn ready_stages(
+    graph: &Graph,
+    stages: &[Stage],
+    pointwise: &mut StageBuilder,
+) -> Result<Vec<ReadyStage>> {
     stages
         .iter()
         .enumerate()
         .map(|(index, st)| {
             Ok(match st.kind {
-                StageKind::Gemm => Step::Gemm {
+                StageKind::Gemm => ReadyStage::Gemm {
                     placement: st.placement,
                     products: st
                         .values
@@ -83,10 +87,10 @@ pub fn steps(graph: &Graph, stages: &[Stage], pointwise: &mut StageBuilder) -> R
                         .collect(),
                 },
                 StageKind::Pointwise { .. } | StageKind::WholeSequence { .. } => {
-                    Step::Pointwise { placement: st.placement, exec: pointwise(index, st)? }
+                    ReadyStage::Pointwise { placement: st.placement, exec: pointwise(index, st)? }
                 }
-                StageKind::SumOverSteps => Step::Sum { values: st.outputs.clone() },
-                StageKind::AddMatrices => Step::AddMatrices {
+                StageKind::SumOverSteps => ReadyStage::Sum { values: st.outputs.clone() },
+                StageKind::AddMatrices => ReadyStage::AddMatrices {
                     sums: st
                         .values
                         .iter()
@@ -229,7 +233,7 @@ pub struct Frame<'a> {
     pub input_slices: &'a [(usize, usize)],
     pub params: &'a [Vec<f32>],
     /// Matrix parameters prepared for the products that read them.
-    pub prepared: &'a HashMap<usize, Prepared>,
+    pub prepared: &'a HashMap<usize, PackedMatrix>,
     pub states: &'a [Vec<f32>],
     pub state_sizes: &'a [usize],
     pub carry: &'a [Vec<f32>],
@@ -480,14 +484,14 @@ fn weight_t(bufs: &mut Buffers, f: &Frame, m: ValueId, rows_w: usize, cols_w: us
 ///   single packing of the view costs what the transpose would).
 pub fn prepare_params(
     graph: &Graph,
-    steps: &[Step],
+    steps: &[ReadyStage],
     params: &[Vec<f32>],
     shape: &dyn Fn(ValueId) -> (usize, usize),
     batch: usize,
-) -> HashMap<usize, Prepared> {
+) -> HashMap<usize, PackedMatrix> {
     let mut out = HashMap::new();
     for st in steps {
-        let Step::Gemm { products, placement } = st else { continue };
+        let ReadyStage::Gemm { products, placement } = st else { continue };
         let per_step = *placement == Placement::EachStep;
         for &(_, ref op, m, _) in products {
             let Op::Param(i) = graph.node(m).op else { continue };
@@ -505,7 +509,7 @@ pub fn prepare_params(
             } else {
                 AlignedBuf::copy_of(&params[i])
             };
-            out.insert(i, Prepared { data, transposed });
+            out.insert(i, PackedMatrix { data, transposed });
         }
     }
     out

@@ -26,7 +26,8 @@ use cellc::interp::Plan;
 use cellc::ir::{Graph, Op, Type, ValueId};
 use cellc::schedule::Placement;
 use driver::{
-    constants, gemm_all_rows, gemm_step, locate, prepare_params, run_pointwise, Buffers, Frame, Loc, Step,
+    constants, gemm_all_rows, gemm_step, locate, prepare_params, run_pointwise, Buffers, Frame, Loc,
+    ReadyStage,
 };
 use stage::{Interpreted, StageExec};
 use std::collections::{HashMap, HashSet};
@@ -74,8 +75,8 @@ struct LayerCode {
     fwd_plan: Arc<Plan>,
     bwd_graph: Arc<Graph>,
     bwd_plan: Arc<Plan>,
-    forward: Vec<Step>,
-    backward: Vec<Step>,
+    forward: Vec<ReadyStage>,
+    backward: Vec<ReadyStage>,
 }
 
 impl Cpu {
@@ -124,12 +125,12 @@ impl Cpu {
                 })
             }
         };
-        let forward = driver::steps(
+        let forward = driver::ready_stages(
             &fwd_graph,
             &layer.schedule.forward,
             &mut make(aot::Side::Forward, &fwd_graph, &fwd_plan),
         )?;
-        let backward = driver::steps(
+        let backward = driver::ready_stages(
             &bwd_graph,
             &layer.schedule.backward,
             &mut make(aot::Side::Backward, &bwd_graph, &bwd_plan),
@@ -265,10 +266,10 @@ fn forward(
     let (direct, saved_ids): (Vec<ValueId>, Vec<ValueId>) = saved.iter().partition(|&&v| {
         let pointwise_output = code.forward.iter().any(|st| {
             st.placement() == Placement::EachStep
-                && matches!(st, Step::Pointwise { exec, .. } if exec.outputs().contains(&v))
+                && matches!(st, ReadyStage::Pointwise { exec, .. } if exec.outputs().contains(&v))
         });
         let gemm_input = code.forward.iter().any(|st| match st {
-            Step::Gemm { products, placement: Placement::EachStep } => {
+            ReadyStage::Gemm { products, placement: Placement::EachStep } => {
                 products.iter().any(|p| p.2 == v || p.3 == v)
             }
             _ => false,
@@ -337,11 +338,13 @@ fn forward(
         };
         for st in code.forward.iter().filter(|s| s.placement() == Placement::EachStep) {
             match st {
-                Step::Gemm { products, .. } => gemm_step(products, &mut bufs, &frame, n, &shape, threads)?,
-                Step::Pointwise { exec, .. } => {
+                ReadyStage::Gemm { products, .. } => {
+                    gemm_step(products, &mut bufs, &frame, n, &shape, threads)?
+                }
+                ReadyStage::Pointwise { exec, .. } => {
                     run_pointwise(exec.as_ref(), &mut bufs, &frame, &rows, threads)?
                 }
-                Step::Sum { .. } | Step::AddMatrices { .. } => {}
+                ReadyStage::Sum { .. } | ReadyStage::AddMatrices { .. } => {}
             }
         }
         // Outputs, the tape, then the new states (read last: the stages read the old ones).
@@ -402,11 +405,11 @@ fn forward_whole_sequence(
     job: &ForwardJob,
     output: &mut RowsMut,
     bufs: &mut Buffers,
-    params_t: &HashMap<usize, prepared::Prepared>,
+    params_t: &HashMap<usize, prepared::PackedMatrix>,
     mut tape: Option<&mut CpuTape>,
 ) -> Result<Option<Vec<Vec<f32>>>> {
     let mut each_step = code.forward.iter().filter(|s| s.placement() == Placement::EachStep);
-    let (Some(Step::Pointwise { exec, .. }), None) = (each_step.next(), each_step.next()) else {
+    let (Some(ReadyStage::Pointwise { exec, .. }), None) = (each_step.next(), each_step.next()) else {
         return Ok(None);
     };
     let (g, plan) = (&*code.fwd_graph, &*code.fwd_plan);
@@ -532,11 +535,11 @@ fn backward_whole_sequence(
     code: &LayerCode,
     job: &BackwardJob,
     bufs: &mut Buffers,
-    params_t: &HashMap<usize, prepared::Prepared>,
+    params_t: &HashMap<usize, prepared::PackedMatrix>,
     carry: &mut [Vec<f32>],
 ) -> Result<bool> {
     let mut each_step = code.backward.iter().filter(|s| s.placement() == Placement::EachStep);
-    let (Some(Step::Pointwise { exec, .. }), None) = (each_step.next(), each_step.next()) else {
+    let (Some(ReadyStage::Pointwise { exec, .. }), None) = (each_step.next(), each_step.next()) else {
         return Ok(false);
     };
     let (g, plan) = (&*code.bwd_graph, &*code.bwd_plan);
@@ -692,10 +695,10 @@ fn backward(
     let mut after_reads: HashSet<ValueId> = results.clone();
     for st in code.backward.iter().filter(|s| s.placement() == Placement::AfterLoop) {
         match st {
-            Step::Gemm { products, .. } => after_reads.extend(products.iter().flat_map(|p| [p.2, p.3])),
-            Step::Pointwise { exec, .. } => after_reads.extend(exec.inputs().iter().copied()),
-            Step::Sum { values } => after_reads.extend(values.iter().copied()),
-            Step::AddMatrices { .. } => {}
+            ReadyStage::Gemm { products, .. } => after_reads.extend(products.iter().flat_map(|p| [p.2, p.3])),
+            ReadyStage::Pointwise { exec, .. } => after_reads.extend(exec.inputs().iter().copied()),
+            ReadyStage::Sum { values } => after_reads.extend(values.iter().copied()),
+            ReadyStage::AddMatrices { .. } => {}
         }
     }
     let mut persisted: Vec<ValueId> = Vec::new();
@@ -788,13 +791,13 @@ fn backward(
             };
             for st in code.backward.iter().filter(|s| s.placement() == Placement::EachStep) {
                 match st {
-                    Step::Gemm { products, .. } => {
+                    ReadyStage::Gemm { products, .. } => {
                         gemm_step(products, &mut bufs, &frame, n, &shape, threads)?
                     }
-                    Step::Pointwise { exec, .. } => {
+                    ReadyStage::Pointwise { exec, .. } => {
                         run_pointwise(exec.as_ref(), &mut bufs, &frame, &rows, threads)?
                     }
-                    Step::Sum { .. } | Step::AddMatrices { .. } => {}
+                    ReadyStage::Sum { .. } | ReadyStage::AddMatrices { .. } => {}
                 }
             }
             for &(b, t, r) in &rows {
@@ -895,7 +898,7 @@ struct AllRows<'a> {
 /// every valid row: products as GEMMs over all rows (weight gradients
 /// summed into `matrices`), kernels over every row.
 fn run_all_rows(
-    steps: &[Step],
+    steps: &[ReadyStage],
     placement: Placement,
     bufs: &mut Buffers,
     frame: &Frame,
@@ -904,12 +907,14 @@ fn run_all_rows(
 ) -> Result<()> {
     for st in steps.iter().filter(|s| s.placement() == placement) {
         match st {
-            Step::Gemm { products, .. } => {
+            ReadyStage::Gemm { products, .. } => {
                 gemm_all_rows(products, bufs, frame, all.plan, matrices, all.shape, all.threads)?
             }
-            Step::Pointwise { exec, .. } => run_pointwise(exec.as_ref(), bufs, frame, all.rows, all.threads)?,
-            Step::Sum { .. } => {}
-            Step::AddMatrices { sums } => {
+            ReadyStage::Pointwise { exec, .. } => {
+                run_pointwise(exec.as_ref(), bufs, frame, all.rows, all.threads)?
+            }
+            ReadyStage::Sum { .. } => {}
+            ReadyStage::AddMatrices { sums } => {
                 for &(out, a, b) in sums {
                     let missing = |v: ValueId| RuntimeError::Internal(format!("matrix {v} is not computed"));
                     let (x, y) = (

@@ -81,7 +81,7 @@ impl Drop for AlignedBuf {
 
 /// A parameter matrix ready for the products that read it.
 #[derive(Debug)]
-pub struct Prepared {
+pub struct PackedMatrix {
     pub data: AlignedBuf,
     /// `[cols, rows]` (for `X · Wᵀ` through `gemm`) rather than `W`'s own `[rows, cols]`.
     pub transposed: bool,

@@ -15,7 +15,7 @@
 use super::calls::Calls;
 use super::device::{Device, Module};
 use super::forward::CudaTape;
-use super::storage::{error, Home, Pass};
+use super::storage::{error, Home, LayerRun};
 use crate::backend::{BackwardJob, BackwardResult, RowsMut};
 use crate::error::Result;
 use cellc::cuda::Kernel;
@@ -41,7 +41,7 @@ pub fn backward(
     let layer = job.layer;
     let plan = &layer.backward_plan;
     let stages = &layer.schedule.backward;
-    let mut pass = Pass::new(device, &job.input, job.plan, job.reverse);
+    let mut pass = LayerRun::new(device, &job.input, job.plan, job.reverse);
     let batch = pass.batch();
 
     // What the forward left: the input, parameters, states, output and saved values.

@@ -6,7 +6,7 @@
 //! touches no host memory: it runs as it is, or is captured as one graph.
 
 use super::device::{Arg, Call, Gemm};
-use super::storage::{error, Home, Order, Pass, Row};
+use super::storage::{error, Home, LayerRun, Order, Row};
 use crate::error::Result;
 use cellc::cuda::Kernel;
 use cellc::interp::Plan;
@@ -34,7 +34,7 @@ impl Calls {
 
     /// The pointer table of kernel `k` over `rows`: each row's inputs,
     /// then its outputs, as the kernel's ABI lists them.
-    pub fn table(pass: &mut Pass, k: &Kernel, rows: &[Row]) -> Result<u64> {
+    pub fn table(pass: &mut LayerRun, k: &Kernel, rows: &[Row]) -> Result<u64> {
         let mut table = Vec::with_capacity(rows.len() * (k.inputs.len() + k.outputs.len()));
         for &row in rows {
             for &v in k.inputs.iter().chain(&k.outputs) {
@@ -45,7 +45,7 @@ impl Calls {
     }
 
     /// Scratch for `blocks` blocks of `k`, or none if it needs none.
-    fn scratch(&mut self, pass: &mut Pass, k: &Kernel, blocks: u32) -> Result<u64> {
+    fn scratch(&mut self, pass: &mut LayerRun, k: &Kernel, blocks: u32) -> Result<u64> {
         let floats = k.scratch * blocks as usize;
         if floats == 0 {
             return Ok(0);
@@ -58,7 +58,7 @@ impl Calls {
     }
 
     /// Kernel `k` over `rows` rows of the table at `table`.
-    pub fn rows(&mut self, pass: &mut Pass, k: &Kernel, table: u64, rows: usize) -> Result<()> {
+    pub fn rows(&mut self, pass: &mut LayerRun, k: &Kernel, table: u64, rows: usize) -> Result<()> {
         if rows == 0 {
             return Ok(());
         }
@@ -74,7 +74,7 @@ impl Calls {
     }
 
     /// Kernel `k` once over `rows` (one table of its own).
-    pub fn over(&mut self, pass: &mut Pass, k: &Kernel, rows: &[Row]) -> Result<()> {
+    pub fn over(&mut self, pass: &mut LayerRun, k: &Kernel, rows: &[Row]) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
         }
@@ -84,7 +84,7 @@ impl Calls {
 
     /// A whole-sequence kernel over `sequences`, each a list of rows in
     /// the order the kernel walks them.
-    pub fn sequences(&mut self, pass: &mut Pass, k: &Kernel, sequences: &[Vec<Row>]) -> Result<()> {
+    pub fn sequences(&mut self, pass: &mut LayerRun, k: &Kernel, sequences: &[Vec<Row>]) -> Result<()> {
         let all: Vec<Row> = sequences.iter().flatten().copied().collect();
         let table = Self::table(pass, k, &all)?;
         let (mut starts, mut counts) = (Vec::new(), Vec::new());
@@ -114,7 +114,7 @@ impl Calls {
     }
 
     /// Copies `n` floats for each `(destination, source)` pair (the prelude's `cellc_copy_rows`).
-    pub fn copy_rows(&mut self, pass: &mut Pass, pairs: &[(u64, u64)], n: usize) -> Result<()> {
+    pub fn copy_rows(&mut self, pass: &mut LayerRun, pairs: &[(u64, u64)], n: usize) -> Result<()> {
         if pairs.is_empty() || n == 0 {
             return Ok(());
         }
@@ -135,7 +135,7 @@ impl Calls {
     /// one). Sums over steps are the caller's.
     pub fn all_rows_stages(
         &mut self,
-        pass: &mut Pass,
+        pass: &mut LayerRun,
         (graph, plan): (&Graph, &Plan),
         kernels: &[(usize, Kernel)],
         stages: &[Stage],
@@ -173,7 +173,7 @@ impl Calls {
     /// in reverse time when `backwards`.
     pub fn time_loop(
         &mut self,
-        pass: &mut Pass,
+        pass: &mut LayerRun,
         (graph, plan): (&Graph, &Plan),
         kernels: &[(usize, Kernel)],
         stages: &[Stage],
@@ -235,7 +235,7 @@ impl Calls {
     /// into a `[batch, m]` buffer in batch order: its address.
     pub fn gather_sequences(
         &mut self,
-        pass: &mut Pass,
+        pass: &mut LayerRun,
         history: Home,
         slot: impl Fn(usize) -> usize,
     ) -> Result<u64> {
@@ -264,7 +264,7 @@ impl Calls {
     /// or `Y = D · W` (`matvect`), vector and result in step rows.
     pub fn step_product(
         &mut self,
-        pass: &Pass,
+        pass: &LayerRun,
         graph: &Graph,
         plan: &Plan,
         v: ValueId,
@@ -295,7 +295,7 @@ impl Calls {
     /// gathering a `Layout` operand first (padding rows hold anything).
     pub fn all_rows_product(
         &mut self,
-        pass: &mut Pass,
+        pass: &mut LayerRun,
         graph: &Graph,
         plan: &Plan,
         v: ValueId,
@@ -380,7 +380,7 @@ impl Calls {
     /// `v`'s rows in `Steps` order (zeros where sequences ended): its own
     /// home, or a gathered copy of its valid `Layout` rows (of its one
     /// row, for a value the same on every row).
-    fn steps_order(&mut self, pass: &mut Pass, plan: &Plan, v: ValueId) -> Result<(u64, usize)> {
+    fn steps_order(&mut self, pass: &mut LayerRun, plan: &Plan, v: ValueId) -> Result<(u64, usize)> {
         let home = match self.gathered.get(&v) {
             Some(&h) => h,
             None => pass.home(v)?,
@@ -409,7 +409,7 @@ impl Calls {
 
     /// `v = a + b` for weight-gradient matrices: two GEMMs with a ones
     /// vector (`1 · a`, then `1 · b` accumulated), exact as a plain add.
-    fn add_matrices(&mut self, pass: &mut Pass, graph: &Graph, plan: &Plan, v: ValueId) -> Result<()> {
+    fn add_matrices(&mut self, pass: &mut LayerRun, graph: &Graph, plan: &Plan, v: ValueId) -> Result<()> {
         let (a, b) = match (&graph.node(v).op, &graph.operands(v)[..]) {
             (Op::Binary(cellc::ir::BinaryOp::Add), &[a, b]) => (a, b),
             (op, _) => return Err(error(format!("{v}: {op:?} in a matrix sum stage"))),
@@ -441,7 +441,7 @@ impl Calls {
     }
 
     /// `ones[steps * batch]` (at least one), uploaded once per pass.
-    fn ones(&mut self, pass: &mut Pass) -> Result<u64> {
+    fn ones(&mut self, pass: &mut LayerRun) -> Result<u64> {
         match self.ones {
             Some(o) => Ok(o),
             None => {
@@ -454,7 +454,7 @@ impl Calls {
 
     /// `Σ` over every row of `v`, in a fixed order (a GEMM with ones, no
     /// atomics): the address of the `[len]` result.
-    pub fn column_sum(&mut self, pass: &mut Pass, plan: &Plan, v: ValueId) -> Result<u64> {
+    pub fn column_sum(&mut self, pass: &mut LayerRun, plan: &Plan, v: ValueId) -> Result<u64> {
         let (va, vs) = self.steps_order(pass, plan, v)?;
         let rows = pass.step_major_rows();
         let ones = self.ones(pass)?;
@@ -513,14 +513,14 @@ fn operands(graph: &Graph, v: ValueId) -> Result<(ValueId, ValueId)> {
     }
 }
 
-fn fixed(pass: &Pass, w: ValueId, v: ValueId) -> Result<u64> {
+fn fixed(pass: &LayerRun, w: ValueId, v: ValueId) -> Result<u64> {
     match pass.home(w)? {
         Home::Fixed(a) => Ok(a),
         other => Err(error(format!("product {v}: matrix {w} is not a parameter ({other:?})"))),
     }
 }
 
-fn all_rows(pass: &Pass, v: ValueId) -> Result<(Order, u64, usize)> {
+fn all_rows(pass: &LayerRun, v: ValueId) -> Result<(Order, u64, usize)> {
     pass.home(v)?.all_rows().ok_or_else(|| error(format!("{v} is not held for every row")))
 }
 

@@ -14,7 +14,7 @@
 
 use super::calls::Calls;
 use super::device::{Device, Module};
-use super::storage::{error, Home, Kept, Pass};
+use super::storage::{error, Home, Kept, LayerRun};
 use crate::backend::{ForwardJob, ForwardResult, RowsMut, Tape};
 use crate::error::Result;
 use cellc::cuda::Kernel;
@@ -51,7 +51,7 @@ pub fn forward(
     let layer = job.layer;
     let plan = &layer.forward_plan;
     let stages = &layer.schedule.forward;
-    let mut pass = Pass::new(device, &job.input, job.plan, job.reverse);
+    let mut pass = LayerRun::new(device, &job.input, job.plan, job.reverse);
     let batch = pass.batch();
 
     // Leaves, constants and the state histories (slot 0: the initial states).
@@ -78,12 +78,13 @@ pub fn forward(
         }
     }
     if !pass.has_home(cell.output) {
-        // A per-step product writes a step's rows contiguously; a kernel
-        // or a product over all rows writes the caller's layout.
+        // A per-step product writes, and reads, a step's rows contiguously
+        // (rank order); a kernel or a product over all rows alone can use
+        // the caller's layout.
         let by_step_product = stages.iter().any(|st| {
             st.placement == Placement::EachStep
                 && st.kind == StageKind::Gemm
-                && st.values.contains(&cell.output)
+                && (st.values.contains(&cell.output) || st.inputs.contains(&cell.output))
         });
         if by_step_product {
             pass.place_steps(cell.output, layer.output_size)?;

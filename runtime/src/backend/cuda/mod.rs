@@ -32,12 +32,12 @@ use std::sync::{Arc, Mutex};
 pub struct Cuda {
     device: Box<dyn Device>,
     /// Compiled layers by the cell's identity and the layer's sizes: a model compiles once.
-    programs: Mutex<HashMap<String, Arc<Program>>>,
+    loaded: Mutex<HashMap<String, Arc<LoadedKernels>>>,
     graphs: bool,
 }
 
 /// A layer's kernels, forward and backward, loaded as one module.
-struct Program {
+struct LoadedKernels {
     module: Module,
     forward: Vec<(usize, Kernel)>,
     backward: Vec<(usize, Kernel)>,
@@ -63,7 +63,7 @@ impl Cuda {
     }
 
     fn on(device: Box<dyn Device>) -> Cuda {
-        Cuda { device, programs: Mutex::new(HashMap::new()), graphs: false }
+        Cuda { device, loaded: Mutex::new(HashMap::new()), graphs: false }
     }
 
     /// Runs every pass as a CUDA graph, captured the first time its exact
@@ -81,9 +81,9 @@ impl Cuda {
     }
 
     /// The layer's kernels, emitted, compiled and loaded once.
-    fn program(&self, cell: &CompiledCell, layer: &LayerProgram) -> Result<Arc<Program>> {
+    fn kernels(&self, cell: &CompiledCell, layer: &LayerProgram) -> Result<Arc<LoadedKernels>> {
         let key = format!("{:?}|{}", layer.sizes, cell.identity());
-        let mut cache = self.programs.lock().map_err(|_| error("module cache poisoned"))?;
+        let mut cache = self.loaded.lock().map_err(|_| error("module cache poisoned"))?;
         if let Some(p) = cache.get(&key) {
             return Ok(p.clone());
         }
@@ -95,15 +95,15 @@ impl Cuda {
                 Side::Backward => (&chains_bwd, &mut backward),
             };
             let cx = cellc::cuda::Context { chains, ..Default::default() };
-            let name = format!("{}_{}_s{i}", cell.cell.name, side.tag());
+            let name = layer.kernel_name(side, i);
             let kernel = cellc::cuda::emit_stage(cell.graph(side), layer.plan(side), st, &name, cx)
                 .map_err(|e| error(e.to_string()))?;
             list.push((i, kernel));
         }
         let kernels: Vec<Kernel> = forward.iter().chain(&backward).map(|(_, k)| k.clone()).collect();
-        let program = Arc::new(Program { module: self.device.load(&kernels)?, forward, backward });
-        cache.insert(key, program.clone());
-        Ok(program)
+        let loaded = Arc::new(LoadedKernels { module: self.device.load(&kernels)?, forward, backward });
+        cache.insert(key, loaded.clone());
+        Ok(loaded)
     }
 }
 
@@ -113,7 +113,7 @@ impl Backend for Cuda {
     }
 
     fn forward(&self, job: &ForwardJob, output: &mut RowsMut) -> Result<ForwardResult> {
-        let p = self.program(job.cell, job.layer)?;
+        let p = self.kernels(job.cell, job.layer)?;
         forward::forward(self.device.as_ref(), &p.module, &p.forward, job, output, self.graphs)
     }
 
@@ -122,7 +122,7 @@ impl Backend for Cuda {
             .0
             .downcast_ref::<forward::CudaTape>()
             .ok_or_else(|| RuntimeError::Internal("a cuda backward needs a cuda forward's tape".into()))?;
-        let p = self.program(job.cell, job.layer)?;
+        let p = self.kernels(job.cell, job.layer)?;
         backward::backward(self.device.as_ref(), &p.module, &p.backward, job, tape, d_input, self.graphs)
     }
 }

@@ -137,7 +137,7 @@ impl Drop for Arena {
 
 /// One pass (a layer and direction, forwards or backwards) on a device:
 /// its buffers, the homes of its values, and the batch's rows.
-pub struct Pass<'a> {
+pub struct LayerRun<'a> {
     pub device: &'a dyn Device,
     pub layout: &'a RowLayout,
     pub plan: &'a BatchPlan,
@@ -148,19 +148,19 @@ pub struct Pass<'a> {
     arena: Arena,
 }
 
-impl std::fmt::Debug for Pass<'_> {
+impl std::fmt::Debug for LayerRun<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pass")
+        f.debug_struct("LayerRun")
             .field("device", &self.device.name())
             .field("values", &self.homes.len())
             .finish()
     }
 }
 
-impl<'a> Pass<'a> {
+impl<'a> LayerRun<'a> {
     /// A pass over the rows of `input` (the layer's input, in the caller's layout).
-    pub fn new(device: &'a dyn Device, input: &Rows<'a>, plan: &'a BatchPlan, reverse: bool) -> Pass<'a> {
-        Pass {
+    pub fn new(device: &'a dyn Device, input: &Rows<'a>, plan: &'a BatchPlan, reverse: bool) -> LayerRun<'a> {
+        LayerRun {
             device,
             layout: input.layout,
             plan,
@@ -327,7 +327,7 @@ impl<'a> Pass<'a> {
     }
 }
 
-/// A value's rows downloaded from its home ([`Pass::fetch`]).
+/// A value's rows downloaded from its home ([`LayerRun::fetch`]).
 #[derive(Debug)]
 pub struct HostRows {
     home: Home,
@@ -337,7 +337,7 @@ pub struct HostRows {
 
 impl HostRows {
     /// Row `row`'s floats.
-    pub fn row(&self, row: Row, pass: &Pass) -> &[f32] {
+    pub fn row(&self, row: Row, pass: &LayerRun) -> &[f32] {
         let at = self.home.offset(row, pass.layout, pass.batch());
         &self.data[at..at + self.len]
     }

@@ -593,8 +593,8 @@ pub fn compile_unary_for_test(op: UnaryOp, n: usize) -> impl Fn(&[f32]) -> Vec<f
     let src =
         format!("cell t {{ input x[N] state h[N] h' = {}(x) + 0 * h\n output {}(x) }}", op.name(), op.name());
     let module = cellc::compile("t.cell", &src).into_result().expect("test cell compiles");
-    let mut cell = module.cells.into_iter().next().expect("one cell");
-    cellc::passes::optimize_cell(&mut cell);
+    let cell = module.cells.into_iter().next().expect("one cell");
+    let cell = cellc::program::Steps::compile(&cell).expect("verifies").forward;
     let sizes = [("N".to_string(), n)].into();
     let plan = Plan::new(&cell, &sizes, "t").expect("plan");
     let x = cell.values().find(|&v| matches!(cell.node(v).op, Op::Input(0))).expect("x");
@@ -631,25 +631,22 @@ mod tests {
             let src = std::fs::read_to_string(path).expect("readable");
             let module = cellc::compile("c.cell", &src).into_result().expect("compiles");
             for cell in &module.cells {
-                let mut cell = cell.clone();
-                cellc::passes::optimize_cell(&mut cell);
-                let grad = cellc::autodiff::backward_step(&cell).expect("backward");
+                let steps = cellc::program::Steps::compile(cell).expect("verifies");
                 for h in [1usize, 5, 13] {
                     let sizes: cellc::dims::Bindings =
                         cell.sizes.iter().map(|s| (s.clone(), if s == "I" { 3 } else { h })).collect();
-                    let sched = cellc::schedule::schedule(&cell, &grad, &sizes);
-                    for (graph, stages) in
-                        [(&*cell as &Graph, &sched.forward), (&grad.graph, &sched.backward)]
-                    {
-                        let plan = Plan::new(graph, &sizes, &cell.name).expect("plan");
+                    let program = steps.program(&sizes).expect("sizes");
+                    for side in cellc::program::Side::BOTH {
+                        let (graph, stages, plan) =
+                            (steps.graph(side), program.stages(side), program.plan(side));
                         let g = Arc::new(graph.clone());
                         let p = Arc::new(plan.clone());
                         for st in stages.iter().filter(|s| s.kind.is_kernel()) {
-                            let jit = jit::compile_stage(graph, &plan, &st.values, &st.inputs, &st.outputs)
+                            let jit = jit::compile_stage(graph, plan, &st.values, &st.inputs, &st.outputs)
                                 .unwrap_or_else(|e| panic!("{} H={h}: {e}", cell.name));
                             let reference =
                                 Interpreted::new(g.clone(), p.clone(), &st.values, &st.inputs, &st.outputs);
-                            compare(&jit, &reference, &plan, &format!("{} H={h}", cell.name));
+                            compare(&jit, &reference, plan, &format!("{} H={h}", cell.name));
                             compiled += 1;
                         }
                     }

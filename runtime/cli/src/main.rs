@@ -230,10 +230,11 @@ fn main() -> ExitCode {
     }
 }
 
-/// The backward step of an optimised cell; failures (compiler bugs) are printed.
-pub(crate) fn backward_or_report(cell: &cellc::Cell) -> Option<cellc::autodiff::Gradient> {
-    match cellc::autodiff::backward_step(cell) {
-        Ok(g) => Some(g),
+/// A checked cell's steps ([`cellc::program::Steps::compile`]); failures
+/// (compiler bugs) are printed.
+pub(crate) fn steps_or_report(cell: &cellc::Cell) -> Option<cellc::program::Steps> {
+    match cellc::program::Steps::compile(cell) {
+        Ok(steps) => Some(steps),
         Err(errors) => {
             for e in errors {
                 eprintln!("error: internal compiler error in cell `{}`: {e}", cell.name);
@@ -414,22 +415,24 @@ fn graph(
         if i > 0 {
             println!();
         }
-        let mut forward = (*cell).clone();
-        if stage != Stage::Checked {
-            cellc::passes::optimize_cell(&mut forward);
-        }
-        let text = match (stage, dot) {
-            (Stage::Checked | Stage::Forward, true) => cellc::ir::print::to_dot(&forward),
-            (Stage::Checked | Stage::Forward, false) => cellc::ir::print::to_text(&forward, Some(&c.sources)),
-            (Stage::Backward | Stage::Schedule, _) => {
-                let Some(grad) = backward_or_report(&forward) else { return false };
-                if stage == Stage::Backward {
-                    cellc::ir::print::gradient_to_text(&forward, &grad, Some(&c.sources))
-                } else {
-                    let sizes: Bindings = define.iter().cloned().collect();
-                    let sched = cellc::schedule::schedule(&forward, &grad, &sizes);
-                    cellc::schedule::to_text(&forward, &grad, &sched, &sizes)
-                }
+        let steps = match stage {
+            Stage::Checked => None,
+            _ => match steps_or_report(cell) {
+                Some(steps) => Some(steps),
+                None => return false,
+            },
+        };
+        let text = match (&steps, stage, dot) {
+            (None, _, true) => cellc::ir::print::to_dot(cell),
+            (None, _, false) => cellc::ir::print::to_text(cell, Some(&c.sources)),
+            (Some(s), Stage::Forward, true) => cellc::ir::print::to_dot(&s.forward),
+            (Some(s), Stage::Forward, false) => cellc::ir::print::to_text(&s.forward, Some(&c.sources)),
+            (Some(s), Stage::Backward, _) => {
+                cellc::ir::print::gradient_to_text(&s.forward, &s.backward, Some(&c.sources))
+            }
+            (Some(s), _, _) => {
+                let sizes: Bindings = define.iter().cloned().collect();
+                cellc::schedule::to_text(&s.forward, &s.backward, &s.schedule(&sizes), &sizes)
             }
         };
         print!("{text}");

@@ -95,10 +95,15 @@ pub fn compile(args: &CompileArgs, color: bool) -> bool {
     let sizes: Bindings = args.define.iter().cloned().collect();
     let mut kernels = Vec::new();
     for cell in cells {
-        let mut forward = cell.clone();
-        cellc::passes::optimize_cell(&mut forward);
-        let Some(grad) = crate::backward_or_report(&forward) else { return false };
-        match cellc::cuda::emit_cell(&forward, &grad, &sizes, Some(&c.sources)) {
+        let Some(steps) = crate::steps_or_report(cell) else { return false };
+        let program = match steps.program(&sizes) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("error: {file}: cell `{}`: {e}", cell.name);
+                return false;
+            }
+        };
+        match cellc::cuda::emit_cell(&steps.forward, &steps.backward, &program, Some(&c.sources)) {
             Ok(k) => kernels.extend(k),
             Err(e) => {
                 eprintln!("error: {file}: cell `{}`: {e}", cell.name);

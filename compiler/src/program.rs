@@ -1,0 +1,186 @@
+//! The one pipeline from a checked cell to what every back end runs.
+//!
+//! ```text
+//! checked Cell --Steps::compile--> Steps (forward + backward, optimised, verified)
+//!              --Program::new----> Program (concrete shapes, schedule, kernel names)
+//! ```
+//!
+//! [`Steps::compile`] is done once per cell and knows no sizes: it
+//! simplifies the forward step (verifying the graph after every pass),
+//! verifies the result, and derives the backward step (simplified and
+//! verified the same way). [`Program::new`] fixes the sizes: every value's
+//! shape in both steps and the schedule of their stages. The runtime, the
+//! CLI, `cellc-build`, the benches, the fuzz targets and the CUDA emitter
+//! all go through these two; nothing else chains the passes.
+
+use crate::autodiff::Gradient;
+use crate::dims::Bindings;
+use crate::interp::{InterpError, Plan};
+use crate::ir::verify::VerifyError;
+use crate::ir::{Cell, Graph};
+use crate::schedule::{Schedule, Stage};
+
+/// Which step of a cell: the forward step, or its derived backward step.
+/// (Serialisable: ahead-of-time manifests list each kernel's side.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Side {
+    Forward,
+    Backward,
+}
+
+impl Side {
+    pub const BOTH: [Side; 2] = [Side::Forward, Side::Backward];
+
+    /// `fwd` or `bwd`, as kernel names say it.
+    pub fn tag(self) -> &'static str {
+        match self {
+            Side::Forward => "fwd",
+            Side::Backward => "bwd",
+        }
+    }
+
+    /// What names stage `stage` of this side in every kernel name:
+    /// `fwd_s<stage>` / `bwd_s<stage>`.
+    pub fn stage_suffix(self, stage: usize) -> String {
+        format!("{}_s{stage}", self.tag())
+    }
+}
+
+/// A cell's two steps, ready for any sizes: the simplified forward step and
+/// its derived backward step, both verified.
+#[derive(Clone, Debug)]
+pub struct Steps {
+    pub forward: Cell,
+    pub backward: Gradient,
+}
+
+impl Steps {
+    /// Simplifies `cell` (a checked cell, from [`crate::compile`]) and
+    /// derives its backward step. An error is a compiler bug: the verifier
+    /// names the pass and the value whose invariant broke.
+    pub fn compile(cell: &Cell) -> Result<Steps, Vec<VerifyError>> {
+        let mut forward = cell.clone();
+        crate::passes::optimize_cell(&mut forward)?;
+        crate::ir::verify::verify(&forward)?;
+        let backward = crate::autodiff::backward_step(&forward)?;
+        Ok(Steps { forward, backward })
+    }
+
+    /// The graph of `side`.
+    pub fn graph(&self, side: Side) -> &Graph {
+        match side {
+            Side::Forward => &self.forward,
+            Side::Backward => &self.backward.graph,
+        }
+    }
+
+    /// The schedule of both steps with the sizes in `sizes` bound and the
+    /// rest symbolic (what `cellc graph --stage schedule` prints; a
+    /// [`Program`] binds every size).
+    pub fn schedule(&self, sizes: &Bindings) -> Schedule {
+        crate::schedule::schedule(&self.forward, &self.backward, sizes)
+    }
+
+    /// The steps at `sizes`: see [`Program::new`].
+    pub fn program(&self, sizes: &Bindings) -> Result<Program, InterpError> {
+        Program::new(&self.forward, &self.backward, sizes)
+    }
+
+    /// Both steps' IR as text: two cells with the same identity compile to
+    /// the same kernels at the same sizes.
+    pub fn identity(&self) -> String {
+        let names = crate::ir::print::LeafNames::of(&self.forward, &self.backward.seeds);
+        format!(
+            "{}\n{}",
+            crate::ir::print::values_text(&self.forward, &names, None),
+            crate::ir::print::values_text(&self.backward.graph, &names, None)
+        )
+    }
+}
+
+/// A cell's steps at concrete sizes: what a back end needs to run them.
+#[derive(Clone, Debug)]
+pub struct Program {
+    /// The cell's name (kernel names start with it).
+    pub cell: String,
+    /// The sizes the cell uses (others given are dropped).
+    pub sizes: Bindings,
+    /// Features per step (all inputs together), and each input's
+    /// `(offset, len)` among them.
+    pub input_size: usize,
+    pub input_slices: Vec<(usize, usize)>,
+    pub output_size: usize,
+    pub state_sizes: Vec<usize>,
+    /// `(rows, cols)` of each parameter; `cols == 1` for a vector.
+    pub param_shapes: Vec<(usize, usize)>,
+    /// Every value's shape and evaluation order, per step.
+    pub forward_plan: Plan,
+    pub backward_plan: Plan,
+    /// The stages of both steps, and what the forward saves for the backward.
+    pub schedule: Schedule,
+}
+
+impl Program {
+    /// Fixes a cell's steps (the two halves of a [`Steps`]) at `sizes`
+    /// (bindings of sizes the cell does not use are ignored). Errs on an
+    /// unbound size, a size that is not positive, or a tensor too large to
+    /// index.
+    pub fn new(forward: &Cell, backward: &Gradient, sizes: &Bindings) -> Result<Program, InterpError> {
+        let bound = forward.bind(sizes)?;
+        let sizes = bound.sizes().clone();
+        let backward_plan = Plan::new(&backward.graph, &sizes, &forward.name)?;
+        let schedule = crate::schedule::schedule(forward, backward, &sizes);
+        Ok(Program {
+            cell: forward.name.clone(),
+            input_size: bound.input_size(),
+            input_slices: bound.input_slices().to_vec(),
+            output_size: bound.output_size(),
+            state_sizes: bound.state_sizes().to_vec(),
+            param_shapes: bound.param_shapes().to_vec(),
+            forward_plan: bound.plan().clone(),
+            backward_plan,
+            schedule,
+            sizes,
+        })
+    }
+
+    /// The evaluation plan of `side`.
+    pub fn plan(&self, side: Side) -> &Plan {
+        match side {
+            Side::Forward => &self.forward_plan,
+            Side::Backward => &self.backward_plan,
+        }
+    }
+
+    /// The stages of `side`.
+    pub fn stages(&self, side: Side) -> &[Stage] {
+        match side {
+            Side::Forward => &self.schedule.forward,
+            Side::Backward => &self.schedule.backward,
+        }
+    }
+
+    /// The stages that are generated kernels, with their side and index in
+    /// that side's schedule, forward first.
+    pub fn kernel_stages(&self) -> Vec<(Side, usize, &Stage)> {
+        Side::BOTH
+            .into_iter()
+            .flat_map(|side| self.stages(side).iter().enumerate().map(move |(i, st)| (side, i, st)))
+            .filter(|(_, _, st)| st.kind.is_kernel())
+            .collect()
+    }
+
+    /// The name of the kernel of stage `stage` of `side`, the same for every
+    /// target: `<cell>_fwd_s<i>` / `<cell>_bwd_s<i>`. (Linked objects put a
+    /// fingerprint after the cell and the sizes at the end, with the same
+    /// [`Side::stage_suffix`]: see the runtime's `aot::symbol`.)
+    pub fn kernel_name(&self, side: Side, stage: usize) -> String {
+        kernel_name(&self.cell, side, stage)
+    }
+}
+
+/// `<cell>_<fwd|bwd>_s<stage>`: see [`Program::kernel_name`].
+pub fn kernel_name(cell: &str, side: Side, stage: usize) -> String {
+    format!("{cell}_{}", side.stage_suffix(stage))
+}
