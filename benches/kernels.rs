@@ -7,7 +7,7 @@
 //!
 //! `cargo bench -p cellc-benches --bench kernels`
 
-use cellc::interp::Plan;
+use cellc::interp::Shapes;
 use cellc::ir::Op;
 use cellc::schedule::StageKind;
 use cellc_runtime::backend::cpu::codegen::jit::compile_stage;
@@ -36,7 +36,7 @@ struct Table {
     ptrs: Vec<*mut f32>,
 }
 
-fn table(exec: &dyn StageExec, plan: &Plan, rows: usize) -> Table {
+fn table(exec: &dyn StageExec, plan: &Shapes, rows: usize) -> Table {
     let mut buffers = Vec::new();
     let mut ptrs = Vec::new();
     for _ in 0..rows {
@@ -58,12 +58,12 @@ fn pointwise(c: &mut Criterion) {
         let layer = &model.layers()[0];
         let compiled = model.compiled();
         let sides = [
-            ("forward", Arc::new((*compiled.cell).clone()), &layer.schedule.forward, &layer.forward_plan),
+            ("forward", Arc::new((*compiled.cell).clone()), &layer.schedule.forward, &layer.forward_shapes),
             (
                 "backward",
                 Arc::new(compiled.grad.graph.clone()),
                 &layer.schedule.backward,
-                &layer.backward_plan,
+                &layer.backward_shapes,
             ),
         ];
         for (side, graph, stages, plan) in sides {
@@ -96,7 +96,7 @@ fn unary_kernel(op: &str, n: usize) -> cellc_runtime::backend::cpu::native::Nati
     let module = cellc::compile("t.cell", &src).into_result().expect("the one-op cell compiles");
     let cell = module.cells.into_iter().next().expect("one cell");
     let cell = cellc::program::Steps::compile(&cell).expect("verifies").forward;
-    let plan = Plan::new(&cell, &[("N".to_string(), n)].into(), "t").expect("plan");
+    let plan = Shapes::new(&cell, &[("N".to_string(), n)].into(), "t").expect("plan");
     let x = cell.values().find(|&v| matches!(cell.node(v).op, Op::Input(0))).expect("the input x");
     compile_stage(&cell, &plan, &[cell.output], &[x], &[cell.output]).expect("compiles")
 }

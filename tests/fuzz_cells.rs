@@ -5,7 +5,7 @@
 
 mod support;
 
-use cellc_difftest::{check, fuzz, Outcome, Plan};
+use cellc_difftest::{check, fuzz, Checks, Outcome};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Seeds CI runs; `CELLC_FUZZ_SEEDS=a..b` runs others.
@@ -19,7 +19,7 @@ fn seeds() -> std::ops::Range<u64> {
 
 #[test]
 fn fixed_seeds_pass_every_check() {
-    let plan = Plan::everything();
+    let plan = Checks::everything();
     let seeds: Vec<u64> = seeds().collect();
     // The seeds are independent: one worker per core, each taking the next seed.
     let next = AtomicUsize::new(0);
@@ -72,7 +72,7 @@ fn reproducers_pass_every_check() {
         let text = std::fs::read_to_string(&path).expect("readable reproducer");
         let header =
             fuzz::parse_header(&text).unwrap_or_else(|| panic!("{}: no `// case:` line", path.display()));
-        if let Err(f) = check(&text, &header.case, &Plan::everything()) {
+        if let Err(f) = check(&text, &header.case, &Checks::everything()) {
             panic!("{}: {f}", path.display());
         }
     }

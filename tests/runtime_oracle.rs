@@ -99,7 +99,7 @@ fn conformance(backend: &dyn Fn() -> Box<dyn Backend>) {
             (Major::TimeFirst, Align::Left),
             (Major::TimeFirst, Align::Right),
         ] {
-            let plan = cellc_runtime::BatchPlan::new(&LENGTHS, STEPS).expect("plan");
+            let plan = cellc_runtime::BatchOrder::new(&LENGTHS, STEPS).expect("plan");
             let layout = RowLayout::padded(&plan, STEPS, major, align);
             // Garbage at the padding: the runtime must never read it.
             let mut x = rng.vec(batch * STEPS * fin, 100.0).iter().map(|&v| v as f32).collect::<Vec<f32>>();
@@ -159,7 +159,7 @@ fn conformance(backend: &dyn Fn() -> Box<dyn Backend>) {
         }
 
         // Packed input gives the same numbers, in packed order.
-        let plan = cellc_runtime::BatchPlan::new(&LENGTHS, STEPS).expect("plan");
+        let plan = cellc_runtime::BatchOrder::new(&LENGTHS, STEPS).expect("plan");
         let layout = RowLayout::padded(&plan, STEPS, Major::BatchFirst, Align::Left);
         let mut x = vec![0.0f32; batch * STEPS * fin];
         for b in 0..batch {

@@ -32,20 +32,7 @@ fn schedule_snapshots() {
         for cell in &module.cells {
             let (forward, grad, sched) = plan(cell);
             let text = cellc::schedule::to_text(&forward, &grad, &sched, &Default::default());
-            let snap = dir.join(format!("{}.txt", cell.name));
-            if support::blessing() {
-                std::fs::create_dir_all(&dir).expect("mkdir");
-                std::fs::write(&snap, &text).expect("write");
-                continue;
-            }
-            match std::fs::read_to_string(&snap) {
-                Ok(expected) if expected == text => {}
-                Ok(expected) => failures.push(format!(
-                    "{}: schedule changed\n--- expected\n{expected}\n+++ actual\n{text}",
-                    cell.name
-                )),
-                Err(_) => failures.push(format!("{}: no snapshot (run with CELLC_BLESS=1)", cell.name)),
-            }
+            failures.extend(support::snapshot(&dir.join(format!("{}.txt", cell.name)), &text));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -112,18 +112,7 @@ fn ir_snapshots() {
         let module = support::compile_shipped(&path);
         for cell in &module.cells {
             let text = cellc::ir::print::to_text(cell, None);
-            let snap = dir.join(format!("{}.ir", cell.name));
-            if support::blessing() {
-                std::fs::create_dir_all(&dir).expect("mkdir");
-                std::fs::write(&snap, &text).expect("write snapshot");
-                continue;
-            }
-            match std::fs::read_to_string(&snap) {
-                Ok(expected) if expected == text => {}
-                Ok(expected) => failures
-                    .push(format!("{}: IR changed\n--- expected\n{expected}\n+++ actual\n{text}", cell.name)),
-                Err(_) => failures.push(format!("{}: no snapshot (run with CELLC_BLESS=1)", cell.name)),
-            }
+            failures.extend(support::snapshot(&dir.join(format!("{}.ir", cell.name)), &text));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

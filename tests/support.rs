@@ -26,6 +26,24 @@ pub fn blessing() -> bool {
     std::env::var_os("CELLC_BLESS").is_some_and(|v| v != "0")
 }
 
+/// Compares `text` with the golden file `path` (or rewrites it when
+/// [`blessing`]); a difference is returned as a message showing both.
+pub fn snapshot(path: &Path, text: &str) -> Option<String> {
+    if blessing() {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).expect("mkdir");
+        }
+        std::fs::write(path, text).expect("write snapshot");
+        return None;
+    }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    match std::fs::read_to_string(path) {
+        Ok(expected) if expected == text => None,
+        Ok(expected) => Some(format!("{name} changed\n--- expected\n{expected}\n+++ actual\n{text}")),
+        Err(_) => Some(format!("{name}: no snapshot (run with CELLC_BLESS=1)")),
+    }
+}
+
 /// A small deterministic generator (SplitMix64) for test data.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);

@@ -145,7 +145,7 @@ pub enum ConcreteInit {
 pub struct BoundCell<'c> {
     cell: &'c Cell,
     sizes: Bindings,
-    plan: Plan,
+    plan: Shapes,
     /// `(offset, len)` of each input in the step's feature vector.
     input_slices: Vec<(usize, usize)>,
     input_size: usize,
@@ -156,7 +156,7 @@ pub struct BoundCell<'c> {
 
 /// A graph ready to evaluate at fixed sizes: its order and every value's shape.
 #[derive(Clone, Debug)]
-pub struct Plan {
+pub struct Shapes {
     order: Vec<ValueId>,
     /// `(rows, cols)` of each value: `(1, 1)` scalar, `(d, 1)` vector, `(m, n)` matrix.
     shape: Vec<(usize, usize)>,
@@ -164,9 +164,9 @@ pub struct Plan {
     extra: Vec<usize>,
 }
 
-impl Plan {
+impl Shapes {
     /// Fixes every value's shape under `sizes` (`cell` names errors).
-    pub fn new(graph: &Graph, sizes: &Bindings, cell: &str) -> Result<Plan, InterpError> {
+    pub fn new(graph: &Graph, sizes: &Bindings, cell: &str) -> Result<Shapes, InterpError> {
         let order = graph.topo_order().map_err(|v| InterpError::Shape {
             tensor: format!("{v}"),
             expected: "an acyclic graph".into(),
@@ -196,7 +196,13 @@ impl Plan {
                 _ => {}
             }
         }
-        Ok(Plan { order, shape, extra })
+        Ok(Shapes { order, shape, extra })
+    }
+
+    /// Where `slice` value `v` starts in its operand, or `pad` value `v`'s
+    /// operand in its result, at these sizes (for other ops: meaningless).
+    pub fn offset(&self, v: ValueId) -> usize {
+        self.extra[v.index()]
     }
 
     /// Elements of a value.
@@ -219,7 +225,7 @@ pub(crate) struct LeafValues<'a, T> {
 
 /// Evaluates every value of `graph` in `plan`'s order. Parameters are read
 /// in place, so their slots in the result stay empty: use [`value`].
-pub(crate) fn evaluate<T: Float>(graph: &Graph, plan: &Plan, leaves: &LeafValues<T>) -> Vec<Vec<T>> {
+pub(crate) fn evaluate<T: Float>(graph: &Graph, plan: &Shapes, leaves: &LeafValues<T>) -> Vec<Vec<T>> {
     let mut vals: Vec<Vec<T>> = vec![Vec::new(); graph.value_bound()];
     for &v in &plan.order {
         let out = match &graph.node(v).op {
@@ -241,7 +247,7 @@ pub(crate) fn evaluate<T: Float>(graph: &Graph, plan: &Plan, leaves: &LeafValues
     vals
 }
 
-impl Plan {
+impl Shapes {
     /// Values in the order they can be computed.
     pub fn order(&self) -> &[ValueId] {
         &self.order
@@ -423,7 +429,7 @@ impl<'c> BoundCell<'c> {
                 check_elements(&what, rows, cols).map(|()| (rows, cols))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let plan = Plan::new(cell, &sizes, &cell.name)?;
+        let plan = Shapes::new(cell, &sizes, &cell.name)?;
         Ok(BoundCell { cell, sizes, plan, input_slices, input_size: offset, state_sizes, param_shapes })
     }
 
@@ -453,8 +459,8 @@ impl<'c> BoundCell<'c> {
         &self.input_slices
     }
 
-    /// The forward graph's evaluation plan at these sizes.
-    pub fn plan(&self) -> &Plan {
+    /// The forward graph's shapes and evaluation order at these sizes.
+    pub fn shapes(&self) -> &Shapes {
         &self.plan
     }
 
@@ -651,7 +657,7 @@ impl BoundCell<'_> {
             });
         }
         self.check_states(d_final_states)?;
-        let plan = Plan::new(&grad.graph, &self.sizes, &self.cell.name)?;
+        let plan = Shapes::new(&grad.graph, &self.sizes, &self.cell.name)?;
 
         let mut carry: Vec<Vec<T>> = d_final_states.iter().map(|s| s.as_ref().to_vec()).collect();
         let mut d_inputs = vec![T::zero(); xs.len()];

@@ -1,27 +1,10 @@
 //! Decisions every kernel generator makes the same way, whatever it emits
-//! (Cranelift IR for the CPU, CUDA C++): where a slice starts, and which
-//! values join a fused elementwise loop.
+//! (Cranelift IR for the CPU, CUDA C++): which values join a fused
+//! elementwise loop, and which members of it are read outside. (Where a
+//! slice starts is [`crate::interp::Shapes::offset`].)
 
-use crate::interp::Plan;
 use crate::ir::{Graph, Op, ValueId};
 use std::collections::HashMap;
-
-/// Where a slice starts in its operand, or a pad's operand in its result.
-pub fn slice_offset(graph: &Graph, plan: &Plan, v: ValueId) -> usize {
-    let src = graph.operands(v)[0];
-    match graph.node(v).op {
-        Op::Slice { .. } => {
-            // A slice of [0, 1, 2, ...] gives its own offset as the first element.
-            let iota: Vec<f32> = (0..plan.elements(src)).map(|i| i as f32).collect();
-            plan.compute(graph, v, &[&iota]).first().map_or(0, |x| *x as usize)
-        }
-        Op::Pad { .. } => {
-            let ones = vec![1.0f32; plan.elements(src)];
-            plan.compute(graph, v, &[&ones]).iter().position(|x| *x == 1.0).unwrap_or(0)
-        }
-        _ => 0,
-    }
-}
 
 /// The members of a fused elementwise loop, in order, with constant-time
 /// membership and position (a stage may fuse thousands of values).

@@ -15,7 +15,7 @@
 
 use crate::autodiff::Gradient;
 use crate::dims::Bindings;
-use crate::interp::{InterpError, Plan};
+use crate::interp::{InterpError, Shapes};
 use crate::ir::verify::VerifyError;
 use crate::ir::{Cell, Graph};
 use crate::schedule::{Schedule, Stage};
@@ -115,8 +115,8 @@ pub struct Program {
     /// `(rows, cols)` of each parameter; `cols == 1` for a vector.
     pub param_shapes: Vec<(usize, usize)>,
     /// Every value's shape and evaluation order, per step.
-    pub forward_plan: Plan,
-    pub backward_plan: Plan,
+    pub forward_shapes: Shapes,
+    pub backward_shapes: Shapes,
     /// The stages of both steps, and what the forward saves for the backward.
     pub schedule: Schedule,
 }
@@ -129,7 +129,7 @@ impl Program {
     pub fn new(forward: &Cell, backward: &Gradient, sizes: &Bindings) -> Result<Program, InterpError> {
         let bound = forward.bind(sizes)?;
         let sizes = bound.sizes().clone();
-        let backward_plan = Plan::new(&backward.graph, &sizes, &forward.name)?;
+        let backward_shapes = Shapes::new(&backward.graph, &sizes, &forward.name)?;
         let schedule = crate::schedule::schedule(forward, backward, &sizes);
         Ok(Program {
             cell: forward.name.clone(),
@@ -138,18 +138,18 @@ impl Program {
             output_size: bound.output_size(),
             state_sizes: bound.state_sizes().to_vec(),
             param_shapes: bound.param_shapes().to_vec(),
-            forward_plan: bound.plan().clone(),
-            backward_plan,
+            forward_shapes: bound.shapes().clone(),
+            backward_shapes,
             schedule,
             sizes,
         })
     }
 
-    /// The evaluation plan of `side`.
-    pub fn plan(&self, side: Side) -> &Plan {
+    /// Every value's shape and evaluation order in `side`.
+    pub fn shapes(&self, side: Side) -> &Shapes {
         match side {
-            Side::Forward => &self.forward_plan,
-            Side::Backward => &self.backward_plan,
+            Side::Forward => &self.forward_shapes,
+            Side::Backward => &self.backward_shapes,
         }
     }
 

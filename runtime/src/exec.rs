@@ -10,7 +10,7 @@
 use crate::backend::{BackwardJob, ForwardJob, Rows, RowsMut, Tape};
 use crate::error::{Result, RuntimeError};
 use crate::model::Model;
-use crate::sequence::{check_len, Align, BatchPlan, Major, PackedSequence, RowLayout};
+use crate::sequence::{check_len, Align, BatchOrder, Major, PackedSequence, RowLayout};
 
 /// A batch in the caller's own layout.
 #[derive(Clone, Copy, Debug)]
@@ -45,7 +45,7 @@ pub struct Gradients {
 #[derive(Debug)]
 pub struct Trace<'a> {
     input: Input<'a>,
-    plan: BatchPlan,
+    plan: BatchOrder,
     layout: RowLayout,
     /// The input of each layer after the first.
     layer_inputs: Vec<Vec<f32>>,
@@ -53,7 +53,7 @@ pub struct Trace<'a> {
 }
 
 struct LaidOutBatch {
-    plan: BatchPlan,
+    plan: BatchOrder,
     layout: RowLayout,
     rows: usize,
     data_features: usize,
@@ -71,7 +71,7 @@ impl Model {
                     });
                 }
                 check_len("input", data.len(), &[*batch, *steps, self.input_size()])?;
-                let plan = BatchPlan::new(lengths, *steps)?;
+                let plan = BatchOrder::new(lengths, *steps)?;
                 let layout = RowLayout::padded(&plan, *steps, *major, *align);
                 Ok(LaidOutBatch { plan, layout, rows: batch * steps, data_features: self.input_size() })
             }

@@ -5,7 +5,7 @@
 //! initialised from a seed), and runs it through a [`backend::Backend`] over
 //! packed sequences or padded batches — batch- or time-first, padding at
 //! the end or at the start — without sorting or copying the data: only the
-//! lengths are sorted ([`sequence::BatchPlan`]) and rows are gathered and
+//! lengths are sorted ([`sequence::BatchOrder`]) and rows are gathered and
 //! scattered through a [`sequence::RowLayout`].
 //!
 //! ```
@@ -48,8 +48,8 @@ pub mod weights;
 pub use error::{Result, RuntimeError};
 pub use exec::{Gradients, Input, Output, Trace};
 pub use files::write_atomically;
-pub use model::{CompiledCell, LayerProgram, Model, ModelConfig, Side};
-pub use sequence::{Align, BatchPlan, Major, PackedSequence, RowLayout};
+pub use model::{CompiledCell, Layer, Model, ModelConfig, Side};
+pub use sequence::{Align, BatchOrder, Major, PackedSequence, RowLayout};
 pub use weights::{
     read_metadata, read_tensors, write_tensors, write_tensors_with_metadata, Metadata, Tensor, TensorData,
     Weights,

@@ -113,12 +113,12 @@ impl Default for ModelConfig {
 /// One layer's program: the cell's steps at this layer's sizes (shared by
 /// its directions). Dereferences to the [`Program`].
 #[derive(Clone, Debug)]
-pub struct LayerProgram {
+pub struct Layer {
     pub index: usize,
     pub program: Program,
 }
 
-impl std::ops::Deref for LayerProgram {
+impl std::ops::Deref for Layer {
     type Target = Program;
 
     fn deref(&self) -> &Program {
@@ -130,7 +130,7 @@ impl std::ops::Deref for LayerProgram {
 pub struct Model {
     pub(crate) compiled: Arc<CompiledCell>,
     pub(crate) config: ModelConfig,
-    pub(crate) layers: Vec<LayerProgram>,
+    pub(crate) layers: Vec<Layer>,
     /// `params[layer * directions + direction][param]`.
     pub(crate) params: Vec<Vec<Vec<f32>>>,
     pub(crate) backend: Box<dyn Backend>,
@@ -244,7 +244,7 @@ impl Model {
         sizes: &Bindings,
         input_size: Option<usize>,
         weights: Option<&Weights>,
-    ) -> Result<Vec<LayerProgram>> {
+    ) -> Result<Vec<Layer>> {
         if config.layers == 0 {
             return Err(RuntimeError::Layer { layer: 0, message: "a model needs at least one layer".into() });
         }
@@ -289,7 +289,7 @@ impl Model {
         for k in 0..config.layers {
             let mut sizes = base.clone();
             if k > 0 {
-                let prev: &LayerProgram = &layers[k - 1];
+                let prev: &Layer = &layers[k - 1];
                 let features = prev.output_size * directions;
                 // Rebind the input's own size variables; any shared with states must agree.
                 let mut srcs = sources.clone();
@@ -316,11 +316,11 @@ impl Model {
         Ok(layers)
     }
 
-    fn program(compiled: &CompiledCell, index: usize, sizes: &Bindings) -> Result<LayerProgram> {
+    fn program(compiled: &CompiledCell, index: usize, sizes: &Bindings) -> Result<Layer> {
         let program = compiled
             .program(sizes)
             .map_err(|e| RuntimeError::Layer { layer: index, message: e.to_string() })?;
-        Ok(LayerProgram { index, program })
+        Ok(Layer { index, program })
     }
 
     pub fn compiled(&self) -> &CompiledCell {
@@ -331,7 +331,7 @@ impl Model {
         &self.config
     }
 
-    pub fn layers(&self) -> &[LayerProgram] {
+    pub fn layers(&self) -> &[Layer] {
         &self.layers
     }
 

@@ -1,7 +1,7 @@
 //! Variable-length batches: PyTorch's packed sequences, and padded batches
 //! run directly, without sorting or copying the data.
 //!
-//! Only the *lengths* are sorted: a [`BatchPlan`] holds the sequences in
+//! Only the *lengths* are sorted: a [`BatchOrder`] holds the sequences in
 //! order of decreasing length, so at step `s` the active sequences are a
 //! prefix of that order (`batch_sizes[s]` of them). Where a sequence's
 //! step lives in the caller's buffer is a [`RowLayout`]: padded batch-first
@@ -33,7 +33,7 @@ pub enum Major {
 
 /// The order in which sequences are processed, and how many are active per step.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BatchPlan {
+pub struct BatchOrder {
     lengths: Vec<usize>,
     /// Sequence indices by decreasing length (stable: ties keep their order).
     order: Vec<usize>,
@@ -43,9 +43,9 @@ pub struct BatchPlan {
     batch_sizes: Vec<usize>,
 }
 
-impl BatchPlan {
+impl BatchOrder {
     /// Plans a batch; `steps` is the padded length (every length must be in `1..=steps`).
-    pub fn new(lengths: &[usize], steps: usize) -> Result<BatchPlan> {
+    pub fn new(lengths: &[usize], steps: usize) -> Result<BatchOrder> {
         for (b, &l) in lengths.iter().enumerate() {
             if l == 0 || l > steps {
                 return Err(RuntimeError::Length { sequence: b, length: l as i64, steps });
@@ -59,7 +59,7 @@ impl BatchPlan {
         }
         let longest = lengths.iter().copied().max().unwrap_or(0);
         let batch_sizes = (0..longest).map(|s| lengths.iter().filter(|&&l| l > s).count()).collect();
-        Ok(BatchPlan { lengths: lengths.to_vec(), order, rank, batch_sizes })
+        Ok(BatchOrder { lengths: lengths.to_vec(), order, rank, batch_sizes })
     }
 
     pub fn batch(&self) -> usize {
@@ -116,13 +116,13 @@ pub enum RowLayout {
 
 impl RowLayout {
     /// The layout of a padded batch with these lengths.
-    pub fn padded(plan: &BatchPlan, steps: usize, major: Major, align: Align) -> RowLayout {
+    pub fn padded(plan: &BatchOrder, steps: usize, major: Major, align: Align) -> RowLayout {
         let shift = plan.lengths.iter().map(|&l| if align == Align::Right { steps - l } else { 0 }).collect();
         RowLayout::Padded { batch: plan.batch(), steps, major, shift }
     }
 
     /// The layout of a packed sequence with this plan.
-    pub fn packed(plan: &BatchPlan) -> RowLayout {
+    pub fn packed(plan: &BatchOrder) -> RowLayout {
         let mut step_offsets = Vec::with_capacity(plan.steps());
         let mut at = 0;
         for &n in &plan.batch_sizes {
@@ -168,7 +168,7 @@ impl PackedSequence {
         major: Major,
         align: Align,
     ) -> Result<PackedSequence> {
-        let plan = BatchPlan::new(lengths, steps)?;
+        let plan = BatchOrder::new(lengths, steps)?;
         check_len("padded data", data.len(), &[lengths.len(), steps, features])?;
         let src = RowLayout::padded(&plan, steps, major, align);
         let mut out = Vec::with_capacity(plan.rows() * features);
@@ -190,7 +190,7 @@ impl PackedSequence {
     }
 
     /// Checks the PyTorch invariants and returns the plan this packing follows.
-    pub fn plan(&self) -> Result<BatchPlan> {
+    pub fn plan(&self) -> Result<BatchOrder> {
         let batch = self.batch_sizes.first().copied().unwrap_or(0);
         for (s, w) in self.batch_sizes.windows(2).enumerate() {
             if w[1] > w[0] {
@@ -224,7 +224,7 @@ impl PackedSequence {
                 lengths[b] += 1;
             }
         }
-        let plan = BatchPlan::new(&lengths, self.batch_sizes.len())?;
+        let plan = BatchOrder::new(&lengths, self.batch_sizes.len())?;
         // A stable sort of the lengths must give back sorted_indices' length order.
         for (i, &b) in self.sorted_indices.iter().enumerate() {
             if lengths[b] != lengths[plan.order[i]] {
@@ -234,7 +234,7 @@ impl PackedSequence {
                 });
             }
         }
-        Ok(BatchPlan { order: self.sorted_indices.clone(), rank: self.unsorted_indices.clone(), ..plan })
+        Ok(BatchOrder { order: self.sorted_indices.clone(), rank: self.unsorted_indices.clone(), ..plan })
     }
 
     /// Each sequence's length.
@@ -314,7 +314,7 @@ mod tests {
 
     #[test]
     fn plan_sorts_lengths_only() {
-        let p = BatchPlan::new(&[2, 5, 1, 5], 6).unwrap();
+        let p = BatchOrder::new(&[2, 5, 1, 5], 6).unwrap();
         assert_eq!(p.order(), &[1, 3, 0, 2]);
         assert_eq!(p.batch_sizes(), &[4, 3, 2, 2, 2]);
         assert_eq!(p.active(2), &[1, 3]);
@@ -326,7 +326,7 @@ mod tests {
         let (lengths, steps, f) = ([2usize, 3, 1], 4usize, 2usize);
         for major in [Major::BatchFirst, Major::TimeFirst] {
             for align in [Align::Left, Align::Right] {
-                let plan = BatchPlan::new(&lengths, steps).unwrap();
+                let plan = BatchOrder::new(&lengths, steps).unwrap();
                 let layout = RowLayout::padded(&plan, steps, major, align);
                 let mut data = vec![0.0f32; 3 * steps * f];
                 for (b, &len) in lengths.iter().enumerate() {
@@ -350,8 +350,8 @@ mod tests {
 
     #[test]
     fn bad_batches_are_typed_errors() {
-        assert!(matches!(BatchPlan::new(&[3, 0], 4), Err(RuntimeError::Length { length: 0, .. })));
-        assert!(matches!(BatchPlan::new(&[5], 4), Err(RuntimeError::Length { length: 5, .. })));
+        assert!(matches!(BatchOrder::new(&[3, 0], 4), Err(RuntimeError::Length { length: 0, .. })));
+        assert!(matches!(BatchOrder::new(&[5], 4), Err(RuntimeError::Length { length: 5, .. })));
         let p = PackedSequence {
             data: vec![0.0; 4],
             features: 1,

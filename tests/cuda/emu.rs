@@ -7,7 +7,7 @@
 #![allow(dead_code)]
 
 use cellc::cuda::Kernel;
-use cellc::interp::Plan;
+use cellc::interp::Shapes;
 use cellc::ir::{Graph, Op, ValueId};
 use cellc::schedule::Stage;
 use cellc_runtime::backend::reference::Reference;
@@ -21,7 +21,7 @@ use crate::support::Rng;
 /// One side (forward or backward) of a layer: its graph, plan and stages.
 pub struct Side {
     pub graph: Arc<Graph>,
-    pub plan: Arc<Plan>,
+    pub plan: Arc<Shapes>,
     pub stages: Vec<Stage>,
     /// For whole-sequence stages: (input value, output value of the previous row) pairs.
     pub chains: Vec<(ValueId, ValueId)>,
@@ -52,7 +52,7 @@ pub fn sides(c: &Arc<CompiledCell>, h: usize, i: usize) -> Vec<(&'static str, Si
             "fwd",
             Side {
                 graph: fwd_graph,
-                plan: Arc::new(layer.forward_plan.clone()),
+                plan: Arc::new(layer.forward_shapes.clone()),
                 stages: layer.schedule.forward.clone(),
                 chains: fwd_chains,
             },
@@ -61,7 +61,7 @@ pub fn sides(c: &Arc<CompiledCell>, h: usize, i: usize) -> Vec<(&'static str, Si
             "bwd",
             Side {
                 graph: bwd_graph,
-                plan: Arc::new(layer.backward_plan.clone()),
+                plan: Arc::new(layer.backward_shapes.clone()),
                 stages: layer.schedule.backward.clone(),
                 chains: bwd_chains,
             },

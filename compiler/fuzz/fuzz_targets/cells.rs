@@ -13,13 +13,13 @@
 #![no_main]
 
 use cellc::fuzzgen::{generate, Entropy};
-use cellc_difftest::{check, Case, Plan};
+use cellc_difftest::{check, Case, Checks};
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 
 fuzz_target!(|data: &[u8]| {
-    static PLAN: OnceLock<Plan> = OnceLock::new();
-    let plan = PLAN.get_or_init(Plan::everything);
+    static CHECKS: OnceLock<Checks> = OnceLock::new();
+    let plan = CHECKS.get_or_init(Checks::everything);
     // The first bytes choose the case, the rest the cell.
     let (head, rest) = data.split_at(data.len().min(16));
     let spec = generate(&mut Entropy::Bytes(rest), "fuzz");
@@ -30,7 +30,7 @@ fuzz_target!(|data: &[u8]| {
         // Kinks (relu, abs, min, max) may fall either side in f32 and f64:
         // only a failure that another draw of data repeats is a bug.
         let other = Case { seed: case.seed.wrapping_add(1), ..case.clone() };
-        if spec.has_kinks() && check(&text, &other, &Plan::only(f.check)).is_ok() {
+        if spec.has_kinks() && check(&text, &other, &Checks::only(f.check)).is_ok() {
             return;
         }
         panic!("{f}\ncase: {}\n{text}", serde_json::to_string(&case).unwrap_or_default());

@@ -67,7 +67,7 @@ pub mod prelude;
 
 use crate::autodiff::Gradient;
 use crate::diag::SourceMap;
-use crate::interp::Plan;
+use crate::interp::Shapes;
 use crate::ir::print::{value_line, LeafNames};
 use crate::ir::{BinaryOp, Cell, Graph, Op, ReduceOp, UnaryOp, ValueId};
 use crate::kernel::{FusedGroup, Readers};
@@ -143,7 +143,7 @@ pub fn emit_cell(
         let cx = Context { names: Some(&names), sources, chains };
         for (i, st) in program.stages(side).iter().enumerate() {
             if st.kind.is_kernel() {
-                out.push(emit_stage(graph, program.plan(side), st, &program.kernel_name(side, i), cx)?);
+                out.push(emit_stage(graph, program.shapes(side), st, &program.kernel_name(side, i), cx)?);
             }
         }
     }
@@ -196,7 +196,7 @@ pub struct Context<'a> {
 /// `plan`'s sizes.
 pub fn emit_stage(
     graph: &Graph,
-    plan: &Plan,
+    plan: &Shapes,
     stage: &Stage,
     name: &str,
     cx: Context,
@@ -369,7 +369,7 @@ enum Held {
 
 struct Emitter<'a> {
     graph: &'a Graph,
-    plan: &'a Plan,
+    plan: &'a Shapes,
     cx: Context<'a>,
     body: String,
     held: HashMap<ValueId, Held>,
@@ -393,7 +393,7 @@ struct Emitter<'a> {
 }
 
 impl<'a> Emitter<'a> {
-    fn new(graph: &'a Graph, plan: &'a Plan, cx: Context<'a>, lane: Option<usize>) -> Self {
+    fn new(graph: &'a Graph, plan: &'a Shapes, cx: Context<'a>, lane: Option<usize>) -> Self {
         Emitter {
             graph,
             plan,
@@ -726,7 +726,7 @@ impl<'a> Emitter<'a> {
                 Held::Lanes(_) => return self.not_lane(),
             },
             Op::Slice { .. } => {
-                let offset = crate::kernel::slice_offset(self.graph, self.plan, v);
+                let offset = self.plan.offset(v);
                 match self.get(v, ops[0])? {
                     Held::Mem(p) => Held::Mem(format!("({p} + {offset})")),
                     Held::Lanes(pieces) => {
@@ -781,7 +781,7 @@ impl<'a> Emitter<'a> {
             Op::Pad { .. } if self.lane.is_some() => {
                 // Zeros around this thread's pieces of the operand.
                 let units = self.lane.unwrap_or(0);
-                let offset = crate::kernel::slice_offset(self.graph, self.plan, v);
+                let offset = self.plan.offset(v);
                 let len = self.len(ops[0]);
                 let inner = self.get(v, ops[0])?;
                 let (Some(inner), true) =
@@ -800,7 +800,7 @@ impl<'a> Emitter<'a> {
             }
             Op::Pad { .. } => {
                 let out = self.storage(v, dst);
-                let offset = crate::kernel::slice_offset(self.graph, self.plan, v);
+                let offset = self.plan.offset(v);
                 let len = self.len(ops[0]);
                 let src = match self.get(v, ops[0])? {
                     Held::Scalar(x) | Held::Splat(x) => x,

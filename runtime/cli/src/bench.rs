@@ -76,7 +76,7 @@ fn gemm_flops(model: &Model, tokens: f64, train: bool) -> f64 {
     for layer in model.layers() {
         let per_row = |stages: &[cellc::schedule::Stage],
                        graph: &cellc::ir::Graph,
-                       plan: &cellc::interp::Plan|
+                       plan: &cellc::interp::Shapes|
          -> f64 {
             stages
                 .iter()
@@ -96,9 +96,9 @@ fn gemm_flops(model: &Model, tokens: f64, train: bool) -> f64 {
                 .sum()
         };
         let c = model.compiled();
-        total += per_row(&layer.schedule.forward, &c.cell, &layer.forward_plan);
+        total += per_row(&layer.schedule.forward, &c.cell, &layer.forward_shapes);
         if train {
-            total += per_row(&layer.schedule.backward, &c.grad.graph, &layer.backward_plan);
+            total += per_row(&layer.schedule.backward, &c.grad.graph, &layer.backward_shapes);
         }
     }
     total * tokens * model.directions() as f64

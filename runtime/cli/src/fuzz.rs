@@ -11,7 +11,7 @@
 //! `--out` (default `fuzz-found/`), ready to go into `tests/fuzz/`.
 
 use cellc_difftest::fuzz::{self, Found};
-use cellc_difftest::{BackendKind, Case, Outcome, Plan};
+use cellc_difftest::{BackendKind, Case, Checks, Outcome};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -78,8 +78,8 @@ impl Totals {
     }
 }
 
-fn plan(args: &FuzzArgs) -> Plan {
-    let mut plan = Plan::everything();
+fn checks(args: &FuzzArgs) -> Checks {
+    let mut plan = Checks::everything();
     if args.no_cuda {
         plan.backends.retain(|&b| b != BackendKind::CudaEmulated);
     } else if !plan.backends.contains(&BackendKind::CudaEmulated) {
@@ -89,7 +89,7 @@ fn plan(args: &FuzzArgs) -> Plan {
 }
 
 pub fn fuzz(args: &FuzzArgs) -> Result<bool, String> {
-    let plan = plan(args);
+    let plan = checks(args);
     if let Some(path) = &args.cell {
         return own_cell(path, args, &plan);
     }
@@ -134,7 +134,7 @@ pub fn fuzz(args: &FuzzArgs) -> Result<bool, String> {
 }
 
 /// Runs one seed; a worker prints one line of result for its parent.
-fn one_seed(seed: u64, args: &FuzzArgs, plan: &Plan, totals: &mut Totals) -> Result<(), String> {
+fn one_seed(seed: u64, args: &FuzzArgs, plan: &Checks, totals: &mut Totals) -> Result<(), String> {
     if args.worker {
         println!("start {seed}");
         std::io::stdout().flush().map_err(|e| e.to_string())?;
@@ -248,7 +248,7 @@ fn workers(from: u64, budget: Duration, args: &FuzzArgs, totals: &mut Totals) ->
 }
 
 /// A user's cell on `--cases` random cases.
-fn own_cell(path: &Path, args: &FuzzArgs, plan: &Plan) -> Result<bool, String> {
+fn own_cell(path: &Path, args: &FuzzArgs, plan: &Checks) -> Result<bool, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
     let variables = match cellc::compile(&path.display().to_string(), &text).into_result() {
         Ok(m) => m

@@ -12,7 +12,7 @@ use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::cuda::Cuda;
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Backend;
-use cellc_runtime::{CompiledCell, LayerProgram};
+use cellc_runtime::{CompiledCell, Layer};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -53,11 +53,7 @@ pub fn cuda_emulation_available() -> bool {
 }
 
 /// Makes back end `kind` for a model of `cell` whose layers are `layers`.
-pub fn make(
-    kind: BackendKind,
-    cell: &CompiledCell,
-    layers: &[LayerProgram],
-) -> Result<Box<dyn Backend>, String> {
+pub fn make(kind: BackendKind, cell: &CompiledCell, layers: &[Layer]) -> Result<Box<dyn Backend>, String> {
     let cpu =
         |kernels| Cpu::new(2, kernels).map(|c| Box::new(c) as Box<dyn Backend>).map_err(|e| e.to_string());
     match kind {
@@ -88,7 +84,7 @@ fn loaded() -> &'static Mutex<Vec<Loaded>> {
 
 /// The cell's kernels for `layers` compiled into an object file, linked
 /// into a shared library with the system's C compiler driver, and loaded.
-fn linked(cell: &CompiledCell, layers: &[LayerProgram]) -> Result<&'static LinkedKernels, String> {
+fn linked(cell: &CompiledCell, layers: &[Layer]) -> Result<&'static LinkedKernels, String> {
     let artifacts = compile_object(cell, layers, false).map_err(|e| format!("object file: {e}"))?;
     let dir = scratch_dir()?;
     let object = dir.join("kernels.o");

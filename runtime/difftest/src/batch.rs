@@ -4,7 +4,7 @@
 //! it, or packed as PyTorch packs.
 
 use cellc::fuzzgen::Entropy;
-use cellc_runtime::{Align, BatchPlan, Input, Major, PackedSequence, RowLayout};
+use cellc_runtime::{Align, BatchOrder, Input, Major, PackedSequence, RowLayout};
 use serde::{Deserialize, Serialize};
 
 /// How a batch is laid out in memory.
@@ -81,8 +81,8 @@ impl Batch {
         Batch { lengths: lengths.to_vec(), steps, xs, d_out, h0, d_final }
     }
 
-    pub fn plan(&self) -> Result<BatchPlan, String> {
-        BatchPlan::new(&self.lengths, self.steps).map_err(|e| e.to_string())
+    pub fn plan(&self) -> Result<BatchOrder, String> {
+        BatchOrder::new(&self.lengths, self.steps).map_err(|e| e.to_string())
     }
 
     /// Where row `(b, t)` lives in `layout`.

@@ -116,16 +116,16 @@ impl std::fmt::Display for Failure {
 
 /// What to run.
 #[derive(Clone, Debug)]
-pub struct Plan {
+pub struct Checks {
     pub gradcheck: bool,
     pub backends: Vec<BackendKind>,
 }
 
-impl Plan {
+impl Checks {
     /// Every check; the emulated CUDA device only where g++ is installed.
-    pub fn everything() -> Plan {
+    pub fn everything() -> Checks {
         let cuda = backends::cuda_emulation_available();
-        Plan {
+        Checks {
             gradcheck: true,
             backends: BackendKind::ALL
                 .into_iter()
@@ -135,11 +135,11 @@ impl Plan {
     }
 
     /// Only the check that failed (for shrinking).
-    pub fn only(check: Check) -> Plan {
+    pub fn only(check: Check) -> Checks {
         match check {
-            Check::Backend(b) => Plan { gradcheck: false, backends: vec![b] },
-            Check::Gradcheck => Plan { gradcheck: true, backends: Vec::new() },
-            Check::Compile | Check::Oracle => Plan { gradcheck: false, backends: Vec::new() },
+            Check::Backend(b) => Checks { gradcheck: false, backends: vec![b] },
+            Check::Gradcheck => Checks { gradcheck: true, backends: Vec::new() },
+            Check::Compile | Check::Oracle => Checks { gradcheck: false, backends: Vec::new() },
         }
     }
 }
@@ -199,7 +199,7 @@ fn tolerance(f32_values: &[f64], f64_values: &[f64]) -> f64 {
 }
 
 /// Checks `source` (a `.cell` file whose first cell is checked) on `case`.
-pub fn check(source: &str, case: &Case, plan: &Plan) -> Result<Passed, Failure> {
+pub fn check(source: &str, case: &Case, plan: &Checks) -> Result<Passed, Failure> {
     let fail = |check: Check| move |message: String| Failure { check, message };
     let cell = CompiledCell::from_source("fuzz.cell", source, None)
         .map_err(|e| Failure { check: Check::Compile, message: e.to_string() })?;

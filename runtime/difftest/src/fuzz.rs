@@ -4,7 +4,7 @@
 //! shrunk to a small reproducer: the cell first, then the case, then the
 //! cell again.
 
-use crate::check::{check, Case, Check, Failure, Passed, Plan};
+use crate::check::{check, Case, Check, Checks, Failure, Passed};
 use cellc::fuzzgen::{self, CellSpec, Entropy};
 use serde::{Deserialize, Serialize};
 
@@ -51,7 +51,7 @@ pub enum Outcome {
 
 /// Runs seed `seed` through `plan`; shrinks a failure with at most
 /// `budget` tries per round.
-pub fn run_seed(seed: u64, plan: &Plan, budget: usize) -> Outcome {
+pub fn run_seed(seed: u64, plan: &Checks, budget: usize) -> Outcome {
     let spec = cell_of(seed);
     let text = spec.to_string();
     let case = case_of(seed, &variables_of(&spec));
@@ -61,7 +61,7 @@ pub fn run_seed(seed: u64, plan: &Plan, budget: usize) -> Outcome {
     };
     if spec.has_kinks() && failure.check != Check::Compile {
         let other = Case { seed: case.seed.wrapping_add(1), ..case.clone() };
-        if check(&text, &other, &Plan::only(failure.check)).is_ok() {
+        if check(&text, &other, &Checks::only(failure.check)).is_ok() {
             return Outcome::Kink(failure);
         }
     }
@@ -71,7 +71,7 @@ pub fn run_seed(seed: u64, plan: &Plan, budget: usize) -> Outcome {
 
 /// Shrinks a failing cell and case while the same check keeps failing.
 pub fn reduce(spec: &CellSpec, case: &Case, failure: &Failure, budget: usize) -> (CellSpec, Case, Failure) {
-    let plan = Plan::only(failure.check);
+    let plan = Checks::only(failure.check);
     let fails =
         |text: &str, case: &Case| matches!(check(text, case, &plan), Err(f) if f.check == failure.check);
     let spec = fuzzgen::shrink(spec, budget, &mut |c| fails(&c.to_string(), case));

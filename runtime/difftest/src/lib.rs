@@ -19,5 +19,5 @@ pub mod fuzz;
 pub mod oracle;
 
 pub use backends::BackendKind;
-pub use check::{check, Case, Check, Failure, Passed, Plan};
+pub use check::{check, Case, Check, Checks, Failure, Passed};
 pub use fuzz::{run_seed, Found, Outcome};

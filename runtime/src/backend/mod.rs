@@ -11,8 +11,8 @@ pub mod cuda;
 pub mod reference;
 
 use crate::error::Result;
-use crate::model::{CompiledCell, LayerProgram};
-use crate::sequence::{BatchPlan, RowLayout};
+use crate::model::{CompiledCell, Layer};
+use crate::sequence::{BatchOrder, RowLayout};
 
 /// Rows of a flat buffer: row `r`'s features are `data[r*width + offset ..]`.
 #[derive(Clone, Copy, Debug)]
@@ -51,9 +51,9 @@ impl RowsMut<'_> {
 #[derive(Clone, Copy, Debug)]
 pub struct ForwardJob<'a> {
     pub cell: &'a CompiledCell,
-    pub layer: &'a LayerProgram,
+    pub layer: &'a Layer,
     pub params: &'a [Vec<f32>],
-    pub plan: &'a BatchPlan,
+    pub plan: &'a BatchOrder,
     pub reverse: bool,
     pub input: Rows<'a>,
     /// Initial states, one `[B * size]` buffer per state.
@@ -66,9 +66,9 @@ pub struct ForwardJob<'a> {
 #[derive(Clone, Copy, Debug)]
 pub struct BackwardJob<'a> {
     pub cell: &'a CompiledCell,
-    pub layer: &'a LayerProgram,
+    pub layer: &'a Layer,
     pub params: &'a [Vec<f32>],
-    pub plan: &'a BatchPlan,
+    pub plan: &'a BatchOrder,
     pub reverse: bool,
     pub input: Rows<'a>,
     /// The adjoint of this direction's output rows.

@@ -1,5 +1,5 @@
 //! The reference back end: runs the schedule's stages with the
-//! interpreter's op semantics ([`cellc::interp::Plan::compute`]) and plain
+//! interpreter's op semantics ([`cellc::interp::Shapes::compute`]) and plain
 //! matrix-vector products, one row at a time.
 //!
 //! It is slow on purpose and exists to fix the semantics: it executes the
@@ -11,7 +11,7 @@
 
 use super::{Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, Tape};
 use crate::error::{Result, RuntimeError};
-use cellc::interp::Plan;
+use cellc::interp::Shapes;
 use cellc::ir::{Graph, Op, ValueId};
 use cellc::schedule::{Placement, Stage};
 use std::collections::HashMap;
@@ -44,7 +44,7 @@ fn value<'s>(g: &Graph, store: &'s Store, params: &'s [Vec<f32>], v: ValueId) ->
 /// Computes `v` from its operands, which must already be in `store`.
 fn compute(
     g: &Graph,
-    plan: &Plan,
+    plan: &Shapes,
     store: &mut Store,
     params: &[Vec<f32>],
     v: ValueId,
@@ -69,7 +69,7 @@ fn compute(
 
 /// Values computed from constants only are available to every stage, as
 /// literals are in a kernel.
-fn constants(g: &Graph, plan: &Plan, store: &mut Store) {
+fn constants(g: &Graph, plan: &Shapes, store: &mut Store) {
     for (v, value) in plan.constant_values(g) {
         store[v.index()] = Some(value);
     }
@@ -88,7 +88,7 @@ impl Backend for Reference {
         let cell = &job.cell.cell;
         let g: &Graph = cell;
         let layer = job.layer;
-        let plan = &layer.forward_plan;
+        let plan = &layer.forward_shapes;
         let stages = &layer.schedule.forward;
         let batch = job.plan.batch();
         let saved_ids: Vec<ValueId> =
@@ -201,7 +201,7 @@ impl Backend for Reference {
         let grad = &job.cell.grad;
         let g = &grad.graph;
         let layer = job.layer;
-        let plan = &layer.backward_plan;
+        let plan = &layer.backward_shapes;
         let stages = &layer.schedule.backward;
         let batch = job.plan.batch();
         let mut base: Store = vec![None; g.value_bound()];

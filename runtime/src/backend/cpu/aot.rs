@@ -12,7 +12,7 @@
 use super::native::{KernelFn, NativeStage, KERNEL_ABI};
 use crate::error::{Result, RuntimeError};
 pub use crate::model::Side;
-use crate::model::{CompiledCell, LayerProgram};
+use crate::model::{CompiledCell, Layer};
 use cellc::ir::{Type, ValueId};
 use cellc::schedule::Stage;
 use serde::{Deserialize, Serialize};
@@ -24,7 +24,7 @@ pub const MANIFEST_FORMAT: u32 = 1;
 
 /// Each value a kernel of `layer` computes, reads or writes, with the
 /// size variables its type mentions: `(side, stage, value, variables)`.
-fn kernel_values(cell: &CompiledCell, layer: &LayerProgram) -> Vec<(Side, usize, ValueId, Vec<String>)> {
+fn kernel_values(cell: &CompiledCell, layer: &Layer) -> Vec<(Side, usize, ValueId, Vec<String>)> {
     let mut out = Vec::new();
     for (side, index, st) in layer.kernel_stages() {
         let graph = cell.graph(side);
@@ -43,7 +43,7 @@ fn kernel_values(cell: &CompiledCell, layer: &LayerProgram) -> Vec<(Side, usize,
 /// The size variables some kernel of the cell depends on, with their
 /// values in `layer`: those in the type of any value a kernel computes,
 /// reads or writes.
-pub fn kernel_sizes(cell: &CompiledCell, layer: &LayerProgram) -> BTreeMap<String, usize> {
+pub fn kernel_sizes(cell: &CompiledCell, layer: &Layer) -> BTreeMap<String, usize> {
     kernel_values(cell, layer)
         .into_iter()
         .flat_map(|(.., vars)| vars)
@@ -53,7 +53,7 @@ pub fn kernel_sizes(cell: &CompiledCell, layer: &LayerProgram) -> BTreeMap<Strin
 
 /// The first kernel value whose type mentions size `var`, as
 /// `bwd stage 5 holds v36: [I]`.
-pub fn first_use(cell: &CompiledCell, layer: &LayerProgram, var: &str) -> Option<String> {
+pub fn first_use(cell: &CompiledCell, layer: &Layer, var: &str) -> Option<String> {
     kernel_values(cell, layer).into_iter().find(|(.., vars)| vars.iter().any(|x| x == var)).map(
         |(side, index, v, _)| format!("{} stage {index} holds {v}: {}", side.tag(), cell.graph(side).ty(v)),
     )
@@ -185,7 +185,7 @@ impl LinkedKernels {
     pub fn stage(
         &self,
         cell: &CompiledCell,
-        layer: &LayerProgram,
+        layer: &Layer,
         side: Side,
         index: usize,
         stage: &Stage,

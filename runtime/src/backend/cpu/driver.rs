@@ -15,8 +15,8 @@ use super::prepared::{transpose, AlignedBuf, PackedMatrix};
 use super::stage::StageExec;
 use crate::backend::Rows;
 use crate::error::{Result, RuntimeError};
-use crate::sequence::{BatchPlan, RowLayout};
-use cellc::interp::Plan;
+use crate::sequence::{BatchOrder, RowLayout};
+use cellc::interp::Shapes;
 use cellc::ir::{Graph, Op, ValueId};
 use cellc::schedule::{Placement, Stage, StageKind};
 use std::collections::HashMap;
@@ -267,7 +267,7 @@ pub fn locate(bufs: &mut Buffers, f: &Frame, v: ValueId, b: usize, t: usize, r: 
 }
 
 /// Constants (and values of constants only) as tiny buffers.
-pub fn constants(graph: &Graph, plan: &Plan, bufs: &mut Buffers) {
+pub fn constants(graph: &Graph, plan: &Shapes, bufs: &mut Buffers) {
     for (v, value) in plan.constant_values(graph) {
         bufs.constant(v, value);
     }
@@ -321,7 +321,7 @@ unsafe impl Sync for PtrTable<'_> {}
 
 /// Contiguous or evenly strided runs of rows, so one GEMM covers a run:
 /// `(b, t)` of the run's first row, its length, and the layout-row step.
-pub fn runs(plan: &BatchPlan, layout: &RowLayout) -> Vec<(usize, usize, usize, usize)> {
+pub fn runs(plan: &BatchOrder, layout: &RowLayout) -> Vec<(usize, usize, usize, usize)> {
     match layout {
         RowLayout::Padded { .. } => (0..plan.batch())
             .map(|b| {
@@ -344,7 +344,7 @@ pub fn gemm_all_rows(
     products: &[(ValueId, Op, ValueId, ValueId)],
     bufs: &mut Buffers,
     f: &Frame,
-    plan: &BatchPlan,
+    plan: &BatchOrder,
     matrices: &mut HashMap<ValueId, Vec<f32>>,
     shape: &dyn Fn(ValueId) -> (usize, usize),
     threads: usize,

@@ -21,8 +21,8 @@ pub mod stage;
 
 use super::{Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, Tape};
 use crate::error::{Result, RuntimeError};
-use crate::model::{CompiledCell, LayerProgram};
-use cellc::interp::Plan;
+use crate::model::{CompiledCell, Layer};
+use cellc::interp::Shapes;
 use cellc::ir::{Graph, Op, Type, ValueId};
 use cellc::schedule::Placement;
 use driver::{
@@ -72,9 +72,9 @@ impl std::fmt::Debug for Cpu {
 /// One layer's stages, ready to run.
 struct LayerCode {
     fwd_graph: Arc<Graph>,
-    fwd_plan: Arc<Plan>,
+    fwd_plan: Arc<Shapes>,
     bwd_graph: Arc<Graph>,
-    bwd_plan: Arc<Plan>,
+    bwd_plan: Arc<Shapes>,
     forward: Vec<ReadyStage>,
     backward: Vec<ReadyStage>,
 }
@@ -96,7 +96,7 @@ impl Cpu {
         self.threads
     }
 
-    fn code(&self, cell: &CompiledCell, layer: &LayerProgram) -> Result<Arc<LayerCode>> {
+    fn code(&self, cell: &CompiledCell, layer: &Layer) -> Result<Arc<LayerCode>> {
         let kernels = match self.kernels {
             // Tables are told apart by address (they are statics).
             Kernels::Linked(linked) => format!("linked@{:p}", linked),
@@ -109,11 +109,11 @@ impl Cpu {
             return Ok(c.clone());
         }
         let fwd_graph: Arc<Graph> = Arc::new((*cell.cell).clone());
-        let fwd_plan = Arc::new(layer.forward_plan.clone());
+        let fwd_plan = Arc::new(layer.forward_shapes.clone());
         let bwd_graph = Arc::new(cell.grad.graph.clone());
-        let bwd_plan = Arc::new(layer.backward_plan.clone());
+        let bwd_plan = Arc::new(layer.backward_shapes.clone());
         let kernels = self.kernels;
-        let make = |side: aot::Side, g: &Arc<Graph>, p: &Arc<Plan>| {
+        let make = |side: aot::Side, g: &Arc<Graph>, p: &Arc<Shapes>| {
             let (g, p) = (g.clone(), p.clone());
             move |index: usize, st: &cellc::schedule::Stage| -> Result<Arc<dyn StageExec>> {
                 Ok(match kernels {
@@ -143,14 +143,14 @@ impl Cpu {
 
 /// A stage compiled by the JIT.
 #[cfg(feature = "jit")]
-fn jit_stage(g: &Graph, p: &Plan, st: &cellc::schedule::Stage) -> Result<Arc<dyn StageExec>> {
+fn jit_stage(g: &Graph, p: &Shapes, st: &cellc::schedule::Stage) -> Result<Arc<dyn StageExec>> {
     codegen::jit::compile_stage(g, p, &st.values, &st.inputs, &st.outputs)
         .map(|s| Arc::new(s) as Arc<dyn StageExec>)
         .map_err(|e| RuntimeError::Backend { backend: "cpu".into(), message: e.to_string() })
 }
 
 #[cfg(not(feature = "jit"))]
-fn jit_stage(_: &Graph, _: &Plan, _: &cellc::schedule::Stage) -> Result<Arc<dyn StageExec>> {
+fn jit_stage(_: &Graph, _: &Shapes, _: &cellc::schedule::Stage) -> Result<Arc<dyn StageExec>> {
     Err(RuntimeError::Backend {
         backend: "cpu".into(),
         message: "this build of cellc-runtime has no JIT (feature `jit`): use kernels linked by \
@@ -177,7 +177,7 @@ impl Drop for CpuTape {
     }
 }
 
-fn leaf_locations(g: &Graph, plan: &Plan, bufs: &mut Buffers) {
+fn leaf_locations(g: &Graph, plan: &Shapes, bufs: &mut Buffers) {
     for v in g.values() {
         let loc = match g.node(v).op {
             Op::Input(i) => Loc::Input(i),
@@ -191,7 +191,7 @@ fn leaf_locations(g: &Graph, plan: &Plan, bufs: &mut Buffers) {
     }
 }
 
-fn shape_of<'a>(plan: &'a Plan) -> impl Fn(ValueId) -> (usize, usize) + 'a {
+fn shape_of<'a>(plan: &'a Shapes) -> impl Fn(ValueId) -> (usize, usize) + 'a {
     move |v| plan.shape(v)
 }
 
@@ -887,7 +887,7 @@ fn backward(
 
 /// Every valid row of a batch, for the stages run before or after the loop.
 struct AllRows<'a> {
-    plan: &'a crate::sequence::BatchPlan,
+    plan: &'a crate::sequence::BatchOrder,
     /// `(b, t, 0)` for every valid row.
     rows: &'a [(usize, usize, usize)],
     shape: &'a dyn Fn(ValueId) -> (usize, usize),
@@ -957,6 +957,6 @@ unsafe fn sum_rows(rows: &[*const f32], out: &mut [f32], threads: usize) {
 
 /// Every valid `(sequence, step, 0)` of a batch, sequence by sequence: the
 /// rows a stage before or after the loop runs on.
-fn valid_rows(plan: &crate::sequence::BatchPlan) -> Vec<(usize, usize, usize)> {
+fn valid_rows(plan: &crate::sequence::BatchOrder) -> Vec<(usize, usize, usize)> {
     plan.lengths().iter().enumerate().flat_map(|(b, &len)| (0..len).map(move |t| (b, t, 0))).collect()
 }

@@ -38,7 +38,7 @@ pub fn forward_gemms(model: &Model, lengths: &[usize], threads: usize, min_time:
                 if graph.node(v).op != Op::MatVec {
                     continue;
                 }
-                let (m, k) = layer.forward_plan.shape(graph.operands(v)[0]);
+                let (m, k) = layer.forward_shapes.shape(graph.operands(v)[0]);
                 for _ in 0..model.directions() {
                     match stage.placement {
                         Placement::EachStep => products.extend(batch_sizes.iter().map(|&rows| Product {

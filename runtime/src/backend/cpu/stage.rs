@@ -9,7 +9,7 @@
 //! [`Interpreted`] runs a stage with the interpreter's op semantics; the
 //! JIT-compiled kernels implement the same trait and are tested against it.
 
-use cellc::interp::Plan;
+use cellc::interp::Shapes;
 use cellc::ir::{Graph, ValueId};
 use std::sync::Arc;
 
@@ -26,10 +26,10 @@ pub trait StageExec: Send + Sync {
     unsafe fn run(&self, rows: usize, args: &[*mut f32]);
 }
 
-/// A stage run by [`Plan::compute`], value by value.
+/// A stage run by [`Shapes::compute`], value by value.
 pub struct Interpreted {
     graph: Arc<Graph>,
-    plan: Arc<Plan>,
+    plan: Arc<Shapes>,
     values: Vec<ValueId>,
     inputs: Vec<ValueId>,
     outputs: Vec<ValueId>,
@@ -40,7 +40,7 @@ pub struct Interpreted {
 impl Interpreted {
     pub fn new(
         graph: Arc<Graph>,
-        plan: Arc<Plan>,
+        plan: Arc<Shapes>,
         values: &[ValueId],
         inputs: &[ValueId],
         outputs: &[ValueId],

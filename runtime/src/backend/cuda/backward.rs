@@ -39,7 +39,7 @@ pub fn backward(
     let g: &Graph = &job.cell.grad.graph;
     let grad = &job.cell.grad;
     let layer = job.layer;
-    let plan = &layer.backward_plan;
+    let plan = &layer.backward_shapes;
     let stages = &layer.schedule.backward;
     let mut pass = LayerRun::new(device, &job.input, job.plan, job.reverse);
     let batch = pass.batch();

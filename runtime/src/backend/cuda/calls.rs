@@ -9,7 +9,7 @@ use super::device::{Arg, Call, Gemm};
 use super::storage::{error, Home, LayerRun, Order, Row};
 use crate::error::Result;
 use cellc::cuda::Kernel;
-use cellc::interp::Plan;
+use cellc::interp::Shapes;
 use cellc::ir::{Graph, Op, ValueId};
 use cellc::schedule::{Placement, Stage, StageKind};
 use std::collections::HashMap;
@@ -136,7 +136,7 @@ impl Calls {
     pub fn all_rows_stages(
         &mut self,
         pass: &mut LayerRun,
-        (graph, plan): (&Graph, &Plan),
+        (graph, plan): (&Graph, &Shapes),
         kernels: &[(usize, Kernel)],
         stages: &[Stage],
         placement: Placement,
@@ -174,7 +174,7 @@ impl Calls {
     pub fn time_loop(
         &mut self,
         pass: &mut LayerRun,
-        (graph, plan): (&Graph, &Plan),
+        (graph, plan): (&Graph, &Shapes),
         kernels: &[(usize, Kernel)],
         stages: &[Stage],
         backwards: bool,
@@ -266,7 +266,7 @@ impl Calls {
         &mut self,
         pass: &LayerRun,
         graph: &Graph,
-        plan: &Plan,
+        plan: &Shapes,
         v: ValueId,
         s: usize,
         n: usize,
@@ -297,7 +297,7 @@ impl Calls {
         &mut self,
         pass: &mut LayerRun,
         graph: &Graph,
-        plan: &Plan,
+        plan: &Shapes,
         v: ValueId,
     ) -> Result<()> {
         let (m, x) = operands(graph, v)?;
@@ -380,7 +380,7 @@ impl Calls {
     /// `v`'s rows in `Steps` order (zeros where sequences ended): its own
     /// home, or a gathered copy of its valid `Layout` rows (of its one
     /// row, for a value the same on every row).
-    fn steps_order(&mut self, pass: &mut LayerRun, plan: &Plan, v: ValueId) -> Result<(u64, usize)> {
+    fn steps_order(&mut self, pass: &mut LayerRun, plan: &Shapes, v: ValueId) -> Result<(u64, usize)> {
         let home = match self.gathered.get(&v) {
             Some(&h) => h,
             None => pass.home(v)?,
@@ -409,7 +409,7 @@ impl Calls {
 
     /// `v = a + b` for weight-gradient matrices: two GEMMs with a ones
     /// vector (`1 · a`, then `1 · b` accumulated), exact as a plain add.
-    fn add_matrices(&mut self, pass: &mut LayerRun, graph: &Graph, plan: &Plan, v: ValueId) -> Result<()> {
+    fn add_matrices(&mut self, pass: &mut LayerRun, graph: &Graph, plan: &Shapes, v: ValueId) -> Result<()> {
         let (a, b) = match (&graph.node(v).op, &graph.operands(v)[..]) {
             (Op::Binary(cellc::ir::BinaryOp::Add), &[a, b]) => (a, b),
             (op, _) => return Err(error(format!("{v}: {op:?} in a matrix sum stage"))),
@@ -454,7 +454,7 @@ impl Calls {
 
     /// `Σ` over every row of `v`, in a fixed order (a GEMM with ones, no
     /// atomics): the address of the `[len]` result.
-    pub fn column_sum(&mut self, pass: &mut LayerRun, plan: &Plan, v: ValueId) -> Result<u64> {
+    pub fn column_sum(&mut self, pass: &mut LayerRun, plan: &Shapes, v: ValueId) -> Result<u64> {
         let (va, vs) = self.steps_order(pass, plan, v)?;
         let rows = pass.step_major_rows();
         let ones = self.ones(pass)?;

@@ -49,7 +49,7 @@ pub fn forward(
     let g: &Graph = &job.cell.cell;
     let cell = &job.cell.cell;
     let layer = job.layer;
-    let plan = &layer.forward_plan;
+    let plan = &layer.forward_shapes;
     let stages = &layer.schedule.forward;
     let mut pass = LayerRun::new(device, &job.input, job.plan, job.reverse);
     let batch = pass.batch();

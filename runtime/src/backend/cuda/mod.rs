@@ -22,7 +22,7 @@ pub mod storage;
 
 use crate::backend::{Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, Tape};
 use crate::error::{Result, RuntimeError};
-use crate::model::{CompiledCell, LayerProgram, Side};
+use crate::model::{CompiledCell, Layer, Side};
 use cellc::cuda::Kernel;
 use device::{Device, GraphStats, Module};
 use std::collections::HashMap;
@@ -81,7 +81,7 @@ impl Cuda {
     }
 
     /// The layer's kernels, emitted, compiled and loaded once.
-    fn kernels(&self, cell: &CompiledCell, layer: &LayerProgram) -> Result<Arc<LoadedKernels>> {
+    fn kernels(&self, cell: &CompiledCell, layer: &Layer) -> Result<Arc<LoadedKernels>> {
         let key = format!("{:?}|{}", layer.sizes, cell.identity());
         let mut cache = self.loaded.lock().map_err(|_| error("module cache poisoned"))?;
         if let Some(p) = cache.get(&key) {
@@ -96,7 +96,7 @@ impl Cuda {
             };
             let cx = cellc::cuda::Context { chains, ..Default::default() };
             let name = layer.kernel_name(side, i);
-            let kernel = cellc::cuda::emit_stage(cell.graph(side), layer.plan(side), st, &name, cx)
+            let kernel = cellc::cuda::emit_stage(cell.graph(side), layer.shapes(side), st, &name, cx)
                 .map_err(|e| error(e.to_string()))?;
             list.push((i, kernel));
         }

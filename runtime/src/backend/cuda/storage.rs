@@ -23,8 +23,8 @@ pub(super) use super::device::error;
 use super::device::{Buf, Device};
 use crate::backend::Rows;
 use crate::error::Result;
-use crate::sequence::{BatchPlan, RowLayout};
-use cellc::interp::Plan;
+use crate::sequence::{BatchOrder, RowLayout};
+use cellc::interp::Shapes;
 use cellc::ir::{Graph, Op, ValueId};
 use std::collections::HashMap;
 
@@ -140,7 +140,7 @@ impl Drop for Arena {
 pub struct LayerRun<'a> {
     pub device: &'a dyn Device,
     pub layout: &'a RowLayout,
-    pub plan: &'a BatchPlan,
+    pub plan: &'a BatchOrder,
     pub reverse: bool,
     /// Rows of the caller's layout (padding included).
     pub layout_rows: usize,
@@ -159,7 +159,12 @@ impl std::fmt::Debug for LayerRun<'_> {
 
 impl<'a> LayerRun<'a> {
     /// A pass over the rows of `input` (the layer's input, in the caller's layout).
-    pub fn new(device: &'a dyn Device, input: &Rows<'a>, plan: &'a BatchPlan, reverse: bool) -> LayerRun<'a> {
+    pub fn new(
+        device: &'a dyn Device,
+        input: &Rows<'a>,
+        plan: &'a BatchOrder,
+        reverse: bool,
+    ) -> LayerRun<'a> {
         LayerRun {
             device,
             layout: input.layout,
@@ -176,7 +181,7 @@ impl<'a> LayerRun<'a> {
     pub fn place_input_and_constants(
         &mut self,
         graph: &Graph,
-        plan: &Plan,
+        plan: &Shapes,
         input: Home,
         input_slices: &[(usize, usize)],
     ) -> Result<()> {
@@ -358,7 +363,7 @@ mod tests {
 
     #[test]
     fn rows_are_found_by_arithmetic() {
-        let plan = BatchPlan::new(&[2, 3], 3).expect("plan");
+        let plan = BatchOrder::new(&[2, 3], 3).expect("plan");
         let layout = RowLayout::padded(&plan, 3, Major::BatchFirst, Align::Left);
         // Sequence 1 is the longer: rank 0.
         let row = Row { b: 1, t: 2, s: 2, r: 0 };

@@ -2,7 +2,7 @@
 
 use super::{define_stage, isa, CodegenError};
 use crate::backend::cpu::native::{KernelFn, NativeStage};
-use cellc::interp::Plan;
+use cellc::interp::Shapes;
 use cellc::ir::{Graph, ValueId};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, Linkage, Module};
@@ -19,7 +19,7 @@ unsafe impl Sync for JitCode {}
 /// reading `inputs` and writing `outputs` through the row pointer table.
 pub fn compile_stage(
     graph: &Graph,
-    plan: &Plan,
+    plan: &Shapes,
     values: &[ValueId],
     inputs: &[ValueId],
     outputs: &[ValueId],

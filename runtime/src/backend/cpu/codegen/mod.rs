@@ -22,7 +22,7 @@ pub mod math;
 #[cfg(feature = "object")]
 pub mod object;
 
-use cellc::interp::Plan;
+use cellc::interp::Shapes;
 use cellc::ir::{BinaryOp, Graph, Op, ReduceOp, UnaryOp, ValueId};
 use cellc::kernel::{FusedGroup, Readers};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
@@ -82,7 +82,7 @@ pub fn define_stage(
     func: &mut cranelift_codegen::ir::Function,
     target: TargetFrontendConfig,
     graph: &Graph,
-    plan: &Plan,
+    plan: &Shapes,
     stage: (&[ValueId], &[ValueId], &[ValueId]),
 ) -> Result<usize, CodegenError> {
     let (values, inputs, outputs) = stage;
@@ -105,7 +105,7 @@ pub fn define_stage(
 struct Gen<'a, 'b> {
     b: &'a mut FunctionBuilder<'b>,
     graph: &'a Graph,
-    plan: &'a Plan,
+    plan: &'a Shapes,
     ptr: Type,
     held: HashMap<ValueId, Held>,
     /// Floats of scratch handed out so far.
@@ -331,7 +331,7 @@ impl Gen<'_, '_> {
             },
             Op::Slice { .. } => match get(self, ops[0])? {
                 Held::Mem(p) => {
-                    let offset = cellc::kernel::slice_offset(self.graph, self.plan, v);
+                    let offset = self.plan.offset(v);
                     Held::Mem(self.b.ins().iadd_imm_s(p, (offset * 4) as i64))
                 }
                 other => other,
@@ -388,7 +388,7 @@ impl Gen<'_, '_> {
                 let out = self.storage(v, dst, scratch);
                 let zero = self.b.ins().f32const(0.0);
                 self.copy(Held::Splat(zero), out, n);
-                let offset = cellc::kernel::slice_offset(self.graph, self.plan, v);
+                let offset = self.plan.offset(v);
                 let at = self.b.ins().iadd_imm_s(out, (offset * 4) as i64);
                 let src = get(self, ops[0])?;
                 self.copy(src, at, self.len(ops[0]));
@@ -596,7 +596,7 @@ pub fn compile_unary_for_test(op: UnaryOp, n: usize) -> impl Fn(&[f32]) -> Vec<f
     let cell = module.cells.into_iter().next().expect("one cell");
     let cell = cellc::program::Steps::compile(&cell).expect("verifies").forward;
     let sizes = [("N".to_string(), n)].into();
-    let plan = Plan::new(&cell, &sizes, "t").expect("plan");
+    let plan = Shapes::new(&cell, &sizes, "t").expect("plan");
     let x = cell.values().find(|&v| matches!(cell.node(v).op, Op::Input(0))).expect("x");
     let out = cell.output;
     let stage = jit::compile_stage(&cell, &plan, &[out], &[x], &[out]).expect("compiles");
@@ -638,7 +638,7 @@ mod tests {
                     let program = steps.program(&sizes).expect("sizes");
                     for side in cellc::program::Side::BOTH {
                         let (graph, stages, plan) =
-                            (steps.graph(side), program.stages(side), program.plan(side));
+                            (steps.graph(side), program.stages(side), program.shapes(side));
                         let g = Arc::new(graph.clone());
                         let p = Arc::new(plan.clone());
                         for st in stages.iter().filter(|s| s.kind.is_kernel()) {
@@ -656,7 +656,7 @@ mod tests {
         assert!(compiled > 50, "only {compiled} stages compiled");
     }
 
-    fn compare(jit: &NativeStage, reference: &Interpreted, plan: &Plan, name: &str) {
+    fn compare(jit: &NativeStage, reference: &Interpreted, plan: &Shapes, name: &str) {
         let rows = 3;
         let mut seed = 1u64;
         let mut rand = move || {

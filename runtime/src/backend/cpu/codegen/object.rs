@@ -8,7 +8,7 @@ use crate::backend::cpu::aot::{
     self, fingerprint, host_target, kernel_sizes, Manifest, ManifestKernel, ManifestSchedule,
 };
 use crate::error::RuntimeError;
-use crate::model::{CompiledCell, LayerProgram, Model, ModelConfig};
+use crate::model::{CompiledCell, Layer, Model, ModelConfig};
 use cellc::dims::Bindings;
 use cranelift_module::{default_libcall_names, Linkage, Module};
 use cranelift_object::{ObjectBuilder, ObjectModule};
@@ -29,11 +29,7 @@ pub struct Artifacts {
 
 /// Compiles every kernel `layers` need (each distinct one once) into one
 /// object; `text` also keeps the IR and the disassembly.
-pub fn compile_object(
-    cell: &CompiledCell,
-    layers: &[LayerProgram],
-    text: bool,
-) -> Result<Artifacts, CodegenError> {
+pub fn compile_object(cell: &CompiledCell, layers: &[Layer], text: bool) -> Result<Artifacts, CodegenError> {
     let err = |e: &dyn std::fmt::Display| CodegenError(e.to_string());
     let builder = ObjectBuilder::new(isa()?, format!("cellc_{}", cell.cell.name), default_libcall_names())
         .map_err(|e| err(&e))?;
@@ -54,7 +50,7 @@ pub fn compile_object(
             if !seen.insert(name.clone()) {
                 continue;
             }
-            let (graph, plan) = (cell.graph(side), layer.plan(side));
+            let (graph, plan) = (cell.graph(side), layer.shapes(side));
             let mut ctx = module.make_context();
             ctx.set_disasm(text);
             let scratch = define_stage(
