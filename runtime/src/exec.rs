@@ -45,7 +45,7 @@ pub struct Gradients {
 #[derive(Debug)]
 pub struct Trace<'a> {
     input: Input<'a>,
-    plan: BatchOrder,
+    order: BatchOrder,
     layout: RowLayout,
     /// The input of each layer after the first.
     layer_inputs: Vec<Vec<f32>>,
@@ -53,7 +53,7 @@ pub struct Trace<'a> {
 }
 
 struct LaidOutBatch {
-    plan: BatchOrder,
+    order: BatchOrder,
     layout: RowLayout,
     rows: usize,
     data_features: usize,
@@ -71,9 +71,9 @@ impl Model {
                     });
                 }
                 check_len("input", data.len(), &[*batch, *steps, self.input_size()])?;
-                let plan = BatchOrder::new(lengths, *steps)?;
-                let layout = RowLayout::padded(&plan, *steps, *major, *align);
-                Ok(LaidOutBatch { plan, layout, rows: batch * steps, data_features: self.input_size() })
+                let order = BatchOrder::new(lengths, *steps)?;
+                let layout = RowLayout::padded(&order, *steps, *major, *align);
+                Ok(LaidOutBatch { order, layout, rows: batch * steps, data_features: self.input_size() })
             }
             Input::Packed(p) => {
                 if p.features != self.input_size() {
@@ -83,9 +83,9 @@ impl Model {
                         found: format!("{} features", p.features),
                     });
                 }
-                let plan = p.plan()?;
-                let layout = RowLayout::packed(&plan);
-                Ok(LaidOutBatch { rows: plan.rows(), plan, layout, data_features: p.features })
+                let order = p.order()?;
+                let layout = RowLayout::packed(&order);
+                Ok(LaidOutBatch { rows: order.rows(), order, layout, data_features: p.features })
             }
         }
     }
@@ -96,20 +96,20 @@ impl Model {
     /// the back end's current and next); training, one copy of the states
     /// per row for the backward.
     fn ensure_pass_fits(&self, p: &LaidOutBatch, training: bool) -> Result<()> {
-        let (rows, batch) = (p.rows as u128, p.plan.batch() as u128);
+        let (rows, batch) = (p.rows as u128, p.order.batch() as u128);
         let dirs = self.directions() as u128;
         let mut elements = 0u128;
         for layer in &self.layers {
             let states: u128 = layer.state_sizes.iter().map(|&n| n as u128).sum::<u128>() * dirs;
             elements += rows * layer.output_size as u128 * dirs + 4 * batch * states;
             if training {
-                elements += p.plan.rows() as u128 * states;
+                elements += p.order.rows() as u128 * states;
             }
         }
         crate::memory::ensure_fits(
             || {
                 let pass = if training { "a training pass" } else { "a forward pass" };
-                let (b, r) = (p.plan.batch(), p.plan.rows());
+                let (b, r) = (p.order.batch(), p.order.rows());
                 let seqs = if b == 1 { "sequence" } else { "sequences" };
                 format!("{pass} of cell `{}` over {b} {seqs} ({r} steps in all)", self.compiled.cell.name)
             },
@@ -169,14 +169,14 @@ impl Model {
         training: bool,
     ) -> Result<(Output, Option<Trace<'a>>)> {
         let p = self.prepare(&input)?;
-        let batch = p.plan.batch();
+        let batch = p.order.batch();
         self.ensure_pass_fits(&p, training)?;
         let h0 = self.states_or_zeros(h0, batch, "h0")?;
         if batch == 0 {
             // An empty batch: nothing to run, and no back end sees one.
             let trace = training.then(|| Trace {
                 input,
-                plan: p.plan,
+                order: p.order,
                 layout: p.layout,
                 layer_inputs: Vec::new(),
                 tapes: Vec::new(),
@@ -205,7 +205,7 @@ impl Model {
                     cell: &self.compiled,
                     layer,
                     params: self.params(k, d == 1),
-                    plan: &p.plan,
+                    order: &p.order,
                     reverse: d == 1,
                     input: Rows { data: in_data, layout: &p.layout, width: in_width, offset: 0 },
                     h0: &h0_slices,
@@ -230,7 +230,7 @@ impl Model {
             current = Some(out);
         }
         let data = current.unwrap_or_default();
-        let trace = training.then(|| Trace { input, plan: p.plan, layout: p.layout, layer_inputs, tapes });
+        let trace = training.then(|| Trace { input, order: p.order, layout: p.layout, layer_inputs, tapes });
         Ok((Output { data, final_states }, trace))
     }
 
@@ -242,11 +242,11 @@ impl Model {
         d_output: &[f32],
         d_final: Option<&[Vec<f32>]>,
     ) -> Result<Gradients> {
-        let batch = trace.plan.batch();
+        let batch = trace.order.batch();
         let dirs = self.directions();
         let rows = match trace.input {
             Input::Padded { batch, steps, .. } => batch * steps,
-            Input::Packed(_) => trace.plan.rows(),
+            Input::Packed(_) => trace.order.rows(),
         };
         check_len("grad_output", d_output.len(), &[rows, self.output_size()])?;
         let d_final = self.states_or_zeros(d_final, batch, "grad_final")?;
@@ -274,7 +274,7 @@ impl Model {
                     cell: &self.compiled,
                     layer,
                     params: self.params(k, d == 1),
-                    plan: &trace.plan,
+                    order: &trace.order,
                     reverse: d == 1,
                     input: Rows { data: in_data, layout: &trace.layout, width: in_width, offset: 0 },
                     d_output: Rows {

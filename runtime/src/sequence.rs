@@ -116,20 +116,21 @@ pub enum RowLayout {
 
 impl RowLayout {
     /// The layout of a padded batch with these lengths.
-    pub fn padded(plan: &BatchOrder, steps: usize, major: Major, align: Align) -> RowLayout {
-        let shift = plan.lengths.iter().map(|&l| if align == Align::Right { steps - l } else { 0 }).collect();
-        RowLayout::Padded { batch: plan.batch(), steps, major, shift }
+    pub fn padded(order: &BatchOrder, steps: usize, major: Major, align: Align) -> RowLayout {
+        let shift =
+            order.lengths.iter().map(|&l| if align == Align::Right { steps - l } else { 0 }).collect();
+        RowLayout::Padded { batch: order.batch(), steps, major, shift }
     }
 
-    /// The layout of a packed sequence with this plan.
-    pub fn packed(plan: &BatchOrder) -> RowLayout {
-        let mut step_offsets = Vec::with_capacity(plan.steps());
+    /// The layout of a packed sequence in this order.
+    pub fn packed(order: &BatchOrder) -> RowLayout {
+        let mut step_offsets = Vec::with_capacity(order.steps());
         let mut at = 0;
-        for &n in &plan.batch_sizes {
+        for &n in &order.batch_sizes {
             step_offsets.push(at);
             at += n;
         }
-        RowLayout::Packed { step_offsets, rank: plan.rank.clone() }
+        RowLayout::Packed { step_offsets, rank: order.rank.clone() }
     }
 
     /// Row index of `(b, t)`.
@@ -190,7 +191,7 @@ impl PackedSequence {
     }
 
     /// Checks the PyTorch invariants and returns the plan this packing follows.
-    pub fn plan(&self) -> Result<BatchOrder> {
+    pub fn order(&self) -> Result<BatchOrder> {
         let batch = self.batch_sizes.first().copied().unwrap_or(0);
         for (s, w) in self.batch_sizes.windows(2).enumerate() {
             if w[1] > w[0] {
@@ -253,7 +254,7 @@ impl PackedSequence {
 
     /// Unpacks into a padded batch of `steps` steps (zeros at padding).
     pub fn to_padded(&self, steps: usize, major: Major, align: Align) -> Result<Vec<f32>> {
-        let plan = self.plan()?;
+        let plan = self.order()?;
         if steps < plan.steps() {
             return Err(RuntimeError::Shape {
                 tensor: "padded output".into(),
@@ -359,8 +360,8 @@ mod tests {
             sorted_indices: vec![0, 1],
             unsorted_indices: vec![0, 1],
         };
-        assert!(matches!(p.plan(), Err(RuntimeError::BatchSizes { step: 1, .. })));
+        assert!(matches!(p.order(), Err(RuntimeError::BatchSizes { step: 1, .. })));
         let p = PackedSequence { batch_sizes: vec![2, 1], sorted_indices: vec![0, 0], ..p };
-        assert!(matches!(p.plan(), Err(RuntimeError::Permutation { .. })));
+        assert!(matches!(p.order(), Err(RuntimeError::Permutation { .. })));
     }
 }

@@ -81,13 +81,13 @@ impl Batch {
         Batch { lengths: lengths.to_vec(), steps, xs, d_out, h0, d_final }
     }
 
-    pub fn plan(&self) -> Result<BatchOrder, String> {
+    pub fn order(&self) -> Result<BatchOrder, String> {
         BatchOrder::new(&self.lengths, self.steps).map_err(|e| e.to_string())
     }
 
     /// Where row `(b, t)` lives in `layout`.
     pub fn row_layout(&self, layout: Layout) -> Result<RowLayout, String> {
-        let plan = self.plan()?;
+        let plan = self.order()?;
         Ok(match layout {
             Layout::Padded { batch_first, right_aligned } => {
                 RowLayout::padded(&plan, self.steps, major(batch_first), align(right_aligned))
@@ -136,7 +136,7 @@ impl LaidOut {
                 LaidOut::Padded { data, batch_first, right_aligned }
             }
             Layout::Packed => {
-                let plan = batch.plan()?;
+                let plan = batch.order()?;
                 let order = plan.order().to_vec();
                 let mut unsorted = vec![0; order.len()];
                 for (rank, &b) in order.iter().enumerate() {

@@ -53,7 +53,7 @@ pub struct ForwardJob<'a> {
     pub cell: &'a CompiledCell,
     pub layer: &'a Layer,
     pub params: &'a [Vec<f32>],
-    pub plan: &'a BatchOrder,
+    pub order: &'a BatchOrder,
     pub reverse: bool,
     pub input: Rows<'a>,
     /// Initial states, one `[B * size]` buffer per state.
@@ -68,7 +68,7 @@ pub struct BackwardJob<'a> {
     pub cell: &'a CompiledCell,
     pub layer: &'a Layer,
     pub params: &'a [Vec<f32>],
-    pub plan: &'a BatchOrder,
+    pub order: &'a BatchOrder,
     pub reverse: bool,
     pub input: Rows<'a>,
     /// The adjoint of this direction's output rows.

@@ -90,7 +90,7 @@ impl Backend for Reference {
         let layer = job.layer;
         let plan = &layer.forward_shapes;
         let stages = &layer.schedule.forward;
-        let batch = job.plan.batch();
+        let batch = job.order.batch();
         let saved_ids: Vec<ValueId> =
             layer.schedule.saved.saved.iter().copied().filter(|v| g.contains(*v)).collect();
 
@@ -116,7 +116,7 @@ impl Backend for Reference {
         // Before the loop: every row of every sequence.
         let mut pre: HashMap<(usize, usize), Store> = HashMap::new();
         for b in 0..batch {
-            for t in 0..job.plan.lengths()[b] {
+            for t in 0..job.order.lengths()[b] {
                 // No states here: a before-loop stage that reads one is a schedule error.
                 let mut store = base.clone();
                 fill_inputs(&mut store, b, t);
@@ -141,11 +141,11 @@ impl Backend for Reference {
             .collect();
         let mut finals = states.clone();
         let mut tape = ReferenceTape { rows: HashMap::new() };
-        for s in 0..job.plan.steps() {
-            let active = job.plan.active(s);
+        for s in 0..job.order.steps() {
+            let active = job.order.active(s);
             let mut rows: Vec<Store> = Vec::with_capacity(active.len());
             for &b in active {
-                let t = job.plan.time(b, s, job.reverse);
+                let t = job.order.time(b, s, job.reverse);
                 let mut store = pre.remove(&(b, t)).unwrap_or_else(|| base.clone());
                 fill_inputs(&mut store, b, t);
                 fill_states(&mut store, &states[b]);
@@ -160,7 +160,7 @@ impl Backend for Reference {
                 }
             }
             for (&b, store) in active.iter().zip(&rows) {
-                let t = job.plan.time(b, s, job.reverse);
+                let t = job.order.time(b, s, job.reverse);
                 let get = |v: ValueId| {
                     value(g, store, job.params, v).map(<[f32]>::to_vec).ok_or_else(|| {
                         RuntimeError::Internal(format!(
@@ -182,7 +182,7 @@ impl Backend for Reference {
                     };
                     tape.rows.insert((b, t), row);
                 }
-                if s + 1 == job.plan.lengths()[b] {
+                if s + 1 == job.order.lengths()[b] {
                     finals[b] = next.clone();
                 }
                 states[b] = next;
@@ -203,7 +203,7 @@ impl Backend for Reference {
         let layer = job.layer;
         let plan = &layer.backward_shapes;
         let stages = &layer.schedule.backward;
-        let batch = job.plan.batch();
+        let batch = job.order.batch();
         let mut base: Store = vec![None; g.value_bound()];
         constants(g, plan, &mut base);
 
@@ -217,12 +217,12 @@ impl Backend for Reference {
                     .collect()
             })
             .collect();
-        let mut all_rows: Vec<((usize, usize), Store)> = Vec::with_capacity(job.plan.rows());
-        for s in (0..job.plan.steps()).rev() {
-            let active = job.plan.active(s);
+        let mut all_rows: Vec<((usize, usize), Store)> = Vec::with_capacity(job.order.rows());
+        for s in (0..job.order.steps()).rev() {
+            let active = job.order.active(s);
             let mut rows: Vec<Store> = Vec::with_capacity(active.len());
             for &b in active {
-                let t = job.plan.time(b, s, job.reverse);
+                let t = job.order.time(b, s, job.reverse);
                 let row = tape
                     .rows
                     .get(&(b, t))
@@ -277,7 +277,7 @@ impl Backend for Reference {
                 }
             }
             for (&b, store) in active.iter().zip(rows) {
-                let t = job.plan.time(b, s, job.reverse);
+                let t = job.order.time(b, s, job.reverse);
                 carry[b] = grad
                     .d_states
                     .iter()

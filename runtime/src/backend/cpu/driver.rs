@@ -321,17 +321,17 @@ unsafe impl Sync for PtrTable<'_> {}
 
 /// Contiguous or evenly strided runs of rows, so one GEMM covers a run:
 /// `(b, t)` of the run's first row, its length, and the layout-row step.
-pub fn runs(plan: &BatchOrder, layout: &RowLayout) -> Vec<(usize, usize, usize, usize)> {
+pub fn runs(order: &BatchOrder, layout: &RowLayout) -> Vec<(usize, usize, usize, usize)> {
     match layout {
-        RowLayout::Padded { .. } => (0..plan.batch())
+        RowLayout::Padded { .. } => (0..order.batch())
             .map(|b| {
                 let first = layout.row(b, 0);
-                let step = if plan.lengths()[b] > 1 { layout.row(b, 1) - first } else { 1 };
-                (b, 0, plan.lengths()[b], step)
+                let step = if order.lengths()[b] > 1 { layout.row(b, 1) - first } else { 1 };
+                (b, 0, order.lengths()[b], step)
             })
             .collect(),
         // Packed rows are all valid and contiguous: one run.
-        RowLayout::Packed { .. } => vec![(plan.order()[0], 0, plan.rows(), 1)],
+        RowLayout::Packed { .. } => vec![(order.order()[0], 0, order.rows(), 1)],
     }
 }
 
@@ -344,12 +344,12 @@ pub fn gemm_all_rows(
     products: &[(ValueId, Op, ValueId, ValueId)],
     bufs: &mut Buffers,
     f: &Frame,
-    plan: &BatchOrder,
+    order: &BatchOrder,
     matrices: &mut HashMap<ValueId, Vec<f32>>,
     shape: &dyn Fn(ValueId) -> (usize, usize),
     threads: usize,
 ) -> Result<()> {
-    let runs = runs(plan, f.layout);
+    let runs = runs(order, f.layout);
     let tasks = threads.clamp(1, runs.len().max(1));
     for &(out, ref op, m, x) in products {
         // (dst, a, b) per run, gathered first: `locate` needs the buffers.

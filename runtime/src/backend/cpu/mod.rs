@@ -238,7 +238,7 @@ fn forward(
     let (g, plan) = (&*code.fwd_graph, &*code.fwd_plan);
     let layer = job.layer;
     let cell = &job.cell.cell;
-    let batch = job.plan.batch();
+    let batch = job.order.batch();
     let layout_rows = job.input.data.len() / job.input.width.max(1);
     let mut bufs = Buffers::new();
     constants(g, plan, &mut bufs);
@@ -252,7 +252,7 @@ fn forward(
         }
     }
     // States in rank order.
-    let order = job.plan.order().to_vec();
+    let order = job.order.order().to_vec();
     let mut states: Vec<Vec<f32>> = layer
         .state_sizes
         .iter()
@@ -290,7 +290,7 @@ fn forward(
     let params_t = prepare_params(g, &code.forward, job.params, &shape, batch);
 
     // Before the loop: every valid row.
-    let all_rows = valid_rows(job.plan);
+    let all_rows = valid_rows(job.order);
     {
         let frame = Frame {
             input: job.input,
@@ -304,7 +304,7 @@ fn forward(
             layout: job.input.layout,
         };
         let mut none = HashMap::new();
-        let all = AllRows { plan: job.plan, rows: &all_rows, shape: &shape, threads };
+        let all = AllRows { order: job.order, rows: &all_rows, shape: &shape, threads };
         run_all_rows(&code.forward, Placement::BeforeLoop, &mut bufs, &frame, &all, &mut none)?;
     }
 
@@ -321,10 +321,10 @@ fn forward(
     }
     let mut next: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&m| vec![0.0; batch * m]).collect();
 
-    for s in 0..job.plan.steps() {
-        let n = job.plan.batch_sizes()[s];
+    for s in 0..job.order.steps() {
+        let n = job.order.batch_sizes()[s];
         let rows: Vec<(usize, usize, usize)> =
-            (0..n).map(|r| (order[r], job.plan.time(order[r], s, job.reverse), r)).collect();
+            (0..n).map(|r| (order[r], job.order.time(order[r], s, job.reverse), r)).collect();
         let frame = Frame {
             input: job.input,
             input_slices: &layer.input_slices,
@@ -384,7 +384,7 @@ fn forward(
             states[i][..n * m].copy_from_slice(&next[i][..n * m]);
         }
         for &(b, _, r) in &rows {
-            if s + 1 == job.plan.lengths()[b] {
+            if s + 1 == job.order.lengths()[b] {
                 for (i, &m) in layer.state_sizes.iter().enumerate() {
                     finals[i][b * m..(b + 1) * m].copy_from_slice(&states[i][r * m..(r + 1) * m]);
                 }
@@ -438,12 +438,12 @@ fn forward_whole_sequence(
         layout: job.input.layout,
     };
     let k = exec.inputs().len() + exec.outputs().len();
-    let order = job.plan.order();
+    let order = job.order.order();
     let chunks = threads.clamp(1, order.len().max(1));
     let mut tables: Vec<Vec<*mut f32>> = vec![Vec::new(); chunks];
-    for s in 0..job.plan.steps() {
-        for (r, &b) in job.plan.active(s).iter().enumerate() {
-            let t = job.plan.time(b, s, job.reverse);
+    for s in 0..job.order.steps() {
+        for (r, &b) in job.order.active(s).iter().enumerate() {
+            let t = job.order.time(b, s, job.reverse);
             let table = &mut tables[r % chunks];
             for &v in exec.inputs() {
                 let p = match state_of(v) {
@@ -451,9 +451,14 @@ fn forward_whole_sequence(
                         let m = layer.state_sizes[i];
                         job.h0[i][b * m..].as_ptr() as *mut f32
                     }
-                    Some(i) => {
-                        locate(bufs, &frame, cell.next_states[i], b, job.plan.time(b, s - 1, job.reverse), 0)?
-                    }
+                    Some(i) => locate(
+                        bufs,
+                        &frame,
+                        cell.next_states[i],
+                        b,
+                        job.order.time(b, s - 1, job.reverse),
+                        0,
+                    )?,
                     None => locate(bufs, &frame, v, b, t, 0)?,
                 };
                 table.push(p);
@@ -467,11 +472,11 @@ fn forward_whole_sequence(
 
     let o = layer.output_size;
     let mut finals: Vec<Vec<f32>> =
-        layer.state_sizes.iter().map(|&m| vec![0.0; job.plan.batch() * m]).collect();
-    for b in 0..job.plan.batch() {
-        let len = job.plan.lengths()[b];
+        layer.state_sizes.iter().map(|&m| vec![0.0; job.order.batch() * m]).collect();
+    for b in 0..job.order.batch() {
+        let len = job.order.lengths()[b];
         for s in 0..len {
-            let t = job.plan.time(b, s, job.reverse);
+            let t = job.order.time(b, s, job.reverse);
             let out_row = output.layout.row(b, t) * output.width + output.offset;
             copy_row(bufs, &frame, cell.output, (b, t, 0), &mut output.data[out_row..out_row + o])?;
             if let Some(tape) = tape.as_deref_mut() {
@@ -486,7 +491,7 @@ fn forward_whole_sequence(
                             bufs,
                             &frame,
                             cell.next_states[i],
-                            (b, job.plan.time(b, s - 1, job.reverse), 0),
+                            (b, job.order.time(b, s - 1, job.reverse), 0),
                             &mut v,
                         )?;
                         v
@@ -569,13 +574,13 @@ fn backward_whole_sequence(
         _ => None,
     };
     let k = exec.inputs().len() + exec.outputs().len();
-    let order = job.plan.order();
+    let order = job.order.order();
     let chunks = threads.clamp(1, order.len().max(1));
     let mut tables: Vec<Vec<*mut f32>> = vec![Vec::new(); chunks];
-    for s in (0..job.plan.steps()).rev() {
-        for (r, &b) in job.plan.active(s).iter().enumerate() {
-            let t = job.plan.time(b, s, job.reverse);
-            let last = s + 1 == job.plan.lengths()[b];
+    for s in (0..job.order.steps()).rev() {
+        for (r, &b) in job.order.active(s).iter().enumerate() {
+            let t = job.order.time(b, s, job.reverse);
+            let last = s + 1 == job.order.lengths()[b];
             let table = &mut tables[r % chunks];
             for &v in exec.inputs() {
                 let p = match carried(v) {
@@ -583,7 +588,9 @@ fn backward_whole_sequence(
                         let m = layer.state_sizes[i];
                         job.d_final[i][b * m..].as_ptr() as *mut f32
                     }
-                    Some(i) => locate(bufs, &frame, d_states[i], b, job.plan.time(b, s + 1, job.reverse), 0)?,
+                    Some(i) => {
+                        locate(bufs, &frame, d_states[i], b, job.order.time(b, s + 1, job.reverse), 0)?
+                    }
                     None => locate(bufs, &frame, v, b, t, 0)?,
                 };
                 table.push(p);
@@ -596,7 +603,7 @@ fn backward_whole_sequence(
     run_tables(exec.as_ref(), tables, k);
     // The adjoints of the initial states: the carry out of each sequence's first step.
     for (r, &b) in order.iter().enumerate() {
-        let t = job.plan.time(b, 0, job.reverse);
+        let t = job.order.time(b, 0, job.reverse);
         for (i, &m) in layer.state_sizes.iter().enumerate() {
             copy_row(bufs, &frame, d_states[i], (b, t, 0), &mut carry[i][r * m..(r + 1) * m])?;
         }
@@ -622,15 +629,15 @@ fn seeds_per_row(job: &BackwardJob, bufs: &mut Buffers, i: usize, layout_rows: u
         d_output: None,
         layout: job.input.layout,
     };
-    for b in 0..job.plan.batch() {
-        let len = job.plan.lengths()[b];
+    for b in 0..job.order.batch() {
+        let len = job.order.lengths()[b];
         for s in 0..len {
-            let row = job.input.layout.row(b, job.plan.time(b, s, job.reverse));
+            let row = job.input.layout.row(b, job.order.time(b, s, job.reverse));
             let dst = &mut data[row * m..(row + 1) * m];
             if s + 1 == len {
                 dst.copy_from_slice(&job.d_final[i][b * m..(b + 1) * m]);
             } else if let Some(d) = job.cell.grad.d_states[i] {
-                copy_row(bufs, &frame, d, (b, job.plan.time(b, s + 1, job.reverse), 0), dst)?;
+                copy_row(bufs, &frame, d, (b, job.order.time(b, s + 1, job.reverse), 0), dst)?;
             }
         }
     }
@@ -668,7 +675,7 @@ fn backward(
     let (g, plan) = (&*code.bwd_graph, &*code.bwd_plan);
     let grad = &job.cell.grad;
     let layer = job.layer;
-    let batch = job.plan.batch();
+    let batch = job.order.batch();
     let layout_rows = job.input.data.len() / job.input.width.max(1);
     let mut bufs = Buffers::new();
     constants(g, plan, &mut bufs);
@@ -733,7 +740,7 @@ fn backward(
     let mut kept: HashMap<ValueId, Vec<f32>> =
         persisted.iter().map(|&v| (v, pool::take(layout_rows * plan.elements(v)))).collect();
 
-    let order = job.plan.order().to_vec();
+    let order = job.order.order().to_vec();
     let mut carry: Vec<Vec<f32>> = layer
         .state_sizes
         .iter()
@@ -746,7 +753,7 @@ fn backward(
     let params_t = prepare_params(g, &code.backward, job.params, &shape, batch);
     let d_out = Some((job.d_output, layer.output_size));
     // Before the loop: products that read no carried adjoint, over every valid row.
-    let all_rows = valid_rows(job.plan);
+    let all_rows = valid_rows(job.order);
     {
         let frame = Frame {
             input: job.input,
@@ -760,7 +767,7 @@ fn backward(
             layout: job.input.layout,
         };
         let mut none = HashMap::new();
-        let all = AllRows { plan: job.plan, rows: &all_rows, shape: &shape, threads };
+        let all = AllRows { order: job.order, rows: &all_rows, shape: &shape, threads };
         run_all_rows(&code.backward, Placement::BeforeLoop, &mut bufs, &frame, &all, &mut none)?;
     }
     let whole = backward_whole_sequence(threads, code, job, &mut bufs, &params_t, &mut carry)?;
@@ -774,10 +781,10 @@ fn backward(
     }
     if !whole {
         let mut next: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&m| vec![0.0; batch * m]).collect();
-        for s in (0..job.plan.steps()).rev() {
-            let n = job.plan.batch_sizes()[s];
+        for s in (0..job.order.steps()).rev() {
+            let n = job.order.batch_sizes()[s];
             let rows: Vec<(usize, usize, usize)> =
-                (0..n).map(|r| (order[r], job.plan.time(order[r], s, job.reverse), r)).collect();
+                (0..n).map(|r| (order[r], job.order.time(order[r], s, job.reverse), r)).collect();
             let frame = Frame {
                 input: job.input,
                 input_slices: &layer.input_slices,
@@ -837,7 +844,7 @@ fn backward(
         layout: job.input.layout,
     };
     let mut matrices: HashMap<ValueId, Vec<f32>> = HashMap::new();
-    let all = AllRows { plan: job.plan, rows: &all_rows, shape: &shape, threads };
+    let all = AllRows { order: job.order, rows: &all_rows, shape: &shape, threads };
     run_all_rows(&code.backward, Placement::AfterLoop, &mut bufs, &frame, &all, &mut matrices)?;
     // Parameter gradients: accumulated products, or per-row values summed over rows.
     let mut d_params = Vec::with_capacity(job.params.len());
@@ -887,7 +894,7 @@ fn backward(
 
 /// Every valid row of a batch, for the stages run before or after the loop.
 struct AllRows<'a> {
-    plan: &'a crate::sequence::BatchOrder,
+    order: &'a crate::sequence::BatchOrder,
     /// `(b, t, 0)` for every valid row.
     rows: &'a [(usize, usize, usize)],
     shape: &'a dyn Fn(ValueId) -> (usize, usize),
@@ -908,7 +915,7 @@ fn run_all_rows(
     for st in steps.iter().filter(|s| s.placement() == placement) {
         match st {
             ReadyStage::Gemm { products, .. } => {
-                gemm_all_rows(products, bufs, frame, all.plan, matrices, all.shape, all.threads)?
+                gemm_all_rows(products, bufs, frame, all.order, matrices, all.shape, all.threads)?
             }
             ReadyStage::Pointwise { exec, .. } => {
                 run_pointwise(exec.as_ref(), bufs, frame, all.rows, all.threads)?
@@ -957,6 +964,6 @@ unsafe fn sum_rows(rows: &[*const f32], out: &mut [f32], threads: usize) {
 
 /// Every valid `(sequence, step, 0)` of a batch, sequence by sequence: the
 /// rows a stage before or after the loop runs on.
-fn valid_rows(plan: &crate::sequence::BatchOrder) -> Vec<(usize, usize, usize)> {
-    plan.lengths().iter().enumerate().flat_map(|(b, &len)| (0..len).map(move |t| (b, t, 0))).collect()
+fn valid_rows(order: &crate::sequence::BatchOrder) -> Vec<(usize, usize, usize)> {
+    order.lengths().iter().enumerate().flat_map(|(b, &len)| (0..len).map(move |t| (b, t, 0))).collect()
 }

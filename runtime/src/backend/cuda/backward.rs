@@ -41,7 +41,7 @@ pub fn backward(
     let layer = job.layer;
     let plan = &layer.backward_shapes;
     let stages = &layer.schedule.backward;
-    let mut pass = LayerRun::new(device, &job.input, job.plan, job.reverse);
+    let mut pass = LayerRun::new(device, &job.input, job.order, job.reverse);
     let batch = pass.batch();
 
     // What the forward left: the input, parameters, states, output and saved values.
@@ -71,7 +71,7 @@ pub fn backward(
     let d_output = pass.upload(job.d_output.data)?;
     let d_output =
         Home::Layout { base: d_output + 4 * job.d_output.offset as u64, width: job.d_output.width };
-    let lengths = job.plan.lengths();
+    let lengths = job.order.lengths();
     let mut carries = Vec::new();
     for (i, &m) in layer.state_sizes.iter().enumerate() {
         let carry = pass.history(job.d_final[i], m, |b| lengths[b])?;

@@ -212,7 +212,7 @@ impl Calls {
         }
         let mut done = 0usize;
         for &s in &steps {
-            let n = pass.plan.batch_sizes()[s];
+            let n = pass.order.batch_sizes()[s];
             for (&(_, st), table) in each_step.iter().zip(&tables) {
                 match table {
                     None => {
@@ -246,7 +246,7 @@ impl Calls {
         let out = pass.zeros(batch * m)?;
         let pairs: Vec<(u64, u64)> = (0..batch)
             .map(|r| {
-                let b = pass.plan.order()[r];
+                let b = pass.order.order()[r];
                 (out + 4 * (b * m) as u64, history.addr(Row { b, t: 0, s: slot(b), r }, layout, batch))
             })
             .collect();

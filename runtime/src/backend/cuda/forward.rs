@@ -51,7 +51,7 @@ pub fn forward(
     let layer = job.layer;
     let plan = &layer.forward_shapes;
     let stages = &layer.schedule.forward;
-    let mut pass = LayerRun::new(device, &job.input, job.plan, job.reverse);
+    let mut pass = LayerRun::new(device, &job.input, job.order, job.reverse);
     let batch = pass.batch();
 
     // Leaves, constants and the state histories (slot 0: the initial states).
@@ -112,7 +112,7 @@ pub fn forward(
     calls.all_rows_stages(&mut pass, (g, plan), kernels, stages, Placement::BeforeLoop)?;
     calls.time_loop(&mut pass, (g, plan), kernels, stages, false)?;
     // Final states: each sequence's history at its own last step.
-    let lengths = job.plan.lengths();
+    let lengths = job.order.lengths();
     let finals: Vec<u64> = states
         .iter()
         .map(|&h| calls.gather_sequences(&mut pass, h, |b| lengths[b]))

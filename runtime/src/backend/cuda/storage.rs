@@ -140,7 +140,7 @@ impl Drop for Arena {
 pub struct LayerRun<'a> {
     pub device: &'a dyn Device,
     pub layout: &'a RowLayout,
-    pub plan: &'a BatchOrder,
+    pub order: &'a BatchOrder,
     pub reverse: bool,
     /// Rows of the caller's layout (padding included).
     pub layout_rows: usize,
@@ -162,13 +162,13 @@ impl<'a> LayerRun<'a> {
     pub fn new(
         device: &'a dyn Device,
         input: &Rows<'a>,
-        plan: &'a BatchOrder,
+        order: &'a BatchOrder,
         reverse: bool,
     ) -> LayerRun<'a> {
         LayerRun {
             device,
             layout: input.layout,
-            plan,
+            order,
             reverse,
             layout_rows: input.data.len() / input.width.max(1),
             homes: HashMap::new(),
@@ -207,7 +207,7 @@ impl<'a> LayerRun<'a> {
     pub fn history(&mut self, per_sequence: &[f32], m: usize, slot: impl Fn(usize) -> usize) -> Result<Home> {
         let batch = self.batch();
         let mut history = vec![0.0f32; (self.steps() + 1) * batch * m];
-        for (r, &b) in self.plan.order().iter().enumerate() {
+        for (r, &b) in self.order.order().iter().enumerate() {
             let at = (slot(b) * batch + r) * m;
             history[at..at + m].copy_from_slice(&per_sequence[b * m..(b + 1) * m]);
         }
@@ -215,11 +215,11 @@ impl<'a> LayerRun<'a> {
     }
 
     pub fn batch(&self) -> usize {
-        self.plan.batch()
+        self.order.batch()
     }
 
     pub fn steps(&self) -> usize {
-        self.plan.steps()
+        self.order.steps()
     }
 
     /// Rows of a `Steps` home: every `(step, rank)`.
@@ -296,16 +296,18 @@ impl<'a> LayerRun<'a> {
 
     /// The active rows of step `s`, in rank order.
     pub fn rows_at(&self, s: usize) -> Vec<Row> {
-        let order = self.plan.order();
-        (0..self.plan.batch_sizes()[s])
-            .map(|r| Row { b: order[r], t: self.plan.time(order[r], s, self.reverse), s, r })
+        let order = self.order.order();
+        (0..self.order.batch_sizes()[s])
+            .map(|r| Row { b: order[r], t: self.order.time(order[r], s, self.reverse), s, r })
             .collect()
     }
 
     /// Sequence `r`'s rows (by rank), in step order.
     pub fn sequence(&self, r: usize) -> Vec<Row> {
-        let b = self.plan.order()[r];
-        (0..self.plan.lengths()[b]).map(|s| Row { b, t: self.plan.time(b, s, self.reverse), s, r }).collect()
+        let b = self.order.order()[r];
+        (0..self.order.lengths()[b])
+            .map(|s| Row { b, t: self.order.time(b, s, self.reverse), s, r })
+            .collect()
     }
 
     /// Every valid row, sequence by sequence in rank order.
