@@ -1,11 +1,13 @@
 //! Golden files of the generated kernels (`tests/snapshots/kernels/`,
 //! `CELLC_BLESS=1` rewrites them): for a handful of cells at fixed small
-//! sizes, the CUDA C++ of every kernel and the Cranelift IR the CPU back
-//! end compiles. A change to either emitter shows here as a diff to
-//! review, before any numeric test runs.
+//! sizes, each kernel's plan (`cellc::kernel::KernelPlan`: the decisions
+//! both emitters print), the CUDA C++ of every kernel and the Cranelift IR
+//! the CPU back end compiles. A change to the plan or to either emitter
+//! shows here as a diff to review, before any numeric test runs.
 
 mod support;
 
+use cellc::kernel::KernelPlan;
 use cellc_runtime::backend::cpu::codegen::object::compile_model;
 use cellc_runtime::{CompiledCell, ModelConfig};
 
@@ -31,6 +33,15 @@ fn generated_kernels_match_their_golden_files() {
         let c = CompiledCell::from_file(&path, None).expect("compiles");
         let sizes = sizes(&c);
         let program = c.program(&sizes).expect("sizes");
+        let mut plans = String::new();
+        for (side, i, st) in program.kernel_stages() {
+            let plan =
+                KernelPlan::new(c.graph(side), program.shapes(side), &st.values, &st.inputs, &st.outputs);
+            plans.push_str(&format!("kernel {}\n", program.kernel_name(side, i)));
+            plans.push_str(&plan.to_text(c.graph(side), program.shapes(side)));
+            plans.push('\n');
+        }
+        failures.extend(support::snapshot(&dir.join(format!("{name}.plan")), &plans));
         let kernels = cellc::cuda::emit_cell(&c.cell, &c.grad, &program, None).expect("emits");
         let cuda: String = kernels.iter().map(|k| format!("{}\n", k.source)).collect();
         failures.extend(support::snapshot(&dir.join(format!("{name}.cu")), &cuda));

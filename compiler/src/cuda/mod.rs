@@ -70,7 +70,7 @@ use crate::diag::SourceMap;
 use crate::interp::Shapes;
 use crate::ir::print::{value_line, LeafNames};
 use crate::ir::{BinaryOp, Cell, Graph, Op, ReduceOp, UnaryOp, ValueId};
-use crate::kernel::{FusedGroup, Readers};
+use crate::kernel::{FusedGroup, Item, KernelPlan, Kind, Literal};
 use crate::program::{Program, Side};
 use crate::schedule::{Stage, StageKind};
 use std::collections::{HashMap, HashSet};
@@ -486,30 +486,24 @@ impl<'a> Emitter<'a> {
             self.indent = 2;
         }
         let n_in = stage.inputs.len();
-        // Literal constants, even when also listed as inputs.
-        for (v, value) in self.plan.constant_values::<f32>(self.graph) {
-            let h = match (value.len(), &self.graph.node(v).op) {
-                (1, Op::Const(_) | Op::DimValue(_)) => Held::Scalar(literal(value[0])),
-                (n, Op::Broadcast) if n > 0 && value.iter().all(|x| x.to_bits() == value[0].to_bits()) => {
-                    Held::Splat(literal(value[0]))
-                }
-                _ => continue, // a vector constant: read through its input pointer
+        let plan = KernelPlan::new(self.graph, self.plan, &stage.values, &stage.inputs, &stage.outputs);
+        // Literals first, even where they are also inputs.
+        for &(v, lit) in &plan.literals {
+            let h = match lit {
+                Literal::Scalar(x) => Held::Scalar(literal(x)),
+                Literal::Splat(x) => Held::Splat(literal(x)),
             };
             self.held.insert(v, h);
         }
         let whole_sequence = matches!(stage.kind, StageKind::WholeSequence { .. });
-        for (i, &v) in stage.inputs.iter().enumerate() {
-            if self.held.contains_key(&v) {
-                continue;
-            }
-            let vector = self.graph.ty(v).vector_dim().is_some() || self.len(v) != 1;
+        for &(i, v, kind) in &plan.inputs {
             let chained = self.cx.chains.iter().find(|(input, _)| *input == v).map(|c| c.1);
             let h = match chained.and_then(|out| stage.outputs.iter().position(|&o| o == out)) {
                 Some(o) if whole_sequence && self.lane == Some(self.len(v)) => {
                     self.chained.push((i, o, String::new()));
                     Held::Lanes(vec![format!("c{i}")])
                 }
-                _ if vector => Held::Mem(format!("a[{i}]")),
+                _ if kind == Kind::Vector => Held::Mem(format!("a[{i}]")),
                 _ => Held::Scalar(format!("a[{i}][0]")),
             };
             self.held.insert(v, h);
@@ -518,26 +512,12 @@ impl<'a> Emitter<'a> {
         for (i, &v) in stage.outputs.iter().enumerate() {
             out_ptr.entry(v).or_insert_with(|| format!("a[{}]", n_in + i));
         }
-        let readers = Readers::of(self.graph, &stage.values);
-        let mut group = FusedGroup::default();
-        for &v in &stage.values {
-            if self.held.contains_key(&v) {
-                continue;
+        for item in &plan.items {
+            match item {
+                Item::Fused(group) => self.flush(group, &plan, &out_ptr)?,
+                Item::Single(v) => self.value(*v, out_ptr.get(v).cloned())?,
             }
-            let reads_group = self.graph.operands(v).iter().any(|&o| group.contains(o));
-            if self.fusable(v, &group) {
-                if group.members().first().is_some_and(|&first| self.len(first) != self.len(v)) {
-                    self.flush(&mut group, &readers, &out_ptr)?;
-                }
-                group.push(v);
-                continue;
-            }
-            if reads_group {
-                self.flush(&mut group, &readers, &out_ptr)?;
-            }
-            self.value(v, out_ptr.get(&v).cloned())?;
         }
-        self.flush(&mut group, &readers, &out_ptr)?;
         // Outputs not already in place.
         for (i, &v) in stage.outputs.iter().enumerate() {
             let dst = format!("a[{}]", n_in + i);
@@ -575,12 +555,6 @@ impl<'a> Emitter<'a> {
         Ok(())
     }
 
-    fn fusable(&self, v: ValueId, group: &FusedGroup) -> bool {
-        crate::kernel::fusable(self.graph, v, group, |o| {
-            matches!(self.held.get(&o), Some(Held::Mem(_) | Held::Lanes(_)))
-        })
-    }
-
     /// Scratch (or the output) for a vector.
     fn storage(&mut self, v: ValueId, dst: Option<String>) -> String {
         if let Some(d) = dst {
@@ -597,14 +571,10 @@ impl<'a> Emitter<'a> {
     /// member a register.
     fn flush(
         &mut self,
-        group: &mut FusedGroup,
-        readers: &Readers,
+        group: &FusedGroup,
+        plan: &KernelPlan,
         out_ptr: &HashMap<ValueId, String>,
     ) -> Result<(), EmitError> {
-        if group.is_empty() {
-            return Ok(());
-        }
-        let group = group.take();
         let members = group.members();
         let n = self.len(members[0]);
         for &v in members {
@@ -675,7 +645,7 @@ impl<'a> Emitter<'a> {
                 v.index(),
                 op_expr(v, &self.graph.node(v).op, &args)?
             ));
-            let read_outside = out_ptr.contains_key(&v) || readers.outside(v, &group);
+            let read_outside = plan.stored(group, v);
             if read_outside {
                 let at = self.storage(v, out_ptr.get(&v).cloned());
                 code.push(format!("{at}[j] = t{};", v.index()));

@@ -24,7 +24,7 @@ pub mod object;
 
 use cellc::interp::Shapes;
 use cellc::ir::{BinaryOp, Graph, Op, ReduceOp, UnaryOp, ValueId};
-use cellc::kernel::{FusedGroup, Readers};
+use cellc::kernel::{FusedGroup, Item, KernelPlan, Kind, Literal};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, AbiParam, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_codegen::isa::TargetFrontendConfig;
@@ -149,26 +149,20 @@ impl Gen<'_, '_> {
         let row_bytes = self.b.ins().imul_imm_s(r, k * 8);
         let base = self.b.ins().iadd(args, row_bytes);
         self.held.clear();
-        // Constants first: literals, even when also listed as inputs.
-        for (v, value) in self.plan.constant_values::<f32>(self.graph) {
-            let h = match (value.len(), self.graph.node(v).op.clone()) {
-                (1, Op::Const(_) | Op::DimValue(_)) => Held::Scalar(self.b.ins().f32const(value[0])),
-                (_, Op::Broadcast) if value.iter().all(|x| x.to_bits() == value[0].to_bits()) => {
-                    Held::Splat(self.b.ins().f32const(value[0]))
-                }
-                _ => continue, // a vector constant: read through its input pointer
+        let plan = KernelPlan::new(self.graph, self.plan, values, inputs, outputs);
+        // Literals first, even where they are also inputs.
+        for &(v, literal) in &plan.literals {
+            let h = match literal {
+                Literal::Scalar(x) => Held::Scalar(self.b.ins().f32const(x)),
+                Literal::Splat(x) => Held::Splat(self.b.ins().f32const(x)),
             };
             self.held.insert(v, h);
         }
-        for (i, &v) in inputs.iter().enumerate() {
-            if self.held.contains_key(&v) {
-                continue;
-            }
+        for &(i, v, kind) in &plan.inputs {
             let p = self.b.ins().load(self.ptr, flags(), base, (i * 8) as i32);
-            let h = if self.graph.ty(v).vector_dim().is_some() || self.len(v) != 1 {
-                Held::Mem(p)
-            } else {
-                Held::Scalar(self.b.ins().load(types::F32, flags(), p, 0))
+            let h = match kind {
+                Kind::Vector => Held::Mem(p),
+                Kind::Scalar | Kind::Splat => Held::Scalar(self.b.ins().load(types::F32, flags(), p, 0)),
             };
             self.held.insert(v, h);
         }
@@ -179,28 +173,16 @@ impl Gen<'_, '_> {
         }
         // Elementwise vector ops of one length run as one fused loop (their
         // intermediates stay in registers); anything else flushes the group.
-        let readers = Readers::of(self.graph, values);
-        let mut group = FusedGroup::default();
-        for &v in values {
-            if self.held.contains_key(&v) {
-                continue;
-            }
-            let reads_group = self.graph.operands(v).iter().any(|&o| group.contains(o));
-            if self.fusable(v, &group) {
-                if group.members().first().is_some_and(|&first| self.len(first) != self.len(v)) {
-                    self.flush(&mut group, &readers, &out_ptr, scratch)?;
+        for item in &plan.items {
+            match item {
+                Item::Fused(group) => self.flush(group, &plan, &out_ptr, scratch)?,
+                Item::Single(v) => {
+                    let dst = out_ptr.get(v).copied();
+                    let h = self.value(*v, dst, scratch)?;
+                    self.held.insert(*v, h);
                 }
-                group.push(v);
-                continue;
             }
-            if reads_group {
-                self.flush(&mut group, &readers, &out_ptr, scratch)?;
-            }
-            let dst = out_ptr.get(&v).copied();
-            let h = self.value(v, dst, scratch)?;
-            self.held.insert(v, h);
         }
-        self.flush(&mut group, &readers, &out_ptr, scratch)?;
         // Outputs not already written in place.
         for (i, &v) in outputs.iter().enumerate() {
             let p = self.b.ins().load(self.ptr, flags(), base, ((inputs.len() + i) * 8) as i32);
@@ -220,29 +202,20 @@ impl Gen<'_, '_> {
         Ok(())
     }
 
-    fn fusable(&self, v: ValueId, group: &FusedGroup) -> bool {
-        cellc::kernel::fusable(self.graph, v, group, |o| matches!(self.held.get(&o), Some(Held::Mem(_))))
-    }
-
     /// Emits the fused loop of `group` (elementwise ops of one length, in
     /// order) and empties it. A member is written to memory (its output, or
     /// scratch) only when an output or a value outside the group reads it.
     fn flush(
         &mut self,
-        group: &mut FusedGroup,
-        readers: &Readers,
+        group: &FusedGroup,
+        plan: &KernelPlan,
         out_ptr: &HashMap<ValueId, Value>,
         scratch: Value,
     ) -> Result<(), CodegenError> {
-        if group.is_empty() {
-            return Ok(());
-        }
-        let group = group.take();
         let members = group.members();
         let mut keep: Vec<Option<Value>> = Vec::with_capacity(members.len());
         for &v in members {
-            let read_outside = out_ptr.contains_key(&v) || readers.outside(v, &group);
-            keep.push(read_outside.then(|| self.storage(v, out_ptr.get(&v).copied(), scratch)));
+            keep.push(plan.stored(group, v).then(|| self.storage(v, out_ptr.get(&v).copied(), scratch)));
         }
         // Each member's operands: a value held before the group (loaded once
         // per iteration) or an earlier member's result.
