@@ -26,6 +26,8 @@
 //! ```
 
 pub mod autodiff;
+#[cfg(feature = "cranelift")]
+pub mod clif;
 pub mod cuda;
 pub mod diag;
 pub mod dims;

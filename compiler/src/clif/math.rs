@@ -5,7 +5,7 @@
 //! polynomials (Cephes' single-precision coefficients): `exp` by
 //! `2^n · e^r` with `|r| <= ln2/2`, `log` by `e·ln2 + log(m)` with
 //! `m ∈ [√½, √2)`, `tanh` by an odd polynomial for `|x| < 0.625` and
-//! `1 - 2/(e^{2|x|} + 1)` beyond. The accuracy sweep in `tests` states the
+//! `1 - 2/(e^{2|x|} + 1)` beyond. The accuracy sweep (the runtime's codegen tests) states the
 //! error reached.
 
 // The polynomial coefficients are written as published (Cephes), with more
@@ -232,84 +232,4 @@ pub fn log(b: &mut FunctionBuilder, ty: Type, x: Value) -> Value {
     let inf = fc(b, ty, f32::INFINITY);
     let is_inf = b.ins().fcmp(FloatCC::Equal, x, inf);
     choose(b, ty, is_inf, inf, r)
-}
-
-#[cfg(all(test, feature = "jit"))]
-mod tests {
-    //! Accuracy over a sweep of f32 inputs, against f64 std math.
-    use crate::backend::cpu::codegen::compile_unary_for_test;
-    use cellc::ir::UnaryOp;
-
-    /// Units in the last place between an f32 result and the exact f64 value.
-    fn ulps(got: f32, exact: f64) -> f64 {
-        if exact == 0.0 {
-            return (got as f64).abs() / f32::MIN_POSITIVE as f64;
-        }
-        let e = exact as f32;
-        let ulp = (f32::from_bits(e.abs().to_bits() + 1) - e.abs()) as f64;
-        (got as f64 - exact).abs() / ulp
-    }
-
-    fn sweep(op: UnaryOp, lo: f32, hi: f32, exact: fn(f64) -> f64) -> (f64, f64, f32) {
-        // Every 37th bit pattern of the finite floats in [lo, hi], both signs as given.
-        let mut xs: Vec<f32> = Vec::new();
-        for sign in [0u32, 0x8000_0000] {
-            let mut bits = 0u32;
-            while bits < 0x7f80_0000 {
-                let x = f32::from_bits(bits | sign);
-                if x >= lo && x <= hi {
-                    xs.push(x);
-                }
-                bits += 37;
-            }
-        }
-        let f = compile_unary_for_test(op, xs.len());
-        let got = f(&xs);
-        let (mut worst_ulp, mut worst_rel, mut at) = (0.0f64, 0.0f64, 0.0f32);
-        for (&x, &y) in xs.iter().zip(&got) {
-            let e = exact(x as f64);
-            if !e.is_finite() || (e as f32).abs() < f32::MIN_POSITIVE {
-                continue;
-            }
-            let u = ulps(y, e);
-            if u > worst_ulp {
-                worst_ulp = u;
-                at = x;
-            }
-            worst_rel = worst_rel.max((y as f64 - e).abs() / e.abs());
-        }
-        (worst_ulp, worst_rel, at)
-    }
-
-    #[test]
-    fn accuracy_sweep() {
-        type Case = (UnaryOp, f32, f32, fn(f64) -> f64, f64);
-        let cases: [Case; 5] = [
-            (UnaryOp::Exp, -87.0, 88.0, f64::exp, 4.0),
-            (UnaryOp::Sigmoid, -80.0, 80.0, |x| 1.0 / (1.0 + (-x).exp()), 4.0),
-            (UnaryOp::Tanh, -20.0, 20.0, f64::tanh, 4.0),
-            (UnaryOp::Log, 0.0, f32::MAX, f64::ln, 4.0),
-            (UnaryOp::Silu, -80.0, 80.0, |x| x / (1.0 + (-x).exp()), 6.0),
-        ];
-        for (op, lo, hi, exact, limit) in cases {
-            let (u, r, at) = sweep(op, lo, hi, exact);
-            eprintln!("{op:?}: max {u:.2} ulp (relative {r:.2e}) at x = {at:e}");
-            assert!(u <= limit, "{op:?}: {u} ulp at {at}");
-        }
-    }
-
-    /// NaN in, NaN out, in the vector body (the first four lanes) and the
-    /// scalar tail (the fifth): the clamps inside `exp` must not turn it
-    /// into a bound, nor a comparison in `relu` into 0.
-    #[test]
-    fn every_builtin_propagates_nan() {
-        let xs = [f32::NAN, 1.5, 0.25, f32::NAN, f32::NAN];
-        for op in UnaryOp::BUILTINS {
-            let f = compile_unary_for_test(op, xs.len());
-            let ys = f(&xs);
-            for (x, y) in xs.iter().zip(&ys) {
-                assert_eq!(x.is_nan(), y.is_nan(), "{op:?}({x}) = {y}");
-            }
-        }
-    }
 }
