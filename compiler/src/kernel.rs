@@ -52,6 +52,11 @@ pub struct KernelPlan {
     /// The first output slot of each output value (0 is the first after the inputs).
     pub outputs: HashMap<ValueId, usize>,
     pub items: Vec<Item>,
+    /// Where in a row's scratch each vector that is written out but is not
+    /// an output lives (in floats), and the floats of scratch a row needs.
+    /// (A lane-form CUDA kernel keeps these in registers instead.)
+    pub scratch: HashMap<ValueId, usize>,
+    pub scratch_floats: usize,
     readers: Readers,
 }
 
@@ -98,6 +103,8 @@ impl KernelPlan {
             input_count: inputs.len(),
             outputs: output_slots,
             items: Vec::new(),
+            scratch: HashMap::new(),
+            scratch_floats: 0,
             readers,
         };
         // Greedy fusion: elementwise vector ops of one length join the open
@@ -111,23 +118,27 @@ impl KernelPlan {
             if fusable(graph, v, &group, |o| kinds.get(&o) == Some(&Kind::Vector)) {
                 if group.members().first().is_some_and(|&first| shapes.elements(first) != shapes.elements(v))
                 {
-                    plan.close(&mut group, &mut kinds);
+                    plan.close(&mut group, &mut kinds, shapes);
                 }
                 group.push(v);
                 continue;
             }
             if reads_group {
-                plan.close(&mut group, &mut kinds);
+                plan.close(&mut group, &mut kinds, shapes);
             }
             kinds.insert(v, single_kind(graph, v, &kinds));
+            if matches!(graph.node(v).op, Op::Pad { .. } | Op::Concat) {
+                plan.place(v, shapes);
+            }
             plan.items.push(Item::Single(v));
         }
-        plan.close(&mut group, &mut kinds);
+        plan.close(&mut group, &mut kinds, shapes);
         plan
     }
 
-    /// Ends the open loop: its stored members are vectors from now on.
-    fn close(&mut self, group: &mut FusedGroup, kinds: &mut HashMap<ValueId, Kind>) {
+    /// Ends the open loop: its stored members are vectors from now on, in
+    /// their output or in scratch.
+    fn close(&mut self, group: &mut FusedGroup, kinds: &mut HashMap<ValueId, Kind>, shapes: &Shapes) {
         if group.is_empty() {
             return;
         }
@@ -135,9 +146,18 @@ impl KernelPlan {
         for &v in group.members() {
             if self.stored(&group, v) {
                 kinds.insert(v, Kind::Vector);
+                self.place(v, shapes);
             }
         }
         self.items.push(Item::Fused(group));
+    }
+
+    /// Gives vector `v` its scratch, unless it is an output (written in place).
+    fn place(&mut self, v: ValueId, shapes: &Shapes) {
+        if !self.outputs.contains_key(&v) {
+            self.scratch.insert(v, self.scratch_floats);
+            self.scratch_floats += shapes.elements(v);
+        }
     }
 
     /// Whether member `v` of `group` is written out: it is an output, or a
@@ -148,7 +168,8 @@ impl KernelPlan {
 
     /// The plan as text (the golden files of `tests/kernel_snapshots.rs`):
     /// literals, input slots, then each loop with its members (`*` marks
-    /// one written out) and each value computed on its own.
+    /// one written out) and each value computed on its own, then where the
+    /// vectors kept in scratch live, and the output slots.
     pub fn to_text(&self, graph: &Graph, shapes: &Shapes) -> String {
         use std::fmt::Write;
         let names = crate::ir::print::LeafNames::default();
@@ -174,6 +195,11 @@ impl KernelPlan {
                     let _ = writeln!(out, "single {}", line(*v));
                 }
             }
+        }
+        let mut scratch: Vec<(usize, ValueId)> = self.scratch.iter().map(|(&v, &at)| (at, v)).collect();
+        scratch.sort();
+        for (at, v) in scratch {
+            let _ = writeln!(out, "scratch {v} at {at}");
         }
         let mut outputs: Vec<(usize, ValueId)> = self.outputs.iter().map(|(&v, &slot)| (slot, v)).collect();
         outputs.sort();

@@ -80,9 +80,10 @@ pub fn define_stage(
     }
     let mut fctx = FunctionBuilderContext::new();
     let mut b = FunctionBuilder::new(func, &mut fctx);
-    let mut g = Gen { b: &mut b, graph, plan, ptr, held: HashMap::new(), scratch_at: 0 };
-    g.body(values, inputs, outputs)?;
-    let scratch = g.scratch_at;
+    let kernel = KernelPlan::new(graph, plan, values, inputs, outputs);
+    let mut g = Gen { b: &mut b, graph, plan, ptr, held: HashMap::new(), kernel: &kernel };
+    g.body(inputs, outputs)?;
+    let scratch = kernel.scratch_floats;
     b.seal_all_blocks();
     b.finalize(target);
     Ok(scratch)
@@ -94,8 +95,8 @@ struct Gen<'a, 'b> {
     plan: &'a Shapes,
     ptr: Type,
     held: HashMap<ValueId, Held>,
-    /// Floats of scratch handed out so far.
-    scratch_at: usize,
+    /// What the kernel computes, decided by the compiler's kernel plan.
+    kernel: &'a KernelPlan,
 }
 
 fn flags() -> MemFlagsData {
@@ -107,12 +108,7 @@ impl Gen<'_, '_> {
         self.plan.elements(v)
     }
 
-    fn body(
-        &mut self,
-        values: &[ValueId],
-        inputs: &[ValueId],
-        outputs: &[ValueId],
-    ) -> Result<(), CodegenError> {
+    fn body(&mut self, inputs: &[ValueId], outputs: &[ValueId]) -> Result<(), CodegenError> {
         let entry = self.b.create_block();
         let head = self.b.create_block();
         let body = self.b.create_block();
@@ -135,7 +131,7 @@ impl Gen<'_, '_> {
         let row_bytes = self.b.ins().imul_imm_s(r, k * 8);
         let base = self.b.ins().iadd(args, row_bytes);
         self.held.clear();
-        let plan = KernelPlan::new(self.graph, self.plan, values, inputs, outputs);
+        let plan = self.kernel;
         // Literals first, even where they are also inputs.
         for &(v, literal) in &plan.literals {
             let h = match literal {
@@ -161,7 +157,7 @@ impl Gen<'_, '_> {
         // intermediates stay in registers); anything else flushes the group.
         for item in &plan.items {
             match item {
-                Item::Fused(group) => self.flush(group, &plan, &out_ptr, scratch)?,
+                Item::Fused(group) => self.flush(group, plan, &out_ptr, scratch)?,
                 Item::Single(v) => {
                     let dst = out_ptr.get(v).copied();
                     let h = self.value(*v, dst, scratch)?;
@@ -201,7 +197,11 @@ impl Gen<'_, '_> {
         let members = group.members();
         let mut keep: Vec<Option<Value>> = Vec::with_capacity(members.len());
         for &v in members {
-            keep.push(plan.stored(group, v).then(|| self.storage(v, out_ptr.get(&v).copied(), scratch)));
+            let kept = match plan.stored(group, v) {
+                true => Some(self.storage(v, out_ptr.get(&v).copied(), scratch)?),
+                false => None,
+            };
+            keep.push(kept);
         }
         // Each member's operands: a value held before the group (loaded once
         // per iteration) or an earlier member's result.
@@ -255,14 +255,13 @@ impl Gen<'_, '_> {
         Ok(())
     }
 
-    /// Storage for a computed vector: its output, or fresh scratch.
-    fn storage(&mut self, v: ValueId, dst: Option<Value>, scratch: Value) -> Value {
+    /// Storage for a computed vector: its output, or its place in scratch.
+    fn storage(&mut self, v: ValueId, dst: Option<Value>, scratch: Value) -> Result<Value, CodegenError> {
         if let Some(d) = dst {
-            return d;
+            return Ok(d);
         }
-        let at = self.scratch_at;
-        self.scratch_at += self.len(v);
-        self.b.ins().iadd_imm_s(scratch, (at * 4) as i64)
+        let at = self.kernel.scratch.get(&v).ok_or_else(|| CodegenError(format!("{v} has no storage")))?;
+        Ok(self.b.ins().iadd_imm_s(scratch, (at * 4) as i64))
     }
 
     fn value(&mut self, v: ValueId, dst: Option<Value>, scratch: Value) -> Result<Held, CodegenError> {
@@ -314,7 +313,7 @@ impl Gen<'_, '_> {
                         .collect();
                     Held::Splat(self.op(&node.op, types::F32, &args))
                 } else {
-                    let out = self.storage(v, dst, scratch);
+                    let out = self.storage(v, dst, scratch)?;
                     let op = node.op.clone();
                     self.each(n, |g, ty, off| {
                         let args: Vec<Value> = operands.iter().map(|h| g.load(*h, ty, off)).collect();
@@ -344,7 +343,7 @@ impl Gen<'_, '_> {
                 })
             }
             Op::Pad { .. } => {
-                let out = self.storage(v, dst, scratch);
+                let out = self.storage(v, dst, scratch)?;
                 let zero = self.b.ins().f32const(0.0);
                 self.copy(Held::Splat(zero), out, n);
                 let offset = self.plan.offset(v);
@@ -354,7 +353,7 @@ impl Gen<'_, '_> {
                 Held::Mem(out)
             }
             Op::Concat => {
-                let out = self.storage(v, dst, scratch);
+                let out = self.storage(v, dst, scratch)?;
                 let mut at = 0usize;
                 for &o in &ops {
                     let src = get(self, o)?;

@@ -373,7 +373,10 @@ struct Emitter<'a> {
     cx: Context<'a>,
     body: String,
     held: HashMap<ValueId, Held>,
+    /// Floats of scratch a row uses (block form; the lane form uses none).
     scratch: usize,
+    /// Where each vector the kernel plan keeps in scratch lives.
+    scratch_at: HashMap<ValueId, usize>,
     /// Whether a block reduction (and its shared buffer) is needed.
     reduces: bool,
     indent: usize,
@@ -401,6 +404,7 @@ impl<'a> Emitter<'a> {
             body: String::new(),
             held: HashMap::new(),
             scratch: 0,
+            scratch_at: HashMap::new(),
             reduces: false,
             indent: 3,
             lane,
@@ -487,6 +491,7 @@ impl<'a> Emitter<'a> {
         }
         let n_in = stage.inputs.len();
         let plan = KernelPlan::new(self.graph, self.plan, &stage.values, &stage.inputs, &stage.outputs);
+        self.scratch_at = plan.scratch.clone();
         // Literals first, even where they are also inputs.
         for &(v, lit) in &plan.literals {
             let h = match lit {
@@ -555,14 +560,14 @@ impl<'a> Emitter<'a> {
         Ok(())
     }
 
-    /// Scratch (or the output) for a vector.
-    fn storage(&mut self, v: ValueId, dst: Option<String>) -> String {
+    /// The output or the place in scratch (the kernel plan's) of a vector.
+    fn storage(&mut self, v: ValueId, dst: Option<String>) -> Result<String, EmitError> {
         if let Some(d) = dst {
-            return d;
+            return Ok(d);
         }
-        let at = self.scratch;
-        self.scratch += self.len(v);
-        format!("(s + {at})")
+        let at = *self.scratch_at.get(&v).ok_or_else(|| EmitError(format!("{v} has no storage")))?;
+        self.scratch = self.scratch.max(at + self.len(v));
+        Ok(format!("(s + {at})"))
     }
 
     /// One loop over the group's elements; members read outside it (or
@@ -647,7 +652,7 @@ impl<'a> Emitter<'a> {
             ));
             let read_outside = plan.stored(group, v);
             if read_outside {
-                let at = self.storage(v, out_ptr.get(&v).cloned());
+                let at = self.storage(v, out_ptr.get(&v).cloned())?;
                 code.push(format!("{at}[j] = t{};", v.index()));
                 stores.push((v, at));
             }
@@ -769,7 +774,7 @@ impl<'a> Emitter<'a> {
                 h
             }
             Op::Pad { .. } => {
-                let out = self.storage(v, dst);
+                let out = self.storage(v, dst)?;
                 let offset = self.plan.offset(v);
                 let len = self.len(ops[0]);
                 let src = match self.get(v, ops[0])? {
@@ -801,7 +806,7 @@ impl<'a> Emitter<'a> {
                 h
             }
             Op::Concat => {
-                let out = self.storage(v, dst);
+                let out = self.storage(v, dst)?;
                 let mut at = 0usize;
                 for &o in &ops {
                     let l = self.len(o);
