@@ -131,13 +131,16 @@ pub fn compiled_cells() -> Vec<std::sync::Arc<cellc_runtime::CompiledCell>> {
         .collect()
 }
 
-/// Says `line` on standard error and appends it to `verification.log` in
-/// cargo's temporary folder for tests, which CI prints after the test run
-/// (what the CUDA verification checked, without running it twice).
+/// Says `line` on standard error and appends it to the verification log
+/// (`CELLC_VERIFICATION_LOG`, else `verification.log` in cargo's temporary
+/// folder for tests), which CI prints after the test run (what the CUDA
+/// verification and the fuzzer checked, without running them twice).
 pub fn report(line: &str) {
     use std::io::Write;
     eprintln!("{line}");
-    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("verification.log");
+    let path = std::env::var_os("CELLC_VERIFICATION_LOG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("verification.log"));
     if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
         let _ = f.write_all(format!("{line}\n").as_bytes());
     }

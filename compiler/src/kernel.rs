@@ -232,7 +232,7 @@ pub struct FusedGroup {
 }
 
 impl FusedGroup {
-    pub fn push(&mut self, v: ValueId) {
+    fn push(&mut self, v: ValueId) {
         self.index.insert(v, self.members.len());
         self.members.push(v);
     }
@@ -250,12 +250,12 @@ impl FusedGroup {
         &self.members
     }
 
-    pub fn is_empty(&self) -> bool {
+    fn is_empty(&self) -> bool {
         self.members.is_empty()
     }
 
     /// The members so far, leaving the group empty.
-    pub fn take(&mut self) -> FusedGroup {
+    fn take(&mut self) -> FusedGroup {
         std::mem::take(self)
     }
 }
@@ -263,11 +263,11 @@ impl FusedGroup {
 /// Who reads each value within a stage, so that a fused loop can tell in
 /// time linear in the stage which members a value outside the loop reads.
 #[derive(Clone, Debug, Default)]
-pub struct Readers(HashMap<ValueId, Vec<ValueId>>);
+struct Readers(HashMap<ValueId, Vec<ValueId>>);
 
 impl Readers {
     /// The readers among `values` of each of their operands.
-    pub fn of(graph: &Graph, values: &[ValueId]) -> Readers {
+    fn of(graph: &Graph, values: &[ValueId]) -> Readers {
         let mut readers: HashMap<ValueId, Vec<ValueId>> = HashMap::new();
         for &u in values {
             for o in graph.operands(u) {
@@ -278,7 +278,7 @@ impl Readers {
     }
 
     /// Whether a value outside `group` reads `v`.
-    pub fn outside(&self, v: ValueId, group: &FusedGroup) -> bool {
+    fn outside(&self, v: ValueId, group: &FusedGroup) -> bool {
         self.0.get(&v).is_some_and(|users| users.iter().any(|&u| !group.contains(u)))
     }
 }
@@ -286,7 +286,7 @@ impl Readers {
 /// Whether `v` is an elementwise op over a vector that can join the fused
 /// loop of `group`: at least one operand is in the group or is a vector
 /// held in memory (`in_memory`), so there is a loop to run at all.
-pub fn fusable(graph: &Graph, v: ValueId, group: &FusedGroup, in_memory: impl Fn(ValueId) -> bool) -> bool {
+fn fusable(graph: &Graph, v: ValueId, group: &FusedGroup, in_memory: impl Fn(ValueId) -> bool) -> bool {
     if !matches!(graph.node(v).op, Op::Unary(_) | Op::Binary(_)) || graph.ty(v).vector_dim().is_none() {
         return false;
     }

@@ -12,8 +12,14 @@ use crate::error::{Result, RuntimeError};
 
 /// The most memory this process may use, in bytes, and what sets it: the
 /// machine's physical memory, a cgroup limit (containers) or `ulimit -v`,
-/// whichever is least. `None` where none can be read.
+/// whichever is least. `None` where none can be read. Read once: every
+/// forward pass checks against it.
 pub fn memory_limit() -> Option<(u128, &'static str)> {
+    static LIMIT: std::sync::OnceLock<Option<(u128, &'static str)>> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(read_memory_limit)
+}
+
+fn read_memory_limit() -> Option<(u128, &'static str)> {
     let mut limits: Vec<(u128, &'static str)> = Vec::new();
     #[cfg(unix)]
     {

@@ -8,7 +8,7 @@
 //! metadata=...)` writes): a model's vocabulary, how it was trained.
 
 use crate::error::{Result, RuntimeError};
-use safetensors::tensor::{Dtype, TensorView};
+use safetensors::tensor::{Dtype, TensorInfo, TensorView};
 use safetensors::SafeTensors;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -84,33 +84,21 @@ fn explain_bad_tensor(bytes: &[u8]) -> Option<String> {
     let header = bytes.get(8..8usize.checked_add(n)?)?;
     let data_len = bytes.len() - 8 - n;
     let map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
-    let mut entries: Vec<(&String, &serde_json::Value)> =
-        map.iter().filter(|(name, _)| name.as_str() != "__metadata__").collect();
-    let offsets = |v: &serde_json::Value| -> Option<(u64, u64)> {
-        let o = v.get("data_offsets")?.as_array()?;
-        Some((o.first()?.as_u64()?, o.get(1)?.as_u64()?))
-    };
-    entries.sort_by_key(|(_, v)| offsets(v).unwrap_or((0, 0)));
-    let mut expected_start = 0u64;
-    for (name, entry) in entries {
-        let dtype = entry.get("dtype").and_then(|d| d.as_str()).unwrap_or("?");
-        let shape: Vec<u64> = entry
-            .get("shape")
-            .and_then(|s| s.as_array())
-            .map(|dims| dims.iter().filter_map(|d| d.as_u64()).collect())
-            .unwrap_or_default();
-        let Some((start, end)) = offsets(entry) else {
-            return Some(format!("tensor `{name}` has no valid `data_offsets`"));
-        };
-        let element_bytes: u128 = match dtype {
-            "BOOL" | "U8" | "I8" | "F8_E5M2" | "F8_E4M3" => 1,
-            "I16" | "U16" | "F16" | "BF16" => 2,
-            "I32" | "U32" | "F32" => 4,
-            "I64" | "U64" | "F64" => 8,
-            _ => return Some(format!("tensor `{name}` has an unknown dtype `{dtype}`")),
-        };
-        let needed = shape.iter().map(|&d| d as u128).product::<u128>() * element_bytes;
-        let shape_text = format!("{dtype} {shape:?}");
+    // Each entry as the safetensors crate reads it (its dtypes and their sizes).
+    let mut entries = Vec::new();
+    for (name, entry) in map.iter().filter(|(name, _)| name.as_str() != "__metadata__") {
+        match serde_json::from_value::<TensorInfo>(entry.clone()) {
+            Ok(info) => entries.push((name, info)),
+            Err(e) => return Some(format!("tensor `{name}` has an unreadable entry: {e}")),
+        }
+    }
+    entries.sort_by_key(|(_, info)| info.data_offsets);
+    let mut expected_start = 0usize;
+    for (name, info) in entries {
+        let (start, end) = info.data_offsets;
+        let needed =
+            info.shape.iter().map(|&d| d as u128).product::<u128>() * info.dtype.bitsize() as u128 / 8;
+        let shape_text = format!("{:?} {:?}", info.dtype, info.shape);
         if end < start || start != expected_start {
             return Some(format!(
                 "tensor `{name}` ({shape_text}) has data_offsets [{start}, {end}]; the previous tensor ends at {expected_start}"
@@ -122,7 +110,7 @@ fn explain_bad_tensor(bytes: &[u8]) -> Option<String> {
                 end - start
             ));
         }
-        if end > data_len as u64 {
+        if end > data_len {
             return Some(format!(
                 "tensor `{name}` ({shape_text}) ends at byte {end} of the data, but the file has {data_len} bytes of data (truncated?)"
             ));
