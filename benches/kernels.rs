@@ -10,7 +10,7 @@
 use cellc::interp::Shapes;
 use cellc::ir::Op;
 use cellc::schedule::StageKind;
-use cellc_runtime::backend::cpu::codegen::jit::compile_stage;
+use cellc_runtime::backend::cpu::codegen::jit::compile_values;
 use cellc_runtime::backend::cpu::gemm::{matmul, View};
 use cellc_runtime::backend::cpu::gemv::gemv;
 use cellc_runtime::backend::cpu::stage::{Interpreted, StageExec};
@@ -72,7 +72,7 @@ fn pointwise(c: &mut Criterion) {
                 .find(|s| matches!(s.kind, StageKind::Pointwise { .. }))
                 .expect("a pointwise stage");
             let plan_arc = Arc::new(plan.clone());
-            let jit = compile_stage(&graph, plan, &st.values, &st.inputs, &st.outputs).expect("compiles");
+            let jit = compile_values(&graph, plan, &st.values, &st.inputs, &st.outputs).expect("compiles");
             let interp = Interpreted::new(graph.clone(), plan_arc, &st.values, &st.inputs, &st.outputs);
             for rows in [1, 16, 64] {
                 g.throughput(Throughput::Elements((rows * h) as u64));
@@ -98,7 +98,7 @@ fn unary_kernel(op: &str, n: usize) -> cellc_runtime::backend::cpu::native::Nati
     let cell = cellc::program::Steps::compile(&cell).expect("verifies").forward;
     let plan = Shapes::new(&cell, &[("N".to_string(), n)].into(), "t").expect("plan");
     let x = cell.values().find(|&v| matches!(cell.node(v).op, Op::Input(0))).expect("the input x");
-    compile_stage(&cell, &plan, &[cell.output], &[x], &[cell.output]).expect("compiles")
+    compile_values(&cell, &plan, &[cell.output], &[x], &[cell.output]).expect("compiles")
 }
 
 fn math(c: &mut Criterion) {

@@ -172,9 +172,15 @@ fn every_kernel_of_every_shipped_cell_matches_the_interpreter() {
                         continue;
                     }
                     let name = format!("{cell}_{side_name}_s{i}_h{h}");
-                    let cx = Context { chains: &side.chains, ..Context::default() };
-                    let k = cuda::emit_stage(&side.graph, &side.plan, st, &name, cx)
-                        .unwrap_or_else(|e| panic!("{name}: {e}"));
+                    let k = cuda::emit_stage(
+                        &side.graph,
+                        &side.plan,
+                        st,
+                        &side.plans[&i],
+                        &name,
+                        Context::default(),
+                    )
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
                     cases.push((k, side, st));
                 }
             }

@@ -63,14 +63,8 @@ fn run_sanitized(cell_name: &str, sanitize: &str, threads: u32) -> usize {
             if st.kind.is_kernel() {
                 let name = format!("{cell_name}_{side_name}_s{i}");
                 kernels.push(
-                    cuda::emit_stage(
-                        &side.graph,
-                        &side.plan,
-                        st,
-                        &name,
-                        Context { chains: &side.chains, ..Context::default() },
-                    )
-                    .expect("emits"),
+                    cuda::emit_stage(&side.graph, &side.plan, st, &side.plans[&i], &name, Context::default())
+                        .expect("emits"),
                 );
                 cases.push((side, i));
             }

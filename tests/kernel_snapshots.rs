@@ -7,7 +7,6 @@
 
 mod support;
 
-use cellc::kernel::KernelPlan;
 use cellc_runtime::backend::cpu::codegen::object::compile_model;
 use cellc_runtime::{CompiledCell, ModelConfig};
 
@@ -34,11 +33,9 @@ fn generated_kernels_match_their_golden_files() {
         let sizes = sizes(&c);
         let program = c.program(&sizes).expect("sizes");
         let mut plans = String::new();
-        for (side, i, st) in program.kernel_stages() {
-            let plan =
-                KernelPlan::new(c.graph(side), program.shapes(side), &st.values, &st.inputs, &st.outputs);
-            plans.push_str(&format!("kernel {}\n", program.kernel_name(side, i)));
-            plans.push_str(&plan.to_text(c.graph(side), program.shapes(side)));
+        for kernel in program.kernels() {
+            plans.push_str(&format!("kernel {}\n", kernel.name));
+            plans.push_str(&kernel.plan.to_text(c.graph(kernel.side)));
             plans.push('\n');
         }
         failures.extend(support::snapshot(&dir.join(format!("{name}.plan")), &plans));

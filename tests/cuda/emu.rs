@@ -8,7 +8,9 @@
 
 use cellc::cuda::Kernel;
 use cellc::interp::Shapes;
-use cellc::ir::{Graph, Op, ValueId};
+use cellc::ir::{Graph, ValueId};
+use cellc::kernel::KernelPlan;
+use cellc::program::Side as ProgramSide;
 use cellc::schedule::Stage;
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::{CompiledCell, Model, ModelConfig};
@@ -23,6 +25,8 @@ pub struct Side {
     pub graph: Arc<Graph>,
     pub plan: Arc<Shapes>,
     pub stages: Vec<Stage>,
+    /// The kernel plan of each kernel stage, by stage index.
+    pub plans: HashMap<usize, KernelPlan>,
     /// For whole-sequence stages: (input value, output value of the previous row) pairs.
     pub chains: Vec<(ValueId, ValueId)>,
 }
@@ -39,14 +43,10 @@ pub fn sides(c: &Arc<CompiledCell>, h: usize, i: usize) -> Vec<(&'static str, Si
     let layer = &model.layers()[0];
     let fwd_graph = Arc::new((*c.cell).clone());
     let bwd_graph = Arc::new(c.grad.graph.clone());
-    let state_leaf = |g: &Graph, k: usize| g.values().find(|&v| g.node(v).op == Op::State(k));
-    let seed_leaf = |g: &Graph, k: usize| g.values().find(|&v| g.node(v).op == Op::Seed(k));
-    let fwd_chains = (0..c.cell.states.len())
-        .filter_map(|k| Some((state_leaf(&fwd_graph, k)?, c.cell.next_states[k])))
-        .collect();
-    let bwd_chains = (0..c.cell.states.len())
-        .filter_map(|k| Some((seed_leaf(&bwd_graph, k + 1)?, c.grad.d_states[k]?)))
-        .collect();
+    let (fwd_chains, bwd_chains) = cellc::program::chains(&c.cell, &c.grad);
+    let plans = |side: ProgramSide| -> HashMap<usize, KernelPlan> {
+        layer.kernels().filter(|k| k.side == side).map(|k| (k.stage, k.plan.clone())).collect()
+    };
     vec![
         (
             "fwd",
@@ -54,6 +54,7 @@ pub fn sides(c: &Arc<CompiledCell>, h: usize, i: usize) -> Vec<(&'static str, Si
                 graph: fwd_graph,
                 plan: Arc::new(layer.forward_shapes.clone()),
                 stages: layer.schedule.forward.clone(),
+                plans: plans(ProgramSide::Forward),
                 chains: fwd_chains,
             },
         ),
@@ -63,6 +64,7 @@ pub fn sides(c: &Arc<CompiledCell>, h: usize, i: usize) -> Vec<(&'static str, Si
                 graph: bwd_graph,
                 plan: Arc::new(layer.backward_shapes.clone()),
                 stages: layer.schedule.backward.clone(),
+                plans: plans(ProgramSide::Backward),
                 chains: bwd_chains,
             },
         ),

@@ -5,11 +5,11 @@
 //! One function per stage, with the runtime's pointer-table ABI:
 //! `fn(rows, args, scratch)`, where `args` holds each row's input and
 //! output pointers. For each row the function
-//! walks the stage's values in order: scalars (constants, reductions) stay
+//! walks the plan's items in order: scalars (literals, reductions) stay
 //! in registers, broadcasts are splats, slices are pointers into their
-//! source, and every other vector is one loop of `f32x4` operations with a
-//! scalar tail, writing into the output it is (when it is one) or into
-//! scratch. Row reductions (LayerNorm's `mean`) accumulate in four lanes and
+//! source, and each fused loop is one loop of `f32x4` operations with a
+//! scalar tail, writing the members the plan stores into their output or
+//! into scratch. It reads nothing of the graph: every decision is the plan's. Row reductions (LayerNorm's `mean`) accumulate in four lanes and
 //! add them in a fixed order, so results are the same run to run.
 //!
 //! [`define_stage`] builds the function; the runtime's `jit` compiles it
@@ -20,8 +20,8 @@
 pub mod math;
 
 use crate::interp::Shapes;
-use crate::ir::{BinaryOp, Graph, Op, ReduceOp, UnaryOp, ValueId};
-use crate::kernel::{FusedGroup, Item, KernelPlan, Kind, Literal};
+use crate::ir::{BinaryOp, Op, ReduceOp, UnaryOp, ValueId};
+use crate::kernel::{FusedLoop, Item, KernelPlan, Kind, Literal, Operand};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, AbiParam, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_codegen::isa::TargetFrontendConfig;
@@ -41,15 +41,6 @@ impl std::fmt::Display for CodegenError {
 
 impl std::error::Error for CodegenError {}
 
-/// Where an operand of a fused loop's member comes from.
-#[derive(Clone, Copy, Debug)]
-enum Operand {
-    /// The `i`-th value held before the loop.
-    Outside(usize),
-    /// The `j`-th member's result in this iteration.
-    Member(usize),
-}
-
 /// How a value is held while one row is computed.
 #[derive(Clone, Copy, Debug)]
 enum Held {
@@ -61,17 +52,15 @@ enum Held {
     Mem(Value),
 }
 
-/// Builds `values` (a stage, in order) of `graph` at `plan`'s shapes into
-/// `func`, reading `inputs` and writing `outputs` through the row pointer
+/// Builds the kernel `plan` (a stage at `shapes`) into `func`,
+/// reading its inputs and writing its outputs through the row pointer
 /// table. Returns the floats of scratch the function needs.
 pub fn define_stage(
     func: &mut cranelift_codegen::ir::Function,
     target: TargetFrontendConfig,
-    graph: &Graph,
-    plan: &Shapes,
-    stage: (&[ValueId], &[ValueId], &[ValueId]),
+    shapes: &Shapes,
+    plan: &KernelPlan,
 ) -> Result<usize, CodegenError> {
-    let (values, inputs, outputs) = stage;
     let ptr = target.pointer_type();
     func.signature.params.clear();
     func.signature.returns.clear();
@@ -80,23 +69,20 @@ pub fn define_stage(
     }
     let mut fctx = FunctionBuilderContext::new();
     let mut b = FunctionBuilder::new(func, &mut fctx);
-    let kernel = KernelPlan::new(graph, plan, values, inputs, outputs);
-    let mut g = Gen { b: &mut b, graph, plan, ptr, held: HashMap::new(), kernel: &kernel };
-    g.body(inputs, outputs)?;
-    let scratch = kernel.scratch_floats;
+    let mut g = Gen { b: &mut b, shapes, ptr, held: HashMap::new(), plan };
+    g.body()?;
     b.seal_all_blocks();
     b.finalize(target);
-    Ok(scratch)
+    Ok(plan.scratch_floats)
 }
 
 struct Gen<'a, 'b> {
     b: &'a mut FunctionBuilder<'b>,
-    graph: &'a Graph,
-    plan: &'a Shapes,
+    shapes: &'a Shapes,
     ptr: Type,
     held: HashMap<ValueId, Held>,
     /// What the kernel computes, decided by the compiler's kernel plan.
-    kernel: &'a KernelPlan,
+    plan: &'a KernelPlan,
 }
 
 fn flags() -> MemFlagsData {
@@ -105,10 +91,11 @@ fn flags() -> MemFlagsData {
 
 impl Gen<'_, '_> {
     fn len(&self, v: ValueId) -> usize {
-        self.plan.elements(v)
+        self.shapes.elements(v)
     }
 
-    fn body(&mut self, inputs: &[ValueId], outputs: &[ValueId]) -> Result<(), CodegenError> {
+    fn body(&mut self) -> Result<(), CodegenError> {
+        let plan = self.plan;
         let entry = self.b.create_block();
         let head = self.b.create_block();
         let body = self.b.create_block();
@@ -127,11 +114,10 @@ impl Gen<'_, '_> {
         self.b.ins().brif(more, body, &[], exit, &[]);
 
         self.b.switch_to_block(body);
-        let k = (inputs.len() + outputs.len()) as i64;
+        let k = (plan.input_count + plan.outputs.len()) as i64;
         let row_bytes = self.b.ins().imul_imm_s(r, k * 8);
         let base = self.b.ins().iadd(args, row_bytes);
         self.held.clear();
-        let plan = self.kernel;
         // Literals first, even where they are also inputs.
         for &(v, literal) in &plan.literals {
             let h = match literal {
@@ -148,33 +134,24 @@ impl Gen<'_, '_> {
             };
             self.held.insert(v, h);
         }
+        let slot = |i: usize| ((plan.input_count + i) * 8) as i32;
         let mut out_ptr: HashMap<ValueId, Value> = HashMap::new();
-        for (i, &v) in outputs.iter().enumerate() {
-            let p = self.b.ins().load(self.ptr, flags(), base, ((inputs.len() + i) * 8) as i32);
-            out_ptr.entry(v).or_insert(p);
+        for (i, out) in plan.outputs.iter().enumerate() {
+            let p = self.b.ins().load(self.ptr, flags(), base, slot(i));
+            out_ptr.entry(out.value).or_insert(p);
         }
-        // Elementwise vector ops of one length run as one fused loop (their
-        // intermediates stay in registers); anything else flushes the group.
         for item in &plan.items {
             match item {
-                Item::Fused(group) => self.flush(group, plan, &out_ptr, scratch)?,
-                Item::Single(v) => {
-                    let dst = out_ptr.get(v).copied();
-                    let h = self.value(*v, dst, scratch)?;
-                    self.held.insert(*v, h);
-                }
+                Item::Fused(l) => self.fused(l, &out_ptr, scratch)?,
+                other => self.single(other, &out_ptr, scratch)?,
             }
         }
-        // Outputs not already written in place.
-        for (i, &v) in outputs.iter().enumerate() {
-            let p = self.b.ins().load(self.ptr, flags(), base, ((inputs.len() + i) * 8) as i32);
-            let h =
-                *self.held.get(&v).ok_or_else(|| CodegenError(format!("output {v} is never computed")))?;
-            match h {
-                Held::Mem(src)
-                    if out_ptr.get(&v) == Some(&src)
-                        && i == outputs.iter().position(|o| *o == v).unwrap_or(i) => {}
-                _ => self.copy(h, p, self.len(v)),
+        // Outputs not written in place.
+        for (i, out) in plan.outputs.iter().enumerate() {
+            let p = self.b.ins().load(self.ptr, flags(), base, slot(i));
+            if !out.in_place {
+                let h = self.get(out.value, out.value)?;
+                self.copy(h, p, self.len(out.value));
             }
         }
         let next = self.b.ins().iadd_imm_s(r, 1);
@@ -184,62 +161,41 @@ impl Gen<'_, '_> {
         Ok(())
     }
 
-    /// Emits the fused loop of `group` (elementwise ops of one length, in
-    /// order) and empties it. A member is written to memory (its output, or
-    /// scratch) only when an output or a value outside the group reads it.
-    fn flush(
+    fn get(&self, reader: ValueId, v: ValueId) -> Result<Held, CodegenError> {
+        self.held.get(&v).copied().ok_or_else(|| CodegenError(format!("{reader} reads {v}, not available")))
+    }
+
+    /// Emits a fused loop: every member each iteration, in registers; a
+    /// stored member is also written to its output or to scratch.
+    fn fused(
         &mut self,
-        group: &FusedGroup,
-        plan: &KernelPlan,
+        l: &FusedLoop,
         out_ptr: &HashMap<ValueId, Value>,
         scratch: Value,
     ) -> Result<(), CodegenError> {
-        let members = group.members();
-        let mut keep: Vec<Option<Value>> = Vec::with_capacity(members.len());
-        for &v in members {
-            let kept = match plan.stored(group, v) {
-                true => Some(self.storage(v, out_ptr.get(&v).copied(), scratch)?),
+        let mut keep: Vec<Option<Value>> = Vec::with_capacity(l.members.len());
+        for m in &l.members {
+            let kept = match m.stored {
+                true => Some(self.storage(m.value, out_ptr.get(&m.value).copied(), scratch)?),
                 false => None,
             };
             keep.push(kept);
         }
-        // Each member's operands: a value held before the group (loaded once
-        // per iteration) or an earlier member's result.
-        let mut outside: Vec<Held> = Vec::new();
-        let mut outside_at: HashMap<ValueId, usize> = HashMap::new();
-        let mut plan: Vec<(Op, Vec<Operand>)> = Vec::with_capacity(members.len());
-        for (i, &v) in members.iter().enumerate() {
-            let mut args = Vec::new();
-            for o in self.graph.operands(v) {
-                if let Some(j) = group.position(o).filter(|&j| j < i) {
-                    args.push(Operand::Member(j));
-                    continue;
-                }
-                let at = match outside_at.get(&o) {
-                    Some(&at) => at,
-                    None => {
-                        let h = self.held.get(&o).copied();
-                        outside.push(h.ok_or_else(|| CodegenError(format!("{v} reads {o}, not available")))?);
-                        outside_at.insert(o, outside.len() - 1);
-                        outside.len() - 1
-                    }
-                };
-                args.push(Operand::Outside(at));
-            }
-            plan.push((self.graph.node(v).op.clone(), args));
-        }
-        self.each(self.len(members[0]), |g, ty, off| {
+        let outside: Vec<Held> =
+            l.outside.iter().map(|&o| self.get(l.members[0].value, o)).collect::<Result<_, _>>()?;
+        self.each(l.len, |g, ty, off| {
             let loaded: Vec<Value> = outside.iter().map(|&h| g.load(h, ty, off)).collect();
-            let mut results: Vec<Value> = Vec::with_capacity(plan.len());
-            for ((op, operands), kept) in plan.iter().zip(&keep) {
-                let args: Vec<Value> = operands
+            let mut results: Vec<Value> = Vec::with_capacity(l.members.len());
+            for (m, kept) in l.members.iter().zip(&keep) {
+                let args: Vec<Value> = m
+                    .operands
                     .iter()
                     .map(|a| match *a {
                         Operand::Outside(i) => loaded[i],
                         Operand::Member(j) => results[j],
                     })
                     .collect();
-                let r = g.op(op, ty, &args);
+                let r = g.op(&m.op, ty, &args);
                 if let Some(addr) = kept {
                     let at = g.b.ins().iadd(*addr, off);
                     g.b.ins().store(flags(), r, at, 0);
@@ -247,9 +203,9 @@ impl Gen<'_, '_> {
                 results.push(r);
             }
         });
-        for (&v, kept) in group.members().iter().zip(&keep) {
+        for (m, kept) in l.members.iter().zip(&keep) {
             if let Some(addr) = kept {
-                self.held.insert(v, Held::Mem(*addr));
+                self.held.insert(m.value, Held::Mem(*addr));
             }
         }
         Ok(())
@@ -260,74 +216,47 @@ impl Gen<'_, '_> {
         if let Some(d) = dst {
             return Ok(d);
         }
-        let at = self.kernel.scratch.get(&v).ok_or_else(|| CodegenError(format!("{v} has no storage")))?;
+        let at = self.plan.scratch.get(&v).ok_or_else(|| CodegenError(format!("{v} has no storage")))?;
         Ok(self.b.ins().iadd_imm_s(scratch, (at * 4) as i64))
     }
 
-    fn value(&mut self, v: ValueId, dst: Option<Value>, scratch: Value) -> Result<Held, CodegenError> {
-        let node = self.graph.node(v).clone();
-        let ops = self.graph.operands(v);
-        let get = |s: &Self, o: ValueId| {
-            s.held.get(&o).copied().ok_or_else(|| CodegenError(format!("{v} reads {o}, not available")))
-        };
+    /// An item other than a fused loop.
+    fn single(
+        &mut self,
+        item: &Item,
+        out_ptr: &HashMap<ValueId, Value>,
+        scratch: Value,
+    ) -> Result<(), CodegenError> {
+        let Some(&v) = item.values().first() else { return Ok(()) };
         let n = self.len(v);
-        let scalar_result = self.graph.ty(v).vector_dim().is_none();
-        Ok(match node.op {
-            Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Seed(_) => {
-                return Err(CodegenError(format!("leaf {v} is not among the stage's inputs")))
-            }
-            Op::Const(_) | Op::DimValue(_) => {
-                let c = self.plan.compute::<f32>(self.graph, v, &[]);
-                Held::Scalar(self.b.ins().f32const(c.first().copied().unwrap_or(0.0)))
-            }
-            Op::MatVec | Op::MatVecT | Op::Outer => {
-                return Err(CodegenError(format!("{v}: a matrix product in a pointwise stage")))
-            }
-            Op::Broadcast => match get(self, ops[0])? {
+        let h = match item {
+            Item::Fused(_) => return Err(CodegenError(format!("{v}: a loop is not a single value"))),
+            Item::Broadcast { src, .. } => match self.get(v, *src)? {
                 Held::Scalar(s) | Held::Splat(s) => Held::Splat(s),
                 Held::Mem(p) => Held::Splat(self.b.ins().load(types::F32, flags(), p, 0)),
             },
-            Op::Slice { .. } => match get(self, ops[0])? {
-                Held::Mem(p) => {
-                    let offset = self.plan.offset(v);
-                    Held::Mem(self.b.ins().iadd_imm_s(p, (offset * 4) as i64))
-                }
+            Item::Slice { src, offset, .. } => match self.get(v, *src)? {
+                Held::Mem(p) => Held::Mem(self.b.ins().iadd_imm_s(p, (offset * 4) as i64)),
                 other => other,
             },
-            Op::Unary(_) | Op::Binary(_) if scalar_result => {
-                let args: Vec<Value> = ops
-                    .iter()
-                    .map(|&o| match get(self, o)? {
-                        Held::Scalar(s) | Held::Splat(s) => Ok(s),
-                        Held::Mem(p) => Ok(self.b.ins().load(types::F32, flags(), p, 0)),
-                    })
-                    .collect::<Result<_, CodegenError>>()?;
-                Held::Scalar(self.op(&node.op, types::F32, &args))
-            }
-            Op::Unary(_) | Op::Binary(_) => {
-                let operands: Vec<Held> = ops.iter().map(|&o| get(self, o)).collect::<Result<_, _>>()?;
-                if operands.iter().all(|h| matches!(h, Held::Splat(_) | Held::Scalar(_))) {
-                    let args: Vec<Value> = operands
-                        .iter()
-                        .map(|h| if let Held::Splat(s) | Held::Scalar(s) = h { *s } else { unreachable!() })
-                        .collect();
-                    Held::Splat(self.op(&node.op, types::F32, &args))
-                } else {
-                    let out = self.storage(v, dst, scratch)?;
-                    let op = node.op.clone();
-                    self.each(n, |g, ty, off| {
-                        let args: Vec<Value> = operands.iter().map(|h| g.load(*h, ty, off)).collect();
-                        let r = g.op(&op, ty, &args);
-                        let addr = g.b.ins().iadd(out, off);
-                        g.b.ins().store(flags(), r, addr, 0);
+            Item::Scalar { op, args, splat, .. } => {
+                let mut values = Vec::with_capacity(args.len());
+                for &o in args {
+                    values.push(match self.get(v, o)? {
+                        Held::Scalar(s) | Held::Splat(s) => s,
+                        Held::Mem(p) => self.b.ins().load(types::F32, flags(), p, 0),
                     });
-                    Held::Mem(out)
+                }
+                let r = self.op(op, types::F32, &values);
+                if *splat {
+                    Held::Splat(r)
+                } else {
+                    Held::Scalar(r)
                 }
             }
-            Op::Reduce(op) => {
-                let src = get(self, ops[0])?;
-                let m = self.len(ops[0]);
-                let sum = match src {
+            Item::Reduce { src, op, len, .. } => {
+                let m = *len;
+                let sum = match self.get(v, *src)? {
                     Held::Scalar(s) | Held::Splat(s) => {
                         let k = self.b.ins().f32const(m as f32);
                         self.b.ins().fmul(s, k)
@@ -342,29 +271,30 @@ impl Gen<'_, '_> {
                     }
                 })
             }
-            Op::Pad { .. } => {
-                let out = self.storage(v, dst, scratch)?;
+            Item::Pad { src, offset, .. } => {
+                let out = self.storage(v, out_ptr.get(&v).copied(), scratch)?;
                 let zero = self.b.ins().f32const(0.0);
                 self.copy(Held::Splat(zero), out, n);
-                let offset = self.plan.offset(v);
                 let at = self.b.ins().iadd_imm_s(out, (offset * 4) as i64);
-                let src = get(self, ops[0])?;
-                self.copy(src, at, self.len(ops[0]));
+                let h = self.get(v, *src)?;
+                self.copy(h, at, self.len(*src));
                 Held::Mem(out)
             }
-            Op::Concat => {
-                let out = self.storage(v, dst, scratch)?;
+            Item::Concat { parts, .. } => {
+                let out = self.storage(v, out_ptr.get(&v).copied(), scratch)?;
                 let mut at = 0usize;
-                for &o in &ops {
-                    let src = get(self, o)?;
+                for &o in parts {
+                    let h = self.get(v, o)?;
                     let p = self.b.ins().iadd_imm_s(out, (at * 4) as i64);
                     let l = self.len(o);
-                    self.copy(src, p, l);
+                    self.copy(h, p, l);
                     at += l;
                 }
                 Held::Mem(out)
             }
-        })
+        };
+        self.held.insert(v, h);
+        Ok(())
     }
 
     /// Loads element(s) at byte offset `off` of a held value.

@@ -51,7 +51,7 @@
 //! Sequence `b`'s rows are `seq_start[b] .. seq_start[b] + seq_rows[b]`
 //! of the table (a count of 0 is allowed). In the lane form one thread per
 //! (sequence, unit) walks the sequence's rows in time order on its own; a
-//! chained state ([`Context::chains`]) stays in a register from row to
+//! chained state ([`crate::kernel::lanes::Chained`]) stays in a register from row to
 //! row, its pointer read only at the sequence's first row. Blocks take
 //! (sequence, chunk) items: `sequences * ceil(U / blockDim.x)` blocks. In
 //! the block form one block per sequence walks its rows with a barrier
@@ -70,10 +70,10 @@ use crate::diag::SourceMap;
 use crate::interp::Shapes;
 use crate::ir::print::{value_line, LeafNames};
 use crate::ir::{BinaryOp, Cell, Graph, Op, ReduceOp, UnaryOp, ValueId};
-use crate::kernel::{FusedGroup, Item, KernelPlan, Kind, Literal};
+use crate::kernel::{FusedLoop, Item, KernelPlan, Kind, Literal, Operand};
 use crate::program::{Program, Side};
 use crate::schedule::{Stage, StageKind};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt::Write;
 
 /// The NVRTC options the kernels are meant to be compiled with (plus
@@ -84,10 +84,7 @@ use std::fmt::Write;
 /// back end's polynomials, which is the accuracy the project promises.
 pub const NVRTC_OPTIONS: &[&str] = &["--std=c++17", "--prec-div=false"];
 
-/// At most this many pieces per vector in the lane form (an LSTM's gates
-/// are 4): past it a thread would hold too many registers (and the source
-/// unroll too far), and the stage takes the block form.
-pub const MAX_PIECES: usize = 16;
+pub use crate::kernel::lanes::MAX_PIECES;
 
 /// Threads per block the kernels are written for (the shared-memory
 /// reduction buffer has this many slots).
@@ -122,10 +119,9 @@ impl std::fmt::Display for EmitError {
 
 impl std::error::Error for EmitError {}
 
-/// Every kernel of a cell's `program`: its forward and backward pointwise
-/// and whole-sequence stages as the runtime schedules them, named by
-/// [`Program::kernel_name`]. `cell` and `grad` are the steps the program
-/// was made from ([`crate::program::Steps`]).
+/// Every kernel of `program` (the program of `cell` and `grad`, the
+/// steps it was made from: [`crate::program::Steps`]), named by
+/// [`Program::kernel_name`], forward first.
 pub fn emit_cell(
     cell: &Cell,
     grad: &Gradient,
@@ -133,40 +129,17 @@ pub fn emit_cell(
     sources: Option<&SourceMap>,
 ) -> Result<Vec<Kernel>, EmitError> {
     let names = LeafNames::of(cell, &grad.seeds);
-    let (forward_chains, backward_chains) = chains(cell, grad);
-    let mut out = Vec::new();
-    for (side, chains) in [(Side::Forward, &forward_chains), (Side::Backward, &backward_chains)] {
-        let graph = match side {
-            Side::Forward => &**cell,
-            Side::Backward => &grad.graph,
-        };
-        let cx = Context { names: Some(&names), sources, chains };
-        for (i, st) in program.stages(side).iter().enumerate() {
-            if st.kind.is_kernel() {
-                out.push(emit_stage(graph, program.shapes(side), st, &program.kernel_name(side, i), cx)?);
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// A whole-sequence stage's `(input, output)` pair: a row's input is the
-/// previous row's output.
-pub type Chain = (ValueId, ValueId);
-
-/// The state chains of a cell's forward and backward steps, as
-/// [`Context::chains`] takes them: forward, state `k`'s leaf and the next
-/// state; backward (rows in reverse time), the seed of next state `k`'s
-/// gradient and the gradient of state `k`, which the step before reads.
-pub fn chains(cell: &Cell, grad: &Gradient) -> (Vec<Chain>, Vec<Chain>) {
-    let leaf = |g: &Graph, op: Op| g.values().find(|&v| g.node(v).op == op);
-    let forward = (0..cell.states.len())
-        .filter_map(|k| Some((leaf(cell, Op::State(k))?, *cell.next_states.get(k)?)))
-        .collect();
-    let backward = (0..cell.states.len())
-        .filter_map(|k| Some((leaf(&grad.graph, Op::Seed(k + 1))?, (*grad.d_states.get(k)?)?)))
-        .collect();
-    (forward, backward)
+    let cx = Context { names: Some(&names), sources };
+    program
+        .kernels()
+        .map(|k| {
+            let graph = match k.side {
+                Side::Forward => &**cell,
+                Side::Backward => &grad.graph,
+            };
+            emit_stage(graph, program.shapes(k.side), k.stage(program), &k.plan, &k.name, cx)
+        })
+        .collect()
 }
 
 /// A translation unit: the prelude, then every kernel.
@@ -185,51 +158,22 @@ pub fn translation_unit(kernels: &[Kernel]) -> String {
 pub struct Context<'a> {
     pub names: Option<&'a LeafNames<'a>>,
     pub sources: Option<&'a SourceMap>,
-    /// Whole-sequence stages: `(input, output)` pairs where a row's input
-    /// is the previous row's output (a state and its next state). Lane-form
-    /// kernels keep these in registers; without them every row reads its
-    /// state through its pointer (the same values, one load more per row).
-    pub chains: &'a [Chain],
 }
 
 /// The kernel for one pointwise or whole-sequence stage of `graph` at
-/// `plan`'s sizes.
+/// `shapes`, as its kernel `plan` (the program's) decides: the lane form
+/// where the plan chose it, else the block form.
 pub fn emit_stage(
     graph: &Graph,
-    plan: &Shapes,
+    shapes: &Shapes,
     stage: &Stage,
+    plan: &KernelPlan,
     name: &str,
     cx: Context,
 ) -> Result<Kernel, EmitError> {
-    let whole_sequence = match stage.kind {
-        StageKind::Pointwise { .. } => false,
-        StageKind::WholeSequence { .. } => true,
-        _ => return Err(EmitError(format!("{name}: only pointwise stages become kernels"))),
-    };
-    // The lane form where the stage allows it, else the block form. The
-    // unit is the shortest elementwise vector; every other length must be
-    // a multiple of it, at most MAX_PIECES times.
-    let elementwise = |v: &&ValueId| {
-        matches!(graph.node(**v).op, Op::Unary(_) | Op::Binary(_)) && graph.ty(**v).vector_dim().is_some()
-    };
-    let lane = match stage.kind {
-        StageKind::Pointwise { .. } | StageKind::WholeSequence { reductions: false } => {
-            let units = stage.values.iter().filter(elementwise).map(|&v| plan.elements(v)).min();
-            let longest = stage.values.iter().map(|&v| plan.elements(v)).max().unwrap_or(0);
-            units.filter(|&u| u > 0 && longest <= u * MAX_PIECES)
-        }
-        _ => None,
-    };
-    let mut e = Emitter::new(graph, plan, cx, lane);
-    let tried = e.stage(stage);
-    // A stage that leaves the lane form part-way may have left values
-    // unheld (an error then): either way the block form decides.
-    if lane.is_some() && (tried.is_err() || !e.lane_ok) {
-        e = Emitter::new(graph, plan, cx, None);
-        e.stage(stage)?;
-    } else {
-        tried?;
-    }
+    let whole_sequence = plan.whole_sequence;
+    let mut e = Emitter::new(graph, shapes, cx, plan);
+    e.stage(stage)?;
     let k = stage.inputs.len() + stage.outputs.len();
     let mut src = String::new();
     let _ = writeln!(
@@ -369,14 +313,13 @@ enum Held {
 
 struct Emitter<'a> {
     graph: &'a Graph,
-    plan: &'a Shapes,
+    shapes: &'a Shapes,
+    plan: &'a KernelPlan,
     cx: Context<'a>,
     body: String,
     held: HashMap<ValueId, Held>,
     /// Floats of scratch a row uses (block form; the lane form uses none).
     scratch: usize,
-    /// Where each vector the kernel plan keeps in scratch lives.
-    scratch_at: HashMap<ValueId, usize>,
     /// Whether a block reduction (and its shared buffer) is needed.
     reduces: bool,
     indent: usize,
@@ -384,11 +327,7 @@ struct Emitter<'a> {
     /// in block form. In the lane form nothing the kernel computes goes
     /// through memory but its outputs, so no thread reads another's work.
     lane: Option<usize>,
-    /// Stays true while the stage fits the lane form.
-    lane_ok: bool,
-    /// Lane form: output pointers already written.
-    stored: HashSet<String>,
-    /// Lane form: (input index, output index, the output's value at the
+    /// Lane form: (input slot, output index, the output's value at the
     /// row's end) of each chained state.
     chained: Vec<(usize, usize, String)>,
     /// The `.cell` line last quoted in a comment.
@@ -396,27 +335,25 @@ struct Emitter<'a> {
 }
 
 impl<'a> Emitter<'a> {
-    fn new(graph: &'a Graph, plan: &'a Shapes, cx: Context<'a>, lane: Option<usize>) -> Self {
+    fn new(graph: &'a Graph, shapes: &'a Shapes, cx: Context<'a>, plan: &'a KernelPlan) -> Self {
         Emitter {
             graph,
+            shapes,
             plan,
             cx,
             body: String::new(),
             held: HashMap::new(),
             scratch: 0,
-            scratch_at: HashMap::new(),
             reduces: false,
             indent: 3,
-            lane,
-            lane_ok: true,
-            stored: HashSet::new(),
+            lane: plan.lanes.as_ref().map(|l| l.units),
             chained: Vec::new(),
             quoted: None,
         }
     }
 
     fn len(&self, v: ValueId) -> usize {
-        self.plan.elements(v)
+        self.shapes.elements(v)
     }
 
     fn line(&mut self, text: &str) {
@@ -451,11 +388,10 @@ impl<'a> Emitter<'a> {
         self.line(&comment_safe(&format!("// {text}{at}")));
     }
 
-    /// Marks the stage as not fitting the lane form (the caller then
-    /// emits the block form).
-    fn not_lane(&mut self) -> Result<(), EmitError> {
-        self.lane_ok = false;
-        Ok(())
+    /// The plan chose the lane form for a stage that does not fit it: a
+    /// bug in the plan's decision (`cellc::kernel::lanes`).
+    fn no_lanes<T>(&self, v: ValueId) -> Result<T, EmitError> {
+        Err(EmitError(format!("{v} does not fit the lane form the kernel plan chose")))
     }
 
     /// Lane form: this thread's elements of a `len`-element vector, one per
@@ -474,24 +410,31 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// Lane form: writes this thread's elements of `h` to `dst`.
-    fn store_pieces(&mut self, dst: &str, h: &Held, len: usize) -> Result<(), EmitError> {
-        let Some(pieces) = self.pieces(h, len) else { return self.not_lane() };
+    /// Lane form: writes this thread's elements of `v` (held as `h`) to `dst`.
+    fn store_pieces(&mut self, v: ValueId, dst: &str, h: &Held, len: usize) -> Result<(), EmitError> {
+        let Some(pieces) = self.pieces(h, len) else { return self.no_lanes(v) };
         let units = self.lane.unwrap_or(0);
         for (i, x) in pieces.iter().enumerate() {
             self.line(&format!("{} = {x};", index(dst, i * units)));
         }
-        self.stored.insert(dst.to_string());
         Ok(())
+    }
+
+    /// The pointer of output slot `i` (counted from the first output).
+    fn output(&self, i: usize) -> String {
+        format!("a[{}]", self.plan.input_count + i)
+    }
+
+    /// Where `v` is written in place, if it is an output.
+    fn destination(&self, v: ValueId) -> Option<String> {
+        self.plan.output_slot(v).map(|i| self.output(i))
     }
 
     fn stage(&mut self, stage: &Stage) -> Result<(), EmitError> {
         if matches!(stage.kind, StageKind::Pointwise { .. }) {
             self.indent = 2;
         }
-        let n_in = stage.inputs.len();
-        let plan = KernelPlan::new(self.graph, self.plan, &stage.values, &stage.inputs, &stage.outputs);
-        self.scratch_at = plan.scratch.clone();
+        let plan = self.plan;
         // Literals first, even where they are also inputs.
         for &(v, lit) in &plan.literals {
             let h = match lit {
@@ -500,44 +443,32 @@ impl<'a> Emitter<'a> {
             };
             self.held.insert(v, h);
         }
-        let whole_sequence = matches!(stage.kind, StageKind::WholeSequence { .. });
+        let chained = plan.lanes.iter().flat_map(|l| &l.chained);
         for &(i, v, kind) in &plan.inputs {
-            let chained = self.cx.chains.iter().find(|(input, _)| *input == v).map(|c| c.1);
-            let h = match chained.and_then(|out| stage.outputs.iter().position(|&o| o == out)) {
-                Some(o) if whole_sequence && self.lane == Some(self.len(v)) => {
-                    self.chained.push((i, o, String::new()));
+            let h = match chained.clone().find(|c| c.input == i) {
+                Some(c) => {
+                    self.chained.push((i, c.output, String::new()));
                     Held::Lanes(vec![format!("c{i}")])
                 }
-                _ if kind == Kind::Vector => Held::Mem(format!("a[{i}]")),
-                _ => Held::Scalar(format!("a[{i}][0]")),
+                None if kind == Kind::Vector => Held::Mem(format!("a[{i}]")),
+                None => Held::Scalar(format!("a[{i}][0]")),
             };
             self.held.insert(v, h);
         }
-        let mut out_ptr: HashMap<ValueId, String> = HashMap::new();
-        for (i, &v) in stage.outputs.iter().enumerate() {
-            out_ptr.entry(v).or_insert_with(|| format!("a[{}]", n_in + i));
-        }
         for item in &plan.items {
             match item {
-                Item::Fused(group) => self.flush(group, &plan, &out_ptr)?,
-                Item::Single(v) => self.value(*v, out_ptr.get(v).cloned())?,
+                Item::Fused(l) => self.fused(l)?,
+                other => self.single(other)?,
             }
         }
-        // Outputs not already in place.
-        for (i, &v) in stage.outputs.iter().enumerate() {
-            let dst = format!("a[{}]", n_in + i);
-            let h = self
-                .held
-                .get(&v)
-                .cloned()
-                .ok_or_else(|| EmitError(format!("output {v} is never computed")))?;
-            if h == Held::Mem(dst.clone()) || self.stored.contains(&dst) {
-                continue;
-            }
+        // Outputs not written in place.
+        for (i, out) in plan.outputs.iter().enumerate().filter(|(_, o)| !o.in_place) {
+            let (v, dst) = (out.value, self.output(i));
+            let h = self.get(v, v)?;
             let n = self.len(v);
             self.line(&format!("// output {v}"));
             if self.lane.is_some() {
-                self.store_pieces(&dst, &h, n)?;
+                self.store_pieces(v, &dst, &h, n)?;
                 continue;
             }
             let src = match &h {
@@ -550,46 +481,38 @@ impl<'a> Emitter<'a> {
         // Each chained state's value for the next row.
         let mut chained = std::mem::take(&mut self.chained);
         for (_, o, value) in &mut chained {
-            let v = stage.outputs[*o];
+            let v = plan.outputs[*o].value;
             match self.held.get(&v).and_then(|h| self.pieces(h, self.len(v))) {
                 Some(p) if p.len() == 1 => *value = p[0].clone(),
-                _ => self.lane_ok = false,
+                _ => return self.no_lanes(v),
             }
         }
-        self.chained = if self.lane.is_some() { chained } else { Vec::new() };
+        self.chained = chained;
         Ok(())
     }
 
     /// The output or the place in scratch (the kernel plan's) of a vector.
-    fn storage(&mut self, v: ValueId, dst: Option<String>) -> Result<String, EmitError> {
-        if let Some(d) = dst {
+    fn storage(&mut self, v: ValueId) -> Result<String, EmitError> {
+        if let Some(d) = self.destination(v) {
             return Ok(d);
         }
-        let at = *self.scratch_at.get(&v).ok_or_else(|| EmitError(format!("{v} has no storage")))?;
+        let at = *self.plan.scratch.get(&v).ok_or_else(|| EmitError(format!("{v} has no storage")))?;
         self.scratch = self.scratch.max(at + self.len(v));
         Ok(format!("(s + {at})"))
     }
 
-    /// One loop over the group's elements; members read outside it (or
-    /// outputs) are stored, the rest stay in registers. In the lane form,
-    /// straight-line code for this thread's element of each piece, every
-    /// member a register.
-    fn flush(
-        &mut self,
-        group: &FusedGroup,
-        plan: &KernelPlan,
-        out_ptr: &HashMap<ValueId, String>,
-    ) -> Result<(), EmitError> {
-        let members = group.members();
-        let n = self.len(members[0]);
-        for &v in members {
-            self.comment(v);
+    /// One loop over the loop's elements; stored members are written out,
+    /// the rest stay in registers. In the lane form, straight-line code for
+    /// this thread's element of each piece, every member a register.
+    fn fused(&mut self, l: &FusedLoop) -> Result<(), EmitError> {
+        let n = l.len;
+        for m in &l.members {
+            self.comment(m.value);
         }
         if let Some(units) = self.lane {
-            if units == 0 || !n.is_multiple_of(units) {
-                return self.not_lane();
-            }
-            let q = n / units;
+            let Some(q) = (units > 0 && n.is_multiple_of(units)).then(|| n / units) else {
+                return self.no_lanes(l.members[0].value);
+            };
             let reg = |v: ValueId, p: usize| {
                 if q == 1 {
                     format!("t{}", v.index())
@@ -597,64 +520,62 @@ impl<'a> Emitter<'a> {
                     format!("t{}_{p}", v.index())
                 }
             };
+            let mut outside = Vec::with_capacity(l.outside.len());
+            for &o in &l.outside {
+                let h = self.get(l.members[0].value, o)?;
+                match self.pieces(&h, n) {
+                    Some(pieces) => outside.push(pieces),
+                    None => return self.no_lanes(o),
+                }
+            }
+            #[allow(clippy::needless_range_loop)] // `p` indexes every member's registers too
             for p in 0..q {
-                for &v in members {
-                    let mut args = Vec::new();
-                    for o in self.graph.operands(v) {
-                        let arg = if group.contains(o) {
-                            reg(o, p)
-                        } else {
-                            let h = self.get(v, o)?;
-                            match self.pieces(&h, n) {
-                                Some(pieces) => pieces[p].clone(),
-                                None => return self.not_lane(),
-                            }
-                        };
-                        args.push(arg);
-                    }
-                    let r = reg(v, p);
-                    let expr = op_expr(v, &self.graph.node(v).op, &args)?;
+                for m in &l.members {
+                    let args: Vec<String> = m
+                        .operands
+                        .iter()
+                        .map(|a| match *a {
+                            Operand::Member(j) => reg(l.members[j].value, p),
+                            Operand::Outside(i) => outside[i][p].clone(),
+                        })
+                        .collect();
+                    let r = reg(m.value, p);
+                    let expr = op_expr(m.value, &m.op, &args)?;
                     self.line(&format!("const float {r} = {expr};"));
-                    if let Some(dst) = out_ptr.get(&v) {
-                        self.line(&format!("{} = {r};", index(dst, p * units)));
+                    if let Some(dst) = self.destination(m.value) {
+                        self.line(&format!("{} = {r};", index(&dst, p * units)));
                     }
                 }
             }
-            for &v in members {
-                if let Some(dst) = out_ptr.get(&v) {
-                    self.stored.insert(dst.clone());
-                }
-                self.held.insert(v, Held::Lanes((0..q).map(|p| reg(v, p)).collect()));
+            for m in &l.members {
+                self.held.insert(m.value, Held::Lanes((0..q).map(|p| reg(m.value, p)).collect()));
             }
             return Ok(());
         }
+        let mut outside = Vec::with_capacity(l.outside.len());
+        for &o in &l.outside {
+            outside.push(match self.get(l.members[0].value, o)? {
+                Held::Scalar(x) | Held::Splat(x) => x,
+                Held::Mem(p) => format!("{p}[j]"),
+                Held::Lanes(_) => return Err(EmitError(format!("{o}, a lane value, in block form"))),
+            });
+        }
         let mut stores = Vec::new();
         let mut code = Vec::new();
-        for &v in members {
-            let mut args = Vec::new();
-            for o in self.graph.operands(v) {
-                args.push(if group.contains(o) {
-                    format!("t{}", o.index())
-                } else {
-                    match self.get(v, o)? {
-                        Held::Scalar(x) | Held::Splat(x) => x,
-                        Held::Mem(p) => format!("{p}[j]"),
-                        Held::Lanes(_) => {
-                            return Err(EmitError(format!("{v} reads {o}, a lane value, in block form")))
-                        }
-                    }
-                });
-            }
-            code.push(format!(
-                "const float t{} = {};",
-                v.index(),
-                op_expr(v, &self.graph.node(v).op, &args)?
-            ));
-            let read_outside = plan.stored(group, v);
-            if read_outside {
-                let at = self.storage(v, out_ptr.get(&v).cloned())?;
-                code.push(format!("{at}[j] = t{};", v.index()));
-                stores.push((v, at));
+        for m in &l.members {
+            let args: Vec<String> = m
+                .operands
+                .iter()
+                .map(|a| match *a {
+                    Operand::Member(j) => format!("t{}", l.members[j].value.index()),
+                    Operand::Outside(i) => outside[i].clone(),
+                })
+                .collect();
+            code.push(format!("const float t{} = {};", m.value.index(), op_expr(m.value, &m.op, &args)?));
+            if m.stored {
+                let at = self.storage(m.value)?;
+                code.push(format!("{at}[j] = t{};", m.value.index()));
+                stores.push((m.value, at));
             }
         }
         self.line(&format!("for (int j = threadIdx.x; j < {n}; j += blockDim.x) {{"));
@@ -673,24 +594,14 @@ impl<'a> Emitter<'a> {
         self.held.get(&o).cloned().ok_or_else(|| EmitError(format!("{v} reads {o}, not available")))
     }
 
-    /// A value that is not part of a fused loop.
-    fn value(&mut self, v: ValueId, dst: Option<String>) -> Result<(), EmitError> {
-        let node = self.graph.node(v).clone();
-        let ops = self.graph.operands(v);
+    /// An item other than a fused loop.
+    fn single(&mut self, item: &Item) -> Result<(), EmitError> {
+        let Some(&v) = item.values().first() else { return Ok(()) };
         let n = self.len(v);
         self.comment(v);
-        let h = match node.op {
-            Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Seed(_) => {
-                return Err(EmitError(format!("leaf {v} is not among the stage's inputs")))
-            }
-            Op::Const(_) | Op::DimValue(_) => {
-                let c = self.plan.compute::<f32>(self.graph, v, &[]);
-                Held::Scalar(literal(c.first().copied().unwrap_or(0.0)))
-            }
-            Op::MatVec | Op::MatVecT | Op::Outer => {
-                return Err(EmitError(format!("{v}: a matrix product in a pointwise stage")))
-            }
-            Op::Broadcast => match self.get(v, ops[0])? {
+        let h = match item {
+            Item::Fused(_) => return Err(EmitError(format!("{v}: a loop is not a single value"))),
+            Item::Broadcast { src, .. } => match self.get(v, *src)? {
                 Held::Scalar(s) | Held::Splat(s) => Held::Splat(s),
                 // In the lane form memory is only ever an input: any thread may read it.
                 Held::Mem(p) => {
@@ -698,53 +609,49 @@ impl<'a> Emitter<'a> {
                     Held::Splat(format!("u{}", v.index()))
                 }
                 // Element 0 is another thread's.
-                Held::Lanes(_) => return self.not_lane(),
+                Held::Lanes(_) => return self.no_lanes(v),
             },
-            Op::Slice { .. } => {
-                let offset = self.plan.offset(v);
-                match self.get(v, ops[0])? {
-                    Held::Mem(p) => Held::Mem(format!("({p} + {offset})")),
-                    Held::Lanes(pieces) => {
-                        let units = self.lane.unwrap_or(0);
-                        if units == 0 || !offset.is_multiple_of(units) || !n.is_multiple_of(units) {
-                            return self.not_lane();
-                        }
-                        match pieces.get(offset / units..(offset + n) / units) {
-                            Some(p) => Held::Lanes(p.to_vec()),
-                            None => return self.not_lane(),
-                        }
+            Item::Slice { src, offset, .. } => match self.get(v, *src)? {
+                Held::Mem(p) => Held::Mem(format!("({p} + {offset})")),
+                Held::Lanes(pieces) => {
+                    let units = self.lane.unwrap_or(0);
+                    if units == 0 || !offset.is_multiple_of(units) || !n.is_multiple_of(units) {
+                        return self.no_lanes(v);
                     }
-                    other => other,
+                    match pieces.get(offset / units..(offset + n) / units) {
+                        Some(p) => Held::Lanes(p.to_vec()),
+                        None => return self.no_lanes(v),
+                    }
                 }
-            }
-            Op::Unary(_) | Op::Binary(_) => {
-                // Scalars and splats only (vectors go through fused loops).
-                let mut args = Vec::new();
-                for &o in &ops {
-                    args.push(match self.get(v, o)? {
+                other => other,
+            },
+            Item::Scalar { op, args, splat, .. } => {
+                let mut exprs = Vec::new();
+                for &o in args {
+                    exprs.push(match self.get(v, o)? {
                         Held::Scalar(x) | Held::Splat(x) => x,
                         Held::Mem(p) => format!("{p}[0]"),
-                        Held::Lanes(_) => return self.not_lane(),
+                        Held::Lanes(_) => return self.no_lanes(v),
                     });
                 }
-                self.line(&format!("const float u{} = {};", v.index(), op_expr(v, &node.op, &args)?));
+                self.line(&format!("const float u{} = {};", v.index(), op_expr(v, op, &exprs)?));
                 let name = format!("u{}", v.index());
-                if self.graph.ty(v).vector_dim().is_some() {
+                if *splat {
                     Held::Splat(name)
                 } else {
                     Held::Scalar(name)
                 }
             }
-            Op::Reduce(op) => {
-                let m = self.len(ops[0]);
-                let sum = match self.get(v, ops[0])? {
+            Item::Reduce { src, op, len, .. } => {
+                let m = *len;
+                let sum = match self.get(v, *src)? {
                     Held::Scalar(s) | Held::Splat(s) => format!("({s}) * {}", literal(m as f32)),
                     Held::Mem(p) if self.lane.is_none() => {
                         self.reduces = true;
                         format!("cellc_block_sum({p}, {m}, red)")
                     }
                     // A row reduction needs the whole row: block form.
-                    Held::Mem(_) | Held::Lanes(_) => return self.not_lane(),
+                    Held::Mem(_) | Held::Lanes(_) => return self.no_lanes(v),
                 };
                 let expr = match op {
                     ReduceOp::Sum => sum,
@@ -753,31 +660,29 @@ impl<'a> Emitter<'a> {
                 self.line(&format!("const float u{} = {expr};", v.index()));
                 Held::Scalar(format!("u{}", v.index()))
             }
-            Op::Pad { .. } if self.lane.is_some() => {
+            Item::Pad { src, offset, .. } if self.lane.is_some() => {
                 // Zeros around this thread's pieces of the operand.
                 let units = self.lane.unwrap_or(0);
-                let offset = self.plan.offset(v);
-                let len = self.len(ops[0]);
-                let inner = self.get(v, ops[0])?;
-                let (Some(inner), true) =
-                    (self.pieces(&inner, len), offset.is_multiple_of(units) && n.is_multiple_of(units))
-                else {
-                    return self.not_lane();
+                let inner = self.get(v, *src)?;
+                let (Some(inner), true) = (
+                    self.pieces(&inner, self.len(*src)),
+                    offset.is_multiple_of(units) && n.is_multiple_of(units),
+                ) else {
+                    return self.no_lanes(v);
                 };
                 let mut pieces = vec!["0.0f".to_string(); offset / units];
                 pieces.extend(inner);
                 pieces.resize(n / units, "0.0f".to_string());
                 let h = Held::Lanes(pieces);
-                if let Some(out) = dst {
-                    self.store_pieces(&out, &h, n)?;
+                if let Some(out) = self.destination(v) {
+                    self.store_pieces(v, &out, &h, n)?;
                 }
                 h
             }
-            Op::Pad { .. } => {
-                let out = self.storage(v, dst)?;
-                let offset = self.plan.offset(v);
-                let len = self.len(ops[0]);
-                let src = match self.get(v, ops[0])? {
+            Item::Pad { src, offset, .. } => {
+                let out = self.storage(v)?;
+                let len = self.len(*src);
+                let src = match self.get(v, *src)? {
                     Held::Scalar(x) | Held::Splat(x) => x,
                     Held::Mem(p) => format!("{p}[j - {offset}]"),
                     Held::Lanes(_) => return Err(EmitError(format!("{v}: lane value in block form"))),
@@ -789,26 +694,26 @@ impl<'a> Emitter<'a> {
                 self.line("__syncthreads();");
                 Held::Mem(out)
             }
-            Op::Concat if self.lane.is_some() => {
+            Item::Concat { parts, .. } if self.lane.is_some() => {
                 // This thread's pieces of every operand, in order.
                 let mut pieces = Vec::new();
-                for &o in &ops {
+                for &o in parts {
                     let h = self.get(v, o)?;
                     match self.pieces(&h, self.len(o)) {
                         Some(p) => pieces.extend(p),
-                        None => return self.not_lane(),
+                        None => return self.no_lanes(v),
                     }
                 }
                 let h = Held::Lanes(pieces);
-                if let Some(out) = dst {
-                    self.store_pieces(&out, &h, n)?;
+                if let Some(out) = self.destination(v) {
+                    self.store_pieces(v, &out, &h, n)?;
                 }
                 h
             }
-            Op::Concat => {
-                let out = self.storage(v, dst)?;
+            Item::Concat { parts, .. } => {
+                let out = self.storage(v)?;
                 let mut at = 0usize;
-                for &o in &ops {
+                for &o in parts {
                     let l = self.len(o);
                     let src = match self.get(v, o)? {
                         Held::Scalar(x) | Held::Splat(x) => x,

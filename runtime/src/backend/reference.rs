@@ -4,15 +4,19 @@
 //!
 //! It is slow on purpose and exists to fix the semantics: it executes the
 //! stages in schedule order, each over every active row before the next
-//! (as kernels would), so a stage that reads a value no earlier stage
-//! produced is an error here; and its backward reads only what the
+//! (as kernels would), and each kernel stage by its kernel plan
+//! ([`cellc::kernel::eval`]), so a stage that reads a value no earlier
+//! stage produced, or a value its kernel keeps in registers, is an error here; and its backward reads only what the
 //! schedule saved (plus the state history), so a wrong saved-values
 //! choice is an error too. Fast back ends are tested against it.
 
 use super::{Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, Tape};
 use crate::error::{Result, RuntimeError};
+use crate::model::Layer;
 use cellc::interp::Shapes;
 use cellc::ir::{Graph, Op, ValueId};
+use cellc::kernel::eval::RowEvaluator;
+use cellc::program::Side;
 use cellc::schedule::{Placement, Stage};
 use std::collections::HashMap;
 
@@ -64,6 +68,35 @@ fn compute(
     }
     let out = plan.compute(g, v, &args);
     store[v.index()] = Some(out);
+    Ok(())
+}
+
+/// Runs stage `k` of `side` for one row: a kernel stage by its kernel
+/// plan (what every generated kernel prints), anything else value by value.
+fn run_stage(
+    g: &Graph,
+    layer: &Layer,
+    side: Side,
+    (k, st): (usize, &Stage),
+    store: &mut Store,
+    params: &[Vec<f32>],
+) -> Result<()> {
+    let plan = layer.shapes(side);
+    let Some(kernel) = layer.kernel(side, k) else {
+        return st.values.iter().try_for_each(|&v| compute(g, plan, store, params, v, k));
+    };
+    let mut inputs = Vec::with_capacity(st.inputs.len());
+    for &v in &st.inputs {
+        inputs.push(value(g, store, params, v).ok_or_else(|| {
+            RuntimeError::Internal(format!("schedule: stage {k} reads {v}, which no earlier stage produced"))
+        })?);
+    }
+    let outputs = RowEvaluator::new(&kernel.plan, g, plan)
+        .row(&inputs)
+        .map_err(|e| RuntimeError::Internal(format!("{}: {e}", kernel.name)))?;
+    for (&v, out) in st.outputs.iter().zip(outputs) {
+        store[v.index()] = Some(out);
+    }
     Ok(())
 }
 
@@ -120,10 +153,8 @@ impl Backend for Reference {
                 // No states here: a before-loop stage that reads one is a schedule error.
                 let mut store = base.clone();
                 fill_inputs(&mut store, b, t);
-                for (k, st) in stages_at(stages, Placement::BeforeLoop) {
-                    for &v in &st.values {
-                        compute(g, plan, &mut store, job.params, v, k)?;
-                    }
+                for stage in stages_at(stages, Placement::BeforeLoop) {
+                    run_stage(g, layer, Side::Forward, stage, &mut store, job.params)?;
                 }
                 pre.insert((b, t), store);
             }
@@ -152,11 +183,9 @@ impl Backend for Reference {
                 rows.push(store);
             }
             // Stage-major: each stage over every active row, then the next.
-            for (k, st) in stages_at(stages, Placement::EachStep) {
+            for stage in stages_at(stages, Placement::EachStep) {
                 for store in rows.iter_mut() {
-                    for &v in &st.values {
-                        compute(g, plan, store, job.params, v, k)?;
-                    }
+                    run_stage(g, layer, Side::Forward, stage, store, job.params)?;
                 }
             }
             for (&b, store) in active.iter().zip(&rows) {
@@ -257,10 +286,8 @@ impl Backend for Reference {
                     store[v.index()] = Some(row.output.clone());
                 }
                 // Before-loop stages see no carried adjoint: reading one is a schedule error.
-                for (k, st) in stages_at(stages, Placement::BeforeLoop) {
-                    for &v in &st.values {
-                        compute(g, plan, &mut store, job.params, v, k)?;
-                    }
+                for stage in stages_at(stages, Placement::BeforeLoop) {
+                    run_stage(g, layer, Side::Backward, stage, &mut store, job.params)?;
                 }
                 for v in g.values() {
                     if let Op::Seed(k @ 1..) = g.node(v).op {
@@ -269,11 +296,9 @@ impl Backend for Reference {
                 }
                 rows.push(store);
             }
-            for (k, st) in stages_at(stages, Placement::EachStep) {
+            for stage in stages_at(stages, Placement::EachStep) {
                 for store in rows.iter_mut() {
-                    for &v in &st.values {
-                        compute(g, plan, store, job.params, v, k)?;
-                    }
+                    run_stage(g, layer, Side::Backward, stage, store, job.params)?;
                 }
             }
             for (&b, store) in active.iter().zip(rows) {
@@ -298,10 +323,8 @@ impl Backend for Reference {
         // After the loop: products over all rows, then every row's contribution.
         let mut d_params: Vec<Vec<f32>> = job.params.iter().map(|p| vec![0.0; p.len()]).collect();
         for ((b, t), store) in all_rows.iter_mut() {
-            for (k, st) in stages_at(stages, Placement::AfterLoop) {
-                for &v in &st.values {
-                    compute(g, plan, store, job.params, v, k)?;
-                }
+            for stage in stages_at(stages, Placement::AfterLoop) {
+                run_stage(g, layer, Side::Backward, stage, store, job.params)?;
             }
             for (acc, d) in d_params.iter_mut().zip(&grad.d_params) {
                 if let Some(v) = d {

@@ -24,6 +24,7 @@ use crate::error::{Result, RuntimeError};
 use crate::model::{CompiledCell, Layer};
 use cellc::interp::Shapes;
 use cellc::ir::{Graph, Op, Type, ValueId};
+use cellc::program::ProgramKernel;
 use cellc::schedule::Placement;
 use driver::{
     constants, gemm_all_rows, gemm_step, locate, prepare_params, run_pointwise, Buffers, Frame, Loc,
@@ -120,7 +121,7 @@ impl Cpu {
                     Kernels::Interpreted => {
                         Arc::new(Interpreted::new(g.clone(), p.clone(), &st.values, &st.inputs, &st.outputs))
                     }
-                    Kernels::Jit => jit_stage(&g, &p, st)?,
+                    Kernels::Jit => jit_stage(&p, layer.kernel(side, index), st)?,
                     Kernels::Linked(linked) => Arc::new(linked.stage(cell, layer, side, index, st)?),
                 })
             }
@@ -141,16 +142,26 @@ impl Cpu {
     }
 }
 
-/// A stage compiled by the JIT.
+/// A stage's kernel plan compiled by the JIT.
 #[cfg(feature = "jit")]
-fn jit_stage(g: &Graph, p: &Shapes, st: &cellc::schedule::Stage) -> Result<Arc<dyn StageExec>> {
-    codegen::jit::compile_stage(g, p, &st.values, &st.inputs, &st.outputs)
+fn jit_stage(
+    p: &Shapes,
+    kernel: Option<&ProgramKernel>,
+    st: &cellc::schedule::Stage,
+) -> Result<Arc<dyn StageExec>> {
+    let kernel =
+        kernel.ok_or_else(|| RuntimeError::Internal("a kernel stage without a kernel plan".into()))?;
+    codegen::jit::compile_stage(p, &kernel.plan, &st.inputs, &st.outputs)
         .map(|s| Arc::new(s) as Arc<dyn StageExec>)
         .map_err(|e| RuntimeError::Backend { backend: "cpu".into(), message: e.to_string() })
 }
 
 #[cfg(not(feature = "jit"))]
-fn jit_stage(_: &Graph, _: &Shapes, _: &cellc::schedule::Stage) -> Result<Arc<dyn StageExec>> {
+fn jit_stage(
+    _: &Shapes,
+    _: Option<&ProgramKernel>,
+    _: &cellc::schedule::Stage,
+) -> Result<Arc<dyn StageExec>> {
     Err(RuntimeError::Backend {
         backend: "cpu".into(),
         message: "this build of cellc-runtime has no JIT (feature `jit`): use kernels linked by \

@@ -87,18 +87,17 @@ impl Cuda {
         if let Some(p) = cache.get(&key) {
             return Ok(p.clone());
         }
-        let (chains_fwd, chains_bwd) = cellc::cuda::chains(&cell.cell, &cell.grad);
         let (mut forward, mut backward) = (Vec::new(), Vec::new());
-        for (side, i, st) in layer.kernel_stages() {
-            let (chains, list) = match side {
-                Side::Forward => (&chains_fwd, &mut forward),
-                Side::Backward => (&chains_bwd, &mut backward),
+        for k in layer.kernels() {
+            let list = match k.side {
+                Side::Forward => &mut forward,
+                Side::Backward => &mut backward,
             };
-            let cx = cellc::cuda::Context { chains, ..Default::default() };
-            let name = layer.kernel_name(side, i);
-            let kernel = cellc::cuda::emit_stage(cell.graph(side), layer.shapes(side), st, &name, cx)
+            let (graph, shapes) = (cell.graph(k.side), layer.shapes(k.side));
+            let cx = cellc::cuda::Context::default();
+            let kernel = cellc::cuda::emit_stage(graph, shapes, k.stage(layer), &k.plan, &k.name, cx)
                 .map_err(|e| error(e.to_string()))?;
-            list.push((i, kernel));
+            list.push((k.stage, kernel));
         }
         let kernels: Vec<Kernel> = forward.iter().chain(&backward).map(|(_, k)| k.clone()).collect();
         let loaded = Arc::new(LoadedKernels { module: self.device.load(&kernels)?, forward, backward });

@@ -4,6 +4,8 @@ use super::{define_stage, isa, CodegenError};
 use crate::backend::cpu::native::{KernelFn, NativeStage};
 use cellc::interp::Shapes;
 use cellc::ir::{Graph, ValueId};
+use cellc::kernel::KernelPlan;
+use cellc::schedule::{Placement, Stage, StageKind};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, Linkage, Module};
 
@@ -15,19 +17,17 @@ struct JitCode(#[allow(dead_code)] JITModule);
 unsafe impl Send for JitCode {}
 unsafe impl Sync for JitCode {}
 
-/// Compiles `values` (a stage, in order) of `graph` at `plan`'s shapes,
-/// reading `inputs` and writing `outputs` through the row pointer table.
+/// Compiles the kernel `plan` (a stage at `shapes`, reading `inputs` and
+/// writing `outputs` through the row pointer table).
 pub fn compile_stage(
-    graph: &Graph,
-    plan: &Shapes,
-    values: &[ValueId],
+    shapes: &Shapes,
+    plan: &KernelPlan,
     inputs: &[ValueId],
     outputs: &[ValueId],
 ) -> Result<NativeStage, CodegenError> {
     let mut module = JITModule::new(JITBuilder::with_isa(isa()?, default_libcall_names()));
     let mut ctx = module.make_context();
-    let scratch =
-        define_stage(&mut ctx.func, module.target_config(), graph, plan, (values, inputs, outputs))?;
+    let scratch = define_stage(&mut ctx.func, module.target_config(), shapes, plan)?;
     let id = module
         .declare_function("stage", Linkage::Export, &ctx.func.signature)
         .map_err(|e| CodegenError(e.to_string()))?;
@@ -41,4 +41,24 @@ pub fn compile_stage(
     // SAFETY: the function computes this stage with `scratch` floats of
     // scratch (define_stage), and its module lives as long as the stage.
     Ok(unsafe { NativeStage::new(func, inputs, outputs, scratch, Some(Box::new(JitCode(module)))) })
+}
+
+/// Compiles `values` of `graph` as one pointwise stage reading `inputs`
+/// and writing `outputs`: a stage outside any program (tests, benches).
+pub fn compile_values(
+    graph: &Graph,
+    shapes: &Shapes,
+    values: &[ValueId],
+    inputs: &[ValueId],
+    outputs: &[ValueId],
+) -> Result<NativeStage, CodegenError> {
+    let stage = Stage {
+        kind: StageKind::Pointwise { reductions: false },
+        placement: Placement::EachStep,
+        values: values.to_vec(),
+        inputs: inputs.to_vec(),
+        outputs: outputs.to_vec(),
+    };
+    let plan = KernelPlan::new(graph, shapes, &stage, &[]).map_err(|e| CodegenError(e.to_string()))?;
+    compile_stage(shapes, &plan, inputs, outputs)
 }

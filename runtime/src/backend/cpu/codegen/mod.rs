@@ -39,7 +39,7 @@ pub fn compile_unary_for_test(op: UnaryOp, n: usize) -> impl Fn(&[f32]) -> Vec<f
     let plan = Shapes::new(&cell, &sizes, "t").expect("plan");
     let x = cell.values().find(|&v| matches!(cell.node(v).op, Op::Input(0))).expect("x");
     let out = cell.output;
-    let stage = jit::compile_stage(&cell, &plan, &[out], &[x], &[out]).expect("compiles");
+    let stage = jit::compile_values(&cell, &plan, &[out], &[x], &[out]).expect("compiles");
     move |xs: &[f32]| {
         let mut input = xs.to_vec();
         let mut y = vec![0.0f32; xs.len()];
@@ -81,8 +81,9 @@ mod tests {
                             (steps.graph(side), program.stages(side), program.shapes(side));
                         let g = Arc::new(graph.clone());
                         let p = Arc::new(plan.clone());
-                        for st in stages.iter().filter(|s| s.kind.is_kernel()) {
-                            let jit = jit::compile_stage(graph, plan, &st.values, &st.inputs, &st.outputs)
+                        for (i, st) in stages.iter().enumerate().filter(|(_, s)| s.kind.is_kernel()) {
+                            let kernel = program.kernel(side, i).expect("a kernel stage has a plan");
+                            let jit = jit::compile_stage(plan, &kernel.plan, &st.inputs, &st.outputs)
                                 .unwrap_or_else(|e| panic!("{} H={h}: {e}", cell.name));
                             let reference =
                                 Interpreted::new(g.clone(), p.clone(), &st.values, &st.inputs, &st.outputs);

@@ -45,21 +45,17 @@ pub fn compile_object(cell: &CompiledCell, layers: &[Layer], text: bool) -> Resu
             let text = cellc::schedule::to_text(&cell.cell, &cell.grad, &layer.schedule, &layer.sizes);
             schedules.push(ManifestSchedule { sizes: schedule_sizes, text });
         }
-        for (side, index, stage) in layer.kernel_stages() {
+        for kernel in layer.kernels() {
+            let (side, index) = (kernel.side, kernel.stage);
+            let stage = kernel.stage(layer);
             let name = aot::symbol(cell, side, index, &sizes);
             if !seen.insert(name.clone()) {
                 continue;
             }
-            let (graph, plan) = (cell.graph(side), layer.shapes(side));
             let mut ctx = module.make_context();
             ctx.set_disasm(text);
-            let scratch = define_stage(
-                &mut ctx.func,
-                module.target_config(),
-                graph,
-                plan,
-                (&stage.values, &stage.inputs, &stage.outputs),
-            )?;
+            let scratch =
+                define_stage(&mut ctx.func, module.target_config(), layer.shapes(side), &kernel.plan)?;
             if text {
                 let _ = writeln!(clif, "; {name}\n{}", ctx.func.display());
             }

@@ -17,8 +17,13 @@ use crate::autodiff::Gradient;
 use crate::dims::Bindings;
 use crate::interp::{InterpError, Shapes};
 use crate::ir::verify::VerifyError;
-use crate::ir::{Cell, Graph};
+use crate::ir::{Cell, Graph, Op, ValueId};
+use crate::kernel::{Chain, KernelPlan};
 use crate::schedule::{Schedule, Stage};
+pub use storage::Storage;
+use storage::Storages;
+
+mod storage;
 
 /// Which step of a cell: the forward step, or its derived backward step.
 /// (Serialisable: ahead-of-time manifests list each kernel's side.)
@@ -119,6 +124,28 @@ pub struct Program {
     pub backward_shapes: Shapes,
     /// The stages of both steps, and what the forward saves for the backward.
     pub schedule: Schedule,
+    /// Every generated kernel (pointwise and whole-sequence stages), forward first.
+    pub kernels: Vec<ProgramKernel>,
+    /// Where every value lives ([`Program::storage`]).
+    storage: Storages,
+}
+
+/// One generated kernel of a [`Program`]: its stage, its name (the same
+/// for every target) and its kernel plan, which every emitter prints.
+#[derive(Clone, Debug)]
+pub struct ProgramKernel {
+    pub side: Side,
+    /// The stage's index in its side's schedule.
+    pub stage: usize,
+    pub name: String,
+    pub plan: KernelPlan,
+}
+
+impl ProgramKernel {
+    /// Its schedule stage.
+    pub fn stage<'p>(&self, program: &'p Program) -> &'p Stage {
+        &program.stages(self.side)[self.stage]
+    }
 }
 
 impl Program {
@@ -131,7 +158,28 @@ impl Program {
         let sizes = bound.sizes().clone();
         let backward_shapes = Shapes::new(&backward.graph, &sizes, &forward.name)?;
         let schedule = crate::schedule::schedule(forward, backward, &sizes);
+        let (forward_chains, backward_chains) = chains(forward, backward);
+        let mut kernels = Vec::new();
+        for side in Side::BOTH {
+            let (graph, shapes, stages, chains) = match side {
+                Side::Forward => (&**forward, bound.shapes(), &schedule.forward, &forward_chains),
+                Side::Backward => (&backward.graph, &backward_shapes, &schedule.backward, &backward_chains),
+            };
+            for (stage, st) in stages.iter().enumerate().filter(|(_, st)| st.kind.is_kernel()) {
+                let plan = KernelPlan::new(graph, shapes, st, chains).map_err(|e| InterpError::Internal {
+                    message: format!("stage {stage} of the {side:?} step: {e}"),
+                })?;
+                kernels.push(ProgramKernel {
+                    side,
+                    stage,
+                    name: kernel_name(&forward.name, side, stage),
+                    plan,
+                });
+            }
+        }
+        let storage = Storages::new(forward, backward, &schedule, (bound.shapes(), &backward_shapes));
         Ok(Program {
+            storage,
             cell: forward.name.clone(),
             input_size: bound.input_size(),
             input_slices: bound.input_slices().to_vec(),
@@ -141,6 +189,7 @@ impl Program {
             forward_shapes: bound.shapes().clone(),
             backward_shapes,
             schedule,
+            kernels,
             sizes,
         })
     }
@@ -164,11 +213,33 @@ impl Program {
     /// The stages that are generated kernels, with their side and index in
     /// that side's schedule, forward first.
     pub fn kernel_stages(&self) -> Vec<(Side, usize, &Stage)> {
-        Side::BOTH
-            .into_iter()
-            .flat_map(|side| self.stages(side).iter().enumerate().map(move |(i, st)| (side, i, st)))
-            .filter(|(_, _, st)| st.kind.is_kernel())
-            .collect()
+        self.kernels.iter().map(|k| (k.side, k.stage, k.stage(self))).collect()
+    }
+
+    /// Where value `v` of `side` lives while a batch runs (`training`: the
+    /// forward keeps what the backward reads): see [`Storage`].
+    pub fn storage(&self, side: Side, v: ValueId, training: bool) -> Option<Storage> {
+        self.storage.get(side, v, training)
+    }
+
+    /// Whether the backward's work after the loop reads backward value `v`.
+    pub fn read_after_loop(&self, v: ValueId) -> bool {
+        self.storage.read_after_loop(v)
+    }
+
+    /// The forward values the backward reads from the forward's tape.
+    pub fn saved(&self) -> &[ValueId] {
+        &self.schedule.saved.saved
+    }
+
+    /// Every generated kernel, forward first.
+    pub fn kernels(&self) -> impl Iterator<Item = &ProgramKernel> {
+        self.kernels.iter()
+    }
+
+    /// The kernel of stage `stage` of `side`, if that stage is one.
+    pub fn kernel(&self, side: Side, stage: usize) -> Option<&ProgramKernel> {
+        self.kernels.iter().find(|k| k.side == side && k.stage == stage)
     }
 
     /// The name of the kernel of stage `stage` of `side`, the same for every
@@ -178,6 +249,21 @@ impl Program {
     pub fn kernel_name(&self, side: Side, stage: usize) -> String {
         kernel_name(&self.cell, side, stage)
     }
+}
+
+/// The state chains of a cell's forward and backward steps (see
+/// [`Chain`]): forward, state `k`'s leaf and the next state; backward
+/// (rows in reverse time), the seed of next state `k`'s gradient and the
+/// gradient of state `k`, which the step before reads.
+pub fn chains(cell: &Cell, grad: &Gradient) -> (Vec<Chain>, Vec<Chain>) {
+    let leaf = |g: &Graph, op: Op| g.values().find(|&v| g.node(v).op == op);
+    let forward = (0..cell.states.len())
+        .filter_map(|k| Some((leaf(cell, Op::State(k))?, *cell.next_states.get(k)?)))
+        .collect();
+    let backward = (0..cell.states.len())
+        .filter_map(|k| Some((leaf(&grad.graph, Op::Seed(k + 1))?, (*grad.d_states.get(k)?)?)))
+        .collect();
+    (forward, backward)
 }
 
 /// `<cell>_<fwd|bwd>_s<stage>`: see [`Program::kernel_name`].
