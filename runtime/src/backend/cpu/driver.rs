@@ -34,9 +34,8 @@ pub enum ReadyStage {
         placement: Placement,
         exec: Arc<dyn StageExec>,
     },
-    Sum {
-        values: Vec<ValueId>,
-    },
+    /// Vector parameters' gradients, summed over rows as the results are read.
+    Sum,
     /// Weight-gradient matrices added once after the loop: `(out, a, b)`.
     AddMatrices {
         sums: Vec<(ValueId, ValueId, ValueId)>,
@@ -49,14 +48,14 @@ impl ReadyStage {
         match self {
             ReadyStage::Gemm { products, .. } => products.iter().map(|p| p.0).collect(),
             ReadyStage::Pointwise { exec, .. } => exec.outputs().to_vec(),
-            ReadyStage::Sum { .. } | ReadyStage::AddMatrices { .. } => Vec::new(),
+            ReadyStage::Sum | ReadyStage::AddMatrices { .. } => Vec::new(),
         }
     }
 
     pub fn placement(&self) -> Placement {
         match self {
             ReadyStage::Gemm { placement, .. } | ReadyStage::Pointwise { placement, .. } => *placement,
-            ReadyStage::Sum { .. } | ReadyStage::AddMatrices { .. } => Placement::AfterLoop,
+            ReadyStage::Sum | ReadyStage::AddMatrices { .. } => Placement::AfterLoop,
         }
     }
 }
@@ -89,7 +88,7 @@ pub fn ready_stages(
                 StageKind::Pointwise { .. } | StageKind::WholeSequence { .. } => {
                     ReadyStage::Pointwise { placement: st.placement, exec: pointwise(index, st)? }
                 }
-                StageKind::SumOverSteps => ReadyStage::Sum { values: st.outputs.clone() },
+                StageKind::SumOverSteps => ReadyStage::Sum,
                 StageKind::AddMatrices => ReadyStage::AddMatrices {
                     sums: st
                         .values

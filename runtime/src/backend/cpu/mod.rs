@@ -23,15 +23,15 @@ use super::{Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, Row
 use crate::error::{Result, RuntimeError};
 use crate::model::{CompiledCell, Layer};
 use cellc::interp::Shapes;
-use cellc::ir::{Graph, Op, Type, ValueId};
-use cellc::program::ProgramKernel;
+use cellc::ir::{Graph, Op, ValueId};
+use cellc::program::{ProgramKernel, Side, Storage};
 use cellc::schedule::Placement;
 use driver::{
     constants, gemm_all_rows, gemm_step, locate, prepare_params, run_pointwise, Buffers, Frame, Loc,
     ReadyStage,
 };
 use stage::{Interpreted, StageExec};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// How pointwise stages are executed.
@@ -188,14 +188,16 @@ impl Drop for CpuTape {
     }
 }
 
-fn leaf_locations(g: &Graph, plan: &Shapes, bufs: &mut Buffers) {
+/// Places the leaves the caller provides, as the program stores them.
+fn leaf_locations(g: &Graph, layer: &Layer, side: Side, bufs: &mut Buffers) {
+    let plan = layer.shapes(side);
     for v in g.values() {
-        let loc = match g.node(v).op {
-            Op::Input(i) => Loc::Input(i),
-            Op::State(i) => Loc::State(i),
-            Op::Param(i) => Loc::Param(i),
-            Op::Seed(0) => Loc::DOutput,
-            Op::Seed(k) => Loc::Carry(k - 1),
+        let loc = match layer.storage(side, v, true) {
+            Some(Storage::Input(i)) => Loc::Input(i),
+            Some(Storage::State(i)) => Loc::State(i),
+            Some(Storage::Param(i)) => Loc::Param(i),
+            Some(Storage::OutputAdjoint) => Loc::DOutput,
+            Some(Storage::CarriedAdjoint(k)) => Loc::Carry(k),
             _ => continue,
         };
         bufs.place(v, loc, plan.elements(v));
@@ -253,11 +255,15 @@ fn forward(
     let layout_rows = job.input.data.len() / job.input.width.max(1);
     let mut bufs = Buffers::new();
     constants(g, plan, &mut bufs);
-    leaf_locations(g, plan, &mut bufs);
+    leaf_locations(g, layer, Side::Forward, &mut bufs);
+    // Layout rows, or rank rows (values kept for the backward are copied
+    // into the tape's layout rows each step, or written there directly).
     for st in &code.forward {
         for v in st.outputs() {
-            match st.placement() {
-                Placement::BeforeLoop => bufs.row_buf(v, plan.elements(v), layout_rows),
+            match (layer.storage(Side::Forward, v, job.training), st.placement()) {
+                (Some(Storage::Layout), _) | (_, Placement::BeforeLoop) => {
+                    bufs.row_buf(v, plan.elements(v), layout_rows)
+                }
                 _ => bufs.rank_buf(v, plan.elements(v), batch),
             }
         }
@@ -271,7 +277,7 @@ fn forward(
         .map(|(i, &n)| order.iter().flat_map(|&b| job.h0[i][b * n..(b + 1) * n].iter().copied()).collect())
         .collect();
     let mut finals: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&n| vec![0.0; batch * n]).collect();
-    let saved: Vec<ValueId> = layer.schedule.saved.saved.iter().copied().filter(|v| g.contains(*v)).collect();
+    let saved: Vec<ValueId> = layer.saved().iter().copied().filter(|v| g.contains(*v)).collect();
     // Saved values that only pointwise stages touch are written straight
     // into layout rows, which become the tape's; the rest are copied per row.
     let (direct, saved_ids): (Vec<ValueId>, Vec<ValueId>) = saved.iter().partition(|&&v| {
@@ -355,7 +361,7 @@ fn forward(
                 ReadyStage::Pointwise { exec, .. } => {
                     run_pointwise(exec.as_ref(), &mut bufs, &frame, &rows, threads)?
                 }
-                ReadyStage::Sum { .. } | ReadyStage::AddMatrices { .. } => {}
+                ReadyStage::Sum | ReadyStage::AddMatrices { .. } => {}
             }
         }
         // Outputs, the tape, then the new states (read last: the stages read the old ones).
@@ -690,51 +696,37 @@ fn backward(
     let layout_rows = job.input.data.len() / job.input.width.max(1);
     let mut bufs = Buffers::new();
     constants(g, plan, &mut bufs);
-    leaf_locations(g, plan, &mut bufs);
-    // Forward values the backward reads from memory.
-    let state_leaf = |i: usize| g.values().find(|&v| g.node(v).op == Op::State(i));
-    for (i, &m) in layer.state_sizes.iter().enumerate() {
-        if let Some(v) = state_leaf(i) {
-            bufs.place(v, Loc::Borrowed(tape.states_before[i].as_ptr()), m);
-        }
-        if let Some(Some(v)) = grad.primal_next_states.get(i) {
-            bufs.place(*v, Loc::Borrowed(tape.states_after[i].as_ptr()), m);
-        }
-    }
-    if let Some(v) = grad.primal_output {
-        bufs.place(v, Loc::Borrowed(tape.output.as_ptr()), layer.output_size);
-    }
-    for (v, data) in &tape.saved {
-        bufs.place(*v, Loc::Borrowed(data.as_ptr()), plan.elements(*v));
+    leaf_locations(g, layer, Side::Backward, &mut bufs);
+    // Forward values the backward reads from memory: the tape's rows.
+    for v in g.values() {
+        let (data, len) = match layer.storage(Side::Backward, v, true) {
+            Some(Storage::State(i)) => (tape.states_before[i].as_ptr(), layer.state_sizes[i]),
+            Some(Storage::NextState(i)) => (tape.states_after[i].as_ptr(), layer.state_sizes[i]),
+            Some(Storage::Output { .. }) => (tape.output.as_ptr(), layer.output_size),
+            Some(Storage::Saved) => match tape.saved.get(&v) {
+                Some(data) => (data.as_ptr(), plan.elements(v)),
+                None => return Err(RuntimeError::Internal(format!("{v} is saved but not in the tape"))),
+            },
+            _ => continue,
+        };
+        bufs.place(v, Loc::Borrowed(data), len);
     }
     // Storage for what the stages compute; per-step values that are needed
     // after the loop are also kept per row.
-    let results: HashSet<ValueId> = grad.results().into_iter().collect();
-    let mut after_reads: HashSet<ValueId> = results.clone();
-    for st in code.backward.iter().filter(|s| s.placement() == Placement::AfterLoop) {
-        match st {
-            ReadyStage::Gemm { products, .. } => after_reads.extend(products.iter().flat_map(|p| [p.2, p.3])),
-            ReadyStage::Pointwise { exec, .. } => after_reads.extend(exec.inputs().iter().copied()),
-            ReadyStage::Sum { values } => after_reads.extend(values.iter().copied()),
-            ReadyStage::AddMatrices { .. } => {}
-        }
-    }
     let mut persisted: Vec<ValueId> = Vec::new();
     for st in &code.backward {
         for v in st.outputs() {
-            match st.placement() {
-                Placement::BeforeLoop => bufs.row_buf(v, plan.elements(v), layout_rows),
-                Placement::AfterLoop => {
-                    if !matches!(g.ty(v), Type::Matrix(..)) {
-                        bufs.row_buf(v, plan.elements(v), layout_rows);
-                    }
-                }
-                Placement::EachStep => {
+            match (layer.storage(Side::Backward, v, true), st.placement()) {
+                (Some(Storage::Fixed), _) => {}
+                (_, Placement::EachStep) => {
                     bufs.rank_buf(v, plan.elements(v), batch);
-                    if after_reads.contains(&v) {
+                    // Kept per row too when the work after the loop reads it
+                    // (the program's `Steps` values, and the state adjoints).
+                    if layer.read_after_loop(v) {
                         persisted.push(v);
                     }
                 }
+                _ => bufs.row_buf(v, plan.elements(v), layout_rows),
             }
         }
     }
@@ -742,8 +734,8 @@ fn backward(
     // parameter whose gradient is `d_h'` itself) are kept per row too.
     let seeds_after: Vec<(ValueId, usize)> = g
         .values()
-        .filter_map(|v| match g.node(v).op {
-            Op::Seed(k) if k > 0 && after_reads.contains(&v) => Some((v, k - 1)),
+        .filter_map(|v| match layer.storage(Side::Backward, v, true) {
+            Some(Storage::CarriedAdjoint(i)) if layer.read_after_loop(v) => Some((v, i)),
             _ => None,
         })
         .collect();
@@ -815,7 +807,7 @@ fn backward(
                     ReadyStage::Pointwise { exec, .. } => {
                         run_pointwise(exec.as_ref(), &mut bufs, &frame, &rows, threads)?
                     }
-                    ReadyStage::Sum { .. } | ReadyStage::AddMatrices { .. } => {}
+                    ReadyStage::Sum | ReadyStage::AddMatrices { .. } => {}
                 }
             }
             for &(b, t, r) in &rows {
@@ -931,7 +923,7 @@ fn run_all_rows(
             ReadyStage::Pointwise { exec, .. } => {
                 run_pointwise(exec.as_ref(), bufs, frame, all.rows, all.threads)?
             }
-            ReadyStage::Sum { .. } => {}
+            ReadyStage::Sum => {}
             ReadyStage::AddMatrices { sums } => {
                 for &(out, a, b) in sums {
                     let missing = |v: ValueId| RuntimeError::Internal(format!("matrix {v} is not computed"));

@@ -19,9 +19,9 @@ use super::storage::{error, Home, LayerRun};
 use crate::backend::{BackwardJob, BackwardResult, RowsMut};
 use crate::error::Result;
 use cellc::cuda::Kernel;
-use cellc::ir::{Graph, Op, Type, ValueId};
-use cellc::schedule::{Placement, StageKind};
-use std::collections::HashSet;
+use cellc::ir::{Graph, Type, ValueId};
+use cellc::program::{Side, Storage};
+use cellc::schedule::Placement;
 
 /// Runs the backward of `job` on `device` with `module` (holding `kernels`).
 pub fn backward(
@@ -49,22 +49,17 @@ pub fn backward(
     for (&v, &home) in &tape.kept.homes {
         pass.place(v, home);
     }
+    let storage = |v: ValueId| layer.storage(Side::Backward, v, true);
     for v in g.values() {
-        match g.node(v).op {
-            Op::Param(i) => {
+        match storage(v) {
+            Some(Storage::Param(i)) => {
                 pass.place(v, Home::Fixed(*tape.params.get(i).ok_or_else(|| error("no parameter"))?))
             }
-            Op::State(i) => pass.place(v, tape.states[i]),
+            Some(Storage::State(i)) => pass.place(v, tape.states[i]),
+            Some(Storage::NextState(i)) => pass.place(v, tape.states[i].next_slot(batch)),
+            Some(Storage::Output { .. }) => pass.place(v, tape.output),
             _ => {}
         }
-    }
-    for (next, history) in grad.primal_next_states.iter().zip(&tape.states) {
-        if let Some(v) = next {
-            pass.place(*v, history.next_slot(batch));
-        }
-    }
-    if let Some(v) = grad.primal_output {
-        pass.place(v, tape.output);
     }
     // The output's adjoint, and the carried adjoints of the states (each
     // sequence's final-state adjoint in the slot after its last step).
@@ -77,36 +72,28 @@ pub fn backward(
         let carry = pass.history(job.d_final[i], m, |b| lengths[b])?;
         carries.push(carry);
         if let Some(v) = grad.d_states[i] {
-            if pass.has_home(v) {
+            if storage(v) != Some(Storage::StateAdjoint(i)) {
                 return Err(error(format!("the adjoint of state {i} is not computed by a stage of its own")));
             }
             pass.place(v, carry);
         }
     }
     for v in g.values() {
-        match g.node(v).op {
-            Op::Seed(0) => pass.place(v, d_output),
-            Op::Seed(k) => pass.place(v, carries[k - 1].next_slot(batch)),
+        match storage(v) {
+            Some(Storage::OutputAdjoint) => pass.place(v, d_output),
+            Some(Storage::CarriedAdjoint(k)) => pass.place(v, carries[k].next_slot(batch)),
             _ => {}
         }
     }
     // Per-step values read after the loop are kept for every step.
-    let mut after_reads: HashSet<ValueId> = grad.results().into_iter().collect();
-    for st in stages.iter().filter(|s| s.placement == Placement::AfterLoop) {
-        after_reads.extend(st.inputs.iter().copied());
-        if st.kind == StageKind::SumOverSteps {
-            after_reads.extend(st.outputs.iter().copied());
-        }
-    }
     for st in stages.iter().filter(|s| s.placement == Placement::EachStep) {
         for &v in &st.outputs {
             if !pass.has_home(v) {
                 let len = plan.elements(v);
-                if after_reads.contains(&v) {
-                    pass.place_steps(v, len)?;
-                } else {
-                    pass.place_rank(v, len)?;
-                }
+                match storage(v) {
+                    Some(Storage::Steps) => pass.place_steps(v, len)?,
+                    _ => pass.place_rank(v, len)?,
+                };
             }
         }
     }

@@ -18,8 +18,9 @@ use super::storage::{error, Home, Kept, LayerRun};
 use crate::backend::{ForwardJob, ForwardResult, RowsMut, Tape};
 use crate::error::Result;
 use cellc::cuda::Kernel;
-use cellc::ir::{Graph, Op, ValueId};
-use cellc::schedule::{Placement, StageKind};
+use cellc::ir::{Graph, ValueId};
+use cellc::program::{Side, Storage};
+use cellc::schedule::Placement;
 
 /// What a training forward leaves on the device for the backward.
 #[derive(Debug)]
@@ -58,11 +59,12 @@ pub fn forward(
     let input = Home::Layout { base: pass.upload(job.input.data)?, width: job.input.width };
     pass.place_input_and_constants(g, plan, input, &layer.input_slices)?;
     let params: Vec<u64> = job.params.iter().map(|p| pass.upload(p)).collect::<Result<_>>()?;
+    let storage = |v: ValueId| layer.storage(Side::Forward, v, job.training);
     let mut states = Vec::new();
     for (i, &m) in layer.state_sizes.iter().enumerate() {
         let history = pass.history(job.h0[i], m, |_| 0)?;
         states.push(history);
-        if pass.has_home(cell.next_states[i]) {
+        if storage(cell.next_states[i]) != Some(Storage::NextState(i)) {
             return Err(error(format!(
                 "next state {i} of `{}` is not computed by a stage of its own",
                 cell.name
@@ -71,38 +73,34 @@ pub fn forward(
         pass.place(cell.next_states[i], history.next_slot(batch));
     }
     for v in g.values() {
-        match g.node(v).op {
-            Op::Param(i) => pass.place(v, Home::Fixed(params[i])),
-            Op::State(i) => pass.place(v, states[i]),
+        match storage(v) {
+            Some(Storage::Param(i)) => pass.place(v, Home::Fixed(params[i])),
+            Some(Storage::State(i)) => pass.place(v, states[i]),
             _ => {}
         }
     }
-    if !pass.has_home(cell.output) {
-        // A per-step product writes, and reads, a step's rows contiguously
-        // (rank order); a kernel or a product over all rows alone can use
-        // the caller's layout.
-        let by_step_product = stages.iter().any(|st| {
-            st.placement == Placement::EachStep
-                && st.kind == StageKind::Gemm
-                && (st.values.contains(&cell.output) || st.inputs.contains(&cell.output))
-        });
-        if by_step_product {
+    // A per-step product reads and writes a step's rows contiguously (rank
+    // order); otherwise the kernels write the caller's layout directly.
+    match storage(cell.output) {
+        Some(Storage::Output { rank_order: true }) => {
             pass.place_steps(cell.output, layer.output_size)?;
-        } else {
+        }
+        Some(Storage::Output { rank_order: false }) => {
             pass.place_layout(cell.output, layer.output_size)?;
         }
+        _ => {}
     }
-    let saved = &layer.schedule.saved.saved;
     for st in stages {
         for &v in &st.outputs {
             if pass.has_home(v) {
                 continue;
             }
             let len = plan.elements(v);
-            match st.placement {
-                Placement::BeforeLoop => pass.place_layout(v, len)?,
-                _ if job.training && saved.contains(&v) => pass.place_steps(v, len)?,
-                _ => pass.place_rank(v, len)?,
+            match storage(v) {
+                Some(Storage::Layout) => pass.place_layout(v, len)?,
+                Some(Storage::Steps) => pass.place_steps(v, len)?,
+                Some(Storage::Rank) => pass.place_rank(v, len)?,
+                other => return Err(error(format!("stage output {v} stored as {other:?}"))),
             };
         }
     }
@@ -135,7 +133,7 @@ pub fn forward(
         .collect::<Result<_>>()?;
     let tape = if job.training {
         let keep: Vec<ValueId> =
-            saved.iter().copied().filter(|v| g.contains(*v) && pass.has_home(*v)).collect();
+            layer.saved().iter().copied().filter(|v| g.contains(*v) && pass.has_home(*v)).collect();
         let kept = pass.keep(keep)?;
         Some(Tape(Box::new(CudaTape {
             device: device.name(),
