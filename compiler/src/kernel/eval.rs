@@ -125,3 +125,81 @@ impl<'a> RowEvaluator<'a> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::program::{Program, Side, Steps};
+
+    fn program(name: &str) -> (Steps, Program) {
+        crate::program::shipped(name, |s| if s == "I" { 3 } else { 5 })
+    }
+
+    /// Every kernel of a LayerNorm-LSTM, run by its plan, equals the
+    /// interpreter run over the stage's values.
+    #[test]
+    fn plans_compute_what_the_interpreter_does() {
+        let (steps, p) = program("layernorm_lstm");
+        for k in p.kernels() {
+            let (graph, shapes, stage) = (steps.graph(k.side), p.shapes(k.side), k.stage(&p));
+            let inputs: Vec<Vec<f32>> = stage
+                .inputs
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    (0..shapes.elements(v)).map(|j| 0.5 + 0.1 * ((i * 7 + j) % 5) as f32).collect()
+                })
+                .collect();
+            // Constants among the inputs hold their values, as the runtime passes them.
+            let constants: std::collections::HashMap<_, _> =
+                shapes.constant_values::<f32>(graph).into_iter().collect();
+            let inputs: Vec<Vec<f32>> = stage
+                .inputs
+                .iter()
+                .zip(inputs)
+                .map(|(v, x)| constants.get(v).cloned().unwrap_or(x))
+                .collect();
+            let mut all: Vec<Option<Vec<f32>>> = vec![None; graph.value_bound()];
+            for (v, x) in &constants {
+                all[v.index()] = Some(x.clone());
+            }
+            for (&v, x) in stage.inputs.iter().zip(&inputs) {
+                all[v.index()] = Some(x.clone());
+            }
+            for &v in &stage.values {
+                let args: Vec<&[f32]> =
+                    graph.operands(v).iter().map(|o| all[o.index()].as_deref().expect("computed")).collect();
+                all[v.index()] = Some(shapes.compute(graph, v, &args));
+            }
+            let slices: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+            let got = RowEvaluator::new(&k.plan, graph, shapes).row(&slices).expect("runs");
+            for (out, g) in stage.outputs.iter().zip(got) {
+                assert_eq!(Some(g), all[out.index()].clone(), "{} output {out}", k.name);
+            }
+        }
+    }
+
+    /// A plan that reads a value its loop kept in registers fails by name.
+    #[test]
+    fn a_value_left_in_registers_cannot_be_read_later() {
+        let (steps, p) = program("lstm");
+        let k = p.kernels().find(|k| k.side == Side::Forward).expect("a forward kernel");
+        let mut plan = k.plan.clone();
+        let dropped = plan
+            .items
+            .iter()
+            .find_map(|i| match i {
+                Item::Fused(l) => l.members.iter().find(|m| !m.stored).map(|m| m.value),
+                _ => None,
+            })
+            .expect("a member kept in registers");
+        plan.items.push(Item::Broadcast { value: dropped, src: dropped });
+        let shapes = p.shapes(Side::Forward);
+        let inputs: Vec<Vec<f32>> =
+            k.stage(&p).inputs.iter().map(|&v| vec![0.5; shapes.elements(v)]).collect();
+        let slices: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+        let err =
+            RowEvaluator::new(&plan, &steps.forward, shapes).row(&slices).expect_err("reads a register");
+        assert!(err.to_string().contains(&format!("reads {dropped}")), "{err}");
+    }
+}

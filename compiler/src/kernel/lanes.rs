@@ -184,3 +184,39 @@ impl Walk<'_> {
         Some(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::program::{Program, Side};
+
+    fn program(name: &str, h: usize) -> Program {
+        crate::program::shipped(name, |s| if s == "I" { 3 } else { h }).1
+    }
+
+    #[test]
+    fn gates_split_into_units_take_the_lane_form() {
+        let p = program("lstm", 8);
+        let fwd = p.kernels().find(|k| k.side == Side::Forward).expect("a forward kernel");
+        let lanes = fwd.plan.lanes.as_ref().expect("lanes");
+        assert_eq!(lanes.units, 8);
+        assert!(lanes.chained.is_empty(), "a per-row stage chains nothing");
+    }
+
+    #[test]
+    fn a_row_reduction_takes_the_block_form() {
+        let p = program("layernorm_lstm", 8);
+        let fwd = p.kernels().find(|k| k.side == Side::Forward).expect("a forward kernel");
+        assert!(fwd.plan.lanes.is_none());
+    }
+
+    #[test]
+    fn an_elementwise_recurrence_carries_its_state_in_a_register() {
+        let p = program("sru", 8);
+        let fwd = p.kernels().find(|k| k.side == Side::Forward).expect("a forward kernel");
+        assert!(fwd.plan.whole_sequence);
+        let lanes = fwd.plan.lanes.as_ref().expect("lanes");
+        assert_eq!(lanes.chained.len(), 1, "c is carried");
+        let c = lanes.chained[0];
+        assert!(c.input < fwd.plan.input_count && c.output < fwd.plan.outputs.len());
+    }
+}

@@ -270,3 +270,15 @@ pub fn chains(cell: &Cell, grad: &Gradient) -> (Vec<Chain>, Vec<Chain>) {
 pub fn kernel_name(cell: &str, side: Side, stage: usize) -> String {
     format!("{cell}_{}", side.stage_suffix(stage))
 }
+
+/// A shipped cell (`cells/<name>.cell`) compiled, at each size `size_of` gives.
+#[cfg(test)]
+pub(crate) fn shipped(name: &str, size_of: impl Fn(&str) -> usize) -> (Steps, Program) {
+    let path = format!("{}/../cells/{name}.cell", env!("CARGO_MANIFEST_DIR"));
+    let src = std::fs::read_to_string(path).expect("shipped cell");
+    let module = crate::compile(&format!("{name}.cell"), &src).module.expect("compiles");
+    let steps = Steps::compile(&module.cells[0]).expect("verifies");
+    let sizes = module.cells[0].sizes.iter().map(|s| (s.clone(), size_of(s))).collect();
+    let program = steps.program(&sizes).expect("sizes");
+    (steps, program)
+}

@@ -190,3 +190,68 @@ impl<'a> Classes<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::program::{Program, Steps};
+    use crate::schedule::Placement;
+
+    fn lstm() -> (Steps, Program) {
+        crate::program::shipped("lstm", |s| if s == "I" { 3 } else { 4 })
+    }
+
+    #[test]
+    fn an_lstm_keeps_its_gates_per_step_only_when_training() {
+        let (steps, p) = lstm();
+        let cell = &steps.forward;
+        // h' is both the output and next state 0: the next state decides.
+        assert_eq!(p.storage(Side::Forward, cell.output, true), Some(Storage::NextState(0)));
+        assert_eq!(p.storage(Side::Forward, cell.next_states[1], true), Some(Storage::NextState(1)));
+        let per_step_saved: Vec<ValueId> = p
+            .schedule
+            .forward
+            .iter()
+            .filter(|st| st.placement == Placement::EachStep)
+            .flat_map(|st| st.outputs.iter().copied())
+            .filter(|v| p.saved().contains(v))
+            .collect();
+        assert!(!per_step_saved.is_empty());
+        for v in per_step_saved {
+            assert_eq!(p.storage(Side::Forward, v, true), Some(Storage::Steps), "{v}");
+            assert_eq!(p.storage(Side::Forward, v, false), Some(Storage::Rank), "{v}");
+        }
+        // The hoisted input product: one row per row of the layout.
+        let hoisted =
+            p.schedule.forward.iter().find(|st| st.placement == Placement::BeforeLoop).expect("hoisted");
+        assert_eq!(p.storage(Side::Forward, hoisted.outputs[0], false), Some(Storage::Layout));
+    }
+
+    #[test]
+    fn an_lstm_backward_keeps_what_the_weight_gradients_read() {
+        let (steps, p) = lstm();
+        let grad = &steps.backward;
+        for (i, d) in grad.d_states.iter().enumerate() {
+            let d = d.expect("a state adjoint");
+            assert_eq!(p.storage(Side::Backward, d, true), Some(Storage::StateAdjoint(i)));
+        }
+        // weight_hh's gradient: one matrix after the loop, from the per-step gate adjoints.
+        let d_w = grad.d_params[1].expect("d weight_hh");
+        assert_eq!(p.storage(Side::Backward, d_w, true), Some(Storage::Fixed));
+        let kept: Vec<ValueId> = p
+            .schedule
+            .backward
+            .iter()
+            .filter(|st| st.placement == Placement::EachStep)
+            .flat_map(|st| st.outputs.iter().copied())
+            .filter(|&v| p.storage(Side::Backward, v, true) == Some(Storage::Steps))
+            .collect();
+        assert!(!kept.is_empty(), "the gate adjoints are read after the loop");
+        assert!(kept.iter().all(|&v| p.read_after_loop(v)));
+        for &v in p.saved() {
+            if steps.backward.graph.contains(v) {
+                assert_eq!(p.storage(Side::Backward, v, true), Some(Storage::Saved), "{v}");
+            }
+        }
+    }
+}
