@@ -58,10 +58,15 @@ fn pointwise(c: &mut Criterion) {
         let layer = &model.layers()[0];
         let compiled = model.compiled();
         let sides = [
-            ("forward", Arc::new((*compiled.cell).clone()), &layer.schedule.forward, &layer.forward_shapes),
+            (
+                "forward",
+                Arc::new((*compiled.forward).clone()),
+                &layer.schedule.forward,
+                &layer.forward_shapes,
+            ),
             (
                 "backward",
-                Arc::new(compiled.grad.graph.clone()),
+                Arc::new(compiled.backward.graph.clone()),
                 &layer.schedule.backward,
                 &layer.backward_shapes,
             ),

@@ -20,7 +20,7 @@ fn model(cell: &str, h: usize) -> Model {
     let compiled = Arc::new(CompiledCell::from_file(&path, None).expect("cell compiles"));
     let sizes = [("H".to_string(), h), ("I".to_string(), h)]
         .into_iter()
-        .filter(|(k, _)| compiled.cell.sizes.contains(k))
+        .filter(|(k, _)| compiled.forward.sizes.contains(k))
         .collect();
     let config = ModelConfig { layers: 1, bidirectional: false };
     let cpu = Cpu::new(0, Kernels::Jit).expect("cpu back end");

@@ -249,7 +249,7 @@ fn train_and_save(
     );
 
     let out = args.out.clone().unwrap_or_else(paths::default_output_dir);
-    let name = &lm.rnn.compiled().cell.name;
+    let name = &lm.rnn.compiled().forward.name;
     let weights = out.join(format!("charlm-{name}.safetensors"));
     let metadata: Metadata = [
         ("trained_on", shown(data)),

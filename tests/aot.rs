@@ -24,7 +24,7 @@ const STEPS: usize = 6;
 fn linked_kernels_equal_the_jit_bit_for_bit_on_every_cell() {
     let cells = support::compiled_cells();
     for c in &cells {
-        let kernels = linked::kernels(&c.cell.name).expect("built by build.rs");
+        let kernels = linked::kernels(&c.forward.name).expect("built by build.rs");
         let cpu = |k: Kernels| {
             move || Box::new(Cpu::new(2, k).expect("cpu")) as Box<dyn cellc_runtime::backend::Backend>
         };
@@ -46,11 +46,11 @@ fn linked_kernels_equal_the_jit_bit_for_bit_on_every_cell() {
             };
             let (want, want_trace) = jit.forward_train(input, None).expect("jit forward");
             let (got, got_trace) =
-                aot.forward_train(input, None).unwrap_or_else(|e| panic!("{}: {e}", c.cell.name));
-            assert_eq!(got, want, "{} {major:?} {align:?}: forward", c.cell.name);
+                aot.forward_train(input, None).unwrap_or_else(|e| panic!("{}: {e}", c.forward.name));
+            assert_eq!(got, want, "{} {major:?} {align:?}: forward", c.forward.name);
             let want = jit.backward(&want_trace, &dy, None).expect("jit backward");
             let got = aot.backward(&got_trace, &dy, None).expect("linked backward");
-            assert_eq!(got, want, "{} {major:?} {align:?}: backward", c.cell.name);
+            assert_eq!(got, want, "{} {major:?} {align:?}: backward", c.forward.name);
         }
     }
     assert_eq!(cells.len(), 14);
@@ -98,7 +98,7 @@ fn typed_bindings_drive_the_linked_kernels() {
 /// A table built for other sizes is refused with a message that says what to do.
 #[test]
 fn kernels_for_other_sizes_are_a_typed_error() {
-    let c = support::compiled_cells().into_iter().find(|c| c.cell.name == "lstm").expect("lstm");
+    let c = support::compiled_cells().into_iter().find(|c| c.forward.name == "lstm").expect("lstm");
     let kernels = linked::kernels("lstm").expect("lstm kernels");
     let sizes = support::cell_sizes(&c, 8, 3);
     let model = cellc_runtime::Model::new(

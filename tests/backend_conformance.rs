@@ -43,7 +43,7 @@ fn build(
 /// the interpreter's own op semantics. Against an f64 oracle both stay
 /// within 2e-5 (`runtime_oracle.rs`).
 fn tolerance(cell: &CompiledCell) -> f32 {
-    let g = &cell.cell;
+    let g = &cell.forward;
     if g.values().any(|v| matches!(g.node(v).op, Op::Reduce(_))) {
         2e-3
     } else {
@@ -87,7 +87,7 @@ proptest! {
         let input = Input::Padded { data: &x, batch: b, steps: t, major, align, lengths: &lengths };
         let (o1, tr1) = cpu.forward_train(input, None).expect("cpu forward");
         let (o2, tr2) = reference.forward_train(input, None).expect("reference forward");
-        let name = &c.cell.name;
+        let name = &c.forward.name;
         let tol = tolerance(c);
         close(&format!("{name} output"), &o1.data, &o2.data, tol)?;
         for (a, r) in o1.final_states.iter().zip(&o2.final_states) {
@@ -113,7 +113,7 @@ proptest! {
 #[test]
 fn large_batches_split_across_threads_identically() {
     // Enough rows and columns that pointwise stages and per-step GEMMs split.
-    let c = cells().iter().find(|c| c.cell.name == "lstm").expect("lstm").clone();
+    let c = cells().iter().find(|c| c.forward.name == "lstm").expect("lstm").clone();
     let config = ModelConfig { layers: 1, bidirectional: false };
     let one =
         build(&c, 96, 32, &config, Box::new(Cpu::new(1, Kernels::default()).expect("cpu"))).expect("model");

@@ -33,7 +33,7 @@ fn model(
     backend: Box<dyn Backend>,
 ) -> Model {
     let sizes = sizes.iter().map(|(k, v)| (k.to_string(), *v)).collect();
-    let layers = if cell.cell.input_dim() == cell.cell.states[0].dim { 1 } else { 2 };
+    let layers = if cell.forward.input_dim() == cell.forward.states[0].dim { 1 } else { 2 };
     let config = ModelConfig { layers, bidirectional: true };
     Model::new(cell.clone(), config, &sizes, Some(input), None, 3, backend).expect("model")
 }

@@ -42,7 +42,7 @@ fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 
 /// See `backend_conformance.rs`: row reductions amplify summation-order differences.
 fn training_tolerance(cell: &CompiledCell) -> f32 {
-    let g = &cell.cell;
+    let g = &cell.forward;
     if g.values().any(|v| matches!(g.node(v).op, Op::Reduce(_))) {
         2e-3
     } else {
@@ -135,8 +135,8 @@ fn inference_matches_the_reference(cuda: Arc<Cuda>) {
         let packed = packed(&x, reference.input_size());
         for (layout, input) in inputs(&x, &packed) {
             let want = reference.forward(input, None).expect("reference");
-            let got = on_cuda.forward(input, None).unwrap_or_else(|e| panic!("{}: {e}", c.cell.name));
-            let what = format!("{} {layout}", c.cell.name);
+            let got = on_cuda.forward(input, None).unwrap_or_else(|e| panic!("{}: {e}", c.forward.name));
+            let what = format!("{} {layout}", c.forward.name);
             close(&format!("{what} output"), &got.data, &want.data, 2e-5);
             for (g, w) in got.final_states.iter().zip(&want.final_states) {
                 close(&format!("{what} final"), g, w, 2e-5);
@@ -175,7 +175,7 @@ fn training_matches_the_reference(cuda: Arc<Cuda>) {
             })
             .collect();
         for (layout, input) in inputs(&x, &packed) {
-            let what = format!("{} {layout}", c.cell.name);
+            let what = format!("{} {layout}", c.forward.name);
             let (want, want_trace) = reference.forward_train(input, None).expect("reference");
             let (got, got_trace) =
                 on_cuda.forward_train(input, None).unwrap_or_else(|e| panic!("{what}: forward: {e}"));
@@ -216,7 +216,7 @@ fn training_matches_the_reference(cuda: Arc<Cuda>) {
 fn graphs_replay(device: impl Fn() -> Cuda) {
     let cells = support::compiled_cells();
     for name in ["lstm", "sru"] {
-        let c = cells.iter().find(|c| c.cell.name == name).expect("shipped cell");
+        let c = cells.iter().find(|c| c.forward.name == name).expect("shipped cell");
         let plain = Arc::new(device());
         let graphs = Arc::new(device().with_graphs(true));
         let (_, without, x) = models(c, &plain);

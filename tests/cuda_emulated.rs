@@ -131,10 +131,10 @@ fn kernels_take_the_lane_form_unless_they_reduce_a_row() {
             .expect("compiles");
         let sizes = [("H".to_string(), 37), ("I".to_string(), 5)]
             .into_iter()
-            .filter(|(k, _)| c.cell.sizes.contains(k))
+            .filter(|(k, _)| c.forward.sizes.contains(k))
             .collect();
-        let kernels =
-            cuda::emit_cell(&c.cell, &c.grad, &c.program(&sizes).expect("sizes"), None).expect("emits");
+        let kernels = cuda::emit_cell(&c.forward, &c.backward, &c.program(&sizes).expect("sizes"), None)
+            .expect("emits");
         assert!(!kernels.is_empty());
         // The step's kernel (the first) has a thread per hidden unit; others
         // (e.g. summing two input gradients, [I]) a thread per element.
@@ -148,7 +148,8 @@ fn kernels_take_the_lane_form_unless_they_reduce_a_row() {
     let c =
         CompiledCell::from_file(&support::root().join("cells/layernorm_lstm.cell"), None).expect("compiles");
     let sizes = [("H".to_string(), 37), ("I".to_string(), 5)].into_iter().collect();
-    let kernels = cuda::emit_cell(&c.cell, &c.grad, &c.program(&sizes).expect("sizes"), None).expect("emits");
+    let kernels =
+        cuda::emit_cell(&c.forward, &c.backward, &c.program(&sizes).expect("sizes"), None).expect("emits");
     let fwd = kernels.iter().find(|k| k.name.contains("_fwd_")).expect("a forward kernel");
     assert_eq!(fwd.units, 0, "{}: a row reduction needs the block form", fwd.name);
     assert!(fwd.source.contains("cellc_block_sum"), "{}", fwd.name);
@@ -161,7 +162,7 @@ fn every_kernel_of_every_shipped_cell_matches_the_interpreter() {
     let (mut kernels_checked, mut runs, mut lane) = (0, 0, 0);
     for path in support::shipped_cells().iter().filter(|p| p.file_stem().is_some_and(|s| s != "prelude")) {
         let c = Arc::new(CompiledCell::from_file(path, None).expect("compiles"));
-        let cell = c.cell.name.clone();
+        let cell = c.forward.name.clone();
         let at_sizes: Vec<_> = SIZES.iter().map(|&(h, i)| (h, emu::sides(&c, h, i))).collect();
         // Every kernel of the cell at every size, in one library.
         let mut cases = Vec::new();

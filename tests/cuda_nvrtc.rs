@@ -26,9 +26,9 @@ const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
 fn kernels(c: &CompiledCell, h: usize) -> Vec<Kernel> {
     let sizes = [("H".to_string(), h), ("P".to_string(), h / 2), ("I".to_string(), h)]
         .into_iter()
-        .filter(|(k, _)| c.cell.sizes.contains(k))
+        .filter(|(k, _)| c.forward.sizes.contains(k))
         .collect();
-    cuda::emit_cell(&c.cell, &c.grad, &c.program(&sizes).expect("sizes"), None).expect("emits")
+    cuda::emit_cell(&c.forward, &c.backward, &c.program(&sizes).expect("sizes"), None).expect("emits")
 }
 
 #[test]
@@ -62,7 +62,7 @@ fn every_kernel_compiles_for_sm80_and_sm90_without_spills() {
         let source = cuda::translation_unit(&ks);
         if let (Some(dir), 256) = (std::env::var_os("CELLC_CUDA_DUMP"), h) {
             // For looking at what NVRTC was given.
-            std::fs::write(std::path::Path::new(&dir).join(format!("{}.cu", c.cell.name)), &source)
+            std::fs::write(std::path::Path::new(&dir).join(format!("{}.cu", c.forward.name)), &source)
                 .expect("dump");
         }
         for arch in ARCHS {
@@ -73,9 +73,9 @@ fn every_kernel_compiles_for_sm80_and_sm90_without_spills() {
                 "--ptxas-options=--warn-on-spills".into(),
                 "--ptxas-options=--warning-as-error".into(),
             ]);
-            let out = nvrtc::compile(&source, &format!("{}.cu", c.cell.name), &options)
-                .unwrap_or_else(|e| panic!("{}: {e}", c.cell.name));
-            assert!(!out.cubin.is_empty(), "{} {arch}: no SASS", c.cell.name);
+            let out = nvrtc::compile(&source, &format!("{}.cu", c.forward.name), &options)
+                .unwrap_or_else(|e| panic!("{}: {e}", c.forward.name));
+            assert!(!out.cubin.is_empty(), "{} {arch}: no SASS", c.forward.name);
             let usage = nvrtc::usage(&out.log);
             for k in &ks {
                 let u = usage
@@ -86,7 +86,7 @@ fn every_kernel_compiles_for_sm80_and_sm90_without_spills() {
                 if h == 256 {
                     support::report(&format!(
                         "{:<16} {:<28} {:<6} {:>9} {:>11}  {form}",
-                        c.cell.name, k.name, arch, u.registers, u.shared_bytes
+                        c.forward.name, k.name, arch, u.registers, u.shared_bytes
                     ));
                 }
                 assert_eq!((u.spill_stores, u.spill_loads), (0, 0), "{} (H={h}) spills on {arch}", k.name);

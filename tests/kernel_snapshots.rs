@@ -18,7 +18,7 @@ const CELLS: [&str; 6] = ["lstm", "gru", "layernorm_lstm", "sru", "mingru", "lst
 fn sizes(c: &CompiledCell) -> cellc::dims::Bindings {
     [("H", 4), ("I", 3), ("P", 2)]
         .into_iter()
-        .filter(|(k, _)| c.cell.sizes.iter().any(|s| s == k))
+        .filter(|(k, _)| c.forward.sizes.iter().any(|s| s == k))
         .map(|(k, v)| (k.to_string(), v))
         .collect()
 }
@@ -39,7 +39,7 @@ fn generated_kernels_match_their_golden_files() {
             plans.push('\n');
         }
         failures.extend(support::snapshot(&dir.join(format!("{name}.plan")), &plans));
-        let kernels = cellc::cuda::emit_cell(&c.cell, &c.grad, &program, None).expect("emits");
+        let kernels = cellc::cuda::emit_cell(&c.forward, &c.backward, &program, None).expect("emits");
         let cuda: String = kernels.iter().map(|k| format!("{}\n", k.source)).collect();
         failures.extend(support::snapshot(&dir.join(format!("{name}.cu")), &cuda));
         let built = compile_model(&c, &ModelConfig::default(), &sizes, true).expect("compiles for the CPU");

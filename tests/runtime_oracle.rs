@@ -112,7 +112,7 @@ fn conformance(backend: &dyn Fn() -> Box<dyn Backend>) {
                 }
             }
             let input = Input::Padded { data: &x, batch, steps: STEPS, major, align, lengths: &LENGTHS };
-            let name = format!("{} {major:?} {align:?}", m.compiled().cell.name);
+            let name = format!("{} {major:?} {align:?}", m.compiled().forward.name);
             let (out, trace) =
                 m.forward_train(input, Some(&case.h0)).unwrap_or_else(|e| panic!("{name}: forward: {e}"));
             let grads = m
@@ -186,7 +186,7 @@ fn conformance(backend: &dyn Fn() -> Box<dyn Backend>) {
         }
         covered.push(format!(
             "{} ({} layers, {})",
-            m.compiled().cell.name,
+            m.compiled().forward.name,
             m.layers().len(),
             if m.directions() == 2 { "bidirectional" } else { "one direction" }
         ));

@@ -56,7 +56,7 @@ fn run(kind: &str, backend: &dyn Fn() -> Box<dyn Backend>, report: &mut Vec<Stri
     let cell = Arc::new(
         CompiledCell::from_file(&support::root().join(format!("cells/{kind}.cell")), None).expect("compiles"),
     );
-    let states: Vec<String> = cell.cell.states.iter().map(|s| s.name.clone()).collect();
+    let states: Vec<String> = cell.forward.states.iter().map(|s| s.name.clone()).collect();
     let weights = Weights::load(&dir().join(format!("{kind}_weights.safetensors"))).expect("weights");
     let config = ModelConfig { layers: 2, bidirectional: true };
     for align in [Align::Left, Align::Right] {

@@ -85,7 +85,7 @@ pub fn compile_shipped(path: &Path) -> cellc::Module {
 pub fn cell_sizes(cell: &cellc_runtime::CompiledCell, h: usize, p: usize) -> cellc::dims::Bindings {
     [("H".to_string(), h), ("P".to_string(), p)]
         .into_iter()
-        .filter(|(k, _)| cell.cell.sizes.contains(k))
+        .filter(|(k, _)| cell.forward.sizes.contains(k))
         .collect()
 }
 
@@ -101,11 +101,11 @@ pub fn try_model(
     backend: Box<dyn cellc_runtime::backend::Backend>,
 ) -> Option<cellc_runtime::Model> {
     let sizes = cell_sizes(cell, h, p);
-    let input = if cell.cell.input_dim().variables() == ["H"] { h } else { i };
+    let input = if cell.forward.input_dim().variables() == ["H"] { h } else { i };
     match cellc_runtime::Model::new(cell.clone(), config.clone(), &sizes, Some(input), None, seed, backend) {
         Ok(m) => Some(m),
         Err(cellc_runtime::RuntimeError::Layer { .. }) => None,
-        Err(e) => panic!("{}: {e}", cell.cell.name),
+        Err(e) => panic!("{}: {e}", cell.forward.name),
     }
 }
 
@@ -119,7 +119,7 @@ pub fn two_layer_model(
     let config = |bidirectional| cellc_runtime::ModelConfig { layers: 2, bidirectional };
     try_model(cell, sizes, &config(true), seed, backend())
         .or_else(|| try_model(cell, sizes, &config(false), seed, backend()))
-        .unwrap_or_else(|| panic!("{}: no 2-layer model", cell.cell.name))
+        .unwrap_or_else(|| panic!("{}: no 2-layer model", cell.forward.name))
 }
 
 /// The shipped cells (not the prelude), compiled.

@@ -201,7 +201,7 @@ impl CharLm {
     /// A one-line description: cell, sizes, layers.
     pub fn describe(&self) -> String {
         // The input's own size is the embedding's: shown once, as that.
-        let cell = &self.rnn.compiled().cell;
+        let cell = &self.rnn.compiled().forward;
         let input_only = |k: &String| {
             cell.input_dim().variables().contains(k)
                 && !cell.states.iter().any(|s| s.dim.variables().contains(k))
@@ -216,7 +216,7 @@ impl CharLm {
         let layers = self.rnn.layers().len();
         format!(
             "{} ({}), {sizes}, embedding {}, {layers} layer{}",
-            self.rnn.compiled().cell.name,
+            self.rnn.compiled().forward.name,
             self.cell.name,
             self.embedding.dim,
             if layers == 1 { "" } else { "s" }

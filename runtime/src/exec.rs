@@ -111,7 +111,7 @@ impl Model {
                 let pass = if training { "a training pass" } else { "a forward pass" };
                 let (b, r) = (p.order.batch(), p.order.rows());
                 let seqs = if b == 1 { "sequence" } else { "sequences" };
-                format!("{pass} of cell `{}` over {b} {seqs} ({r} steps in all)", self.compiled.cell.name)
+                format!("{pass} of cell `{}` over {b} {seqs} ({r} steps in all)", self.compiled.forward.name)
             },
             crate::memory::f32_bytes(elements),
         )
@@ -138,7 +138,7 @@ impl Model {
                         found: format!("{}", g.len()),
                     });
                 }
-                for ((buf, &n), decl) in g.iter().zip(sizes).zip(&self.compiled.cell.states) {
+                for ((buf, &n), decl) in g.iter().zip(sizes).zip(&self.compiled.forward.states) {
                     check_len(&format!("{what}.{}", decl.name), buf.len(), &[ld, batch, n])?;
                 }
                 Ok(g.to_vec())

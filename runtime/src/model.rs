@@ -10,7 +10,6 @@
 use crate::backend::Backend;
 use crate::error::{Result, RuntimeError};
 use crate::weights::Weights;
-use cellc::autodiff::Gradient;
 use cellc::dims::{Bindings, Dim};
 use cellc::interp::ConcreteInit;
 use cellc::ir::{Cell, Type};
@@ -19,13 +18,21 @@ use cellc::program::{Program, Steps};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// A cell compiled once: its simplified forward step and derived backward step.
+/// A cell compiled once: its simplified forward step and derived backward
+/// step (a [`Steps`], which it dereferences to: `forward`, `backward`, `graph(side)`).
 #[derive(Debug)]
 pub struct CompiledCell {
-    pub cell: Cell,
-    pub grad: Gradient,
+    steps: Steps,
     /// Both steps' IR as text: what back ends key compiled kernels by.
     identity: String,
+}
+
+impl std::ops::Deref for CompiledCell {
+    type Target = Steps;
+
+    fn deref(&self) -> &Steps {
+        &self.steps
+    }
 }
 
 impl CompiledCell {
@@ -52,13 +59,12 @@ impl CompiledCell {
             RuntimeError::Internal(e.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))
         })?;
         let identity = steps.identity();
-        let Steps { forward, backward } = steps;
-        Ok(CompiledCell { cell: forward, grad: backward, identity })
+        Ok(CompiledCell { steps, identity })
     }
 
     /// The cell's steps at `sizes` ([`Program::new`]).
     pub fn program(&self, sizes: &Bindings) -> std::result::Result<Program, cellc::InterpError> {
-        Program::new(&self.cell, &self.grad, sizes)
+        self.steps.program(sizes)
     }
 
     /// The forward and backward steps' IR as text: two cells with the same
@@ -83,17 +89,7 @@ impl CompiledCell {
 
     /// Parameter names of the cell, in declaration order.
     pub fn param_names(&self) -> Vec<&str> {
-        self.cell.params.iter().map(|p| p.name.as_str()).collect()
-    }
-}
-
-impl CompiledCell {
-    /// The graph of `side`: the forward step, or the backward step.
-    pub fn graph(&self, side: Side) -> &cellc::ir::Graph {
-        match side {
-            Side::Forward => &self.cell,
-            Side::Backward => &self.grad.graph,
-        }
+        self.forward.params.iter().map(|p| p.name.as_str()).collect()
     }
 }
 
@@ -139,7 +135,7 @@ pub struct Model {
 impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Model")
-            .field("cell", &self.compiled.cell.name)
+            .field("cell", &self.compiled.forward.name)
             .field("config", &self.config)
             .field("sizes", &self.layers.iter().map(|l| &l.sizes).collect::<Vec<_>>())
             .field("backend", &self.backend.name())
@@ -248,7 +244,7 @@ impl Model {
         if config.layers == 0 {
             return Err(RuntimeError::Layer { layer: 0, message: "a model needs at least one layer".into() });
         }
-        let cell = &compiled.cell;
+        let cell = &compiled.forward;
         let directions = if config.bidirectional { 2 } else { 1 };
         let input_dim = cell.input_dim();
         let input_vars = input_dim.variables();
@@ -362,7 +358,7 @@ impl Model {
         let mut out = Vec::new();
         for (k, layer) in self.layers.iter().enumerate() {
             for d in 0..self.directions() {
-                for (p, &(r, c)) in self.compiled.cell.params.iter().zip(&layer.param_shapes) {
+                for (p, &(r, c)) in self.compiled.forward.params.iter().zip(&layer.param_shapes) {
                     let shape = if matches!(p.ty, Type::Matrix(..)) { vec![r, c] } else { vec![r] };
                     out.push((format!("{}{}", p.name, weight_suffix(k, d == 1)), shape));
                 }
@@ -382,7 +378,7 @@ impl Model {
             }
         }
         // One list per layer and direction, even for a cell without parameters.
-        let per = self.compiled.cell.params.len();
+        let per = self.compiled.forward.params.len();
         let slots = self.layers.len() * self.directions();
         let mut out: Vec<Vec<Vec<f32>>> = (0..slots).map(|_| Vec::with_capacity(per)).collect();
         for (i, (name, shape)) in names.iter().enumerate() {
@@ -412,7 +408,7 @@ impl Model {
             .sum::<u128>()
             * self.directions() as u128;
         crate::memory::ensure_fits(
-            || format!("the weights of cell `{}` ({elements} f32 values)", self.compiled.cell.name),
+            || format!("the weights of cell `{}` ({elements} f32 values)", self.compiled.forward.name),
             crate::memory::f32_bytes(elements),
         )
     }
@@ -423,12 +419,12 @@ impl Model {
         use rand_chacha::rand_core::{Rng, SeedableRng};
         let mut out = Vec::new();
         for (k, layer) in self.layers.iter().enumerate() {
-            let bound = self.compiled.cell.bind(&layer.sizes)?;
+            let bound = self.compiled.forward.bind(&layer.sizes)?;
             let inits = bound.param_inits()?;
             for d in 0..self.directions() {
                 let mut params = Vec::new();
                 for ((p, &(r, c)), init) in
-                    self.compiled.cell.params.iter().zip(&layer.param_shapes).zip(&inits)
+                    self.compiled.forward.params.iter().zip(&layer.param_shapes).zip(&inits)
                 {
                     let name = format!("{}{}", p.name, weight_suffix(k, d == 1));
                     let stream = name

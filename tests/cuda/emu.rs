@@ -34,16 +34,16 @@ pub struct Side {
 pub fn sides(c: &Arc<CompiledCell>, h: usize, i: usize) -> Vec<(&'static str, Side)> {
     let sizes = [("H".to_string(), h), ("P".to_string(), 3)]
         .into_iter()
-        .filter(|(k, _)| c.cell.sizes.contains(k))
+        .filter(|(k, _)| c.forward.sizes.contains(k))
         .collect();
-    let input = if c.cell.input_dim().variables() == ["H"] { h } else { i };
+    let input = if c.forward.input_dim().variables() == ["H"] { h } else { i };
     let config = ModelConfig { layers: 1, bidirectional: false };
     let model =
         Model::new(c.clone(), config, &sizes, Some(input), None, 1, Box::new(Reference)).expect("model");
     let layer = &model.layers()[0];
-    let fwd_graph = Arc::new((*c.cell).clone());
-    let bwd_graph = Arc::new(c.grad.graph.clone());
-    let (fwd_chains, bwd_chains) = cellc::program::chains(&c.cell, &c.grad);
+    let fwd_graph = Arc::new((*c.forward).clone());
+    let bwd_graph = Arc::new(c.backward.graph.clone());
+    let (fwd_chains, bwd_chains) = cellc::program::chains(&c.forward, &c.backward);
     let plans = |side: ProgramSide| -> HashMap<usize, KernelPlan> {
         layer.kernels().filter(|k| k.side == side).map(|k| (k.stage, k.plan.clone())).collect()
     };

@@ -73,7 +73,7 @@ fn tensor_struct(s: &mut String, name: &str, doc: &str, fields: &[(String, Strin
 /// The whole generated module.
 pub fn module(i: &Input) -> String {
     let t = &i.type_name;
-    let cell = &i.cell.cell;
+    let cell = &i.cell.forward;
     let mut s = String::new();
     let bound: Vec<String> = i.sizes.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let free = if i.free_sizes.is_empty() {

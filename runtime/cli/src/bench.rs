@@ -96,9 +96,9 @@ fn gemm_flops(model: &Model, tokens: f64, train: bool) -> f64 {
                 .sum()
         };
         let c = model.compiled();
-        total += per_row(&layer.schedule.forward, &c.cell, &layer.forward_shapes);
+        total += per_row(&layer.schedule.forward, &c.forward, &layer.forward_shapes);
         if train {
-            total += per_row(&layer.schedule.backward, &c.grad.graph, &layer.backward_shapes);
+            total += per_row(&layer.schedule.backward, &c.backward.graph, &layer.backward_shapes);
         }
     }
     total * tokens * model.directions() as f64
@@ -108,17 +108,17 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
     let compile_start = Instant::now();
     let compiled = Arc::new(CompiledCell::from_file(&args.cell_file, args.cell.as_deref())?);
     let mut sizes: Bindings = args.define.iter().cloned().collect();
-    crate::warn_unused_defines(&args.define, &[&compiled.cell], &args.cell_file.display().to_string());
+    crate::warn_unused_defines(&args.define, &[&compiled.forward], &args.cell_file.display().to_string());
     // The input size defaults to the first state's size (I = H, as the benchmarks use).
-    let input_dim = compiled.cell.input_dim();
+    let input_dim = compiled.forward.input_dim();
     let input_size = match input_dim.eval(&sizes) {
         Ok(n) => n as usize,
         Err(_) => {
-            let first_state = compiled.cell.states.first().map(|s| s.dim.clone());
+            let first_state = compiled.forward.states.first().map(|s| s.dim.clone());
             let n =
                 first_state.and_then(|d| d.eval(&sizes).ok()).ok_or_else(|| RuntimeError::UnboundSize {
                     size: compiled
-                        .cell
+                        .forward
                         .sizes
                         .iter()
                         .find(|s| !sizes.contains_key(*s))
@@ -128,7 +128,7 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
             n as usize
         }
     };
-    sizes.retain(|k, _| compiled.cell.sizes.contains(k));
+    sizes.retain(|k, _| compiled.forward.sizes.contains(k));
     let backend = crate::run::make_backend(args.backend, args.threads, args.cuda_graphs)?;
     let config = ModelConfig { layers: args.layers, bidirectional: args.bidirectional };
     let model = Model::new(compiled, config, &sizes, Some(input_size), None, 1, backend)?;
@@ -203,7 +203,7 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
     if args.json {
         println!(
             "{{\"cell\": \"{}\", \"backend\": \"{}\", \"mode\": \"{}\", \"batch\": {b}, \"steps\": {t}, \"layers\": {}, \"bidirectional\": {}, \"sizes\": \"{}\", \"tokens\": {tokens}, \"runs\": {}, \"median_s\": {median:.6e}, \"min_s\": {min:.6e}, \"compile_s\": {compile_s:.6e}, \"tokens_per_s\": {tokens_per_s:.6e}, \"gflops\": {gflops:.4}{gemm_only_json}}}",
-            model.compiled().cell.name,
+            model.compiled().forward.name,
             model.backend_name(),
             if args.mode == Mode::Train { "train" } else { "infer" },
             args.layers,
@@ -214,7 +214,7 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
     } else {
         println!(
             "{} ({}) {} on {}: B={b} T={t} tokens={tokens}: median {:.3} ms, min {:.3} ms over {} runs; {:.0} tokens/s; {:.2} GFLOP/s (matrix products); compile {:.3} s",
-            model.compiled().cell.name,
+            model.compiled().forward.name,
             sizes_text.join(" "),
             if args.mode == Mode::Train { "train" } else { "infer" },
             model.backend_name(),

@@ -127,7 +127,7 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
     crate::refuse_overwriting_inputs(&args.out, &[&args.cell_file, &args.weights, &args.input])
         .map_err(|message| RuntimeError::Io { path: "--out".into(), message })?;
     let compiled = Arc::new(CompiledCell::from_file(&args.cell_file, args.cell.as_deref())?);
-    let state_names: Vec<String> = compiled.cell.states.iter().map(|s| s.name.clone()).collect();
+    let state_names: Vec<String> = compiled.forward.states.iter().map(|s| s.name.clone()).collect();
     let input_file = args.input.display().to_string();
     let mut x = read_tensors(&args.input)?;
     let (shape, data) = take_f32(&mut x, "input", &input_file)?
@@ -157,7 +157,7 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
 
     let weights = Weights::load(&args.weights)?;
     let sizes: Bindings = args.define.iter().cloned().collect();
-    crate::warn_unused_defines(&args.define, &[&compiled.cell], &args.cell_file.display().to_string());
+    crate::warn_unused_defines(&args.define, &[&compiled.forward], &args.cell_file.display().to_string());
     let config = ModelConfig { layers: args.layers, bidirectional: args.bidirectional };
     let model = Model::new(
         compiled,

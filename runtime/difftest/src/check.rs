@@ -268,8 +268,8 @@ pub fn check(source: &str, case: &Case, plan: &Checks) -> Result<Passed, Failure
 fn gradcheck(cell: &CompiledCell, sizes: &Bindings, seed: u64) -> Result<(), String> {
     // Finite differences in f64 are good to about 1e-7 here; a wrong rule is off by far more.
     let opts = cellc::gradcheck::Options { steps: 5, seed, tolerance: 1e-5, ..Default::default() };
-    let report =
-        cellc::gradcheck::gradcheck_with(&cell.cell, &cell.grad, sizes, &opts).map_err(|e| e.to_string())?;
+    let report = cellc::gradcheck::gradcheck_with(&cell.forward, &cell.backward, sizes, &opts)
+        .map_err(|e| e.to_string())?;
     match report.worst() {
         Some(w) if !report.passed() => Err(format!(
             "gradient of {} element {} is {:+.9e}, finite differences give {:+.9e} (error {:.2e})",

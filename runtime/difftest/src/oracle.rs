@@ -34,8 +34,8 @@ pub fn oracle(model: &Model, batch: &Batch) -> Result<(Oracle, Oracle), String> 
 fn run<T: Float>(model: &Model, batch: &Batch) -> Result<Oracle, String> {
     let f64s = |v: &[T]| -> Vec<f64> { v.iter().map(|x| x.to_f64().unwrap_or(f64::NAN)).collect() };
     let ts = |v: &[f32]| -> Vec<T> { v.iter().map(|&x| T::from(x).unwrap_or_else(T::nan)).collect() };
-    let cell = &model.compiled().cell;
-    let grad = &model.compiled().grad;
+    let cell = &model.compiled().forward;
+    let grad = &model.compiled().backward;
     let dirs = model.directions();
     let n_seq = batch.lengths.len();
     let nstates = cell.states.len();

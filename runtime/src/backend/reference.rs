@@ -118,7 +118,7 @@ impl Backend for Reference {
     }
 
     fn forward(&self, job: &ForwardJob, output: &mut RowsMut) -> Result<ForwardResult> {
-        let cell = &job.cell.cell;
+        let cell = &job.cell.forward;
         let g: &Graph = cell;
         let layer = job.layer;
         let plan = &layer.forward_shapes;
@@ -227,7 +227,7 @@ impl Backend for Reference {
         let tape = tape.0.downcast_ref::<ReferenceTape>().ok_or_else(|| {
             RuntimeError::Internal("a reference backward needs a reference forward's tape".into())
         })?;
-        let grad = &job.cell.grad;
+        let grad = &job.cell.backward;
         let g = &grad.graph;
         let layer = job.layer;
         let plan = &layer.backward_shapes;

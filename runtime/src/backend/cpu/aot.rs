@@ -75,7 +75,7 @@ pub fn fingerprint(cell: &CompiledCell) -> String {
 /// `cellc_lstm_1f0c…_fwd_s2_H128`.
 pub fn symbol(cell: &CompiledCell, side: Side, stage: usize, sizes: &BTreeMap<String, usize>) -> String {
     let sizes: Vec<String> = sizes.iter().map(|(k, v)| format!("{k}{v}")).collect();
-    let (name, fp) = (&cell.cell.name, &fingerprint(cell)[..8]);
+    let (name, fp) = (&cell.forward.name, &fingerprint(cell)[..8]);
     format!("cellc_{name}_{fp}_{}_{}", side.stage_suffix(stage), sizes.join("_"))
 }
 
@@ -191,12 +191,12 @@ impl LinkedKernels {
         stage: &Stage,
     ) -> Result<NativeStage> {
         let manifest = self.manifest()?;
-        if manifest.cell != cell.cell.name || manifest.fingerprint != fingerprint(cell) {
+        if manifest.cell != cell.forward.name || manifest.fingerprint != fingerprint(cell) {
             return Err(error(format!(
                 "the linked kernels are of cell `{}` ({}), not of this `{}` ({}): rebuild them from this .cell file",
                 manifest.cell,
                 manifest.fingerprint,
-                cell.cell.name,
+                cell.forward.name,
                 fingerprint(cell)
             )));
         }
@@ -208,7 +208,7 @@ impl LinkedKernels {
                 "no linked kernel for {} stage {index} of `{}` at {sizes:?} (compiled for {built:?}): \
                  add these sizes to the cellc-build configuration",
                 side.tag(),
-                cell.cell.name
+                cell.forward.name
             ))
         })?;
         let ids = |vs: &[ValueId]| vs.iter().map(|v| v.to_string()).collect::<Vec<_>>();

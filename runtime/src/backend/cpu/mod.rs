@@ -109,9 +109,9 @@ impl Cpu {
         if let Some(c) = cache.get(&key) {
             return Ok(c.clone());
         }
-        let fwd_graph: Arc<Graph> = Arc::new((*cell.cell).clone());
+        let fwd_graph: Arc<Graph> = Arc::new((*cell.forward).clone());
         let fwd_plan = Arc::new(layer.forward_shapes.clone());
-        let bwd_graph = Arc::new(cell.grad.graph.clone());
+        let bwd_graph = Arc::new(cell.backward.graph.clone());
         let bwd_plan = Arc::new(layer.backward_shapes.clone());
         let kernels = self.kernels;
         let make = |side: aot::Side, g: &Arc<Graph>, p: &Arc<Shapes>| {
@@ -250,7 +250,7 @@ fn forward(
 ) -> Result<ForwardResult> {
     let (g, plan) = (&*code.fwd_graph, &*code.fwd_plan);
     let layer = job.layer;
-    let cell = &job.cell.cell;
+    let cell = &job.cell.forward;
     let batch = job.order.batch();
     let layout_rows = job.input.data.len() / job.input.width.max(1);
     let mut bufs = Buffers::new();
@@ -430,7 +430,7 @@ fn forward_whole_sequence(
         return Ok(None);
     };
     let (g, plan) = (&*code.fwd_graph, &*code.fwd_plan);
-    let cell = &job.cell.cell;
+    let cell = &job.cell.forward;
     let layer = job.layer;
     if !cell.next_states.iter().chain(std::iter::once(&cell.output)).all(|v| exec.outputs().contains(v)) {
         return Ok(None);
@@ -565,7 +565,7 @@ fn backward_whole_sequence(
         return Ok(false);
     };
     let (g, plan) = (&*code.bwd_graph, &*code.bwd_plan);
-    let grad = &job.cell.grad;
+    let grad = &job.cell.backward;
     let layer = job.layer;
     let d_states: Vec<ValueId> = match grad.d_states.iter().copied().collect::<Option<Vec<_>>>() {
         Some(d) if d.iter().all(|v| exec.outputs().contains(v)) => d,
@@ -653,7 +653,7 @@ fn seeds_per_row(job: &BackwardJob, bufs: &mut Buffers, i: usize, layout_rows: u
             let dst = &mut data[row * m..(row + 1) * m];
             if s + 1 == len {
                 dst.copy_from_slice(&job.d_final[i][b * m..(b + 1) * m]);
-            } else if let Some(d) = job.cell.grad.d_states[i] {
+            } else if let Some(d) = job.cell.backward.d_states[i] {
                 copy_row(bufs, &frame, d, (b, job.order.time(b, s + 1, job.reverse), 0), dst)?;
             }
         }
@@ -690,7 +690,7 @@ fn backward(
     d_input: &mut RowsMut,
 ) -> Result<BackwardResult> {
     let (g, plan) = (&*code.bwd_graph, &*code.bwd_plan);
-    let grad = &job.cell.grad;
+    let grad = &job.cell.backward;
     let layer = job.layer;
     let batch = job.order.batch();
     let layout_rows = job.input.data.len() / job.input.width.max(1);

@@ -32,7 +32,7 @@ pub fn forward_gemms(model: &Model, lengths: &[usize], threads: usize, min_time:
     let batch_sizes: Vec<usize> = (0..steps).map(|s| lengths.iter().filter(|&&l| l > s).count()).collect();
     let mut products = Vec::new();
     for layer in model.layers() {
-        let graph = &model.compiled().cell;
+        let graph = &model.compiled().forward;
         for stage in layer.schedule.forward.iter().filter(|s| s.kind == StageKind::Gemm) {
             for &v in &stage.values {
                 if graph.node(v).op != Op::MatVec {

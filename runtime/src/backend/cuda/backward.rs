@@ -36,8 +36,8 @@ pub fn backward(
     if tape.device != device.name() {
         return Err(error(format!("a tape from {} used on {}", tape.device, device.name())));
     }
-    let g: &Graph = &job.cell.grad.graph;
-    let grad = &job.cell.grad;
+    let g: &Graph = &job.cell.backward.graph;
+    let grad = &job.cell.backward;
     let layer = job.layer;
     let plan = &layer.backward_shapes;
     let stages = &layer.schedule.backward;

@@ -47,8 +47,8 @@ pub fn forward(
     output: &mut RowsMut,
     graph_capture: bool,
 ) -> Result<ForwardResult> {
-    let g: &Graph = &job.cell.cell;
-    let cell = &job.cell.cell;
+    let g: &Graph = &job.cell.forward;
+    let cell = &job.cell.forward;
     let layer = job.layer;
     let plan = &layer.forward_shapes;
     let stages = &layer.schedule.forward;

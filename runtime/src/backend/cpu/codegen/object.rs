@@ -31,7 +31,7 @@ pub struct Artifacts {
 /// object; `text` also keeps the IR and the disassembly.
 pub fn compile_object(cell: &CompiledCell, layers: &[Layer], text: bool) -> Result<Artifacts, CodegenError> {
     let err = |e: &dyn std::fmt::Display| CodegenError(e.to_string());
-    let builder = ObjectBuilder::new(isa()?, format!("cellc_{}", cell.cell.name), default_libcall_names())
+    let builder = ObjectBuilder::new(isa()?, format!("cellc_{}", cell.forward.name), default_libcall_names())
         .map_err(|e| err(&e))?;
     let mut module = ObjectModule::new(builder);
     let mut kernels = Vec::new();
@@ -42,7 +42,7 @@ pub fn compile_object(cell: &CompiledCell, layers: &[Layer], text: bool) -> Resu
         let sizes = kernel_sizes(cell, layer);
         let schedule_sizes = layer.sizes.iter().map(|(k, v)| (k.clone(), *v)).collect();
         if !schedules.iter().any(|s| s.sizes == schedule_sizes) {
-            let text = cellc::schedule::to_text(&cell.cell, &cell.grad, &layer.schedule, &layer.sizes);
+            let text = cellc::schedule::to_text(&cell.forward, &cell.backward, &layer.schedule, &layer.sizes);
             schedules.push(ManifestSchedule { sizes: schedule_sizes, text });
         }
         for kernel in layer.kernels() {
@@ -83,7 +83,7 @@ pub fn compile_object(cell: &CompiledCell, layers: &[Layer], text: bool) -> Resu
     let object = module.finish().emit().map_err(|e| err(&e))?;
     let manifest = Manifest {
         format: aot::MANIFEST_FORMAT,
-        cell: cell.cell.name.clone(),
+        cell: cell.forward.name.clone(),
         fingerprint: fingerprint(cell),
         target: host_target(),
         abi: aot::abi(),
@@ -112,16 +112,16 @@ pub fn compile_model(
     text: bool,
 ) -> Result<CompiledModel, RuntimeError> {
     for name in sizes.keys() {
-        if !cell.cell.sizes.contains(name) {
+        if !cell.forward.sizes.contains(name) {
             return Err(RuntimeError::Backend {
                 backend: "cpu".into(),
-                message: format!("`{}` has no size variable `{name}`", cell.cell.name),
+                message: format!("`{}` has no size variable `{name}`", cell.forward.name),
             });
         }
     }
     // A stand-in for each free size; kernels that depend on one are refused below.
     let free_sizes: Vec<String> =
-        cell.cell.sizes.iter().filter(|s| !sizes.contains_key(*s)).cloned().collect();
+        cell.forward.sizes.iter().filter(|s| !sizes.contains_key(*s)).cloned().collect();
     let mut bound = sizes.clone();
     for s in &free_sizes {
         bound.insert(s.clone(), 1);
@@ -134,7 +134,7 @@ pub fn compile_model(
                 backend: "cpu".into(),
                 message: format!(
                     "size `{s}` must be bound: `{}`'s kernels are specialised to it ({})",
-                    cell.cell.name,
+                    cell.forward.name,
                     aot::first_use(cell, layer, s).unwrap_or_default()
                 ),
             });
