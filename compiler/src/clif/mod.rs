@@ -227,7 +227,7 @@ impl Gen<'_, '_> {
         out_ptr: &HashMap<ValueId, Value>,
         scratch: Value,
     ) -> Result<(), CodegenError> {
-        let Some(&v) = item.values().first() else { return Ok(()) };
+        let Some(v) = item.value() else { return Err(CodegenError("a loop is not a single value".into())) };
         let n = self.len(v);
         let h = match item {
             Item::Fused(_) => return Err(CodegenError(format!("{v}: a loop is not a single value"))),

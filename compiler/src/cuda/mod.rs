@@ -596,7 +596,7 @@ impl<'a> Emitter<'a> {
 
     /// An item other than a fused loop.
     fn single(&mut self, item: &Item) -> Result<(), EmitError> {
-        let Some(&v) = item.values().first() else { return Ok(()) };
+        let Some(v) = item.value() else { return Err(EmitError("a loop is not a single value".into())) };
         let n = self.len(v);
         self.comment(v);
         let h = match item {

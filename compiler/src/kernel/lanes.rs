@@ -5,7 +5,7 @@
 //! walking the plan's items with each value's piece count; the first value
 //! that does not fit sends the stage to the block form.
 
-use super::{Chain, Item, KernelPlan, Kind, Operand};
+use super::{Chain, Item, KernelPlan, Kind};
 use crate::interp::Shapes;
 use crate::ir::{Graph, Op, ValueId};
 use crate::schedule::{Stage, StageKind};
@@ -139,12 +139,8 @@ impl Walk<'_> {
                 if !fits(l.len) {
                     return None;
                 }
-                for m in &l.members {
-                    for a in &m.operands {
-                        if let Operand::Outside(i) = a {
-                            self.pieces(l.outside[*i], l.len)?;
-                        }
-                    }
+                for &o in &l.outside {
+                    self.pieces(o, l.len)?;
                 }
                 for m in &l.members {
                     self.held.insert(m.value, Held::Registers(l.len / units));
@@ -178,9 +174,7 @@ impl Walk<'_> {
                 Held::Registers(self.len(*value) / units)
             }
         };
-        for v in item.values() {
-            self.held.insert(v, held);
-        }
+        self.held.insert(item.value()?, held);
         Some(())
     }
 }

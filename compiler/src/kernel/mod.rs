@@ -24,7 +24,7 @@ use crate::interp::Shapes;
 use crate::ir::{Graph, Op, ReduceOp, ValueId};
 use crate::schedule::{Stage, StageKind};
 use lanes::Lanes;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// How a kernel holds a value, as far as its structure is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,16 +120,17 @@ pub enum Item {
 }
 
 impl Item {
-    /// The value the item computes (the last member of a loop).
-    pub fn values(&self) -> Vec<ValueId> {
+    /// The value an item other than a loop computes (`None` for a loop,
+    /// whose members say theirs).
+    pub fn value(&self) -> Option<ValueId> {
         match self {
-            Item::Fused(l) => l.members.iter().map(|m| m.value).collect(),
+            Item::Fused(_) => None,
             Item::Scalar { value, .. }
             | Item::Broadcast { value, .. }
             | Item::Slice { value, .. }
             | Item::Reduce { value, .. }
             | Item::Pad { value, .. }
-            | Item::Concat { value, .. } => vec![*value],
+            | Item::Concat { value, .. } => Some(*value),
         }
     }
 }
@@ -333,11 +334,13 @@ impl<'a> Builder<'a> {
 
     fn finish(mut self) -> KernelPlan {
         // Outputs written in place: by a loop member or a pad/concat, at the value's first slot.
-        let mut written: Vec<ValueId> = Vec::new();
+        let mut written: HashSet<ValueId> = HashSet::new();
         for item in &self.plan.items {
             match item {
                 Item::Fused(l) => written.extend(l.members.iter().map(|m| m.value)),
-                Item::Pad { value, .. } | Item::Concat { value, .. } => written.push(*value),
+                Item::Pad { value, .. } | Item::Concat { value, .. } => {
+                    written.insert(*value);
+                }
                 _ => {}
             }
         }
@@ -378,7 +381,10 @@ impl<'a> Builder<'a> {
         }
         let open = std::mem::take(&mut self.open);
         let open_at = std::mem::take(&mut self.open_at);
+        // The values read from before the loop, and where each is among them
+        // (a loop may have thousands of members).
         let mut outside: Vec<ValueId> = Vec::new();
+        let mut outside_at: HashMap<ValueId, usize> = HashMap::new();
         let mut members = Vec::with_capacity(open.len());
         for (i, &v) in open.iter().enumerate() {
             let operands = self
@@ -387,13 +393,10 @@ impl<'a> Builder<'a> {
                 .iter()
                 .map(|&o| match open_at.get(&o).filter(|&&j| j < i) {
                     Some(&j) => Operand::Member(j),
-                    None => Operand::Outside(match outside.iter().position(|&x| x == o) {
-                        Some(at) => at,
-                        None => {
-                            outside.push(o);
-                            outside.len() - 1
-                        }
-                    }),
+                    None => Operand::Outside(*outside_at.entry(o).or_insert_with(|| {
+                        outside.push(o);
+                        outside.len() - 1
+                    })),
                 })
                 .collect();
             let read_outside =

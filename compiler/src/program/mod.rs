@@ -210,12 +210,6 @@ impl Program {
         }
     }
 
-    /// The stages that are generated kernels, with their side and index in
-    /// that side's schedule, forward first.
-    pub fn kernel_stages(&self) -> Vec<(Side, usize, &Stage)> {
-        self.kernels.iter().map(|k| (k.side, k.stage, k.stage(self))).collect()
-    }
-
     /// Where value `v` of `side` lives while a batch runs (`training`: the
     /// forward keeps what the backward reads): see [`Storage`].
     pub fn storage(&self, side: Side, v: ValueId, training: bool) -> Option<Storage> {

@@ -71,33 +71,47 @@ fn compute(
     Ok(())
 }
 
-/// Runs stage `k` of `side` for one row: a kernel stage by its kernel
-/// plan (what every generated kernel prints), anything else value by value.
-fn run_stage(
-    g: &Graph,
-    layer: &Layer,
-    side: Side,
-    (k, st): (usize, &Stage),
-    store: &mut Store,
-    params: &[Vec<f32>],
-) -> Result<()> {
-    let plan = layer.shapes(side);
-    let Some(kernel) = layer.kernel(side, k) else {
-        return st.values.iter().try_for_each(|&v| compute(g, plan, store, params, v, k));
-    };
-    let mut inputs = Vec::with_capacity(st.inputs.len());
-    for &v in &st.inputs {
-        inputs.push(value(g, store, params, v).ok_or_else(|| {
-            RuntimeError::Internal(format!("schedule: stage {k} reads {v}, which no earlier stage produced"))
-        })?);
+/// Runs the stages of one side for a row at a time: a kernel stage by its
+/// kernel plan (what every generated kernel prints), anything else value by
+/// value. Each kernel's evaluator is made once per pass and reused row to row.
+struct Stages<'a> {
+    graph: &'a Graph,
+    shapes: &'a Shapes,
+    /// The kernel (name, evaluator) of each stage that is one, by stage index.
+    kernels: Vec<Option<(&'a str, RowEvaluator<'a>)>>,
+}
+
+impl<'a> Stages<'a> {
+    fn new(graph: &'a Graph, layer: &'a Layer, side: Side) -> Stages<'a> {
+        let shapes = layer.shapes(side);
+        let mut kernels: Vec<Option<(&str, RowEvaluator)>> = Vec::new();
+        kernels.resize_with(layer.stages(side).len(), || None);
+        for k in layer.kernels().filter(|k| k.side == side) {
+            kernels[k.stage] = Some((&k.name, RowEvaluator::new(&k.plan, graph, shapes)));
+        }
+        Stages { graph, shapes, kernels }
     }
-    let outputs = RowEvaluator::new(&kernel.plan, g, plan)
-        .row(&inputs)
-        .map_err(|e| RuntimeError::Internal(format!("{}: {e}", kernel.name)))?;
-    for (&v, out) in st.outputs.iter().zip(outputs) {
-        store[v.index()] = Some(out);
+
+    /// Runs stage `k` for the row in `store`.
+    fn run(&mut self, (k, st): (usize, &Stage), store: &mut Store, params: &[Vec<f32>]) -> Result<()> {
+        let (g, plan) = (self.graph, self.shapes);
+        let Some(Some((name, kernel))) = self.kernels.get_mut(k) else {
+            return st.values.iter().try_for_each(|&v| compute(g, plan, store, params, v, k));
+        };
+        let mut inputs = Vec::with_capacity(st.inputs.len());
+        for &v in &st.inputs {
+            inputs.push(value(g, store, params, v).ok_or_else(|| {
+                RuntimeError::Internal(format!(
+                    "schedule: stage {k} reads {v}, which no earlier stage produced"
+                ))
+            })?);
+        }
+        let outputs = kernel.row(&inputs).map_err(|e| RuntimeError::Internal(format!("{name}: {e}")))?;
+        for (&v, out) in st.outputs.iter().zip(outputs) {
+            store[v.index()] = Some(out);
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Values computed from constants only are available to every stage, as
@@ -124,9 +138,9 @@ impl Backend for Reference {
         let plan = &layer.forward_shapes;
         let stages = &layer.schedule.forward;
         let batch = job.order.batch();
-        let saved_ids: Vec<ValueId> =
-            layer.schedule.saved.saved.iter().copied().filter(|v| g.contains(*v)).collect();
+        let saved_ids: Vec<ValueId> = layer.saved().iter().copied().filter(|v| g.contains(*v)).collect();
 
+        let mut forward_stages = Stages::new(g, layer, Side::Forward);
         let mut base: Store = vec![None; g.value_bound()];
         constants(g, plan, &mut base);
         let fill_inputs = |store: &mut Store, b: usize, t: usize| {
@@ -154,7 +168,7 @@ impl Backend for Reference {
                 let mut store = base.clone();
                 fill_inputs(&mut store, b, t);
                 for stage in stages_at(stages, Placement::BeforeLoop) {
-                    run_stage(g, layer, Side::Forward, stage, &mut store, job.params)?;
+                    forward_stages.run(stage, &mut store, job.params)?;
                 }
                 pre.insert((b, t), store);
             }
@@ -185,7 +199,7 @@ impl Backend for Reference {
             // Stage-major: each stage over every active row, then the next.
             for stage in stages_at(stages, Placement::EachStep) {
                 for store in rows.iter_mut() {
-                    run_stage(g, layer, Side::Forward, stage, store, job.params)?;
+                    forward_stages.run(stage, store, job.params)?;
                 }
             }
             for (&b, store) in active.iter().zip(&rows) {
@@ -233,6 +247,7 @@ impl Backend for Reference {
         let plan = &layer.backward_shapes;
         let stages = &layer.schedule.backward;
         let batch = job.order.batch();
+        let mut backward_stages = Stages::new(g, layer, Side::Backward);
         let mut base: Store = vec![None; g.value_bound()];
         constants(g, plan, &mut base);
 
@@ -287,7 +302,7 @@ impl Backend for Reference {
                 }
                 // Before-loop stages see no carried adjoint: reading one is a schedule error.
                 for stage in stages_at(stages, Placement::BeforeLoop) {
-                    run_stage(g, layer, Side::Backward, stage, &mut store, job.params)?;
+                    backward_stages.run(stage, &mut store, job.params)?;
                 }
                 for v in g.values() {
                     if let Op::Seed(k @ 1..) = g.node(v).op {
@@ -298,7 +313,7 @@ impl Backend for Reference {
             }
             for stage in stages_at(stages, Placement::EachStep) {
                 for store in rows.iter_mut() {
-                    run_stage(g, layer, Side::Backward, stage, store, job.params)?;
+                    backward_stages.run(stage, store, job.params)?;
                 }
             }
             for (&b, store) in active.iter().zip(rows) {
@@ -324,7 +339,7 @@ impl Backend for Reference {
         let mut d_params: Vec<Vec<f32>> = job.params.iter().map(|p| vec![0.0; p.len()]).collect();
         for ((b, t), store) in all_rows.iter_mut() {
             for stage in stages_at(stages, Placement::AfterLoop) {
-                run_stage(g, layer, Side::Backward, stage, store, job.params)?;
+                backward_stages.run(stage, store, job.params)?;
             }
             for (acc, d) in d_params.iter_mut().zip(&grad.d_params) {
                 if let Some(v) = d {

@@ -26,7 +26,8 @@ pub const MANIFEST_FORMAT: u32 = 1;
 /// size variables its type mentions: `(side, stage, value, variables)`.
 fn kernel_values(cell: &CompiledCell, layer: &Layer) -> Vec<(Side, usize, ValueId, Vec<String>)> {
     let mut out = Vec::new();
-    for (side, index, st) in layer.kernel_stages() {
+    for kernel in layer.kernels() {
+        let (side, index, st) = (kernel.side, kernel.stage, kernel.stage(layer));
         let graph = cell.graph(side);
         for &v in st.values.iter().chain(&st.inputs).chain(&st.outputs) {
             let vars = match graph.ty(v) {
