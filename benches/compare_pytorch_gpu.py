@@ -6,8 +6,8 @@
 For a machine with an NVIDIA GPU, torch built with CUDA and a release build of cellc
 (`cargo build --release`; NVRTC and the driver are loaded at run time). The same shapes as
 `compare_pytorch.py` (T=100, I=H, lengths uniform in [T/2, T], B in {1, 16, 64}, H in
-{128, 256, 512}, inference and training), against `nn.LSTM`/`nn.GRU` on a PackedSequence
-(cuDNN) and against TorchScript and plain-loop custom cells on the GPU. Prints PyTorch time /
+{128, 256, 512}, inference and training), against `nn.LSTM`/`nn.GRU` by both routes, the padded
+batch and a PackedSequence (cuDNN), and against TorchScript and plain-loop custom cells on the GPU. Prints PyTorch time /
 cellc time per shape (`--cuda-graphs`: cellc runs each layer as a CUDA graph, captured at the
 first timed run and relaunched after it); where `cellc bench --backend cuda` fails (no driver, no device, or a
 back end that cannot run yet) the row says why instead of a ratio.
@@ -39,7 +39,7 @@ def main():
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}, T={t}, I=H; ratio = torch / cellc")
     print(f"{'cell':<16}{'mode':<7}{'B':>5}{'H':>5}  {'cellc ms':>10}  {'torch variant':<14}{'torch ms':>10}{'ratio':>8}")
     for cell in args.cells:
-        variants = ["nn"] if cell in ("lstm", "gru") else ["torchscript", "loop"]
+        variants = ["padded", "packed"] if cell in ("lstm", "gru") else ["torchscript", "loop"]
         for mode in args.modes:
             for b in args.batches:
                 for h in args.hiddens:

@@ -1,8 +1,8 @@
 //! The CPU back end's building blocks, one at a time: the LSTM's fused
 //! pointwise stages (forward and backward step) JIT-compiled against the
 //! same stages interpreted, the JIT's own exp/tanh/sigmoid polynomials
-//! against the standard library's, and the GEMM and GEMV on the shapes an
-//! RNN runs. Everything is built through the public API, the way the back
+//! against the standard library's, and `gemm` and the packed-panel kernel on
+//! the shapes an RNN runs. Everything is built through the public API, the way the back
 //! end builds it, so a change inside the back end shows up here unchanged.
 //!
 //! `cargo bench -p cellc-benches --bench kernels`
@@ -12,7 +12,7 @@ use cellc::ir::Op;
 use cellc::schedule::StageKind;
 use cellc_runtime::backend::cpu::codegen::jit::compile_values;
 use cellc_runtime::backend::cpu::gemm::{matmul, View};
-use cellc_runtime::backend::cpu::gemv::gemv;
+use cellc_runtime::backend::cpu::panels::{multiply, PackedB, Rows};
 use cellc_runtime::backend::cpu::stage::{Interpreted, StageExec};
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::{CompiledCell, Model, ModelConfig};
@@ -130,33 +130,41 @@ fn math(c: &mut Criterion) {
 fn products(c: &mut Criterion) {
     let mut g = c.benchmark_group("matrix products");
     g.measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(500));
-    let h = 512;
-    let (k, m) = (h, 4 * h);
-    let w: Vec<f32> = (0..k * m).map(|i| ((i % 17) as f32) * 0.01).collect();
-    // A step's rows against Wᵀ ([k, m] row-major, as the back end prepares it), and
-    // the hoisted projection of every row of a T=100 batch of 64.
-    for rows in [1usize, 16, 64, 6400] {
-        let x: Vec<f32> = (0..rows * k).map(|i| ((i % 7) as f32) * 0.1).collect();
-        let mut y = vec![0.0f32; rows * m];
-        g.throughput(Throughput::Elements((2 * rows * k * m) as u64));
-        g.bench_function(BenchmarkId::new(format!("gemm [B, {k}] x [{k}, {m}] (flops)"), rows), |b| {
-            b.iter(|| {
-                // SAFETY: x, w and y have exactly the viewed shapes.
-                unsafe {
-                    matmul(
-                        View::rows(y.as_mut_ptr(), rows, m, m),
-                        View::rows(x.as_ptr(), rows, k, k),
-                        View::rows(w.as_ptr(), k, m, m),
+    for h in [256, 512] {
+        let (k, m) = (h, 4 * h);
+        let w: Vec<f32> = (0..k * m).map(|i| ((i % 17) as f32) * 0.01).collect();
+        let packed = PackedB::of(&w, k, m);
+        // A step's rows against Wᵀ ([k, m] row-major, as `gemm` reads it, packing it on
+        // every call) and against the same weight packed once into panels; and the
+        // hoisted projection of every row of a T=100 batch of 64.
+        for rows in [1usize, 8, 16, 32, 64, 6400] {
+            let x: Vec<f32> = (0..rows * k).map(|i| ((i % 7) as f32) * 0.1).collect();
+            let mut y = vec![0.0f32; rows * m];
+            g.throughput(Throughput::Elements((2 * rows * k * m) as u64));
+            g.bench_function(BenchmarkId::new(format!("gemm [B, {k}] x [{k}, {m}] (flops)"), rows), |b| {
+                b.iter(|| {
+                    // SAFETY: x, w and y have exactly the viewed shapes.
+                    unsafe {
+                        matmul(
+                            View::rows(y.as_mut_ptr(), rows, m, m),
+                            View::rows(x.as_ptr(), rows, k, k),
+                            View::rows(w.as_ptr(), k, m, m),
+                            false,
+                        )
+                    }
+                })
+            });
+            g.bench_function(BenchmarkId::new(format!("panels [B, {k}] x [{k}, {m}] (flops)"), rows), |b| {
+                // SAFETY: x is [rows, k], y is [rows, m], packed is [k, m].
+                b.iter(|| unsafe {
+                    multiply(
+                        Rows { y: y.as_mut_ptr(), ldy: m, a: black_box(x.as_ptr()), lda: k, m: rows },
+                        &packed,
+                        0..packed.panels(),
                         false,
                     )
-                }
-            })
-        });
-        if rows == 1 {
-            g.bench_function(
-                BenchmarkId::new(format!("gemv [1, {k}] x W[{m}, {k}]ᵀ (flops)"), rows),
-                |b| b.iter(|| gemv(&mut y, black_box(&x), &w, 1, m, k, 1)),
-            );
+                })
+            });
         }
     }
     g.finish();

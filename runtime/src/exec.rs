@@ -210,6 +210,7 @@ impl Model {
                     input: Rows { data: in_data, layout: &p.layout, width: in_width, offset: 0 },
                     h0: &h0_slices,
                     training,
+                    prepared: self.prepared(k, d == 1),
                 };
                 let mut rows =
                     RowsMut { data: &mut out, layout: &p.layout, width, offset: d * layer.output_size };
@@ -274,6 +275,7 @@ impl Model {
                     cell: &self.compiled,
                     layer,
                     params: self.params(k, d == 1),
+                    prepared: self.prepared(k, d == 1),
                     order: &trace.order,
                     reverse: d == 1,
                     input: Rows { data: in_data, layout: &trace.layout, width: in_width, offset: 0 },

@@ -129,6 +129,9 @@ pub struct Model {
     pub(crate) layers: Vec<Layer>,
     /// `params[layer * directions + direction][param]`.
     pub(crate) params: Vec<Vec<Vec<f32>>>,
+    /// The back end's prepared form of each entry of `params` (emptied
+    /// whenever the parameters are handed out mutably).
+    pub(crate) prepared: Vec<crate::backend::PreparedWeights>,
     pub(crate) backend: Box<dyn Backend>,
 }
 
@@ -222,12 +225,13 @@ impl Model {
         backend: Box<dyn Backend>,
     ) -> Result<Model> {
         let layers = Self::plan_layers(&compiled, &config, sizes, input_size, weights)?;
-        let mut model = Model { compiled, config, layers, params: Vec::new(), backend };
+        let mut model = Model { compiled, config, layers, params: Vec::new(), prepared: Vec::new(), backend };
         model.ensure_weights_fit()?;
         model.params = match weights {
             Some(w) => model.take_weights(w)?,
             None => model.init_params(seed)?,
         };
+        model.prepared = model.params.iter().map(|_| Default::default()).collect();
         Ok(model)
     }
 
@@ -465,8 +469,15 @@ impl Model {
         &self.params[layer * self.directions() + usize::from(reverse)]
     }
 
-    /// Mutable parameters (for an optimiser step).
+    /// The back end's prepared form of one layer and direction's parameters.
+    pub(crate) fn prepared(&self, layer: usize, reverse: bool) -> &crate::backend::PreparedWeights {
+        &self.prepared[layer * self.directions() + usize::from(reverse)]
+    }
+
+    /// Mutable parameters (for an optimiser step). The back end's packed
+    /// copies are dropped, and made again from the new values on the next call.
     pub fn params_mut(&mut self) -> &mut [Vec<Vec<f32>>] {
+        self.prepared.iter_mut().for_each(|p| *p = Default::default());
         &mut self.params
     }
 }

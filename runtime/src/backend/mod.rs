@@ -47,6 +47,28 @@ impl RowsMut<'_> {
     }
 }
 
+/// Where a back end keeps its own form of one layer-direction's weights
+/// (transposed, packed into panels): made on the first call that needs it
+/// and reused by every later one. The model empties the slot whenever it
+/// hands its parameters out mutably, so a changed weight is never read in
+/// an old form.
+#[derive(Default)]
+pub struct PreparedWeights(std::sync::OnceLock<std::sync::Arc<dyn std::any::Any + Send + Sync>>);
+
+impl PreparedWeights {
+    /// The prepared form, made by `make` if the slot is empty; `None` if
+    /// the slot holds some other type (another back end's form).
+    pub fn get_or_init<T: std::any::Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> Option<&T> {
+        self.0.get_or_init(|| std::sync::Arc::new(make())).downcast_ref::<T>()
+    }
+}
+
+impl std::fmt::Debug for PreparedWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() { "PreparedWeights(made)" } else { "PreparedWeights(empty)" })
+    }
+}
+
 /// One layer, one direction, forwards.
 #[derive(Clone, Copy, Debug)]
 pub struct ForwardJob<'a> {
@@ -60,6 +82,8 @@ pub struct ForwardJob<'a> {
     pub h0: &'a [&'a [f32]],
     /// Keep what the backward step needs.
     pub training: bool,
+    /// The back end's own form of `params`, kept across calls.
+    pub prepared: &'a PreparedWeights,
 }
 
 /// One layer, one direction, backwards.
@@ -75,6 +99,8 @@ pub struct BackwardJob<'a> {
     pub d_output: Rows<'a>,
     /// The adjoints of the final states, one `[B * size]` buffer per state.
     pub d_final: &'a [&'a [f32]],
+    /// The back end's own form of `params`, kept across calls.
+    pub prepared: &'a PreparedWeights,
 }
 
 /// What a training forward keeps for the backward (back-end specific).

@@ -11,7 +11,7 @@
 //!   prefix and a per-step GEMM is one call on `n` rows (`RankBuf`).
 
 use super::gemm::{matmul, matmul_split, View};
-use super::prepared::{transpose, AlignedBuf, PackedMatrix};
+use super::prepared::PreparedParams;
 use super::stage::StageExec;
 use crate::backend::Rows;
 use crate::error::{Result, RuntimeError};
@@ -130,12 +130,27 @@ pub enum Loc {
 }
 
 /// One value's storage.
-#[derive(Default)]
 struct Slot {
     loc: Option<Loc>,
     /// Floats per row.
     len: usize,
     data: Vec<f32>,
+    /// `data`'s first float, taken when the buffer is set, so that threads
+    /// holding the buffers shared can write the rows they own.
+    ptr: *mut f32,
+}
+
+impl Default for Slot {
+    fn default() -> Slot {
+        Slot { loc: None, len: 0, data: Vec::new(), ptr: std::ptr::null_mut() }
+    }
+}
+
+impl Slot {
+    fn set_data(&mut self, mut data: Vec<f32>) {
+        self.ptr = data.as_mut_ptr();
+        super::pool::give(std::mem::replace(&mut self.data, data));
+    }
 }
 
 /// Value buffers of one run, indexed by value (a lookup is an array index:
@@ -146,6 +161,12 @@ struct Slot {
 pub struct Buffers {
     slots: Vec<Slot>,
 }
+
+// SAFETY: the buffers are owned; threads that share them write disjoint rows
+// (each thread the ranks or layout rows it owns), through the pointers taken
+// when each buffer was set.
+unsafe impl Send for Buffers {}
+unsafe impl Sync for Buffers {}
 
 impl Drop for Buffers {
     fn drop(&mut self) {
@@ -188,7 +209,7 @@ impl Buffers {
     pub fn row_buf(&mut self, v: ValueId, len: usize, rows: usize) {
         let s = self.slot(v);
         if s.loc != Some(Loc::RowBuf) || s.len != len {
-            super::pool::give(std::mem::replace(&mut s.data, super::pool::take(rows * len)));
+            s.set_data(super::pool::take(rows * len));
         }
         s.loc = Some(Loc::RowBuf);
         s.len = len;
@@ -198,7 +219,7 @@ impl Buffers {
     pub fn row_data(&mut self, v: ValueId, data: Vec<f32>) {
         let s = self.slot(v);
         s.loc = Some(Loc::RowBuf);
-        super::pool::give(std::mem::replace(&mut s.data, data));
+        s.set_data(data);
     }
 
     /// A rank-ordered buffer for `v`, unless `v` already lives elsewhere.
@@ -206,7 +227,7 @@ impl Buffers {
         let s = self.slot(v);
         if s.loc.is_none() {
             s.loc = Some(Loc::RankBuf);
-            super::pool::give(std::mem::replace(&mut s.data, super::pool::take(batch * len)));
+            s.set_data(super::pool::take(batch * len));
         }
         s.len = len;
     }
@@ -215,6 +236,7 @@ impl Buffers {
     pub fn take_data(&mut self, v: ValueId) -> Vec<f32> {
         let s = self.slot(v);
         s.loc = None;
+        s.ptr = std::ptr::null_mut();
         std::mem::take(&mut s.data)
     }
 
@@ -222,7 +244,7 @@ impl Buffers {
         let s = self.slot(v);
         s.loc = Some(Loc::Const);
         s.len = value.len();
-        s.data = value;
+        s.set_data(value);
     }
 }
 
@@ -232,34 +254,60 @@ pub struct Frame<'a> {
     pub input_slices: &'a [(usize, usize)],
     pub params: &'a [Vec<f32>],
     /// Matrix parameters prepared for the products that read them.
-    pub prepared: &'a HashMap<usize, PackedMatrix>,
-    pub states: &'a [Vec<f32>],
+    pub weights: &'a PreparedParams,
+    pub states: &'a [RankRows],
     pub state_sizes: &'a [usize],
-    pub carry: &'a [Vec<f32>],
+    pub carry: &'a [RankRows],
     pub d_output: Option<(Rows<'a>, usize)>,
     pub layout: &'a RowLayout,
 }
 
+/// Rank-ordered rows of a state or a carried adjoint, owned by the caller
+/// of a run and written, each rank by the thread that owns it, between steps.
+#[derive(Clone, Copy, Debug)]
+pub struct RankRows(pub *mut f32);
+
+// SAFETY: a plain address; the threads that share it write disjoint ranks.
+unsafe impl Send for RankRows {}
+unsafe impl Sync for RankRows {}
+
+impl RankRows {
+    /// Rows of `buffers`, which must outlive every use of the result.
+    pub fn of(buffers: &mut [Vec<f32>]) -> Vec<RankRows> {
+        buffers.iter_mut().map(|b| RankRows(b.as_mut_ptr())).collect()
+    }
+}
+
 /// The pointer to value `v` for `(b, t)` at rank `r`. Inputs are only read.
-pub fn locate(bufs: &mut Buffers, f: &Frame, v: ValueId, b: usize, t: usize, r: usize) -> Result<*mut f32> {
+pub fn locate(bufs: &Buffers, f: &Frame, v: ValueId, b: usize, t: usize, r: usize) -> Result<*mut f32> {
     let missing = || RuntimeError::Internal(format!("cpu backend: no storage for {v}"));
-    let slot = bufs.slots.get_mut(v.index()).ok_or_else(missing)?;
+    let slot = bufs.slots.get(v.index()).ok_or_else(missing)?;
     let len = slot.len;
+    let within = |row: usize| {
+        if (row + 1) * len <= slot.data.len() {
+            // SAFETY: in bounds of the slot's buffer, checked just above.
+            Ok(unsafe { slot.ptr.add(row * len) })
+        } else {
+            Err(RuntimeError::Internal(format!("cpu backend: row {row} of {v} is out of its buffer")))
+        }
+    };
     Ok(match slot.loc.ok_or_else(missing)? {
         Loc::Input(i) => {
             let (o, l) = f.input_slices[i];
             f.input.get(b, t, o + l)[o..].as_ptr() as *mut f32
         }
-        Loc::State(i) => f.states[i][r * f.state_sizes[i]..].as_ptr() as *mut f32,
+        // SAFETY: state and carry buffers hold a row of their size for every rank.
+        Loc::State(i) => unsafe { f.states[i].0.add(r * f.state_sizes[i]) },
         Loc::Param(i) => f.params[i].as_ptr() as *mut f32,
-        Loc::Carry(i) => f.carry[i][r * f.state_sizes[i]..].as_ptr() as *mut f32,
+        // SAFETY: as for states.
+        Loc::Carry(i) => unsafe { f.carry[i].0.add(r * f.state_sizes[i]) },
         Loc::DOutput => {
             let (rows, n) = f.d_output.ok_or_else(missing)?;
             rows.get(b, t, n).as_ptr() as *mut f32
         }
-        Loc::Const => slot.data.as_mut_ptr(),
-        Loc::RowBuf => slot.data[f.layout.row(b, t) * len..].as_mut_ptr(),
-        Loc::RankBuf => slot.data[r * len..].as_mut_ptr(),
+        Loc::Const => slot.ptr,
+        Loc::RowBuf => within(f.layout.row(b, t))?,
+        Loc::RankBuf => within(r)?,
         // SAFETY: the owner holds a row of `len` floats for every (b, t) of the layout.
         Loc::Borrowed(p) => unsafe { p.add(f.layout.row(b, t) * len) as *mut f32 },
     })
@@ -460,121 +508,97 @@ fn row_stride(bufs: &Buffers, f: &Frame, v: ValueId, step: usize) -> usize {
     }
 }
 
-/// `Wᵀ` as a row-major `[cols, rows]` view: the transposed copy if the
-/// parameter has one, else a strided view of `W`.
-fn weight_t(bufs: &mut Buffers, f: &Frame, m: ValueId, rows_w: usize, cols_w: usize) -> Result<View> {
+/// `Wᵀ` as a row-major `[cols, rows]` view: the prepared transposed copy
+/// of a parameter, else a strided view of `W`.
+fn weight_t(bufs: &Buffers, f: &Frame, m: ValueId, rows_w: usize, cols_w: usize) -> Result<View> {
     if let Some(Loc::Param(i)) = bufs.loc(m) {
-        if let Some(p) = f.prepared.get(&i).filter(|p| p.transposed) {
-            return Ok(View::rows(p.data.as_ptr(), cols_w, rows_w, rows_w));
-        }
+        let t = f.weights.transposed(i, &f.params[i], rows_w, cols_w);
+        return Ok(View::rows(t.as_ptr(), cols_w, rows_w, rows_w));
     }
     let w = locate(bufs, f, m, 0, 0, 0)?;
     Ok(View::rows(w, rows_w, cols_w, cols_w).t())
 }
 
-/// The matrix parameters that products read, prepared once per call
-/// (see [`super::prepared`]):
-/// - per-step products read a copy of `W` (transposed for a `matvec`
-///   through `gemm`, as is for the GEMV paths and `D · W`), in huge-page
-///   aligned memory: the same bytes are streamed every step;
-/// - hoisted `matvec`s over several sequences read a transposed copy:
-///   `gemm` packs its right operand on every call, and packing a strided
-///   transposed view of `W` is a cache-hostile gather (for one sequence, a
-///   single packing of the view costs what the transpose would).
+/// Makes the prepared forms of the matrix parameters that `steps` read
+/// (see [`super::prepared`]), before any thread needs them:
+/// - per-step products read `W` packed into panels (`Wᵀ` for `X · Wᵀ`);
+/// - hoisted `X · Wᵀ` read `Wᵀ` (`gemm` packs its right operand on every
+///   call, and packing a strided transposed view is a cache-hostile gather).
 pub fn prepare_params(
     graph: &Graph,
     steps: &[ReadyStage],
     params: &[Vec<f32>],
     shape: &dyn Fn(ValueId) -> (usize, usize),
-    batch: usize,
-) -> HashMap<usize, PackedMatrix> {
-    let mut out = HashMap::new();
+    weights: &PreparedParams,
+) {
     for st in steps {
         let ReadyStage::Gemm { products, placement } = st else { continue };
-        let per_step = *placement == Placement::EachStep;
         for &(_, ref op, m, _) in products {
             let Op::Param(i) = graph.node(m).op else { continue };
-            if out.contains_key(&i) {
-                continue;
-            }
-            let transposed = *op == Op::MatVec && (!per_step || batch > super::gemv::MAX_ROWS);
-            let wanted = per_step || (*op == Op::MatVec && batch > 1);
-            if !wanted || !matches!(op, Op::MatVec | Op::MatVecT) {
-                continue;
-            }
             let (r, c) = shape(m);
-            let data = if transposed {
-                AlignedBuf::copy_of(&transpose(&params[i], r, c))
-            } else {
-                AlignedBuf::copy_of(&params[i])
-            };
-            out.insert(i, PackedMatrix { data, transposed });
+            match (op, *placement == Placement::EachStep) {
+                (Op::MatVec, true) => drop(weights.t_panels(i, &params[i], r, c)),
+                (Op::MatVecT, true) => drop(weights.panels(i, &params[i], r, c)),
+                (Op::MatVec, false) => drop(weights.transposed(i, &params[i], r, c)),
+                _ => {}
+            }
         }
     }
-    out
 }
 
-/// A per-step GEMM on the first `n` ranks: `Y[0..n] = X[0..n] · Wᵀ` (or `· W`).
-pub fn gemm_step(
-    products: &[(ValueId, Op, ValueId, ValueId)],
-    bufs: &mut Buffers,
+/// A per-step product on ranks `rows`: `Y = X · Wᵀ` (or `X · W`), the
+/// columns of share `part` of `parts` (the whole product with one part).
+pub fn product_rows(
+    &(out, ref op, m, x): &(ValueId, Op, ValueId, ValueId),
+    bufs: &Buffers,
     f: &Frame,
-    n: usize,
+    rows: std::ops::Range<usize>,
+    (part, parts): (usize, usize),
     shape: &dyn Fn(ValueId) -> (usize, usize),
-    threads: usize,
 ) -> Result<()> {
-    for &(out, ref op, m, x) in products {
-        let (rows_w, cols_w) = shape(m);
-        // W as is: its prepared copy if there is one.
-        let w = match bufs.loc(m) {
-            Some(Loc::Param(i)) => match f.prepared.get(&i) {
-                Some(p) if !p.transposed => p.data.as_ptr() as *mut f32,
-                _ => locate(bufs, f, m, 0, 0, 0)?,
-            },
-            _ => locate(bufs, f, m, 0, 0, 0)?,
-        };
-        // The step's rows are the first `n` ranks of rank-ordered storage;
-        // the schedule puts products of anything else before the loop.
-        for v in [x, out] {
-            if !matches!(bufs.loc(v), Some(Loc::RankBuf | Loc::State(_) | Loc::Carry(_))) {
-                return Err(RuntimeError::Internal(format!(
-                    "per-step product {out} reads or writes {v}, which is not held per rank ({:?})",
-                    bufs.loc(v)
-                )));
-            }
+    // The step's rows are ranks of rank-ordered storage; the schedule puts
+    // products of anything else before the loop.
+    for v in [x, out] {
+        if !matches!(bufs.loc(v), Some(Loc::RankBuf | Loc::State(_) | Loc::Carry(_))) {
+            return Err(RuntimeError::Internal(format!(
+                "per-step product {out} reads or writes {v}, which is not held per rank ({:?})",
+                bufs.loc(v)
+            )));
         }
-        let xin = locate(bufs, f, x, 0, 0, 0)?;
-        let y = locate(bufs, f, out, 0, 0, 0)?;
-        let (xlen, ylen) = (bufs.len(x), bufs.len(out));
-        if matches!(op, Op::MatVec | Op::MatVecT) && n <= super::gemv::MAX_ROWS {
-            // A few rows: stream W's rows directly (memory bound), split across cores.
-            // SAFETY: rank buffers hold `batch >= n` rows of their length; W is [rows_w, cols_w].
-            let (ys, xs, ws) = unsafe {
-                (
-                    std::slice::from_raw_parts_mut(y, n * ylen),
-                    std::slice::from_raw_parts(xin, n * xlen),
-                    std::slice::from_raw_parts(w, rows_w * cols_w),
-                )
-            };
-            if *op == Op::MatVec {
-                super::gemv::gemv(ys, xs, ws, n, rows_w, cols_w, threads);
-            } else {
-                // `D · W`: one axpy per row of W.
-                super::gemv::gemv_adjoint(ys, xs, ws, n, rows_w, cols_w, threads);
-            }
-            continue;
-        }
-        let wv = match op {
-            Op::MatVec => weight_t(bufs, f, m, rows_w, cols_w)?,
-            Op::MatVecT => View::rows(w, rows_w, cols_w, cols_w),
-            other => return Err(RuntimeError::Internal(format!("{other:?} in a per-step GEMM"))),
+    }
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let (rows_w, cols_w) = shape(m);
+    let (xlen, ylen) = (bufs.len(x), bufs.len(out));
+    let xin = locate(bufs, f, x, 0, 0, rows.start)?;
+    let y = locate(bufs, f, out, 0, 0, rows.start)?;
+    if let Some(Loc::Param(i)) = bufs.loc(m) {
+        let packed = match op {
+            Op::MatVec => f.weights.t_panels(i, &f.params[i], rows_w, cols_w),
+            Op::MatVecT => f.weights.panels(i, &f.params[i], rows_w, cols_w),
+            other => return Err(RuntimeError::Internal(format!("{other:?} in a per-step product"))),
         };
-        // Split the output columns across cores when the product is big enough to pay.
-        let parts = if threads > 1 && ylen * xlen >= 64 * 64 { threads } else { 1 };
-        // SAFETY: rank buffers and states hold `batch` rows of their length; n <= batch.
+        // SAFETY: rank buffers hold a row of their length for every rank, so
+        // `rows` of x and y exist; the packed weight is [xlen, ylen].
         unsafe {
-            matmul_split(View::rows(y, n, ylen, ylen), View::rows(xin, n, xlen, xlen), wv, false, parts)
+            let rows = super::panels::Rows { y, ldy: ylen, a: xin, lda: xlen, m: rows.len() };
+            super::panels::multiply(rows, packed, packed.share(part, parts), false)
         };
+        return Ok(());
+    }
+    // A computed matrix: `gemm` on this part's columns.
+    let wv = match op {
+        Op::MatVec => weight_t(bufs, f, m, rows_w, cols_w)?,
+        Op::MatVecT => View::rows(locate(bufs, f, m, 0, 0, 0)?, rows_w, cols_w, cols_w),
+        other => return Err(RuntimeError::Internal(format!("{other:?} in a per-step product"))),
+    };
+    let per = ylen.div_ceil(parts).next_multiple_of(16);
+    let (from, to) = ((part * per).min(ylen), ((part + 1) * per).min(ylen));
+    if from < to {
+        let (dst, a) = (View::rows(y, rows.len(), ylen, ylen), View::rows(xin, rows.len(), xlen, xlen));
+        // SAFETY: as above; this part writes only its columns of y.
+        unsafe { matmul(dst.columns(from, to - from), a, wv.columns(from, to - from), false) };
     }
     Ok(())
 }

@@ -12,12 +12,14 @@ pub mod aot;
 pub mod codegen;
 mod driver;
 pub mod gemm;
-pub mod gemv;
 pub mod native;
+pub mod panels;
 mod pool;
 pub mod prepared;
 pub mod roofline;
 pub mod stage;
+mod step_loop;
+mod team;
 
 use super::{Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, Tape};
 use crate::error::{Result, RuntimeError};
@@ -27,12 +29,15 @@ use cellc::ir::{Graph, Op, ValueId};
 use cellc::program::{ProgramKernel, Side, Storage};
 use cellc::schedule::Placement;
 use driver::{
-    constants, gemm_all_rows, gemm_step, locate, prepare_params, run_pointwise, Buffers, Frame, Loc,
+    constants, gemm_all_rows, locate, prepare_params, run_pointwise, Buffers, Frame, Loc, RankRows,
     ReadyStage,
 };
+use prepared::PreparedParams;
 use stage::{Interpreted, StageExec};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use step_loop::StepLoop;
+use team::Team;
 
 /// How pointwise stages are executed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -53,6 +58,9 @@ pub struct Cpu {
     threads: usize,
     pool: rayon::ThreadPool,
     kernels: Kernels,
+    /// Held while a call runs on the pool: the threads of one call's time
+    /// loop wait for each other, so two calls must not share the pool.
+    running: Mutex<()>,
 }
 
 /// Compiled layers for the whole process, keyed by the kernels' kind, the
@@ -90,7 +98,7 @@ impl Cpu {
             .thread_name(|i| format!("cellc-cpu-{i}"))
             .build()
             .map_err(|e| RuntimeError::Backend { backend: "cpu".into(), message: e.to_string() })?;
-        Ok(Cpu { threads, pool, kernels })
+        Ok(Cpu { threads, pool, kernels, running: Mutex::new(()) })
     }
 
     pub fn threads(&self) -> usize {
@@ -229,6 +237,7 @@ impl Backend for Cpu {
 
     fn forward(&self, job: &ForwardJob, output: &mut RowsMut) -> Result<ForwardResult> {
         let code = self.code(job.cell, job.layer)?;
+        let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         self.pool.install(|| forward(self.threads, &code, job, output))
     }
 
@@ -238,6 +247,7 @@ impl Backend for Cpu {
             .downcast_ref::<CpuTape>()
             .ok_or_else(|| RuntimeError::Internal("a cpu backward needs a cpu forward's tape".into()))?;
         let code = self.code(job.cell, job.layer)?;
+        let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         self.pool.install(|| backward(self.threads, &code, job, tape, d_input))
     }
 }
@@ -268,8 +278,9 @@ fn forward(
             }
         }
     }
-    // States in rank order.
-    let order = job.order.order().to_vec();
+    let team = Team::new(job.order, threads);
+    // States in the team's rank order.
+    let order = team.order();
     let mut states: Vec<Vec<f32>> = layer
         .state_sizes
         .iter()
@@ -302,24 +313,32 @@ fn forward(
         output: pool::take(layout_rows * layer.output_size),
         saved: saved_ids.iter().map(|&v| (v, pool::take(layout_rows * plan.elements(v)))).collect(),
     });
-    let out_layout = output.layout;
     let shape = shape_of(plan);
-    let params_t = prepare_params(g, &code.forward, job.params, &shape, batch);
+    let local;
+    let weights = match job.prepared.get_or_init(|| PreparedParams::new(job.params.len())) {
+        Some(w) => w,
+        None => {
+            local = PreparedParams::new(job.params.len());
+            &local
+        }
+    };
+    prepare_params(g, &code.forward, job.params, &shape, weights);
+    let state_rows = RankRows::of(&mut states);
+    let frame = Frame {
+        input: job.input,
+        input_slices: &layer.input_slices,
+        params: job.params,
+        weights,
+        states: &state_rows,
+        state_sizes: &layer.state_sizes,
+        carry: &[],
+        d_output: None,
+        layout: job.input.layout,
+    };
 
     // Before the loop: every valid row.
     let all_rows = valid_rows(job.order);
     {
-        let frame = Frame {
-            input: job.input,
-            input_slices: &layer.input_slices,
-            params: job.params,
-            prepared: &params_t,
-            states: &states,
-            state_sizes: &layer.state_sizes,
-            carry: &[],
-            d_output: None,
-            layout: job.input.layout,
-        };
         let mut none = HashMap::new();
         let all = AllRows { order: job.order, rows: &all_rows, shape: &shape, threads };
         run_all_rows(&code.forward, Placement::BeforeLoop, &mut bufs, &frame, &all, &mut none)?;
@@ -332,83 +351,113 @@ fn forward(
         })
     };
     if let Some(result) =
-        forward_whole_sequence(threads, code, job, output, &mut bufs, &params_t, tape.as_mut())?
+        forward_whole_sequence(threads, code, job, output, &mut bufs, weights, tape.as_mut())?
     {
         return Ok(ForwardResult { final_states: result, tape: into_tape(tape, &mut bufs) });
     }
-    let mut next: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&m| vec![0.0; batch * m]).collect();
 
-    for s in 0..job.order.steps() {
-        let n = job.order.batch_sizes()[s];
-        let rows: Vec<(usize, usize, usize)> =
-            (0..n).map(|r| (order[r], job.order.time(order[r], s, job.reverse), r)).collect();
-        let frame = Frame {
-            input: job.input,
-            input_slices: &layer.input_slices,
-            params: job.params,
-            prepared: &params_t,
-            states: &states,
-            state_sizes: &layer.state_sizes,
-            carry: &[],
-            d_output: None,
-            layout: job.input.layout,
-        };
-        for st in code.forward.iter().filter(|s| s.placement() == Placement::EachStep) {
-            match st {
-                ReadyStage::Gemm { products, .. } => {
-                    gemm_step(products, &mut bufs, &frame, n, &shape, threads)?
-                }
-                ReadyStage::Pointwise { exec, .. } => {
-                    run_pointwise(exec.as_ref(), &mut bufs, &frame, &rows, threads)?
-                }
-                ReadyStage::Sum | ReadyStage::AddMatrices { .. } => {}
-            }
-        }
-        // Outputs, the tape, then the new states (read last: the stages read the old ones).
-        for &(b, t, r) in &rows {
-            let o = layer.output_size;
-            let out_row = out_layout.row(b, t) * output.width + output.offset;
-            copy_row(&mut bufs, &frame, cell.output, (b, t, r), &mut output.data[out_row..out_row + o])?;
-            for (i, &m) in layer.state_sizes.iter().enumerate() {
-                copy_row(
-                    &mut bufs,
-                    &frame,
-                    cell.next_states[i],
-                    (b, t, r),
-                    &mut next[i][r * m..(r + 1) * m],
-                )?;
-            }
-            if let Some(tape) = tape.as_mut() {
+    // The loop. Each thread writes only the rows of its ranks: their output
+    // rows, their tape rows, their states and their sequences' finals.
+    let out = Shared(output.data.as_mut_ptr());
+    let (out_width, out_offset, out_layout) = (output.width, output.offset, output.layout);
+    let finals_rows = RankRows::of(&mut finals);
+    let tape_rows = tape.as_mut().map(|t| TapeRows::of(t, &saved_ids));
+    let after = |s: usize, ranks: std::ops::Range<usize>| -> Result<()> {
+        let o = layer.output_size;
+        for r in ranks {
+            let b = order[r];
+            let t = job.order.time(b, s, job.reverse);
+            // SAFETY (block): every row written is this rank's (sequence b's
+            // row at t, rank r's state), which no other thread touches; the
+            // located rows are valid for their values' lengths.
+            unsafe {
+                let out_row = out.at(out_layout.row(b, t) * out_width + out_offset);
+                let y = locate(&bufs, &frame, cell.output, b, t, r)?;
+                std::ptr::copy_nonoverlapping(y, out_row, o);
                 let row = job.input.layout.row(b, t);
-                tape.output[row * o..(row + 1) * o].copy_from_slice(&output.data[out_row..out_row + o]);
-                for (i, &m) in layer.state_sizes.iter().enumerate() {
-                    tape.states_before[i][row * m..(row + 1) * m]
-                        .copy_from_slice(&states[i][r * m..(r + 1) * m]);
-                    tape.states_after[i][row * m..(row + 1) * m]
-                        .copy_from_slice(&next[i][r * m..(r + 1) * m]);
+                if let Some(tape) = &tape_rows {
+                    std::ptr::copy_nonoverlapping(out_row, tape.output.0.add(row * o), o);
+                    for (&v, dst) in saved_ids.iter().zip(&tape.saved) {
+                        let len = plan.elements(v);
+                        std::ptr::copy_nonoverlapping(
+                            locate(&bufs, &frame, v, b, t, r)?,
+                            dst.0.add(row * len),
+                            len,
+                        );
+                    }
                 }
-                for &v in &saved_ids {
-                    let len = plan.elements(v);
-                    let dst = tape
-                        .saved
-                        .get_mut(&v)
-                        .ok_or_else(|| RuntimeError::Internal(format!("no tape for {v}")))?;
-                    copy_row(&mut bufs, &frame, v, (b, t, r), &mut dst[row * len..(row + 1) * len])?;
+                for (i, &m) in layer.state_sizes.iter().enumerate() {
+                    let state = state_rows[i].0.add(r * m);
+                    if let Some(tape) = &tape_rows {
+                        std::ptr::copy_nonoverlapping(state, tape.states_before[i].0.add(row * m), m);
+                    }
+                    // The new state replaces the old in place: this row's
+                    // stages have read it, and no other row reads it.
+                    std::ptr::copy(locate(&bufs, &frame, cell.next_states[i], b, t, r)?, state, m);
+                    if let Some(tape) = &tape_rows {
+                        std::ptr::copy_nonoverlapping(state, tape.states_after[i].0.add(row * m), m);
+                    }
+                    if s + 1 == job.order.lengths()[b] {
+                        std::ptr::copy_nonoverlapping(state, finals_rows[i].0.add(b * m), m);
+                    }
                 }
             }
         }
-        for (i, &m) in layer.state_sizes.iter().enumerate() {
-            states[i][..n * m].copy_from_slice(&next[i][..n * m]);
-        }
-        for &(b, _, r) in &rows {
-            if s + 1 == job.order.lengths()[b] {
-                for (i, &m) in layer.state_sizes.iter().enumerate() {
-                    finals[i][b * m..(b + 1) * m].copy_from_slice(&states[i][r * m..(r + 1) * m]);
-                }
-            }
+        Ok(())
+    };
+    let steps: Vec<usize> = (0..job.order.steps()).collect();
+    let each_step = StepLoop {
+        team: &team,
+        stages: &code.forward,
+        bufs: &bufs,
+        frame: &frame,
+        shape: &shape,
+        order: job.order,
+        reverse: job.reverse,
+    };
+    each_step.run(&steps, &after)?;
+    Ok(ForwardResult { final_states: finals, tape: into_tape(tape, &mut bufs) })
+}
+
+/// An address shared by the threads of the loop, each writing its own rows.
+#[derive(Clone, Copy)]
+struct Shared(*mut f32);
+// SAFETY: threads write disjoint rows through it.
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    /// The float `offset` places on.
+    ///
+    /// # Safety
+    /// The offset is inside the buffer.
+    unsafe fn at(self, offset: usize) -> *mut f32 {
+        // SAFETY: per the contract.
+        unsafe { self.0.add(offset) }
+    }
+}
+
+/// The tape's buffers as addresses the loop's threads write their rows to.
+struct TapeRows {
+    states_before: Vec<Shared>,
+    states_after: Vec<Shared>,
+    output: Shared,
+    /// In the order of the saved ids given to [`TapeRows::of`].
+    saved: Vec<Shared>,
+}
+
+impl TapeRows {
+    fn of(t: &mut CpuTape, ids: &[ValueId]) -> TapeRows {
+        let addr = |b: &mut Vec<f32>| Shared(b.as_mut_ptr());
+        let saved =
+            ids.iter().map(|v| t.saved.get_mut(v).map_or(Shared(std::ptr::null_mut()), addr)).collect();
+        TapeRows {
+            states_before: t.states_before.iter_mut().map(addr).collect(),
+            states_after: t.states_after.iter_mut().map(addr).collect(),
+            output: addr(&mut t.output),
+            saved,
         }
     }
-    Ok(ForwardResult { final_states: finals, tape: into_tape(tape, &mut bufs) })
 }
 
 /// An elementwise recurrence (no per-step GEMM) runs as one kernel call
@@ -422,7 +471,7 @@ fn forward_whole_sequence(
     job: &ForwardJob,
     output: &mut RowsMut,
     bufs: &mut Buffers,
-    params_t: &HashMap<usize, prepared::PackedMatrix>,
+    weights: &PreparedParams,
     mut tape: Option<&mut CpuTape>,
 ) -> Result<Option<Vec<Vec<f32>>>> {
     let mut each_step = code.forward.iter().filter(|s| s.placement() == Placement::EachStep);
@@ -447,7 +496,7 @@ fn forward_whole_sequence(
         input: job.input,
         input_slices: &layer.input_slices,
         params: job.params,
-        prepared: params_t,
+        weights,
         states: &[],
         state_sizes: &layer.state_sizes,
         carry: &[],
@@ -557,7 +606,8 @@ fn backward_whole_sequence(
     code: &LayerCode,
     job: &BackwardJob,
     bufs: &mut Buffers,
-    params_t: &HashMap<usize, prepared::PackedMatrix>,
+    weights: &PreparedParams,
+    rank_order: &[usize],
     carry: &mut [Vec<f32>],
 ) -> Result<bool> {
     let mut each_step = code.backward.iter().filter(|s| s.placement() == Placement::EachStep);
@@ -579,7 +629,7 @@ fn backward_whole_sequence(
         input: job.input,
         input_slices: &layer.input_slices,
         params: job.params,
-        prepared: params_t,
+        weights,
         states: &[],
         state_sizes: &layer.state_sizes,
         carry: &[],
@@ -619,7 +669,7 @@ fn backward_whole_sequence(
     }
     run_tables(exec.as_ref(), tables, k);
     // The adjoints of the initial states: the carry out of each sequence's first step.
-    for (r, &b) in order.iter().enumerate() {
+    for (r, &b) in rank_order.iter().enumerate() {
         let t = job.order.time(b, 0, job.reverse);
         for (i, &m) in layer.state_sizes.iter().enumerate() {
             copy_row(bufs, &frame, d_states[i], (b, t, 0), &mut carry[i][r * m..(r + 1) * m])?;
@@ -639,7 +689,7 @@ fn seeds_per_row(job: &BackwardJob, bufs: &mut Buffers, i: usize, layout_rows: u
         input: job.input,
         input_slices: &layer.input_slices,
         params: job.params,
-        prepared: &HashMap::new(),
+        weights: &PreparedParams::new(0),
         states: &[],
         state_sizes: &layer.state_sizes,
         carry: &[],
@@ -743,7 +793,8 @@ fn backward(
     let mut kept: HashMap<ValueId, Vec<f32>> =
         persisted.iter().map(|&v| (v, pool::take(layout_rows * plan.elements(v)))).collect();
 
-    let order = job.order.order().to_vec();
+    let team = Team::new(job.order, threads);
+    let order = team.order();
     let mut carry: Vec<Vec<f32>> = layer
         .state_sizes
         .iter()
@@ -753,7 +804,15 @@ fn backward(
         })
         .collect();
     let shape = shape_of(plan);
-    let params_t = prepare_params(g, &code.backward, job.params, &shape, batch);
+    let local;
+    let weights = match job.prepared.get_or_init(|| PreparedParams::new(job.params.len())) {
+        Some(w) => w,
+        None => {
+            local = PreparedParams::new(job.params.len());
+            &local
+        }
+    };
+    prepare_params(g, &code.backward, job.params, &shape, weights);
     let d_out = Some((job.d_output, layer.output_size));
     // Before the loop: products that read no carried adjoint, over every valid row.
     let all_rows = valid_rows(job.order);
@@ -762,7 +821,7 @@ fn backward(
             input: job.input,
             input_slices: &layer.input_slices,
             params: job.params,
-            prepared: &params_t,
+            weights,
             states: &[],
             state_sizes: &layer.state_sizes,
             carry: &[],
@@ -773,7 +832,7 @@ fn backward(
         let all = AllRows { order: job.order, rows: &all_rows, shape: &shape, threads };
         run_all_rows(&code.backward, Placement::BeforeLoop, &mut bufs, &frame, &all, &mut none)?;
     }
-    let whole = backward_whole_sequence(threads, code, job, &mut bufs, &params_t, &mut carry)?;
+    let whole = backward_whole_sequence(threads, code, job, &mut bufs, weights, order, &mut carry)?;
     if whole {
         // The kernel kept every value per row; the carried adjoints are
         // the next row's state adjoints, or the final ones.
@@ -781,68 +840,79 @@ fn backward(
         for &(v, i) in &seeds_after {
             kept.insert(v, seeds_per_row(job, &mut bufs, i, layout_rows)?);
         }
-    }
-    if !whole {
-        let mut next: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&m| vec![0.0; batch * m]).collect();
-        for s in (0..job.order.steps()).rev() {
-            let n = job.order.batch_sizes()[s];
-            let rows: Vec<(usize, usize, usize)> =
-                (0..n).map(|r| (order[r], job.order.time(order[r], s, job.reverse), r)).collect();
-            let frame = Frame {
-                input: job.input,
-                input_slices: &layer.input_slices,
-                params: job.params,
-                prepared: &params_t,
-                states: &[],
-                state_sizes: &layer.state_sizes,
-                carry: &carry,
-                d_output: d_out,
-                layout: job.input.layout,
-            };
-            for st in code.backward.iter().filter(|s| s.placement() == Placement::EachStep) {
-                match st {
-                    ReadyStage::Gemm { products, .. } => {
-                        gemm_step(products, &mut bufs, &frame, n, &shape, threads)?
-                    }
-                    ReadyStage::Pointwise { exec, .. } => {
-                        run_pointwise(exec.as_ref(), &mut bufs, &frame, &rows, threads)?
-                    }
-                    ReadyStage::Sum | ReadyStage::AddMatrices { .. } => {}
-                }
-            }
-            for &(b, t, r) in &rows {
-                for (i, &m) in layer.state_sizes.iter().enumerate() {
-                    if let Some(v) = grad.d_states[i] {
-                        copy_row(&mut bufs, &frame, v, (b, t, r), &mut next[i][r * m..(r + 1) * m])?;
-                    }
-                }
+    } else {
+        // The loop, backwards in time. Each thread writes only its ranks'
+        // carried adjoints and its sequences' kept rows.
+        let carry_rows = RankRows::of(&mut carry);
+        let kept_rows: Vec<(ValueId, Shared)> =
+            kept.iter_mut().map(|(&v, b)| (v, Shared(b.as_mut_ptr()))).collect();
+        let frame = Frame {
+            input: job.input,
+            input_slices: &layer.input_slices,
+            params: job.params,
+            weights,
+            states: &[],
+            state_sizes: &layer.state_sizes,
+            carry: &carry_rows,
+            d_output: d_out,
+            layout: job.input.layout,
+        };
+        let after = |s: usize, ranks: std::ops::Range<usize>| -> Result<()> {
+            for r in ranks {
+                let b = order[r];
+                let t = job.order.time(b, s, job.reverse);
                 let row = job.input.layout.row(b, t);
-                for &v in &persisted {
-                    let len = plan.elements(v);
-                    let dst = kept
-                        .get_mut(&v)
-                        .ok_or_else(|| RuntimeError::Internal(format!("no storage for {v}")))?;
-                    copy_row(&mut bufs, &frame, v, (b, t, r), &mut dst[row * len..(row + 1) * len])?;
+                // SAFETY (block): rank r's carried adjoints and sequence b's
+                // kept rows belong to this thread alone; located rows are
+                // valid for their values' lengths.
+                unsafe {
+                    for &(v, dst) in &kept_rows {
+                        let len = plan.elements(v);
+                        std::ptr::copy_nonoverlapping(
+                            locate(&bufs, &frame, v, b, t, r)?,
+                            dst.0.add(row * len),
+                            len,
+                        );
+                    }
+                    // The carry is replaced in place: this row's stages have
+                    // read it, and the kept rows above were copied first.
+                    for (i, &m) in layer.state_sizes.iter().enumerate() {
+                        let dst = carry_rows[i].0.add(r * m);
+                        match grad.d_states[i] {
+                            Some(v) => std::ptr::copy(locate(&bufs, &frame, v, b, t, r)?, dst, m),
+                            None => std::ptr::write_bytes(dst, 0, m),
+                        }
+                    }
                 }
             }
-            for (i, &m) in layer.state_sizes.iter().enumerate() {
-                carry[i][..n * m].copy_from_slice(&next[i][..n * m]);
-            }
-        }
+            Ok(())
+        };
+        let steps: Vec<usize> = (0..job.order.steps()).rev().collect();
+        let each_step = StepLoop {
+            team: &team,
+            stages: &code.backward,
+            bufs: &bufs,
+            frame: &frame,
+            shape: &shape,
+            order: job.order,
+            reverse: job.reverse,
+        };
+        each_step.run(&steps, &after)?;
     }
 
     // After the loop, over every valid row.
     for (v, data) in kept {
         bufs.row_data(v, data);
     }
+    let carry_rows = RankRows::of(&mut carry);
     let frame = Frame {
         input: job.input,
         input_slices: &layer.input_slices,
         params: job.params,
-        prepared: &params_t,
+        weights,
         states: &[],
         state_sizes: &layer.state_sizes,
-        carry: &carry,
+        carry: &carry_rows,
         d_output: d_out,
         layout: job.input.layout,
     };
@@ -863,7 +933,7 @@ fn backward(
         }
         let rows: Vec<*const f32> = all_rows
             .iter()
-            .map(|&(b, t, _)| locate(&mut bufs, &frame, *v, b, t, 0).map(|p| p as *const f32))
+            .map(|&(b, t, _)| locate(&bufs, &frame, *v, b, t, 0).map(|p| p as *const f32))
             .collect::<Result<_>>()?;
         let mut acc = vec![0.0f32; len];
         // SAFETY: each pointer is a located row of `len` floats of v.
@@ -873,7 +943,7 @@ fn backward(
     for (d, &(o, l)) in grad.d_inputs.iter().zip(&layer.input_slices) {
         let Some(v) = d else { continue };
         for &(b, t, _) in &all_rows {
-            let p = locate(&mut bufs, &frame, *v, b, t, 0)?;
+            let p = locate(&bufs, &frame, *v, b, t, 0)?;
             // SAFETY: a located row of `l` floats of v, in a buffer of this run (not d_input).
             let row = unsafe { std::slice::from_raw_parts(p, l) };
             let dst = d_input.get_mut(b, t, layer.input_size);

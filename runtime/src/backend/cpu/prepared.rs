@@ -1,6 +1,7 @@
-//! Weights prepared once per call for the products that read them: in the
-//! layout the product wants (as is, or transposed for `gemm`'s packing) and
-//! in 2 MiB-aligned memory that Linux is asked to back with huge pages.
+//! Weights prepared once per model (and again when they change) for the
+//! products that read them: transposed for `gemm`, or packed into panels
+//! for the per-step microkernel, in 2 MiB-aligned memory that Linux is
+//! asked to back with huge pages.
 //!
 //! Why the alignment: a per-step product streams the same weight every
 //! step, and at small batch each core keeps its share of it in its own L2.
@@ -10,7 +11,9 @@
 //! 6 ms depending on the run. Physically contiguous huge pages map a
 //! contiguous share evenly onto the sets.
 
+use super::panels::PackedB;
 use std::alloc::{alloc, dealloc, Layout};
+use std::sync::OnceLock;
 
 const HUGE_PAGE: usize = 2 << 20;
 
@@ -79,12 +82,53 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// A parameter matrix ready for the products that read it.
+/// One layer-direction's weights in the forms its products read, each made
+/// on first use and kept until the weights change: the model keeps this in
+/// its [`crate::backend::PreparedWeights`] slot, which it empties whenever it
+/// hands its parameters out mutably (an optimiser step, a load).
 #[derive(Debug)]
-pub struct PackedMatrix {
-    pub data: AlignedBuf,
-    /// `[cols, rows]` (for `X · Wᵀ` through `gemm`) rather than `W`'s own `[rows, cols]`.
-    pub transposed: bool,
+pub struct PreparedParams {
+    forms: Vec<Forms>,
+}
+
+#[derive(Debug, Default)]
+struct Forms {
+    /// `Wᵀ` row-major, `[cols, rows]`: the right operand of a hoisted `X · Wᵀ` through `gemm`.
+    transposed: OnceLock<AlignedBuf>,
+    /// `Wᵀ` in panels: a per-step `X · Wᵀ`.
+    t_panels: OnceLock<PackedB>,
+    /// `W` in panels: a per-step `D · W`.
+    panels: OnceLock<PackedB>,
+}
+
+impl PreparedParams {
+    /// Room for `count` parameters, nothing made yet.
+    pub fn new(count: usize) -> PreparedParams {
+        PreparedParams { forms: (0..count).map(|_| Forms::default()).collect() }
+    }
+
+    fn forms(&self, i: usize) -> &Forms {
+        &self.forms[i]
+    }
+
+    /// Parameter `i` (`w: [rows, cols]`) transposed.
+    pub fn transposed(&self, i: usize, w: &[f32], rows: usize, cols: usize) -> &AlignedBuf {
+        self.forms(i).transposed.get_or_init(|| AlignedBuf::copy_of(&transpose(w, rows, cols)))
+    }
+
+    /// Parameter `i` as the packed right operand of `X · Wᵀ`.
+    pub fn t_panels(&self, i: usize, w: &[f32], rows: usize, cols: usize) -> &PackedB {
+        let p = self.forms(i).t_panels.get_or_init(|| PackedB::of_transpose(w, rows, cols));
+        debug_assert_eq!((p.k(), p.n()), (cols, rows));
+        p
+    }
+
+    /// Parameter `i` as the packed right operand of `D · W`.
+    pub fn panels(&self, i: usize, w: &[f32], rows: usize, cols: usize) -> &PackedB {
+        let p = self.forms(i).panels.get_or_init(|| PackedB::of(w, rows, cols));
+        debug_assert_eq!((p.k(), p.n()), (rows, cols));
+        p
+    }
 }
 
 /// `[r, c]` row-major to `[c, r]` row-major, in cache-sized tiles.

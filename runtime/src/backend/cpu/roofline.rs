@@ -1,11 +1,12 @@
 //! What this machine's GEMMs alone sustain on exactly the products a
 //! model's forward pass runs: each hoisted product once over every row,
-//! each per-step product at every step's batch, through the same `gemm`
-//! calls and thread count as the CPU back end. `cellc bench` prints it next
+//! each per-step product at every step's batch, through the same kernels
+//! and thread count as the CPU back end. `cellc bench` prints it next
 //! to the whole model's rate, so "how close to the GEMM bound" is measured,
 //! not guessed.
 
-use super::gemm::{matmul, matmul_split, View};
+use super::gemm::{matmul, View};
+use super::panels::{multiply, PackedB, Rows};
 use crate::error::{Result, RuntimeError};
 use crate::model::Model;
 use cellc::ir::Op;
@@ -18,8 +19,8 @@ struct Product {
     rows: usize,
     k: usize,
     m: usize,
-    /// Split by output columns across the threads (per step), or the rows
-    /// shared out in blocks (hoisted).
+    /// Through the packed-panel kernel, split by panels across the threads
+    /// (per step), or through `gemm` with the rows shared out (hoisted).
     per_step: bool,
 }
 
@@ -62,42 +63,41 @@ pub fn forward_gemms(model: &Model, lengths: &[usize], threads: usize, min_time:
         .num_threads(threads.max(1))
         .build()
         .map_err(|e| RuntimeError::Backend { backend: "cpu".into(), message: e.to_string() })?;
-    let threads = threads.max(1);
-    let (x, w) = (&x, &w);
+    let mut packed: std::collections::HashMap<(usize, usize), PackedB> = Default::default();
+    for p in products.iter().filter(|p| p.per_step) {
+        packed.entry((p.k, p.m)).or_insert_with(|| PackedB::of(&w[..p.k * p.m], p.k, p.m));
+    }
+    let (x, w, packed) = (&x, &w, &packed);
+    // One parallel region a pass, as the back end's loop: each thread its
+    // share of every product (its panels of a per-step one, a block of
+    // rows of a hoisted one), with no barrier between products.
     let pass = |y: &mut [f32]| {
-        for p in &products {
-            let dst = View::rows(y.as_mut_ptr(), p.rows, p.m, p.m);
-            let a = View::rows(x.as_ptr(), p.rows, p.k, p.k);
-            let b = View::rows(w.as_ptr(), p.k, p.m, p.m);
-            if p.per_step && p.rows <= super::gemv::MAX_ROWS {
-                // The back end's path for a few rows: W itself ([m, k]), streamed.
-                let (ys, xs) = (&mut y[..p.rows * p.m], &x[..p.rows * p.k]);
-                super::gemv::gemv(ys, xs, &w[..p.m * p.k], p.rows, p.m, p.k, threads);
-            } else if p.per_step {
-                // SAFETY: x, w and y hold the largest product's operands.
-                unsafe { matmul_split(dst, a, b, false, if p.m * p.k >= 64 * 64 { threads } else { 1 }) };
-            } else {
-                let per = p.rows.div_ceil(threads);
-                let yp = SendPtr(y.as_mut_ptr());
-                rayon::scope(move |s| {
-                    for from in (0..p.rows).step_by(per.max(1)) {
-                        let n = per.min(p.rows - from);
-                        s.spawn(move |_| {
-                            let yp = yp;
-                            // SAFETY: blocks of rows are disjoint; buffers as above.
-                            unsafe {
-                                matmul(
-                                    View::rows(yp.0.add(from * p.m), n, p.m, p.m),
-                                    View::rows(x.as_ptr().add(from * p.k), n, p.k, p.k),
-                                    b,
-                                    false,
-                                )
-                            }
-                        });
+        let yp = SendPtr(y.as_mut_ptr());
+        rayon::broadcast(|ctx| {
+            let (i, parts) = (ctx.index(), ctx.num_threads());
+            for p in &products {
+                if p.per_step {
+                    let Some(b) = packed.get(&(p.k, p.m)) else { continue };
+                    // SAFETY: x and y hold the largest product's operands;
+                    // threads write disjoint panels of y.
+                    unsafe {
+                        let rows = Rows { y: yp.at(0), ldy: p.m, a: x.as_ptr(), lda: p.k, m: p.rows };
+                        multiply(rows, b, b.share(i, parts), false)
+                    };
+                } else {
+                    let (from, to) = (p.rows * i / parts, p.rows * (i + 1) / parts);
+                    // SAFETY: blocks of rows are disjoint; buffers as above.
+                    unsafe {
+                        matmul(
+                            View::rows(yp.at(from * p.m), to - from, p.m, p.m),
+                            View::rows(x.as_ptr().add(from * p.k), to - from, p.k, p.k),
+                            View::rows(w.as_ptr(), p.k, p.m, p.m),
+                            false,
+                        )
                     }
-                });
+                }
             }
-        }
+        });
     };
     let mut times = Vec::new();
     pool.install(|| {
@@ -119,3 +119,12 @@ struct SendPtr(*mut f32);
 // SAFETY: hands disjoint row blocks of one buffer to the pool's threads.
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// # Safety
+    /// The offset is inside the buffer.
+    unsafe fn at(self, offset: usize) -> *mut f32 {
+        // SAFETY: per the contract.
+        unsafe { self.0.add(offset) }
+    }
+}

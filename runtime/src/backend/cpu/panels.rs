@@ -1,0 +1,445 @@
+//! Weight matrices packed once into column panels, and the microkernel
+//! that multiplies rows by them at the machine's vector width.
+//!
+//! An RNN multiplies the same weight by a few rows at every step. A GEMM
+//! library packs its right operand on every call (`gemm` 0.19 and
+//! `matrixmultiply` both do; neither takes a pre-packed operand), which at
+//! B=16 costs as much as a tenth of the product. Here `B` (`Wᵀ` for
+//! `X · Wᵀ`, `W` for `D · W`) is packed once per model into panels of
+//! [`PANEL`] columns, each panel `k` rows of `PANEL` contiguous floats,
+//! zero-padded: a step streams each panel front to back, and a thread
+//! that always takes the same panels keeps them in its own L2.
+//!
+//! The microkernel holds a tile of up to [`MR`] rows × one panel in
+//! registers: AVX-512 (two `zmm` per row) when the processor has it,
+//! AVX2 + FMA (half a panel at a time), or portable Rust. Every path adds
+//! the `k` products of an output in the same order, whatever the rows, the
+//! panels or the thread count, so results are bitwise reproducible.
+
+use super::prepared::AlignedBuf;
+use std::ops::Range;
+
+/// Columns per panel: two AVX-512 registers.
+pub const PANEL: usize = 32;
+
+/// Rows per register tile.
+pub const MR: usize = 8;
+
+/// Rows per block whose `A` rows stay in L2 while every panel passes over them.
+const ROW_BLOCK: usize = 192;
+
+/// `B: [k, n]` in column panels.
+#[derive(Debug)]
+pub struct PackedB {
+    k: usize,
+    n: usize,
+    data: AlignedBuf,
+}
+
+impl PackedB {
+    fn build(k: usize, n: usize, get: impl Fn(usize, usize) -> f32) -> PackedB {
+        let panels = n.div_ceil(PANEL);
+        let mut v = vec![0.0f32; panels * k * PANEL];
+        for p in 0..panels {
+            for kk in 0..k {
+                let row = &mut v[(p * k + kk) * PANEL..][..PANEL];
+                for (c, x) in row.iter_mut().enumerate().take(n.saturating_sub(p * PANEL)) {
+                    *x = get(kk, p * PANEL + c);
+                }
+            }
+        }
+        PackedB { k, n, data: AlignedBuf::copy_of(&v) }
+    }
+
+    /// `B = Wᵀ` for a row-major `W: [rows, cols]`: the right operand of `X · Wᵀ`.
+    pub fn of_transpose(w: &[f32], rows: usize, cols: usize) -> PackedB {
+        assert!(w.len() >= rows * cols, "weight of {} floats packed as [{rows}, {cols}]", w.len());
+        PackedB::build(cols, rows, |kk, j| w[j * cols + kk])
+    }
+
+    /// `B = W` for a row-major `W: [rows, cols]`: the right operand of `D · W`.
+    pub fn of(w: &[f32], rows: usize, cols: usize) -> PackedB {
+        assert!(w.len() >= rows * cols, "weight of {} floats packed as [{rows}, {cols}]", w.len());
+        PackedB::build(rows, cols, |kk, j| w[kk * cols + j])
+    }
+
+    /// The inner dimension.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Output columns.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    pub fn panels(&self) -> usize {
+        self.n.div_ceil(PANEL)
+    }
+
+    /// The panels `part` of `parts` takes: contiguous, as even as whole
+    /// panels allow, the same for a given `(parts, part)` every step.
+    pub fn share(&self, part: usize, parts: usize) -> Range<usize> {
+        let p = self.panels();
+        p * part / parts..p * (part + 1) / parts
+    }
+
+    fn panel(&self, p: usize) -> *const f32 {
+        // SAFETY: p < panels, so the offset is inside the buffer.
+        unsafe { self.data.as_ptr().add(p * self.k * PANEL) }
+    }
+
+    /// Floats of output column panel `p` that exist.
+    fn width(&self, p: usize) -> usize {
+        (self.n - p * PANEL).min(PANEL)
+    }
+}
+
+/// Which microkernel this processor runs, decided once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Avx512,
+    Avx2,
+    Portable,
+}
+
+impl Isa {
+    /// The widest this processor supports.
+    pub fn detect() -> Isa {
+        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *ISA.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    return Isa::Avx512;
+                }
+                if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                    return Isa::Avx2;
+                }
+            }
+            Isa::Portable
+        })
+    }
+}
+
+/// The left operand and the result of a product: `m` rows of each, with
+/// their row strides in floats.
+#[derive(Clone, Copy, Debug)]
+pub struct Rows {
+    pub y: *mut f32,
+    pub ldy: usize,
+    pub a: *const f32,
+    pub lda: usize,
+    pub m: usize,
+}
+
+/// `Y[i, j] (+)= Σ_kk A[i, kk] · B[kk, j]` for rows `i < m` and the columns
+/// of `panels`, on the calling thread.
+///
+/// # Safety
+/// `a` holds `m` rows of `b.k()` floats, `lda` apart; `y` holds `m` rows,
+/// `ldy` apart, with every column of `panels` writable; `y` does not overlap
+/// `a` or `b`.
+pub unsafe fn multiply(rows: Rows, b: &PackedB, panels: Range<usize>, accumulate: bool) {
+    // SAFETY: forwarded from the caller.
+    unsafe { multiply_with(Isa::detect(), rows, b, panels, accumulate) }
+}
+
+/// [`multiply`] with a chosen microkernel (the tests run every one the host has).
+///
+/// # Safety
+/// As [`multiply`]; `isa` must be supported by this processor.
+pub unsafe fn multiply_with(isa: Isa, rows: Rows, b: &PackedB, panels: Range<usize>, accumulate: bool) {
+    let Rows { y, ldy, a, lda, m } = rows;
+    let k = b.k;
+    for r0 in (0..m).step_by(ROW_BLOCK) {
+        let rows = (m - r0).min(ROW_BLOCK);
+        for p in panels.clone() {
+            let (panel, width) = (b.panel(p), b.width(p));
+            for i0 in (r0..r0 + rows).step_by(MR) {
+                let mr = (r0 + rows - i0).min(MR);
+                // SAFETY: rows i0..i0 + mr exist in a and y; panel p exists;
+                // columns p*PANEL..+width are in y's rows (the caller's contract).
+                unsafe {
+                    let t = Tile {
+                        y: y.add(i0 * ldy + p * PANEL),
+                        ldy,
+                        a: a.add(i0 * lda),
+                        lda,
+                        k,
+                        panel,
+                        width,
+                        accumulate,
+                    };
+                    t.run(isa, mr)
+                }
+            }
+        }
+    }
+}
+
+/// One register tile: up to [`MR`] rows of `A` times one panel.
+struct Tile {
+    y: *mut f32,
+    ldy: usize,
+    a: *const f32,
+    lda: usize,
+    k: usize,
+    panel: *const f32,
+    width: usize,
+    accumulate: bool,
+}
+
+impl Tile {
+    /// # Safety
+    /// As [`multiply_with`], for this tile's `mr` rows.
+    unsafe fn run(&self, isa: Isa, mr: usize) {
+        macro_rules! rows {
+            ($f:ident) => {
+                match mr {
+                    1 => self.$f::<1>(),
+                    2 => self.$f::<2>(),
+                    3 => self.$f::<3>(),
+                    4 => self.$f::<4>(),
+                    5 => self.$f::<5>(),
+                    6 => self.$f::<6>(),
+                    7 => self.$f::<7>(),
+                    _ => self.$f::<8>(),
+                }
+            };
+        }
+        // SAFETY: the ISA was detected on this processor (or chosen by a test that checked it).
+        unsafe {
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => rows!(avx512),
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => {
+                    // Four rows at a time keep AVX2's sixteen registers enough.
+                    let (lo, hi) = (self.split(0), self.split(4));
+                    match mr {
+                        1 => lo.avx2::<1>(),
+                        2 => lo.avx2::<2>(),
+                        3 => lo.avx2::<3>(),
+                        4 => lo.avx2::<4>(),
+                        _ => {
+                            lo.avx2::<4>();
+                            match mr - 4 {
+                                1 => hi.avx2::<1>(),
+                                2 => hi.avx2::<2>(),
+                                3 => hi.avx2::<3>(),
+                                _ => hi.avx2::<4>(),
+                            }
+                        }
+                    }
+                }
+                _ => rows!(portable),
+            }
+        }
+    }
+
+    /// The same tile from row `from` on.
+    #[cfg(target_arch = "x86_64")]
+    fn split(&self, from: usize) -> Tile {
+        Tile { y: self.y.wrapping_add(from * self.ldy), a: self.a.wrapping_add(from * self.lda), ..*self }
+    }
+
+    /// # Safety
+    /// As [`Tile::run`].
+    unsafe fn portable<const R: usize>(&self) {
+        let mut acc = [[0.0f32; PANEL]; R];
+        for kk in 0..self.k {
+            // SAFETY: panel rows kk < k exist; A rows < R have k floats.
+            let brow = unsafe { std::slice::from_raw_parts(self.panel.add(kk * PANEL), PANEL) };
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = unsafe { *self.a.add(i * self.lda + kk) };
+                for (c, x) in row.iter_mut().enumerate() {
+                    *x = av.mul_add(brow[c], *x);
+                }
+            }
+        }
+        for (i, row) in acc.iter().enumerate() {
+            for (c, &x) in row.iter().enumerate().take(self.width) {
+                // SAFETY: row i, column c < width of this tile's output.
+                unsafe {
+                    let out = self.y.add(i * self.ldy + c);
+                    *out = if self.accumulate { *out + x } else { x };
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`Tile::run`]; the processor has AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn avx512<const R: usize>(&self) {
+        use std::arch::x86_64::*;
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        let (mut b, mut a) = (self.panel, self.a);
+        for _ in 0..self.k {
+            // SAFETY: panel rows are 32 floats, 64-byte aligned (the buffer
+            // is, and a row is 128 bytes); A rows < R have k floats.
+            unsafe {
+                let b0 = _mm512_load_ps(b);
+                let b1 = _mm512_load_ps(b.add(16));
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let av = _mm512_set1_ps(*a.add(i * self.lda));
+                    acc[0] = _mm512_fmadd_ps(av, b0, acc[0]);
+                    acc[1] = _mm512_fmadd_ps(av, b1, acc[1]);
+                }
+                b = b.add(PANEL);
+                a = a.add(1);
+            }
+        }
+        let w = self.width;
+        let masks = [mask16(w.min(16)), mask16(w.saturating_sub(16))];
+        for (i, acc) in acc.iter().enumerate() {
+            for (h, (&v, &m)) in acc.iter().zip(&masks).enumerate() {
+                // SAFETY: masked to the tile's existing columns of row i.
+                unsafe {
+                    let out = self.y.add(i * self.ldy + h * 16);
+                    let v = if self.accumulate { _mm512_add_ps(_mm512_maskz_loadu_ps(m, out), v) } else { v };
+                    _mm512_mask_storeu_ps(out, m, v);
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`Tile::run`]; the processor has AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn avx2<const R: usize>(&self) {
+        use std::arch::x86_64::*;
+        for half in 0..2 {
+            let cols = self.width.saturating_sub(half * 16).min(16);
+            if cols == 0 {
+                break;
+            }
+            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+            let (mut b, mut a) = (self.panel.wrapping_add(half * 16), self.a);
+            for _ in 0..self.k {
+                // SAFETY: as avx512; 32-byte aligned halves of a panel row.
+                unsafe {
+                    let b0 = _mm256_load_ps(b);
+                    let b1 = _mm256_load_ps(b.add(8));
+                    for (i, acc) in acc.iter_mut().enumerate() {
+                        let av = _mm256_set1_ps(*a.add(i * self.lda));
+                        acc[0] = _mm256_fmadd_ps(av, b0, acc[0]);
+                        acc[1] = _mm256_fmadd_ps(av, b1, acc[1]);
+                    }
+                    b = b.add(PANEL);
+                    a = a.add(1);
+                }
+            }
+            for (i, acc) in acc.iter().enumerate() {
+                let mut lanes = [0.0f32; 16];
+                // SAFETY: a local array of 16 floats.
+                unsafe {
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), acc[0]);
+                    _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[1]);
+                }
+                for (c, &x) in lanes.iter().enumerate().take(cols) {
+                    // SAFETY: row i, column half*16 + c < width.
+                    unsafe {
+                        let out = self.y.add(i * self.ldy + half * 16 + c);
+                        *out = if self.accumulate { *out + x } else { x };
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn mask16(n: usize) -> u16 {
+    ((1u32 << n.min(16)) - 1) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn isas() -> Vec<Isa> {
+        let mut v = vec![Isa::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                v.push(Isa::Avx2);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                v.push(Isa::Avx512);
+            }
+        }
+        v
+    }
+
+    fn data(n: usize, seed: f32) -> Vec<f32> {
+        (0..n).map(|i| ((i as f32 + seed) * 0.37).sin()).collect()
+    }
+
+    #[test]
+    fn products_match_a_naive_loop_at_ragged_sizes() {
+        for &(m, k, n) in &[(1, 1, 1), (3, 5, 7), (8, 64, 32), (9, 17, 33), (20, 31, 100), (200, 40, 65)] {
+            let a = data(m * k, 1.0);
+            let w = data(n * k, 2.0); // [n, k]: X · Wᵀ
+            let want: Vec<f32> = (0..m * n)
+                .map(|e| {
+                    (0..k).map(|p| a[e / n * k + p] as f64 * w[e % n * k + p] as f64).sum::<f64>() as f32
+                })
+                .collect();
+            let packed = PackedB::of_transpose(&w, n, k);
+            let plain = PackedB::of(&transpose(&w, n, k), k, n);
+            for isa in isas() {
+                for b in [&packed, &plain] {
+                    for parts in [1, 2, 3] {
+                        let mut y = vec![f32::NAN; m * n];
+                        for part in 0..parts {
+                            // SAFETY: y is [m, n], a is [m, k], b is [k, n].
+                            unsafe {
+                                multiply_with(isa, rows(&mut y, &a, m, k, n), b, b.share(part, parts), false)
+                            };
+                        }
+                        for (e, (x, w)) in y.iter().zip(&want).enumerate() {
+                            assert!((x - w).abs() < 1e-4, "{isa:?} {m}x{k}x{n} [{e}]: {x} vs {w}");
+                        }
+                        // Accumulating adds the product once more.
+                        // SAFETY: as above.
+                        unsafe { multiply_with(isa, rows(&mut y, &a, m, k, n), b, 0..b.panels(), true) };
+                        for (x, w) in y.iter().zip(&want) {
+                            assert!((x - 2.0 * w).abs() < 2e-4, "{isa:?} accumulate: {x} vs {}", 2.0 * w);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn results_do_not_depend_on_the_split_or_the_rows() {
+        let (m, k, n) = (13, 50, 70);
+        let a = data(m * k, 3.0);
+        let b = PackedB::of(&data(k * n, 4.0), k, n);
+        let mut whole = vec![0.0; m * n];
+        // SAFETY: shapes as declared.
+        unsafe { multiply(rows(&mut whole, &a, m, k, n), &b, 0..b.panels(), false) };
+        for i in 0..m {
+            let mut row = vec![0.0; n];
+            for part in 0..3 {
+                // SAFETY: one row of a and y.
+                unsafe { multiply(rows(&mut row, &a[i * k..], 1, k, n), &b, b.share(part, 3), false) };
+            }
+            assert_eq!(row, whole[i * n..(i + 1) * n], "row {i}");
+        }
+    }
+
+    fn rows(y: &mut [f32], a: &[f32], m: usize, k: usize, n: usize) -> Rows {
+        assert!(y.len() >= m * n && a.len() >= m * k);
+        Rows { y: y.as_mut_ptr(), ldy: n, a: a.as_ptr(), lda: k, m }
+    }
+
+    fn transpose(w: &[f32], r: usize, c: usize) -> Vec<f32> {
+        (0..r * c).map(|e| w[(e % r) * c + e / r]).collect()
+    }
+}

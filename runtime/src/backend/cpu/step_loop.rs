@@ -1,0 +1,116 @@
+//! One layer-direction's time loop, run by every thread of the team at
+//! once (see [`super::team`]): each step's stages in schedule order, then
+//! the caller's per-row bookkeeping (outputs, tape, next states) for the
+//! rows the thread owns.
+
+use super::driver::{locate, product_rows, Buffers, Frame, ReadyStage};
+use super::team::{Barrier, Split, Team};
+use crate::error::{Result, RuntimeError};
+use crate::sequence::BatchOrder;
+use cellc::ir::ValueId;
+use cellc::schedule::Placement;
+use std::ops::Range;
+
+/// What the per-row bookkeeping after a step is: `(step, ranks)`.
+pub type AfterStep<'a> = dyn Fn(usize, Range<usize>) -> Result<()> + Sync + 'a;
+
+/// Everything the threads share.
+pub struct StepLoop<'a> {
+    pub team: &'a Team,
+    /// The layer's stages; the loop runs those placed at each step.
+    pub stages: &'a [ReadyStage],
+    pub bufs: &'a Buffers,
+    pub frame: &'a Frame<'a>,
+    pub shape: &'a (dyn Fn(ValueId) -> (usize, usize) + Sync),
+    pub order: &'a BatchOrder,
+    pub reverse: bool,
+}
+
+impl StepLoop<'_> {
+    /// Runs the steps in the order given (forwards or backwards in time),
+    /// on the current rayon pool, which must have `team.threads` threads.
+    pub fn run(&self, steps: &[usize], after: &AfterStep) -> Result<()> {
+        let barrier = Barrier::new(self.team.threads);
+        if self.team.threads == 1 {
+            return self.thread(0, steps, after, &barrier);
+        }
+        let results = rayon::broadcast(|ctx| {
+            if ctx.num_threads() != self.team.threads {
+                return Err(RuntimeError::Internal(format!(
+                    "a team of {} threads on a pool of {}",
+                    self.team.threads,
+                    ctx.num_threads()
+                )));
+            }
+            self.thread(ctx.index(), steps, after, &barrier)
+        });
+        results.into_iter().collect()
+    }
+
+    fn thread(&self, i: usize, steps: &[usize], after: &AfterStep, barrier: &Barrier) -> Result<()> {
+        let units = self.team.split == Split::Units;
+        // Leaves the loop with an error, releasing the other threads.
+        let fail = |e| {
+            if units {
+                barrier.abort();
+                barrier.wait();
+            }
+            Err(e)
+        };
+        let parts = if units { (i, self.team.threads) } else { (0, 1) };
+        let mut table: Vec<*mut f32> = Vec::new();
+        let each_step: Vec<&ReadyStage> =
+            self.stages.iter().filter(|s| s.placement() == Placement::EachStep).collect();
+        for &s in steps {
+            for st in &each_step {
+                let done = match st {
+                    ReadyStage::Gemm { products, .. } => {
+                        let rows = self.team.product_rows(i, s);
+                        products.iter().try_for_each(|p| {
+                            product_rows(p, self.bufs, self.frame, rows.clone(), parts, self.shape)
+                        })
+                    }
+                    ReadyStage::Pointwise { exec, .. } => {
+                        self.pointwise(exec.as_ref(), s, self.team.rows(i, s), &mut table)
+                    }
+                    ReadyStage::Sum | ReadyStage::AddMatrices { .. } => Ok(()),
+                };
+                if let Err(e) = done {
+                    return fail(e);
+                }
+                if units && !barrier.wait() {
+                    return Ok(());
+                }
+            }
+            if let Err(e) = after(s, self.team.rows(i, s)) {
+                return fail(e);
+            }
+            if units && !barrier.wait() {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// A pointwise stage on ranks `rows` of step `s`.
+    fn pointwise(
+        &self,
+        exec: &dyn super::stage::StageExec,
+        s: usize,
+        rows: Range<usize>,
+        table: &mut Vec<*mut f32>,
+    ) -> Result<()> {
+        table.clear();
+        for r in rows.clone() {
+            let b = self.team.order()[r];
+            let t = self.order.time(b, s, self.reverse);
+            for &v in exec.inputs().iter().chain(exec.outputs()) {
+                table.push(locate(self.bufs, self.frame, v, b, t, r)?);
+            }
+        }
+        // SAFETY: every pointer comes from `locate`, valid for its value's
+        // length; this thread alone writes these ranks' outputs.
+        unsafe { exec.run(rows.len(), table) };
+        Ok(())
+    }
+}
