@@ -399,6 +399,25 @@ pub fn gemm_all_rows(
     let runs = runs(order, f.layout);
     let tasks = threads.clamp(1, runs.len().max(1));
     for &(out, ref op, m, x) in products {
+        if let (Op::MatVec | Op::MatVecT, Some(Loc::Param(i))) = (op, bufs.loc(m)) {
+            let (rows_w, cols_w) = shape(m);
+            let packed = match op {
+                Op::MatVec => f.weights.t_panels(i, &f.params[i], rows_w, cols_w),
+                _ => f.weights.panels(i, &f.params[i], rows_w, cols_w),
+            };
+            let mut jobs = Vec::with_capacity(runs.len());
+            for &(b0, t0, count, step) in &runs {
+                jobs.push(PanelRows(super::panels::Rows {
+                    y: locate(bufs, f, out, b0, t0, 0)?,
+                    ldy: row_stride(bufs, f, out, step),
+                    a: locate(bufs, f, x, b0, t0, 0)?,
+                    lda: row_stride(bufs, f, x, step),
+                    m: count,
+                }));
+            }
+            packed_all_rows(&jobs, packed, threads);
+            continue;
+        }
         // (dst, a, b) per run, gathered first: `locate` needs the buffers.
         let mut jobs: Vec<(View, View, View)> = Vec::with_capacity(runs.len());
         for &(b0, t0, count, step) in &runs {
@@ -497,6 +516,42 @@ pub fn gemm_all_rows(
     Ok(())
 }
 
+/// The rows of one run of a product through packed panels.
+struct PanelRows(super::panels::Rows);
+// SAFETY: runs write disjoint rows of the output.
+unsafe impl Send for PanelRows {}
+unsafe impl Sync for PanelRows {}
+
+/// Products of a packed weight over runs of rows: runs shared out between
+/// `threads` tasks, or, with fewer runs than threads (one long sequence),
+/// each run split by panels.
+fn packed_all_rows(jobs: &[PanelRows], packed: &super::panels::PackedB, threads: usize) {
+    if jobs.len() >= threads || threads == 1 {
+        let per = jobs.len().div_ceil(threads).max(1);
+        rayon::scope(|sc| {
+            for chunk in jobs.chunks(per) {
+                sc.spawn(move |_| {
+                    for j in chunk {
+                        // SAFETY: each run's rows were located for its values.
+                        unsafe { super::panels::multiply(j.0, packed, 0..packed.panels(), false) };
+                    }
+                });
+            }
+        });
+        return;
+    }
+    for j in jobs {
+        rayon::scope(|sc| {
+            for part in 0..threads {
+                sc.spawn(move |_| {
+                    // SAFETY: as above; the parts write disjoint panels.
+                    unsafe { super::panels::multiply(j.0, packed, packed.share(part, threads), false) };
+                });
+            }
+        });
+    }
+}
+
 /// Floats between consecutive rows of a run, for a value's storage: 0
 /// for a parameter or a constant, the same for every row.
 fn row_stride(bufs: &Buffers, f: &Frame, v: ValueId, step: usize) -> usize {
@@ -508,22 +563,17 @@ fn row_stride(bufs: &Buffers, f: &Frame, v: ValueId, step: usize) -> usize {
     }
 }
 
-/// `Wᵀ` as a row-major `[cols, rows]` view: the prepared transposed copy
-/// of a parameter, else a strided view of `W`.
+/// `Wᵀ` as a row-major `[cols, rows]` view of a computed matrix (products
+/// of parameters read their packed panels).
 fn weight_t(bufs: &Buffers, f: &Frame, m: ValueId, rows_w: usize, cols_w: usize) -> Result<View> {
-    if let Some(Loc::Param(i)) = bufs.loc(m) {
-        let t = f.weights.transposed(i, &f.params[i], rows_w, cols_w);
-        return Ok(View::rows(t.as_ptr(), cols_w, rows_w, rows_w));
-    }
     let w = locate(bufs, f, m, 0, 0, 0)?;
     Ok(View::rows(w, rows_w, cols_w, cols_w).t())
 }
 
 /// Makes the prepared forms of the matrix parameters that `steps` read
-/// (see [`super::prepared`]), before any thread needs them:
-/// - per-step products read `W` packed into panels (`Wᵀ` for `X · Wᵀ`);
-/// - hoisted `X · Wᵀ` read `Wᵀ` (`gemm` packs its right operand on every
-///   call, and packing a strided transposed view is a cache-hostile gather).
+/// (see [`super::prepared`]) before any thread needs them: every product
+/// of a parameter, per step or over all rows, reads it packed into panels
+/// (`Wᵀ` for `X · Wᵀ`, `W` for `D · W`).
 pub fn prepare_params(
     graph: &Graph,
     steps: &[ReadyStage],
@@ -532,14 +582,13 @@ pub fn prepare_params(
     weights: &PreparedParams,
 ) {
     for st in steps {
-        let ReadyStage::Gemm { products, placement } = st else { continue };
+        let ReadyStage::Gemm { products, .. } = st else { continue };
         for &(_, ref op, m, _) in products {
             let Op::Param(i) = graph.node(m).op else { continue };
             let (r, c) = shape(m);
-            match (op, *placement == Placement::EachStep) {
-                (Op::MatVec, true) => drop(weights.t_panels(i, &params[i], r, c)),
-                (Op::MatVecT, true) => drop(weights.panels(i, &params[i], r, c)),
-                (Op::MatVec, false) => drop(weights.transposed(i, &params[i], r, c)),
+            match op {
+                Op::MatVec => drop(weights.t_panels(i, &params[i], r, c)),
+                Op::MatVecT => drop(weights.panels(i, &params[i], r, c)),
                 _ => {}
             }
         }

@@ -1,7 +1,6 @@
 //! Weights prepared once per model (and again when they change) for the
-//! products that read them: transposed for `gemm`, or packed into panels
-//! for the per-step microkernel, in 2 MiB-aligned memory that Linux is
-//! asked to back with huge pages.
+//! products that read them: packed into panels for the microkernel, in
+//! 2 MiB-aligned memory that Linux is asked to back with huge pages.
 //!
 //! Why the alignment: a per-step product streams the same weight every
 //! step, and at small batch each core keeps its share of it in its own L2.
@@ -93,8 +92,6 @@ pub struct PreparedParams {
 
 #[derive(Debug, Default)]
 struct Forms {
-    /// `Wᵀ` row-major, `[cols, rows]`: the right operand of a hoisted `X · Wᵀ` through `gemm`.
-    transposed: OnceLock<AlignedBuf>,
     /// `Wᵀ` in panels: a per-step `X · Wᵀ`.
     t_panels: OnceLock<PackedB>,
     /// `W` in panels: a per-step `D · W`.
@@ -109,11 +106,6 @@ impl PreparedParams {
 
     fn forms(&self, i: usize) -> &Forms {
         &self.forms[i]
-    }
-
-    /// Parameter `i` (`w: [rows, cols]`) transposed.
-    pub fn transposed(&self, i: usize, w: &[f32], rows: usize, cols: usize) -> &AlignedBuf {
-        self.forms(i).transposed.get_or_init(|| AlignedBuf::copy_of(&transpose(w, rows, cols)))
     }
 
     /// Parameter `i` as the packed right operand of `X · Wᵀ`.
