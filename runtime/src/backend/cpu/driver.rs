@@ -1,6 +1,7 @@
 //! Drives one layer and direction over a batch on the CPU: the schedule's
-//! stages as GEMMs (the `gemm` crate) and pointwise kernels behind
-//! [`StageExec`], with every row found through pointers.
+//! products (through packed panels, or `gemm` for weight gradients and
+//! computed matrices) and pointwise kernels behind [`StageExec`], with
+//! every row found through pointers.
 //!
 //! Where values live:
 //! - hoisted values (before the loop), values kept for the backward, and
@@ -13,6 +14,7 @@
 use super::gemm::{matmul, matmul_split, View};
 use super::prepared::PreparedParams;
 use super::stage::StageExec;
+use crate::backend::PreparedWeights;
 use crate::backend::Rows;
 use crate::error::{Result, RuntimeError};
 use crate::sequence::{BatchOrder, RowLayout};
@@ -255,26 +257,41 @@ pub struct Frame<'a> {
     pub params: &'a [Vec<f32>],
     /// Matrix parameters prepared for the products that read them.
     pub weights: &'a PreparedParams,
-    pub states: &'a [RankRows],
+    pub states: &'a [SharedRows],
     pub state_sizes: &'a [usize],
-    pub carry: &'a [RankRows],
+    pub carry: &'a [SharedRows],
     pub d_output: Option<(Rows<'a>, usize)>,
     pub layout: &'a RowLayout,
 }
 
-/// Rank-ordered rows of a state or a carried adjoint, owned by the caller
-/// of a run and written, each rank by the thread that owns it, between steps.
+/// A buffer of rows shared by the threads of a run, each writing only the
+/// rows it owns (the ranks of its sequences, their layout rows): states,
+/// carried adjoints, the output, the tape. The owner keeps the buffer alive
+/// and unmoved while the address is in use.
 #[derive(Clone, Copy, Debug)]
-pub struct RankRows(pub *mut f32);
+pub struct SharedRows(pub *mut f32);
 
-// SAFETY: a plain address; the threads that share it write disjoint ranks.
-unsafe impl Send for RankRows {}
-unsafe impl Sync for RankRows {}
+// SAFETY: a plain address; the threads that share it write disjoint rows.
+unsafe impl Send for SharedRows {}
+unsafe impl Sync for SharedRows {}
 
-impl RankRows {
-    /// Rows of `buffers`, which must outlive every use of the result.
-    pub fn of(buffers: &mut [Vec<f32>]) -> Vec<RankRows> {
-        buffers.iter_mut().map(|b| RankRows(b.as_mut_ptr())).collect()
+impl SharedRows {
+    pub fn of(buffer: &mut [f32]) -> SharedRows {
+        SharedRows(buffer.as_mut_ptr())
+    }
+
+    /// One for each of `buffers`.
+    pub fn each(buffers: &mut [Vec<f32>]) -> Vec<SharedRows> {
+        buffers.iter_mut().map(|b| SharedRows::of(b)).collect()
+    }
+
+    /// The float `offset` places on.
+    ///
+    /// # Safety
+    /// The offset is inside the buffer.
+    pub unsafe fn at(self, offset: usize) -> *mut f32 {
+        // SAFETY: per the contract.
+        unsafe { self.0.add(offset) }
     }
 }
 
@@ -297,10 +314,10 @@ pub fn locate(bufs: &Buffers, f: &Frame, v: ValueId, b: usize, t: usize, r: usiz
             f.input.get(b, t, o + l)[o..].as_ptr() as *mut f32
         }
         // SAFETY: state and carry buffers hold a row of their size for every rank.
-        Loc::State(i) => unsafe { f.states[i].0.add(r * f.state_sizes[i]) },
+        Loc::State(i) => unsafe { f.states[i].at(r * f.state_sizes[i]) },
         Loc::Param(i) => f.params[i].as_ptr() as *mut f32,
         // SAFETY: as for states.
-        Loc::Carry(i) => unsafe { f.carry[i].0.add(r * f.state_sizes[i]) },
+        Loc::Carry(i) => unsafe { f.carry[i].at(r * f.state_sizes[i]) },
         Loc::DOutput => {
             let (rows, n) = f.d_output.ok_or_else(missing)?;
             rows.get(b, t, n).as_ptr() as *mut f32
@@ -570,29 +587,40 @@ fn weight_t(bufs: &Buffers, f: &Frame, m: ValueId, rows_w: usize, cols_w: usize)
     Ok(View::rows(w, rows_w, cols_w, cols_w).t())
 }
 
-/// Makes the prepared forms of the matrix parameters that `steps` read
-/// (see [`super::prepared`]) before any thread needs them: every product
-/// of a parameter, per step or over all rows, reads it packed into panels
-/// (`Wᵀ` for `X · Wᵀ`, `W` for `D · W`).
-pub fn prepare_params(
+/// This layer-direction's prepared weights, from the model's slot (or, if
+/// another back end's form is there, `local`), with the forms that `steps`
+/// read made before any thread needs them (see [`super::prepared`]): every
+/// product of a parameter, per step or over all rows, reads it packed into
+/// panels (`Wᵀ` for `X · Wᵀ`, `W` for `D · W`).
+pub fn prepared_params<'a>(
+    slot: &'a PreparedWeights,
+    local: &'a mut Option<PreparedParams>,
     graph: &Graph,
     steps: &[ReadyStage],
     params: &[Vec<f32>],
     shape: &dyn Fn(ValueId) -> (usize, usize),
-    weights: &PreparedParams,
-) {
+) -> &'a PreparedParams {
+    let weights = match slot.get_or_init(|| PreparedParams::new(params.len())) {
+        Some(w) => w,
+        None => local.insert(PreparedParams::new(params.len())),
+    };
     for st in steps {
         let ReadyStage::Gemm { products, .. } = st else { continue };
         for &(_, ref op, m, _) in products {
             let Op::Param(i) = graph.node(m).op else { continue };
             let (r, c) = shape(m);
             match op {
-                Op::MatVec => drop(weights.t_panels(i, &params[i], r, c)),
-                Op::MatVecT => drop(weights.panels(i, &params[i], r, c)),
+                Op::MatVec => {
+                    weights.t_panels(i, &params[i], r, c);
+                }
+                Op::MatVecT => {
+                    weights.panels(i, &params[i], r, c);
+                }
                 _ => {}
             }
         }
     }
+    weights
 }
 
 /// A per-step product on ranks `rows`: `Y = X · Wᵀ` (or `X · W`), the

@@ -1,12 +1,9 @@
 //! Matrix products through the `gemm` crate (AVX-512 kernels with its
-//! `x86-v4` feature), on strided row-major views.
-//!
-//! The RNN's products are `Y = X · Wᵀ` (a step's rows times a PyTorch-layout
-//! weight `[m, k]`), `Y = D · W` (adjoints back through a weight), and
-//! `dW += Dᵀ · X` (weight gradients over all steps). Small per-step products
-//! are split by output columns across two threads, so that each core keeps
-//! its half of the weight in its own L2 (a GEMV at batch 1 is bound by
-//! that bandwidth).
+//! `x86-v4` feature), on strided row-major views: the weight gradients
+//! `dW += Dᵀ · X` over all steps, and products of matrices the cell computes
+//! (products of parameters read them packed once, see [`super::panels`]),
+//! split by output columns across threads where one call is too small to
+//! share out by rows.
 
 /// A strided view of an `f32` matrix: element `(i, j)` is at `ptr + i*rs + j*cs`.
 #[derive(Clone, Copy, Debug)]

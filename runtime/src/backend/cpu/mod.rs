@@ -1,11 +1,13 @@
-//! The CPU back end: the schedule's GEMMs through the `gemm` crate, its
-//! pointwise stages as compiled kernels, both cores through rayon.
+//! The CPU back end: the schedule's products through weights packed once
+//! per model (`panels`), its pointwise stages as compiled kernels, both
+//! cores through rayon.
 //!
-//! The time loop runs inside the backend's rayon pool (a fork from inside
-//! the pool costs well under a microsecond, from outside 7-10 µs), and work
-//! is split coarsely: per-step GEMMs by output columns, pointwise kernels by
-//! rows. Per-step values live in rank order, so a step's active sequences
-//! are a contiguous prefix and each per-step GEMM is one call.
+//! Work runs inside the backend's rayon pool (a fork from inside the pool
+//! costs well under a microsecond, from outside 7-10 µs). The time loop is
+//! one parallel region on persistent threads (`team`, `step_loop`): threads
+//! own whole sequences, or split each product by panels. Per-step values
+//! live in rank order, so a thread's active sequences are a contiguous
+//! prefix and each per-step product is one call.
 
 pub mod aot;
 #[cfg(feature = "codegen")]
@@ -29,8 +31,8 @@ use cellc::ir::{Graph, Op, ValueId};
 use cellc::program::{ProgramKernel, Side, Storage};
 use cellc::schedule::Placement;
 use driver::{
-    constants, gemm_all_rows, locate, prepare_params, run_pointwise, Buffers, Frame, Loc, RankRows,
-    ReadyStage,
+    constants, gemm_all_rows, locate, prepared_params, run_pointwise, Buffers, Frame, Loc, ReadyStage,
+    SharedRows,
 };
 use prepared::PreparedParams;
 use stage::{Interpreted, StageExec};
@@ -314,16 +316,9 @@ fn forward(
         saved: saved_ids.iter().map(|&v| (v, pool::take(layout_rows * plan.elements(v)))).collect(),
     });
     let shape = shape_of(plan);
-    let local;
-    let weights = match job.prepared.get_or_init(|| PreparedParams::new(job.params.len())) {
-        Some(w) => w,
-        None => {
-            local = PreparedParams::new(job.params.len());
-            &local
-        }
-    };
-    prepare_params(g, &code.forward, job.params, &shape, weights);
-    let state_rows = RankRows::of(&mut states);
+    let mut local = None;
+    let weights = prepared_params(job.prepared, &mut local, g, &code.forward, job.params, &shape);
+    let state_rows = SharedRows::each(&mut states);
     let frame = Frame {
         input: job.input,
         input_slices: &layer.input_slices,
@@ -358,9 +353,9 @@ fn forward(
 
     // The loop. Each thread writes only the rows of its ranks: their output
     // rows, their tape rows, their states and their sequences' finals.
-    let out = Shared(output.data.as_mut_ptr());
+    let out = SharedRows::of(output.data);
     let (out_width, out_offset, out_layout) = (output.width, output.offset, output.layout);
-    let finals_rows = RankRows::of(&mut finals);
+    let finals_rows = SharedRows::each(&mut finals);
     let tape_rows = tape.as_mut().map(|t| TapeRows::of(t, &saved_ids));
     let after = |s: usize, ranks: std::ops::Range<usize>| -> Result<()> {
         let o = layer.output_size;
@@ -376,29 +371,22 @@ fn forward(
                 std::ptr::copy_nonoverlapping(y, out_row, o);
                 let row = job.input.layout.row(b, t);
                 if let Some(tape) = &tape_rows {
-                    std::ptr::copy_nonoverlapping(out_row, tape.output.0.add(row * o), o);
-                    for (&v, dst) in saved_ids.iter().zip(&tape.saved) {
-                        let len = plan.elements(v);
-                        std::ptr::copy_nonoverlapping(
-                            locate(&bufs, &frame, v, b, t, r)?,
-                            dst.0.add(row * len),
-                            len,
-                        );
-                    }
+                    std::ptr::copy_nonoverlapping(out_row, tape.output.at(row * o), o);
+                    keep_row(&tape.saved, &bufs, &frame, plan, (b, t, r), row)?;
                 }
                 for (i, &m) in layer.state_sizes.iter().enumerate() {
-                    let state = state_rows[i].0.add(r * m);
+                    let state = state_rows[i].at(r * m);
                     if let Some(tape) = &tape_rows {
-                        std::ptr::copy_nonoverlapping(state, tape.states_before[i].0.add(row * m), m);
+                        std::ptr::copy_nonoverlapping(state, tape.states_before[i].at(row * m), m);
                     }
                     // The new state replaces the old in place: this row's
                     // stages have read it, and no other row reads it.
                     std::ptr::copy(locate(&bufs, &frame, cell.next_states[i], b, t, r)?, state, m);
                     if let Some(tape) = &tape_rows {
-                        std::ptr::copy_nonoverlapping(state, tape.states_after[i].0.add(row * m), m);
+                        std::ptr::copy_nonoverlapping(state, tape.states_after[i].at(row * m), m);
                     }
                     if s + 1 == job.order.lengths()[b] {
-                        std::ptr::copy_nonoverlapping(state, finals_rows[i].0.add(b * m), m);
+                        std::ptr::copy_nonoverlapping(state, finals_rows[i].at(b * m), m);
                     }
                 }
             }
@@ -419,45 +407,47 @@ fn forward(
     Ok(ForwardResult { final_states: finals, tape: into_tape(tape, &mut bufs) })
 }
 
-/// An address shared by the threads of the loop, each writing its own rows.
-#[derive(Clone, Copy)]
-struct Shared(*mut f32);
-// SAFETY: threads write disjoint rows through it.
-unsafe impl Send for Shared {}
-unsafe impl Sync for Shared {}
-
-impl Shared {
-    /// The float `offset` places on.
-    ///
-    /// # Safety
-    /// The offset is inside the buffer.
-    unsafe fn at(self, offset: usize) -> *mut f32 {
-        // SAFETY: per the contract.
-        unsafe { self.0.add(offset) }
-    }
-}
-
 /// The tape's buffers as addresses the loop's threads write their rows to.
 struct TapeRows {
-    states_before: Vec<Shared>,
-    states_after: Vec<Shared>,
-    output: Shared,
-    /// In the order of the saved ids given to [`TapeRows::of`].
-    saved: Vec<Shared>,
+    states_before: Vec<SharedRows>,
+    states_after: Vec<SharedRows>,
+    output: SharedRows,
+    /// Saved values copied from the step's storage into the tape's rows.
+    saved: Vec<(ValueId, SharedRows)>,
 }
 
 impl TapeRows {
     fn of(t: &mut CpuTape, ids: &[ValueId]) -> TapeRows {
-        let addr = |b: &mut Vec<f32>| Shared(b.as_mut_ptr());
-        let saved =
-            ids.iter().map(|v| t.saved.get_mut(v).map_or(Shared(std::ptr::null_mut()), addr)).collect();
+        let saved = ids.iter().filter_map(|&v| Some((v, SharedRows::of(t.saved.get_mut(&v)?)))).collect();
         TapeRows {
-            states_before: t.states_before.iter_mut().map(addr).collect(),
-            states_after: t.states_after.iter_mut().map(addr).collect(),
-            output: addr(&mut t.output),
+            states_before: SharedRows::each(&mut t.states_before),
+            states_after: SharedRows::each(&mut t.states_after),
+            output: SharedRows::of(&mut t.output),
             saved,
         }
     }
+}
+
+/// Copies each value's row for `(b, t)` at rank `r` into layout row `row`
+/// of its buffer (the tape's saved values, the backward's kept values).
+///
+/// # Safety
+/// Each buffer holds layout row `row` of its value's length, and no other
+/// thread writes it.
+unsafe fn keep_row(
+    kept: &[(ValueId, SharedRows)],
+    bufs: &Buffers,
+    frame: &Frame,
+    plan: &Shapes,
+    (b, t, r): (usize, usize, usize),
+    row: usize,
+) -> Result<()> {
+    for &(v, dst) in kept {
+        let len = plan.elements(v);
+        // SAFETY: the located row is valid for `len` floats; dst per the contract.
+        unsafe { std::ptr::copy_nonoverlapping(locate(bufs, frame, v, b, t, r)?, dst.at(row * len), len) };
+    }
+    Ok(())
 }
 
 /// An elementwise recurrence (no per-step GEMM) runs as one kernel call
@@ -804,15 +794,8 @@ fn backward(
         })
         .collect();
     let shape = shape_of(plan);
-    let local;
-    let weights = match job.prepared.get_or_init(|| PreparedParams::new(job.params.len())) {
-        Some(w) => w,
-        None => {
-            local = PreparedParams::new(job.params.len());
-            &local
-        }
-    };
-    prepare_params(g, &code.backward, job.params, &shape, weights);
+    let mut local = None;
+    let weights = prepared_params(job.prepared, &mut local, g, &code.backward, job.params, &shape);
     let d_out = Some((job.d_output, layer.output_size));
     // Before the loop: products that read no carried adjoint, over every valid row.
     let all_rows = valid_rows(job.order);
@@ -843,9 +826,9 @@ fn backward(
     } else {
         // The loop, backwards in time. Each thread writes only its ranks'
         // carried adjoints and its sequences' kept rows.
-        let carry_rows = RankRows::of(&mut carry);
-        let kept_rows: Vec<(ValueId, Shared)> =
-            kept.iter_mut().map(|(&v, b)| (v, Shared(b.as_mut_ptr()))).collect();
+        let carry_rows = SharedRows::each(&mut carry);
+        let kept_rows: Vec<(ValueId, SharedRows)> =
+            kept.iter_mut().map(|(&v, b)| (v, SharedRows::of(b))).collect();
         let frame = Frame {
             input: job.input,
             input_slices: &layer.input_slices,
@@ -866,18 +849,11 @@ fn backward(
                 // kept rows belong to this thread alone; located rows are
                 // valid for their values' lengths.
                 unsafe {
-                    for &(v, dst) in &kept_rows {
-                        let len = plan.elements(v);
-                        std::ptr::copy_nonoverlapping(
-                            locate(&bufs, &frame, v, b, t, r)?,
-                            dst.0.add(row * len),
-                            len,
-                        );
-                    }
+                    keep_row(&kept_rows, &bufs, &frame, plan, (b, t, r), row)?;
                     // The carry is replaced in place: this row's stages have
                     // read it, and the kept rows above were copied first.
                     for (i, &m) in layer.state_sizes.iter().enumerate() {
-                        let dst = carry_rows[i].0.add(r * m);
+                        let dst = carry_rows[i].at(r * m);
                         match grad.d_states[i] {
                             Some(v) => std::ptr::copy(locate(&bufs, &frame, v, b, t, r)?, dst, m),
                             None => std::ptr::write_bytes(dst, 0, m),
@@ -904,7 +880,7 @@ fn backward(
     for (v, data) in kept {
         bufs.row_data(v, data);
     }
-    let carry_rows = RankRows::of(&mut carry);
+    let carry_rows = SharedRows::each(&mut carry);
     let frame = Frame {
         input: job.input,
         input_slices: &layer.input_slices,

@@ -123,22 +123,6 @@ impl PreparedParams {
     }
 }
 
-/// `[r, c]` row-major to `[c, r]` row-major, in cache-sized tiles.
-pub fn transpose(w: &[f32], r: usize, c: usize) -> Vec<f32> {
-    const TILE: usize = 32;
-    let mut t = vec![0.0f32; r * c];
-    for r0 in (0..r).step_by(TILE) {
-        for c0 in (0..c).step_by(TILE) {
-            for row in r0..(r0 + TILE).min(r) {
-                for col in c0..(c0 + TILE).min(c) {
-                    t[col * r + row] = w[row * c + col];
-                }
-            }
-        }
-    }
-    t
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,6 +137,5 @@ mod tests {
                 assert_eq!(b.as_ptr() as usize % HUGE_PAGE, 0);
             }
         }
-        assert_eq!(transpose(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 2, 3), vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
     }
 }

@@ -5,6 +5,7 @@
 //! to the whole model's rate, so "how close to the GEMM bound" is measured,
 //! not guessed.
 
+use super::driver::SharedRows;
 use super::gemm::{matmul, View};
 use super::panels::{multiply, PackedB, Rows};
 use crate::error::{Result, RuntimeError};
@@ -72,7 +73,7 @@ pub fn forward_gemms(model: &Model, lengths: &[usize], threads: usize, min_time:
     // share of every product (its panels of a per-step one, a block of
     // rows of a hoisted one), with no barrier between products.
     let pass = |y: &mut [f32]| {
-        let yp = SendPtr(y.as_mut_ptr());
+        let yp = SharedRows::of(y);
         rayon::broadcast(|ctx| {
             let (i, parts) = (ctx.index(), ctx.num_threads());
             for p in &products {
@@ -112,19 +113,4 @@ pub fn forward_gemms(model: &Model, lengths: &[usize], threads: usize, min_time:
     });
     times.sort_by(f64::total_cmp);
     Ok((flops, times[times.len() / 2]))
-}
-
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: hands disjoint row blocks of one buffer to the pool's threads.
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    /// # Safety
-    /// The offset is inside the buffer.
-    unsafe fn at(self, offset: usize) -> *mut f32 {
-        // SAFETY: per the contract.
-        unsafe { self.0.add(offset) }
-    }
 }
