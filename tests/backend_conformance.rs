@@ -139,3 +139,65 @@ fn large_batches_split_across_threads_identically() {
     }
     assert_eq!(two.forward(input, None).expect("again").data, b.data, "2 threads: bitwise run to run");
 }
+
+#[test]
+fn states_that_swap_read_the_previous_step() {
+    // `a' = b`, `b' = a`: each next state is the other state itself, so the
+    // new states must not overwrite the old ones before both are read.
+    let src = "
+        cell swap {
+            input x[H]
+            state a[H], b[H]
+            param w[H, H]
+            a' = b
+            b' = tanh(w @ a + x)
+            output a' + b'
+        }
+        cell swap_plain {
+            input x[H]
+            state a[H], b[H]
+            a' = b
+            b' = a + x
+            output a' * b'
+        }";
+    for name in ["swap", "swap_plain"] {
+        let c = Arc::new(CompiledCell::from_source("swap.cell", src, Some(name)).expect("compiles"));
+        let config = ModelConfig { layers: 1, bidirectional: false };
+        let cpu =
+            build(&c, 5, 5, &config, Box::new(Cpu::new(2, Kernels::default()).expect("cpu"))).expect("model");
+        let reference = build(&c, 5, 5, &config, Box::new(Reference)).expect("model");
+        let lengths = [4usize, 2, 3];
+        let mut rng = support::Rng::new(4);
+        let x: Vec<f32> = rng.vec(3 * 4 * 5, 1.0).iter().map(|&v| v as f32).collect();
+        let h0: Vec<Vec<f32>> =
+            (0..2).map(|_| rng.vec(3 * 5, 1.0).iter().map(|&v| v as f32).collect()).collect();
+        let input = Input::Padded {
+            data: &x,
+            batch: 3,
+            steps: 4,
+            major: Major::BatchFirst,
+            align: Align::Left,
+            lengths: &lengths,
+        };
+        let a = cpu.forward(input, Some(&h0)).expect("cpu");
+        let r = reference.forward(input, Some(&h0)).expect("reference");
+        for (x, y) in a
+            .data
+            .iter()
+            .zip(&r.data)
+            .chain(a.final_states.iter().flatten().zip(r.final_states.iter().flatten()))
+        {
+            assert!((x - y).abs() < 1e-4, "{name}: cpu {x} vs reference {y}");
+        }
+        // Step by step, the first sequence alone.
+        let mut stream = cpu.stream(1).expect("stream");
+        stream.set_states(&h0.iter().map(|s| s[..5].to_vec()).collect::<Vec<_>>()).expect("states");
+        let mut y = vec![0.0; 5];
+        for t in 0..4 {
+            stream.run(&x[t * 5..(t + 1) * 5], &mut y).expect("step");
+            for (x, r) in y.iter().zip(&r.data[t * 5..(t + 1) * 5]) {
+                assert!((x - r).abs() < 1e-4, "{name}, step {t}: stream {x} vs reference {r}");
+            }
+        }
+    }
+}

@@ -34,6 +34,8 @@ pub enum RuntimeError {
     UnboundSize { size: String },
     /// Layer sizes do not fit together (e.g. a cell whose input must be `[H]` fed `2*H` features).
     Layer { layer: usize, message: String },
+    /// A model that cannot run step by step ([`crate::Model::stream`]).
+    NotStreamable { reason: String },
     /// The backend cannot run here (e.g. no CUDA driver).
     Backend { backend: String, message: String },
     /// Reading or writing weights or tensors.
@@ -83,6 +85,7 @@ impl fmt::Display for RuntimeError {
                 write!(f, "size `{size}` has no value and cannot be inferred (bind it with -D {size}=N)")
             }
             RuntimeError::Layer { layer, message } => write!(f, "layer {layer}: {message}"),
+            RuntimeError::NotStreamable { reason } => write!(f, "this model cannot run step by step: {reason}"),
             RuntimeError::Backend { backend, message } => write!(f, "backend `{backend}`: {message}"),
             RuntimeError::Io { path, message } => write!(f, "{path}: {message}"),
             RuntimeError::Internal(m) => write!(f, "internal error (a bug in cellc): {m}"),

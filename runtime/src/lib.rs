@@ -43,6 +43,7 @@ pub mod files;
 pub mod memory;
 pub mod model;
 pub mod sequence;
+pub mod stream;
 pub mod weights;
 
 pub use error::{Result, RuntimeError};
@@ -50,6 +51,7 @@ pub use exec::{Gradients, Input, Output, Trace};
 pub use files::write_atomically;
 pub use model::{CompiledCell, Layer, Model, ModelConfig, Side};
 pub use sequence::{Align, BatchOrder, Major, PackedSequence, RowLayout};
+pub use stream::Stream;
 pub use weights::{
     read_metadata, read_tensors, write_tensors, write_tensors_with_metadata, Metadata, Tensor, TensorData,
     Weights,

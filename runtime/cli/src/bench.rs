@@ -52,6 +52,11 @@ pub struct BenchArgs {
     /// CUDA backend: run each layer as a CUDA graph (captured at the first run, then relaunched).
     #[arg(long)]
     pub cuda_graphs: bool,
+    /// Inference through the streaming call (`Model::stream`): the state
+    /// carried, all steps in one call on the calling thread. The default
+    /// for one-step inference of a one-directional model.
+    #[arg(long)]
+    pub stream: bool,
     /// Least total measured time, in seconds.
     #[arg(long, default_value_t = 1.0)]
     pub min_time: f64,
@@ -134,6 +139,17 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
     let model = Model::new(compiled, config, &sizes, Some(input_size), None, 1, backend)?;
 
     let (b, t) = (args.batch as usize, args.steps as usize);
+    let streaming = args.stream || (t == 1 && args.mode == Mode::Infer && !args.bidirectional);
+    if streaming && (args.mode != Mode::Infer || args.bidirectional) {
+        return Err(RuntimeError::NotStreamable {
+            reason: "--stream times inference of a one-directional model".into(),
+        });
+    }
+    if streaming && args.lengths != Lengths::Full && t > 1 {
+        return Err(RuntimeError::NotStreamable {
+            reason: "a stream advances every sequence together: use --lengths full".into(),
+        });
+    }
     let mut seed = 0x5eed_u64;
     let lengths: Vec<usize> = (0..b)
         .map(|_| match args.lengths {
@@ -155,7 +171,14 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
         align: Align::Left,
         lengths: &lengths,
     };
-    let run_once = || -> Result<(), RuntimeError> {
+    // Streaming: the synthetic data read as [T, B, I], the states carried
+    // from run to run as in a live stream.
+    let mut stream = if streaming { Some(model.stream(b)?) } else { None };
+    let mut y = vec![0.0f32; if streaming { b * t * model.output_size() } else { 0 }];
+    let mut run_once = || -> Result<(), RuntimeError> {
+        if let Some(stream) = &mut stream {
+            return stream.run(&x, &mut y);
+        }
         match args.mode {
             Mode::Infer => model.forward(input, None).map(|_| ()),
             Mode::Train => {
@@ -169,7 +192,9 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
 
     let mut times: Vec<Duration> = Vec::new();
     let started = Instant::now();
-    while times.len() < 3 || (started.elapsed().as_secs_f64() < args.min_time && times.len() < 1000) {
+    // Short calls are timed many more times: the median of a few µs needs it.
+    let most_runs = if streaming { 100_000 } else { 1000 };
+    while times.len() < 3 || (started.elapsed().as_secs_f64() < args.min_time && times.len() < most_runs) {
         let t0 = Instant::now();
         run_once()?;
         times.push(t0.elapsed());
@@ -183,7 +208,7 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
     let sizes_text: Vec<String> = model.layers()[0].sizes.iter().map(|(k, v)| format!("{k}={v}")).collect();
     // The same products timed alone (CPU inference): the bound the model is measured against.
     let gemm_only = match (args.mode, model.backend_name()) {
-        (Mode::Infer, "cpu") => {
+        (Mode::Infer, "cpu") if !streaming => {
             let threads = args
                 .threads
                 .map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), |n| n as usize);
@@ -202,24 +227,28 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
     });
     if args.json {
         println!(
-            "{{\"cell\": \"{}\", \"backend\": \"{}\", \"mode\": \"{}\", \"batch\": {b}, \"steps\": {t}, \"layers\": {}, \"bidirectional\": {}, \"sizes\": \"{}\", \"tokens\": {tokens}, \"runs\": {}, \"median_s\": {median:.6e}, \"min_s\": {min:.6e}, \"compile_s\": {compile_s:.6e}, \"tokens_per_s\": {tokens_per_s:.6e}, \"gflops\": {gflops:.4}{gemm_only_json}}}",
+            "{{\"cell\": \"{}\", \"backend\": \"{}\", \"mode\": \"{}\", \"batch\": {b}, \"steps\": {t}, \"layers\": {}, \"bidirectional\": {}, \"route\": \"{}\", \"sizes\": \"{}\", \"tokens\": {tokens}, \"runs\": {}, \"median_s\": {median:.6e}, \"min_s\": {min:.6e}, \"compile_s\": {compile_s:.6e}, \"tokens_per_s\": {tokens_per_s:.6e}, \"gflops\": {gflops:.4}{gemm_only_json}}}",
             model.compiled().forward.name,
             model.backend_name(),
             if args.mode == Mode::Train { "train" } else { "infer" },
             args.layers,
             args.bidirectional,
+            if streaming { "stream" } else { "batch" },
             sizes_text.join(" "),
             times.len()
         );
     } else {
+        // Short calls in µs, the rest in ms.
+        let (scale, unit) = if median < 1e-3 { (1e6, "µs") } else { (1e3, "ms") };
         println!(
-            "{} ({}) {} on {}: B={b} T={t} tokens={tokens}: median {:.3} ms, min {:.3} ms over {} runs; {:.0} tokens/s; {:.2} GFLOP/s (matrix products); compile {:.3} s",
+            "{} ({}) {} on {}{}: B={b} T={t} tokens={tokens}: median {:.3} {unit}, min {:.3} {unit} over {} runs; {:.0} tokens/s; {:.2} GFLOP/s (matrix products); compile {:.3} s",
             model.compiled().forward.name,
             sizes_text.join(" "),
             if args.mode == Mode::Train { "train" } else { "infer" },
             model.backend_name(),
-            median * 1e3,
-            min * 1e3,
+            if streaming { " through the streaming call" } else { "" },
+            median * scale,
+            min * scale,
             times.len(),
             tokens_per_s,
             gflops,

@@ -127,8 +127,41 @@ pub struct BackwardResult {
     pub d_params: Vec<Vec<f32>>,
 }
 
+/// Every layer of a one-directional model, for a stream of steps over a
+/// batch of `batch` sequences (see [`crate::stream`]).
+#[derive(Clone, Debug)]
+pub struct StreamJob<'a> {
+    pub cell: &'a CompiledCell,
+    pub layers: &'a [Layer],
+    /// Each layer's parameters, and the back end's prepared form of them.
+    pub params: Vec<&'a [Vec<f32>]>,
+    pub prepared: Vec<&'a PreparedWeights>,
+    pub batch: usize,
+}
+
+/// A back end's workspace for a stream: made once, then each call runs a
+/// few steps of every layer with no allocation, on the caller's thread.
+/// It holds the carried states.
+pub trait StepRunner: Send + Sync {
+    /// Runs `input` (`[steps, B, I]`) through every layer, writing `output`
+    /// (`[steps, B, O]`); the caller has checked both lengths.
+    fn run(&mut self, input: &[f32], steps: usize, output: &mut [f32]) -> Result<()>;
+
+    /// State `i` of layer `layer`, `[B * size]`.
+    fn state(&self, layer: usize, i: usize) -> &[f32];
+
+    fn state_mut(&mut self, layer: usize, i: usize) -> &mut [f32];
+}
+
 pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
+
+    /// A workspace that runs the model step by step, or `None` where this
+    /// back end has no such path (the model then runs each call as a batch).
+    fn stream<'a>(&'a self, job: StreamJob<'a>) -> Result<Option<Box<dyn StepRunner + 'a>>> {
+        let _ = job;
+        Ok(None)
+    }
 
     /// Writes the output rows (this direction's features of `output`) and returns the final states.
     fn forward(&self, job: &ForwardJob, output: &mut RowsMut) -> Result<ForwardResult>;

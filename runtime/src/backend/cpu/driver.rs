@@ -11,7 +11,7 @@
 //!   (longest first), so the active sequences of a step are a contiguous
 //!   prefix and a per-step GEMM is one call on `n` rows (`RankBuf`).
 
-use super::gemm::{matmul, matmul_split, View};
+use super::gemm::{column_share, matmul, matmul_split, View};
 use super::prepared::PreparedParams;
 use super::stage::StageExec;
 use crate::backend::PreparedWeights;
@@ -416,23 +416,15 @@ pub fn gemm_all_rows(
     let runs = runs(order, f.layout);
     let tasks = threads.clamp(1, runs.len().max(1));
     for &(out, ref op, m, x) in products {
-        if let (Op::MatVec | Op::MatVecT, Some(Loc::Param(i))) = (op, bufs.loc(m)) {
-            let (rows_w, cols_w) = shape(m);
-            let packed = match op {
-                Op::MatVec => f.weights.t_panels(i, &f.params[i], rows_w, cols_w),
-                _ => f.weights.panels(i, &f.params[i], rows_w, cols_w),
-            };
-            let mut jobs = Vec::with_capacity(runs.len());
-            for &(b0, t0, count, step) in &runs {
-                jobs.push(PanelRows(super::panels::Rows {
-                    y: locate(bufs, f, out, b0, t0, 0)?,
-                    ldy: row_stride(bufs, f, out, step),
-                    a: locate(bufs, f, x, b0, t0, 0)?,
-                    lda: row_stride(bufs, f, x, step),
-                    m: count,
-                }));
-            }
-            packed_all_rows(&jobs, packed, threads);
+        if let (Op::MatVec | Op::MatVecT, Some(Loc::Param(_))) = (op, bufs.loc(m)) {
+            let product = (out, op.clone(), m, x);
+            let calls = runs
+                .iter()
+                .map(|&(b0, t0, count, step)| {
+                    ProductCall::locate(&product, bufs, f, (b0, t0, 0), count, step, shape)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            packed_all_rows(&calls, threads);
             continue;
         }
         // (dst, a, b) per run, gathered first: `locate` needs the buffers.
@@ -533,36 +525,30 @@ pub fn gemm_all_rows(
     Ok(())
 }
 
-/// The rows of one run of a product through packed panels.
-struct PanelRows(super::panels::Rows);
-// SAFETY: runs write disjoint rows of the output.
-unsafe impl Send for PanelRows {}
-unsafe impl Sync for PanelRows {}
-
-/// Products of a packed weight over runs of rows: runs shared out between
-/// `threads` tasks, or, with fewer runs than threads (one long sequence),
-/// each run split by panels.
-fn packed_all_rows(jobs: &[PanelRows], packed: &super::panels::PackedB, threads: usize) {
-    if jobs.len() >= threads || threads == 1 {
-        let per = jobs.len().div_ceil(threads).max(1);
+/// Products over runs of rows: runs shared out between `threads` tasks,
+/// or, with fewer runs than threads (one long sequence), each run split by
+/// columns.
+fn packed_all_rows(calls: &[ProductCall], threads: usize) {
+    if calls.len() >= threads || threads == 1 {
+        let per = calls.len().div_ceil(threads).max(1);
         rayon::scope(|sc| {
-            for chunk in jobs.chunks(per) {
+            for chunk in calls.chunks(per) {
                 sc.spawn(move |_| {
-                    for j in chunk {
-                        // SAFETY: each run's rows were located for its values.
-                        unsafe { super::panels::multiply(j.0, packed, 0..packed.panels(), false) };
+                    for call in chunk {
+                        // SAFETY: runs write disjoint rows; each was located for its values.
+                        unsafe { call.run((0, 1)) };
                     }
                 });
             }
         });
         return;
     }
-    for j in jobs {
+    for call in calls {
         rayon::scope(|sc| {
             for part in 0..threads {
                 sc.spawn(move |_| {
-                    // SAFETY: as above; the parts write disjoint panels.
-                    unsafe { super::panels::multiply(j.0, packed, packed.share(part, threads), false) };
+                    // SAFETY: as above; the parts write disjoint columns.
+                    unsafe { call.run((part, threads)) };
                 });
             }
         });
@@ -626,15 +612,16 @@ pub fn prepared_params<'a>(
 /// A per-step product on ranks `rows`: `Y = X · Wᵀ` (or `X · W`), the
 /// columns of share `part` of `parts` (the whole product with one part).
 pub fn product_rows(
-    &(out, ref op, m, x): &(ValueId, Op, ValueId, ValueId),
+    product: &(ValueId, Op, ValueId, ValueId),
     bufs: &Buffers,
     f: &Frame,
     rows: std::ops::Range<usize>,
-    (part, parts): (usize, usize),
+    share: (usize, usize),
     shape: &dyn Fn(ValueId) -> (usize, usize),
 ) -> Result<()> {
     // The step's rows are ranks of rank-ordered storage; the schedule puts
     // products of anything else before the loop.
+    let &(out, _, _, x) = product;
     for v in [x, out] {
         if !matches!(bufs.loc(v), Some(Loc::RankBuf | Loc::State(_) | Loc::Carry(_))) {
             return Err(RuntimeError::Internal(format!(
@@ -646,36 +633,95 @@ pub fn product_rows(
     if rows.is_empty() {
         return Ok(());
     }
-    let (rows_w, cols_w) = shape(m);
-    let (xlen, ylen) = (bufs.len(x), bufs.len(out));
-    let xin = locate(bufs, f, x, 0, 0, rows.start)?;
-    let y = locate(bufs, f, out, 0, 0, rows.start)?;
-    if let Some(Loc::Param(i)) = bufs.loc(m) {
-        let packed = match op {
-            Op::MatVec => f.weights.t_panels(i, &f.params[i], rows_w, cols_w),
-            Op::MatVecT => f.weights.panels(i, &f.params[i], rows_w, cols_w),
-            other => return Err(RuntimeError::Internal(format!("{other:?} in a per-step product"))),
-        };
-        // SAFETY: rank buffers hold a row of their length for every rank, so
-        // `rows` of x and y exist; the packed weight is [xlen, ylen].
-        unsafe {
-            let rows = super::panels::Rows { y, ldy: ylen, a: xin, lda: xlen, m: rows.len() };
-            super::panels::multiply(rows, packed, packed.share(part, parts), false)
-        };
-        return Ok(());
-    }
-    // A computed matrix: `gemm` on this part's columns.
-    let wv = match op {
-        Op::MatVec => weight_t(bufs, f, m, rows_w, cols_w)?,
-        Op::MatVecT => View::rows(locate(bufs, f, m, 0, 0, 0)?, rows_w, cols_w, cols_w),
-        other => return Err(RuntimeError::Internal(format!("{other:?} in a per-step product"))),
-    };
-    let per = ylen.div_ceil(parts).next_multiple_of(16);
-    let (from, to) = ((part * per).min(ylen), ((part + 1) * per).min(ylen));
-    if from < to {
-        let (dst, a) = (View::rows(y, rows.len(), ylen, ylen), View::rows(xin, rows.len(), xlen, xlen));
-        // SAFETY: as above; this part writes only its columns of y.
-        unsafe { matmul(dst.columns(from, to - from), a, wv.columns(from, to - from), false) };
-    }
+    let call = ProductCall::locate(product, bufs, f, (0, 0, rows.start), rows.len(), 1, shape)?;
+    // SAFETY: rank buffers hold a row of their length for every rank, so
+    // `rows` of x and y exist.
+    unsafe { call.run(share) };
     Ok(())
+}
+
+/// The right operand of a product: a parameter packed into panels, or a
+/// computed matrix read in place by `gemm`.
+#[derive(Clone, Copy, Debug)]
+pub enum RightOperand {
+    /// Owned by the run's [`PreparedParams`].
+    Packed(*const super::panels::PackedB),
+    /// `[k, n]`.
+    Matrix(View),
+}
+
+/// One product `Y = X · Wᵀ` (or `X · W`) located on `m` consecutive rows of
+/// its left operand and result: what a per-step product and a stream's
+/// step call.
+#[derive(Clone, Copy, Debug)]
+pub struct ProductCall {
+    rows: super::panels::Rows,
+    right: RightOperand,
+}
+
+// SAFETY: a description of memory; [`ProductCall::run`] states what must
+// hold, and threads that share calls write disjoint rows or columns.
+unsafe impl Send for ProductCall {}
+unsafe impl Sync for ProductCall {}
+
+impl ProductCall {
+    /// Locates `(out, op, matrix, x)` on `count` rows from `(b, t, r)`,
+    /// consecutive rows `step` rows of each value's storage apart.
+    pub fn locate(
+        &(out, ref op, m, x): &(ValueId, Op, ValueId, ValueId),
+        bufs: &Buffers,
+        f: &Frame,
+        (b, t, r): (usize, usize, usize),
+        count: usize,
+        step: usize,
+        shape: &dyn Fn(ValueId) -> (usize, usize),
+    ) -> Result<ProductCall> {
+        let (rows_w, cols_w) = shape(m);
+        let rows = super::panels::Rows {
+            y: locate(bufs, f, out, b, t, r)?,
+            ldy: row_stride(bufs, f, out, step),
+            a: locate(bufs, f, x, b, t, r)?,
+            lda: row_stride(bufs, f, x, step),
+            m: count,
+        };
+        let right = match (op, bufs.loc(m)) {
+            (Op::MatVec, Some(Loc::Param(i))) => {
+                RightOperand::Packed(f.weights.t_panels(i, &f.params[i], rows_w, cols_w))
+            }
+            (Op::MatVecT, Some(Loc::Param(i))) => {
+                RightOperand::Packed(f.weights.panels(i, &f.params[i], rows_w, cols_w))
+            }
+            (Op::MatVec, _) => RightOperand::Matrix(weight_t(bufs, f, m, rows_w, cols_w)?),
+            (Op::MatVecT, _) => {
+                RightOperand::Matrix(View::rows(locate(bufs, f, m, 0, 0, 0)?, rows_w, cols_w, cols_w))
+            }
+            (other, _) => return Err(RuntimeError::Internal(format!("{other:?} in a per-row product"))),
+        };
+        Ok(ProductCall { rows, right })
+    }
+
+    /// Computes the columns of share `part` of `parts` (all of them with one part).
+    ///
+    /// # Safety
+    /// The rows located and the right operand are still valid, and no
+    /// other thread writes this share's columns of them.
+    pub unsafe fn run(&self, (part, parts): (usize, usize)) {
+        let (y, a, m) = (self.rows.y, self.rows.a, self.rows.m);
+        match self.right {
+            // SAFETY: per the contract; the packed weight is [k, n] of the product.
+            RightOperand::Packed(packed) => unsafe {
+                let packed = &*packed;
+                super::panels::multiply(self.rows, packed, packed.share(part, parts), false)
+            },
+            RightOperand::Matrix(w) => {
+                let (from, count) = column_share(w.cols, part, parts);
+                if count > 0 {
+                    let dst = View::rows(y, m, w.cols, self.rows.ldy);
+                    let a = View::rows(a, m, w.rows, self.rows.lda);
+                    // SAFETY: per the contract; this share writes only its columns of y.
+                    unsafe { matmul(dst.columns(from, count), a, w.columns(from, count), false) };
+                }
+            }
+        }
+    }
 }

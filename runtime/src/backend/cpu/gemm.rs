@@ -86,6 +86,15 @@ pub unsafe fn matmul(dst: View, a: View, b: View, accumulate: bool) {
     }
 }
 
+/// The columns `(from, count)` that share `part` of `parts` of `cols`
+/// output columns takes: blocks of a multiple of 16 (one AVX-512 register)
+/// where possible, the last one shorter or empty.
+pub fn column_share(cols: usize, part: usize, parts: usize) -> (usize, usize) {
+    let per = cols.div_ceil(parts.max(1)).next_multiple_of(16);
+    let (from, to) = ((part * per).min(cols), ((part + 1) * per).min(cols));
+    (from, to - from)
+}
+
 /// `dst (+)= a · b`, split by output columns into `parts` pieces run on
 /// the current rayon pool (call it from inside the pool, so the fork costs
 /// well under a microsecond).
@@ -98,10 +107,8 @@ pub unsafe fn matmul_split(dst: View, a: View, b: View, accumulate: bool, parts:
         // SAFETY: forwarded.
         return unsafe { matmul(dst, a, b, accumulate) };
     }
-    // Column blocks, multiples of 16 (one AVX-512 register) where possible.
-    let per = dst.cols.div_ceil(parts).next_multiple_of(16).min(dst.cols);
     let blocks: Vec<(usize, usize)> =
-        (0..dst.cols).step_by(per.max(1)).map(|from| (from, per.min(dst.cols - from))).collect();
+        (0..parts).map(|part| column_share(dst.cols, part, parts)).filter(|&(_, n)| n > 0).collect();
     rayon::scope(|s| {
         for &(from, n) in &blocks {
             s.spawn(move |_| {

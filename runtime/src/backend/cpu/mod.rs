@@ -21,9 +21,12 @@ pub mod prepared;
 pub mod roofline;
 pub mod stage;
 mod step_loop;
+mod stream;
 mod team;
 
-use super::{Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, Tape};
+use super::{
+    Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, StepRunner, StreamJob, Tape,
+};
 use crate::error::{Result, RuntimeError};
 use crate::model::{CompiledCell, Layer};
 use cellc::interp::Shapes;
@@ -241,6 +244,10 @@ impl Backend for Cpu {
         let code = self.code(job.cell, job.layer)?;
         let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         self.pool.install(|| forward(self.threads, &code, job, output))
+    }
+
+    fn stream<'a>(&'a self, job: StreamJob<'a>) -> Result<Option<Box<dyn StepRunner + 'a>>> {
+        Ok(Some(Box::new(self.make_stream(job)?)))
     }
 
     fn backward(&self, job: &BackwardJob, tape: &Tape, d_input: &mut RowsMut) -> Result<BackwardResult> {

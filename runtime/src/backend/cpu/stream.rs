@@ -1,0 +1,256 @@
+//! Streaming on the CPU: a workspace per caller that runs a few steps of a
+//! one-directional model on the calling thread, with nothing located,
+//! allocated or forked per call.
+//!
+//! Everything is resolved when the stream is made: each value of a layer's
+//! forward step gets one row per sequence, the caller's input one staging
+//! row per sequence, and every pointer a kernel or a product reads is
+//! found then (a pointer table per pointwise kernel, a located product per
+//! matrix product, reading the weights packed once per model). A call then
+//! copies each step's input in, runs the step's stages in schedule order
+//! (hoisted ones too, on this step's rows), and copies the output and the
+//! next states out. A batch run's fixed costs (ordering the batch, laying
+//! out rows, waking the pool's threads: 7-10 µs from outside it) are gone,
+//! which is what a caller feeding one frame at a time pays for.
+
+use super::driver::{constants, locate, Buffers, Frame, Loc, ProductCall, ReadyStage};
+use super::stage::StageExec;
+use super::{leaf_locations, shape_of, Cpu, LayerCode};
+use crate::backend::{Rows, StepRunner, StreamJob};
+use crate::error::{Result, RuntimeError};
+use crate::sequence::{Align, BatchOrder, Major, RowLayout};
+use cellc::program::Side;
+use cellc::schedule::Placement;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+/// A stream's workspace: every layer's rows, states and located calls.
+pub struct CpuStream<'a> {
+    layers: Vec<LayerStep>,
+    /// Each layer's output rows but the last's (the next layer's input), `[B, O]`.
+    between: Vec<Vec<f32>>,
+    /// The calls read the model's parameters and their packed forms, which
+    /// cannot change while the model is borrowed.
+    _model: PhantomData<&'a ()>,
+}
+
+// SAFETY: the pointers point into buffers the stream owns, or into the
+// model's parameters and packed weights, which it borrows shared and
+// unchanging; a call runs through `&mut self`, so one thread at a time.
+unsafe impl Send for CpuStream<'_> {}
+unsafe impl Sync for CpuStream<'_> {}
+
+/// One stage of a step, located.
+enum Call {
+    Product(ProductCall),
+    Pointwise { exec: Arc<dyn StageExec>, table: Vec<*mut f32>, rows: usize },
+}
+
+/// One layer of a stream.
+struct LayerStep {
+    /// The layer's kernels (the pointwise calls hold them too).
+    _code: Arc<LayerCode>,
+    /// Every value's rows, which the calls' pointers point into.
+    _bufs: Buffers,
+    /// This step's input, `[B, I]`.
+    input: Vec<f32>,
+    /// The carried states, `[B * size]` each.
+    states: Vec<Vec<f32>>,
+    calls: Vec<Call>,
+    /// Each sequence's output row.
+    outputs: Vec<*const f32>,
+    output_size: usize,
+    /// `(next state's row, state row, floats)`, per state and sequence.
+    next_states: Vec<(*const f32, *mut f32, usize)>,
+    /// Where the next states are copied first when one of them is another
+    /// state's current row (`a' = b`), which the copies would overwrite.
+    scratch: Option<Vec<f32>>,
+}
+
+impl Cpu {
+    pub(super) fn make_stream<'a>(&'a self, job: StreamJob<'a>) -> Result<CpuStream<'a>> {
+        let mut layers = Vec::with_capacity(job.layers.len());
+        for (k, layer) in job.layers.iter().enumerate() {
+            let code = self.code(job.cell, layer)?;
+            layers.push(LayerStep::new(code, &job, k)?);
+        }
+        let between = layers[..layers.len().saturating_sub(1)]
+            .iter()
+            .map(|l| vec![0.0; job.batch * l.output_size])
+            .collect();
+        Ok(CpuStream { layers, between, _model: PhantomData })
+    }
+}
+
+impl LayerStep {
+    fn new(code: Arc<LayerCode>, job: &StreamJob, k: usize) -> Result<LayerStep> {
+        let (g, plan) = (&*code.fwd_graph, &*code.fwd_plan);
+        let (layer, batch, cell) = (&job.layers[k], job.batch, &job.cell.forward);
+        let weights = job.prepared[k]
+            .get_or_init(|| super::prepared::PreparedParams::new(job.params[k].len()))
+            .ok_or_else(|| RuntimeError::Internal("another back end's weights in a cpu model".into()))?;
+        let mut bufs = Buffers::new();
+        constants(g, plan, &mut bufs);
+        leaf_locations(g, layer, Side::Forward, &mut bufs);
+        let mut stages: Vec<&ReadyStage> = code.forward.iter().collect();
+        // Hoisted stages read only inputs and parameters: on one step's rows
+        // they run first, as over all rows before the loop.
+        stages.sort_by_key(|st| match st.placement() {
+            Placement::BeforeLoop => 0,
+            Placement::EachStep => 1,
+            Placement::AfterLoop => 2,
+        });
+        for st in &stages {
+            for v in st.outputs() {
+                bufs.rank_buf(v, plan.elements(v), batch);
+            }
+        }
+        let input = vec![0.0f32; batch * layer.input_size];
+        let mut states: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&n| vec![0.0; batch * n]).collect();
+        // One step of `batch` sequences: row `(b, 0)` is row `b`, as is rank `b`.
+        let order = BatchOrder::new(&vec![1; batch], 1)?;
+        let layout = RowLayout::padded(&order, 1, Major::BatchFirst, Align::Left);
+        let state_rows = super::driver::SharedRows::each(&mut states);
+        let frame = Frame {
+            input: Rows { data: &input, layout: &layout, width: layer.input_size, offset: 0 },
+            input_slices: &layer.input_slices,
+            params: job.params[k],
+            weights,
+            states: &state_rows,
+            state_sizes: &layer.state_sizes,
+            carry: &[],
+            d_output: None,
+            layout: &layout,
+        };
+        let shape = shape_of(plan);
+        let mut calls = Vec::new();
+        for st in stages {
+            match st {
+                ReadyStage::Gemm { products, .. } => {
+                    for p in products {
+                        calls.push(Call::Product(ProductCall::locate(
+                            p,
+                            &bufs,
+                            &frame,
+                            (0, 0, 0),
+                            batch,
+                            1,
+                            &shape,
+                        )?));
+                    }
+                }
+                ReadyStage::Pointwise { exec, .. } => {
+                    let mut table = Vec::with_capacity(batch * (exec.inputs().len() + exec.outputs().len()));
+                    for b in 0..batch {
+                        for &v in exec.inputs().iter().chain(exec.outputs()) {
+                            table.push(locate(&bufs, &frame, v, b, 0, b)?);
+                        }
+                    }
+                    calls.push(Call::Pointwise { exec: exec.clone(), table, rows: batch });
+                }
+                ReadyStage::Sum | ReadyStage::AddMatrices { .. } => {
+                    return Err(RuntimeError::Internal("a gradient stage in a forward step".into()))
+                }
+            }
+        }
+        let outputs = (0..batch)
+            .map(|b| locate(&bufs, &frame, cell.output, b, 0, b).map(|p| p as *const f32))
+            .collect::<Result<_>>()?;
+        let mut next_states = Vec::new();
+        let mut aliased = false;
+        for (i, &n) in layer.state_sizes.iter().enumerate() {
+            let next = cell.next_states[i];
+            aliased |= matches!(bufs.loc(next), Some(Loc::State(j)) if j != i);
+            for b in 0..batch {
+                // SAFETY: state `i` holds `batch` rows of `n` floats.
+                let row = unsafe { state_rows[i].at(b * n) };
+                next_states.push((locate(&bufs, &frame, next, b, 0, b)? as *const f32, row, n));
+            }
+        }
+        let scratch = aliased.then(|| vec![0.0; batch * layer.state_sizes.iter().sum::<usize>()]);
+        Ok(LayerStep {
+            _code: code.clone(),
+            _bufs: bufs,
+            input,
+            states,
+            calls,
+            outputs,
+            output_size: layer.output_size,
+            next_states,
+            scratch,
+        })
+    }
+
+    /// One step: `x` is `[B, I]`, `y` gets `[B, O]`.
+    fn step(&mut self, x: &[f32], y: &mut [f32]) {
+        self.input.copy_from_slice(x);
+        for call in &self.calls {
+            match call {
+                // SAFETY: every pointer was located in this stream's buffers
+                // or the model's weights, which outlive it.
+                Call::Product(p) => unsafe { p.run((0, 1)) },
+                // SAFETY: as above; outputs are rows of their own buffers.
+                Call::Pointwise { exec, table, rows } => unsafe { exec.run(*rows, table) },
+            }
+        }
+        let o = self.output_size;
+        for (row, &src) in y.chunks_exact_mut(o).zip(&self.outputs) {
+            // SAFETY: each output row holds `o` floats.
+            row.copy_from_slice(unsafe { std::slice::from_raw_parts(src, o) });
+        }
+        // SAFETY (block): every row holds its floats; the state rows are the
+        // stream's own, and with `scratch` no copy reads a row already written.
+        unsafe {
+            match &mut self.scratch {
+                None => {
+                    for &(src, dst, n) in &self.next_states {
+                        std::ptr::copy(src, dst, n);
+                    }
+                }
+                Some(scratch) => {
+                    let mut at = 0;
+                    for &(src, _, n) in &self.next_states {
+                        std::ptr::copy_nonoverlapping(src, scratch[at..at + n].as_mut_ptr(), n);
+                        at += n;
+                    }
+                    let mut at = 0;
+                    for &(_, dst, n) in &self.next_states {
+                        std::ptr::copy_nonoverlapping(scratch[at..at + n].as_ptr(), dst, n);
+                        at += n;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl StepRunner for CpuStream<'_> {
+    fn run(&mut self, input: &[f32], steps: usize, output: &mut [f32]) -> Result<()> {
+        let last = self.layers.len() - 1;
+        let (i, o) = (input.len() / steps.max(1), output.len() / steps.max(1));
+        for s in 0..steps {
+            let (x, y) = (&input[s * i..(s + 1) * i], &mut output[s * o..(s + 1) * o]);
+            for k in 0..=last {
+                let layer = &mut self.layers[k];
+                match (k, k == last) {
+                    (0, true) => layer.step(x, y),
+                    (0, false) => layer.step(x, &mut self.between[0]),
+                    (_, true) => layer.step(&self.between[k - 1], y),
+                    (_, false) => {
+                        let (done, rest) = self.between.split_at_mut(k);
+                        layer.step(&done[k - 1], &mut rest[0]);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn state(&self, layer: usize, i: usize) -> &[f32] {
+        &self.layers[layer].states[i]
+    }
+
+    fn state_mut(&mut self, layer: usize, i: usize) -> &mut [f32] {
+        &mut self.layers[layer].states[i]
+    }
+}
