@@ -4,8 +4,7 @@
 //! Cranelift has no `exp`, `log` or `tanh`, so these are range-reduced
 //! polynomials (Cephes' single-precision coefficients): `exp` by
 //! `2^n · e^r` with `|r| <= ln2/2`, `log` by `e·ln2 + log(m)` with
-//! `m ∈ [√½, √2)`, `tanh` by an odd polynomial for `|x| < 0.625` and
-//! `1 - 2/(e^{2|x|} + 1)` beyond. The accuracy sweep (the runtime's codegen tests) states the
+//! `m ∈ [√½, √2)`, `tanh` by a rational function (Eigen's). The accuracy sweep (the runtime's codegen tests) states the
 //! error reached.
 
 // The polynomial coefficients are written as published (Cephes), with more
@@ -135,32 +134,37 @@ pub fn sigmoid(b: &mut FunctionBuilder, ty: Type, x: Value) -> Value {
     b.ins().fdiv(one, d)
 }
 
+/// `tanh` as one odd/even rational function of `x` clamped to ±7.905,
+/// where the function rounds to ±1 (Eigen's `ptanh_float`, which PyTorch's
+/// and TensorFlow's CPU kernels use): 13 multiply-adds and one division,
+/// where the two-branch form (a polynomial near 0 and `1 - 2/(e^{2|x|}+1)`
+/// beyond) computed both branches and an `exp`. `|x| < 0.0004` returns `x`,
+/// which is `tanh(x)` to f32 precision. NaN propagates (the clamp keeps it).
 pub fn tanh(b: &mut FunctionBuilder, ty: Type, x: Value) -> Value {
-    let ax = b.ins().fabs(x);
-    // Small |x|: x + x z P(z), z = x^2.
-    let z = b.ins().fmul(x, x);
-    let mut p = fc(b, ty, -5.704_988_7e-3);
-    for c in [2.063_908_9e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328_2e-1] {
+    let bound = fc(b, ty, 7.905_311);
+    let nbound = fc(b, ty, -7.905_311);
+    let clamped = min_ordered(b, ty, x, bound);
+    let clamped = max_ordered(b, ty, clamped, nbound);
+    let x2 = b.ins().fmul(clamped, clamped);
+    let mut p = fc(b, ty, -2.760_768_5e-16);
+    for c in
+        [2.000_187_9e-13, -8.604_671_5e-11, 5.122_297_1e-8, 1.485_722_4e-5, 6.372_619_3e-4, 4.893_524_6e-3]
+    {
         let k = fc(b, ty, c);
-        p = b.ins().fma(p, z, k);
+        p = b.ins().fma(x2, p, k);
     }
-    let xz = b.ins().fmul(x, z);
-    let small = b.ins().fma(xz, p, x);
-    // Large |x|: 1 - 2 / (exp(2|x|) + 1), with x's sign.
-    let two = fc(b, ty, 2.0);
-    let ax2 = b.ins().fmul(ax, two);
-    let e = exp(b, ty, ax2);
-    let one = fc(b, ty, 1.0);
-    let d = b.ins().fadd(e, one);
-    let q = b.ins().fdiv(two, d);
-    let mag = b.ins().fsub(one, q);
-    let neg = b.ins().fneg(mag);
-    let zero = fc(b, ty, 0.0);
-    let is_neg = b.ins().fcmp(FloatCC::LessThan, x, zero);
-    let large = choose(b, ty, is_neg, neg, mag);
-    let limit = fc(b, ty, 0.625);
-    let is_small = b.ins().fcmp(FloatCC::LessThan, ax, limit);
-    choose(b, ty, is_small, small, large)
+    let p = b.ins().fmul(clamped, p);
+    let mut q = fc(b, ty, 1.198_258_4e-6);
+    for c in [1.185_347_1e-4, 2.268_434_6e-3, 4.893_525_2e-3] {
+        let k = fc(b, ty, c);
+        q = b.ins().fma(x2, q, k);
+    }
+    let r = b.ins().fdiv(p, q);
+    let ax = b.ins().fabs(x);
+    let tiny = fc(b, ty, 0.0004);
+    let is_tiny = b.ins().fcmp(FloatCC::LessThan, ax, tiny);
+    let r = choose(b, ty, is_tiny, x, r);
+    keep_nan(b, ty, x, x, r)
 }
 
 /// Natural log; `log(0) = -inf`, negative or NaN inputs give NaN.

@@ -363,33 +363,29 @@ impl Gen<'_, '_> {
         });
     }
 
-    /// Sum of `n` floats at `p`: four lanes, then a fixed-order lane sum, then the tail.
+    /// Sum of `n` floats at `p`: [`SUM_CHAINS`] vector accumulators over
+    /// blocks of 16 floats (independent chains, so the adds overlap rather
+    /// than wait on each other's latency), added pairwise; then one vector
+    /// over the rest in fours; then its lanes in a fixed order; then the
+    /// tail. The order is fixed, so results are the same run to run.
     fn sum(&mut self, p: Value, n: usize) -> Value {
+        const SUM_CHAINS: usize = 4;
+        let wide_n = n / (4 * SUM_CHAINS) * (4 * SUM_CHAINS);
         let vec_n = n / 4 * 4;
         let zero_s = self.b.ins().f32const(0.0);
         let mut total = zero_s;
         if vec_n > 0 {
             let zero_v = self.b.ins().splat(types::F32X4, zero_s);
-            let head = self.b.create_block();
-            let blk = self.b.create_block();
-            let done = self.b.create_block();
-            self.b.append_block_param(head, self.ptr);
-            self.b.append_block_param(head, types::F32X4);
-            self.b.append_block_param(done, types::F32X4);
-            let start = self.b.ins().iconst(self.ptr, 0);
-            self.b.ins().jump(head, &[start.into(), zero_v.into()]);
-            self.b.switch_to_block(head);
-            let (off, acc) = (self.b.block_params(head)[0], self.b.block_params(head)[1]);
-            let more = self.b.ins().icmp_imm_s(IntCC::UnsignedLessThan, off, (vec_n * 4) as i64);
-            self.b.ins().brif(more, blk, &[], done, &[acc.into()]);
-            self.b.switch_to_block(blk);
-            let addr = self.b.ins().iadd(p, off);
-            let x = self.b.ins().load(types::F32X4, flags(), addr, 0);
-            let acc2 = self.b.ins().fadd(acc, x);
-            let next = self.b.ins().iadd_imm_s(off, 16);
-            self.b.ins().jump(head, &[next.into(), acc2.into()]);
-            self.b.switch_to_block(done);
-            let acc = self.b.block_params(done)[0];
+            let mut acc = zero_v;
+            if wide_n > 0 {
+                let accs = self.sum_loop(p, 0, wide_n, &[zero_v; SUM_CHAINS]);
+                let a = self.b.ins().fadd(accs[0], accs[1]);
+                let c = self.b.ins().fadd(accs[2], accs[3]);
+                acc = self.b.ins().fadd(a, c);
+            }
+            if vec_n > wide_n {
+                acc = self.sum_loop(p, wide_n, vec_n, &[acc])[0];
+            }
             let l: Vec<Value> = (0..4).map(|i| self.b.ins().extractlane(acc, i as u8)).collect();
             let a = self.b.ins().fadd(l[0], l[1]);
             let c = self.b.ins().fadd(l[2], l[3]);
@@ -400,6 +396,40 @@ impl Gen<'_, '_> {
             total = self.b.ins().fadd(total, x);
         }
         total
+    }
+
+    /// Adds floats `[from, to)` at `p` into the `f32x4` accumulators
+    /// `init`, each taking every `init.len()`-th vector; returns them.
+    fn sum_loop(&mut self, p: Value, from: usize, to: usize, init: &[Value]) -> Vec<Value> {
+        let chains = init.len();
+        let head = self.b.create_block();
+        let blk = self.b.create_block();
+        let done = self.b.create_block();
+        self.b.append_block_param(head, self.ptr);
+        for _ in 0..chains {
+            self.b.append_block_param(head, types::F32X4);
+            self.b.append_block_param(done, types::F32X4);
+        }
+        let start = self.b.ins().iconst(self.ptr, (from * 4) as i64);
+        let args: Vec<_> = std::iter::once(start).chain(init.iter().copied()).map(Into::into).collect();
+        self.b.ins().jump(head, &args);
+        self.b.switch_to_block(head);
+        let params = self.b.block_params(head).to_vec();
+        let (off, accs) = (params[0], &params[1..]);
+        let more = self.b.ins().icmp_imm_s(IntCC::UnsignedLessThan, off, (to * 4) as i64);
+        let carried: Vec<_> = accs.iter().map(|&a| a.into()).collect();
+        self.b.ins().brif(more, blk, &[], done, &carried);
+        self.b.switch_to_block(blk);
+        let addr = self.b.ins().iadd(p, off);
+        let mut next: Vec<_> = Vec::with_capacity(chains + 1);
+        next.push(self.b.ins().iadd_imm_s(off, (chains * 16) as i64).into());
+        for (c, &a) in accs.iter().enumerate() {
+            let x = self.b.ins().load(types::F32X4, flags(), addr, (c * 16) as i32);
+            next.push(self.b.ins().fadd(a, x).into());
+        }
+        self.b.ins().jump(head, &next);
+        self.b.switch_to_block(done);
+        self.b.block_params(done).to_vec()
     }
 
     /// One elementwise op at type `ty` (f32 or f32x4).
