@@ -379,23 +379,34 @@ impl Gen<'_, '_> {
             let mut acc = zero_v;
             if wide_n > 0 {
                 let accs = self.sum_loop(p, 0, wide_n, &[zero_v; SUM_CHAINS]);
-                let a = self.b.ins().fadd(accs[0], accs[1]);
-                let c = self.b.ins().fadd(accs[2], accs[3]);
-                acc = self.b.ins().fadd(a, c);
+                acc = self.pairwise_sum(accs);
             }
             if vec_n > wide_n {
                 acc = self.sum_loop(p, wide_n, vec_n, &[acc])[0];
             }
-            let l: Vec<Value> = (0..4).map(|i| self.b.ins().extractlane(acc, i as u8)).collect();
-            let a = self.b.ins().fadd(l[0], l[1]);
-            let c = self.b.ins().fadd(l[2], l[3]);
-            total = self.b.ins().fadd(a, c);
+            let lanes: Vec<Value> = (0..4).map(|i| self.b.ins().extractlane(acc, i as u8)).collect();
+            total = self.pairwise_sum(lanes);
         }
         for i in vec_n..n {
             let x = self.b.ins().load(types::F32, flags(), p, (i * 4) as i32);
             total = self.b.ins().fadd(total, x);
         }
         total
+    }
+
+    /// `(v0 + v1) + (v2 + v3) ...` of one or more values: neighbours added
+    /// in pairs, level by level.
+    fn pairwise_sum(&mut self, mut values: Vec<Value>) -> Value {
+        while values.len() > 1 {
+            values = values
+                .chunks(2)
+                .map(|pair| match *pair {
+                    [x, y] => self.b.ins().fadd(x, y),
+                    _ => pair[0],
+                })
+                .collect();
+        }
+        values[0]
     }
 
     /// Adds floats `[from, to)` at `p` into the `f32x4` accumulators

@@ -264,6 +264,29 @@ pub struct Frame<'a> {
     pub layout: &'a RowLayout,
 }
 
+impl<'a> Frame<'a> {
+    /// A layer's frame over `input` (rows at its layout) with no states,
+    /// carried adjoints or output adjoint: callers add those they have.
+    pub fn new(
+        input: Rows<'a>,
+        layer: &'a crate::model::Layer,
+        params: &'a [Vec<f32>],
+        weights: &'a PreparedParams,
+    ) -> Frame<'a> {
+        Frame {
+            input,
+            input_slices: &layer.input_slices,
+            params,
+            weights,
+            states: &[],
+            state_sizes: &layer.state_sizes,
+            carry: &[],
+            d_output: None,
+            layout: input.layout,
+        }
+    }
+}
+
 /// A buffer of rows shared by the threads of a run, each writing only the
 /// rows it owns (the ranks of its sequences, their layout rows): states,
 /// carried adjoints, the output, the tape. The owner keeps the buffer alive

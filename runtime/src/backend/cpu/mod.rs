@@ -326,17 +326,7 @@ fn forward(
     let mut local = None;
     let weights = prepared_params(job.prepared, &mut local, g, &code.forward, job.params, &shape);
     let state_rows = SharedRows::each(&mut states);
-    let frame = Frame {
-        input: job.input,
-        input_slices: &layer.input_slices,
-        params: job.params,
-        weights,
-        states: &state_rows,
-        state_sizes: &layer.state_sizes,
-        carry: &[],
-        d_output: None,
-        layout: job.input.layout,
-    };
+    let frame = Frame { states: &state_rows, ..Frame::new(job.input, layer, job.params, weights) };
 
     // Before the loop: every valid row.
     let all_rows = valid_rows(job.order);
@@ -489,17 +479,7 @@ fn forward_whole_sequence(
         Op::State(i) => Some(i),
         _ => None,
     };
-    let frame = Frame {
-        input: job.input,
-        input_slices: &layer.input_slices,
-        params: job.params,
-        weights,
-        states: &[],
-        state_sizes: &layer.state_sizes,
-        carry: &[],
-        d_output: None,
-        layout: job.input.layout,
-    };
+    let frame = Frame::new(job.input, layer, job.params, weights);
     let k = exec.inputs().len() + exec.outputs().len();
     let order = job.order.order();
     let chunks = threads.clamp(1, order.len().max(1));
@@ -623,15 +603,8 @@ fn backward_whole_sequence(
         bufs.row_buf(v, plan.elements(v), layout_rows);
     }
     let frame = Frame {
-        input: job.input,
-        input_slices: &layer.input_slices,
-        params: job.params,
-        weights,
-        states: &[],
-        state_sizes: &layer.state_sizes,
-        carry: &[],
         d_output: Some((job.d_output, layer.output_size)),
-        layout: job.input.layout,
+        ..Frame::new(job.input, layer, job.params, weights)
     };
     let carried = |v: ValueId| match g.node(v).op {
         Op::Seed(k) if k > 0 => Some(k - 1),
@@ -682,17 +655,8 @@ fn seeds_per_row(job: &BackwardJob, bufs: &mut Buffers, i: usize, layout_rows: u
     let layer = job.layer;
     let m = layer.state_sizes[i];
     let mut data = pool::take_zeroed(layout_rows * m);
-    let frame = Frame {
-        input: job.input,
-        input_slices: &layer.input_slices,
-        params: job.params,
-        weights: &PreparedParams::new(0),
-        states: &[],
-        state_sizes: &layer.state_sizes,
-        carry: &[],
-        d_output: None,
-        layout: job.input.layout,
-    };
+    let no_weights = PreparedParams::new(0);
+    let frame = Frame::new(job.input, layer, job.params, &no_weights);
     for b in 0..job.order.batch() {
         let len = job.order.lengths()[b];
         for s in 0..len {
@@ -807,17 +771,7 @@ fn backward(
     // Before the loop: products that read no carried adjoint, over every valid row.
     let all_rows = valid_rows(job.order);
     {
-        let frame = Frame {
-            input: job.input,
-            input_slices: &layer.input_slices,
-            params: job.params,
-            weights,
-            states: &[],
-            state_sizes: &layer.state_sizes,
-            carry: &[],
-            d_output: d_out,
-            layout: job.input.layout,
-        };
+        let frame = Frame { d_output: d_out, ..Frame::new(job.input, layer, job.params, weights) };
         let mut none = HashMap::new();
         let all = AllRows { order: job.order, rows: &all_rows, shape: &shape, threads };
         run_all_rows(&code.backward, Placement::BeforeLoop, &mut bufs, &frame, &all, &mut none)?;
@@ -837,15 +791,9 @@ fn backward(
         let kept_rows: Vec<(ValueId, SharedRows)> =
             kept.iter_mut().map(|(&v, b)| (v, SharedRows::of(b))).collect();
         let frame = Frame {
-            input: job.input,
-            input_slices: &layer.input_slices,
-            params: job.params,
-            weights,
-            states: &[],
-            state_sizes: &layer.state_sizes,
             carry: &carry_rows,
             d_output: d_out,
-            layout: job.input.layout,
+            ..Frame::new(job.input, layer, job.params, weights)
         };
         let after = |s: usize, ranks: std::ops::Range<usize>| -> Result<()> {
             for r in ranks {
@@ -888,17 +836,8 @@ fn backward(
         bufs.row_data(v, data);
     }
     let carry_rows = SharedRows::each(&mut carry);
-    let frame = Frame {
-        input: job.input,
-        input_slices: &layer.input_slices,
-        params: job.params,
-        weights,
-        states: &[],
-        state_sizes: &layer.state_sizes,
-        carry: &carry_rows,
-        d_output: d_out,
-        layout: job.input.layout,
-    };
+    let frame =
+        Frame { carry: &carry_rows, d_output: d_out, ..Frame::new(job.input, layer, job.params, weights) };
     let mut matrices: HashMap<ValueId, Vec<f32>> = HashMap::new();
     let all = AllRows { order: job.order, rows: &all_rows, shape: &shape, threads };
     run_all_rows(&code.backward, Placement::AfterLoop, &mut bufs, &frame, &all, &mut matrices)?;

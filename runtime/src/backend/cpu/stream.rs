@@ -13,7 +13,7 @@
 //! out rows, waking the pool's threads: 7-10 µs from outside it) are gone,
 //! which is what a caller feeding one frame at a time pays for.
 
-use super::driver::{constants, locate, Buffers, Frame, Loc, ProductCall, ReadyStage};
+use super::driver::{constants, locate, Buffers, Frame, ProductCall, ReadyStage};
 use super::stage::StageExec;
 use super::{leaf_locations, shape_of, Cpu, LayerCode};
 use crate::backend::{Rows, StepRunner, StreamJob};
@@ -61,10 +61,10 @@ struct LayerStep {
     outputs: Vec<*const f32>,
     output_size: usize,
     /// `(next state's row, state row, floats)`, per state and sequence.
+    /// Every next state is a value the step computes (the compiler's
+    /// `materialize` pass makes `a' = b` a copy), so no copy reads a state
+    /// row another has just written.
     next_states: Vec<(*const f32, *mut f32, usize)>,
-    /// Where the next states are copied first when one of them is another
-    /// state's current row (`a' = b`), which the copies would overwrite.
-    scratch: Option<Vec<f32>>,
 }
 
 impl Cpu {
@@ -111,17 +111,8 @@ impl LayerStep {
         let order = BatchOrder::new(&vec![1; batch], 1)?;
         let layout = RowLayout::padded(&order, 1, Major::BatchFirst, Align::Left);
         let state_rows = super::driver::SharedRows::each(&mut states);
-        let frame = Frame {
-            input: Rows { data: &input, layout: &layout, width: layer.input_size, offset: 0 },
-            input_slices: &layer.input_slices,
-            params: job.params[k],
-            weights,
-            states: &state_rows,
-            state_sizes: &layer.state_sizes,
-            carry: &[],
-            d_output: None,
-            layout: &layout,
-        };
+        let rows = Rows { data: &input, layout: &layout, width: layer.input_size, offset: 0 };
+        let frame = Frame { states: &state_rows, ..Frame::new(rows, layer, job.params[k], weights) };
         let shape = shape_of(plan);
         let mut calls = Vec::new();
         for st in stages {
@@ -157,17 +148,14 @@ impl LayerStep {
             .map(|b| locate(&bufs, &frame, cell.output, b, 0, b).map(|p| p as *const f32))
             .collect::<Result<_>>()?;
         let mut next_states = Vec::new();
-        let mut aliased = false;
         for (i, &n) in layer.state_sizes.iter().enumerate() {
             let next = cell.next_states[i];
-            aliased |= matches!(bufs.loc(next), Some(Loc::State(j)) if j != i);
             for b in 0..batch {
                 // SAFETY: state `i` holds `batch` rows of `n` floats.
                 let row = unsafe { state_rows[i].at(b * n) };
                 next_states.push((locate(&bufs, &frame, next, b, 0, b)? as *const f32, row, n));
             }
         }
-        let scratch = aliased.then(|| vec![0.0; batch * layer.state_sizes.iter().sum::<usize>()]);
         Ok(LayerStep {
             _code: code.clone(),
             _bufs: bufs,
@@ -177,7 +165,6 @@ impl LayerStep {
             outputs,
             output_size: layer.output_size,
             next_states,
-            scratch,
         })
     }
 
@@ -198,28 +185,10 @@ impl LayerStep {
             // SAFETY: each output row holds `o` floats.
             row.copy_from_slice(unsafe { std::slice::from_raw_parts(src, o) });
         }
-        // SAFETY (block): every row holds its floats; the state rows are the
-        // stream's own, and with `scratch` no copy reads a row already written.
-        unsafe {
-            match &mut self.scratch {
-                None => {
-                    for &(src, dst, n) in &self.next_states {
-                        std::ptr::copy(src, dst, n);
-                    }
-                }
-                Some(scratch) => {
-                    let mut at = 0;
-                    for &(src, _, n) in &self.next_states {
-                        std::ptr::copy_nonoverlapping(src, scratch[at..at + n].as_mut_ptr(), n);
-                        at += n;
-                    }
-                    let mut at = 0;
-                    for &(_, dst, n) in &self.next_states {
-                        std::ptr::copy_nonoverlapping(scratch[at..at + n].as_ptr(), dst, n);
-                        at += n;
-                    }
-                }
-            }
+        for &(src, dst, n) in &self.next_states {
+            // SAFETY: both rows hold `n` floats; the next state's row is the
+            // step's own value, never a state row.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
         }
     }
 }
