@@ -57,7 +57,7 @@ fn main() -> Result<(), Box<dyn Error>> {
 
     // The same batch packed as PyTorch would: same numbers, packed order.
     let packed = PackedSequence::from_padded(&x, &lengths, steps, features, Major::BatchFirst, Align::Left)?;
-    let out_packed = model.forward(Input::Packed(&packed), None)?;
+    let out_packed = model.forward(Input::Packed(packed.view()), None)?;
     println!("packed: batch_sizes {:?}, sorted_indices {:?}", packed.batch_sizes, packed.sorted_indices);
     assert_eq!(out.final_states, out_packed.final_states);
 

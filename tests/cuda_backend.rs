@@ -66,7 +66,7 @@ fn inputs<'a>(x: &'a [f32], packed: &'a PackedSequence) -> Vec<(String, Input<'a
             out.push((format!("{major:?} {align:?}"), input));
         }
     }
-    out.push(("packed".into(), Input::Packed(packed)));
+    out.push(("packed".into(), Input::Packed(packed.view())));
     out
 }
 

@@ -60,17 +60,17 @@ fn packed_batch_sizes_must_not_increase() {
         sorted_indices: vec![0, 1],
         unsorted_indices: vec![0, 1],
     };
-    let err = m.forward(Input::Packed(&p), None).unwrap_err();
+    let err = m.forward(Input::Packed(p.view()), None).unwrap_err();
     assert!(matches!(err, RuntimeError::BatchSizes { step: 1, .. }), "{err}");
     assert!(err.to_string().contains("batch sizes must not increase"));
     let bad_perm = PackedSequence { batch_sizes: vec![2, 1, 1], sorted_indices: vec![1, 1], ..p.clone() };
     assert!(matches!(
-        m.forward(Input::Packed(&bad_perm), None).unwrap_err(),
+        m.forward(Input::Packed(bad_perm.view()), None).unwrap_err(),
         RuntimeError::Permutation { .. }
     ));
     let short = PackedSequence { data: vec![0.0; 3], batch_sizes: vec![2, 1, 1], ..p };
     assert!(
-        matches!(m.forward(Input::Packed(&short), None).unwrap_err(), RuntimeError::Shape { ref tensor, .. } if tensor == "data")
+        matches!(m.forward(Input::Packed(short.view()), None).unwrap_err(), RuntimeError::Shape { ref tensor, .. } if tensor == "data")
     );
 }
 

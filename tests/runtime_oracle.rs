@@ -170,7 +170,7 @@ fn conformance(backend: &dyn Fn() -> Box<dyn Backend>) {
         }
         let packed = PackedSequence::from_padded(&x, &LENGTHS, STEPS, fin, Major::BatchFirst, Align::Left)
             .expect("packs");
-        let out = m.forward(Input::Packed(&packed), Some(&case.h0)).expect("packed forward");
+        let out = m.forward(Input::Packed(packed.view()), Some(&case.h0)).expect("packed forward");
         let unpacked = PackedSequence { data: out.data, features: fout, ..packed.clone() }
             .to_padded(STEPS, Major::BatchFirst, Align::Left)
             .expect("unpacks");

@@ -119,7 +119,7 @@ fn run(kind: &str, backend: &dyn Fn() -> Box<dyn Backend>, report: &mut Vec<Stri
             let dy_packed =
                 PackedSequence::from_padded(&dy, &lengths, t, o, Major::BatchFirst, align).expect("packs");
             let (pout, ptrace) =
-                model.forward_train(Input::Packed(&packed), Some(&h0)).expect("packed forward");
+                model.forward_train(Input::Packed(packed.view()), Some(&h0)).expect("packed forward");
             let pgrads = model.backward(&ptrace, &dy_packed.data, Some(&gf)).expect("packed backward");
             let unpack = |data: Vec<f32>, features: usize| {
                 PackedSequence { data, features, ..packed.clone() }

@@ -7,18 +7,19 @@
 //! the caller's input (same row layout, wider rows), so the caller's input
 //! and output are never copied or reordered.
 
-use crate::backend::{BackwardJob, ForwardJob, Rows, RowsMut, Tape};
+use crate::backend::{BackwardJob, ForwardJob, PreparedWeights, Rows, RowsMut, Tape};
 use crate::error::{Result, RuntimeError};
 use crate::model::Model;
-use crate::sequence::{check_len, Align, BatchOrder, Major, PackedSequence, RowLayout};
+use crate::sequence::{check_len, Align, BatchOrder, Major, PackedView, RowLayout};
+use std::borrow::Cow;
 
 /// A batch in the caller's own layout.
 #[derive(Clone, Copy, Debug)]
 pub enum Input<'a> {
     /// `[B, T, F]` or `[T, B, F]`, padded, with each sequence's length.
     Padded { data: &'a [f32], batch: usize, steps: usize, major: Major, align: Align, lengths: &'a [usize] },
-    /// A PyTorch packed sequence.
-    Packed(&'a PackedSequence),
+    /// A PyTorch packed sequence ([`crate::PackedSequence::view`]).
+    Packed(PackedView<'a>),
 }
 
 /// A forward pass's results.
@@ -45,22 +46,95 @@ pub struct Gradients {
 #[derive(Debug)]
 pub struct Trace<'a> {
     input: Input<'a>,
-    order: BatchOrder,
-    layout: RowLayout,
-    /// The input of each layer after the first.
-    layer_inputs: Vec<Vec<f32>>,
-    tapes: Vec<Tape>,
+    batch: LaidOutBatch,
+    kept: Kept<'static>,
 }
 
-struct LaidOutBatch {
-    order: BatchOrder,
+/// What the backward reads of a training forward.
+#[derive(Debug)]
+pub(crate) enum Kept<'r> {
+    /// Kept by the back end, one tape per layer and direction.
+    Tapes {
+        /// The input of each layer after the first.
+        layer_inputs: Vec<Vec<f32>>,
+        tapes: Vec<Tape>,
+    },
+    /// Laid out in the caller's reserve ([`Model::reserve_floats_per_row`]).
+    Reserve(&'r [f32]),
+}
+
+/// Where a forward keeps what the backward reads.
+pub(crate) enum Keep<'r> {
+    Nothing,
+    /// Tapes the back end keeps ([`Kept::Tapes`]).
+    Tapes,
+    /// The caller's reserve ([`Kept::Reserve`]).
+    Reserve(&'r mut [f32]),
+}
+
+/// Where a forward pass writes, laid out as [`Output`]'s fields.
+#[derive(Debug)]
+pub struct ForwardOut<'o> {
+    /// Laid out like the input, `output_size` features per row; the
+    /// padding rows are set to zero.
+    pub output: &'o mut [f32],
+    /// One buffer per state, `[layers * directions, B, size]`.
+    pub final_states: Vec<&'o mut [f32]>,
+}
+
+/// Where a backward pass writes, laid out as [`Gradients`]' fields; every
+/// buffer is overwritten (zeros at padding).
+#[derive(Debug)]
+pub struct BackwardOut<'o> {
+    pub d_input: &'o mut [f32],
+    pub d_h0: Vec<&'o mut [f32]>,
+    pub d_params: Vec<Vec<&'o mut [f32]>>,
+}
+
+/// A model's parameters for one pass: its own (with the back end's forms
+/// kept across calls), or the caller's (prepared afresh for the pass).
+pub(crate) struct PassParams<'a> {
+    /// `[layer * directions + direction][param]`.
+    params: Vec<Vec<&'a [f32]>>,
+    prepared: Prepared<'a>,
+}
+
+enum Prepared<'a> {
+    Model(&'a [PreparedWeights]),
+    Pass(Vec<PreparedWeights>),
+}
+
+impl PassParams<'_> {
+    fn slot(&self, slot: usize) -> (&[&[f32]], &PreparedWeights) {
+        let prepared = match &self.prepared {
+            Prepared::Model(p) => &p[slot],
+            Prepared::Pass(p) => &p[slot],
+        };
+        (&self.params[slot], prepared)
+    }
+}
+
+/// One layer's part of a reserve: each direction's tape, then (but for the
+/// last layer) the layer's output, which the next layer reads.
+#[derive(Clone, Debug)]
+struct ReserveLayer {
+    tapes: std::ops::Range<usize>,
+    /// Floats of one direction's tape.
+    tape_len: usize,
+    output: std::ops::Range<usize>,
+}
+
+#[derive(Debug)]
+pub(crate) struct LaidOutBatch {
+    pub(crate) order: BatchOrder,
     layout: RowLayout,
-    rows: usize,
+    /// Layout rows: a padded batch's `B * T`, a packed batch's `N`.
+    pub(crate) rows: usize,
     data_features: usize,
 }
 
 impl Model {
-    fn prepare(&self, input: &Input) -> Result<LaidOutBatch> {
+    pub(crate) fn prepare(&self, input: &Input) -> Result<LaidOutBatch> {
         match input {
             Input::Padded { data, batch, steps, major, align, lengths } => {
                 if lengths.len() != *batch {
@@ -95,7 +169,7 @@ impl Model {
     /// output rows; each state four times per sequence (initial, final, and
     /// the back end's current and next); training, one copy of the states
     /// per row for the backward.
-    fn ensure_pass_fits(&self, p: &LaidOutBatch, training: bool) -> Result<()> {
+    pub(crate) fn ensure_pass_fits(&self, p: &LaidOutBatch, training: bool) -> Result<()> {
         let (rows, batch) = (p.rows as u128, p.order.batch() as u128);
         let dirs = self.directions() as u128;
         let mut elements = 0u128;
@@ -120,35 +194,113 @@ impl Model {
     fn input_data<'a>(input: &Input<'a>) -> &'a [f32] {
         match input {
             Input::Padded { data, .. } => data,
-            Input::Packed(p) => &p.data,
+            Input::Packed(p) => p.data,
         }
     }
 
     /// Checks `[L*D, B, size]` state buffers, or makes zeros.
-    fn states_or_zeros(&self, given: Option<&[Vec<f32>]>, batch: usize, what: &str) -> Result<Vec<Vec<f32>>> {
+    pub(crate) fn states_or_zeros<'s>(
+        &self,
+        given: Option<&[&'s [f32]]>,
+        batch: usize,
+        what: &str,
+    ) -> Result<Vec<Cow<'s, [f32]>>> {
         let sizes = &self.layers[0].state_sizes;
         let ld = self.layers.len() * self.directions();
         match given {
-            None => Ok(sizes.iter().map(|&n| vec![0.0; ld * batch * n]).collect()),
+            None => Ok(sizes.iter().map(|&n| Cow::Owned(vec![0.0; ld * batch * n])).collect()),
             Some(g) => {
-                if g.len() != sizes.len() {
-                    return Err(RuntimeError::Shape {
-                        tensor: what.into(),
-                        expected: format!("{} state tensors", sizes.len()),
-                        found: format!("{}", g.len()),
-                    });
-                }
-                for ((buf, &n), decl) in g.iter().zip(sizes).zip(&self.compiled.forward.states) {
-                    check_len(&format!("{what}.{}", decl.name), buf.len(), &[ld, batch, n])?;
-                }
-                Ok(g.to_vec())
+                self.check_states(g.len(), |i| g[i].len(), batch, what)?;
+                Ok(g.iter().map(|&s| Cow::Borrowed(s)).collect())
             }
         }
     }
 
+    /// Checks that `count` state buffers of `len(i)` floats are `[L*D, B, size]` each.
+    pub(crate) fn check_states(
+        &self,
+        count: usize,
+        len: impl Fn(usize) -> usize,
+        batch: usize,
+        what: &str,
+    ) -> Result<()> {
+        let sizes = &self.layers[0].state_sizes;
+        let ld = self.layers.len() * self.directions();
+        if count != sizes.len() {
+            return Err(RuntimeError::Shape {
+                tensor: what.into(),
+                expected: format!("{} state tensors", sizes.len()),
+                found: format!("{count}"),
+            });
+        }
+        for (i, (&n, decl)) in sizes.iter().zip(&self.compiled.forward.states).enumerate() {
+            check_len(&format!("{what}.{}", decl.name), len(i), &[ld, batch, n])?;
+        }
+        Ok(())
+    }
+
+    /// The model's own parameters, as a pass reads them.
+    pub(crate) fn own_params(&self) -> PassParams<'_> {
+        PassParams {
+            params: self.params.iter().map(|ps| ps.iter().map(Vec::as_slice).collect()).collect(),
+            prepared: Prepared::Model(&self.prepared),
+        }
+    }
+
+    /// The caller's parameters (`[layer * directions + direction][param]`,
+    /// the model's shapes), checked.
+    pub(crate) fn caller_params<'a>(&self, given: &[Vec<&'a [f32]>]) -> Result<PassParams<'a>> {
+        let names = self.weight_names();
+        let per = self.compiled.forward.params.len();
+        if given.len() != self.params.len() || given.iter().any(|ps| ps.len() != per) {
+            return Err(RuntimeError::Shape {
+                tensor: "weights".into(),
+                expected: format!("{} layers and directions of {per} parameters", self.params.len()),
+                found: format!("{:?} parameters", given.iter().map(Vec::len).collect::<Vec<_>>()),
+            });
+        }
+        for ((name, shape), p) in names.iter().zip(given.iter().flatten()) {
+            check_len(name, p.len(), shape)?;
+        }
+        Ok(PassParams {
+            params: given.to_vec(),
+            prepared: Prepared::Pass(given.iter().map(|_| PreparedWeights::default()).collect()),
+        })
+    }
+
+    /// Where each layer's tapes and output lie in a reserve of `rows`
+    /// layout rows, or `None` where the back end keeps its tapes itself.
+    fn reserve_layout(&self, rows: usize) -> Result<Option<Vec<ReserveLayer>>> {
+        let dirs = self.directions();
+        let mut at = 0;
+        let mut out = Vec::with_capacity(self.layers.len());
+        for (k, layer) in self.layers.iter().enumerate() {
+            let Some(per_row) = self.backend.tape_floats_per_row(&self.compiled, layer)? else {
+                return Ok(None);
+            };
+            let tape_len = rows * per_row;
+            let tapes = at..at + dirs * tape_len;
+            let out_len = if k + 1 < self.layers.len() { rows * layer.output_size * dirs } else { 0 };
+            let output = tapes.end..tapes.end + out_len;
+            at = output.end;
+            out.push(ReserveLayer { tapes, tape_len, output });
+        }
+        Ok(Some(out))
+    }
+
+    /// Floats per layout row (each of a padded batch's `B * T` rows, or a
+    /// packed batch's `N`) of the reserve in which a training forward keeps
+    /// what its backward reads ([`Model::forward_into`]): every layer's
+    /// tapes, and the outputs the next layers read. `None` where the back
+    /// end keeps its tapes itself.
+    pub fn reserve_floats_per_row(&self) -> Result<Option<usize>> {
+        Ok(self.reserve_layout(1)?.and_then(|l| l.last().map(|l| l.output.end)))
+    }
+
     /// Inference: runs every layer and direction over the batch.
     pub fn forward(&self, input: Input, h0: Option<&[Vec<f32>]>) -> Result<Output> {
-        self.run_forward(input, h0, false).map(|(o, _)| o)
+        let (out, ..) = self.forward_owned(input, h0, Keep::Nothing)?;
+        Ok(out)
     }
 
     /// A forward pass that keeps what [`Model::backward`] needs.
@@ -157,42 +309,107 @@ impl Model {
         input: Input<'a>,
         h0: Option<&[Vec<f32>]>,
     ) -> Result<(Output, Trace<'a>)> {
-        let (out, trace) = self.run_forward(input, h0, true)?;
-        let trace = trace.ok_or_else(|| RuntimeError::Internal("training forward kept no trace".into()))?;
-        Ok((out, trace))
+        let (out, kept, batch) = self.forward_owned(input, h0, Keep::Tapes)?;
+        let kept = kept.ok_or_else(|| RuntimeError::Internal("training forward kept no tapes".into()))?;
+        Ok((out, Trace { input, batch, kept }))
     }
 
-    fn run_forward<'a>(
+    /// A forward pass into buffers of its own.
+    fn forward_owned(
         &self,
-        input: Input<'a>,
+        input: Input,
         h0: Option<&[Vec<f32>]>,
-        training: bool,
-    ) -> Result<(Output, Option<Trace<'a>>)> {
+        keep: Keep<'static>,
+    ) -> Result<(Output, Option<Kept<'static>>, LaidOutBatch)> {
         let p = self.prepare(&input)?;
-        let batch = p.order.batch();
+        let training = !matches!(keep, Keep::Nothing);
         self.ensure_pass_fits(&p, training)?;
-        let h0 = self.states_or_zeros(h0, batch, "h0")?;
+        let h0: Option<Vec<&[f32]>> = h0.map(|h| h.iter().map(Vec::as_slice).collect());
+        let h0 = self.states_or_zeros(h0.as_deref(), p.order.batch(), "h0")?;
+        let mut data = vec![0.0f32; p.rows * self.output_size()];
+        let mut final_states: Vec<Vec<f32>> = h0.iter().map(|b| vec![0.0; b.len()]).collect();
+        let out = ForwardOut {
+            output: &mut data,
+            final_states: final_states.iter_mut().map(Vec::as_mut_slice).collect(),
+        };
+        let kept = self.run_forward(&input, &p, &self.own_params(), &h0, out, keep)?;
+        Ok((Output { data, final_states }, kept, p))
+    }
+
+    /// Runs every layer and direction, writing `out` (padding rows included).
+    pub(crate) fn run_forward<'r>(
+        &self,
+        input: &Input,
+        p: &LaidOutBatch,
+        params: &PassParams,
+        h0: &[Cow<[f32]>],
+        out: ForwardOut,
+        keep: Keep<'r>,
+    ) -> Result<Option<Kept<'r>>> {
+        let batch = p.order.batch();
+        check_len("output", out.output.len(), &[p.rows, self.output_size()])?;
+        zero_padding(out.output, p, self.output_size());
+        let ForwardOut { output, mut final_states } = out;
         if batch == 0 {
             // An empty batch: nothing to run, and no back end sees one.
-            let trace = training.then(|| Trace {
-                input,
-                order: p.order,
-                layout: p.layout,
-                layer_inputs: Vec::new(),
-                tapes: Vec::new(),
+            for (dst, src) in final_states.iter_mut().zip(h0) {
+                dst.copy_from_slice(src);
+            }
+            return Ok(match keep {
+                Keep::Nothing => None,
+                Keep::Tapes => Some(Kept::Tapes { layer_inputs: Vec::new(), tapes: Vec::new() }),
+                Keep::Reserve(r) => Some(Kept::Reserve(r)),
             });
-            return Ok((Output { data: Vec::new(), final_states: h0 }, trace));
         }
+        let (training, keep_tapes) = (!matches!(keep, Keep::Nothing), matches!(keep, Keep::Tapes));
+        let (mut reserve, layout) = match keep {
+            Keep::Reserve(r) => {
+                let layout = self.checked_reserve_layout(p.rows, r.len())?;
+                (Some(r), Some(layout))
+            }
+            _ => (None, None),
+        };
         let dirs = self.directions();
-        let mut final_states: Vec<Vec<f32>> = h0.iter().map(|b| vec![0.0; b.len()]).collect();
         let mut layer_inputs: Vec<Vec<f32>> = Vec::new();
         let mut tapes = Vec::new();
-        let mut current: Option<Vec<f32>> = None;
+        // The previous layer's output, when it is not in the reserve.
+        let mut previous: Option<Vec<f32>> = None;
+        let mut output = Some(output);
         for (k, layer) in self.layers.iter().enumerate() {
             let width = layer.output_size * dirs;
-            let mut out = vec![0.0f32; p.rows * width];
-            let in_data: &[f32] = current.as_deref().unwrap_or(Self::input_data(&input));
+            let last = k + 1 == self.layers.len();
+            // The reserve before this layer's part (the previous layer's
+            // output is there), and this layer's tapes and output.
+            let (done, mine) = match (&mut reserve, &layout) {
+                (Some(r), Some(l)) => {
+                    let (done, rest) = r.split_at_mut(l[k].tapes.start);
+                    (Some(&*done), Some(rest))
+                }
+                _ => (None, None),
+            };
+            let (mut tape_part, mut reserved_out) = match (mine, &layout) {
+                (Some(rest), Some(l)) => {
+                    let (tapes, rest) = rest.split_at_mut(l[k].tapes.len());
+                    (Some(tapes), Some(&mut rest[..l[k].output.len()]))
+                }
+                _ => (None, None),
+            };
+            let in_data: &[f32] = match (k, &previous, done, &layout) {
+                (0, ..) => Self::input_data(input),
+                (_, Some(v), ..) => v,
+                (_, None, Some(done), Some(l)) => &done[l[k - 1].output.clone()],
+                _ => return Err(RuntimeError::Internal(format!("no input for layer {k}"))),
+            };
             let in_width = if k == 0 { p.data_features } else { layer.input_size };
+            let mut owned = Vec::new();
+            let dst: &mut [f32] = match (last, reserved_out.as_deref_mut()) {
+                (true, _) => output.take().ok_or_else(|| RuntimeError::Internal("output taken".into()))?,
+                (false, Some(r)) => r,
+                (false, None) => {
+                    owned = vec![0.0f32; p.rows * width];
+                    &mut owned
+                }
+            };
             for d in 0..dirs {
                 let slot = k * dirs + d;
                 let h0_slices: Vec<&[f32]> = layer
@@ -201,38 +418,64 @@ impl Model {
                     .enumerate()
                     .map(|(i, &n)| &h0[i][slot * batch * n..(slot + 1) * batch * n])
                     .collect();
+                let (params, prepared) = params.slot(slot);
                 let job = ForwardJob {
                     cell: &self.compiled,
                     layer,
-                    params: self.params(k, d == 1),
+                    params,
                     order: &p.order,
                     reverse: d == 1,
                     input: Rows { data: in_data, layout: &p.layout, width: in_width, offset: 0 },
                     h0: &h0_slices,
                     training,
-                    prepared: self.prepared(k, d == 1),
+                    prepared,
                 };
-                let mut rows =
-                    RowsMut { data: &mut out, layout: &p.layout, width, offset: d * layer.output_size };
-                let r = self.backend.forward(&job, &mut rows)?;
+                let mut rows = RowsMut { data: dst, layout: &p.layout, width, offset: d * layer.output_size };
+                let finals = match (tape_part.as_deref_mut(), &layout) {
+                    (Some(t), Some(l)) => {
+                        let mine = &mut t[d * l[k].tape_len..(d + 1) * l[k].tape_len];
+                        self.backend.forward_into_tape(&job, &mut rows, mine)?
+                    }
+                    _ => {
+                        let r = self.backend.forward(&job, &mut rows)?;
+                        tapes.extend(r.tape);
+                        r.final_states
+                    }
+                };
                 for (i, &n) in layer.state_sizes.iter().enumerate() {
-                    final_states[i][slot * batch * n..(slot + 1) * batch * n]
-                        .copy_from_slice(&r.final_states[i]);
-                }
-                if let Some(t) = r.tape {
-                    tapes.push(t);
+                    final_states[i][slot * batch * n..(slot + 1) * batch * n].copy_from_slice(&finals[i]);
                 }
             }
-            if let Some(prev) = current.take() {
-                if training {
-                    layer_inputs.push(prev);
-                }
+            let input_of_this = std::mem::take(&mut previous);
+            if keep_tapes {
+                layer_inputs.extend(input_of_this);
             }
-            current = Some(out);
+            if !last && reserved_out.is_none() {
+                previous = Some(owned);
+            }
         }
-        let data = current.unwrap_or_default();
-        let trace = training.then(|| Trace { input, order: p.order, layout: p.layout, layer_inputs, tapes });
-        Ok((Output { data, final_states }, trace))
+        Ok(match (keep_tapes, reserve) {
+            (true, _) => Some(Kept::Tapes { layer_inputs, tapes }),
+            (false, Some(r)) => Some(Kept::Reserve(r)),
+            (false, None) => None,
+        })
+    }
+
+    /// The reserve's layout for `rows` layout rows, checked against its length.
+    fn checked_reserve_layout(&self, rows: usize, len: usize) -> Result<Vec<ReserveLayer>> {
+        let layout = self.reserve_layout(rows)?.ok_or_else(|| RuntimeError::Backend {
+            backend: self.backend.name().into(),
+            message: "this back end keeps its tapes itself: it takes no reserve".into(),
+        })?;
+        let need = layout.last().map_or(0, |l| l.output.end);
+        if need != len {
+            return Err(RuntimeError::Shape {
+                tensor: "reserve".into(),
+                expected: format!("{need} floats ({rows} rows of {})", need / rows.max(1)),
+                found: format!("{len} floats"),
+            });
+        }
+        Ok(layout)
     }
 
     /// Backpropagation through the whole model: `d_output` is laid out like
@@ -243,26 +486,66 @@ impl Model {
         d_output: &[f32],
         d_final: Option<&[Vec<f32>]>,
     ) -> Result<Gradients> {
-        let batch = trace.order.batch();
-        let dirs = self.directions();
-        let rows = match trace.input {
-            Input::Padded { batch, steps, .. } => batch * steps,
-            Input::Packed(_) => trace.order.rows(),
-        };
-        check_len("grad_output", d_output.len(), &[rows, self.output_size()])?;
-        let d_final = self.states_or_zeros(d_final, batch, "grad_final")?;
+        let p = &trace.batch;
+        let d_final: Option<Vec<&[f32]>> = d_final.map(|h| h.iter().map(Vec::as_slice).collect());
+        let d_final = self.states_or_zeros(d_final.as_deref(), p.order.batch(), "grad_final")?;
+        let mut d_input = vec![0.0f32; if p.order.batch() == 0 { 0 } else { p.rows * self.input_size() }];
         let mut d_h0: Vec<Vec<f32>> = d_final.iter().map(|b| vec![0.0; b.len()]).collect();
         let mut d_params: Vec<Vec<Vec<f32>>> =
             self.params.iter().map(|ps| ps.iter().map(|p| vec![0.0; p.len()]).collect()).collect();
+        let out = BackwardOut {
+            d_input: &mut d_input,
+            d_h0: d_h0.iter_mut().map(Vec::as_mut_slice).collect(),
+            d_params: d_params.iter_mut().map(|ps| ps.iter_mut().map(Vec::as_mut_slice).collect()).collect(),
+        };
+        self.run_backward(&trace.input, p, &self.own_params(), &trace.kept, d_output, &d_final, out)?;
+        Ok(Gradients { d_input, d_h0, d_params })
+    }
+
+    /// Runs every layer and direction backwards, writing `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run_backward(
+        &self,
+        input: &Input,
+        p: &LaidOutBatch,
+        params: &PassParams,
+        kept: &Kept,
+        d_output: &[f32],
+        d_final: &[Cow<[f32]>],
+        out: BackwardOut,
+    ) -> Result<()> {
+        let batch = p.order.batch();
+        let dirs = self.directions();
+        let BackwardOut { d_input, mut d_h0, mut d_params } = out;
         if batch == 0 {
-            return Ok(Gradients { d_input: Vec::new(), d_h0, d_params });
+            d_h0.iter_mut().for_each(|b| b.fill(0.0));
+            d_params.iter_mut().flatten().for_each(|b| b.fill(0.0));
+            return Ok(());
         }
-        let mut d_above: Vec<f32> = d_output.to_vec();
+        check_len("grad_output", d_output.len(), &[p.rows, self.output_size()])?;
+        check_len("grad_input", d_input.len(), &[p.rows, self.input_size()])?;
+        d_input.fill(0.0);
+        let layout = match kept {
+            Kept::Reserve(r) => Some(self.checked_reserve_layout(p.rows, r.len())?),
+            Kept::Tapes { .. } => None,
+        };
+        let mut d_above: Cow<[f32]> = Cow::Borrowed(d_output);
+        let mut d_input = Some(d_input);
         for (k, layer) in self.layers.iter().enumerate().rev() {
-            let in_data: &[f32] =
-                if k == 0 { Self::input_data(&trace.input) } else { &trace.layer_inputs[k - 1] };
+            let in_data: &[f32] = match (k, kept, &layout) {
+                (0, ..) => Self::input_data(input),
+                (_, Kept::Tapes { layer_inputs, .. }, _) => &layer_inputs[k - 1],
+                (_, Kept::Reserve(r), Some(l)) => &r[l[k - 1].output.clone()],
+                _ => return Err(RuntimeError::Internal(format!("no input for layer {k}"))),
+            };
             let in_width = layer.input_size;
-            let mut d_in = vec![0.0f32; rows * in_width];
+            let mut owned = Vec::new();
+            let d_in: &mut [f32] = if k == 0 {
+                d_input.take().ok_or_else(|| RuntimeError::Internal("grad_input taken".into()))?
+            } else {
+                owned = vec![0.0f32; p.rows * in_width];
+                &mut owned
+            };
             for d in 0..dirs {
                 let slot = k * dirs + d;
                 let d_final_slices: Vec<&[f32]> = layer
@@ -271,37 +554,75 @@ impl Model {
                     .enumerate()
                     .map(|(i, &n)| &d_final[i][slot * batch * n..(slot + 1) * batch * n])
                     .collect();
+                let (params, prepared) = params.slot(slot);
                 let job = BackwardJob {
                     cell: &self.compiled,
                     layer,
-                    params: self.params(k, d == 1),
-                    prepared: self.prepared(k, d == 1),
-                    order: &trace.order,
+                    params,
+                    prepared,
+                    order: &p.order,
                     reverse: d == 1,
-                    input: Rows { data: in_data, layout: &trace.layout, width: in_width, offset: 0 },
+                    input: Rows { data: in_data, layout: &p.layout, width: in_width, offset: 0 },
                     d_output: Rows {
                         data: &d_above,
-                        layout: &trace.layout,
+                        layout: &p.layout,
                         width: layer.output_size * dirs,
                         offset: d * layer.output_size,
                     },
                     d_final: &d_final_slices,
                 };
-                let tape = trace
-                    .tapes
-                    .get(slot)
-                    .ok_or_else(|| RuntimeError::Internal(format!("no tape for layer {k}")))?;
-                let mut rows_mut =
-                    RowsMut { data: &mut d_in, layout: &trace.layout, width: in_width, offset: 0 };
-                let r = self.backend.backward(&job, tape, &mut rows_mut)?;
+                let mut rows_mut = RowsMut { data: d_in, layout: &p.layout, width: in_width, offset: 0 };
+                let r = match (kept, &layout) {
+                    (Kept::Tapes { tapes, .. }, _) => {
+                        let tape = tapes
+                            .get(slot)
+                            .ok_or_else(|| RuntimeError::Internal(format!("no tape for layer {k}")))?;
+                        self.backend.backward(&job, tape, &mut rows_mut)?
+                    }
+                    (Kept::Reserve(reserve), Some(l)) => {
+                        let start = l[k].tapes.start + d * l[k].tape_len;
+                        self.backend.backward_from_tape(
+                            &job,
+                            &reserve[start..start + l[k].tape_len],
+                            &mut rows_mut,
+                        )?
+                    }
+                    (Kept::Reserve(_), None) => {
+                        return Err(RuntimeError::Internal("a reserve without a layout".into()))
+                    }
+                };
                 for (i, &n) in layer.state_sizes.iter().enumerate() {
                     d_h0[i][slot * batch * n..(slot + 1) * batch * n].copy_from_slice(&r.d_h0[i]);
                 }
-                d_params[slot] = r.d_params;
+                for (dst, src) in d_params[slot].iter_mut().zip(&r.d_params) {
+                    check_len("parameter gradient", dst.len(), &[src.len()])?;
+                    dst.copy_from_slice(src);
+                }
             }
-            d_above = d_in;
+            if k > 0 {
+                d_above = Cow::Owned(owned);
+            }
         }
-        Ok(Gradients { d_input: d_above, d_h0, d_params })
+        Ok(())
+    }
+}
+
+/// Zeros the rows of `data` (`width` floats each) that hold no step of any
+/// sequence: a padded batch's padding.
+fn zero_padding(data: &mut [f32], p: &LaidOutBatch, width: usize) {
+    if p.order.rows() == p.rows || width == 0 {
+        return;
+    }
+    let mut valid = vec![false; p.rows];
+    for (b, &len) in p.order.lengths().iter().enumerate() {
+        for t in 0..len {
+            valid[p.layout.row(b, t)] = true;
+        }
+    }
+    for (row, chunk) in data.chunks_mut(width).enumerate() {
+        if !valid.get(row).copied().unwrap_or(true) {
+            chunk.fill(0.0);
+        }
     }
 }
 

@@ -37,6 +37,7 @@
 //! ```
 
 pub mod backend;
+pub mod call;
 pub mod error;
 pub mod exec;
 pub mod files;
@@ -46,11 +47,12 @@ pub mod sequence;
 pub mod stream;
 pub mod weights;
 
+pub use call::Call;
 pub use error::{Result, RuntimeError};
-pub use exec::{Gradients, Input, Output, Trace};
+pub use exec::{BackwardOut, ForwardOut, Gradients, Input, Output, Trace};
 pub use files::write_atomically;
 pub use model::{CompiledCell, Layer, Model, ModelConfig, Side};
-pub use sequence::{Align, BatchOrder, Major, PackedSequence, RowLayout};
+pub use sequence::{Align, BatchOrder, Major, PackedSequence, PackedView, RowLayout};
 pub use stream::Stream;
 pub use weights::{
     read_metadata, read_tensors, write_tensors, write_tensors_with_metadata, Metadata, Tensor, TensorData,

@@ -190,52 +190,20 @@ impl PackedSequence {
         })
     }
 
+    /// The packing borrowed, as [`crate::Input::Packed`] takes it.
+    pub fn view(&self) -> PackedView<'_> {
+        PackedView {
+            data: &self.data,
+            features: self.features,
+            batch_sizes: &self.batch_sizes,
+            sorted_indices: &self.sorted_indices,
+            unsorted_indices: &self.unsorted_indices,
+        }
+    }
+
     /// Checks the PyTorch invariants and returns the plan this packing follows.
     pub fn order(&self) -> Result<BatchOrder> {
-        let batch = self.batch_sizes.first().copied().unwrap_or(0);
-        for (s, w) in self.batch_sizes.windows(2).enumerate() {
-            if w[1] > w[0] {
-                return Err(RuntimeError::BatchSizes {
-                    step: s + 1,
-                    message: format!("{} after {}: batch sizes must not increase", w[1], w[0]),
-                });
-            }
-        }
-        if let Some(s) = self.batch_sizes.iter().position(|&n| n == 0) {
-            return Err(RuntimeError::BatchSizes {
-                step: s,
-                message: "0 sequences: drop empty trailing steps".into(),
-            });
-        }
-        check_permutation("sorted_indices", &self.sorted_indices, batch)?;
-        check_permutation("unsorted_indices", &self.unsorted_indices, batch)?;
-        for (i, &b) in self.sorted_indices.iter().enumerate() {
-            if self.unsorted_indices[b] != i {
-                return Err(RuntimeError::Permutation {
-                    tensor: "unsorted_indices".into(),
-                    message: "it is not the inverse of sorted_indices".into(),
-                });
-            }
-        }
-        let rows: usize = self.batch_sizes.iter().sum();
-        check_len("data", self.data.len(), &[rows, self.features])?;
-        let mut lengths = vec![0; batch];
-        for &n in &self.batch_sizes {
-            for &b in &self.sorted_indices[..n] {
-                lengths[b] += 1;
-            }
-        }
-        let plan = BatchOrder::new(&lengths, self.batch_sizes.len())?;
-        // A stable sort of the lengths must give back sorted_indices' length order.
-        for (i, &b) in self.sorted_indices.iter().enumerate() {
-            if lengths[b] != lengths[plan.order[i]] {
-                return Err(RuntimeError::Permutation {
-                    tensor: "sorted_indices".into(),
-                    message: "sequences are not in order of decreasing length".into(),
-                });
-            }
-        }
-        Ok(BatchOrder { order: self.sorted_indices.clone(), rank: self.unsorted_indices.clone(), ..plan })
+        self.view().order()
     }
 
     /// Each sequence's length.
@@ -294,6 +262,71 @@ fn check_permutation(tensor: &str, p: &[usize], n: usize) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A packed batch borrowed from the caller (a [`PackedSequence`]'s fields,
+/// or a framework's tensors), read where it lies.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PackedView<'a> {
+    /// `[N, features]`, row-major; `N` is the sum of lengths.
+    pub data: &'a [f32],
+    pub features: usize,
+    /// Active sequences per step, non-increasing.
+    pub batch_sizes: &'a [usize],
+    /// `sorted_indices[i]`: the original index of the `i`-th longest sequence.
+    pub sorted_indices: &'a [usize],
+    /// The inverse permutation.
+    pub unsorted_indices: &'a [usize],
+}
+
+impl PackedView<'_> {
+    /// Checks the PyTorch invariants and returns the plan this packing follows.
+    pub fn order(&self) -> Result<BatchOrder> {
+        let batch = self.batch_sizes.first().copied().unwrap_or(0);
+        for (s, w) in self.batch_sizes.windows(2).enumerate() {
+            if w[1] > w[0] {
+                return Err(RuntimeError::BatchSizes {
+                    step: s + 1,
+                    message: format!("{} after {}: batch sizes must not increase", w[1], w[0]),
+                });
+            }
+        }
+        if let Some(s) = self.batch_sizes.iter().position(|&n| n == 0) {
+            return Err(RuntimeError::BatchSizes {
+                step: s,
+                message: "0 sequences: drop empty trailing steps".into(),
+            });
+        }
+        check_permutation("sorted_indices", self.sorted_indices, batch)?;
+        check_permutation("unsorted_indices", self.unsorted_indices, batch)?;
+        for (i, &b) in self.sorted_indices.iter().enumerate() {
+            if self.unsorted_indices[b] != i {
+                return Err(RuntimeError::Permutation {
+                    tensor: "unsorted_indices".into(),
+                    message: "it is not the inverse of sorted_indices".into(),
+                });
+            }
+        }
+        let rows: usize = self.batch_sizes.iter().sum();
+        check_len("data", self.data.len(), &[rows, self.features])?;
+        let mut lengths = vec![0; batch];
+        for &n in self.batch_sizes {
+            for &b in &self.sorted_indices[..n] {
+                lengths[b] += 1;
+            }
+        }
+        let plan = BatchOrder::new(&lengths, self.batch_sizes.len())?;
+        // A stable sort of the lengths must give back sorted_indices' length order.
+        for (i, &b) in self.sorted_indices.iter().enumerate() {
+            if lengths[b] != lengths[plan.order[i]] {
+                return Err(RuntimeError::Permutation {
+                    tensor: "sorted_indices".into(),
+                    message: "sequences are not in order of decreasing length".into(),
+                });
+            }
+        }
+        Ok(BatchOrder { order: self.sorted_indices.to_vec(), rank: self.unsorted_indices.to_vec(), ..plan })
+    }
 }
 
 /// Checks a flat buffer's length against a shape.

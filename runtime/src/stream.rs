@@ -80,7 +80,9 @@ impl Model {
         let job = StreamJob {
             cell: &self.compiled,
             layers: &self.layers,
-            params: (0..self.layers.len()).map(|k| self.params(k, false)).collect(),
+            params: (0..self.layers.len())
+                .map(|k| self.params(k, false).iter().map(Vec::as_slice).collect())
+                .collect(),
             prepared: (0..self.layers.len()).map(|k| self.prepared(k, false)).collect(),
             batch,
         };

@@ -155,7 +155,7 @@ impl LaidOut {
 
     pub fn input<'a>(&'a self, batch: &'a Batch) -> Input<'a> {
         match self {
-            LaidOut::Packed(p) => Input::Packed(p),
+            LaidOut::Packed(p) => Input::Packed(p.view()),
             LaidOut::Padded { data, batch_first, right_aligned } => Input::Padded {
                 data,
                 batch: batch.lengths.len(),

@@ -74,7 +74,7 @@ impl std::fmt::Debug for PreparedWeights {
 pub struct ForwardJob<'a> {
     pub cell: &'a CompiledCell,
     pub layer: &'a Layer,
-    pub params: &'a [Vec<f32>],
+    pub params: &'a [&'a [f32]],
     pub order: &'a BatchOrder,
     pub reverse: bool,
     pub input: Rows<'a>,
@@ -91,7 +91,7 @@ pub struct ForwardJob<'a> {
 pub struct BackwardJob<'a> {
     pub cell: &'a CompiledCell,
     pub layer: &'a Layer,
-    pub params: &'a [Vec<f32>],
+    pub params: &'a [&'a [f32]],
     pub order: &'a BatchOrder,
     pub reverse: bool,
     pub input: Rows<'a>,
@@ -134,7 +134,7 @@ pub struct StreamJob<'a> {
     pub cell: &'a CompiledCell,
     pub layers: &'a [Layer],
     /// Each layer's parameters, and the back end's prepared form of them.
-    pub params: Vec<&'a [Vec<f32>]>,
+    pub params: Vec<Vec<&'a [f32]>>,
     pub prepared: Vec<&'a PreparedWeights>,
     pub batch: usize,
 }
@@ -168,4 +168,44 @@ pub trait Backend: Send + Sync {
 
     /// Adds the adjoint of the input rows into `d_input` and returns the rest.
     fn backward(&self, job: &BackwardJob, tape: &Tape, d_input: &mut RowsMut) -> Result<BackwardResult>;
+
+    /// Floats per layout row that a training forward of `layer` keeps for
+    /// its backward in memory the caller provides
+    /// ([`Backend::forward_into_tape`]), or `None` where this back end keeps
+    /// its tape itself. A framework's autograd then holds the tape as one
+    /// of its own tensors (cuDNN's "reserve space").
+    fn tape_floats_per_row(&self, cell: &CompiledCell, layer: &Layer) -> Result<Option<usize>> {
+        let _ = (cell, layer);
+        Ok(None)
+    }
+
+    /// A training forward that keeps its tape in `tape` (the layout's rows
+    /// times [`Backend::tape_floats_per_row`] floats); returns the final states.
+    fn forward_into_tape(
+        &self,
+        job: &ForwardJob,
+        output: &mut RowsMut,
+        tape: &mut [f32],
+    ) -> Result<Vec<Vec<f32>>> {
+        let _ = (job, output, tape);
+        Err(no_caller_tape(self.name()))
+    }
+
+    /// The backward of a [`Backend::forward_into_tape`], reading its tape.
+    fn backward_from_tape(
+        &self,
+        job: &BackwardJob,
+        tape: &[f32],
+        d_input: &mut RowsMut,
+    ) -> Result<BackwardResult> {
+        let _ = (job, tape, d_input);
+        Err(no_caller_tape(self.name()))
+    }
+}
+
+fn no_caller_tape(backend: &str) -> crate::RuntimeError {
+    crate::RuntimeError::Backend {
+        backend: backend.into(),
+        message: "this back end keeps its tape itself: it cannot keep one in the caller's memory".into(),
+    }
 }

@@ -38,9 +38,9 @@ struct ReferenceTape {
     rows: HashMap<(usize, usize), RowTape>,
 }
 
-fn value<'s>(g: &Graph, store: &'s Store, params: &'s [Vec<f32>], v: ValueId) -> Option<&'s [f32]> {
+fn value<'s>(g: &Graph, store: &'s Store, params: &'s [&'s [f32]], v: ValueId) -> Option<&'s [f32]> {
     match g.node(v).op {
-        Op::Param(i) => params.get(i).map(Vec::as_slice),
+        Op::Param(i) => params.get(i).copied(),
         _ => store.get(v.index()).and_then(|x| x.as_deref()),
     }
 }
@@ -50,7 +50,7 @@ fn compute(
     g: &Graph,
     plan: &Shapes,
     store: &mut Store,
-    params: &[Vec<f32>],
+    params: &[&[f32]],
     v: ValueId,
     stage: usize,
 ) -> Result<()> {
@@ -93,7 +93,7 @@ impl<'a> Stages<'a> {
     }
 
     /// Runs stage `k` for the row in `store`.
-    fn run(&mut self, (k, st): (usize, &Stage), store: &mut Store, params: &[Vec<f32>]) -> Result<()> {
+    fn run(&mut self, (k, st): (usize, &Stage), store: &mut Store, params: &[&[f32]]) -> Result<()> {
         let (g, plan) = (self.graph, self.shapes);
         let Some(Some((name, kernel))) = self.kernels.get_mut(k) else {
             return st.values.iter().try_for_each(|&v| compute(g, plan, store, params, v, k));

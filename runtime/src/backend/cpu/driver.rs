@@ -126,9 +126,10 @@ pub enum Loc {
     RowBuf,
     /// One row per sequence, rank-ordered.
     RankBuf,
-    /// One row per `(b, t)` at the layer's row layout, in a buffer owned
-    /// elsewhere (the forward's tape) that outlives the run and is only read.
-    Borrowed(*const f32),
+    /// One row per `(b, t)` at the layer's row layout, in the forward's
+    /// tape (owned elsewhere, outliving the run): written by the forward's
+    /// kernels that save straight into it, only read by the backward.
+    TapeRows(*mut f32),
 }
 
 /// One value's storage.
@@ -234,14 +235,6 @@ impl Buffers {
         s.len = len;
     }
 
-    /// Moves `v`'s buffer out (its storage is gone afterwards).
-    pub fn take_data(&mut self, v: ValueId) -> Vec<f32> {
-        let s = self.slot(v);
-        s.loc = None;
-        s.ptr = std::ptr::null_mut();
-        std::mem::take(&mut s.data)
-    }
-
     pub fn constant(&mut self, v: ValueId, value: Vec<f32>) {
         let s = self.slot(v);
         s.loc = Some(Loc::Const);
@@ -254,7 +247,7 @@ impl Buffers {
 pub struct Frame<'a> {
     pub input: Rows<'a>,
     pub input_slices: &'a [(usize, usize)],
-    pub params: &'a [Vec<f32>],
+    pub params: &'a [&'a [f32]],
     /// Matrix parameters prepared for the products that read them.
     pub weights: &'a PreparedParams,
     pub states: &'a [SharedRows],
@@ -270,7 +263,7 @@ impl<'a> Frame<'a> {
     pub fn new(
         input: Rows<'a>,
         layer: &'a crate::model::Layer,
-        params: &'a [Vec<f32>],
+        params: &'a [&'a [f32]],
         weights: &'a PreparedParams,
     ) -> Frame<'a> {
         Frame {
@@ -349,7 +342,7 @@ pub fn locate(bufs: &Buffers, f: &Frame, v: ValueId, b: usize, t: usize, r: usiz
         Loc::RowBuf => within(f.layout.row(b, t))?,
         Loc::RankBuf => within(r)?,
         // SAFETY: the owner holds a row of `len` floats for every (b, t) of the layout.
-        Loc::Borrowed(p) => unsafe { p.add(f.layout.row(b, t) * len) as *mut f32 },
+        Loc::TapeRows(p) => unsafe { p.add(f.layout.row(b, t) * len) },
     })
 }
 
@@ -606,7 +599,7 @@ pub fn prepared_params<'a>(
     local: &'a mut Option<PreparedParams>,
     graph: &Graph,
     steps: &[ReadyStage],
-    params: &[Vec<f32>],
+    params: &[&[f32]],
     shape: &dyn Fn(ValueId) -> (usize, usize),
 ) -> &'a PreparedParams {
     let weights = match slot.get_or_init(|| PreparedParams::new(params.len())) {
@@ -620,10 +613,10 @@ pub fn prepared_params<'a>(
             let (r, c) = shape(m);
             match op {
                 Op::MatVec => {
-                    weights.t_panels(i, &params[i], r, c);
+                    weights.t_panels(i, params[i], r, c);
                 }
                 Op::MatVecT => {
-                    weights.panels(i, &params[i], r, c);
+                    weights.panels(i, params[i], r, c);
                 }
                 _ => {}
             }
@@ -709,10 +702,10 @@ impl ProductCall {
         };
         let right = match (op, bufs.loc(m)) {
             (Op::MatVec, Some(Loc::Param(i))) => {
-                RightOperand::Packed(f.weights.t_panels(i, &f.params[i], rows_w, cols_w))
+                RightOperand::Packed(f.weights.t_panels(i, f.params[i], rows_w, cols_w))
             }
             (Op::MatVecT, Some(Loc::Param(i))) => {
-                RightOperand::Packed(f.weights.panels(i, &f.params[i], rows_w, cols_w))
+                RightOperand::Packed(f.weights.panels(i, f.params[i], rows_w, cols_w))
             }
             (Op::MatVec, _) => RightOperand::Matrix(weight_t(bufs, f, m, rows_w, cols_w)?),
             (Op::MatVecT, _) => {

@@ -183,21 +183,125 @@ fn jit_stage(
     })
 }
 
-/// What the forward keeps, per row at the layer's row layout (buffers
-/// from the [`pool`], returned when the tape is dropped).
+/// What the forward keeps, per row at the layer's row layout: in buffers
+/// from the [`pool`] (returned when the tape is dropped), or in memory the
+/// caller provides ([`Backend::forward_into_tape`]), part after part in
+/// the order of [`CpuTape::parts`].
 struct CpuTape {
-    states_before: Vec<Vec<f32>>,
-    states_after: Vec<Vec<f32>>,
-    output: Vec<f32>,
+    states_before: Vec<TapeBuf>,
+    states_after: Vec<TapeBuf>,
+    output: TapeBuf,
     /// Saved forward values by id (the backward graph shares the ids).
-    saved: HashMap<ValueId, Vec<f32>>,
+    saved: HashMap<ValueId, TapeBuf>,
+}
+
+/// One part of a tape.
+enum TapeBuf {
+    Pooled(Vec<f32>),
+    /// `len` floats of the caller's, borrowed for one call.
+    Caller {
+        ptr: *mut f32,
+        len: usize,
+    },
+}
+
+// SAFETY: a pooled buffer is owned; a caller's buffer is borrowed for the
+// one call that made the tape, whose threads write disjoint rows of it.
+unsafe impl Send for TapeBuf {}
+unsafe impl Sync for TapeBuf {}
+
+impl std::ops::Deref for TapeBuf {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        match self {
+            TapeBuf::Pooled(v) => v,
+            // SAFETY: the caller's memory is valid for `len` floats while the tape lives.
+            TapeBuf::Caller { ptr, len } => unsafe { std::slice::from_raw_parts(*ptr, *len) },
+        }
+    }
+}
+
+impl std::ops::DerefMut for TapeBuf {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        match self {
+            TapeBuf::Pooled(v) => v,
+            // SAFETY: as for `deref`; only a forward's tape (over a mutable borrow) is written.
+            TapeBuf::Caller { ptr, len } => unsafe { std::slice::from_raw_parts_mut(*ptr, *len) },
+        }
+    }
+}
+
+impl CpuTape {
+    /// The values a layer's tape saves besides its states and output.
+    fn saved_values(code: &LayerCode, layer: &Layer) -> Vec<ValueId> {
+        layer.saved().iter().copied().filter(|v| code.fwd_graph.contains(*v)).collect()
+    }
+
+    /// Floats per row of each part, in order: every state before the step,
+    /// every state after it, the output, the saved values.
+    fn parts(code: &LayerCode, layer: &Layer) -> Vec<usize> {
+        let states = layer.state_sizes.iter().copied();
+        let saved = Self::saved_values(code, layer).into_iter().map(|v| code.fwd_plan.elements(v));
+        states.clone().chain(states).chain([layer.output_size]).chain(saved).collect()
+    }
+
+    /// A tape of `rows` layout rows whose parts come from `take` (given each part's floats).
+    fn make(code: &LayerCode, layer: &Layer, rows: usize, mut take: impl FnMut(usize) -> TapeBuf) -> CpuTape {
+        let n = layer.state_sizes.len();
+        let mut parts = Self::parts(code, layer).into_iter().map(|per_row| take(rows * per_row));
+        let mut next = || parts.next().unwrap_or(TapeBuf::Pooled(Vec::new()));
+        let states_before = (0..n).map(|_| next()).collect();
+        let states_after = (0..n).map(|_| next()).collect();
+        let output = next();
+        let saved = Self::saved_values(code, layer).into_iter().map(|v| (v, next())).collect();
+        CpuTape { states_before, states_after, output, saved }
+    }
+
+    fn pooled(code: &LayerCode, layer: &Layer, rows: usize) -> CpuTape {
+        Self::make(code, layer, rows, |len| TapeBuf::Pooled(pool::take(len)))
+    }
+
+    /// A tape laid out over the caller's `memory` (`rows` times the sum of
+    /// [`CpuTape::parts`] floats, checked).
+    ///
+    /// # Safety
+    /// `memory` is valid for `len` floats while the tape lives, and the
+    /// tape is written only where `memory` may be.
+    unsafe fn in_caller(
+        code: &LayerCode,
+        layer: &Layer,
+        rows: usize,
+        memory: *mut f32,
+        len: usize,
+    ) -> Result<CpuTape> {
+        let need = rows * Self::parts(code, layer).iter().sum::<usize>();
+        if need != len {
+            return Err(RuntimeError::Shape {
+                tensor: "reserve".into(),
+                expected: format!("{need} floats for layer {}", layer.index),
+                found: format!("{len}"),
+            });
+        }
+        let mut at = 0;
+        Ok(Self::make(code, layer, rows, |n| {
+            // SAFETY: the parts add up to `len` (checked above).
+            let ptr = unsafe { memory.add(at) };
+            at += n;
+            TapeBuf::Caller { ptr, len: n }
+        }))
+    }
 }
 
 impl Drop for CpuTape {
     fn drop(&mut self) {
         let states = self.states_before.drain(..).chain(self.states_after.drain(..));
         let saved = self.saved.drain().map(|(_, b)| b);
-        states.chain([std::mem::take(&mut self.output)]).chain(saved).for_each(pool::give);
+        let output = std::mem::replace(&mut self.output, TapeBuf::Pooled(Vec::new()));
+        for buf in states.chain([output]).chain(saved) {
+            if let TapeBuf::Pooled(v) = buf {
+                pool::give(v);
+            }
+        }
     }
 }
 
@@ -242,8 +346,41 @@ impl Backend for Cpu {
 
     fn forward(&self, job: &ForwardJob, output: &mut RowsMut) -> Result<ForwardResult> {
         let code = self.code(job.cell, job.layer)?;
+        let keep = if job.training { KeepTape::Pooled } else { KeepTape::No };
         let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        self.pool.install(|| forward(self.threads, &code, job, output))
+        self.pool.install(|| forward(self.threads, &code, job, output, keep))
+    }
+
+    fn tape_floats_per_row(&self, cell: &CompiledCell, layer: &Layer) -> Result<Option<usize>> {
+        Ok(Some(CpuTape::parts(&*self.code(cell, layer)?, layer).iter().sum()))
+    }
+
+    fn forward_into_tape(
+        &self,
+        job: &ForwardJob,
+        output: &mut RowsMut,
+        tape: &mut [f32],
+    ) -> Result<Vec<Vec<f32>>> {
+        let code = self.code(job.cell, job.layer)?;
+        let job = ForwardJob { training: true, ..*job };
+        let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let r = self.pool.install(|| forward(self.threads, &code, &job, output, KeepTape::Caller(tape)))?;
+        Ok(r.final_states)
+    }
+
+    fn backward_from_tape(
+        &self,
+        job: &BackwardJob,
+        tape: &[f32],
+        d_input: &mut RowsMut,
+    ) -> Result<BackwardResult> {
+        let code = self.code(job.cell, job.layer)?;
+        let rows = job.input.data.len() / job.input.width.max(1);
+        // SAFETY: the backward only reads its tape, which borrows `tape` for this call.
+        let tape =
+            unsafe { CpuTape::in_caller(&code, job.layer, rows, tape.as_ptr() as *mut f32, tape.len())? };
+        let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        self.pool.install(|| backward(self.threads, &code, job, &tape, d_input))
     }
 
     fn stream<'a>(&'a self, job: StreamJob<'a>) -> Result<Option<Box<dyn StepRunner + 'a>>> {
@@ -261,11 +398,21 @@ impl Backend for Cpu {
     }
 }
 
+/// Where a forward keeps what its backward reads.
+enum KeepTape<'a> {
+    No,
+    /// In buffers of its own, handed back as a [`Tape`].
+    Pooled,
+    /// In the caller's memory ([`Backend::forward_into_tape`]).
+    Caller(&'a mut [f32]),
+}
+
 fn forward(
     threads: usize,
     code: &LayerCode,
     job: &ForwardJob,
     output: &mut RowsMut,
+    keep: KeepTape,
 ) -> Result<ForwardResult> {
     let (g, plan) = (&*code.fwd_graph, &*code.fwd_plan);
     let layer = job.layer;
@@ -275,10 +422,43 @@ fn forward(
     let mut bufs = Buffers::new();
     constants(g, plan, &mut bufs);
     leaf_locations(g, layer, Side::Forward, &mut bufs);
+    let (mut tape, pooled) = match keep {
+        KeepTape::No => (None, false),
+        KeepTape::Pooled => (Some(CpuTape::pooled(code, layer, layout_rows)), true),
+        // SAFETY: the tape lives for this call, which borrows `memory` mutably.
+        KeepTape::Caller(memory) => {
+            let t =
+                unsafe { CpuTape::in_caller(code, layer, layout_rows, memory.as_mut_ptr(), memory.len())? };
+            (Some(t), false)
+        }
+    };
+    // Saved values that only pointwise stages touch are written straight
+    // into the tape's rows; the rest are copied there per row.
+    let (direct, saved_ids): (Vec<ValueId>, Vec<ValueId>) =
+        CpuTape::saved_values(code, layer).into_iter().partition(|&v| {
+            let pointwise_output = code.forward.iter().any(|st| {
+                st.placement() == Placement::EachStep
+                    && matches!(st, ReadyStage::Pointwise { exec, .. } if exec.outputs().contains(&v))
+            });
+            let gemm_input = code.forward.iter().any(|st| match st {
+                ReadyStage::Gemm { products, placement: Placement::EachStep } => {
+                    products.iter().any(|p| p.2 == v || p.3 == v)
+                }
+                _ => false,
+            });
+            tape.is_some() && pointwise_output && !gemm_input
+        });
+    if let Some(t) = tape.as_mut() {
+        for &v in &direct {
+            let rows =
+                t.saved.get_mut(&v).ok_or_else(|| RuntimeError::Internal(format!("{v} not in the tape")))?;
+            bufs.place(v, Loc::TapeRows(rows.as_mut_ptr()), plan.elements(v));
+        }
+    }
     // Layout rows, or rank rows (values kept for the backward are copied
     // into the tape's layout rows each step, or written there directly).
     for st in &code.forward {
-        for v in st.outputs() {
+        for &v in st.outputs().iter().filter(|v| !direct.contains(v)) {
             match (layer.storage(Side::Forward, v, job.training), st.placement()) {
                 (Some(Storage::Layout), _) | (_, Placement::BeforeLoop) => {
                     bufs.row_buf(v, plan.elements(v), layout_rows)
@@ -297,31 +477,6 @@ fn forward(
         .map(|(i, &n)| order.iter().flat_map(|&b| job.h0[i][b * n..(b + 1) * n].iter().copied()).collect())
         .collect();
     let mut finals: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&n| vec![0.0; batch * n]).collect();
-    let saved: Vec<ValueId> = layer.saved().iter().copied().filter(|v| g.contains(*v)).collect();
-    // Saved values that only pointwise stages touch are written straight
-    // into layout rows, which become the tape's; the rest are copied per row.
-    let (direct, saved_ids): (Vec<ValueId>, Vec<ValueId>) = saved.iter().partition(|&&v| {
-        let pointwise_output = code.forward.iter().any(|st| {
-            st.placement() == Placement::EachStep
-                && matches!(st, ReadyStage::Pointwise { exec, .. } if exec.outputs().contains(&v))
-        });
-        let gemm_input = code.forward.iter().any(|st| match st {
-            ReadyStage::Gemm { products, placement: Placement::EachStep } => {
-                products.iter().any(|p| p.2 == v || p.3 == v)
-            }
-            _ => false,
-        });
-        job.training && pointwise_output && !gemm_input
-    });
-    for &v in &direct {
-        bufs.row_buf(v, plan.elements(v), layout_rows);
-    }
-    let mut tape = job.training.then(|| CpuTape {
-        states_before: layer.state_sizes.iter().map(|&n| pool::take(layout_rows * n)).collect(),
-        states_after: layer.state_sizes.iter().map(|&n| pool::take(layout_rows * n)).collect(),
-        output: pool::take(layout_rows * layer.output_size),
-        saved: saved_ids.iter().map(|&v| (v, pool::take(layout_rows * plan.elements(v)))).collect(),
-    });
     let shape = shape_of(plan);
     let mut local = None;
     let weights = prepared_params(job.prepared, &mut local, g, &code.forward, job.params, &shape);
@@ -336,16 +491,18 @@ fn forward(
         run_all_rows(&code.forward, Placement::BeforeLoop, &mut bufs, &frame, &all, &mut none)?;
     }
 
-    let into_tape = |tape: Option<CpuTape>, bufs: &mut Buffers| {
-        tape.map(|mut t| {
-            t.saved.extend(direct.iter().map(|&v| (v, bufs.take_data(v))));
-            Tape(Box::new(t))
-        })
-    };
-    if let Some(result) =
-        forward_whole_sequence(threads, code, job, output, &mut bufs, weights, tape.as_mut())?
-    {
-        return Ok(ForwardResult { final_states: result, tape: into_tape(tape, &mut bufs) });
+    let into_tape = |tape: Option<CpuTape>| tape.filter(|_| pooled).map(|t| Tape(Box::new(t)));
+    let whole = forward_whole_sequence(
+        threads,
+        code,
+        job,
+        output,
+        &mut bufs,
+        weights,
+        tape.as_mut().map(|t| (t, &saved_ids[..])),
+    )?;
+    if let Some(result) = whole {
+        return Ok(ForwardResult { final_states: result, tape: into_tape(tape) });
     }
 
     // The loop. Each thread writes only the rows of its ranks: their output
@@ -401,7 +558,7 @@ fn forward(
         reverse: job.reverse,
     };
     each_step.run(&steps, &after)?;
-    Ok(ForwardResult { final_states: finals, tape: into_tape(tape, &mut bufs) })
+    Ok(ForwardResult { final_states: finals, tape: into_tape(tape) })
 }
 
 /// The tape's buffers as addresses the loop's threads write their rows to.
@@ -416,9 +573,10 @@ struct TapeRows {
 impl TapeRows {
     fn of(t: &mut CpuTape, ids: &[ValueId]) -> TapeRows {
         let saved = ids.iter().filter_map(|&v| Some((v, SharedRows::of(t.saved.get_mut(&v)?)))).collect();
+        let each = |bufs: &mut [TapeBuf]| bufs.iter_mut().map(|b| SharedRows::of(b)).collect();
         TapeRows {
-            states_before: SharedRows::each(&mut t.states_before),
-            states_after: SharedRows::each(&mut t.states_after),
+            states_before: each(&mut t.states_before),
+            states_after: each(&mut t.states_after),
             output: SharedRows::of(&mut t.output),
             saved,
         }
@@ -459,8 +617,13 @@ fn forward_whole_sequence(
     output: &mut RowsMut,
     bufs: &mut Buffers,
     weights: &PreparedParams,
-    mut tape: Option<&mut CpuTape>,
+    tape: Option<(&mut CpuTape, &[ValueId])>,
 ) -> Result<Option<Vec<Vec<f32>>>> {
+    // The tape, and the saved values to copy into it (the rest are written there directly).
+    let (mut tape, copied) = match tape {
+        Some((t, copied)) => (Some(t), copied),
+        None => (None, &[][..]),
+    };
     let mut each_step = code.forward.iter().filter(|s| s.placement() == Placement::EachStep);
     let (Some(ReadyStage::Pointwise { exec, .. }), None) = (each_step.next(), each_step.next()) else {
         return Ok(None);
@@ -473,7 +636,10 @@ fn forward_whole_sequence(
     }
     let layout_rows = job.input.data.len() / job.input.width.max(1);
     for &v in exec.outputs() {
-        bufs.row_buf(v, plan.elements(v), layout_rows);
+        // Saved values already written straight into the tape stay there.
+        if !matches!(bufs.loc(v), Some(Loc::TapeRows(_))) {
+            bufs.row_buf(v, plan.elements(v), layout_rows);
+        }
     }
     let state_of = |v: ValueId| match g.node(v).op {
         Op::State(i) => Some(i),
@@ -548,8 +714,7 @@ fn forward_whole_sequence(
                         &mut tape.states_after[i][row * m..(row + 1) * m],
                     )?;
                 }
-                let saved: Vec<ValueId> = tape.saved.keys().copied().collect();
-                for v in saved {
+                for &v in copied {
                     let len = plan.elements(v);
                     let mut tmp = vec![0.0; len];
                     copy_row(bufs, &frame, v, (b, t, 0), &mut tmp)?;
@@ -720,7 +885,7 @@ fn backward(
             },
             _ => continue,
         };
-        bufs.place(v, Loc::Borrowed(data), len);
+        bufs.place(v, Loc::TapeRows(data as *mut f32), len);
     }
     // Storage for what the stages compute; per-step values that are needed
     // after the loop are also kept per row.

@@ -112,7 +112,7 @@ impl LayerStep {
         let layout = RowLayout::padded(&order, 1, Major::BatchFirst, Align::Left);
         let state_rows = super::driver::SharedRows::each(&mut states);
         let rows = Rows { data: &input, layout: &layout, width: layer.input_size, offset: 0 };
-        let frame = Frame { states: &state_rows, ..Frame::new(rows, layer, job.params[k], weights) };
+        let frame = Frame { states: &state_rows, ..Frame::new(rows, layer, &job.params[k], weights) };
         let shape = shape_of(plan);
         let mut calls = Vec::new();
         for st in stages {
