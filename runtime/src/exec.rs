@@ -10,7 +10,7 @@
 use crate::backend::{BackwardJob, ForwardJob, PreparedWeights, Rows, RowsMut, Tape};
 use crate::error::{Result, RuntimeError};
 use crate::model::Model;
-use crate::sequence::{check_len, Align, BatchOrder, Major, PackedView, RowLayout};
+use crate::sequence::{check_len, padding_rows, zero_rows, Align, BatchOrder, Major, PackedView, RowLayout};
 use std::borrow::Cow;
 
 /// A batch in the caller's own layout.
@@ -348,7 +348,8 @@ impl Model {
     ) -> Result<Option<Kept<'r>>> {
         let batch = p.order.batch();
         check_len("output", out.output.len(), &[p.rows, self.output_size()])?;
-        zero_padding(out.output, p, self.output_size());
+        let padding = padding_rows(&p.order, &p.layout, p.rows);
+        zero_rows(out.output, self.output_size(), &padding);
         let ForwardOut { output, mut final_states } = out;
         if batch == 0 {
             // An empty batch: nothing to run, and no back end sees one.
@@ -404,7 +405,11 @@ impl Model {
             let mut owned = Vec::new();
             let dst: &mut [f32] = match (last, reserved_out.as_deref_mut()) {
                 (true, _) => output.take().ok_or_else(|| RuntimeError::Internal("output taken".into()))?,
-                (false, Some(r)) => r,
+                (false, Some(r)) => {
+                    // Rows nothing writes are zeroed: a reserve holds no stale memory.
+                    zero_rows(r, width, &padding);
+                    r
+                }
                 (false, None) => {
                     owned = vec![0.0f32; p.rows * width];
                     &mut owned
@@ -604,25 +609,6 @@ impl Model {
             }
         }
         Ok(())
-    }
-}
-
-/// Zeros the rows of `data` (`width` floats each) that hold no step of any
-/// sequence: a padded batch's padding.
-fn zero_padding(data: &mut [f32], p: &LaidOutBatch, width: usize) {
-    if p.order.rows() == p.rows || width == 0 {
-        return;
-    }
-    let mut valid = vec![false; p.rows];
-    for (b, &len) in p.order.lengths().iter().enumerate() {
-        for t in 0..len {
-            valid[p.layout.row(b, t)] = true;
-        }
-    }
-    for (row, chunk) in data.chunks_mut(width).enumerate() {
-        if !valid.get(row).copied().unwrap_or(true) {
-            chunk.fill(0.0);
-        }
     }
 }
 

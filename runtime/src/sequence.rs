@@ -329,6 +329,32 @@ impl PackedView<'_> {
     }
 }
 
+/// The rows of a layout's `rows` that hold no step of any sequence (a
+/// padded batch's padding), in increasing order.
+pub(crate) fn padding_rows(order: &BatchOrder, layout: &RowLayout, rows: usize) -> Vec<usize> {
+    if order.rows() == rows {
+        return Vec::new();
+    }
+    let mut valid = vec![false; rows];
+    for (b, &len) in order.lengths().iter().enumerate() {
+        for t in 0..len {
+            if let Some(v) = valid.get_mut(layout.row(b, t)) {
+                *v = true;
+            }
+        }
+    }
+    (0..rows).filter(|&r| !valid[r]).collect()
+}
+
+/// Zeros rows `padding` of `data`, rows of `width` floats.
+pub(crate) fn zero_rows(data: &mut [f32], width: usize, padding: &[usize]) {
+    for &r in padding {
+        if let Some(row) = data.get_mut(r * width..(r + 1) * width) {
+            row.fill(0.0);
+        }
+    }
+}
+
 /// Checks a flat buffer's length against a shape.
 pub(crate) fn check_len(tensor: &str, len: usize, shape: &[usize]) -> Result<()> {
     let want: usize = shape.iter().product();

@@ -292,6 +292,22 @@ impl CpuTape {
     }
 }
 
+impl CpuTape {
+    /// Zeros the rows of padding, which no step writes: a tape in the
+    /// caller's memory then holds nothing but what this pass computed.
+    fn zero_padding(&mut self, job: &ForwardJob, rows: usize) {
+        let padding = crate::sequence::padding_rows(job.order, job.input.layout, rows);
+        if padding.is_empty() {
+            return;
+        }
+        let parts = self.states_before.iter_mut().chain(&mut self.states_after).chain([&mut self.output]);
+        for part in parts.chain(self.saved.values_mut()) {
+            let width = part.len() / rows.max(1);
+            crate::sequence::zero_rows(part, width, &padding);
+        }
+    }
+}
+
 impl Drop for CpuTape {
     fn drop(&mut self) {
         let states = self.states_before.drain(..).chain(self.states_after.drain(..));
@@ -427,8 +443,9 @@ fn forward(
         KeepTape::Pooled => (Some(CpuTape::pooled(code, layer, layout_rows)), true),
         // SAFETY: the tape lives for this call, which borrows `memory` mutably.
         KeepTape::Caller(memory) => {
-            let t =
+            let mut t =
                 unsafe { CpuTape::in_caller(code, layer, layout_rows, memory.as_mut_ptr(), memory.len())? };
+            t.zero_padding(job, layout_rows);
             (Some(t), false)
         }
     };

@@ -1,0 +1,36 @@
+"""cellc for PyTorch: any ``.cell`` recurrent cell as a fused, autograd-ready ``nn.Module``.
+
+>>> import torch, cellc
+>>> rnn = cellc.RNN("lstm", input_size=8, sizes={"H": 16}, batch_first=True)
+>>> out, (h, c) = rnn(torch.randn(3, 5, 8), lengths=[5, 2, 4])
+"""
+
+from . import errors
+from ._cellc import shipped_cells
+from .errors import (
+    BackendError,
+    CellcError,
+    CellCompileError,
+    DeviceError,
+    DTypeError,
+    InternalError,
+    LengthError,
+    ShapeError,
+    TooLargeError,
+)
+from .rnn import RNN
+
+__all__ = [
+    "RNN",
+    "errors",
+    "shipped_cells",
+    "BackendError",
+    "CellcError",
+    "CellCompileError",
+    "DeviceError",
+    "DTypeError",
+    "InternalError",
+    "LengthError",
+    "ShapeError",
+    "TooLargeError",
+]

@@ -1,0 +1,184 @@
+"""The cellc operators, registered with ``torch.library``.
+
+``cellc::rnn_forward`` and ``cellc::rnn_backward`` are pure functions of
+their arguments: the model is named by its spec (a JSON text of the cell
+and its configuration, compiled once per process), the weights come as
+tensors on every call, and what the backward reads travels from the
+forward as a tensor, the *reserve* (as cuDNN's reserve space). So
+autograd, ``torch.compile`` and distributed wrappers see ordinary
+operators with no hidden state.
+
+Every output is allocated here with PyTorch's allocator and written in
+place by the Rust runtime, which reads the inputs where they lie, with the
+interpreter lock released, on ``torch.get_num_threads()`` threads.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from . import _cellc
+from .errors import DeviceError, DTypeError
+
+
+@functools.lru_cache(maxsize=None)
+def describe(spec: str) -> dict:
+    """The model's weights, states, sizes and reserve per row (compiled once)."""
+    return _cellc.describe(spec)
+
+
+def _ref(t: Tensor) -> tuple[int, list[int]]:
+    return t.data_ptr(), list(t.shape)
+
+
+def _batch(layout: str, x: Tensor, index: list[Tensor]):
+    if layout == "packed":
+        return index[1].shape[0]
+    return x.shape[0] if layout.startswith("batch_first") else x.shape[1]
+
+
+def _rows(layout: str, x: Tensor):
+    return x.shape[0] if layout == "packed" else x.shape[0] * x.shape[1]
+
+
+def _forward_outputs(spec: str, layout: str, x: Tensor, index: list[Tensor], training: bool):
+    info = describe(spec)
+    batch = _batch(layout, x, index)
+    out = x.new_empty((*x.shape[:-1], info["output_size"]))
+    finals = [x.new_empty((info["slots"], batch, size)) for _, size in info["states"]]
+    per_row = info["reserve_per_row"]
+    reserve_len = _rows(layout, x) * per_row if training and per_row is not None else 0
+    return out, finals, x.new_empty((reserve_len,))
+
+
+def _check_cpu(tensors: list[Tensor]) -> None:
+    for t in tensors:
+        if t.device.type != "cpu":
+            raise DeviceError(
+                f"cellc's CPU operators got a tensor on {t.device}: CUDA tensors need a module "
+                "built with backend='cuda' (the CUDA path is not yet wired to PyTorch's streams)"
+            )
+
+
+@torch.library.custom_op("cellc::rnn_forward", mutates_args=())
+def rnn_forward(
+    spec: str,
+    layout: str,
+    x: Tensor,
+    index: list[Tensor],
+    h0: list[Tensor],
+    weights: list[Tensor],
+    training: bool,
+) -> tuple[Tensor, list[Tensor], Tensor]:
+    """Runs every layer and direction; with ``training``, fills the reserve the backward reads."""
+    _check_cpu([x, *h0, *weights])
+    out, finals, reserve = _forward_outputs(spec, layout, x, index, training)
+    _cellc.forward(
+        spec,
+        torch.get_num_threads(),
+        layout,
+        _ref(x),
+        [_ref(t) for t in index],
+        [_ref(t) for t in h0],
+        [_ref(t) for t in weights],
+        _ref(out),
+        [_ref(t) for t in finals],
+        _ref(reserve) if training else None,
+    )
+    return out, finals, reserve
+
+
+@rnn_forward.register_fake
+def _(spec, layout, x, index, h0, weights, training):
+    return _forward_outputs(spec, layout, x, index, training)
+
+
+@torch.library.custom_op("cellc::rnn_backward", mutates_args=())
+def rnn_backward(
+    spec: str,
+    layout: str,
+    x: Tensor,
+    index: list[Tensor],
+    h0: list[Tensor],
+    weights: list[Tensor],
+    reserve: Tensor,
+    grad_output: Tensor,
+    grad_finals: list[Tensor],
+) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+    """The gradients of the input, the initial states (if given) and the weights."""
+    _check_cpu([x, *h0, *weights, reserve, grad_output, *grad_finals])
+    grad_x = torch.empty_like(x)
+    grad_h0 = [torch.empty_like(h) for h in h0]
+    grad_weights = [torch.empty_like(w) for w in weights]
+    _cellc.backward(
+        spec,
+        torch.get_num_threads(),
+        layout,
+        _ref(x),
+        [_ref(t) for t in index],
+        [_ref(t) for t in h0],
+        [_ref(t) for t in weights],
+        _ref(reserve),
+        _ref(grad_output),
+        [_ref(t) for t in grad_finals],
+        _ref(grad_x),
+        [_ref(t) for t in grad_h0],
+        [_ref(t) for t in grad_weights],
+    )
+    return grad_x, grad_h0, grad_weights
+
+
+@rnn_backward.register_fake
+def _(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals):
+    return torch.empty_like(x), [torch.empty_like(h) for h in h0], [torch.empty_like(w) for w in weights]
+
+
+def _setup_context(ctx, inputs, output):
+    spec, layout, x, index, h0, weights, training = inputs
+    _, finals, reserve = output
+    ctx.spec, ctx.layout = spec, layout
+    ctx.counts = (len(index), len(h0), len(weights))
+    ctx.final_shapes = [f.shape for f in finals]
+    ctx.mark_non_differentiable(reserve)
+    ctx.save_for_backward(x, *index, *h0, *weights, reserve)
+
+
+def _backward(ctx, grad_output, grad_finals, _grad_reserve):
+    saved = list(ctx.saved_tensors)
+    n_index, n_h0, n_weights = ctx.counts
+    x = saved[0]
+    index = saved[1 : 1 + n_index]
+    h0 = saved[1 + n_index : 1 + n_index + n_h0]
+    weights = saved[1 + n_index + n_h0 : 1 + n_index + n_h0 + n_weights]
+    reserve = saved[-1]
+    if grad_output is None:
+        grad_output = torch.zeros((*x.shape[:-1], describe(ctx.spec)["output_size"]), dtype=x.dtype)
+    if all(g is None for g in grad_finals):
+        grad_finals = []
+    else:
+        grad_finals = [
+            (g if g is not None else torch.zeros(s, dtype=x.dtype)).contiguous()
+            for g, s in zip(grad_finals, ctx.final_shapes)
+        ]
+    grad_x, grad_h0, grad_weights = rnn_backward(
+        ctx.spec, ctx.layout, x, index, h0, weights, reserve, grad_output.contiguous(), grad_finals
+    )
+    return None, None, grad_x, [None] * n_index, grad_h0, grad_weights, None
+
+
+rnn_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def run(spec: str, layout: str, x: Tensor, index: list[Tensor], h0: list[Tensor], weights: list[Tensor]):
+    """Output and final states of the model `spec` (the reserve only when autograd needs it)."""
+    for name, t in [("input", x), *((f"h0[{i}]", h) for i, h in enumerate(h0))]:
+        if t.dtype != torch.float32:
+            raise DTypeError(f"`{name}` is {t.dtype}: cellc computes in float32 (call .float() on it)")
+    training = torch.is_grad_enabled() and (
+        x.requires_grad or any(h.requires_grad for h in h0) or any(w.requires_grad for w in weights)
+    )
+    out, finals, _ = torch.ops.cellc.rnn_forward(spec, layout, x, index, h0, weights, training)
+    return out, finals

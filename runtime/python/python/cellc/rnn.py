@@ -1,0 +1,215 @@
+"""``cellc.RNN``: any ``.cell`` as a ``torch.nn.Module``, with ``nn.LSTM``'s conventions."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence
+
+from . import _cellc, _ops
+from .errors import DeviceError, DTypeError, ShapeError
+
+_ALIGNS = ("left", "right")
+
+
+def cell_source(cell: str) -> tuple[str, str]:
+    """``(source, file name)`` of a cell given as a path, a shipped cell's name or source text."""
+    if "{" in cell:
+        return cell, "<source>"
+    if os.path.exists(cell):
+        with open(cell, encoding="utf-8") as f:
+            return f.read(), cell
+    shipped = _cellc.shipped_cell(cell.removesuffix(".cell"))
+    if shipped is not None:
+        return shipped, f"cells/{cell.removesuffix('.cell')}.cell"
+    raise FileNotFoundError(
+        f"no cell `{cell}`: not a file, and not a shipped cell ({', '.join(_cellc.shipped_cells())})"
+    )
+
+
+class RNN(nn.Module):
+    """A stack of layers of a ``.cell`` cell, run by cellc's fused kernels.
+
+    Args:
+        cell: a ``.cell`` file's path, a shipped cell's name (``"lstm"``), or ``.cell`` source text.
+        input_size: features per step of the input.
+        sizes: size variables of the cell (``{"H": 256}``); the rest are inferred.
+        num_layers: layers stacked; layer ``k > 0`` reads layer ``k - 1``'s output.
+        bidirectional: a second direction per layer, run from each sequence's end.
+        batch_first: inputs and outputs are ``[B, T, F]`` (else ``[T, B, F]``).
+        backend: ``"cpu"`` (default), ``"reference"`` (the interpreter: slow, exact) or ``"cuda"``.
+        cell_name: which cell of a source that defines several.
+
+    Parameters are named as PyTorch names them (``weight_ih_l0``, ``bias_hh_l1_reverse``), so
+    ``load_state_dict(nn_lstm.state_dict())`` works for ``cells/lstm.cell`` (and ``gru``,
+    ``rnn_tanh``). cellc computes in float32: ``.double()`` is refused at the first call.
+
+    ``forward(input, hx=None, *, lengths=None, align="left")`` takes a padded batch with each
+    sequence's length (padding at the end, or at the start with ``align="right"``; nothing is
+    sorted or copied) or a ``PackedSequence``, and returns ``(output, finals)`` as ``nn.LSTM``
+    does: ``finals`` is a tensor for a one-state cell, else a tuple (``(h_n, c_n)`` for an LSTM),
+    each ``[num_layers * directions, B, size]``; ``hx`` is given the same way. Padding rows of
+    the output are zeros.
+    """
+
+    def __init__(
+        self,
+        cell: str,
+        input_size: int,
+        sizes: dict[str, int] | None = None,
+        num_layers: int = 1,
+        bidirectional: bool = False,
+        batch_first: bool = False,
+        backend: str = "cpu",
+        *,
+        cell_name: str | None = None,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if dtype is not None and dtype != torch.float32:
+            raise DTypeError(f"cellc computes in float32, not {dtype}")
+        source, file = cell_source(cell)
+        spec = {
+            "source": source,
+            "file": file,
+            "cell": cell_name,
+            "input_size": int(input_size),
+            "sizes": {k: int(v) for k, v in (sizes or {}).items()},
+            "layers": int(num_layers),
+            "bidirectional": bool(bidirectional),
+            "backend": backend,
+        }
+        self.spec = json.dumps(spec, sort_keys=True)
+        info = _ops.describe(self.spec)
+        self.cell = info["cell"]
+        self.input_size = int(input_size)
+        self.num_layers = int(num_layers)
+        self.bidirectional = bool(bidirectional)
+        self.batch_first = bool(batch_first)
+        self.backend = backend
+        self.sizes = dict(spec["sizes"])
+        self.output_size = info["output_size"]
+        self.state_sizes = [size for _, size in info["states"]]
+        self.state_names = [name for name, _ in info["states"]]
+        self._weight_names = [name for name, _ in info["weights"]]
+        for name, shape in info["weights"]:
+            self.register_parameter(name, nn.Parameter(torch.empty(shape, device=device)))
+        self.reset_parameters()
+
+    def reset_parameters(self, seed: int | None = None) -> None:
+        """Initialises the weights by the cell's ``init`` clauses (seeded from torch's RNG)."""
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, ()).item())
+        with torch.no_grad():
+            for name, data in zip(self._weight_names, _cellc.initial_weights(self.spec, seed)):
+                p = getattr(self, name)
+                values = torch.frombuffer(bytearray(data), dtype=torch.float32).view(p.shape)
+                p.copy_(values)
+
+    @property
+    def all_weights(self) -> list[Tensor]:
+        """The weights in the operators' order (read on every call: a swapped weight is seen)."""
+        return [getattr(self, name) for name in self._weight_names]
+
+    def extra_repr(self) -> str:
+        parts = [f"{self.cell!r}", f"input_size={self.input_size}"]
+        if self.sizes:
+            parts.append(f"sizes={self.sizes}")
+        parts.append(f"num_layers={self.num_layers}")
+        if self.bidirectional:
+            parts.append("bidirectional=True")
+        if self.batch_first:
+            parts.append("batch_first=True")
+        parts.append(f"backend={self.backend!r}")
+        return ", ".join(parts)
+
+    def forward(self, input, hx=None, *, lengths=None, align: str = "left"):
+        weights = [w.contiguous() for w in self.all_weights]
+        for name, w in zip(self._weight_names, weights):
+            if w.dtype != torch.float32:
+                raise DTypeError(f"parameter `{name}` is {w.dtype}: cellc computes in float32 (call .float())")
+        if isinstance(input, PackedSequence):
+            if lengths is not None:
+                raise ValueError("`lengths` is for a padded input: a PackedSequence carries its own")
+            return self._forward_packed(input, hx, weights)
+        x = input
+        if not isinstance(x, Tensor):
+            raise TypeError(f"input must be a Tensor or a PackedSequence, not {type(x).__name__}")
+        unbatched = x.dim() == 2
+        if unbatched:
+            x = x.unsqueeze(0 if self.batch_first else 1)
+        if x.dim() != 3 or x.shape[-1] != self.input_size:
+            layout = "[B, T, input_size]" if self.batch_first else "[T, B, input_size]"
+            raise ShapeError(
+                f"`input` has shape {list(input.shape)}, expected {layout} with input_size={self.input_size}"
+            )
+        if align not in _ALIGNS:
+            raise ValueError(f"align must be 'left' or 'right', not {align!r}")
+        batch, steps = (x.shape[0], x.shape[1]) if self.batch_first else (x.shape[1], x.shape[0])
+        if lengths is None:
+            lengths = torch.full((batch,), steps, dtype=torch.int64)
+        else:
+            lengths = torch.as_tensor(lengths)
+            if lengths.dtype.is_floating_point or lengths.dtype == torch.bool or lengths.shape != (batch,):
+                raise ShapeError(
+                    f"`lengths` has shape {list(lengths.shape)} and dtype {lengths.dtype}, "
+                    f"expected [{batch}] integers (one length per sequence)"
+                )
+            lengths = lengths.to(device="cpu", dtype=torch.int64).contiguous()
+        self._check_device(x, weights)
+        h0 = self._initial_states(hx, batch, x, unbatched)
+        layout = ("batch_first/" if self.batch_first else "time_first/") + align
+        out, finals = _ops.run(self.spec, layout, x.contiguous(), [lengths], h0, weights)
+        if unbatched:
+            out = out.squeeze(0 if self.batch_first else 1)
+            finals = [f.squeeze(1) for f in finals]
+        return out, self._states_out(finals)
+
+    def _forward_packed(self, packed: PackedSequence, hx, weights):
+        data, batch_sizes, sorted_indices, unsorted_indices = packed
+        if data.dim() != 2 or data.shape[-1] != self.input_size:
+            raise ShapeError(
+                f"`input.data` has shape {list(data.shape)}, expected [N, {self.input_size}]"
+            )
+        batch = int(batch_sizes[0]) if batch_sizes.numel() > 0 else 0
+        if sorted_indices is None:
+            sorted_indices = unsorted_indices = torch.arange(batch)
+        index = [t.to(device="cpu", dtype=torch.int64).contiguous() for t in (batch_sizes, sorted_indices, unsorted_indices)]
+        self._check_device(data, weights)
+        h0 = self._initial_states(hx, index[1].shape[0], data, False)
+        out, finals = _ops.run(self.spec, "packed", data.contiguous(), index, h0, weights)
+        return PackedSequence(out, batch_sizes, packed.sorted_indices, packed.unsorted_indices), self._states_out(finals)
+
+    def _check_device(self, x: Tensor, weights: list[Tensor]) -> None:
+        for name, w in zip(self._weight_names, weights):
+            if w.device != x.device:
+                raise DeviceError(f"`input` is on {x.device} but parameter `{name}` is on {w.device}")
+
+    def _initial_states(self, hx, batch: int, x: Tensor, unbatched: bool) -> list[Tensor]:
+        if hx is None:
+            return []
+        states = [hx] if isinstance(hx, Tensor) else list(hx)
+        if len(states) != len(self.state_sizes):
+            kind = "a tensor" if len(self.state_sizes) == 1 else f"a tuple of {len(self.state_sizes)} tensors"
+            raise ShapeError(f"`hx` has {len(states)} states, expected {kind} ({', '.join(self.state_names)})")
+        slots = self.num_layers * (2 if self.bidirectional else 1)
+        out = []
+        for name, size, h in zip(self.state_names, self.state_sizes, states):
+            if unbatched and h.dim() == 2:
+                h = h.unsqueeze(1)
+            if tuple(h.shape) != (slots, batch, size):
+                raise ShapeError(
+                    f"initial state `{name}` has shape {list(h.shape)}, expected "
+                    f"[num_layers * directions, B, {size}] = [{slots}, {batch}, {size}]"
+                )
+            if h.device != x.device:
+                raise DeviceError(f"initial state `{name}` is on {h.device} but `input` is on {x.device}")
+            out.append(h.contiguous())
+        return out
+
+    def _states_out(self, finals: list[Tensor]):
+        return finals[0] if len(finals) == 1 else tuple(finals)

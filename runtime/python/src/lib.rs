@@ -1,0 +1,69 @@
+//! `cellc._cellc`: the Rust half of the `cellc` Python package.
+//!
+//! The Python half (`python/cellc`) owns the tensors: it allocates every
+//! output with PyTorch's allocator, checks dtype, device, contiguity and
+//! shapes, and hands this module each tensor as its address and shape.
+//! Here those become slices the runtime reads and writes in place
+//! ([`cellc_runtime::Call`], [`cellc_runtime::Model::forward_into`]),
+//! with the interpreter lock released. Models are found by their spec, a
+//! JSON text of the cell and its configuration ([`spec`]), and made once:
+//! the operators themselves keep no state, since the weights and the
+//! reserve the backward reads travel as tensors.
+
+mod errors;
+mod passes;
+mod spec;
+mod tensors;
+
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+/// The cells shipped in the repository's `cells/` folder: `(name, source)`.
+const SHIPPED_CELLS: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/shipped_cells.rs"));
+
+/// The source of a shipped cell, by name (`"lstm"`), or `None`.
+#[pyfunction]
+fn shipped_cell(name: &str) -> Option<&'static str> {
+    SHIPPED_CELLS.iter().find(|(n, _)| *n == name).map(|(_, source)| *source)
+}
+
+/// The names of the shipped cells.
+#[pyfunction]
+fn shipped_cells() -> Vec<&'static str> {
+    SHIPPED_CELLS.iter().map(|(n, _)| *n).collect()
+}
+
+/// What the Python module needs to know of a model: its weights' names
+/// and shapes, its states' names and sizes, its input and output sizes,
+/// and the reserve a training forward keeps per layout row (`None` where
+/// the back end keeps its tapes itself).
+#[pyfunction]
+fn describe(py: Python<'_>, spec: &str) -> PyResult<spec::Description> {
+    let model = py.detach(|| spec::model(spec, 1)).map_err(|e| errors::to_python(py, e))?;
+    spec::Description::of(&model).map_err(|e| errors::to_python(py, e))
+}
+
+/// The weights the cell's `init` clauses give for `seed`, in
+/// [`describe`]'s order, each as little-endian f32 bytes.
+#[pyfunction]
+fn initial_weights<'py>(py: Python<'py>, spec: &str, seed: u64) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+    let weights = py.detach(|| spec::initial_weights(spec, seed)).map_err(|e| errors::to_python(py, e))?;
+    Ok(weights
+        .iter()
+        .map(|w| {
+            let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+            PyBytes::new(py, &bytes)
+        })
+        .collect())
+}
+
+#[pymodule]
+fn _cellc(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(shipped_cell, m)?)?;
+    m.add_function(wrap_pyfunction!(shipped_cells, m)?)?;
+    m.add_function(wrap_pyfunction!(describe, m)?)?;
+    m.add_function(wrap_pyfunction!(initial_weights, m)?)?;
+    m.add_function(wrap_pyfunction!(passes::forward, m)?)?;
+    m.add_function(wrap_pyfunction!(passes::backward, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,23 @@
+"""Shared helpers of the cellc Python tests."""
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    torch.manual_seed(0)
+    yield
+
+
+def right_aligned(x: torch.Tensor, lengths, batch_first: bool) -> torch.Tensor:
+    """Moves each sequence of a left-aligned padded batch to the end of the time axis."""
+    out = torch.zeros_like(x)
+    steps = x.shape[1] if batch_first else x.shape[0]
+    for b, n in enumerate(lengths):
+        n = int(n)
+        if batch_first:
+            out[b, steps - n :] = x[b, :n]
+        else:
+            out[steps - n :, b] = x[:n, b]
+    return out
