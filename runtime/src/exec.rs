@@ -411,7 +411,8 @@ impl Model {
                     r
                 }
                 (false, None) => {
-                    owned = vec![0.0f32; p.rows * width];
+                    // Recycled: only valid rows are written, and only they are read.
+                    owned = crate::pool::take(p.rows * width);
                     &mut owned
                 }
             };
@@ -452,8 +453,10 @@ impl Model {
                 }
             }
             let input_of_this = std::mem::take(&mut previous);
-            if keep_tapes {
-                layer_inputs.extend(input_of_this);
+            match input_of_this {
+                Some(v) if keep_tapes => layer_inputs.push(v),
+                Some(v) => crate::pool::give(v),
+                None => {}
             }
             if !last && reserved_out.is_none() {
                 previous = Some(owned);
@@ -548,7 +551,7 @@ impl Model {
             let d_in: &mut [f32] = if k == 0 {
                 d_input.take().ok_or_else(|| RuntimeError::Internal("grad_input taken".into()))?
             } else {
-                owned = vec![0.0f32; p.rows * in_width];
+                owned = crate::pool::take_zeroed(p.rows * in_width);
                 &mut owned
             };
             for d in 0..dirs {
@@ -605,7 +608,9 @@ impl Model {
                 }
             }
             if k > 0 {
-                d_above = Cow::Owned(owned);
+                if let Cow::Owned(done) = std::mem::replace(&mut d_above, Cow::Owned(owned)) {
+                    crate::pool::give(done);
+                }
             }
         }
         Ok(())

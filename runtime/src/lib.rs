@@ -43,6 +43,7 @@ pub mod exec;
 pub mod files;
 pub mod memory;
 pub mod model;
+pub mod pool;
 pub mod sequence;
 pub mod stream;
 pub mod weights;

@@ -44,14 +44,14 @@ def _rows(layout: str, x: Tensor):
     return x.shape[0] if layout == "packed" else x.shape[0] * x.shape[1]
 
 
-def _forward_outputs(spec: str, layout: str, x: Tensor, index: list[Tensor], training: bool):
+def _forward_outputs(spec: str, layout: str, x: Tensor, index: list[Tensor], training: bool, empty):
     info = describe(spec)
     batch = _batch(layout, x, index)
-    out = x.new_empty((*x.shape[:-1], info["output_size"]))
+    out = empty((*x.shape[:-1], info["output_size"]))
     finals = [x.new_empty((info["slots"], batch, size)) for _, size in info["states"]]
     per_row = info["reserve_per_row"]
     reserve_len = _rows(layout, x) * per_row if training and per_row is not None else 0
-    return out, finals, x.new_empty((reserve_len,))
+    return out, finals, empty((reserve_len,))
 
 
 def _check_cpu(tensors: list[Tensor]) -> None:
@@ -61,6 +61,20 @@ def _check_cpu(tensors: list[Tensor]) -> None:
                 f"cellc's CPU operators got a tensor on {t.device}: CUDA tensors need a module "
                 "built with backend='cuda' (the CUDA path is not yet wired to PyTorch's streams)"
             )
+
+
+def _recycled(shape) -> Tensor:
+    """A float32 CPU tensor over cellc's recycled memory (DLPack), returned there when freed.
+
+    The large buffers of a step (the reserve, the output, the gradients of the input and the
+    weights) would otherwise come from PyTorch's CPU allocator, malloc, which maps buffers
+    that large fresh on every call: their pages faulted in and zeroed by the kernel took as
+    long as the RNN itself at B=64, H=256. Contents are unspecified; the runtime writes them.
+    """
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    return torch.from_dlpack(_cellc.reserve(numel)).view(tuple(shape))
 
 
 @torch.library.custom_op("cellc::rnn_forward", mutates_args=())
@@ -75,7 +89,7 @@ def rnn_forward(
 ) -> tuple[Tensor, list[Tensor], Tensor]:
     """Runs every layer and direction; with ``training``, fills the reserve the backward reads."""
     _check_cpu([x, *h0, *weights])
-    out, finals, reserve = _forward_outputs(spec, layout, x, index, training)
+    out, finals, reserve = _forward_outputs(spec, layout, x, index, training, _recycled)
     _cellc.forward(
         spec,
         torch.get_num_threads(),
@@ -93,7 +107,7 @@ def rnn_forward(
 
 @rnn_forward.register_fake
 def _(spec, layout, x, index, h0, weights, training):
-    return _forward_outputs(spec, layout, x, index, training)
+    return _forward_outputs(spec, layout, x, index, training, x.new_empty)
 
 
 @torch.library.custom_op("cellc::rnn_backward", mutates_args=())
@@ -110,9 +124,9 @@ def rnn_backward(
 ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
     """The gradients of the input, the initial states (if given) and the weights."""
     _check_cpu([x, *h0, *weights, reserve, grad_output, *grad_finals])
-    grad_x = torch.empty_like(x)
+    grad_x = _recycled(x.shape)
     grad_h0 = [torch.empty_like(h) for h in h0]
-    grad_weights = [torch.empty_like(w) for w in weights]
+    grad_weights = [_recycled(w.shape) for w in weights]
     _cellc.backward(
         spec,
         torch.get_num_threads(),

@@ -152,7 +152,7 @@ impl Default for Slot {
 impl Slot {
     fn set_data(&mut self, mut data: Vec<f32>) {
         self.ptr = data.as_mut_ptr();
-        super::pool::give(std::mem::replace(&mut self.data, data));
+        crate::pool::give(std::mem::replace(&mut self.data, data));
     }
 }
 
@@ -174,7 +174,7 @@ unsafe impl Sync for Buffers {}
 impl Drop for Buffers {
     fn drop(&mut self) {
         for s in &mut self.slots {
-            super::pool::give(std::mem::take(&mut s.data));
+            crate::pool::give(std::mem::take(&mut s.data));
         }
     }
 }
@@ -212,7 +212,7 @@ impl Buffers {
     pub fn row_buf(&mut self, v: ValueId, len: usize, rows: usize) {
         let s = self.slot(v);
         if s.loc != Some(Loc::RowBuf) || s.len != len {
-            s.set_data(super::pool::take(rows * len));
+            s.set_data(crate::pool::take(rows * len));
         }
         s.loc = Some(Loc::RowBuf);
         s.len = len;
@@ -230,7 +230,7 @@ impl Buffers {
         let s = self.slot(v);
         if s.loc.is_none() {
             s.loc = Some(Loc::RankBuf);
-            s.set_data(super::pool::take(batch * len));
+            s.set_data(crate::pool::take(batch * len));
         }
         s.len = len;
     }
@@ -505,7 +505,7 @@ pub fn gemm_all_rows(
         if *op == Op::Outer {
             let (rows_d, cols_d) = shape(out);
             let mut partials: Vec<Vec<f32>> =
-                (0..tasks).map(|_| super::pool::take_zeroed(rows_d * cols_d)).collect();
+                (0..tasks).map(|_| crate::pool::take_zeroed(rows_d * cols_d)).collect();
             rayon::scope(|sc| {
                 for (chunk, part) in jobs.chunks(per).zip(partials.iter_mut()) {
                     sc.spawn(move |_| {
@@ -522,7 +522,7 @@ pub fn gemm_all_rows(
             let acc = matrices.entry(out).or_insert_with(|| vec![0.0; rows_d * cols_d]);
             for part in partials {
                 acc.iter_mut().zip(&part).for_each(|(a, p)| *a += p);
-                super::pool::give(part);
+                crate::pool::give(part);
             }
         } else {
             rayon::scope(|sc| {

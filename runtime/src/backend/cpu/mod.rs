@@ -16,7 +16,6 @@ mod driver;
 pub mod gemm;
 pub mod native;
 pub mod panels;
-mod pool;
 pub mod prepared;
 pub mod roofline;
 pub mod stage;
@@ -29,6 +28,7 @@ use super::{
 };
 use crate::error::{Result, RuntimeError};
 use crate::model::{CompiledCell, Layer};
+use crate::pool;
 use cellc::interp::Shapes;
 use cellc::ir::{Graph, Op, ValueId};
 use cellc::program::{ProgramKernel, Side, Storage};

@@ -37,30 +37,50 @@ pub struct PackedB {
 }
 
 impl PackedB {
-    fn build(k: usize, n: usize, get: impl Fn(usize, usize) -> f32) -> PackedB {
+    /// Panels written by `fill(p, panel)`, each panel `k` rows of
+    /// [`PANEL`] floats; the columns past `n` in the last panel are zeros.
+    /// Panels are filled in parallel (on the calling pool's threads), into
+    /// recycled memory: a model whose weights come anew with each call
+    /// (a framework's tensors) packs them on every call.
+    fn build(k: usize, n: usize, fill: impl Fn(usize, &mut [f32]) + Sync) -> PackedB {
+        use rayon::prelude::*;
         let panels = n.div_ceil(PANEL);
-        let mut v = vec![0.0f32; panels * k * PANEL];
-        for p in 0..panels {
-            for kk in 0..k {
-                let row = &mut v[(p * k + kk) * PANEL..][..PANEL];
-                for (c, x) in row.iter_mut().enumerate().take(n.saturating_sub(p * PANEL)) {
-                    *x = get(kk, p * PANEL + c);
-                }
+        let mut data = AlignedBuf::recycled(panels * k * PANEL);
+        let last = n.saturating_sub(panels.saturating_sub(1) * PANEL);
+        data.as_mut_slice().par_chunks_mut((k * PANEL).max(1)).enumerate().for_each(|(p, panel)| {
+            if p + 1 == panels && last < PANEL {
+                panel.chunks_mut(PANEL).for_each(|row| row[last..].fill(0.0));
             }
-        }
-        PackedB { k, n, data: AlignedBuf::copy_of(&v) }
+            fill(p, panel);
+        });
+        PackedB { k, n, data }
     }
 
     /// `B = Wᵀ` for a row-major `W: [rows, cols]`: the right operand of `X · Wᵀ`.
     pub fn of_transpose(w: &[f32], rows: usize, cols: usize) -> PackedB {
         assert!(w.len() >= rows * cols, "weight of {} floats packed as [{rows}, {cols}]", w.len());
-        PackedB::build(cols, rows, |kk, j| w[j * cols + kk])
+        // Panel p holds rows p*PANEL.. of W: each panel row gathers one
+        // column of those rows, whose current cache lines stay in L1.
+        PackedB::build(cols, rows, |p, panel| {
+            let src = &w[p * PANEL * cols..];
+            let width = PANEL.min(rows - p * PANEL);
+            for (kk, dst) in panel.chunks_mut(PANEL).enumerate() {
+                for (c, x) in dst[..width].iter_mut().enumerate() {
+                    *x = src[c * cols + kk];
+                }
+            }
+        })
     }
 
     /// `B = W` for a row-major `W: [rows, cols]`: the right operand of `D · W`.
     pub fn of(w: &[f32], rows: usize, cols: usize) -> PackedB {
         assert!(w.len() >= rows * cols, "weight of {} floats packed as [{rows}, {cols}]", w.len());
-        PackedB::build(rows, cols, |kk, j| w[kk * cols + j])
+        PackedB::build(rows, cols, |p, panel| {
+            let width = PANEL.min(cols - p * PANEL);
+            for (kk, dst) in panel.chunks_mut(PANEL).enumerate() {
+                dst[..width].copy_from_slice(&w[kk * cols + p * PANEL..][..width]);
+            }
+        })
     }
 
     /// The inner dimension.

@@ -12,7 +12,7 @@
 
 use super::panels::PackedB;
 use std::alloc::{alloc, dealloc, Layout};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 const HUGE_PAGE: usize = 2 << 20;
 
@@ -32,24 +32,31 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     /// A copy of `data`.
     pub fn copy_of(data: &[f32]) -> AlignedBuf {
-        let mut b = AlignedBuf::zeroed(data.len());
+        let mut b = AlignedBuf::recycled(data.len());
         b.as_mut_slice().copy_from_slice(data);
         b
     }
 
-    fn zeroed(len: usize) -> AlignedBuf {
-        let bytes = (len * 4).max(4);
-        let (size, align) =
-            if bytes >= HUGE_PAGE / 2 { (bytes.next_multiple_of(HUGE_PAGE), HUGE_PAGE) } else { (bytes, 64) };
-        // The size is non-zero and a multiple of the power-of-two alignment.
-        let layout = Layout::from_size_align(size, align).unwrap_or(Layout::new::<[f32; 16]>());
+    /// A buffer of `len` floats whose contents are unspecified (a freed
+    /// buffer of the same size, or zeros): packing weights afresh on every
+    /// call then reuses memory already faulted in, instead of paying the
+    /// kernel's page faults and zeroing each time.
+    pub fn recycled(len: usize) -> AlignedBuf {
+        let layout = Self::layout(len);
+        let reused = RECYCLED.lock().ok().and_then(|mut kept| {
+            let i = kept.iter().position(|&(_, l)| l == layout)?;
+            Some(kept.swap_remove(i).0)
+        });
+        if let Some(ptr) = reused {
+            return AlignedBuf { ptr: ptr.0, len, layout };
+        }
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { alloc(layout) } as *mut f32;
         if ptr.is_null() {
             std::alloc::handle_alloc_error(layout);
         }
         #[cfg(target_os = "linux")]
-        if align == HUGE_PAGE {
+        if layout.align() == HUGE_PAGE {
             // A hint: without transparent huge pages this is a no-op.
             // SAFETY: the range is this allocation.
             unsafe { libc::madvise(ptr.cast(), layout.size(), libc::MADV_HUGEPAGE) };
@@ -57,6 +64,15 @@ impl AlignedBuf {
         // SAFETY: `size >= len * 4` bytes were just allocated.
         unsafe { std::ptr::write_bytes(ptr, 0, len) };
         AlignedBuf { ptr, len, layout }
+    }
+
+    /// 2 MiB-aligned and sized from half a huge page on, else cache-line aligned.
+    fn layout(len: usize) -> Layout {
+        let bytes = (len * 4).max(4);
+        let (size, align) =
+            if bytes >= HUGE_PAGE / 2 { (bytes.next_multiple_of(HUGE_PAGE), HUGE_PAGE) } else { (bytes, 64) };
+        // The size is non-zero and a multiple of the power-of-two alignment.
+        Layout::from_size_align(size, align).unwrap_or(Layout::new::<[f32; 16]>())
     }
 
     pub fn as_ptr(&self) -> *const f32 {
@@ -68,14 +84,30 @@ impl AlignedBuf {
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
-    fn as_mut_slice(&mut self) -> &mut [f32] {
+    pub(super) fn as_mut_slice(&mut self) -> &mut [f32] {
         // SAFETY: `len` initialised floats, owned.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 
+/// Freed buffers kept for reuse, at most [`MAX_RECYCLED_BYTES`] in all.
+static RECYCLED: Mutex<Vec<(Freed, Layout)>> = Mutex::new(Vec::new());
+const MAX_RECYCLED_BYTES: usize = 256 << 20;
+
+/// A freed buffer's address (the floats it holds stay initialised).
+struct Freed(*mut f32);
+// SAFETY: the allocation is owned by whoever holds this (the pool, then one buffer).
+unsafe impl Send for Freed {}
+
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if let Ok(mut kept) = RECYCLED.lock() {
+            let held: usize = kept.iter().map(|(_, l)| l.size()).sum();
+            if held + self.layout.size() <= MAX_RECYCLED_BYTES {
+                kept.push((Freed(self.ptr), self.layout));
+                return;
+            }
+        }
         // SAFETY: allocated with exactly this layout.
         unsafe { dealloc(self.ptr.cast(), self.layout) };
     }

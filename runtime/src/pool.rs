@@ -1,4 +1,6 @@
-//! Float buffers recycled across calls, handed out *unzeroed*.
+//! Float buffers recycled across calls, handed out *unzeroed*: the CPU
+//! back end's per-row buffers and tapes, the executor's layer buffers, and
+//! the reserves the Python package hands PyTorch.
 //!
 //! A training step needs tens of megabytes of per-row buffers (hoisted
 //! products, the tape, adjoints kept for after the loop), every element of
