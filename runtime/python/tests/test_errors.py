@@ -89,3 +89,10 @@ def test_gil_is_released_during_a_call():
         done.set()
         t.join()
     assert during > 100, f"the other thread ran only {during} times during the call"
+
+
+def test_tensors_on_another_device(rnn):
+    with pytest.raises(cellc.DeviceError, match="`input` is on meta"):
+        rnn(torch.randn(2, 3, 4, device="meta"))
+    with pytest.raises(cellc.DeviceError, match="initial state `h` is on meta"):
+        rnn(torch.randn(2, 3, 4), (torch.zeros(2, 2, 6, device="meta"), torch.zeros(2, 2, 6)))
