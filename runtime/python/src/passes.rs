@@ -132,6 +132,43 @@ unsafe fn write_all<'a>(tensors: &[Tensor]) -> Result<Vec<&'a mut [f32]>> {
     tensors.iter().map(|t| unsafe { t.floats_mut() }).collect()
 }
 
+/// A call's inputs, read: the batch, the weights by layer and direction, the initial states.
+struct Inputs<'a> {
+    batch: Batch<'a>,
+    weights: Vec<Vec<&'a [f32]>>,
+    h0: Vec<&'a [f32]>,
+}
+
+impl<'a> Inputs<'a> {
+    /// # Safety
+    /// Every tensor per [`Tensor::floats`] (the index tensors, [`Tensor::indices`]).
+    unsafe fn read(
+        model: &Model,
+        layout: &str,
+        x: &Tensor,
+        index: &[Tensor],
+        h0: &[Tensor],
+        weights: &[Tensor],
+    ) -> Result<Inputs<'a>> {
+        // SAFETY (block): per the contract.
+        unsafe {
+            Ok(Inputs {
+                batch: Batch::read(layout, x, index)?,
+                weights: self::weights(model, weights)?,
+                h0: read_all(h0)?,
+            })
+        }
+    }
+
+    fn call(&self) -> Call<'_> {
+        Call {
+            input: self.batch.input(),
+            weights: Some(&self.weights),
+            h0: (!self.h0.is_empty()).then_some(&self.h0[..]),
+        }
+    }
+}
+
 /// A forward pass over the caller's tensors: writes `output` and `finals`,
 /// and, when `reserve` is given, what the backward reads into it.
 #[pyfunction]
@@ -159,17 +196,10 @@ pub fn forward(
         // on the CPU, f32 or i64) and holds them for the call; the outputs
         // are fresh tensors no input aliases.
         unsafe {
-            let batch = Batch::read(layout, &x, &index)?;
-            let weights = self::weights(&model, &weights)?;
-            let h0 = read_all(&h0)?;
-            let call = Call {
-                input: batch.input(),
-                weights: Some(&weights),
-                h0: (!h0.is_empty()).then_some(&h0[..]),
-            };
+            let inputs = Inputs::read(&model, layout, &x, &index, &h0, &weights)?;
             let out = ForwardOut { output: output.floats_mut()?, final_states: write_all(&finals)? };
             let reserve = reserve.as_ref().map(|r| r.floats_mut()).transpose()?;
-            model.forward_into(&call, out, reserve)
+            model.forward_into(&inputs.call(), out, reserve)
         }
     })
     .map_err(|e| to_python(py, e))
@@ -205,31 +235,25 @@ pub fn backward(
         let model = spec::model(spec, threads)?;
         // SAFETY (block): as in `forward`.
         unsafe {
-            let batch = Batch::read(layout, &x, &index)?;
-            let weights_in = self::weights(&model, &weights)?;
-            let h0 = read_all(&h0)?;
-            let call = Call {
-                input: batch.input(),
-                weights: Some(&weights_in),
-                h0: (!h0.is_empty()).then_some(&h0[..]),
-            };
+            let inputs = Inputs::read(&model, layout, &x, &index, &h0, &weights)?;
             let grad_finals = read_all(&grad_finals)?;
             let per = model.compiled().forward.params.len();
             let mut grad_weights = write_all(&grad_weights)?.into_iter();
-            let d_params = (0..weights_in.len()).map(|_| grad_weights.by_ref().take(per).collect()).collect();
+            let d_params =
+                (0..inputs.weights.len()).map(|_| grad_weights.by_ref().take(per).collect()).collect();
             // Initial-state gradients the caller does not want go to scratch buffers.
             let mut scratch: Vec<Vec<f32>>;
             let d_h0 = if grad_h0.is_empty() {
                 let sizes = model.layers().first().map(|l| l.state_sizes.clone()).unwrap_or_default();
                 let slots = model.layers().len() * model.directions();
-                scratch = sizes.iter().map(|n| vec![0.0; slots * batch_size(&batch) * n]).collect();
+                scratch = sizes.iter().map(|n| vec![0.0; slots * batch_size(&inputs.batch) * n]).collect();
                 scratch.iter_mut().map(Vec::as_mut_slice).collect()
             } else {
                 write_all(&grad_h0)?
             };
             let out = BackwardOut { d_input: grad_input.floats_mut()?, d_h0, d_params };
             let d_final = (!grad_finals.is_empty()).then_some(&grad_finals[..]);
-            model.backward_from(&call, reserve.floats()?, grad_output.floats()?, d_final, out)
+            model.backward_from(&inputs.call(), reserve.floats()?, grad_output.floats()?, d_final, out)
         }
     })
     .map_err(|e| to_python(py, e))
