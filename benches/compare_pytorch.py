@@ -222,29 +222,38 @@ def markdown(rows):
     return "\n".join(out)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cells", nargs="+", default=["lstm", "gru", "layernorm_lstm", "sru", "mingru"])
+def add_grid_arguments(ap):
+    """The options of the shape grid, shared by the comparison scripts."""
     ap.add_argument("--quick", action="store_true", help="B=16, H=256 only, 0.3 s per measurement")
     ap.add_argument("--min-time", type=float, default=0.5)
     ap.add_argument("--batches", nargs="+", type=int, help="batch sizes (default 1 16 64)")
     ap.add_argument("--hiddens", nargs="+", type=int, help="hidden sizes (default 128 256 512)")
     ap.add_argument("--modes", nargs="+", default=["infer", "train"], choices=["infer", "train"])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    ap.add_argument("--plot", help="write a bar chart of the ratios (needs matplotlib)")
     ap.add_argument("--json", help="write all measurements here")
     ap.add_argument("--markdown-from", metavar="JSON",
-                    help="print the ratio table of an earlier --json run as Markdown, run nothing")
+                    help="print the table of an earlier --json run as Markdown, run nothing")
+
+
+def grid(args):
+    """(batch sizes, hidden sizes, seconds per measurement) the options select; needs the CLI built."""
+    if not os.path.exists(CELLC):
+        sys.exit("build cellc first: cargo build --release")
+    batches, hiddens = ([16], [256]) if args.quick else ([1, 16, 64], [128, 256, 512])
+    return args.batches or batches, args.hiddens or hiddens, 0.3 if args.quick else args.min_time
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cells", nargs="+", default=["lstm", "gru", "layernorm_lstm", "sru", "mingru"])
+    ap.add_argument("--plot", help="write a bar chart of the ratios (needs matplotlib)")
+    add_grid_arguments(ap)
     args = ap.parse_args()
     if args.markdown_from:
         with open(args.markdown_from) as f:
             print(markdown(json.load(f)))
         return
-    if not os.path.exists(CELLC):
-        sys.exit("build cellc first: cargo build --release")
-    batches, hiddens = ([16], [256]) if args.quick else ([1, 16, 64], [128, 256, 512])
-    batches, hiddens = args.batches or batches, args.hiddens or hiddens
-    min_time = 0.3 if args.quick else args.min_time
+    batches, hiddens, min_time = grid(args)
     t = 100
     rows = []
     print(f"torch {torch.__version__}, T={t}, I=H, lengths uniform in [T/2, T]; ratio = torch / cellc (> 1: cellc faster)")

@@ -27,7 +27,8 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_pytorch import CELLC, CUSTOM, cellc_time, lengths_uniform, loop_over_time, time_it, torch_time  # noqa: E402
+from compare_pytorch import (  # noqa: E402
+    CUSTOM, add_grid_arguments, cellc_time, grid, lengths_uniform, loop_over_time, time_it, torch_time)
 
 import cellc  # noqa: E402
 
@@ -122,24 +123,13 @@ def markdown(rows):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cells", nargs="+", default=["lstm", "layernorm_lstm"], choices=sorted(LOOP_CELLS))
-    ap.add_argument("--quick", action="store_true", help="B=16, H=256 only, 0.3 s per measurement")
-    ap.add_argument("--min-time", type=float, default=0.5)
-    ap.add_argument("--batches", nargs="+", type=int)
-    ap.add_argument("--hiddens", nargs="+", type=int)
-    ap.add_argument("--modes", nargs="+", default=["infer", "train"], choices=["infer", "train"])
-    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    ap.add_argument("--json", help="write all measurements here")
-    ap.add_argument("--markdown-from", metavar="JSON", help="print an earlier --json run as Markdown, run nothing")
+    add_grid_arguments(ap)
     args = ap.parse_args()
     if args.markdown_from:
         with open(args.markdown_from) as f:
             print(markdown(json.load(f)))
         return
-    if not os.path.exists(CELLC):
-        sys.exit("build cellc first: cargo build --release")
-    batches, hiddens = ([16], [256]) if args.quick else ([1, 16, 64], [128, 256, 512])
-    batches, hiddens = args.batches or batches, args.hiddens or hiddens
-    min_time = 0.3 if args.quick else args.min_time
+    batches, hiddens, min_time = grid(args)
     t = 100
     rows = []
     print(f"torch {torch.__version__}, T={t}, I=H, lengths uniform in [T/2, T]; ratio = torch / cellc.RNN (> 1: cellc faster)")

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_export import DATA, CharLM, epochs, evaluate, load_corpus, lr_at, make_batch, masked_nll  # noqa: E402
+from train_export import DATA, CharLM, epochs, evaluate, load_corpus, lr_at, train_step  # noqa: E402
 
 import cellc  # noqa: E402
 
@@ -85,14 +85,8 @@ def main():
     print(f"{name}: {sum(p.numel() for p in model.parameters())} parameters, {len(train)} training verses")
     started, tokens, first = time.time(), 0, None
     for step in range(args.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr, args.steps * 3 // 100, 0.1)
-        nll, n = masked_nll(model, make_batch(next(batches)))
-        loss = nll / n
-        opt.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        opt.step()
+        lr = lr_at(step, args.steps, args.lr, args.steps * 3 // 100, 0.1)
+        loss, n = train_step(model, opt, next(batches), lr, args.clip)
         tokens += n
         first = loss.item() if first is None else first
         if (step + 1) % max(args.steps // 6, 1) == 0:

@@ -106,6 +106,20 @@ def lr_at(step, steps, lr, warmup, final_fraction):
     return lr * (final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def train_step(model, opt, seqs, lr, clip):
+    """One Adam step at `lr` on a batch of token lists, gradients clipped to norm `clip`:
+    the batch's mean loss per character, and how many characters it had."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    nll, n = masked_nll(model, make_batch(seqs))
+    loss = nll / n
+    opt.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), clip)
+    opt.step()
+    return loss, n
+
+
 @torch.no_grad()
 def evaluate(model, valid, batch_size=64):
     model.eval()
@@ -144,14 +158,7 @@ def main():
           f"{sum(p.numel() for p in model.parameters())} parameters")
     started, tokens = time.time(), 0
     for step in range(args.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr, warmup, 0.1)
-        nll, n = masked_nll(model, make_batch(next(batches)))
-        loss = nll / n
-        opt.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        opt.step()
+        loss, n = train_step(model, opt, next(batches), lr_at(step, args.steps, args.lr, warmup, 0.1), args.clip)
         tokens += n
         if (step + 1) % (args.steps // 10) == 0 or step == 0:
             print(f"step {step + 1}/{args.steps}: batch loss {loss.item():.3f}, "

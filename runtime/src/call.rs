@@ -6,9 +6,8 @@
 //! (cuDNN's "reserve space"). Nothing is copied but what the layout needs.
 
 use crate::error::{Result, RuntimeError};
-use crate::exec::{BackwardOut, ForwardOut, Input, Keep, Kept};
+use crate::exec::{BackwardOut, ForwardOut, Input, Keep, Kept, LaidOutBatch, PassParams};
 use crate::model::Model;
-use std::borrow::Cow;
 
 /// The inputs of a pass on the caller's memory.
 #[derive(Clone, Copy, Debug)]
@@ -22,19 +21,25 @@ pub struct Call<'a> {
 }
 
 impl Model {
+    /// The call's batch laid out and checked to fit in memory, and its weights.
+    fn laid_out<'a>(&'a self, call: &Call<'a>, training: bool) -> Result<(LaidOutBatch, PassParams<'a>)> {
+        let p = self.prepare(&call.input)?;
+        self.ensure_pass_fits(&p, training)?;
+        let params = match call.weights {
+            Some(w) => self.caller_params(w)?,
+            None => self.own_params(),
+        };
+        Ok((p, params))
+    }
+
     /// A forward pass writing `out`. With a `reserve` of
     /// [`Model::reserve_floats_per_row`] floats per layout row, it keeps
     /// there what [`Model::backward_from`] reads (where the back end keeps
     /// its tapes itself, the reserve is empty and the backward runs the
     /// forward again).
     pub fn forward_into(&self, call: &Call, out: ForwardOut, reserve: Option<&mut [f32]>) -> Result<()> {
-        let p = self.prepare(&call.input)?;
+        let (p, params) = self.laid_out(call, reserve.is_some())?;
         let batch = p.order.batch();
-        self.ensure_pass_fits(&p, reserve.is_some())?;
-        let params = match call.weights {
-            Some(w) => self.caller_params(w)?,
-            None => self.own_params(),
-        };
         let h0 = self.states_or_zeros(call.h0, batch, "h0")?;
         self.check_states(out.final_states.len(), |i| out.final_states[i].len(), batch, "final_states")?;
         let keep = match reserve {
@@ -57,13 +62,8 @@ impl Model {
         d_final: Option<&[&[f32]]>,
         out: BackwardOut,
     ) -> Result<()> {
-        let p = self.prepare(&call.input)?;
+        let (p, params) = self.laid_out(call, true)?;
         let batch = p.order.batch();
-        self.ensure_pass_fits(&p, true)?;
-        let params = match call.weights {
-            Some(w) => self.caller_params(w)?,
-            None => self.own_params(),
-        };
         let d_final = self.states_or_zeros(d_final, batch, "grad_final")?;
         self.check_states(out.d_h0.len(), |i| out.d_h0[i].len(), batch, "grad_h0")?;
         if self.reserve_floats_per_row()?.is_some() {
@@ -88,7 +88,6 @@ impl Model {
         let kept = self
             .run_forward(&call.input, &p, &params, &h0, scratch, Keep::Tapes)?
             .ok_or_else(|| RuntimeError::Internal("training forward kept no tapes".into()))?;
-        let d_final: Vec<Cow<[f32]>> = d_final;
         self.run_backward(&call.input, &p, &params, &kept, d_output, &d_final, out)
     }
 }

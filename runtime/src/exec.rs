@@ -363,12 +363,9 @@ impl Model {
             });
         }
         let (training, keep_tapes) = (!matches!(keep, Keep::Nothing), matches!(keep, Keep::Tapes));
-        let (mut reserve, layout) = match keep {
-            Keep::Reserve(r) => {
-                let layout = self.checked_reserve_layout(p.rows, r.len())?;
-                (Some(r), Some(layout))
-            }
-            _ => (None, None),
+        let mut reserve = match keep {
+            Keep::Reserve(r) => Some((self.checked_reserve_layout(p.rows, r.len())?, r)),
+            _ => None,
         };
         let dirs = self.directions();
         let mut layer_inputs: Vec<Vec<f32>> = Vec::new();
@@ -379,26 +376,21 @@ impl Model {
         for (k, layer) in self.layers.iter().enumerate() {
             let width = layer.output_size * dirs;
             let last = k + 1 == self.layers.len();
-            // The reserve before this layer's part (the previous layer's
-            // output is there), and this layer's tapes and output.
-            let (done, mine) = match (&mut reserve, &layout) {
-                (Some(r), Some(l)) => {
-                    let (done, rest) = r.split_at_mut(l[k].tapes.start);
-                    (Some(&*done), Some(rest))
-                }
-                _ => (None, None),
-            };
-            let (mut tape_part, mut reserved_out) = match (mine, &layout) {
-                (Some(rest), Some(l)) => {
+            // This layer's part of the reserve: the previous layer's output
+            // (before the part), this layer's tapes, and its output.
+            let (reserved_input, mut tape_part, mut reserved_out) = match &mut reserve {
+                Some((l, r)) => {
+                    let (before, rest) = r.split_at_mut(l[k].tapes.start);
                     let (tapes, rest) = rest.split_at_mut(l[k].tapes.len());
-                    (Some(tapes), Some(&mut rest[..l[k].output.len()]))
+                    let input = k.checked_sub(1).map(|j| &before[l[j].output.clone()]);
+                    (input, Some((tapes, l[k].tape_len)), Some(&mut rest[..l[k].output.len()]))
                 }
-                _ => (None, None),
+                None => (None, None, None),
             };
-            let in_data: &[f32] = match (k, &previous, done, &layout) {
+            let in_data: &[f32] = match (k, &previous, reserved_input) {
                 (0, ..) => Self::input_data(input),
-                (_, Some(v), ..) => v,
-                (_, None, Some(done), Some(l)) => &done[l[k - 1].output.clone()],
+                (_, Some(v), _) => v,
+                (_, None, Some(v)) => v,
                 _ => return Err(RuntimeError::Internal(format!("no input for layer {k}"))),
             };
             let in_width = if k == 0 { p.data_features } else { layer.input_size };
@@ -437,12 +429,12 @@ impl Model {
                     prepared,
                 };
                 let mut rows = RowsMut { data: dst, layout: &p.layout, width, offset: d * layer.output_size };
-                let finals = match (tape_part.as_deref_mut(), &layout) {
-                    (Some(t), Some(l)) => {
-                        let mine = &mut t[d * l[k].tape_len..(d + 1) * l[k].tape_len];
+                let finals = match tape_part.as_mut() {
+                    Some((tapes, len)) => {
+                        let mine = &mut tapes[d * *len..(d + 1) * *len];
                         self.backend.forward_into_tape(&job, &mut rows, mine)?
                     }
-                    _ => {
+                    None => {
                         let r = self.backend.forward(&job, &mut rows)?;
                         tapes.extend(r.tape);
                         r.final_states
@@ -464,7 +456,7 @@ impl Model {
         }
         Ok(match (keep_tapes, reserve) {
             (true, _) => Some(Kept::Tapes { layer_inputs, tapes }),
-            (false, Some(r)) => Some(Kept::Reserve(r)),
+            (false, Some((_, r))) => Some(Kept::Reserve(r)),
             (false, None) => None,
         })
     }
@@ -533,18 +525,18 @@ impl Model {
         check_len("grad_output", d_output.len(), &[p.rows, self.output_size()])?;
         check_len("grad_input", d_input.len(), &[p.rows, self.input_size()])?;
         d_input.fill(0.0);
+        // The reserve's layout, when the tapes are there.
         let layout = match kept {
-            Kept::Reserve(r) => Some(self.checked_reserve_layout(p.rows, r.len())?),
-            Kept::Tapes { .. } => None,
+            Kept::Reserve(r) => self.checked_reserve_layout(p.rows, r.len())?,
+            Kept::Tapes { .. } => Vec::new(),
         };
         let mut d_above: Cow<[f32]> = Cow::Borrowed(d_output);
         let mut d_input = Some(d_input);
         for (k, layer) in self.layers.iter().enumerate().rev() {
-            let in_data: &[f32] = match (k, kept, &layout) {
-                (0, ..) => Self::input_data(input),
-                (_, Kept::Tapes { layer_inputs, .. }, _) => &layer_inputs[k - 1],
-                (_, Kept::Reserve(r), Some(l)) => &r[l[k - 1].output.clone()],
-                _ => return Err(RuntimeError::Internal(format!("no input for layer {k}"))),
+            let in_data: &[f32] = match (k, kept) {
+                (0, _) => Self::input_data(input),
+                (_, Kept::Tapes { layer_inputs, .. }) => &layer_inputs[k - 1],
+                (_, Kept::Reserve(r)) => &r[layout[k - 1].output.clone()],
             };
             let in_width = layer.input_size;
             let mut owned = Vec::new();
@@ -580,23 +572,17 @@ impl Model {
                     d_final: &d_final_slices,
                 };
                 let mut rows_mut = RowsMut { data: d_in, layout: &p.layout, width: in_width, offset: 0 };
-                let r = match (kept, &layout) {
-                    (Kept::Tapes { tapes, .. }, _) => {
+                let r = match kept {
+                    Kept::Tapes { tapes, .. } => {
                         let tape = tapes
                             .get(slot)
                             .ok_or_else(|| RuntimeError::Internal(format!("no tape for layer {k}")))?;
                         self.backend.backward(&job, tape, &mut rows_mut)?
                     }
-                    (Kept::Reserve(reserve), Some(l)) => {
-                        let start = l[k].tapes.start + d * l[k].tape_len;
-                        self.backend.backward_from_tape(
-                            &job,
-                            &reserve[start..start + l[k].tape_len],
-                            &mut rows_mut,
-                        )?
-                    }
-                    (Kept::Reserve(_), None) => {
-                        return Err(RuntimeError::Internal("a reserve without a layout".into()))
+                    Kept::Reserve(reserve) => {
+                        let (start, len) =
+                            (layout[k].tapes.start + d * layout[k].tape_len, layout[k].tape_len);
+                        self.backend.backward_from_tape(&job, &reserve[start..start + len], &mut rows_mut)?
                     }
                 };
                 for (i, &n) in layer.state_sizes.iter().enumerate() {

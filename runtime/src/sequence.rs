@@ -208,16 +208,7 @@ impl PackedSequence {
 
     /// Each sequence's length.
     pub fn lengths(&self) -> Vec<usize> {
-        let batch = self.batch_sizes.first().copied().unwrap_or(0);
-        let mut lengths = vec![0; batch];
-        for &n in &self.batch_sizes {
-            for &b in self.sorted_indices.iter().take(n) {
-                if let Some(l) = lengths.get_mut(b) {
-                    *l += 1;
-                }
-            }
-        }
-        lengths
+        self.view().lengths()
     }
 
     /// Unpacks into a padded batch of `steps` steps (zeros at padding).
@@ -309,12 +300,7 @@ impl PackedView<'_> {
         }
         let rows: usize = self.batch_sizes.iter().sum();
         check_len("data", self.data.len(), &[rows, self.features])?;
-        let mut lengths = vec![0; batch];
-        for &n in self.batch_sizes {
-            for &b in &self.sorted_indices[..n] {
-                lengths[b] += 1;
-            }
-        }
+        let lengths = self.lengths();
         let plan = BatchOrder::new(&lengths, self.batch_sizes.len())?;
         // A stable sort of the lengths must give back sorted_indices' length order.
         for (i, &b) in self.sorted_indices.iter().enumerate() {
@@ -326,6 +312,20 @@ impl PackedView<'_> {
             }
         }
         Ok(BatchOrder { order: self.sorted_indices.to_vec(), rank: self.unsorted_indices.to_vec(), ..plan })
+    }
+
+    /// Each sequence's length.
+    pub fn lengths(&self) -> Vec<usize> {
+        let batch = self.batch_sizes.first().copied().unwrap_or(0);
+        let mut lengths = vec![0; batch];
+        for &n in self.batch_sizes {
+            for &b in self.sorted_indices.iter().take(n) {
+                if let Some(l) = lengths.get_mut(b) {
+                    *l += 1;
+                }
+            }
+        }
+        lengths
     }
 }
 

@@ -12,7 +12,7 @@
 
 mod errors;
 mod passes;
-mod reserve;
+mod recycled;
 mod spec;
 mod tensors;
 
@@ -66,6 +66,6 @@ fn _cellc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(initial_weights, m)?)?;
     m.add_function(wrap_pyfunction!(passes::forward, m)?)?;
     m.add_function(wrap_pyfunction!(passes::backward, m)?)?;
-    m.add_function(wrap_pyfunction!(reserve::reserve, m)?)?;
+    m.add_function(wrap_pyfunction!(recycled::recycled, m)?)?;
     Ok(())
 }

@@ -47,22 +47,14 @@ fn backend(name: &str, threads: usize) -> Result<Box<dyn Backend>> {
     }
 }
 
-/// A model made from `spec`, with parameters from `seed`.
-fn make(spec: &Spec, threads: usize, seed: u64) -> Result<Model> {
+/// A model made from `spec` on `backend`, with parameters from `seed`.
+fn make(spec: &Spec, seed: u64, backend: Box<dyn Backend>) -> Result<Model> {
     let compiled = compiled(&spec.file, &spec.source, spec.cell.as_deref())?;
     let config = ModelConfig { layers: spec.layers, bidirectional: spec.bidirectional };
     if spec.layers == 0 {
         return Err(RuntimeError::Layer { layer: 0, message: "a model needs at least one layer".into() });
     }
-    Model::new(
-        compiled,
-        config,
-        &spec.sizes,
-        Some(spec.input_size),
-        None,
-        seed,
-        backend(&spec.backend, threads)?,
-    )
+    Model::new(compiled, config, &spec.sizes, Some(spec.input_size), None, seed, backend)
 }
 
 /// A cell compiled once per source.
@@ -94,22 +86,18 @@ pub fn model(spec: &str, threads: usize) -> Result<Arc<Model>> {
     if let Some(m) = models.lock().map_err(|_| poisoned())?.get(&key) {
         return Ok(m.clone());
     }
-    let model = Arc::new(make(&parse(spec)?, key.1, 0)?);
+    let spec = parse(spec)?;
+    let model = Arc::new(make(&spec, 0, backend(&spec.backend, key.1)?)?);
     models.lock().map_err(|_| poisoned())?.insert(key, model.clone());
     Ok(model)
 }
 
 /// The parameters the cell's `init` clauses give for `seed`, in the order of [`Model::weight_names`].
 pub fn initial_weights(spec: &str, seed: u64) -> Result<Vec<Vec<f32>>> {
-    let model = make(&parse(spec)?, 1, seed)?;
-    let weights = model.weights();
-    model
-        .weight_names()
-        .into_iter()
-        .map(|(name, _)| {
-            weights.get(&name).map(|t| t.data.clone()).ok_or(RuntimeError::MissingWeight { name })
-        })
-        .collect()
+    // Initialisation does not depend on the back end: the reference one
+    // starts no threads and opens no device.
+    let mut model = make(&parse(spec)?, seed, Box::new(Reference))?;
+    Ok(model.params_mut().iter_mut().flatten().map(std::mem::take).collect())
 }
 
 /// What `cellc.RNN` needs to know of a model.

@@ -16,6 +16,7 @@ interpreter lock released, on ``torch.get_num_threads()`` threads.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from torch import Tensor
@@ -58,8 +59,8 @@ def _check_cpu(tensors: list[Tensor]) -> None:
     for t in tensors:
         if t.device.type != "cpu":
             raise DeviceError(
-                f"cellc's CPU operators got a tensor on {t.device}: CUDA tensors need a module "
-                "built with backend='cuda' (the CUDA path is not yet wired to PyTorch's streams)"
+                f"cellc's operators got a tensor on {t.device}: they run CPU tensors only (the CUDA "
+                "back end does not yet run on PyTorch's device memory)"
             )
 
 
@@ -71,10 +72,7 @@ def _recycled(shape) -> Tensor:
     that large fresh on every call: their pages faulted in and zeroed by the kernel took as
     long as the RNN itself at B=64, H=256. Contents are unspecified; the runtime writes them.
     """
-    numel = 1
-    for d in shape:
-        numel *= int(d)
-    return torch.from_dlpack(_cellc.reserve(numel)).view(tuple(shape))
+    return torch.from_dlpack(_cellc.recycled(math.prod(shape))).view(tuple(shape))
 
 
 @torch.library.custom_op("cellc::rnn_forward", mutates_args=())

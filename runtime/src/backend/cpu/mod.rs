@@ -245,16 +245,19 @@ impl CpuTape {
         states.clone().chain(states).chain([layer.output_size]).chain(saved).collect()
     }
 
-    /// A tape of `rows` layout rows whose parts come from `take` (given each part's floats).
+    /// A tape of `rows` layout rows whose parts come from `take` (given
+    /// each part's floats), in the order of [`CpuTape::parts`].
     fn make(code: &LayerCode, layer: &Layer, rows: usize, mut take: impl FnMut(usize) -> TapeBuf) -> CpuTape {
-        let n = layer.state_sizes.len();
-        let mut parts = Self::parts(code, layer).into_iter().map(|per_row| take(rows * per_row));
-        let mut next = || parts.next().unwrap_or(TapeBuf::Pooled(Vec::new()));
-        let states_before = (0..n).map(|_| next()).collect();
-        let states_after = (0..n).map(|_| next()).collect();
-        let output = next();
-        let saved = Self::saved_values(code, layer).into_iter().map(|v| (v, next())).collect();
-        CpuTape { states_before, states_after, output, saved }
+        let mut part = |per_row: usize| take(rows * per_row);
+        CpuTape {
+            states_before: layer.state_sizes.iter().map(|&m| part(m)).collect(),
+            states_after: layer.state_sizes.iter().map(|&m| part(m)).collect(),
+            output: part(layer.output_size),
+            saved: Self::saved_values(code, layer)
+                .into_iter()
+                .map(|v| (v, part(code.fwd_plan.elements(v))))
+                .collect(),
+        }
     }
 
     fn pooled(code: &LayerCode, layer: &Layer, rows: usize) -> CpuTape {
@@ -290,9 +293,7 @@ impl CpuTape {
             TapeBuf::Caller { ptr, len: n }
         }))
     }
-}
 
-impl CpuTape {
     /// Zeros the rows of padding, which no step writes: a tape in the
     /// caller's memory then holds nothing but what this pass computed.
     fn zero_padding(&mut self, job: &ForwardJob, rows: usize) {

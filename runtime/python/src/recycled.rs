@@ -1,12 +1,12 @@
-//! Reserves as PyTorch tensors over cellc's recycled memory
-//! ([`cellc_runtime::pool`]), handed over by DLPack.
+//! PyTorch tensors over cellc's recycled memory ([`cellc_runtime::pool`]),
+//! handed over by DLPack: a step's large buffers (the reserve, the output,
+//! the input and weight gradients).
 //!
-//! A training step's reserve is tens of megabytes. From PyTorch's CPU
-//! allocator (malloc), a buffer that large is mapped fresh on every call
-//! and its pages faulted in as the forward writes them: measured, that
-//! doubled a B=64, H=256 LSTM training step. The reserve only ever lives
-//! between one forward and its backward, so it comes from the pool the
-//! runtime's own buffers recycle through, and goes back there when
+//! A training step's reserve alone is tens of megabytes. From PyTorch's
+//! CPU allocator (malloc), a buffer that large is mapped fresh on every
+//! call and its pages faulted in as the runtime writes them: measured, that
+//! doubled a B=64, H=256 LSTM training step. These buffers come from the
+//! pool the runtime's own buffers recycle through, and go back there when
 //! PyTorch frees the tensor.
 
 use pyo3::ffi;
@@ -63,7 +63,7 @@ unsafe extern "C" fn delete(managed: *mut DLManagedTensor) {
     if managed.is_null() {
         return;
     }
-    // SAFETY: made by `Box::into_raw` in `reserve`, deleted once (DLPack's contract).
+    // SAFETY: made by `Box::into_raw` in `recycled`, deleted once (DLPack's contract).
     let owner = unsafe { Box::from_raw(managed as *mut Owner) };
     cellc_runtime::pool::give(owner.data);
 }
@@ -71,7 +71,7 @@ unsafe extern "C" fn delete(managed: *mut DLManagedTensor) {
 /// The capsule's destructor: frees the tensor unless a consumer took it
 /// (a consumer renames the capsule `used_dltensor`).
 unsafe extern "C" fn destroy_capsule(capsule: *mut ffi::PyObject) {
-    // SAFETY: called by Python on a capsule made in `reserve`.
+    // SAFETY: called by Python on a capsule made in `recycled`.
     unsafe {
         if ffi::PyCapsule_IsValid(capsule, NAME.as_ptr()) == 1 {
             let managed = ffi::PyCapsule_GetPointer(capsule, NAME.as_ptr()) as *mut DLManagedTensor;
@@ -81,9 +81,9 @@ unsafe extern "C" fn destroy_capsule(capsule: *mut ffi::PyObject) {
 }
 
 /// A DLPack capsule of `floats` f32 values on the CPU, from the pool (its
-/// contents are unspecified: the forward writes every float it keeps).
+/// contents are unspecified: the runtime writes every float that is read).
 #[pyfunction]
-pub fn reserve(py: Python<'_>, floats: usize) -> PyResult<Bound<'_, PyAny>> {
+pub fn recycled(py: Python<'_>, floats: usize) -> PyResult<Bound<'_, PyAny>> {
     let mut owner = Box::new(Owner {
         managed: DLManagedTensor {
             dl_tensor: DLTensor {
