@@ -41,7 +41,19 @@ extern "C" __global__ void cellc_copy_rows(float* const* __restrict__ pairs, int
     for (int row = blockIdx.x; row < rows; row += gridDim.x)
         for (int j = threadIdx.x; j < n; j += blockDim.x) pairs[2 * row][j] = pairs[2 * row + 1][j];
 }
+
+// Row sums for the runtime: pairs[2 * row] += pairs[2 * row + 1], n floats
+// each; no two pairs of one launch share a destination.
+extern "C" __global__ void cellc_add_rows(float* const* __restrict__ pairs, int rows, int n) {
+    for (int row = blockIdx.x; row < rows; row += gridDim.x)
+        for (int j = threadIdx.x; j < n; j += blockDim.x) pairs[2 * row][j] += pairs[2 * row + 1][j];
+}
 "#;
+
+/// The prelude's kernels for the runtime (each takes a table of
+/// `(destination, source)` row pairs, the number of pairs and the floats
+/// per row), in every module beside the generated ones.
+pub const ROW_KERNELS: [&str; 2] = ["cellc_copy_rows", "cellc_add_rows"];
 
 /// `#include`d first when the generated source is compiled as host C++
 /// (`g++ -std=c++20 -pthread -include cuda_host_emu.h -x c++`): CUDA's

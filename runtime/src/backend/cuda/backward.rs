@@ -18,12 +18,32 @@ use super::forward::CudaTape;
 use super::storage::{error, Home, LayerRun};
 use crate::backend::{BackwardJob, BackwardResult, RowsMut};
 use crate::error::Result;
+use crate::model::{CompiledCell, Layer};
 use cellc::cuda::Kernel;
 use cellc::ir::{Graph, Type, ValueId};
 use cellc::program::{Side, Storage};
 use cellc::schedule::Placement;
 
-/// Runs the backward of `job` on `device` with `module` (holding `kernels`).
+/// The memory of a layer's backward that is not the pass's own, on the
+/// device: what it reads besides the tape, and where it writes.
+#[derive(Clone, Debug)]
+pub struct BackwardIo {
+    /// The adjoint of this direction's output rows: a `Layout` home based
+    /// at the direction's first feature.
+    pub d_output: Home,
+    /// The final states' adjoints: `[batch, m]` rows each, in batch order.
+    pub d_final: Vec<u64>,
+    /// The layer input's adjoint (a `Layout` home): valid rows are added into.
+    pub d_input: Home,
+    /// The parameters' gradients, overwritten.
+    pub d_params: Vec<u64>,
+    /// The initial states' adjoints, `[batch, m]` rows each, overwritten.
+    pub d_h0: Vec<u64>,
+}
+
+/// Runs the backward of `job` on `device` with `module` (holding
+/// `kernels`), for host memory: uploads what the pass reads, downloads
+/// what it writes.
 pub fn backward(
     device: &dyn Device,
     module: &Module,
@@ -33,16 +53,62 @@ pub fn backward(
     d_input: &mut RowsMut,
     graph_capture: bool,
 ) -> Result<BackwardResult> {
+    let layer = job.layer;
+    let layout_rows = job.input.data.len() / job.input.width.max(1);
+    let mut pass = LayerRun::new(device, job.input.layout, layout_rows, job.order, job.reverse);
+    let batch = pass.batch();
+    let d_output = pass.upload(job.d_output.data)?;
+    let io = BackwardIo {
+        d_output: Home::Layout { base: d_output + 4 * job.d_output.offset as u64, width: job.d_output.width },
+        d_final: job.d_final.iter().map(|d| pass.upload(d)).collect::<Result<_>>()?,
+        d_input: Home::Layout { base: pass.zeros(layout_rows * layer.input_size)?, width: layer.input_size },
+        d_params: job.params.iter().map(|p| pass.zeros(p.len())).collect::<Result<_>>()?,
+        d_h0: layer.state_sizes.iter().map(|&m| pass.zeros(batch * m)).collect::<Result<_>>()?,
+    };
+    backward_on(&mut pass, module, kernels, (job.cell, layer), tape, &io, graph_capture)?;
+
+    let d_params = io
+        .d_params
+        .iter()
+        .zip(job.params)
+        .map(|(&at, p)| pass.download(at, p.len()))
+        .collect::<Result<_>>()?;
+    let rows = pass.fetch(io.d_input, layer.input_size)?;
+    for row in &pass.valid_rows() {
+        let dst = d_input.get_mut(row.b, row.t, layer.input_size);
+        dst.iter_mut().zip(rows.row(*row, &pass)).for_each(|(a, x)| *a += x);
+    }
+    let d_h0 = io
+        .d_h0
+        .iter()
+        .zip(&layer.state_sizes)
+        .map(|(&at, &m)| pass.download(at, batch * m))
+        .collect::<Result<_>>()?;
+    Ok(BackwardResult { d_h0, d_params })
+}
+
+/// Runs the backward of `cell`'s `layer` in `pass`, reading `tape` (the
+/// training forward's), over the device memory of `io`, with `module`
+/// (holding `kernels`).
+pub fn backward_on(
+    pass: &mut LayerRun,
+    module: &Module,
+    kernels: &[(usize, Kernel)],
+    (cell, layer): (&CompiledCell, &Layer),
+    tape: &CudaTape,
+    io: &BackwardIo,
+    graph_capture: bool,
+) -> Result<()> {
+    let device = pass.device;
     if tape.device != device.name() {
         return Err(error(format!("a tape from {} used on {}", tape.device, device.name())));
     }
-    let g: &Graph = &job.cell.backward.graph;
-    let grad = &job.cell.backward;
-    let layer = job.layer;
+    let g: &Graph = &cell.backward.graph;
+    let grad = &cell.backward;
     let plan = &layer.backward_shapes;
     let stages = &layer.schedule.backward;
-    let mut pass = LayerRun::new(device, &job.input, job.order, job.reverse);
     let batch = pass.batch();
+    let mut calls = Calls::new(device.block_size());
 
     // What the forward left: the input, parameters, states, output and saved values.
     pass.place_input_and_constants(g, plan, tape.input, &layer.input_slices)?;
@@ -63,13 +129,10 @@ pub fn backward(
     }
     // The output's adjoint, and the carried adjoints of the states (each
     // sequence's final-state adjoint in the slot after its last step).
-    let d_output = pass.upload(job.d_output.data)?;
-    let d_output =
-        Home::Layout { base: d_output + 4 * job.d_output.offset as u64, width: job.d_output.width };
-    let lengths = job.order.lengths();
+    let lengths = pass.order.lengths();
     let mut carries = Vec::new();
     for (i, &m) in layer.state_sizes.iter().enumerate() {
-        let carry = pass.history(job.d_final[i], m, |b| lengths[b])?;
+        let carry = calls.scatter_sequences(pass, io.d_final[i], m, |b| lengths[b])?;
         carries.push(carry);
         if let Some(v) = grad.d_states[i] {
             if storage(v) != Some(Storage::StateAdjoint(i)) {
@@ -80,7 +143,7 @@ pub fn backward(
     }
     for v in g.values() {
         match storage(v) {
-            Some(Storage::OutputAdjoint) => pass.place(v, d_output),
+            Some(Storage::OutputAdjoint) => pass.place(v, io.d_output),
             Some(Storage::CarriedAdjoint(k)) => pass.place(v, carries[k].next_slot(batch)),
             _ => {}
         }
@@ -98,54 +161,44 @@ pub fn backward(
         }
     }
 
-    let mut calls = Calls::new(device.block_size());
     // Before the loop: products that read no carried adjoint, over all rows.
-    calls.all_rows_stages(&mut pass, (g, plan), kernels, stages, Placement::BeforeLoop)?;
-    calls.time_loop(&mut pass, (g, plan), kernels, stages, true)?;
+    calls.all_rows_stages(pass, (g, plan), kernels, stages, Placement::BeforeLoop)?;
+    calls.time_loop(pass, (g, plan), kernels, stages, true)?;
     // After the loop: products over all steps, then what is computed from them.
-    calls.all_rows_stages(&mut pass, (g, plan), kernels, stages, Placement::AfterLoop)?;
+    calls.all_rows_stages(pass, (g, plan), kernels, stages, Placement::AfterLoop)?;
     // Parameter gradients: weight products are matrices already; vectors are summed over rows.
-    let mut param_grads = Vec::with_capacity(job.params.len());
-    for (i, d) in grad.d_params.iter().enumerate() {
-        let len = job.params[i].len();
-        param_grads.push(match d {
-            None => None,
-            Some(v) => match (g.ty(*v), pass.home(*v)?) {
-                (Type::Matrix(..), Home::Fixed(at)) => Some((at, len)),
-                (Type::Matrix(..), other) => {
-                    return Err(error(format!("the gradient of a matrix parameter is held as {other:?}")))
-                }
-                _ => Some((calls.column_sum(&mut pass, plan, *v)?, len)),
-            },
-        });
-    }
-
-    // The initial states' adjoints: slot 0 of the carries.
-    let d_h0_at: Vec<u64> =
-        carries.iter().map(|&c| calls.gather_sequences(&mut pass, c, |_| 0)).collect::<Result<_>>()?;
-
-    device.run(module, &calls.list, graph_capture)?;
-
-    let d_params = param_grads
-        .into_iter()
-        .zip(job.params)
-        .map(|(d, p)| match d {
-            Some((at, len)) => pass.download(at, len),
-            None => Ok(vec![0.0; p.len()]),
-        })
-        .collect::<Result<_>>()?;
-    for (d, &(offset, len)) in grad.d_inputs.iter().zip(&layer.input_slices) {
-        let Some(v) = d else { continue };
-        let rows = pass.fetch(pass.home(*v)?, len)?;
-        for row in &pass.valid_rows() {
-            let dst = d_input.get_mut(row.b, row.t, layer.input_size);
-            dst[offset..offset + len].iter_mut().zip(rows.row(*row, &pass)).for_each(|(a, x)| *a += x);
+    for ((d, &(rows, cols)), &dst) in grad.d_params.iter().zip(&layer.param_shapes).zip(&io.d_params) {
+        let len = rows * cols;
+        match d {
+            None => calls.zero(dst, len),
+            Some(v) => {
+                let at = match (g.ty(*v), pass.home(*v)?) {
+                    (Type::Matrix(..), Home::Fixed(at)) => at,
+                    (Type::Matrix(..), other) => {
+                        return Err(error(format!("the gradient of a matrix parameter is held as {other:?}")))
+                    }
+                    _ => calls.column_sum(pass, plan, *v)?,
+                };
+                calls.copy_floats(pass, dst, at, len)?;
+            }
         }
     }
-    let d_h0 = d_h0_at
-        .iter()
-        .zip(&layer.state_sizes)
-        .map(|(&at, &m)| pass.download(at, batch * m))
-        .collect::<Result<_>>()?;
-    Ok(BackwardResult { d_h0, d_params })
+    // The input's adjoint: each input's rows added into its features.
+    let (layout, valid) = (pass.layout, pass.valid_rows());
+    for (d, &(offset, len)) in grad.d_inputs.iter().zip(&layer.input_slices) {
+        let Some(v) = d else { continue };
+        let home = pass.home(*v)?;
+        let pairs: Vec<(u64, u64)> = valid
+            .iter()
+            .map(|&row| {
+                (io.d_input.addr(row, layout, batch) + 4 * offset as u64, home.addr(row, layout, batch))
+            })
+            .collect();
+        calls.add_rows(pass, &pairs, len)?;
+    }
+    // The initial states' adjoints: slot 0 of the carries.
+    for (&c, &at) in carries.iter().zip(&io.d_h0) {
+        calls.gather_sequences(pass, c, |_| 0, at)?;
+    }
+    device.run(module, &calls.list, graph_capture)
 }

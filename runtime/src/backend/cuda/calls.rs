@@ -115,18 +115,47 @@ impl Calls {
 
     /// Copies `n` floats for each `(destination, source)` pair (the prelude's `cellc_copy_rows`).
     pub fn copy_rows(&mut self, pass: &mut LayerRun, pairs: &[(u64, u64)], n: usize) -> Result<()> {
+        self.row_pairs("cellc_copy_rows", pass, pairs, n)
+    }
+
+    /// Adds `n` floats of each source into its destination (the prelude's
+    /// `cellc_add_rows`); no two pairs may share a destination.
+    pub fn add_rows(&mut self, pass: &mut LayerRun, pairs: &[(u64, u64)], n: usize) -> Result<()> {
+        self.row_pairs("cellc_add_rows", pass, pairs, n)
+    }
+
+    /// One of the prelude's [`cellc::cuda::prelude::ROW_KERNELS`] over `pairs`.
+    fn row_pairs(&mut self, kernel: &str, pass: &mut LayerRun, pairs: &[(u64, u64)], n: usize) -> Result<()> {
         if pairs.is_empty() || n == 0 {
             return Ok(());
         }
         let flat: Vec<u64> = pairs.iter().flat_map(|&(d, s)| [d, s]).collect();
         let table = pass.upload_addresses(&flat)?;
         self.list.push(Call::Launch {
-            kernel: "cellc_copy_rows".into(),
+            kernel: kernel.into(),
             grid: pairs.len().clamp(1, 65_535) as u32,
             block: self.block,
             args: vec![Arg::Ptr(table), Arg::I32(int(pairs.len())?), Arg::I32(int(n)?)],
         });
         Ok(())
+    }
+
+    /// Copies `len` floats from `src` to `dst`, in rows of a block's width
+    /// so that every block of the launch has a share.
+    pub fn copy_floats(&mut self, pass: &mut LayerRun, dst: u64, src: u64, len: usize) -> Result<()> {
+        let row = (self.block as usize * 16).min(len.max(1));
+        let pairs: Vec<(u64, u64)> =
+            (0..len / row).map(|i| (dst + 4 * (i * row) as u64, src + 4 * (i * row) as u64)).collect();
+        self.copy_rows(pass, &pairs, row)?;
+        let (done, rest) = (len / row * row, len % row);
+        self.copy_rows(pass, &[(dst + 4 * done as u64, src + 4 * done as u64)], rest)
+    }
+
+    /// Sets `floats` floats from `addr` to zero.
+    pub fn zero(&mut self, addr: u64, floats: usize) {
+        if floats > 0 {
+            self.list.push(Call::Zero { addr, floats });
+        }
     }
 
     /// The stages of `stages` placed at `placement` (before or after the
@@ -231,27 +260,54 @@ impl Calls {
         Ok(())
     }
 
-    /// Each sequence's row of a `Steps` history at slot `slot(b)`, gathered
-    /// into a `[batch, m]` buffer in batch order: its address.
+    /// Each sequence's row of a `Steps` history at slot `slot(b)`, copied
+    /// into the `[batch, m]` rows at `out`, in batch order.
     pub fn gather_sequences(
         &mut self,
         pass: &mut LayerRun,
         history: Home,
         slot: impl Fn(usize) -> usize,
-    ) -> Result<u64> {
+        out: u64,
+    ) -> Result<()> {
         let Home::Steps { len: m, .. } = history else {
             return Err(error("only a history holds a row per sequence and step"));
         };
         let (batch, layout) = (pass.batch(), pass.layout);
-        let out = pass.zeros(batch * m)?;
         let pairs: Vec<(u64, u64)> = (0..batch)
             .map(|r| {
                 let b = pass.order.order()[r];
                 (out + 4 * (b * m) as u64, history.addr(Row { b, t: 0, s: slot(b), r }, layout, batch))
             })
             .collect();
+        self.copy_rows(pass, &pairs, m)
+    }
+
+    /// A history of `steps + 1` slots of `m` floats per rank, zero but for
+    /// each sequence's row of the `[batch, m]` rows at `per_sequence`
+    /// (batch order), put in slot `slot(b)`: the states before the first
+    /// step (slot 0), or the final states' adjoints after each sequence's
+    /// last step.
+    pub fn scatter_sequences(
+        &mut self,
+        pass: &mut LayerRun,
+        per_sequence: u64,
+        m: usize,
+        slot: impl Fn(usize) -> usize,
+    ) -> Result<Home> {
+        let batch = pass.batch();
+        let history = Home::Steps { base: pass.zeros((pass.steps() + 1) * batch * m)?, len: m };
+        let layout = pass.layout;
+        let pairs: Vec<(u64, u64)> = (0..batch)
+            .map(|r| {
+                let b = pass.order.order()[r];
+                (
+                    history.addr(Row { b, t: 0, s: slot(b), r }, layout, batch),
+                    per_sequence + 4 * (b * m) as u64,
+                )
+            })
+            .collect();
         self.copy_rows(pass, &pairs, m)?;
-        Ok(out)
+        Ok(history)
     }
 
     pub fn gemm(&mut self, g: Gemm) {

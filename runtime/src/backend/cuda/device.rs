@@ -9,6 +9,7 @@
 
 use crate::backend::cpu::gemm::{matmul, View};
 use crate::error::{Result, RuntimeError};
+use cellc::cuda::prelude::ROW_KERNELS;
 use cellc::cuda::Kernel;
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -76,8 +77,18 @@ pub struct Gemm {
 /// list can run as it is or be captured into a CUDA graph.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Call {
-    Launch { kernel: String, grid: u32, block: u32, args: Vec<Arg> },
+    Launch {
+        kernel: String,
+        grid: u32,
+        block: u32,
+        args: Vec<Arg>,
+    },
     Gemm(Gemm),
+    /// `floats` floats from `addr` set to zero.
+    Zero {
+        addr: u64,
+        floats: usize,
+    },
 }
 
 /// A loaded set of kernels.
@@ -126,6 +137,16 @@ pub trait Device: Send + Sync {
     fn graph_stats(&self) -> GraphStats {
         GraphStats::default()
     }
+    /// This device working on the caller's stream (a `CUstream` handle):
+    /// every allocation, copy, fill and free ordered on that stream and
+    /// nothing waited for by the host, so a framework's own work before and
+    /// after is ordered with it ([`super::resident`]). `None` where the
+    /// device has no streams (the emulated device, whose work is done when
+    /// a call returns): use it as it is.
+    fn on_stream(&self, stream: u64) -> Result<Option<Box<dyn Device + '_>>> {
+        let _ = stream;
+        Ok(None)
+    }
 }
 
 /// The two things a device does for a [`Call`]; [`Primitives::issue`]
@@ -133,6 +154,7 @@ pub trait Device: Send + Sync {
 pub trait Primitives {
     fn launch(&self, module: &Module, kernel: &str, grid: u32, block: u32, args: &[Arg]) -> Result<()>;
     fn gemm(&self, g: &Gemm) -> Result<()>;
+    fn zero(&self, addr: u64, floats: usize) -> Result<()>;
 
     fn issue(&self, module: &Module, calls: &[Call]) -> Result<()> {
         for call in calls {
@@ -141,6 +163,7 @@ pub trait Primitives {
                     self.launch(module, kernel, *grid, *block, args)?
                 }
                 Call::Gemm(g) => self.gemm(g)?,
+                &Call::Zero { addr, floats } => self.zero(addr, floats)?,
             }
         }
         Ok(())
@@ -228,11 +251,11 @@ pub(super) fn error(message: impl Into<String>) -> RuntimeError {
 }
 
 /// The kernels as one host-C++ file: the generated translation unit, each
-/// kernel (and the prelude's `cellc_copy_rows`) exported as
+/// kernel (and the prelude's [`ROW_KERNELS`]) exported as
 /// `cellc_launch_<name>`, and `cellc_find_launch(name)` to look one up.
 pub fn emulation_source(kernels: &[Kernel]) -> String {
     let mut src = cellc::cuda::translation_unit(kernels);
-    let names: Vec<&str> = kernels.iter().map(|k| k.name.as_str()).chain(["cellc_copy_rows"]).collect();
+    let names: Vec<&str> = kernels.iter().map(|k| k.name.as_str()).chain(ROW_KERNELS).collect();
     for name in &names {
         src.push_str(&format!("CELLC_EMU_EXPORT({name})\n"));
     }
@@ -421,6 +444,12 @@ impl Primitives for Emulated {
         unsafe { matmul(View::rows(c as *const f32, m, n, ldc), a, b, accumulate) };
         Ok(())
     }
+
+    fn zero(&self, addr: u64, floats: usize) -> Result<()> {
+        // SAFETY: the caller passes a range of memory this device handed out (or the caller's own).
+        unsafe { std::ptr::write_bytes(addr as *mut f32, 0, floats) };
+        Ok(())
+    }
 }
 
 impl Device for Emulated {
@@ -474,7 +503,7 @@ impl Device for Emulated {
             .iter()
             .filter(|k| k.units > 0)
             .map(|k| k.name.clone())
-            .chain(["cellc_copy_rows".to_string()])
+            .chain(ROW_KERNELS.map(String::from))
             .collect();
         Ok(Module { inner: Box::new(EmulatedModule { lib, serial }) })
     }

@@ -17,6 +17,7 @@ use super::device::{Device, Module};
 use super::storage::{error, Home, Kept, LayerRun};
 use crate::backend::{ForwardJob, ForwardResult, RowsMut, Tape};
 use crate::error::Result;
+use crate::model::{CompiledCell, Layer};
 use cellc::cuda::Kernel;
 use cellc::ir::{Graph, ValueId};
 use cellc::program::{Side, Storage};
@@ -38,7 +39,32 @@ pub struct CudaTape {
     pub kept: Kept,
 }
 
-/// Runs the forward of `job` on `device` with `module` (holding `kernels`).
+/// The memory of a layer's forward that is not the pass's own, on the
+/// device: what it reads, and where it writes.
+#[derive(Clone, Debug)]
+pub struct ForwardIo {
+    /// The layer input (a `Layout` home).
+    pub input: Home,
+    pub params: Vec<u64>,
+    /// The initial states: `[batch, m]` rows each, in batch order.
+    pub h0: Vec<u64>,
+    /// Where this direction's output rows go: a `Layout` home based at
+    /// the direction's first feature. Only valid rows are written.
+    pub output: Home,
+    /// The final states: `[batch, m]` rows each, in batch order.
+    pub finals: Vec<u64>,
+}
+
+/// What a forward ran: the homes a tape is made of.
+#[derive(Debug)]
+pub struct Ran {
+    states: Vec<Home>,
+    output: Home,
+}
+
+/// Runs the forward of `job` on `device` with `module` (holding
+/// `kernels`), for host memory: uploads what the pass reads, downloads
+/// what it writes.
 pub fn forward(
     device: &dyn Device,
     module: &Module,
@@ -47,22 +73,63 @@ pub fn forward(
     output: &mut RowsMut,
     graph_capture: bool,
 ) -> Result<ForwardResult> {
-    let g: &Graph = &job.cell.forward;
-    let cell = &job.cell.forward;
     let layer = job.layer;
+    let layout_rows = job.input.data.len() / job.input.width.max(1);
+    let mut pass = LayerRun::new(device, job.input.layout, layout_rows, job.order, job.reverse);
+    let batch = pass.batch();
+    let o = layer.output_size;
+    let io = ForwardIo {
+        input: Home::Layout { base: pass.upload(job.input.data)?, width: job.input.width },
+        params: job.params.iter().map(|p| pass.upload(p)).collect::<Result<_>>()?,
+        h0: job.h0.iter().map(|h| pass.upload(h)).collect::<Result<_>>()?,
+        output: Home::Layout { base: pass.zeros(layout_rows * o)?, width: o },
+        finals: layer.state_sizes.iter().map(|&m| pass.zeros(batch * m)).collect::<Result<_>>()?,
+    };
+    let ran = forward_on(&mut pass, module, kernels, (job.cell, layer), job.training, &io, graph_capture)?;
+
+    let host = pass.fetch(io.output, o)?;
+    for row in &pass.valid_rows() {
+        let at = output.layout.row(row.b, row.t) * output.width + output.offset;
+        output.data[at..at + o].copy_from_slice(host.row(*row, &pass));
+    }
+    let final_states = io
+        .finals
+        .iter()
+        .zip(&layer.state_sizes)
+        .map(|(&at, &m)| pass.download(at, batch * m))
+        .collect::<Result<_>>()?;
+    let tape = match job.training {
+        true => Some(Tape(Box::new(tape(pass, job.cell, layer, &io, ran)?))),
+        false => None,
+    };
+    Ok(ForwardResult { final_states, tape })
+}
+
+/// Runs the forward of `cell`'s `layer` in `pass` over the device memory
+/// of `io`, with `module` (holding `kernels`); with `training`, it keeps in
+/// the pass what the backward reads ([`tape`]).
+pub fn forward_on(
+    pass: &mut LayerRun,
+    module: &Module,
+    kernels: &[(usize, Kernel)],
+    (compiled, layer): (&CompiledCell, &Layer),
+    training: bool,
+    io: &ForwardIo,
+    graph_capture: bool,
+) -> Result<Ran> {
+    let g: &Graph = &compiled.forward;
+    let cell = &compiled.forward;
     let plan = &layer.forward_shapes;
     let stages = &layer.schedule.forward;
-    let mut pass = LayerRun::new(device, &job.input, job.order, job.reverse);
     let batch = pass.batch();
+    let mut calls = Calls::new(pass.device.block_size());
 
     // Leaves, constants and the state histories (slot 0: the initial states).
-    let input = Home::Layout { base: pass.upload(job.input.data)?, width: job.input.width };
-    pass.place_input_and_constants(g, plan, input, &layer.input_slices)?;
-    let params: Vec<u64> = job.params.iter().map(|p| pass.upload(p)).collect::<Result<_>>()?;
-    let storage = |v: ValueId| layer.storage(Side::Forward, v, job.training);
+    pass.place_input_and_constants(g, plan, io.input, &layer.input_slices)?;
+    let storage = |v: ValueId| layer.storage(Side::Forward, v, training);
     let mut states = Vec::new();
     for (i, &m) in layer.state_sizes.iter().enumerate() {
-        let history = pass.history(job.h0[i], m, |_| 0)?;
+        let history = calls.scatter_sequences(pass, io.h0[i], m, |_| 0)?;
         states.push(history);
         if storage(cell.next_states[i]) != Some(Storage::NextState(i)) {
             return Err(error(format!(
@@ -74,13 +141,13 @@ pub fn forward(
     }
     for v in g.values() {
         match storage(v) {
-            Some(Storage::Param(i)) => pass.place(v, Home::Fixed(params[i])),
+            Some(Storage::Param(i)) => pass.place(v, Home::Fixed(io.params[i])),
             Some(Storage::State(i)) => pass.place(v, states[i]),
             _ => {}
         }
     }
     // A per-step product reads and writes a step's rows contiguously (rank
-    // order); otherwise the kernels write the caller's layout directly.
+    // order); otherwise the kernels write in the batch's layout.
     match storage(cell.output) {
         Some(Storage::Output { rank_order: true }) => {
             pass.place_steps(cell.output, layer.output_size)?;
@@ -105,46 +172,46 @@ pub fn forward(
         }
     }
 
-    let mut calls = Calls::new(device.block_size());
     // Before the loop: hoisted products over every layout row, pointwise stages over valid rows.
-    calls.all_rows_stages(&mut pass, (g, plan), kernels, stages, Placement::BeforeLoop)?;
-    calls.time_loop(&mut pass, (g, plan), kernels, stages, false)?;
+    calls.all_rows_stages(pass, (g, plan), kernels, stages, Placement::BeforeLoop)?;
+    calls.time_loop(pass, (g, plan), kernels, stages, false)?;
     // Final states: each sequence's history at its own last step.
-    let lengths = job.order.lengths();
-    let finals: Vec<u64> = states
-        .iter()
-        .map(|&h| calls.gather_sequences(&mut pass, h, |b| lengths[b]))
-        .collect::<Result<_>>()?;
-
-    device.run(module, &calls.list, graph_capture)?;
-
-    // The output rows, from wherever the output lives.
-    let o = layer.output_size;
-    let out_home = pass.home(cell.output)?;
-    let host = pass.fetch(out_home, o)?;
-    for row in &pass.valid_rows() {
-        let at = output.layout.row(row.b, row.t) * output.width + output.offset;
-        output.data[at..at + o].copy_from_slice(host.row(*row, &pass));
+    let lengths = pass.order.lengths();
+    for (&h, &at) in states.iter().zip(&io.finals) {
+        calls.gather_sequences(pass, h, |b| lengths[b], at)?;
     }
-    let final_states = finals
+    // The output's valid rows, from wherever the output lives.
+    let output = pass.home(cell.output)?;
+    let (layout, rows) = (pass.layout, pass.valid_rows());
+    let pairs: Vec<(u64, u64)> = rows
         .iter()
-        .zip(&layer.state_sizes)
-        .map(|(&at, &m)| pass.download(at, batch * m))
-        .collect::<Result<_>>()?;
-    let tape = if job.training {
-        let keep: Vec<ValueId> =
-            layer.saved().iter().copied().filter(|v| g.contains(*v) && pass.has_home(*v)).collect();
-        let kept = pass.keep(keep)?;
-        Some(Tape(Box::new(CudaTape {
-            device: device.name(),
-            input,
-            params,
-            states,
-            output: out_home,
-            kept,
-        })))
-    } else {
-        None
-    };
-    Ok(ForwardResult { final_states, tape })
+        .map(|&row| (io.output.addr(row, layout, batch), output.addr(row, layout, batch)))
+        .collect();
+    calls.copy_rows(pass, &pairs, layer.output_size)?;
+
+    pass.device.run(module, &calls.list, graph_capture)?;
+    Ok(Ran { states, output })
+}
+
+/// The tape of a training forward that `ran` in `pass` over `io`: the
+/// pass's buffers, and the homes of what the backward reads.
+pub fn tape(
+    pass: LayerRun,
+    cell: &CompiledCell,
+    layer: &Layer,
+    io: &ForwardIo,
+    ran: Ran,
+) -> Result<CudaTape> {
+    let g: &Graph = &cell.forward;
+    let keep: Vec<ValueId> =
+        layer.saved().iter().copied().filter(|v| g.contains(*v) && pass.has_home(*v)).collect();
+    let device = pass.device.name();
+    Ok(CudaTape {
+        device,
+        input: io.input,
+        params: io.params.clone(),
+        states: ran.states,
+        output: ran.output,
+        kept: pass.keep(keep)?,
+    })
 }

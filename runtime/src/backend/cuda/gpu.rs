@@ -4,13 +4,28 @@
 //!
 //! No machine the project is developed on has a GPU: this file is compiled
 //! and its gating exercised (no driver: a typed error), but it runs for the
-//! first time on a user's GPU. It therefore stays close to the driver API:
-//! synchronous copies, one stream of the device's own (created blocking, so
-//! it is ordered with those copies) for kernels and cuBLAS alike, and every
-//! call's error turned into a typed error naming the call. Memory comes
-//! from a caching pool ([`Pool`]); a run asked to use a graph is captured
-//! from that stream into a CUDA graph, kept by its exact calls
-//! ([`GraphCache`]) and relaunched when the same calls come again.
+//! first time on a user's GPU. It therefore stays close to the driver API,
+//! every call's error turned into a typed error naming the call.
+//!
+//! Two ways to work:
+//! - **the device's own stream** (the runtime's host-memory passes):
+//!   synchronous copies, one stream of its own (created blocking, so it is
+//!   ordered with those copies) for kernels and cuBLAS alike; memory from a
+//!   caching pool ([`Pool`]); a run asked to use a graph is captured from
+//!   that stream into a CUDA graph, kept by its exact calls
+//!   ([`GraphCache`]) and relaunched when the same calls come again;
+//! - **a caller's stream** ([`Device::on_stream`], for passes over a
+//!   framework's device memory): nothing waits on the host. Scratch memory
+//!   comes from a stream-ordered memory pool of cellc's own
+//!   (`cuMemAllocFromPoolAsync`, freed with `cuMemFreeAsync` on the same
+//!   stream after the pass's work, cached by the driver: the pool never
+//!   returns memory to the system while the process runs); pointer tables
+//!   are staged in pinned host memory and copied asynchronously, a staging
+//!   block reused once an event recorded after its copies has completed.
+//!
+//! Runs on different streams share cuBLAS's workspace: a run on another
+//! stream than the last one first makes its stream wait for an event
+//! recorded on the last (no host wait).
 
 use super::device::{
     check_range, Arg, Buf, Call, Device, Gemm, GraphCache, GraphStats, Module, Pool, Primitives, GRAPHS_KEPT,
@@ -45,7 +60,31 @@ pub struct Gpu {
     /// One operation at a time: a capture must not take in another
     /// thread's launches, and the synchronous copies (on the legacy stream,
     /// which waits for ours) must not meet a stream that is capturing.
-    serial: Mutex<()>,
+    /// It holds the stream the last run used.
+    serial: Mutex<Handle<drv_sys::CUstream>>,
+    /// Recorded on the last run's stream and waited for by a run on another.
+    handoff: Handle<drv_sys::CUevent>,
+    /// Scratch memory of passes on callers' streams (made on first use).
+    stream_pool: std::sync::OnceLock<std::result::Result<Handle<drv_sys::CUmemoryPool>, String>>,
+    /// Pinned host blocks in which passes on callers' streams stage their tables.
+    pinned: Mutex<Vec<Pinned>>,
+}
+
+/// A pinned host block, and the event after which its last copies are done.
+struct Pinned {
+    addr: usize,
+    bytes: usize,
+    copied: Option<Arc<Event>>,
+}
+
+/// A driver event, destroyed on drop.
+struct Event(Handle<drv_sys::CUevent>);
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created once by cuEventCreate; waited-for work keeps no reference to it.
+        let _ = unsafe { drv_sys::cuEventDestroy_v2(self.0 .0) };
+    }
 }
 
 /// A raw driver or cuBLAS handle.
@@ -111,6 +150,7 @@ impl Gpu {
             ctx.compute_capability().map_err(|e| error(format!("compute capability: {e:?}")))?;
         let stream = drv::stream::create(drv::stream::StreamKind::Default)
             .map_err(|e| error(format!("cuStreamCreate: {e:?}")))?;
+        let handoff = new_event()?;
         let handle = blas::create_handle().map_err(|e| error(format!("cublasCreate: {e:?}")))?;
         let pool: Arc<Pool<DevMem>> = Arc::default();
         let workspace = alloc_pooled(&ctx, &pool, BLAS_WORKSPACE, 0)?;
@@ -129,7 +169,10 @@ impl Gpu {
             pool,
             _workspace: workspace,
             graphs: Mutex::new(GraphCache::new(GRAPHS_KEPT)),
-            serial: Mutex::new(()),
+            serial: Mutex::new(Handle(stream)),
+            handoff: Handle(handoff),
+            stream_pool: std::sync::OnceLock::new(),
+            pinned: Mutex::new(Vec::new()),
         })
     }
 
@@ -138,10 +181,63 @@ impl Gpu {
     }
 
     /// The device to this thread alone, its context bound.
-    fn exclusive(&self) -> Result<std::sync::MutexGuard<'_, ()>> {
+    fn exclusive(&self) -> Result<std::sync::MutexGuard<'_, Handle<drv_sys::CUstream>>> {
         let guard = self.serial.lock().map_err(|_| error("the device lock is poisoned"))?;
         self.bind()?;
         Ok(guard)
+    }
+
+    /// Makes a run on `stream` follow the last run, whatever its stream
+    /// (they share cuBLAS's workspace), and points cuBLAS at `stream`.
+    fn follow(&self, last: &mut Handle<drv_sys::CUstream>, stream: drv_sys::CUstream) -> Result<()> {
+        if last.0 != stream {
+            // SAFETY: a live event and streams of this context; the wait is queued, not waited for.
+            unsafe {
+                drv_sys::cuEventRecord(self.handoff.0, last.0)
+                    .result()
+                    .map_err(|e| error(format!("cuEventRecord: {e:?}")))?;
+                drv_sys::cuStreamWaitEvent(stream, self.handoff.0, 0)
+                    .result()
+                    .map_err(|e| error(format!("cuStreamWaitEvent: {e:?}")))?;
+            }
+            *last = Handle(stream);
+        }
+        // SAFETY: a live handle and a stream of this context.
+        unsafe { blas::set_stream(self.blas.0, stream as _) }
+            .map_err(|e| error(format!("cublasSetStream: {e:?}")))
+    }
+
+    /// The stream-ordered pool of passes on callers' streams: made once,
+    /// on this device, keeping what it has allocated (release threshold:
+    /// everything).
+    fn stream_pool(&self) -> Result<drv_sys::CUmemoryPool> {
+        let made = self.stream_pool.get_or_init(|| {
+            self.bind().map_err(|e| e.to_string())?;
+            // SAFETY: a zeroed property block is valid (every field's zero is a defined value).
+            let mut props: drv_sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+            props.allocType = drv_sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+            props.location = drv_sys::CUmemLocation {
+                type_: drv_sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: self.ctx.ordinal() as i32,
+            };
+            let mut pool = std::ptr::null_mut();
+            let mut keep_all = u64::MAX;
+            // SAFETY: valid properties; the attribute takes a u64.
+            unsafe {
+                drv_sys::cuMemPoolCreate(&mut pool, &props).result().map_err(|e| {
+                    format!("cuMemPoolCreate (stream-ordered memory needs CUDA 11.2 or newer): {e:?}")
+                })?;
+                drv_sys::cuMemPoolSetAttribute(
+                    pool,
+                    drv_sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    (&mut keep_all as *mut u64).cast(),
+                )
+                .result()
+                .map_err(|e| format!("cuMemPoolSetAttribute: {e:?}"))?;
+            }
+            Ok(Handle(pool))
+        });
+        made.as_ref().map(|h| h.0).map_err(|e| error(e.clone()))
     }
 
     fn upload_slice<T: Copy + Send + Sync + 'static>(&self, data: &[T]) -> Result<Buf> {
@@ -161,7 +257,7 @@ impl Gpu {
         // SAFETY: the device's own stream, not capturing yet.
         unsafe { drv::stream::begin_capture(self.stream.0, mode) }
             .map_err(|e| error(format!("cuStreamBeginCapture: {e:?}")))?;
-        let issued = self.issue(module, calls);
+        let issued = On { gpu: self, stream: self.stream.0 }.issue(module, calls);
         // SAFETY: ends the capture begun above, whatever happened in between.
         let graph = unsafe { drv::stream::end_capture(self.stream.0) };
         if let (Err(e), Ok(g)) = (&issued, &graph) {
@@ -179,7 +275,13 @@ impl Gpu {
     }
 }
 
-impl Primitives for Gpu {
+/// The device's primitives issued on one stream.
+struct On<'a> {
+    gpu: &'a Gpu,
+    stream: drv_sys::CUstream,
+}
+
+impl Primitives for On<'_> {
     fn launch(&self, module: &Module, kernel: &str, grid: u32, block: u32, args: &[Arg]) -> Result<()> {
         let m = module.get::<GpuModule>().ok_or_else(|| error("not a GPU module"))?;
         let f = {
@@ -221,7 +323,7 @@ impl Primitives for Gpu {
         }
         // SAFETY: the parameters match the generated kernel's signature; every address is
         // device memory of this context, alive until the run's results are downloaded.
-        unsafe { drv::launch_kernel(f, (grid.max(1), 1, 1), (block, 1, 1), 0, self.stream.0, &mut params) }
+        unsafe { drv::launch_kernel(f, (grid.max(1), 1, 1), (block, 1, 1), 0, self.stream, &mut params) }
             .map_err(|e| error(format!("launching `{kernel}`: {e:?}")))
     }
 
@@ -247,7 +349,7 @@ impl Primitives for Gpu {
         // SAFETY: device pointers of this context with the described shapes; alpha and beta on the host.
         unsafe {
             blas::sgemm(
-                self.blas.0,
+                self.gpu.blas.0,
                 op(trans_b),
                 op(trans_a),
                 int(n)?,
@@ -264,6 +366,13 @@ impl Primitives for Gpu {
             )
         }
         .map_err(|e| error(format!("cublasSgemm: {e:?}")))
+    }
+
+    fn zero(&self, addr: u64, floats: usize) -> Result<()> {
+        // SAFETY: `floats` floats of device memory of this context; queued on the stream.
+        unsafe { drv_sys::cuMemsetD32Async(addr, 0, floats, self.stream) }
+            .result()
+            .map_err(|e| error(format!("cuMemsetD32Async: {e:?}")))
     }
 }
 
@@ -302,6 +411,22 @@ impl Drop for Gpu {
                 let _ = blas::destroy_handle(self.blas.0);
                 let _ = drv::stream::synchronize(self.stream.0);
                 let _ = drv::stream::destroy(self.stream.0);
+            }
+            if let Ok(last) = self.serial.lock() {
+                // SAFETY: the last stream used; waits for its work before freeing what it reads.
+                let _ = unsafe { drv::stream::synchronize(last.0) };
+            }
+            // SAFETY: made once each; no pass is running (a pass borrows the device).
+            unsafe {
+                let _ = drv_sys::cuEventDestroy_v2(self.handoff.0);
+                if let Some(Ok(pool)) = self.stream_pool.get() {
+                    let _ = drv_sys::cuMemPoolDestroy(pool.0);
+                }
+                if let Ok(mut pinned) = self.pinned.lock() {
+                    for block in pinned.drain(..) {
+                        let _ = drv_sys::cuMemFreeHost(block.addr as *mut c_void);
+                    }
+                }
             }
         }
     }
@@ -367,9 +492,10 @@ impl Device for Gpu {
     }
 
     fn run(&self, module: &Module, calls: &[Call], graph: bool) -> Result<()> {
-        let _one = self.exclusive()?;
+        let mut last = self.exclusive()?;
+        self.follow(&mut last, self.stream.0)?;
         if !graph {
-            return self.issue(module, calls);
+            return On { gpu: self, stream: self.stream.0 }.issue(module, calls);
         }
         let mut graphs = self.graphs.lock().map_err(|_| error("graph cache poisoned"))?;
         let exec = match graphs.get(calls) {
@@ -392,4 +518,196 @@ impl Device for Gpu {
     fn graph_stats(&self) -> GraphStats {
         self.graphs.lock().map(|g| g.stats).unwrap_or_default()
     }
+
+    fn on_stream(&self, stream: u64) -> Result<Option<Box<dyn Device + '_>>> {
+        let pool = self.stream_pool()?;
+        let stream = Handle(stream as drv_sys::CUstream);
+        Ok(Some(Box::new(OnStream { gpu: self, stream, pool: Handle(pool), staging: Mutex::default() })))
+    }
+}
+
+/// The GPU working on a caller's stream (see the module documentation).
+struct OnStream<'a> {
+    gpu: &'a Gpu,
+    stream: Handle<drv_sys::CUstream>,
+    pool: Handle<drv_sys::CUmemoryPool>,
+    staging: Mutex<Staging>,
+}
+
+/// The pinned blocks a pass on a caller's stream has staged tables in; the
+/// last one is filled from `used` on.
+#[derive(Default)]
+struct Staging {
+    blocks: Vec<Pinned>,
+    used: usize,
+}
+
+/// The smallest pinned block staged into (a pass's tables usually fit one).
+const PINNED_BLOCK: usize = 1 << 20;
+
+/// Device memory from the stream-ordered pool, freed on its stream when dropped.
+struct StreamMem {
+    ptr: drv_sys::CUdeviceptr,
+    stream: Handle<drv_sys::CUstream>,
+    ctx: Arc<CudaContext>,
+}
+
+impl Drop for StreamMem {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated on this stream from the pool; freed once, after the work queued before.
+            let _ = unsafe { drv_sys::cuMemFreeAsync(self.ptr, self.stream.0) };
+        }
+    }
+}
+
+impl OnStream<'_> {
+    /// `bytes` (at least 4) of device memory, ordered on the stream.
+    fn alloc(&self, bytes: usize, len: usize) -> Result<Buf> {
+        let mut ptr = 0;
+        // SAFETY: a pool and stream of this context, which `exclusive` bound.
+        unsafe { drv_sys::cuMemAllocFromPoolAsync(&mut ptr, bytes.max(4), self.pool.0, self.stream.0) }
+            .result()
+            .map_err(|e| error(format!("cuMemAllocFromPoolAsync of {bytes} bytes: {e:?}")))?;
+        let owner = StreamMem { ptr, stream: self.stream, ctx: self.gpu.ctx.clone() };
+        Ok(Buf::new(ptr, len, Box::new(owner)))
+    }
+
+    /// `data` copied to new device memory, asynchronously, through pinned staging.
+    fn upload_slice<T: Copy>(&self, data: &[T]) -> Result<Buf> {
+        let bytes = std::mem::size_of_val(data);
+        let _one = self.gpu.exclusive()?;
+        let buf = self.alloc(bytes, data.len())?;
+        if bytes == 0 {
+            return Ok(buf);
+        }
+        let host = self.stage(bytes)?;
+        // SAFETY: `host` is `bytes` bytes of pinned memory reserved for this copy.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().cast::<u8>(), host as *mut u8, bytes) };
+        // SAFETY: pinned source, device destination of `bytes`; the block is not reused before
+        // the event recorded after this copy (see `Drop`) has completed.
+        unsafe { drv_sys::cuMemcpyHtoDAsync_v2(buf.addr, host as *const c_void, bytes, self.stream.0) }
+            .result()
+            .map_err(|e| error(format!("cuMemcpyHtoDAsync: {e:?}")))?;
+        Ok(buf)
+    }
+
+    /// The address of `bytes` of pinned memory for one copy (16-byte aligned).
+    fn stage(&self, bytes: usize) -> Result<usize> {
+        let mut staging = self.staging.lock().map_err(|_| error("staging lock poisoned"))?;
+        let at = staging.used.next_multiple_of(16);
+        if let Some(&Pinned { addr, bytes: size, .. }) = staging.blocks.last() {
+            if at + bytes <= size {
+                staging.used = at + bytes;
+                return Ok(addr + at);
+            }
+        }
+        let block = self.gpu.pinned_block(bytes)?;
+        let addr = block.addr;
+        staging.blocks.push(block);
+        staging.used = bytes;
+        Ok(addr)
+    }
+}
+
+impl Gpu {
+    /// A free pinned block of at least `bytes` whose copies are done, or a new one.
+    fn pinned_block(&self, bytes: usize) -> Result<Pinned> {
+        let mut free = self.pinned.lock().map_err(|_| error("pinned pool lock poisoned"))?;
+        let done = |p: &Pinned| {
+            p.copied.as_ref().is_none_or(|e| {
+                // SAFETY: a live event; the query does not wait.
+                let status = unsafe { drv_sys::cuEventQuery(e.0 .0) };
+                status == drv_sys::CUresult::CUDA_SUCCESS
+            })
+        };
+        if let Some(i) = free.iter().position(|p| p.bytes >= bytes && done(p)) {
+            let mut block = free.swap_remove(i);
+            block.copied = None;
+            return Ok(block);
+        }
+        let size = bytes.max(PINNED_BLOCK);
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: a fresh pinned allocation in the bound context, freed in `Drop for Gpu`.
+        unsafe { drv_sys::cuMemHostAlloc(&mut ptr, size, 0) }
+            .result()
+            .map_err(|e| error(format!("cuMemHostAlloc of {size} bytes: {e:?}")))?;
+        Ok(Pinned { addr: ptr as usize, bytes: size, copied: None })
+    }
+}
+
+impl Drop for OnStream<'_> {
+    fn drop(&mut self) {
+        let Ok(mut staging) = self.staging.lock() else { return };
+        let blocks = std::mem::take(&mut staging.blocks);
+        if blocks.is_empty() {
+            return;
+        }
+        // The blocks go back once an event after their copies has completed;
+        // if no event can be recorded they are kept out of use (never reused early).
+        let Ok(_one) = self.gpu.exclusive() else { return };
+        let Ok(event) = new_event() else { return };
+        let event = Arc::new(Event(Handle(event)));
+        // SAFETY: a live event and the caller's stream.
+        if unsafe { drv_sys::cuEventRecord(event.0 .0, self.stream.0) }.result().is_err() {
+            return;
+        }
+        if let Ok(mut free) = self.gpu.pinned.lock() {
+            free.extend(blocks.into_iter().map(|b| Pinned { copied: Some(event.clone()), ..b }));
+        }
+    }
+}
+
+impl Device for OnStream<'_> {
+    fn name(&self) -> String {
+        self.gpu.name()
+    }
+
+    fn zeros(&self, len: usize) -> Result<Buf> {
+        let _one = self.gpu.exclusive()?;
+        let buf = self.alloc(len * 4, len)?;
+        // SAFETY: `buf` holds len * 4 bytes; queued on the stream after the allocation.
+        unsafe { drv_sys::cuMemsetD8Async(buf.addr, 0, len * 4, self.stream.0) }
+            .result()
+            .map_err(|e| error(format!("cuMemsetD8Async: {e:?}")))?;
+        Ok(buf)
+    }
+
+    fn upload(&self, data: &[f32]) -> Result<Buf> {
+        self.upload_slice(data)
+    }
+
+    fn upload_addresses(&self, addresses: &[u64]) -> Result<Buf> {
+        self.upload_slice(addresses)
+    }
+
+    fn upload_i32(&self, data: &[i32]) -> Result<Buf> {
+        self.upload_slice(data)
+    }
+
+    fn download(&self, _buf: &Buf, _from: usize, _len: usize) -> Result<Vec<f32>> {
+        Err(error("a pass on the caller's stream reads nothing back to the host (it would wait)"))
+    }
+
+    fn load(&self, kernels: &[Kernel]) -> Result<Module> {
+        self.gpu.load(kernels)
+    }
+
+    /// Runs `calls` on the caller's stream (never as a graph: the stream
+    /// may be the caller's own capture).
+    fn run(&self, module: &Module, calls: &[Call], _graph: bool) -> Result<()> {
+        let mut last = self.gpu.exclusive()?;
+        self.gpu.follow(&mut last, self.stream.0)?;
+        On { gpu: self.gpu, stream: self.stream.0 }.issue(module, calls)
+    }
+}
+
+/// A new event without timing.
+fn new_event() -> Result<drv_sys::CUevent> {
+    let mut event = std::ptr::null_mut();
+    // SAFETY: creates an event in the bound context.
+    unsafe { drv_sys::cuEventCreate(&mut event, drv_sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }
+        .result()
+        .map_err(|e| error(format!("cuEventCreate: {e:?}")))?;
+    Ok(event)
 }

@@ -21,7 +21,6 @@
 
 pub(super) use super::device::error;
 use super::device::{Buf, Device};
-use crate::backend::Rows;
 use crate::error::Result;
 use crate::sequence::{BatchOrder, RowLayout};
 use cellc::interp::Shapes;
@@ -158,19 +157,20 @@ impl std::fmt::Debug for LayerRun<'_> {
 }
 
 impl<'a> LayerRun<'a> {
-    /// A pass over the rows of `input` (the layer's input, in the caller's layout).
+    /// A pass over a batch of `layout_rows` rows laid out by `layout`.
     pub fn new(
         device: &'a dyn Device,
-        input: &Rows<'a>,
+        layout: &'a RowLayout,
+        layout_rows: usize,
         order: &'a BatchOrder,
         reverse: bool,
     ) -> LayerRun<'a> {
         LayerRun {
             device,
-            layout: input.layout,
+            layout,
             order,
             reverse,
-            layout_rows: input.data.len() / input.width.max(1),
+            layout_rows,
             homes: HashMap::new(),
             arena: Arena::default(),
         }
@@ -198,20 +198,6 @@ impl<'a> LayerRun<'a> {
             self.place(v, Home::Fixed(at));
         }
         Ok(())
-    }
-
-    /// A history of `steps + 1` slots of `m` floats per rank, zero but for
-    /// each sequence's row of `per_sequence` (`[batch, m]`, batch order)
-    /// put in slot `slot(b)`: the states before the first step (slot 0),
-    /// or the final states' adjoints after each sequence's last step.
-    pub fn history(&mut self, per_sequence: &[f32], m: usize, slot: impl Fn(usize) -> usize) -> Result<Home> {
-        let batch = self.batch();
-        let mut history = vec![0.0f32; (self.steps() + 1) * batch * m];
-        for (r, &b) in self.order.order().iter().enumerate() {
-            let at = (slot(b) * batch + r) * m;
-            history[at..at + m].copy_from_slice(&per_sequence[b * m..(b + 1) * m]);
-        }
-        Ok(Home::Steps { base: self.upload(&history)?, len: m })
     }
 
     pub fn batch(&self) -> usize {
