@@ -10,7 +10,9 @@
 use crate::backend::{BackwardJob, ForwardJob, PreparedWeights, Rows, RowsMut, Tape};
 use crate::error::{Result, RuntimeError};
 use crate::model::Model;
-use crate::sequence::{check_len, padding_rows, zero_rows, Align, BatchOrder, Major, PackedView, RowLayout};
+use crate::sequence::{
+    check_len, padding_rows, zero_rows, Align, BatchOrder, Floats, Major, PackedIndex, PackedView, RowLayout,
+};
 use std::borrow::Cow;
 
 /// A batch in the caller's own layout.
@@ -20,6 +22,26 @@ pub enum Input<'a> {
     Padded { data: &'a [f32], batch: usize, steps: usize, major: Major, align: Align, lengths: &'a [usize] },
     /// A PyTorch packed sequence ([`crate::PackedSequence::view`]).
     Packed(PackedView<'a>),
+}
+
+/// A batch's shape and layout without its data (which may lie on a
+/// device): an [`Input`]'s other fields.
+#[derive(Clone, Copy, Debug)]
+pub enum BatchShape<'a> {
+    Padded { batch: usize, steps: usize, major: Major, align: Align, lengths: &'a [usize] },
+    Packed(PackedIndex<'a>),
+}
+
+impl<'a> Input<'a> {
+    /// Its shape and layout, and its data.
+    pub fn split(&self) -> (BatchShape<'a>, &'a [f32]) {
+        match *self {
+            Input::Padded { data, batch, steps, major, align, lengths } => {
+                (BatchShape::Padded { batch, steps, major, align, lengths }, data)
+            }
+            Input::Packed(p) => (BatchShape::Packed(p.index()), p.data),
+        }
+    }
 }
 
 /// A forward pass's results.
@@ -124,10 +146,12 @@ struct ReserveLayer {
     output: std::ops::Range<usize>,
 }
 
+/// A call's batch, checked and laid out: its order by length and where
+/// each row lies.
 #[derive(Debug)]
-pub(crate) struct LaidOutBatch {
+pub struct LaidOutBatch {
     pub(crate) order: BatchOrder,
-    layout: RowLayout,
+    pub(crate) layout: RowLayout,
     /// Layout rows: a padded batch's `B * T`, a packed batch's `N`.
     pub(crate) rows: usize,
     data_features: usize,
@@ -135,21 +159,27 @@ pub(crate) struct LaidOutBatch {
 
 impl Model {
     pub(crate) fn prepare(&self, input: &Input) -> Result<LaidOutBatch> {
-        match input {
-            Input::Padded { data, batch, steps, major, align, lengths } => {
-                if lengths.len() != *batch {
+        let (shape, data) = input.split();
+        self.lay_out(&shape, data.len())
+    }
+
+    /// A batch of `shape` with `data_len` floats of data, checked and laid out.
+    pub(crate) fn lay_out(&self, shape: &BatchShape, data_len: usize) -> Result<LaidOutBatch> {
+        match *shape {
+            BatchShape::Padded { batch, steps, major, align, lengths } => {
+                if lengths.len() != batch {
                     return Err(RuntimeError::Shape {
                         tensor: "lengths".into(),
                         expected: format!("[{batch}]"),
                         found: format!("[{}]", lengths.len()),
                     });
                 }
-                check_len("input", data.len(), &[*batch, *steps, self.input_size()])?;
-                let order = BatchOrder::new(lengths, *steps)?;
-                let layout = RowLayout::padded(&order, *steps, *major, *align);
+                check_len("input", data_len, &[batch, steps, self.input_size()])?;
+                let order = BatchOrder::new(lengths, steps)?;
+                let layout = RowLayout::padded(&order, steps, major, align);
                 Ok(LaidOutBatch { order, layout, rows: batch * steps, data_features: self.input_size() })
             }
-            Input::Packed(p) => {
+            BatchShape::Packed(p) => {
                 if p.features != self.input_size() {
                     return Err(RuntimeError::Shape {
                         tensor: "input".into(),
@@ -157,7 +187,7 @@ impl Model {
                         found: format!("{} features", p.features),
                     });
                 }
-                let order = p.order()?;
+                let order = p.order(data_len)?;
                 let layout = RowLayout::packed(&order);
                 Ok(LaidOutBatch { rows: order.rows(), order, layout, data_features: p.features })
             }
@@ -250,6 +280,16 @@ impl Model {
     /// The caller's parameters (`[layer * directions + direction][param]`,
     /// the model's shapes), checked.
     pub(crate) fn caller_params<'a>(&self, given: &[Vec<&'a [f32]>]) -> Result<PassParams<'a>> {
+        self.check_weights(given)?;
+        Ok(PassParams {
+            params: given.to_vec(),
+            prepared: Prepared::Pass(given.iter().map(|_| PreparedWeights::default()).collect()),
+        })
+    }
+
+    /// Checks that `given` has the model's parameters: a list per layer and
+    /// direction, in the cell's order, of the model's shapes.
+    pub(crate) fn check_weights<D: Floats>(&self, given: &[Vec<D>]) -> Result<()> {
         let names = self.weight_names();
         let per = self.compiled.forward.params.len();
         if given.len() != self.params.len() || given.iter().any(|ps| ps.len() != per) {
@@ -260,12 +300,9 @@ impl Model {
             });
         }
         for ((name, shape), p) in names.iter().zip(given.iter().flatten()) {
-            check_len(name, p.len(), shape)?;
+            check_len(name, p.floats(), shape)?;
         }
-        Ok(PassParams {
-            params: given.to_vec(),
-            prepared: Prepared::Pass(given.iter().map(|_| PreparedWeights::default()).collect()),
-        })
+        Ok(())
     }
 
     /// Where each layer's tapes and output lie in a reserve of `rows`

@@ -38,6 +38,7 @@
 
 pub mod backend;
 pub mod call;
+pub mod device_call;
 pub mod error;
 pub mod exec;
 pub mod files;
@@ -49,11 +50,12 @@ pub mod stream;
 pub mod weights;
 
 pub use call::Call;
+pub use device_call::{DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut};
 pub use error::{Result, RuntimeError};
-pub use exec::{BackwardOut, ForwardOut, Gradients, Input, Output, Trace};
+pub use exec::{BackwardOut, BatchShape, ForwardOut, Gradients, Input, Output, Trace};
 pub use files::write_atomically;
 pub use model::{CompiledCell, Layer, Model, ModelConfig, Side};
-pub use sequence::{Align, BatchOrder, Major, PackedSequence, PackedView, RowLayout};
+pub use sequence::{Align, BatchOrder, Major, PackedIndex, PackedSequence, PackedView, RowLayout};
 pub use stream::Stream;
 pub use weights::{
     read_metadata, read_tensors, write_tensors, write_tensors_with_metadata, Metadata, Tensor, TensorData,

@@ -255,6 +255,19 @@ fn check_permutation(tensor: &str, p: &[usize], n: usize) -> Result<()> {
     Ok(())
 }
 
+/// A buffer of floats a pass reads or writes: host memory (`&[f32]`), or
+/// device memory the caller owns ([`crate::DeviceFloats`]).
+pub trait Floats: Copy {
+    /// How many floats it holds.
+    fn floats(&self) -> usize;
+}
+
+impl Floats for &[f32] {
+    fn floats(&self) -> usize {
+        self.len()
+    }
+}
+
 /// A packed batch borrowed from the caller (a [`PackedSequence`]'s fields,
 /// or a framework's tensors), read where it lies.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -270,9 +283,45 @@ pub struct PackedView<'a> {
     pub unsorted_indices: &'a [usize],
 }
 
-impl PackedView<'_> {
+impl<'a> PackedView<'a> {
     /// Checks the PyTorch invariants and returns the plan this packing follows.
     pub fn order(&self) -> Result<BatchOrder> {
+        self.index().order(self.data.len())
+    }
+
+    /// Its sizes and permutations, without the data.
+    pub fn index(&self) -> PackedIndex<'a> {
+        PackedIndex {
+            features: self.features,
+            batch_sizes: self.batch_sizes,
+            sorted_indices: self.sorted_indices,
+            unsorted_indices: self.unsorted_indices,
+        }
+    }
+
+    /// Each sequence's length.
+    pub fn lengths(&self) -> Vec<usize> {
+        self.index().lengths()
+    }
+}
+
+/// A packed batch's sizes and permutations ([`PackedView`] without its
+/// data, which may lie on a device).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PackedIndex<'a> {
+    pub features: usize,
+    /// Active sequences per step, non-increasing.
+    pub batch_sizes: &'a [usize],
+    /// `sorted_indices[i]`: the original index of the `i`-th longest sequence.
+    pub sorted_indices: &'a [usize],
+    /// The inverse permutation.
+    pub unsorted_indices: &'a [usize],
+}
+
+impl PackedIndex<'_> {
+    /// Checks the PyTorch invariants, and `data_len` floats of data,
+    /// and returns the plan this packing follows.
+    pub fn order(&self, data_len: usize) -> Result<BatchOrder> {
         let batch = self.batch_sizes.first().copied().unwrap_or(0);
         for (s, w) in self.batch_sizes.windows(2).enumerate() {
             if w[1] > w[0] {
@@ -299,7 +348,7 @@ impl PackedView<'_> {
             }
         }
         let rows: usize = self.batch_sizes.iter().sum();
-        check_len("data", self.data.len(), &[rows, self.features])?;
+        check_len("data", data_len, &[rows, self.features])?;
         let lengths = self.lengths();
         let plan = BatchOrder::new(&lengths, self.batch_sizes.len())?;
         // A stable sort of the lengths must give back sorted_indices' length order.

@@ -156,6 +156,12 @@ pub trait StepRunner: Send + Sync {
 pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
 
+    /// Passes over device memory the caller owns, where this back end runs
+    /// on a device ([`crate::device_call`]).
+    fn device_passes(&self) -> Option<&dyn DevicePasses> {
+        None
+    }
+
     /// A workspace that runs the model step by step, or `None` where this
     /// back end has no such path (the model then runs each call as a batch).
     fn stream<'a>(&'a self, job: StreamJob<'a>) -> Result<Option<Box<dyn StepRunner + 'a>>> {
@@ -201,6 +207,28 @@ pub trait Backend: Send + Sync {
         let _ = (job, tape, d_input);
         Err(no_caller_tape(self.name()))
     }
+}
+
+/// Whole-model passes over device memory the caller owns, queued on the
+/// caller's stream; the model has checked every buffer of the call.
+pub trait DevicePasses {
+    fn forward_on_device(
+        &self,
+        model: &crate::Model,
+        batch: &crate::exec::LaidOutBatch,
+        call: &crate::device_call::DeviceCall,
+        out: &crate::device_call::DeviceForwardOut,
+    ) -> Result<()>;
+
+    fn backward_on_device(
+        &self,
+        model: &crate::Model,
+        batch: &crate::exec::LaidOutBatch,
+        call: &crate::device_call::DeviceCall,
+        d_output: crate::device_call::DeviceFloats,
+        d_final: Option<&[crate::device_call::DeviceFloats]>,
+        out: &crate::device_call::DeviceBackwardOut,
+    ) -> Result<()>;
 }
 
 fn no_caller_tape(backend: &str) -> crate::RuntimeError {

@@ -18,6 +18,7 @@ pub mod device;
 pub mod forward;
 pub mod gpu;
 pub mod nvrtc;
+pub mod resident;
 pub mod storage;
 
 use crate::backend::{Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, Tape};
@@ -109,6 +110,10 @@ impl Cuda {
 impl Backend for Cuda {
     fn name(&self) -> &'static str {
         "cuda"
+    }
+
+    fn device_passes(&self) -> Option<&dyn crate::backend::DevicePasses> {
+        Some(self)
     }
 
     fn forward(&self, job: &ForwardJob, output: &mut RowsMut) -> Result<ForwardResult> {
