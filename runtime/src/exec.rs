@@ -32,6 +32,32 @@ pub enum BatchShape<'a> {
     Packed(PackedIndex<'a>),
 }
 
+impl<'a> BatchShape<'a> {
+    /// The batch with its data on the host.
+    pub fn with_data(self, data: &'a [f32]) -> Input<'a> {
+        match self {
+            BatchShape::Padded { batch, steps, major, align, lengths } => {
+                Input::Padded { data, batch, steps, major, align, lengths }
+            }
+            BatchShape::Packed(p) => Input::Packed(PackedView {
+                data,
+                features: p.features,
+                batch_sizes: p.batch_sizes,
+                sorted_indices: p.sorted_indices,
+                unsorted_indices: p.unsorted_indices,
+            }),
+        }
+    }
+
+    /// Sequences in the batch.
+    pub fn sequences(&self) -> usize {
+        match self {
+            BatchShape::Padded { batch, .. } => *batch,
+            BatchShape::Packed(p) => p.sorted_indices.len(),
+        }
+    }
+}
+
 impl<'a> Input<'a> {
     /// Its shape and layout, and its data.
     pub fn split(&self) -> (BatchShape<'a>, &'a [f32]) {

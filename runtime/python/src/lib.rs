@@ -40,8 +40,7 @@ fn shipped_cells() -> Vec<&'static str> {
 /// the back end keeps its tapes itself).
 #[pyfunction]
 fn describe(py: Python<'_>, spec: &str) -> PyResult<spec::Description> {
-    let model = py.detach(|| spec::model(spec, 1)).map_err(|e| errors::to_python(py, e))?;
-    spec::Description::of(&model).map_err(|e| errors::to_python(py, e))
+    py.detach(|| spec::describe(spec)).map_err(|e| errors::to_python(py, e))
 }
 
 /// The weights the cell's `init` clauses give for `seed`, in
@@ -66,6 +65,8 @@ fn _cellc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(initial_weights, m)?)?;
     m.add_function(wrap_pyfunction!(passes::forward, m)?)?;
     m.add_function(wrap_pyfunction!(passes::backward, m)?)?;
+    m.add_function(wrap_pyfunction!(passes::forward_on_device, m)?)?;
+    m.add_function(wrap_pyfunction!(passes::backward_on_device, m)?)?;
     m.add_function(wrap_pyfunction!(recycled::recycled, m)?)?;
     Ok(())
 }

@@ -6,13 +6,13 @@ use crate::errors::to_python;
 use crate::spec;
 use crate::tensors::{Tensor, TensorArg};
 use cellc_runtime::{
-    Align, BackwardOut, Call, ForwardOut, Input, Major, Model, PackedView, Result, RuntimeError,
+    Align, BackwardOut, BatchShape, Call, DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut,
+    ForwardOut, Major, Model, PackedIndex, Result, RuntimeError,
 };
 use pyo3::prelude::*;
 
-/// A batch's input tensor and index tensors, read.
-struct Batch<'a> {
-    data: &'a [f32],
+/// A batch's shape (from the input tensor's) and index tensors, read.
+struct Batch {
     layout: Layout,
     /// Padded: `[lengths]`; packed: `[batch_sizes, sorted_indices, unsorted_indices]`.
     index: Vec<Vec<usize>>,
@@ -38,10 +38,10 @@ fn layout(name: &str) -> Result<Layout> {
     })
 }
 
-impl<'a> Batch<'a> {
+impl Batch {
     /// # Safety
-    /// `x` and `index` per [`Tensor::floats`] and [`Tensor::indices`].
-    unsafe fn read(layout_name: &str, x: &Tensor, index: &[Tensor]) -> Result<Batch<'a>> {
+    /// `index` per [`Tensor::indices`] (`x` is only measured).
+    unsafe fn read(layout_name: &str, x: &Tensor, index: &[Tensor]) -> Result<Batch> {
         let layout = layout(layout_name)?;
         let rank = match layout {
             Layout::Padded(..) => 3,
@@ -66,29 +66,25 @@ impl<'a> Batch<'a> {
                 index.len()
             )));
         }
-        // SAFETY (block): per the contract.
-        unsafe {
-            let index = index
-                .iter()
-                .enumerate()
-                .map(|(i, t)| t.indices(i == 0 && expected == 1, dims.1))
-                .collect::<Result<Vec<_>>>()?;
-            Ok(Batch { data: x.floats()?, layout, index, dims, features })
-        }
+        let index = index
+            .iter()
+            .enumerate()
+            // SAFETY: per the contract.
+            .map(|(i, t)| unsafe { t.indices(i == 0 && expected == 1, dims.1) })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Batch { layout, index, dims, features })
     }
 
-    fn input(&self) -> Input<'_> {
+    fn shape(&self) -> BatchShape<'_> {
         match self.layout {
-            Layout::Padded(major, align) => Input::Padded {
-                data: self.data,
+            Layout::Padded(major, align) => BatchShape::Padded {
                 batch: self.dims.0,
                 steps: self.dims.1,
                 major,
                 align,
                 lengths: &self.index[0],
             },
-            Layout::Packed => Input::Packed(PackedView {
-                data: self.data,
+            Layout::Packed => BatchShape::Packed(PackedIndex {
                 features: self.features,
                 batch_sizes: &self.index[0],
                 sorted_indices: &self.index[1],
@@ -98,24 +94,19 @@ impl<'a> Batch<'a> {
     }
 }
 
-/// The weights as the model takes them, `[layer * directions + direction][param]`.
-///
-/// # Safety
-/// Each tensor per [`Tensor::floats`].
-unsafe fn weights<'a>(model: &Model, tensors: &[Tensor]) -> Result<Vec<Vec<&'a [f32]>>> {
+/// `flat` (the weights in [`Model::weight_names`]' order) grouped as the
+/// model takes them, `[layer * directions + direction][param]`.
+fn by_slot<T: Clone>(model: &Model, flat: Vec<T>) -> Result<Vec<Vec<T>>> {
     let names = model.weight_names();
-    if tensors.len() != names.len() {
+    if flat.len() != names.len() {
         return Err(RuntimeError::Shape {
             tensor: "weights".into(),
             expected: format!("{} tensors", names.len()),
-            found: format!("{} tensors", tensors.len()),
+            found: format!("{} tensors", flat.len()),
         });
     }
-    let per = model.compiled().forward.params.len();
-    let slots = model.layers().len() * model.directions();
-    // SAFETY: per the contract.
-    let flat: Vec<&[f32]> = tensors.iter().map(|t| unsafe { t.floats() }).collect::<Result<_>>()?;
-    Ok((0..slots).map(|s| flat[s * per..(s + 1) * per].to_vec()).collect())
+    let per = model.compiled().forward.params.len().max(1);
+    Ok(flat.chunks(per).map(<[T]>::to_vec).collect())
 }
 
 /// # Safety
@@ -132,9 +123,10 @@ unsafe fn write_all<'a>(tensors: &[Tensor]) -> Result<Vec<&'a mut [f32]>> {
     tensors.iter().map(|t| unsafe { t.floats_mut() }).collect()
 }
 
-/// A call's inputs, read: the batch, the weights by layer and direction, the initial states.
+/// A call's inputs on the host, read: the batch, the weights by layer and direction, the initial states.
 struct Inputs<'a> {
-    batch: Batch<'a>,
+    batch: Batch,
+    data: &'a [f32],
     weights: Vec<Vec<&'a [f32]>>,
     h0: Vec<&'a [f32]>,
 }
@@ -154,7 +146,8 @@ impl<'a> Inputs<'a> {
         unsafe {
             Ok(Inputs {
                 batch: Batch::read(layout, x, index)?,
-                weights: self::weights(model, weights)?,
+                data: x.floats()?,
+                weights: by_slot(model, read_all(weights)?)?,
                 h0: read_all(h0)?,
             })
         }
@@ -162,9 +155,49 @@ impl<'a> Inputs<'a> {
 
     fn call(&self) -> Call<'_> {
         Call {
-            input: self.batch.input(),
+            input: self.batch.shape().with_data(self.data),
             weights: Some(&self.weights),
             h0: (!self.h0.is_empty()).then_some(&self.h0[..]),
+        }
+    }
+}
+
+/// A call's inputs in device memory: the batch's index tensors read on
+/// the host, every other tensor an address.
+struct DeviceInputs {
+    batch: Batch,
+    data: DeviceFloats,
+    weights: Vec<Vec<DeviceFloats>>,
+    h0: Vec<DeviceFloats>,
+}
+
+impl DeviceInputs {
+    /// # Safety
+    /// The index tensors per [`Tensor::indices`] (the rest are not read here).
+    unsafe fn read(
+        model: &Model,
+        layout: &str,
+        x: &Tensor,
+        index: &[Tensor],
+        h0: &[Tensor],
+        weights: &[Tensor],
+    ) -> Result<DeviceInputs> {
+        Ok(DeviceInputs {
+            // SAFETY: per the contract.
+            batch: unsafe { Batch::read(layout, x, index)? },
+            data: x.on_device(),
+            weights: by_slot(model, weights.iter().map(Tensor::on_device).collect())?,
+            h0: h0.iter().map(Tensor::on_device).collect(),
+        })
+    }
+
+    fn call(&self, stream: u64) -> DeviceCall<'_> {
+        DeviceCall {
+            shape: self.batch.shape(),
+            input: self.data,
+            weights: &self.weights,
+            h0: (!self.h0.is_empty()).then_some(&self.h0[..]),
+            stream,
         }
     }
 }
@@ -191,7 +224,7 @@ pub fn forward(
     let (output, finals) = (Tensor::new("output", output), Tensor::each("final_states", finals));
     let reserve = reserve.map(|r| Tensor::new("reserve", r));
     py.detach(|| -> Result<()> {
-        let model = spec::model(spec, threads)?;
+        let model = spec::model(spec, threads, 0)?;
         // SAFETY (block): the Python half checked every tensor (contiguous,
         // on the CPU, f32 or i64) and holds them for the call; the outputs
         // are fresh tensors no input aliases.
@@ -232,7 +265,7 @@ pub fn backward(
     let (grad_input, grad_h0) = (Tensor::new("grad_input", grad_input), Tensor::each("grad_h0", grad_h0));
     let grad_weights = Tensor::each("grad_weights", grad_weights);
     py.detach(|| -> Result<()> {
-        let model = spec::model(spec, threads)?;
+        let model = spec::model(spec, threads, 0)?;
         // SAFETY (block): as in `forward`.
         unsafe {
             let inputs = Inputs::read(&model, layout, &x, &index, &h0, &weights)?;
@@ -246,7 +279,8 @@ pub fn backward(
             let d_h0 = if grad_h0.is_empty() {
                 let sizes = model.layers().first().map(|l| l.state_sizes.clone()).unwrap_or_default();
                 let slots = model.layers().len() * model.directions();
-                scratch = sizes.iter().map(|n| vec![0.0; slots * batch_size(&inputs.batch) * n]).collect();
+                let batch = inputs.batch.shape().sequences();
+                scratch = sizes.iter().map(|n| vec![0.0; slots * batch * n]).collect();
                 scratch.iter_mut().map(Vec::as_mut_slice).collect()
             } else {
                 write_all(&grad_h0)?
@@ -259,9 +293,79 @@ pub fn backward(
     .map_err(|e| to_python(py, e))
 }
 
-fn batch_size(batch: &Batch) -> usize {
-    match batch.layout {
-        Layout::Padded(..) => batch.dims.0,
-        Layout::Packed => batch.index[1].len(),
-    }
+/// A forward pass over tensors in device memory (CUDA tensors, or the
+/// emulated device's host memory), queued on `stream`: writes `output`
+/// and `finals` (no reserve: the backward runs the forward again).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn forward_on_device(
+    py: Python<'_>,
+    spec: &str,
+    device: usize,
+    stream: u64,
+    layout: &str,
+    x: TensorArg,
+    index: Vec<TensorArg>,
+    h0: Vec<TensorArg>,
+    weights: Vec<TensorArg>,
+    output: TensorArg,
+    finals: Vec<TensorArg>,
+) -> PyResult<()> {
+    let (x, index) = (Tensor::new("input", x), Tensor::each("index", index));
+    let (h0, weights) = (Tensor::each("h0", h0), Tensor::each("weights", weights));
+    let (output, finals) = (Tensor::new("output", output), Tensor::each("final_states", finals));
+    py.detach(|| -> Result<()> {
+        let model = spec::model(spec, 1, device)?;
+        // SAFETY: the Python half checked the index tensors (contiguous i64 on the CPU) and
+        // every other tensor (contiguous f32 on the model's device), and holds them all.
+        let inputs = unsafe { DeviceInputs::read(&model, layout, &x, &index, &h0, &weights)? };
+        let out = DeviceForwardOut {
+            output: output.on_device(),
+            final_states: finals.iter().map(Tensor::on_device).collect(),
+        };
+        model.forward_on_device(&inputs.call(stream), &out)
+    })
+    .map_err(|e| to_python(py, e))
+}
+
+/// The backward of a [`forward_on_device`]: writes the gradients of the
+/// input, the initial states and the weights.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn backward_on_device(
+    py: Python<'_>,
+    spec: &str,
+    device: usize,
+    stream: u64,
+    layout: &str,
+    x: TensorArg,
+    index: Vec<TensorArg>,
+    h0: Vec<TensorArg>,
+    weights: Vec<TensorArg>,
+    grad_output: TensorArg,
+    grad_finals: Vec<TensorArg>,
+    grad_input: TensorArg,
+    grad_h0: Vec<TensorArg>,
+    grad_weights: Vec<TensorArg>,
+) -> PyResult<()> {
+    let (x, index) = (Tensor::new("input", x), Tensor::each("index", index));
+    let (h0, weights) = (Tensor::each("h0", h0), Tensor::each("weights", weights));
+    let grad_output = Tensor::new("grad_output", grad_output);
+    let grad_finals = Tensor::each("grad_final_states", grad_finals);
+    let (grad_input, grad_h0) = (Tensor::new("grad_input", grad_input), Tensor::each("grad_h0", grad_h0));
+    let grad_weights = Tensor::each("grad_weights", grad_weights);
+    py.detach(|| -> Result<()> {
+        let model = spec::model(spec, 1, device)?;
+        // SAFETY: as in `forward_on_device`.
+        let inputs = unsafe { DeviceInputs::read(&model, layout, &x, &index, &h0, &weights)? };
+        let grad_finals: Vec<DeviceFloats> = grad_finals.iter().map(Tensor::on_device).collect();
+        let out = DeviceBackwardOut {
+            d_input: grad_input.on_device(),
+            d_h0: grad_h0.iter().map(Tensor::on_device).collect(),
+            d_params: by_slot(&model, grad_weights.iter().map(Tensor::on_device).collect())?,
+        };
+        let d_final = (!grad_finals.is_empty()).then_some(&grad_finals[..]);
+        model.backward_on_device(&inputs.call(stream), grad_output.on_device(), d_final, &out)
+    })
+    .map_err(|e| to_python(py, e))
 }

@@ -26,7 +26,7 @@ struct Spec {
     sizes: BTreeMap<String, usize>,
     layers: usize,
     bidirectional: bool,
-    /// `cpu`, `reference` or `cuda`.
+    /// `cpu`, `reference`, `cuda` or `cuda-emulated`.
     backend: String,
 }
 
@@ -35,15 +35,21 @@ fn parse(spec: &str) -> Result<Spec> {
         .map_err(|e| RuntimeError::Internal(format!("a model spec that does not parse: {e}")))
 }
 
-fn backend(name: &str, threads: usize) -> Result<Box<dyn Backend>> {
+/// The back end `name` on `threads` threads (the CPU) or CUDA device `device`.
+fn backend(name: &str, threads: usize, device: usize) -> Result<Box<dyn Backend>> {
     match name {
         "cpu" => Ok(Box::new(Cpu::new(threads, Kernels::Jit)?)),
         "reference" => Ok(Box::new(Reference)),
-        "cuda" => Ok(Box::new(Cuda::gpu(0)?)),
-        other => Err(RuntimeError::Backend {
-            backend: other.into(),
-            message: "no such back end (there are `cpu`, `cuda` and `reference`)".into(),
-        }),
+        "cuda" => Ok(Box::new(Cuda::gpu(device)?)),
+        "cuda-emulated" => Ok(Box::new(Cuda::emulated()?)),
+        other => Err(no_such_backend(other)),
+    }
+}
+
+fn no_such_backend(name: &str) -> RuntimeError {
+    RuntimeError::Backend {
+        backend: name.into(),
+        message: "no such back end (there are `cpu`, `cuda`, `cuda-emulated` and `reference`)".into(),
     }
 }
 
@@ -75,21 +81,34 @@ fn poisoned() -> RuntimeError {
     RuntimeError::Internal("a cache lock was poisoned by an earlier panic".into())
 }
 
-/// The model for `spec` running on `threads` threads, made on first use.
-/// Its own parameters are never read by the operators: each call passes
-/// the module's weights.
-pub fn model(spec: &str, threads: usize) -> Result<Arc<Model>> {
-    type Models = Mutex<HashMap<(String, usize), Arc<Model>>>;
+/// The model for `spec` running on `threads` threads (the CPU) or CUDA
+/// device `device`, made on first use. Its own parameters are never read
+/// by the operators: each call passes the module's weights.
+pub fn model(spec: &str, threads: usize, device: usize) -> Result<Arc<Model>> {
+    type Models = Mutex<HashMap<(String, usize, usize), Arc<Model>>>;
     static MODELS: OnceLock<Models> = OnceLock::new();
     let models = MODELS.get_or_init(Default::default);
-    let key = (spec.to_string(), threads.max(1));
+    let key = (spec.to_string(), threads.max(1), device);
     if let Some(m) = models.lock().map_err(|_| poisoned())?.get(&key) {
         return Ok(m.clone());
     }
     let spec = parse(spec)?;
-    let model = Arc::new(make(&spec, 0, backend(&spec.backend, key.1)?)?);
+    let model = Arc::new(make(&spec, 0, backend(&spec.backend, key.1, device)?)?);
     models.lock().map_err(|_| poisoned())?.insert(key, model.clone());
     Ok(model)
+}
+
+/// What `spec`'s model is ([`Description`]), without opening a device: a
+/// CPU model is made (and kept) for its reserve's size; the other back
+/// ends keep their tapes themselves, so the reference back end describes
+/// them.
+pub fn describe(text: &str) -> Result<Description> {
+    let spec = parse(text)?;
+    match spec.backend.as_str() {
+        "cpu" => Description::of(&*model(text, 1, 0)?),
+        "reference" | "cuda" | "cuda-emulated" => Description::of(&make(&spec, 0, Box::new(Reference))?),
+        other => Err(no_such_backend(other)),
+    }
 }
 
 /// The parameters the cell's `init` clauses give for `seed`, in the order of [`Model::weight_names`].

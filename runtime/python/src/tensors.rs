@@ -1,8 +1,9 @@
 //! Tensors as the Python half hands them: an address and a shape, of a
-//! contiguous CPU tensor it has checked (f32 data, i64 indices), alive for
-//! the call.
+//! contiguous tensor it has checked (f32 data, i64 indices), alive for the
+//! call; read here when on the CPU, handed on as an address when in
+//! device memory.
 
-use cellc_runtime::{Result, RuntimeError};
+use cellc_runtime::{DeviceFloats, Result, RuntimeError};
 
 /// A tensor's address and shape.
 pub type TensorArg = (usize, Vec<usize>);
@@ -27,6 +28,11 @@ impl Tensor {
 
     pub fn elements(&self) -> usize {
         self.shape.iter().product()
+    }
+
+    /// The tensor as device memory (not read here).
+    pub fn on_device(&self) -> DeviceFloats {
+        DeviceFloats { addr: self.address as u64, len: self.elements() }
     }
 
     fn checked_address<T>(&self) -> Result<*mut T> {

@@ -1,7 +1,13 @@
 """Shared helpers of the cellc Python tests."""
 
+import shutil
+
 import pytest
 import torch
+
+# The emulated CUDA device compiles the generated kernels as host C++ with g++.
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the emulated device compiles with g++")
+EMULATED = pytest.param("cuda-emulated", marks=needs_gxx)
 
 
 @pytest.fixture(autouse=True)

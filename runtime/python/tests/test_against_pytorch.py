@@ -1,6 +1,8 @@
 """``cells/lstm.cell``, ``gru.cell`` and ``rnn_tanh.cell`` against ``nn.LSTM``, ``nn.GRU``
 and ``nn.RNN`` with copied weights: padded (both alignments, both axis orders) and packed,
-two layers, both directions; outputs, final states and every gradient."""
+two layers, both directions; outputs, final states and every gradient. On the CPU back end,
+and on the CUDA back end's device-memory path over the emulated device (``cuda-emulated``:
+CPU tensors stand in for device memory)."""
 
 import pytest
 import torch
@@ -8,7 +10,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import cellc
-from conftest import right_aligned
+from conftest import EMULATED, right_aligned
 
 CELLS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn_tanh": nn.RNN}
 LENGTHS = [5, 2, 7, 7, 1]
@@ -16,9 +18,12 @@ STEPS, INPUT, HIDDEN = 7, 6, 9
 ATOL = 2e-5
 
 
-def pair(cell: str, batch_first: bool, layers=2, bidirectional=True):
+BACKENDS = ["cpu", EMULATED]
+
+
+def pair(cell: str, batch_first: bool, layers=2, bidirectional=True, backend="cpu"):
     ref = CELLS[cell](INPUT, HIDDEN, num_layers=layers, bidirectional=bidirectional, batch_first=batch_first)
-    rnn = cellc.RNN(cell, INPUT, {"H": HIDDEN}, layers, bidirectional, batch_first)
+    rnn = cellc.RNN(cell, INPUT, {"H": HIDDEN}, layers, bidirectional, batch_first, backend=backend)
     rnn.load_state_dict(ref.state_dict())
     return ref, rnn
 
@@ -58,11 +63,12 @@ def initial_states(cell, batch):
     return states if n == 2 else states[0]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("batch_first", [True, False])
 @pytest.mark.parametrize("align", ["left", "right"])
-def test_padded_matches_pytorch(cell, batch_first, align):
-    ref, rnn = pair(cell, batch_first)
+def test_padded_matches_pytorch(cell, batch_first, align, backend):
+    ref, rnn = pair(cell, batch_first, backend=backend)
     shape = (len(LENGTHS), STEPS, INPUT) if batch_first else (STEPS, len(LENGTHS), INPUT)
     x = torch.randn(shape)
     for b, n in enumerate(LENGTHS):  # zero padding, as PyTorch's unpacked output has
@@ -101,10 +107,11 @@ def right_aligned_back(t, align, batch_first):
     return out
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("enforce_sorted", [False, True])
-def test_packed_matches_pytorch(cell, enforce_sorted):
-    ref, rnn = pair(cell, batch_first=True)
+def test_packed_matches_pytorch(cell, enforce_sorted, backend):
+    ref, rnn = pair(cell, batch_first=True, backend=backend)
     lengths = sorted(LENGTHS, reverse=True) if enforce_sorted else LENGTHS
     x = torch.randn(len(lengths), STEPS, INPUT)
     hx = initial_states(cell, len(lengths))

@@ -1,11 +1,13 @@
 """The operators' autograd: ``gradcheck`` on custom cells (cellc computes in float32, so
-finite differences in float32 with a stated tolerance), and ``torch.library.opcheck``."""
+finite differences in float32 with a stated tolerance), and ``torch.library.opcheck``; on the
+CPU back end and on the CUDA back end's device-memory path over the emulated device."""
 
 import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
 import cellc
+from conftest import EMULATED, needs_gxx
 
 # A cell written here, not shipped: multiplicative integration on a plain tanh RNN.
 MI_RNN = """
@@ -29,9 +31,11 @@ cell mi_rnn {
 GRADCHECK = dict(eps=3e-3, atol=1e-3, rtol=1e-2, nondet_tol=0.0, fast_mode=False)
 
 
-@pytest.mark.parametrize("cell", [MI_RNN, "layernorm_lstm"])
-def test_gradcheck_custom_cell(cell):
-    rnn = cellc.RNN(cell, 3, {"H": 4}, num_layers=2, bidirectional=True, batch_first=True)
+@pytest.mark.parametrize(
+    "cell,backend", [(MI_RNN, "cpu"), ("layernorm_lstm", "cpu"), pytest.param(MI_RNN, "cuda-emulated", marks=needs_gxx)]
+)
+def test_gradcheck_custom_cell(cell, backend):
+    rnn = cellc.RNN(cell, 3, {"H": 4}, num_layers=2, bidirectional=True, batch_first=True, backend=backend)
     x = torch.randn(3, 4, 3, requires_grad=True)
     lengths = [4, 1, 3]
     n_states = len(rnn.state_sizes)
@@ -49,8 +53,8 @@ def test_gradcheck_custom_cell(cell):
         assert torch.autograd.gradcheck(f, (x, *h0, *weights), **GRADCHECK)
 
 
-def op_samples():
-    rnn = cellc.RNN("gru", 3, {"H": 5}, num_layers=2, bidirectional=True)
+def op_samples(backend="cpu"):
+    rnn = cellc.RNN("gru", 3, {"H": 5}, num_layers=2, bidirectional=True, backend=backend)
     weights = [w.detach().clone().requires_grad_() for w in rnn.parameters()]
     x = torch.randn(4, 3, 3, requires_grad=True)
     lengths = torch.tensor([4, 2, 3])
@@ -65,13 +69,15 @@ def op_samples():
     ]
 
 
-@pytest.mark.parametrize("args", op_samples(), ids=["padded", "right", "packed", "inference"])
-def test_opcheck_forward(args):
-    torch.library.opcheck(torch.ops.cellc.rnn_forward.default, args)
+@pytest.mark.parametrize("backend", ["cpu", EMULATED])
+@pytest.mark.parametrize("sample", range(4), ids=["padded", "right", "packed", "inference"])
+def test_opcheck_forward(sample, backend):
+    torch.library.opcheck(torch.ops.cellc.rnn_forward.default, op_samples(backend)[sample])
 
 
-def test_opcheck_backward():
-    spec, layout, x, index, h0, weights, _ = op_samples()[0]
+@pytest.mark.parametrize("backend", ["cpu", EMULATED])
+def test_opcheck_backward(backend):
+    spec, layout, x, index, h0, weights, _ = op_samples(backend)[0]
     out, finals, reserve = torch.ops.cellc.rnn_forward(spec, layout, x, index, h0, weights, True)
     grads = (torch.randn_like(out), [torch.randn_like(f) for f in finals])
     detached = [h.detach() for h in h0], [w.detach() for w in weights], reserve.detach()

@@ -8,14 +8,24 @@ forward as a tensor, the *reserve* (as cuDNN's reserve space). So
 autograd, ``torch.compile`` and distributed wrappers see ordinary
 operators with no hidden state.
 
-Every output is allocated here with PyTorch's allocator and written in
-place by the Rust runtime, which reads the inputs where they lie, with the
-interpreter lock released, on ``torch.get_num_threads()`` threads.
+Every output is written in place by the Rust runtime, which reads the
+inputs where they lie, with the interpreter lock released:
+
+- CPU tensors run on ``torch.get_num_threads()`` threads; the large
+  buffers come from cellc's recycled memory (see ``_recycled``);
+- CUDA tensors (back end ``cuda``) run on the CUDA back end, queued on
+  PyTorch's current stream with no host wait: outputs and gradients come
+  from PyTorch's caching allocator, the pass's scratch memory from cellc's
+  own stream-ordered pool. There the backward runs the forward again on
+  the device (the reserve is empty), as the back end keeps its tapes
+  itself. The ``cuda-emulated`` back end runs the same path on CPU tensors
+  (the emulated device's memory is the host's), to verify it without a GPU.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
 
 import torch
@@ -55,13 +65,38 @@ def _forward_outputs(spec: str, layout: str, x: Tensor, index: list[Tensor], tra
     return out, finals, empty((reserve_len,))
 
 
-def _check_cpu(tensors: list[Tensor]) -> None:
+@functools.lru_cache(maxsize=None)
+def backend(spec: str) -> str:
+    """The back end a spec names."""
+    return json.loads(spec)["backend"]
+
+
+def in_device_memory(spec: str, x: Tensor) -> bool:
+    """Whether a call runs over device memory: CUDA tensors, or the emulated device's."""
+    return x.device.type == "cuda" or backend(spec) == "cuda-emulated"
+
+
+def _check_devices(spec: str, tensors: list[Tensor]) -> None:
+    """Every tensor on the device the spec's back end reads (the first tensor's, for CUDA)."""
+    name = backend(spec)
+    device = tensors[0].device
+    runs_cuda = name == "cuda"
     for t in tensors:
-        if t.device.type != "cpu":
+        if t.device.type == "cuda" and not runs_cuda:
             raise DeviceError(
-                f"cellc's operators got a tensor on {t.device}: they run CPU tensors only (the CUDA "
-                "back end does not yet run on PyTorch's device memory)"
+                f"a tensor on {t.device}, but the `{name}` back end runs CPU tensors: make the module with "
+                "backend=None (the tensors' device decides) or backend='cuda'"
             )
+        if t.device != device:
+            raise DeviceError(f"tensors on both {device} and {t.device}: a call runs on one device")
+
+
+def _device_call(x: Tensor) -> tuple[int, int]:
+    """The CUDA device and PyTorch's current stream on it, or ``(0, 0)`` on the CPU."""
+    if x.device.type != "cuda":
+        return 0, 0
+    ordinal = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    return ordinal, torch.cuda.current_stream(x.device).cuda_stream
 
 
 def _recycled(shape) -> Tensor:
@@ -86,7 +121,21 @@ def rnn_forward(
     training: bool,
 ) -> tuple[Tensor, list[Tensor], Tensor]:
     """Runs every layer and direction; with ``training``, fills the reserve the backward reads."""
-    _check_cpu([x, *h0, *weights])
+    _check_devices(spec, [x, *h0, *weights])
+    if in_device_memory(spec, x):
+        out, finals, reserve = _forward_outputs(spec, layout, x, index, False, x.new_empty)
+        _cellc.forward_on_device(
+            spec,
+            *_device_call(x),
+            layout,
+            _ref(x),
+            [_ref(t) for t in index],
+            [_ref(t) for t in h0],
+            [_ref(t) for t in weights],
+            _ref(out),
+            [_ref(t) for t in finals],
+        )
+        return out, finals, reserve
     out, finals, reserve = _forward_outputs(spec, layout, x, index, training, _recycled)
     _cellc.forward(
         spec,
@@ -121,7 +170,30 @@ def rnn_backward(
     grad_finals: list[Tensor],
 ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
     """The gradients of the input, the initial states (if given) and the weights."""
-    _check_cpu([x, *h0, *weights, reserve, grad_output, *grad_finals])
+    _check_devices(spec, [x, *h0, *weights, grad_output, *grad_finals])
+    if in_device_memory(spec, x):
+        grad_x = torch.empty_like(x)
+        grad_weights = [torch.empty_like(w) for w in weights]
+        # The runtime writes every state's gradient: scratch where h0 was not given.
+        info = describe(spec)
+        grad_h0 = [torch.empty_like(h) for h in h0] or [
+            x.new_empty((info["slots"], _batch(layout, x, index), size)) for _, size in info["states"]
+        ]
+        _cellc.backward_on_device(
+            spec,
+            *_device_call(x),
+            layout,
+            _ref(x),
+            [_ref(t) for t in index],
+            [_ref(t) for t in h0],
+            [_ref(t) for t in weights],
+            _ref(grad_output),
+            [_ref(t) for t in grad_finals],
+            _ref(grad_x),
+            [_ref(t) for t in grad_h0],
+            [_ref(t) for t in grad_weights],
+        )
+        return grad_x, grad_h0[: len(h0)], grad_weights
     grad_x = _recycled(x.shape)
     grad_h0 = [torch.empty_like(h) for h in h0]
     grad_weights = [_recycled(w.shape) for w in weights]
@@ -167,12 +239,12 @@ def _backward(ctx, grad_output, grad_finals, _grad_reserve):
     weights = saved[1 + n_index + n_h0 : 1 + n_index + n_h0 + n_weights]
     reserve = saved[-1]
     if grad_output is None:
-        grad_output = torch.zeros((*x.shape[:-1], describe(ctx.spec)["output_size"]), dtype=x.dtype)
+        grad_output = x.new_zeros((*x.shape[:-1], describe(ctx.spec)["output_size"]))
     if all(g is None for g in grad_finals):
         grad_finals = []
     else:
         grad_finals = [
-            (g if g is not None else torch.zeros(s, dtype=x.dtype)).contiguous()
+            (g if g is not None else x.new_zeros(s)).contiguous()
             for g, s in zip(grad_finals, ctx.final_shapes)
         ]
     grad_x, grad_h0, grad_weights = rnn_backward(

@@ -40,7 +40,10 @@ class RNN(nn.Module):
         num_layers: layers stacked; layer ``k > 0`` reads layer ``k - 1``'s output.
         bidirectional: a second direction per layer, run from each sequence's end.
         batch_first: inputs and outputs are ``[B, T, F]`` (else ``[T, B, F]``).
-        backend: ``"cpu"`` (default), ``"reference"`` (the interpreter: slow, exact) or ``"cuda"``.
+        backend: ``None`` (default: the tensors' device decides, ``"cpu"`` for CPU tensors and
+            ``"cuda"`` for CUDA tensors), ``"cpu"``, ``"cuda"``, ``"reference"`` (the interpreter:
+            slow, exact) or ``"cuda-emulated"`` (the CUDA back end's code on CPU tensors, its
+            kernels compiled as host C++ by g++: for verification without a GPU).
         cell_name: which cell of a source that defines several.
 
     Parameters are named as PyTorch names them (``weight_ih_l0``, ``bias_hh_l1_reverse``), so
@@ -53,6 +56,10 @@ class RNN(nn.Module):
     does: ``finals`` is a tensor for a one-state cell, else a tuple (``(h_n, c_n)`` for an LSTM),
     each ``[num_layers * directions, B, size]``; ``hx`` is given the same way. Padding rows of
     the output are zeros.
+
+    On CUDA tensors (``module.cuda()``), every pass is queued on PyTorch's current stream and
+    nothing waits on the host, provided ``lengths`` is a CPU tensor or a list (PyTorch's own
+    ``pack_padded_sequence`` asks the same: reading lengths kept on the GPU waits for it).
     """
 
     def __init__(
@@ -63,7 +70,7 @@ class RNN(nn.Module):
         num_layers: int = 1,
         bidirectional: bool = False,
         batch_first: bool = False,
-        backend: str = "cpu",
+        backend: str | None = None,
         *,
         cell_name: str | None = None,
         device=None,
@@ -72,6 +79,10 @@ class RNN(nn.Module):
         super().__init__()
         if dtype is not None and dtype != torch.float32:
             raise DTypeError(f"cellc computes in float32, not {dtype}")
+        if backend not in (None, "cpu", "cuda", "reference", "cuda-emulated"):
+            raise ValueError(
+                f"backend must be None, 'cpu', 'cuda', 'reference' or 'cuda-emulated', not {backend!r}"
+            )
         source, file = cell_source(cell)
         spec = {
             "source": source,
@@ -81,9 +92,11 @@ class RNN(nn.Module):
             "sizes": {k: int(v) for k, v in (sizes or {}).items()},
             "layers": int(num_layers),
             "bidirectional": bool(bidirectional),
-            "backend": backend,
+            "backend": backend or "cpu",
         }
         self.spec = json.dumps(spec, sort_keys=True)
+        # With backend=None, CUDA tensors run on the CUDA back end.
+        self._cuda_spec = json.dumps({**spec, "backend": "cuda"}, sort_keys=True) if backend is None else None
         info = _ops.describe(self.spec)
         self.cell = info["cell"]
         self.input_size = int(input_size)
@@ -124,7 +137,8 @@ class RNN(nn.Module):
             parts.append("bidirectional=True")
         if self.batch_first:
             parts.append("batch_first=True")
-        parts.append(f"backend={self.backend!r}")
+        if self.backend is not None:
+            parts.append(f"backend={self.backend!r}")
         return ", ".join(parts)
 
     def forward(self, input, hx=None, *, lengths=None, align: str = "left"):
@@ -163,7 +177,7 @@ class RNN(nn.Module):
         self._check_device(x, weights)
         h0 = self._initial_states(hx, batch, x, unbatched)
         layout = ("batch_first/" if self.batch_first else "time_first/") + align
-        out, finals = _ops.run(self.spec, layout, x.contiguous(), [lengths], h0, weights)
+        out, finals = _ops.run(self._spec_for(x), layout, x.contiguous(), [lengths], h0, weights)
         if unbatched:
             out = out.squeeze(0 if self.batch_first else 1)
             finals = [f.squeeze(1) for f in finals]
@@ -176,13 +190,32 @@ class RNN(nn.Module):
                 f"`input.data` has shape {list(data.shape)}, expected [N, {self.input_size}]"
             )
         batch = int(batch_sizes[0]) if batch_sizes.numel() > 0 else 0
-        if sorted_indices is None:
-            sorted_indices = unsorted_indices = torch.arange(batch)
-        index = [t.to(device="cpu", dtype=torch.int64).contiguous() for t in (batch_sizes, sorted_indices, unsorted_indices)]
         self._check_device(data, weights)
-        h0 = self._initial_states(hx, index[1].shape[0], data, False)
-        out, finals = _ops.run(self.spec, "packed", data.contiguous(), index, h0, weights)
+        h0 = self._initial_states(hx, batch, data, False)
+        spec = self._spec_for(data)
+        batch_sizes_cpu = batch_sizes.to(device="cpu", dtype=torch.int64).contiguous()
+        if sorted_indices is not None and _ops.in_device_memory(spec, data):
+            # As nn.LSTM does on a GPU: the states are put in the packing's
+            # order on the device, so its permutations are never read on the host.
+            identity = torch.arange(batch)
+            index = [batch_sizes_cpu, identity, identity]
+            h0 = [h.index_select(1, sorted_indices) for h in h0]
+            out, finals = _ops.run(spec, "packed", data.contiguous(), index, h0, weights)
+            finals = [f.index_select(1, unsorted_indices) for f in finals]
+        else:
+            if sorted_indices is None:
+                sorted_indices = unsorted_indices = torch.arange(batch)
+            index = [batch_sizes_cpu] + [
+                t.to(device="cpu", dtype=torch.int64).contiguous() for t in (sorted_indices, unsorted_indices)
+            ]
+            out, finals = _ops.run(spec, "packed", data.contiguous(), index, h0, weights)
         return PackedSequence(out, batch_sizes, packed.sorted_indices, packed.unsorted_indices), self._states_out(finals)
+
+    def _spec_for(self, x: Tensor) -> str:
+        """The spec a call on ``x`` runs: the CUDA back end's for CUDA tensors when no back end was named."""
+        if x.device.type == "cuda" and self._cuda_spec is not None:
+            return self._cuda_spec
+        return self.spec
 
     def _check_device(self, x: Tensor, weights: list[Tensor]) -> None:
         for name, w in zip(self._weight_names, weights):

@@ -1,0 +1,101 @@
+"""CUDA tensors on the CUDA back end: run in place, queued on PyTorch's current stream.
+
+Without a GPU, the same path (device memory, no host copies, the backward running the
+forward again on the device) is tested over the emulated device in ``test_against_pytorch``
+and ``test_autograd`` (``backend="cuda-emulated"``). The tests here need a GPU and are
+skipped without one.
+"""
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
+
+import cellc
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+LENGTHS = [5, 2, 7, 7, 1]
+STEPS, INPUT, HIDDEN = 7, 6, 9
+
+
+def pair(batch_first=True):
+    ref = nn.LSTM(INPUT, HIDDEN, num_layers=2, bidirectional=True, batch_first=batch_first).cuda()
+    rnn = cellc.RNN("lstm", INPUT, {"H": HIDDEN}, num_layers=2, bidirectional=True, batch_first=batch_first)
+    rnn.load_state_dict(ref.state_dict())
+    return ref, rnn.cuda()
+
+
+def loss_of(out, finals):
+    h, c = finals
+    return (out * torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out)).sum() + (h * h).sum() + 2 * (c * c).sum()
+
+
+def run(module, x, hx, **kwargs):
+    x = x.clone().requires_grad_()
+    out, finals = module(x, hx, **kwargs)
+    data = out.data if isinstance(out, torch.nn.utils.rnn.PackedSequence) else out
+    loss_of(data, finals).backward()
+    return data.detach(), [f.detach() for f in finals], x.grad, [p.grad.clone() for p in module.parameters()]
+
+
+def assert_close(got, want):
+    for a, b in zip(got, want):
+        if isinstance(a, list):
+            assert_close(a, b)
+        else:
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+
+
+def test_cuda_tensors_match_pytorch_padded_and_packed():
+    ref, rnn = pair()
+    x = torch.randn(len(LENGTHS), STEPS, INPUT, device="cuda")
+    hx = tuple(torch.randn(4, len(LENGTHS), HIDDEN, device="cuda") for _ in range(2))
+    packed = pack_padded_sequence(x, torch.tensor(LENGTHS), batch_first=True, enforce_sorted=False)
+    want = run(ref, packed, hx)
+    got = run(rnn, packed, hx)
+    assert_close(got, want)
+    # Padded: the same values at the valid rows, with no host synchronisation on the way.
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out, (h, c) = rnn(x, hx, lengths=LENGTHS)
+        loss_of(out, (h, c)).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    packed_out = pack_padded_sequence(out, torch.tensor(LENGTHS), batch_first=True, enforce_sorted=False)
+    torch.testing.assert_close(packed_out.data, want[0], atol=2e-5, rtol=1e-4)
+
+
+def test_a_side_stream_gives_the_default_streams_results():
+    _, rnn = pair()
+    x = torch.randn(len(LENGTHS), STEPS, INPUT, device="cuda")
+    want = run(rnn, x, None, lengths=LENGTHS, align="right")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = run(rnn, x, None, lengths=LENGTHS, align="right")
+    torch.cuda.current_stream().wait_stream(side)
+    assert_close(got, want)
+
+
+def test_compiled_model_on_cuda_matches_eager():
+    torch._dynamo.reset()
+    _, rnn = pair()
+    head = nn.Linear(2 * HIDDEN, 3).cuda()
+    model = nn.ModuleDict({"rnn": rnn, "head": head})
+
+    def step(m, x):
+        out, _ = m["rnn"](x, lengths=LENGTHS)
+        return m["head"](out).sum()
+
+    x = torch.randn(len(LENGTHS), STEPS, INPUT, device="cuda")
+    want = step(model, x)
+    got = torch.compile(lambda x: step(model, x), fullgraph=True)(x)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_a_cpu_back_end_refuses_cuda_tensors():
+    rnn = cellc.RNN("gru", INPUT, {"H": HIDDEN}, backend="cpu").cuda()
+    with pytest.raises(cellc.DeviceError, match="runs CPU tensors"):
+        rnn(torch.randn(STEPS, 2, INPUT, device="cuda"))
