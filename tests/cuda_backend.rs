@@ -22,7 +22,6 @@ mod support;
 use cellc::ir::Op;
 use cellc_runtime::backend::cuda::Cuda;
 use cellc_runtime::backend::reference::Reference;
-use cellc_runtime::backend::Backend;
 use cellc_runtime::{Align, CompiledCell, Input, Major, Model, PackedSequence};
 use std::sync::Arc;
 use support::Rng;
@@ -73,7 +72,7 @@ fn inputs<'a>(x: &'a [f32], packed: &'a PackedSequence) -> Vec<(String, Input<'a
 /// The reference and a CUDA model of `c` with the same weights, and an input batch.
 fn models(c: &Arc<CompiledCell>, cuda: &Arc<Cuda>) -> (Model, Model, Vec<f32>) {
     let reference = support::two_layer_model(c, SIZES, 3, &|| Box::new(Reference));
-    let on_cuda = support::two_layer_model(c, SIZES, 3, &|| Box::new(CudaRef(cuda.clone())));
+    let on_cuda = support::two_layer_model(c, SIZES, 3, &|| Box::new(cuda.clone()));
     let mut rng = Rng::new(7);
     let features = reference.input_size();
     let x = rng.vec(LENGTHS.len() * STEPS * features, 1.0).iter().map(|&v| v as f32).collect();
@@ -255,29 +254,5 @@ fn graphs_replay(device: impl Fn() -> Cuda) {
             }
             before = stats;
         }
-    }
-}
-
-/// Shares one device (and its compiled modules) between models.
-struct CudaRef(Arc<Cuda>);
-
-impl Backend for CudaRef {
-    fn name(&self) -> &'static str {
-        self.0.name()
-    }
-    fn forward(
-        &self,
-        job: &cellc_runtime::backend::ForwardJob,
-        output: &mut cellc_runtime::backend::RowsMut,
-    ) -> cellc_runtime::Result<cellc_runtime::backend::ForwardResult> {
-        self.0.forward(job, output)
-    }
-    fn backward(
-        &self,
-        job: &cellc_runtime::backend::BackwardJob,
-        tape: &cellc_runtime::backend::Tape,
-        d_input: &mut cellc_runtime::backend::RowsMut,
-    ) -> cellc_runtime::Result<cellc_runtime::backend::BackwardResult> {
-        self.0.backward(job, tape, d_input)
     }
 }

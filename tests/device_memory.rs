@@ -134,7 +134,7 @@ fn through_model(
 /// Every shipped cell's device-memory passes against its host-memory ones on `cuda`.
 fn device_passes_equal_host_passes(cuda: impl Fn() -> Cuda, memory: &dyn Fn() -> Box<dyn Memory>) {
     let cuda = Arc::new(cuda());
-    let backend = || -> Box<dyn Backend> { Box::new(Shared(cuda.clone())) };
+    let backend = || -> Box<dyn Backend> { Box::new(cuda.clone()) };
     for cell in support::compiled_cells() {
         let name = cell.forward.name.clone();
         let model = support::two_layer_model(&cell, (7, 4, 3), 9, &backend);
@@ -168,36 +168,6 @@ fn device_passes_equal_host_passes(cuda: impl Fn() -> Cuda, memory: &dyn Fn() ->
 
 fn padded(x: &[f32], major: Major, align: Align) -> Input<'_> {
     Input::Padded { data: x, batch: LENGTHS.len(), steps: STEPS, major, align, lengths: &LENGTHS }
-}
-
-/// One CUDA back end shared by several models (each owns its back end).
-struct Shared(Arc<Cuda>);
-
-impl Backend for Shared {
-    fn name(&self) -> &'static str {
-        self.0.name()
-    }
-
-    fn device_passes(&self) -> Option<&dyn cellc_runtime::backend::DevicePasses> {
-        self.0.device_passes()
-    }
-
-    fn forward(
-        &self,
-        job: &cellc_runtime::backend::ForwardJob,
-        output: &mut cellc_runtime::backend::RowsMut,
-    ) -> cellc_runtime::Result<cellc_runtime::backend::ForwardResult> {
-        self.0.forward(job, output)
-    }
-
-    fn backward(
-        &self,
-        job: &cellc_runtime::backend::BackwardJob,
-        tape: &cellc_runtime::backend::Tape,
-        d_input: &mut cellc_runtime::backend::RowsMut,
-    ) -> cellc_runtime::Result<cellc_runtime::backend::BackwardResult> {
-        self.0.backward(job, tape, d_input)
-    }
 }
 
 #[test]

@@ -40,10 +40,27 @@ fn backend(name: &str, threads: usize, device: usize) -> Result<Box<dyn Backend>
     match name {
         "cpu" => Ok(Box::new(Cpu::new(threads, Kernels::Jit)?)),
         "reference" => Ok(Box::new(Reference)),
-        "cuda" => Ok(Box::new(Cuda::gpu(device)?)),
-        "cuda-emulated" => Ok(Box::new(Cuda::emulated()?)),
+        "cuda" => Ok(Box::new(cuda(Some(device))?)),
+        "cuda-emulated" => Ok(Box::new(cuda(None)?)),
         other => Err(no_such_backend(other)),
     }
+}
+
+/// The CUDA back end on `device` (`None`: the emulated device), one per
+/// device for every model of the process: they share its stream, its
+/// compiled kernels and its memory pools.
+fn cuda(device: Option<usize>) -> Result<Arc<Cuda>> {
+    static DEVICES: OnceLock<Mutex<HashMap<Option<usize>, Arc<Cuda>>>> = OnceLock::new();
+    let mut devices = DEVICES.get_or_init(Default::default).lock().map_err(|_| poisoned())?;
+    if let Some(d) = devices.get(&device) {
+        return Ok(d.clone());
+    }
+    let made = Arc::new(match device {
+        Some(ordinal) => Cuda::gpu(ordinal)?,
+        None => Cuda::emulated()?,
+    });
+    devices.insert(device, made.clone());
+    Ok(made)
 }
 
 fn no_such_backend(name: &str) -> RuntimeError {

@@ -209,6 +209,52 @@ pub trait Backend: Send + Sync {
     }
 }
 
+/// A back end shared by several models (one device, its compiled kernels
+/// and its memory pools serving them all).
+impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+
+    fn device_passes(&self) -> Option<&dyn DevicePasses> {
+        (**self).device_passes()
+    }
+
+    fn stream<'a>(&'a self, job: StreamJob<'a>) -> Result<Option<Box<dyn StepRunner + 'a>>> {
+        (**self).stream(job)
+    }
+
+    fn forward(&self, job: &ForwardJob, output: &mut RowsMut) -> Result<ForwardResult> {
+        (**self).forward(job, output)
+    }
+
+    fn backward(&self, job: &BackwardJob, tape: &Tape, d_input: &mut RowsMut) -> Result<BackwardResult> {
+        (**self).backward(job, tape, d_input)
+    }
+
+    fn tape_floats_per_row(&self, cell: &CompiledCell, layer: &Layer) -> Result<Option<usize>> {
+        (**self).tape_floats_per_row(cell, layer)
+    }
+
+    fn forward_into_tape(
+        &self,
+        job: &ForwardJob,
+        output: &mut RowsMut,
+        tape: &mut [f32],
+    ) -> Result<Vec<Vec<f32>>> {
+        (**self).forward_into_tape(job, output, tape)
+    }
+
+    fn backward_from_tape(
+        &self,
+        job: &BackwardJob,
+        tape: &[f32],
+        d_input: &mut RowsMut,
+    ) -> Result<BackwardResult> {
+        (**self).backward_from_tape(job, tape, d_input)
+    }
+}
+
 /// Whole-model passes over device memory the caller owns, queued on the
 /// caller's stream; the model has checked every buffer of the call.
 pub trait DevicePasses {
