@@ -65,7 +65,9 @@ impl Model {
         let (p, params) = self.laid_out(call, true)?;
         let batch = p.order.batch();
         let d_final = self.states_or_zeros(d_final, batch, "grad_final")?;
-        self.check_states(out.d_h0.len(), |i| out.d_h0[i].len(), batch, "grad_h0")?;
+        if !out.d_h0.is_empty() {
+            self.check_states(out.d_h0.len(), |i| out.d_h0[i].len(), batch, "grad_h0")?;
+        }
         if self.reserve_floats_per_row()?.is_some() {
             let kept = Kept::Reserve(reserve);
             return self.run_backward(&call.input, &p, &params, &kept, d_output, &d_final, out);

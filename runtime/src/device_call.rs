@@ -28,13 +28,6 @@ impl Floats for DeviceFloats {
     }
 }
 
-impl DeviceFloats {
-    /// Floats `[from, from + len)` of these (the caller has checked the range).
-    pub fn part(self, from: usize, len: usize) -> DeviceFloats {
-        DeviceFloats { addr: self.addr + 4 * from as u64, len }
-    }
-}
-
 /// The inputs of a pass on device memory.
 #[derive(Clone, Copy, Debug)]
 pub struct DeviceCall<'a> {
@@ -66,6 +59,7 @@ pub struct DeviceForwardOut {
 #[derive(Clone, Debug)]
 pub struct DeviceBackwardOut {
     pub d_input: DeviceFloats,
+    /// One buffer per state, or none: the initial states' gradients are not wanted.
     pub d_h0: Vec<DeviceFloats>,
     pub d_params: Vec<Vec<DeviceFloats>>,
 }
@@ -115,7 +109,9 @@ impl Model {
         if let Some(d) = d_final {
             self.check_states(d.len(), |i| d[i].len, batch, "grad_final")?;
         }
-        self.check_states(out.d_h0.len(), |i| out.d_h0[i].len, batch, "grad_h0")?;
+        if !out.d_h0.is_empty() {
+            self.check_states(out.d_h0.len(), |i| out.d_h0[i].len, batch, "grad_h0")?;
+        }
         self.check_weights(&out.d_params).map_err(|e| match e {
             RuntimeError::Shape { tensor, expected, found } => {
                 RuntimeError::Shape { tensor: format!("gradient of {tensor}"), expected, found }

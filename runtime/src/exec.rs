@@ -48,14 +48,6 @@ impl<'a> BatchShape<'a> {
             }),
         }
     }
-
-    /// Sequences in the batch.
-    pub fn sequences(&self) -> usize {
-        match self {
-            BatchShape::Padded { batch, .. } => *batch,
-            BatchShape::Packed(p) => p.sorted_indices.len(),
-        }
-    }
 }
 
 impl<'a> Input<'a> {
@@ -135,6 +127,7 @@ pub struct ForwardOut<'o> {
 #[derive(Debug)]
 pub struct BackwardOut<'o> {
     pub d_input: &'o mut [f32],
+    /// One buffer per state, or none: the initial states' gradients are not wanted.
     pub d_h0: Vec<&'o mut [f32]>,
     pub d_params: Vec<Vec<&'o mut [f32]>>,
 }
@@ -648,8 +641,8 @@ impl Model {
                         self.backend.backward_from_tape(&job, &reserve[start..start + len], &mut rows_mut)?
                     }
                 };
-                for (i, &n) in layer.state_sizes.iter().enumerate() {
-                    d_h0[i][slot * batch * n..(slot + 1) * batch * n].copy_from_slice(&r.d_h0[i]);
+                for ((dst, src), &n) in d_h0.iter_mut().zip(&r.d_h0).zip(&layer.state_sizes) {
+                    dst[slot * batch * n..(slot + 1) * batch * n].copy_from_slice(src);
                 }
                 for (dst, src) in d_params[slot].iter_mut().zip(&r.d_params) {
                     check_len("parameter gradient", dst.len(), &[src.len()])?;

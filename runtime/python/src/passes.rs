@@ -96,7 +96,7 @@ impl Batch {
 
 /// `flat` (the weights in [`Model::weight_names`]' order) grouped as the
 /// model takes them, `[layer * directions + direction][param]`.
-fn by_slot<T: Clone>(model: &Model, flat: Vec<T>) -> Result<Vec<Vec<T>>> {
+fn by_slot<T>(model: &Model, flat: Vec<T>) -> Result<Vec<Vec<T>>> {
     let names = model.weight_names();
     if flat.len() != names.len() {
         return Err(RuntimeError::Shape {
@@ -105,8 +105,9 @@ fn by_slot<T: Clone>(model: &Model, flat: Vec<T>) -> Result<Vec<Vec<T>>> {
             found: format!("{} tensors", flat.len()),
         });
     }
-    let per = model.compiled().forward.params.len().max(1);
-    Ok(flat.chunks(per).map(<[T]>::to_vec).collect())
+    let per = model.compiled().forward.params.len();
+    let mut flat = flat.into_iter();
+    Ok((0..model.layers().len() * model.directions()).map(|_| flat.by_ref().take(per).collect()).collect())
 }
 
 /// # Safety
@@ -123,6 +124,60 @@ unsafe fn write_all<'a>(tensors: &[Tensor]) -> Result<Vec<&'a mut [f32]>> {
     tensors.iter().map(|t| unsafe { t.floats_mut() }).collect()
 }
 
+fn on_device(tensors: &[Tensor]) -> Vec<DeviceFloats> {
+    tensors.iter().map(Tensor::on_device).collect()
+}
+
+/// The tensors every call takes, named for its errors: the input, the
+/// batch's index tensors, the initial states and the weights.
+struct CallTensors {
+    x: Tensor,
+    index: Vec<Tensor>,
+    h0: Vec<Tensor>,
+    weights: Vec<Tensor>,
+}
+
+impl CallTensors {
+    fn new(x: TensorArg, index: Vec<TensorArg>, h0: Vec<TensorArg>, weights: Vec<TensorArg>) -> CallTensors {
+        CallTensors {
+            x: Tensor::new("input", x),
+            index: Tensor::each("index", index),
+            h0: Tensor::each("h0", h0),
+            weights: Tensor::each("weights", weights),
+        }
+    }
+
+    /// Read on the host.
+    ///
+    /// # Safety
+    /// Every tensor per [`Tensor::floats`] (the index tensors, [`Tensor::indices`]).
+    unsafe fn read<'a>(&self, model: &Model, layout: &str) -> Result<Inputs<'a>> {
+        // SAFETY (block): per the contract.
+        unsafe {
+            Ok(Inputs {
+                batch: Batch::read(layout, &self.x, &self.index)?,
+                data: self.x.floats()?,
+                weights: by_slot(model, read_all(&self.weights)?)?,
+                h0: read_all(&self.h0)?,
+            })
+        }
+    }
+
+    /// In device memory: the index tensors read on the host, every other tensor an address.
+    ///
+    /// # Safety
+    /// The index tensors per [`Tensor::indices`] (the rest are not read here).
+    unsafe fn on_device(&self, model: &Model, layout: &str) -> Result<DeviceInputs> {
+        Ok(DeviceInputs {
+            // SAFETY: per the contract.
+            batch: unsafe { Batch::read(layout, &self.x, &self.index)? },
+            data: self.x.on_device(),
+            weights: by_slot(model, on_device(&self.weights))?,
+            h0: on_device(&self.h0),
+        })
+    }
+}
+
 /// A call's inputs on the host, read: the batch, the weights by layer and direction, the initial states.
 struct Inputs<'a> {
     batch: Batch,
@@ -131,28 +186,7 @@ struct Inputs<'a> {
     h0: Vec<&'a [f32]>,
 }
 
-impl<'a> Inputs<'a> {
-    /// # Safety
-    /// Every tensor per [`Tensor::floats`] (the index tensors, [`Tensor::indices`]).
-    unsafe fn read(
-        model: &Model,
-        layout: &str,
-        x: &Tensor,
-        index: &[Tensor],
-        h0: &[Tensor],
-        weights: &[Tensor],
-    ) -> Result<Inputs<'a>> {
-        // SAFETY (block): per the contract.
-        unsafe {
-            Ok(Inputs {
-                batch: Batch::read(layout, x, index)?,
-                data: x.floats()?,
-                weights: by_slot(model, read_all(weights)?)?,
-                h0: read_all(h0)?,
-            })
-        }
-    }
-
+impl Inputs<'_> {
     fn call(&self) -> Call<'_> {
         Call {
             input: self.batch.shape().with_data(self.data),
@@ -162,8 +196,7 @@ impl<'a> Inputs<'a> {
     }
 }
 
-/// A call's inputs in device memory: the batch's index tensors read on
-/// the host, every other tensor an address.
+/// A call's inputs in device memory.
 struct DeviceInputs {
     batch: Batch,
     data: DeviceFloats,
@@ -172,25 +205,6 @@ struct DeviceInputs {
 }
 
 impl DeviceInputs {
-    /// # Safety
-    /// The index tensors per [`Tensor::indices`] (the rest are not read here).
-    unsafe fn read(
-        model: &Model,
-        layout: &str,
-        x: &Tensor,
-        index: &[Tensor],
-        h0: &[Tensor],
-        weights: &[Tensor],
-    ) -> Result<DeviceInputs> {
-        Ok(DeviceInputs {
-            // SAFETY: per the contract.
-            batch: unsafe { Batch::read(layout, x, index)? },
-            data: x.on_device(),
-            weights: by_slot(model, weights.iter().map(Tensor::on_device).collect())?,
-            h0: h0.iter().map(Tensor::on_device).collect(),
-        })
-    }
-
     fn call(&self, stream: u64) -> DeviceCall<'_> {
         DeviceCall {
             shape: self.batch.shape(),
@@ -219,8 +233,7 @@ pub fn forward(
     finals: Vec<TensorArg>,
     reserve: Option<TensorArg>,
 ) -> PyResult<()> {
-    let (x, index) = (Tensor::new("input", x), Tensor::each("index", index));
-    let (h0, weights) = (Tensor::each("h0", h0), Tensor::each("weights", weights));
+    let tensors = CallTensors::new(x, index, h0, weights);
     let (output, finals) = (Tensor::new("output", output), Tensor::each("final_states", finals));
     let reserve = reserve.map(|r| Tensor::new("reserve", r));
     py.detach(|| -> Result<()> {
@@ -229,7 +242,7 @@ pub fn forward(
         // on the CPU, f32 or i64) and holds them for the call; the outputs
         // are fresh tensors no input aliases.
         unsafe {
-            let inputs = Inputs::read(&model, layout, &x, &index, &h0, &weights)?;
+            let inputs = tensors.read(&model, layout)?;
             let out = ForwardOut { output: output.floats_mut()?, final_states: write_all(&finals)? };
             let reserve = reserve.as_ref().map(|r| r.floats_mut()).transpose()?;
             model.forward_into(&inputs.call(), out, reserve)
@@ -258,8 +271,7 @@ pub fn backward(
     grad_h0: Vec<TensorArg>,
     grad_weights: Vec<TensorArg>,
 ) -> PyResult<()> {
-    let (x, index) = (Tensor::new("input", x), Tensor::each("index", index));
-    let (h0, weights) = (Tensor::each("h0", h0), Tensor::each("weights", weights));
+    let tensors = CallTensors::new(x, index, h0, weights);
     let (reserve, grad_output) = (Tensor::new("reserve", reserve), Tensor::new("grad_output", grad_output));
     let grad_finals = Tensor::each("grad_final_states", grad_finals);
     let (grad_input, grad_h0) = (Tensor::new("grad_input", grad_input), Tensor::each("grad_h0", grad_h0));
@@ -268,23 +280,10 @@ pub fn backward(
         let model = spec::model(spec, threads, 0)?;
         // SAFETY (block): as in `forward`.
         unsafe {
-            let inputs = Inputs::read(&model, layout, &x, &index, &h0, &weights)?;
+            let inputs = tensors.read(&model, layout)?;
             let grad_finals = read_all(&grad_finals)?;
-            let per = model.compiled().forward.params.len();
-            let mut grad_weights = write_all(&grad_weights)?.into_iter();
-            let d_params =
-                (0..inputs.weights.len()).map(|_| grad_weights.by_ref().take(per).collect()).collect();
-            // Initial-state gradients the caller does not want go to scratch buffers.
-            let mut scratch: Vec<Vec<f32>>;
-            let d_h0 = if grad_h0.is_empty() {
-                let sizes = model.layers().first().map(|l| l.state_sizes.clone()).unwrap_or_default();
-                let slots = model.layers().len() * model.directions();
-                let batch = inputs.batch.shape().sequences();
-                scratch = sizes.iter().map(|n| vec![0.0; slots * batch * n]).collect();
-                scratch.iter_mut().map(Vec::as_mut_slice).collect()
-            } else {
-                write_all(&grad_h0)?
-            };
+            let d_params = by_slot(&model, write_all(&grad_weights)?)?;
+            let d_h0 = write_all(&grad_h0)?;
             let out = BackwardOut { d_input: grad_input.floats_mut()?, d_h0, d_params };
             let d_final = (!grad_finals.is_empty()).then_some(&grad_finals[..]);
             model.backward_from(&inputs.call(), reserve.floats()?, grad_output.floats()?, d_final, out)
@@ -311,18 +310,14 @@ pub fn forward_on_device(
     output: TensorArg,
     finals: Vec<TensorArg>,
 ) -> PyResult<()> {
-    let (x, index) = (Tensor::new("input", x), Tensor::each("index", index));
-    let (h0, weights) = (Tensor::each("h0", h0), Tensor::each("weights", weights));
+    let tensors = CallTensors::new(x, index, h0, weights);
     let (output, finals) = (Tensor::new("output", output), Tensor::each("final_states", finals));
     py.detach(|| -> Result<()> {
         let model = spec::model(spec, 1, device)?;
         // SAFETY: the Python half checked the index tensors (contiguous i64 on the CPU) and
         // every other tensor (contiguous f32 on the model's device), and holds them all.
-        let inputs = unsafe { DeviceInputs::read(&model, layout, &x, &index, &h0, &weights)? };
-        let out = DeviceForwardOut {
-            output: output.on_device(),
-            final_states: finals.iter().map(Tensor::on_device).collect(),
-        };
+        let inputs = unsafe { tensors.on_device(&model, layout)? };
+        let out = DeviceForwardOut { output: output.on_device(), final_states: on_device(&finals) };
         model.forward_on_device(&inputs.call(stream), &out)
     })
     .map_err(|e| to_python(py, e))
@@ -348,8 +343,7 @@ pub fn backward_on_device(
     grad_h0: Vec<TensorArg>,
     grad_weights: Vec<TensorArg>,
 ) -> PyResult<()> {
-    let (x, index) = (Tensor::new("input", x), Tensor::each("index", index));
-    let (h0, weights) = (Tensor::each("h0", h0), Tensor::each("weights", weights));
+    let tensors = CallTensors::new(x, index, h0, weights);
     let grad_output = Tensor::new("grad_output", grad_output);
     let grad_finals = Tensor::each("grad_final_states", grad_finals);
     let (grad_input, grad_h0) = (Tensor::new("grad_input", grad_input), Tensor::each("grad_h0", grad_h0));
@@ -357,12 +351,12 @@ pub fn backward_on_device(
     py.detach(|| -> Result<()> {
         let model = spec::model(spec, 1, device)?;
         // SAFETY: as in `forward_on_device`.
-        let inputs = unsafe { DeviceInputs::read(&model, layout, &x, &index, &h0, &weights)? };
-        let grad_finals: Vec<DeviceFloats> = grad_finals.iter().map(Tensor::on_device).collect();
+        let inputs = unsafe { tensors.on_device(&model, layout)? };
+        let grad_finals = on_device(&grad_finals);
         let out = DeviceBackwardOut {
             d_input: grad_input.on_device(),
-            d_h0: grad_h0.iter().map(Tensor::on_device).collect(),
-            d_params: by_slot(&model, grad_weights.iter().map(Tensor::on_device).collect())?,
+            d_h0: on_device(&grad_h0),
+            d_params: by_slot(&model, on_device(&grad_weights))?,
         };
         let d_final = (!grad_finals.is_empty()).then_some(&grad_finals[..]);
         model.backward_on_device(&inputs.call(stream), grad_output.on_device(), d_final, &out)

@@ -110,6 +110,11 @@ def _recycled(shape) -> Tensor:
     return torch.from_dlpack(_cellc.recycled(math.prod(shape))).view(tuple(shape))
 
 
+def _call_refs(x: Tensor, index: list[Tensor], h0: list[Tensor], weights: list[Tensor]):
+    """The tensors every call takes, as the Rust side reads them."""
+    return _ref(x), [_ref(t) for t in index], [_ref(t) for t in h0], [_ref(t) for t in weights]
+
+
 @torch.library.custom_op("cellc::rnn_forward", mutates_args=())
 def rnn_forward(
     spec: str,
@@ -122,33 +127,16 @@ def rnn_forward(
 ) -> tuple[Tensor, list[Tensor], Tensor]:
     """Runs every layer and direction; with ``training``, fills the reserve the backward reads."""
     _check_devices(spec, [x, *h0, *weights])
+    inputs = _call_refs(x, index, h0, weights)
     if in_device_memory(spec, x):
         out, finals, reserve = _forward_outputs(spec, layout, x, index, False, x.new_empty)
-        _cellc.forward_on_device(
-            spec,
-            *_device_call(x),
-            layout,
-            _ref(x),
-            [_ref(t) for t in index],
-            [_ref(t) for t in h0],
-            [_ref(t) for t in weights],
-            _ref(out),
-            [_ref(t) for t in finals],
-        )
-        return out, finals, reserve
-    out, finals, reserve = _forward_outputs(spec, layout, x, index, training, _recycled)
-    _cellc.forward(
-        spec,
-        torch.get_num_threads(),
-        layout,
-        _ref(x),
-        [_ref(t) for t in index],
-        [_ref(t) for t in h0],
-        [_ref(t) for t in weights],
-        _ref(out),
-        [_ref(t) for t in finals],
-        _ref(reserve) if training else None,
-    )
+        outputs = _ref(out), [_ref(t) for t in finals]
+        _cellc.forward_on_device(spec, *_device_call(x), layout, *inputs, *outputs)
+    else:
+        out, finals, reserve = _forward_outputs(spec, layout, x, index, training, _recycled)
+        outputs = _ref(out), [_ref(t) for t in finals]
+        threads = torch.get_num_threads()
+        _cellc.forward(spec, threads, layout, *inputs, *outputs, _ref(reserve) if training else None)
     return out, finals, reserve
 
 
@@ -171,47 +159,19 @@ def rnn_backward(
 ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
     """The gradients of the input, the initial states (if given) and the weights."""
     _check_devices(spec, [x, *h0, *weights, grad_output, *grad_finals])
-    if in_device_memory(spec, x):
-        grad_x = torch.empty_like(x)
-        grad_weights = [torch.empty_like(w) for w in weights]
-        # The runtime writes every state's gradient: scratch where h0 was not given.
-        info = describe(spec)
-        grad_h0 = [torch.empty_like(h) for h in h0] or [
-            x.new_empty((info["slots"], _batch(layout, x, index), size)) for _, size in info["states"]
-        ]
-        _cellc.backward_on_device(
-            spec,
-            *_device_call(x),
-            layout,
-            _ref(x),
-            [_ref(t) for t in index],
-            [_ref(t) for t in h0],
-            [_ref(t) for t in weights],
-            _ref(grad_output),
-            [_ref(t) for t in grad_finals],
-            _ref(grad_x),
-            [_ref(t) for t in grad_h0],
-            [_ref(t) for t in grad_weights],
-        )
-        return grad_x, grad_h0[: len(h0)], grad_weights
-    grad_x = _recycled(x.shape)
+    inputs = _call_refs(x, index, h0, weights)
+    on_device = in_device_memory(spec, x)
+    # Device memory from PyTorch's allocator; on the CPU, cellc's recycled memory.
+    empty_like = torch.empty_like if on_device else (lambda t: _recycled(t.shape))
+    grad_x = empty_like(x)
     grad_h0 = [torch.empty_like(h) for h in h0]
-    grad_weights = [_recycled(w.shape) for w in weights]
-    _cellc.backward(
-        spec,
-        torch.get_num_threads(),
-        layout,
-        _ref(x),
-        [_ref(t) for t in index],
-        [_ref(t) for t in h0],
-        [_ref(t) for t in weights],
-        _ref(reserve),
-        _ref(grad_output),
-        [_ref(t) for t in grad_finals],
-        _ref(grad_x),
-        [_ref(t) for t in grad_h0],
-        [_ref(t) for t in grad_weights],
-    )
+    grad_weights = [empty_like(w) for w in weights]
+    grads = _ref(grad_output), [_ref(t) for t in grad_finals]
+    outputs = _ref(grad_x), [_ref(t) for t in grad_h0], [_ref(t) for t in grad_weights]
+    if on_device:
+        _cellc.backward_on_device(spec, *_device_call(x), layout, *inputs, *grads, *outputs)
+    else:
+        _cellc.backward(spec, torch.get_num_threads(), layout, *inputs, _ref(reserve), *grads, *outputs)
     return grad_x, grad_h0, grad_weights
 
 

@@ -20,7 +20,7 @@ use crate::backend::DevicePasses;
 use crate::device_call::{DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut};
 use crate::error::Result;
 use crate::exec::LaidOutBatch;
-use crate::model::Model;
+use crate::model::{Layer, Model};
 
 /// What a forward over the layers leaves: the buffers between layers
 /// (layer `k`'s output, read by layer `k + 1`) and, training, each layer
@@ -51,7 +51,7 @@ impl ModelRun<'_> {
         self.device.run(&kernels.module, &[Call::Zero { addr, floats }], false)
     }
 
-    /// State buffers `[layers * directions, B, size]` given, or zeros made for the pass.
+    /// State buffers `[layers * directions, B, size]` given, or zeros made for the pass (kept in `scratch`).
     fn states_or_zeros(&self, given: Option<&[DeviceFloats]>, scratch: &mut Vec<Buf>) -> Result<Vec<u64>> {
         if let Some(g) = given {
             return Ok(g.iter().map(|s| s.addr).collect());
@@ -69,9 +69,11 @@ impl ModelRun<'_> {
             .collect()
     }
 
-    /// The address of `slot`'s `[B, n]` rows in a `[layers * directions, B, n]` state buffer.
-    fn slot_rows(&self, states: u64, slot: usize, n: usize) -> u64 {
-        states + 4 * (slot * self.sequences() * n) as u64
+    /// The addresses of `slot`'s `[B, n]` rows in each `[layers * directions, B, n]`
+    /// state buffer at `states` (the states of `layer`).
+    fn slot_rows(&self, layer: &Layer, states: &[u64], slot: usize) -> Vec<u64> {
+        let batch = self.sequences();
+        states.iter().zip(&layer.state_sizes).map(|(&at, &n)| at + 4 * (slot * batch * n) as u64).collect()
     }
 
     /// Layer `k`'s input: the call's input, or the buffer below.
@@ -107,20 +109,12 @@ impl ModelRun<'_> {
                 let slot = k * dirs + d;
                 let mut pass =
                     LayerRun::new(self.device, &self.batch.layout, rows, &self.batch.order, d == 1);
-                let states = |at: &[u64]| -> Vec<u64> {
-                    layer
-                        .state_sizes
-                        .iter()
-                        .enumerate()
-                        .map(|(i, &n)| self.slot_rows(at[i], slot, n))
-                        .collect()
-                };
                 let io = ForwardIo {
                     input,
                     params: self.call.weights[slot].iter().map(|w| w.addr).collect(),
-                    h0: states(h0),
+                    h0: self.slot_rows(layer, h0, slot),
                     output: Home::Layout { base: out + 4 * (d * layer.output_size) as u64, width },
-                    finals: states(finals),
+                    finals: self.slot_rows(layer, finals, slot),
                 };
                 let cell = (model.compiled.as_ref(), layer);
                 let ran =
@@ -185,14 +179,13 @@ impl DevicePasses for Cuda {
         let h0 = run.states_or_zeros(call.h0, &mut scratch)?;
         let d_final = run.states_or_zeros(d_final, &mut scratch)?;
         let output = run.device.zeros(rows * model.output_size())?;
-        let slots = model.layers.len() * dirs;
-        let finals: Vec<Buf> = model.layers[0]
-            .state_sizes
-            .iter()
-            .map(|&n| run.device.zeros(slots * run.sequences() * n))
-            .collect::<Result<_>>()?;
-        let finals_at: Vec<u64> = finals.iter().map(|b| b.addr).collect();
-        let forwarded = run.forward(&h0, output.addr, &finals_at, true)?;
+        let finals = run.states_or_zeros(None, &mut scratch)?;
+        let forwarded = run.forward(&h0, output.addr, &finals, true)?;
+        // Initial-state gradients the caller does not want go to scratch.
+        let d_h0 = match &out.d_h0[..] {
+            [] => run.states_or_zeros(None, &mut scratch)?,
+            given => given.iter().map(|d| d.addr).collect(),
+        };
 
         // Down the layers: each layer's input adjoint is the output adjoint below.
         let mut d_above = d_output.addr;
@@ -211,25 +204,12 @@ impl DevicePasses for Cuda {
             for d in 0..dirs {
                 let slot = k * dirs + d;
                 let mut pass = LayerRun::new(run.device, &batch.layout, rows, &batch.order, d == 1);
-                let states = |at: &[u64]| -> Vec<u64> {
-                    layer
-                        .state_sizes
-                        .iter()
-                        .enumerate()
-                        .map(|(i, &n)| run.slot_rows(at[i], slot, n))
-                        .collect()
-                };
                 let io = BackwardIo {
                     d_output: Home::Layout { base: d_above + 4 * (d * layer.output_size) as u64, width },
-                    d_final: states(&d_final),
+                    d_final: run.slot_rows(layer, &d_final, slot),
                     d_input: Home::Layout { base: d_in, width: layer.input_size },
                     d_params: out.d_params[slot].iter().map(|p| p.addr).collect(),
-                    d_h0: out
-                        .d_h0
-                        .iter()
-                        .zip(&layer.state_sizes)
-                        .map(|(h, &n)| run.slot_rows(h.addr, slot, n))
-                        .collect(),
+                    d_h0: run.slot_rows(layer, &d_h0, slot),
                 };
                 let cell = (model.compiled.as_ref(), layer);
                 backward_on(
