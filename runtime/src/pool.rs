@@ -19,22 +19,49 @@ const MAX_KEPT_FLOATS: usize = 1 << 28;
 /// Smaller buffers are not worth the lock.
 const MIN_KEPT_FLOATS: usize = 1024;
 
-static POOL: Mutex<Vec<Vec<f32>>> = Mutex::new(Vec::new());
+/// Buffers kept for reuse, the smallest that fits handed out first.
+struct Pool(Mutex<Vec<Vec<f32>>>);
+
+static POOL: Pool = Pool(Mutex::new(Vec::new()));
+
+impl Pool {
+    fn take(&self, len: usize) -> Vec<f32> {
+        if len >= MIN_KEPT_FLOATS {
+            let reused = self.0.lock().ok().and_then(|mut pool| {
+                // The smallest that fits, so large buffers stay for large
+                // requests. Fit is by capacity: a buffer handed out shorter
+                // than it was comes back with its whole allocation, already
+                // faulted in.
+                let best = (0..pool.len())
+                    .filter(|&i| pool[i].capacity() >= len)
+                    .min_by_key(|&i| pool[i].capacity())?;
+                Some(pool.swap_remove(best))
+            });
+            if let Some(mut b) = reused {
+                // Within the capacity: no reallocation, no fresh pages.
+                b.resize(len, f32::NAN);
+                return b;
+            }
+        }
+        vec![f32::NAN; len]
+    }
+
+    fn give(&self, buffer: Vec<f32>) {
+        if buffer.len() < MIN_KEPT_FLOATS {
+            return;
+        }
+        if let Ok(mut pool) = self.0.lock() {
+            let kept: usize = pool.iter().map(Vec::capacity).sum();
+            if kept + buffer.capacity() <= MAX_KEPT_FLOATS {
+                pool.push(buffer);
+            }
+        }
+    }
+}
 
 /// A buffer of `len` floats with unspecified (but initialised) contents.
 pub fn take(len: usize) -> Vec<f32> {
-    if len >= MIN_KEPT_FLOATS {
-        let reused = POOL.lock().ok().and_then(|mut pool| {
-            // The smallest that fits, so large buffers stay for large requests.
-            let best = (0..pool.len()).filter(|&i| pool[i].len() >= len).min_by_key(|&i| pool[i].len())?;
-            Some(pool.swap_remove(best))
-        });
-        if let Some(mut b) = reused {
-            b.truncate(len);
-            return b;
-        }
-    }
-    vec![f32::NAN; len]
+    POOL.take(len)
 }
 
 /// A buffer of `len` zeros (reused memory is cleared, which is far cheaper
@@ -47,15 +74,7 @@ pub fn take_zeroed(len: usize) -> Vec<f32> {
 
 /// Hands a buffer back for reuse (dropped when small or when the pool is full).
 pub fn give(buffer: Vec<f32>) {
-    if buffer.len() < MIN_KEPT_FLOATS {
-        return;
-    }
-    if let Ok(mut pool) = POOL.lock() {
-        let kept: usize = pool.iter().map(Vec::len).sum();
-        if kept + buffer.len() <= MAX_KEPT_FLOATS {
-            pool.push(buffer);
-        }
-    }
+    POOL.give(buffer)
 }
 
 #[cfg(test)]
@@ -71,5 +90,20 @@ mod tests {
         assert_eq!(b.len(), 3000);
         give(b);
         assert_eq!(take(100).len(), 100);
+    }
+
+    #[test]
+    fn a_shortened_buffer_serves_its_whole_capacity_again() {
+        // A pool of the test's own: the global one is shared with other tests.
+        let pool = Pool(Mutex::new(Vec::new()));
+        let a = pool.take(1 << 20);
+        let address = a.as_ptr();
+        pool.give(a);
+        let shorter = pool.take((1 << 20) - 5000);
+        assert_eq!(shorter.as_ptr(), address, "the same allocation, shortened");
+        pool.give(shorter);
+        let full = pool.take(1 << 20);
+        assert_eq!(full.len(), 1 << 20);
+        assert_eq!(full.as_ptr(), address, "reused at its capacity, not reallocated");
     }
 }
