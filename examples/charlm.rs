@@ -82,6 +82,10 @@ struct Args {
     /// Directory for the weights and the loss curve (default: target/charlm).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Write each training step's batch (its verses' indices in the training set) here, as JSON
+    /// (for `benches/charlm_side_by_side.py`, which trains PyTorch on the same batches).
+    #[arg(long, value_name = "JSON")]
+    write_batches: Option<PathBuf>,
     /// Evaluate and sample from saved weights instead of training.
     #[arg(long, value_name = "SAFETENSORS")]
     load: Option<PathBuf>,
@@ -238,6 +242,10 @@ fn train_and_save(
         }
     })?;
     bar.finish_and_clear();
+    if let Some(path) = &args.write_batches {
+        let json = serde_json::to_string(&history.batches)?;
+        cellc_runtime::write_atomically(path, json.as_bytes())?;
+    }
     let valid = history.final_valid().unwrap_or(f64::NAN);
     println!(
         "trained {} steps ({} epochs, {:.2}M tokens) in {:.1} s: {:.1}k tokens/s (a token is a character)",

@@ -32,6 +32,9 @@ impl Sampling {
             temperature: self.temperature,
             prompt: self.prompt.clone(),
         };
+        if options.count == 0 {
+            return Ok(());
+        }
         println!("\nsampled verses (temperature {}):", self.temperature);
         for verse in generate(lm, &options, &mut ChaCha8Rng::seed_from_u64(seed))? {
             println!("{}\n", wrap(&verse, 92, "  "));

@@ -30,9 +30,18 @@ pub struct Batch {
     pub lengths: Vec<usize>,
     /// `T`: the longest length.
     pub steps: usize,
+    /// Each row's index in the sequences the batch was drawn from.
+    pub ids: Vec<usize>,
 }
 
 impl Batch {
+    /// The batch of `all[ids[0]], all[ids[1]], ...`.
+    pub fn of(all: &[Sequence], ids: &[usize]) -> Batch {
+        let rows: Vec<&Sequence> = ids.iter().map(|&i| &all[i]).collect();
+        Batch { ids: ids.to_vec(), ..Batch::new(&rows) }
+    }
+
+    /// Rows `sequences` (their ids: `0..B`).
     pub fn new(sequences: &[&Sequence]) -> Batch {
         let steps = sequences.iter().map(|s| s.len()).max().unwrap_or(0);
         let mut inputs = vec![0; sequences.len() * steps];
@@ -41,7 +50,8 @@ impl Batch {
             inputs[b * steps..b * steps + s.len()].copy_from_slice(s.inputs());
             targets[b * steps..b * steps + s.len()].copy_from_slice(s.targets());
         }
-        Batch { inputs, targets, lengths: sequences.iter().map(|s| s.len()).collect(), steps }
+        let lengths = sequences.iter().map(|s| s.len()).collect();
+        Batch { inputs, targets, lengths, steps, ids: (0..sequences.len()).collect() }
     }
 
     /// `B`: the number of sequences.
@@ -66,9 +76,9 @@ impl Batch {
 
 /// Fixed batches for evaluation: sorted by length (little padding), in order.
 pub fn in_order(sequences: &[Sequence], batch_size: usize) -> Vec<Batch> {
-    let mut sorted: Vec<&Sequence> = sequences.iter().collect();
-    sorted.sort_by_key(|s| std::cmp::Reverse(s.len()));
-    sorted.chunks(batch_size.max(1)).map(Batch::new).collect()
+    let mut sorted: Vec<usize> = (0..sequences.len()).collect();
+    sorted.sort_by_key(|&i| std::cmp::Reverse(sequences[i].len()));
+    sorted.chunks(batch_size.max(1)).map(|ids| Batch::of(sequences, ids)).collect()
 }
 
 /// An endless stream of bucketed training batches, epoch after epoch.
@@ -88,14 +98,14 @@ impl<'a> Epochs<'a> {
     }
 
     fn refill(&mut self) {
-        let mut order: Vec<&Sequence> = self.sequences.iter().collect();
+        let mut order: Vec<usize> = (0..self.sequences.len()).collect();
         order.shuffle(&mut self.rng);
         let mut batches = Vec::new();
         for window in order.chunks_mut(self.batch_size * BUCKET) {
-            window.sort_by_key(|s| s.len());
+            window.sort_by_key(|&i| self.sequences[i].len());
             for rows in window.chunks_mut(self.batch_size) {
                 rows.shuffle(&mut self.rng);
-                batches.push(Batch::new(rows));
+                batches.push(Batch::of(self.sequences, rows));
             }
         }
         batches.shuffle(&mut self.rng);

@@ -70,6 +70,8 @@ pub struct History {
     pub train_seconds: f64,
     /// Epochs started.
     pub epochs: usize,
+    /// Each step's batch: its sequences' indices in the training set.
+    pub batches: Vec<Vec<usize>>,
 }
 
 impl History {
@@ -124,6 +126,7 @@ pub fn train(
         history.train_seconds += started.elapsed().as_secs_f64();
         history.tokens += batch.tokens();
         history.train.push((step + 1, loss));
+        history.batches.push(batch.ids.clone());
         on_progress(&Progress::Step {
             step: step + 1,
             loss,

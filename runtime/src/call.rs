@@ -6,7 +6,7 @@
 //! (cuDNN's "reserve space"). Nothing is copied but what the layout needs.
 
 use crate::error::{Result, RuntimeError};
-use crate::exec::{BackwardOut, ForwardOut, Input, Keep, Kept, LaidOutBatch, PassParams};
+use crate::exec::{BackwardOut, BatchShape, ForwardOut, Input, Keep, Kept, LaidOutBatch, PassParams};
 use crate::model::Model;
 
 /// The inputs of a pass on the caller's memory.
@@ -21,6 +21,12 @@ pub struct Call<'a> {
 }
 
 impl Model {
+    /// Checks a batch of `shape` with `data_len` floats of input against
+    /// the model without running it: the errors a pass would give.
+    pub fn check_batch(&self, shape: &BatchShape, data_len: usize) -> Result<()> {
+        self.lay_out(shape, data_len).map(|_| ())
+    }
+
     /// The call's batch laid out and checked to fit in memory, and its weights.
     fn laid_out<'a>(&'a self, call: &Call<'a>, training: bool) -> Result<(LaidOutBatch, PassParams<'a>)> {
         let p = self.prepare(&call.input)?;

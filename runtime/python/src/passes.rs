@@ -94,22 +94,6 @@ impl Batch {
     }
 }
 
-/// `flat` (the weights in [`Model::weight_names`]' order) grouped as the
-/// model takes them, `[layer * directions + direction][param]`.
-fn by_slot<T>(model: &Model, flat: Vec<T>) -> Result<Vec<Vec<T>>> {
-    let names = model.weight_names();
-    if flat.len() != names.len() {
-        return Err(RuntimeError::Shape {
-            tensor: "weights".into(),
-            expected: format!("{} tensors", names.len()),
-            found: format!("{} tensors", flat.len()),
-        });
-    }
-    let per = model.compiled().forward.params.len();
-    let mut flat = flat.into_iter();
-    Ok((0..model.layers().len() * model.directions()).map(|_| flat.by_ref().take(per).collect()).collect())
-}
-
 /// # Safety
 /// Each tensor per [`Tensor::floats`].
 unsafe fn read_all<'a>(tensors: &[Tensor]) -> Result<Vec<&'a [f32]>> {
@@ -157,7 +141,7 @@ impl CallTensors {
             Ok(Inputs {
                 batch: Batch::read(layout, &self.x, &self.index)?,
                 data: self.x.floats()?,
-                weights: by_slot(model, read_all(&self.weights)?)?,
+                weights: model.group_by_slot(read_all(&self.weights)?)?,
                 h0: read_all(&self.h0)?,
             })
         }
@@ -172,7 +156,7 @@ impl CallTensors {
             // SAFETY: per the contract.
             batch: unsafe { Batch::read(layout, &self.x, &self.index)? },
             data: self.x.on_device(),
-            weights: by_slot(model, on_device(&self.weights))?,
+            weights: model.group_by_slot(on_device(&self.weights))?,
             h0: on_device(&self.h0),
         })
     }
@@ -282,7 +266,7 @@ pub fn backward(
         unsafe {
             let inputs = tensors.read(&model, layout)?;
             let grad_finals = read_all(&grad_finals)?;
-            let d_params = by_slot(&model, write_all(&grad_weights)?)?;
+            let d_params = model.group_by_slot(write_all(&grad_weights)?)?;
             let d_h0 = write_all(&grad_h0)?;
             let out = BackwardOut { d_input: grad_input.floats_mut()?, d_h0, d_params };
             let d_final = (!grad_finals.is_empty()).then_some(&grad_finals[..]);
@@ -356,7 +340,7 @@ pub fn backward_on_device(
         let out = DeviceBackwardOut {
             d_input: grad_input.on_device(),
             d_h0: on_device(&grad_h0),
-            d_params: by_slot(&model, on_device(&grad_weights))?,
+            d_params: model.group_by_slot(on_device(&grad_weights))?,
         };
         let d_final = (!grad_finals.is_empty()).then_some(&grad_finals[..]);
         model.backward_on_device(&inputs.call(stream), grad_output.on_device(), d_final, &out)

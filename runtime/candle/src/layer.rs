@@ -1,0 +1,214 @@
+//! [`Rnn`]: a cellc model as a candle layer. Its weights are candle
+//! tensors taken from a `VarBuilder` under PyTorch's `state_dict` names
+//! (`weight_ih_l0`, ..., `_reverse` for the second direction), so a
+//! `VarMap` trains, saves and loads them like any candle-nn layer's.
+
+use crate::batch::Padded;
+use crate::error::Result;
+use crate::op::RnnOp;
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{Init, VarBuilder};
+use cellc_runtime::{Align, Major, Model, RuntimeError};
+use std::sync::{Arc, Mutex};
+
+/// Where a padded batch's sequences sit: which axis is the batch's, and
+/// at which end of the time axis each sequence's real steps are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Padding {
+    pub major: Major,
+    pub align: Align,
+}
+
+impl Default for Padding {
+    /// `[B, T, features]`, each sequence from step 0 (padding at the end).
+    fn default() -> Padding {
+        Padding { major: Major::BatchFirst, align: Align::Left }
+    }
+}
+
+/// A cellc RNN (any `.cell`, any layers and directions) as a candle layer.
+#[derive(Clone)]
+pub struct Rnn {
+    model: Arc<Model>,
+    /// Every weight, in [`Model::weight_names`]' order, with its name.
+    weights: Vec<(String, Tensor)>,
+}
+
+impl std::fmt::Debug for Rnn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rnn")
+            .field("cell", &self.model.compiled().forward.name)
+            .field("layers", &self.model.layers().len())
+            .field("directions", &self.model.directions())
+            .field("weights", &self.weights.iter().map(|(n, t)| (n, t.dims())).collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl Rnn {
+    /// The RNN of `model` (its cell, sizes, layers, directions and back
+    /// end), with every weight from `vb` under its PyTorch name. A weight
+    /// `vb` does not hold yet (a fresh `VarMap`) is made there with the
+    /// model's own initial values: the cell's init clauses, from the seed
+    /// the model was made with, so runs are reproducible.
+    pub fn new(model: Model, vb: VarBuilder) -> Result<Rnn> {
+        if vb.dtype() != DType::F32 {
+            return Err(RuntimeError::Shape {
+                tensor: "weights".into(),
+                expected: "f32 (cellc's kernels are float32)".into(),
+                found: format!("{:?}", vb.dtype()),
+            }
+            .into());
+        }
+        let initial = model.weights();
+        let mut weights = Vec::new();
+        for (name, shape) in model.weight_names() {
+            let fresh = !vb.contains_tensor(&name);
+            let t = vb.get_with_hints(shape.clone(), &name, Init::Const(0.0))?;
+            if fresh {
+                if let Some(init) = initial.get(&name) {
+                    t.slice_set(&Tensor::from_slice(&init.data, shape, vb.device())?, 0, 0)?;
+                }
+            }
+            weights.push((name, t));
+        }
+        Ok(Rnn { model: Arc::new(model), weights })
+    }
+
+    /// The runtime's model: its sizes, layers and back end (its own
+    /// weights are not used; the layer's tensors are).
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// Every weight with its PyTorch name, in the model's order.
+    pub fn weights(&self) -> &[(String, Tensor)] {
+        &self.weights
+    }
+
+    /// The same layer over detached weights: no gradient is tracked, and
+    /// a forward keeps nothing for a backward (evaluation, sampling).
+    pub fn detach(&self) -> Rnn {
+        Rnn {
+            model: self.model.clone(),
+            weights: self.weights.iter().map(|(n, t)| (n.clone(), t.detach())).collect(),
+        }
+    }
+
+    /// The output (`[B, T, output]` or `[T, B, output]`, as the input;
+    /// zero at padding) of `x` (`[B, T, input]` or `[T, B, input]`),
+    /// whose sequence `b` has `lengths[b]` real steps; states start at zero.
+    pub fn forward(&self, x: &Tensor, lengths: &[usize], padding: Padding) -> Result<Tensor> {
+        self.run(x, lengths, padding, None, false).map(|(out, _)| out)
+    }
+
+    /// As [`Rnn::forward`], from the initial states `h0` (one tensor per
+    /// state of the cell, `[layers * directions, B, size]`, as nn.LSTM's
+    /// `(h0, c0)`; `None`: zeros), and with the final states after each
+    /// sequence's last real step (the same shapes). Gradients reach `h0`.
+    pub fn forward_with_states(
+        &self,
+        x: &Tensor,
+        lengths: &[usize],
+        padding: Padding,
+        h0: Option<&[Tensor]>,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        self.run(x, lengths, padding, h0, true)
+    }
+
+    /// The weights as one flat operand (the op takes three tensors).
+    fn flat_weights(&self, device: &Device) -> Result<Tensor> {
+        if self.weights.is_empty() {
+            return Ok(Tensor::zeros(0, DType::F32, device)?);
+        }
+        let flat =
+            self.weights.iter().map(|(_, t)| t.flatten_all()).collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(Tensor::cat(&flat, 0)?)
+    }
+
+    fn run(
+        &self,
+        x: &Tensor,
+        lengths: &[usize],
+        padding: Padding,
+        h0: Option<&[Tensor]>,
+        with_finals: bool,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        if !x.device().is_cpu() {
+            return Err(RuntimeError::Shape {
+                tensor: "input".into(),
+                expected: "a tensor on candle's CPU device (see the crate's docs on CUDA)".into(),
+                found: format!("{:?}", x.device().location()),
+            }
+            .into());
+        }
+        if x.dtype() != DType::F32 {
+            return Err(RuntimeError::Shape {
+                tensor: "input".into(),
+                expected: "f32 values".into(),
+                found: format!("{:?}", x.dtype()),
+            }
+            .into());
+        }
+        let batch = Padded::of(x.dims(), padding.major, padding.align, lengths)?;
+        // The errors of bad input, typed, before candle wraps the op's.
+        self.model.check_batch(&batch.input(&[]).split().0, x.elem_count())?;
+        let device = x.device();
+        let states = match h0 {
+            Some(h) => self.flat_states(h, batch.batch)?,
+            None => Tensor::zeros(0, DType::F32, device)?,
+        };
+        let w = self.flat_weights(device)?;
+        let x = x.contiguous()?;
+        let keep = x.track_op() || w.track_op() || states.track_op();
+        let op =
+            RnnOp { model: self.model.clone(), batch, with_finals, keep, reserve: Mutex::new(Vec::new()) };
+        let (output_len, state_lens) = (op.output_len(), op.state_lens());
+        let dims = op.batch.output_dims(self.model.output_size());
+        let batch_size = op.batch.batch;
+        let result = if keep { x.apply_op3(&w, &states, op)? } else { x.apply_op3_no_bwd(&w, &states, &op)? };
+        if !with_finals {
+            return Ok((result, Vec::new()));
+        }
+        let output = result.narrow(0, 0, output_len)?.reshape(dims.to_vec())?;
+        let slots = self.model.layers().len() * self.model.directions();
+        let mut finals = Vec::with_capacity(state_lens.len());
+        let mut at = output_len;
+        for (len, size) in state_lens.into_iter().zip(self.state_sizes()) {
+            finals.push(result.narrow(0, at, len)?.reshape((slots, batch_size, size))?);
+            at += len;
+        }
+        Ok((output, finals))
+    }
+
+    /// Features of each state.
+    fn state_sizes(&self) -> Vec<usize> {
+        self.model.layers().first().map(|l| l.state_sizes.clone()).unwrap_or_default()
+    }
+
+    /// `h0` checked (one `[layers * directions, B, size]` per state) and flattened into one operand.
+    fn flat_states(&self, h0: &[Tensor], batch: usize) -> Result<Tensor> {
+        let sizes = self.state_sizes();
+        let slots = self.model.layers().len() * self.model.directions();
+        if h0.len() != sizes.len() {
+            return Err(RuntimeError::Shape {
+                tensor: "h0".into(),
+                expected: format!("{} tensors (one per state of the cell)", sizes.len()),
+                found: format!("{} tensors", h0.len()),
+            }
+            .into());
+        }
+        for (i, (t, &size)) in h0.iter().zip(&sizes).enumerate() {
+            if t.dims() != [slots, batch, size] {
+                return Err(RuntimeError::Shape {
+                    tensor: format!("h0[{i}]"),
+                    expected: format!("[{slots}, {batch}, {size}]"),
+                    found: format!("{:?}", t.dims()),
+                }
+                .into());
+            }
+        }
+        let flat = h0.iter().map(|t| t.flatten_all()).collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(Tensor::cat(&flat, 0)?)
+    }
+}
