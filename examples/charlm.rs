@@ -1,7 +1,8 @@
 //! Trains a character-level language model on Genesis and Exodus (King
 //! James Version), with the RNN a `.cell` file compiled by cellc and run
-//! forward and backward by the CPU back end; the embedding, softmax head,
-//! masked cross-entropy, Adam and clipping are the `charlm` library's.
+//! forward and backward by the CPU back end as a candle layer
+//! (`cellc-candle`); the embedding, head, cross-entropy and AdamW are
+//! candle-nn's.
 //!
 //! ```text
 //! cargo run --release -p cellc-examples --example charlm
@@ -100,7 +101,7 @@ fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     } else {
         args.threads
     };
-    // The head's products and softmax run on this pool; the RNN on the backend's own.
+    // candle's products and the rest run on this pool; the RNN on the back end's own.
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
     pool.install(|| run(&args, threads))
 }
@@ -108,7 +109,7 @@ fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
 fn run(args: &Args, threads: usize) -> Result<(), Box<dyn Error + Send + Sync>> {
     let backend = Box::new(Cpu::new(threads, Kernels::Jit)?);
     let data = args.data.clone().unwrap_or_else(paths::default_corpus);
-    let (mut lm, corpus) = match &args.load {
+    let (lm, corpus) = match &args.load {
         Some(path) => {
             let loaded = checkpoint::load(path, None, backend)?;
             println!("loaded {}", shown(path));
@@ -137,7 +138,7 @@ fn run(args: &Args, threads: usize) -> Result<(), Box<dyn Error + Send + Sync>> 
     let (valid, saved) = match &args.load {
         Some(_) => (lm.evaluate(&train::validation_batches(&corpus))?, None),
         None => {
-            let (valid, weights, curve) = train_and_save(&mut lm, &corpus, args, unigram, &data)?;
+            let (valid, weights, curve) = train_and_save(&lm, &corpus, args, unigram, &data)?;
             (valid, Some((weights, curve)))
         }
     };
@@ -161,7 +162,7 @@ fn print_setup(lm: &CharLm, corpus: &Corpus, data: &std::path::Path, threads: us
     println!(
         "       {} parameters (embedding {embedding}, RNN {rnn}, head {head}); {} backend, {threads} thread{}",
         embedding + rnn + head,
-        lm.rnn.backend_name(),
+        lm.rnn.model().backend_name(),
         if threads == 1 { "" } else { "s" }
     );
     println!(
@@ -182,7 +183,7 @@ fn print_setup(lm: &CharLm, corpus: &Corpus, data: &std::path::Path, threads: us
 /// Trains with a progress bar, saves the weights and the loss curve;
 /// returns the final validation loss and where the two files are.
 fn train_and_save(
-    lm: &mut CharLm,
+    lm: &CharLm,
     corpus: &Corpus,
     args: &Args,
     unigram: f64,
@@ -199,7 +200,7 @@ fn train_and_save(
         seed: args.seed,
     };
     println!(
-        "training: {} steps of {} verses; Adam, learning rate {:.1e} after {} warm-up steps, cosine to {:.1e}; clip {}",
+        "training: {} steps of {} verses; AdamW (no weight decay), learning rate {:.1e} after {} warm-up steps, cosine to {:.1e}; clip {}",
         config.steps,
         config.batch_size,
         config.lr,
@@ -257,7 +258,7 @@ fn train_and_save(
     );
 
     let out = args.out.clone().unwrap_or_else(paths::default_output_dir);
-    let name = &lm.rnn.compiled().forward.name;
+    let name = &lm.rnn.model().compiled().forward.name;
     let weights = out.join(format!("charlm-{name}.safetensors"));
     let metadata: Metadata = [
         ("trained_on", shown(data)),
@@ -276,7 +277,7 @@ fn train_and_save(
     let curve = out.join(format!("charlm-{name}-loss.svg"));
     let title = format!(
         "{name}, H={}: validation {valid:.3} nats/char after {} steps",
-        lm.rnn.layers()[0].sizes.get("H").copied().unwrap_or(0),
+        lm.rnn.model().layers()[0].sizes.get("H").copied().unwrap_or(0),
         config.steps
     );
     loss_curve_svg(&curve, &history, unigram, &title)?;

@@ -14,20 +14,17 @@
 //! runs without the file it was trained from; a PyTorch export has none
 //! and is given one) and free-form entries on how it was trained.
 
-use crate::embedding::Embedding;
-use crate::head::Head;
-use crate::lm::{CellSource, CharLm};
+use crate::lm::{insert, CellSource, CharLm, EMBEDDING, HEAD_BIAS, HEAD_WEIGHT};
 use crate::text::Vocab;
 use crate::{Error, Result};
+use candle_core::{Device, Tensor};
+use candle_nn::VarMap;
 use cellc::dims::Bindings;
 use cellc_runtime::backend::Backend;
 use cellc_runtime::{Metadata, Model, ModelConfig, Weights};
 use std::path::Path;
 use std::sync::Arc;
 
-const EMBEDDING: &str = "embedding.weight";
-const HEAD_WEIGHT: &str = "head.weight";
-const HEAD_BIAS: &str = "head.bias";
 const RNN_PREFIX: &str = "rnn.";
 
 /// A loaded model and the metadata saved with it.
@@ -37,18 +34,13 @@ pub struct Checkpoint {
     pub metadata: Metadata,
 }
 
-/// Saves `lm`; `extra` adds metadata entries (how it was trained).
+/// Saves `lm` (written to a temporary file and renamed: a crash leaves no
+/// truncated checkpoint); `extra` adds metadata entries (how it was trained).
 pub fn save(lm: &CharLm, path: &Path, extra: &Metadata) -> Result<()> {
     let mut w = Weights::default();
-    w.insert(EMBEDDING.into(), vec![lm.embedding.vocab, lm.embedding.dim], lm.embedding.weight.clone());
-    let rnn = lm.rnn.weights();
-    for name in rnn.names() {
-        if let Some(t) = rnn.get(name) {
-            w.insert(format!("{RNN_PREFIX}{name}"), t.shape.clone(), t.data.clone());
-        }
+    for (name, var) in lm.named_vars() {
+        w.insert(name, var.dims().to_vec(), var.flatten_all()?.to_vec1()?);
     }
-    w.insert(HEAD_WEIGHT.into(), vec![lm.head.vocab, lm.head.input], lm.head.weight.clone());
-    w.insert(HEAD_BIAS.into(), vec![lm.head.vocab], lm.head.bias.clone());
     let mut metadata = extra.clone();
     metadata.insert("vocab".into(), lm.vocab.as_string());
     metadata.insert("cell".into(), lm.cell.text.clone());
@@ -78,50 +70,42 @@ pub fn load(path: &Path, cell: Option<CellSource>, backend: Box<dyn Backend>) ->
         },
     };
 
-    let tensor = |name: &str, rank: usize| {
-        let t = weights.get(name).ok_or_else(|| invalid(format!("no tensor `{name}`")))?;
-        if t.shape.len() != rank || t.shape[0] != vocab.len() {
-            return Err(invalid(format!(
-                "`{name}` has shape {:?}; expected {rank} dimensions, the first the vocabulary's {}",
-                t.shape,
-                vocab.len()
-            )));
-        }
-        Ok(t)
-    };
-    let emb = tensor(EMBEDDING, 2)?;
-    let head_weight = tensor(HEAD_WEIGHT, 2)?;
-    let head_bias = tensor(HEAD_BIAS, 1)?;
-    let embedding = Embedding { weight: emb.data.clone(), vocab: vocab.len(), dim: emb.shape[1] };
-    let head = Head {
-        weight: head_weight.data.clone(),
-        bias: head_bias.data.clone(),
-        vocab: vocab.len(),
-        input: head_weight.shape[1],
-    };
-
+    let vars = VarMap::new();
     let mut rnn_weights = Weights::default();
     let mut layers = 0;
     for name in weights.names() {
+        let Some(t) = weights.get(name) else { continue };
         if [EMBEDDING, HEAD_WEIGHT, HEAD_BIAS].contains(&name) {
-            continue;
-        }
-        let Some(own) = name.strip_prefix(RNN_PREFIX) else {
-            return Err(invalid(format!("unexpected tensor `{name}` (neither embedding, rnn nor head)")));
-        };
-        layers = layers.max(layer_of(own).map_err(invalid)? + 1);
-        if let Some(t) = weights.get(name) {
+            if t.shape.first() != Some(&vocab.len()) {
+                return Err(invalid(format!(
+                    "`{name}` has shape {:?}; its first dimension must be the vocabulary's {}",
+                    t.shape,
+                    vocab.len()
+                )));
+            }
+        } else {
+            let Some(own) = name.strip_prefix(RNN_PREFIX) else {
+                return Err(invalid(format!("unexpected tensor `{name}` (neither embedding, rnn nor head)")));
+            };
+            layers = layers.max(layer_of(own).map_err(invalid)? + 1);
             rnn_weights.insert(own.to_string(), t.shape.clone(), t.data.clone());
+        }
+        insert(&vars, name, Tensor::from_slice(&t.data, t.shape.as_slice(), &Device::Cpu)?)?;
+    }
+    for name in [EMBEDDING, HEAD_WEIGHT, HEAD_BIAS] {
+        if weights.get(name).is_none() {
+            return Err(invalid(format!("no tensor `{name}`")));
         }
     }
     if layers == 0 {
         return Err(invalid("no RNN weights (`rnn.<param>_l0`)".into()));
     }
+    let embedding_dim = weights.get(EMBEDDING).and_then(|t| t.shape.get(1).copied()).unwrap_or(0);
     let compiled = Arc::new(cell.compile()?);
     let config = ModelConfig { layers, bidirectional: false };
-    let rnn =
-        Model::new(compiled, config, &Bindings::new(), Some(embedding.dim), Some(&rnn_weights), 0, backend)?;
-    let lm = CharLm::from_parts(vocab, embedding, rnn, head, cell).map_err(|e| invalid(e.to_string()))?;
+    let model =
+        Model::new(compiled, config, &Bindings::new(), Some(embedding_dim), Some(&rnn_weights), 0, backend)?;
+    let lm = CharLm::assemble(vocab, vars, model, cell).map_err(|e| invalid(e.to_string()))?;
     Ok(Checkpoint { lm, metadata })
 }
 

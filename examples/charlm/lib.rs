@@ -1,18 +1,17 @@
-//! `charlm`: a character-level language model whose recurrent network is a
-//! `.cell` file, compiled by cellc and run (forward and backward) by the
-//! runtime's CPU back end.
+//! `charlm`: a character-level language model in candle whose recurrent
+//! network is a `.cell` file, compiled by cellc and run (forward and
+//! backward) by the runtime's CPU back end as a candle layer
+//! (`cellc-candle`); the embedding, head, cross-entropy and AdamW are
+//! candle-nn's.
 //!
-//! Everything around the RNN is plain Rust here, one module per job:
+//! One module per job:
 //!
 //! - [`text`]: the corpus (one sequence per line), its vocabulary, the
 //!   train/validation split and the unigram baseline;
 //! - [`batches`]: padded batches of variable-length sequences, bucketed by length;
-//! - [`linalg`]: matrix products through the `gemm` crate;
-//! - [`embedding`] and [`head`]: the layers before and after the RNN, the
-//!   head with its softmax cross-entropy masked to the real lengths;
-//! - [`lm`]: the whole model, the loss of a batch and its gradients;
-//! - [`optim`]: Adam and global-norm gradient clipping;
-//! - [`train`]: the training loop, its learning-rate schedule and history;
+//! - [`lm`]: the model, the loss of a batch, its score;
+//! - [`train`]: the training loop (global-norm clipping, AdamW), its
+//!   learning-rate schedule and history;
 //! - [`sample`]: text generation;
 //! - [`checkpoint`]: weights in safetensors under a PyTorch module's names;
 //! - [`plot`]: the loss curve as an SVG image;
@@ -24,11 +23,7 @@
 
 pub mod batches;
 pub mod checkpoint;
-pub mod embedding;
-pub mod head;
-pub mod linalg;
 pub mod lm;
-pub mod optim;
 pub mod paths;
 pub mod plot;
 pub mod sample;
@@ -46,6 +41,7 @@ use std::fmt;
 #[derive(Debug)]
 pub enum Error {
     Runtime(cellc_runtime::RuntimeError),
+    Candle(candle_core::Error),
     Io {
         path: String,
         message: String,
@@ -65,6 +61,7 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Runtime(e) => write!(f, "{e}"),
+            Error::Candle(e) => write!(f, "{e}"),
             Error::Io { path, message } => write!(f, "{path}: {message}"),
             Error::UnknownChar { ch, context } => {
                 write!(f, "{context}: the character {ch:?} is not in the model's vocabulary")
@@ -79,6 +76,21 @@ impl std::error::Error for Error {}
 impl From<cellc_runtime::RuntimeError> for Error {
     fn from(e: cellc_runtime::RuntimeError) -> Error {
         Error::Runtime(e)
+    }
+}
+
+impl From<candle_core::Error> for Error {
+    fn from(e: candle_core::Error) -> Error {
+        Error::Candle(e)
+    }
+}
+
+impl From<cellc_candle::Error> for Error {
+    fn from(e: cellc_candle::Error) -> Error {
+        match e {
+            cellc_candle::Error::Runtime(e) => Error::Runtime(e),
+            cellc_candle::Error::Candle(e) => Error::Candle(e),
+        }
     }
 }
 

@@ -1,17 +1,19 @@
-//! The whole model: embedding → the cell's RNN (a runtime `Model`, on
-//! whichever backend it was given) → softmax head. Scores a batch, or
-//! gives its mean loss per character and the gradient of that loss with
-//! respect to every parameter.
+//! The whole model: candle-nn's embedding → cellc's RNN of a `.cell` file
+//! (a [`cellc_candle::Rnn`], run forward and backward by the runtime's CPU
+//! back end inside candle's autograd) → candle-nn's linear head, its
+//! weights candle `Var`s under the names PyTorch gives the `state_dict` of
+//! the same module. Scores a batch, or gives its mean loss per character
+//! as a candle tensor to differentiate.
 
 use crate::batches::Batch;
-use crate::embedding::Embedding;
-use crate::head::{Head, HeadGrads};
 use crate::text::Vocab;
 use crate::{Error, Result};
-use cellc::dims::Bindings;
+use candle_core::{DType, Device, Tensor, Var, D};
+use candle_nn::{Embedding, Linear, Module, VarBuilder, VarMap};
+use cellc_candle::{Padding, Rnn};
 use cellc_runtime::backend::Backend;
-use cellc_runtime::{Align, CompiledCell, Input, Major, Model, ModelConfig};
-use rand::SeedableRng;
+use cellc_runtime::{CompiledCell, Model, ModelConfig};
+use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::Path;
 use std::sync::Arc;
@@ -48,43 +50,35 @@ impl CellSource {
 pub struct LmSpec {
     pub embedding: usize,
     pub layers: usize,
-    pub sizes: Bindings,
+    pub sizes: cellc::dims::Bindings,
 }
 
 /// A character-level language model.
-#[derive(Debug)]
 pub struct CharLm {
     pub vocab: Vocab,
+    /// Every weight, under its PyTorch name.
+    pub vars: VarMap,
     pub embedding: Embedding,
-    pub rnn: Model,
-    pub head: Head,
+    pub rnn: Rnn,
+    pub head: Linear,
     pub cell: CellSource,
 }
 
-/// Gradients of every parameter, in the model's layout.
-#[derive(Clone, Debug)]
-pub struct LmGrads {
-    pub embedding: Vec<f32>,
-    /// `[layer][param]`, as `Model::params_mut`.
-    pub rnn: Vec<Vec<Vec<f32>>>,
-    pub head: HeadGrads,
-}
-
-impl LmGrads {
-    /// Every gradient as a flat slice, in [`CharLm::params_mut`]'s order.
-    pub fn tensors(&self) -> Vec<&[f32]> {
-        let mut out: Vec<&[f32]> = vec![&self.embedding];
-        out.extend(self.rnn.iter().flatten().map(Vec::as_slice));
-        out.push(&self.head.weight);
-        out.push(&self.head.bias);
-        out
+impl std::fmt::Debug for CharLm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CharLm").field("model", &self.describe()).field("vocab", &self.vocab).finish()
     }
 }
 
+pub const EMBEDDING: &str = "embedding.weight";
+pub const HEAD_WEIGHT: &str = "head.weight";
+pub const HEAD_BIAS: &str = "head.bias";
+
 impl CharLm {
-    /// A freshly initialised model: the RNN's parameters from the cell's
-    /// init clauses, the embedding and head as PyTorch starts them; all
-    /// from `seed`.
+    /// A freshly initialised model, all from `seed`: the RNN's parameters
+    /// from the cell's init clauses, the embedding N(0, 1) and the head
+    /// U(±1/√H), as PyTorch starts them (candle's CPU generator takes no
+    /// seed, so the values are drawn here).
     pub fn new(
         cell: CellSource,
         vocab: Vocab,
@@ -94,65 +88,86 @@ impl CharLm {
     ) -> Result<CharLm> {
         let compiled = Arc::new(cell.compile()?);
         let config = ModelConfig { layers: spec.layers, bidirectional: false };
-        let rnn = Model::new(compiled, config, &spec.sizes, Some(spec.embedding), None, seed, backend)?;
+        let model = Model::new(compiled, config, &spec.sizes, Some(spec.embedding), None, seed, backend)?;
+        let (v, e, h) = (vocab.len(), spec.embedding, model.output_size());
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let embedding = Embedding::init(vocab.len(), spec.embedding, &mut rng);
-        let head = Head::init(vocab.len(), rnn.output_size(), &mut rng);
-        CharLm::from_parts(vocab, embedding, rnn, head, cell)
+        let embedding: Vec<f32> = (0..v * e).map(|_| standard_normal(&mut rng)).collect();
+        let bound = 1.0 / (h as f32).sqrt();
+        let mut uniform = || (2.0 * rng.random::<f32>() - 1.0) * bound;
+        let head_weight: Vec<f32> = (0..v * h).map(|_| uniform()).collect();
+        let head_bias: Vec<f32> = (0..v).map(|_| uniform()).collect();
+        let vars = VarMap::new();
+        insert(&vars, EMBEDDING, Tensor::from_vec(embedding, (v, e), &Device::Cpu)?)?;
+        insert(&vars, HEAD_WEIGHT, Tensor::from_vec(head_weight, (v, h), &Device::Cpu)?)?;
+        insert(&vars, HEAD_BIAS, Tensor::from_vec(head_bias, v, &Device::Cpu)?)?;
+        CharLm::assemble(vocab, vars, model, cell)
     }
 
-    /// Assembles a model from its parts, checking that they fit together.
-    pub fn from_parts(
-        vocab: Vocab,
-        embedding: Embedding,
-        rnn: Model,
-        head: Head,
-        cell: CellSource,
-    ) -> Result<CharLm> {
-        let fits = embedding.vocab == vocab.len()
-            && head.vocab == vocab.len()
-            && embedding.dim == rnn.input_size()
-            && head.input == rnn.output_size()
-            && embedding.weight.len() == embedding.vocab * embedding.dim
-            && head.weight.len() == head.vocab * head.input
-            && head.bias.len() == head.vocab;
-        if !fits || rnn.directions() != 1 {
-            return Err(Error::Invalid(format!(
-                "the parts do not fit: vocabulary {}, embedding [{}, {}], RNN {} -> {} features ({} directions), head [{}, {}]",
-                vocab.len(),
-                embedding.vocab,
-                embedding.dim,
-                rnn.input_size(),
-                rnn.output_size(),
-                rnn.directions(),
-                head.vocab,
-                head.input
-            )));
+    /// The model over `vars` (which hold the embedding and head, and the
+    /// RNN's weights under `rnn.` or none: then the model's own).
+    pub fn assemble(vocab: Vocab, vars: VarMap, model: Model, cell: CellSource) -> Result<CharLm> {
+        let (v, e, h) = (vocab.len(), model.input_size(), model.output_size());
+        if model.directions() != 1 {
+            return Err(Error::Invalid(
+                "a bidirectional RNN reads the future and cannot be a language model".into(),
+            ));
         }
-        Ok(CharLm { vocab, embedding, rnn, head, cell })
+        let vb = VarBuilder::from_varmap(&vars, DType::F32, &Device::Cpu);
+        let fits = |name: &str, shape: &[usize]| {
+            let data = vars.data().lock().map_err(|_| Error::Invalid("poisoned".into()))?;
+            match data.get(name) {
+                Some(t) if t.dims() != shape => Err(Error::Invalid(format!(
+                    "`{name}` has shape {:?}; the model (vocabulary {v}, embedding {e}, RNN output {h}) needs {shape:?}",
+                    t.dims()
+                ))),
+                _ => Ok(()),
+            }
+        };
+        fits(EMBEDDING, &[v, e])?;
+        fits(HEAD_WEIGHT, &[v, h])?;
+        fits(HEAD_BIAS, &[v])?;
+        let embedding = candle_nn::embedding(v, e, vb.pp("embedding"))?;
+        let rnn = Rnn::new(model, vb.pp("rnn"))?;
+        let head = candle_nn::linear(h, v, vb.pp("head"))?;
+        Ok(CharLm { vocab, vars, embedding, rnn, head, cell })
     }
 
-    /// The batch's embedded inputs as the runtime reads them: padded,
-    /// batch-first, padding at the end.
-    fn rnn_input<'a>(batch: &'a Batch, x: &'a [f32]) -> Input<'a> {
-        Input::Padded {
-            data: x,
-            batch: batch.size(),
-            steps: batch.steps,
-            major: Major::BatchFirst,
-            align: Align::Left,
-            lengths: &batch.lengths,
-        }
+    /// `[N, V]` logits at the batch's real positions (row by row), and the
+    /// `[N]` targets there.
+    fn logits(&self, batch: &Batch, train: bool) -> Result<(Tensor, Tensor)> {
+        let (b, t) = (batch.size(), batch.steps);
+        let ids = Tensor::from_slice(&batch.inputs, (b, t), &Device::Cpu)?;
+        let real: Vec<u32> = batch.real_rows().into_iter().map(|r| r as u32).collect();
+        let real = Tensor::from_vec(real, batch.tokens(), &Device::Cpu)?;
+        let (embedding, rnn, head) = if train {
+            (self.embedding.clone(), self.rnn.clone(), self.head.clone())
+        } else {
+            (
+                Embedding::new(self.embedding.embeddings().detach(), self.embedding.hidden_size()),
+                self.rnn.detach(),
+                Linear::new(self.head.weight().detach(), self.head.bias().map(Tensor::detach)),
+            )
+        };
+        let x = embedding.forward(&ids)?;
+        let out = rnn.forward(&x, &batch.lengths, Padding::default())?;
+        let hidden = out.reshape((b * t, out.dim(2)?))?.index_select(&real, 0)?;
+        let targets = Tensor::from_slice(&batch.targets, b * t, &Device::Cpu)?.index_select(&real, 0)?;
+        Ok((head.forward(&hidden)?, targets))
     }
 
-    /// Summed negative log-likelihood (nats) of the batch's targets, and
-    /// how many there are.
+    /// The batch's mean loss per character, to differentiate.
+    pub fn loss(&self, batch: &Batch) -> Result<Tensor> {
+        let (logits, targets) = self.logits(batch, true)?;
+        Ok(candle_nn::loss::cross_entropy(&logits, &targets)?)
+    }
+
+    /// Summed negative log-likelihood (nats, summed in f64) of the
+    /// batch's targets, and how many there are.
     pub fn score(&self, batch: &Batch) -> Result<(f64, usize)> {
-        let rows = batch.real_rows();
-        let x = self.embedding.forward(batch, &rows);
-        let out = self.rnn.forward(Self::rnn_input(batch, &x), None)?;
-        let pass = self.head.forward(&out.data, &rows, &batch.targets);
-        Ok((pass.nll, pass.count))
+        let (logits, targets) = self.logits(batch, false)?;
+        let log_probs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+        let picked: Vec<f32> = log_probs.gather(&targets.unsqueeze(1)?, 1)?.flatten_all()?.to_vec1()?;
+        Ok((-picked.iter().map(|&l| f64::from(l)).sum::<f64>(), picked.len()))
     }
 
     /// Mean loss in nats per character over `batches`.
@@ -166,60 +181,58 @@ impl CharLm {
         Ok(nll / count.max(1) as f64)
     }
 
-    /// The batch's mean loss per character and its gradients.
-    pub fn loss_and_grads(&self, batch: &Batch) -> Result<(f64, LmGrads)> {
-        let rows = batch.real_rows();
-        let x = self.embedding.forward(batch, &rows);
-        let (out, trace) = self.rnn.forward_train(Self::rnn_input(batch, &x), None)?;
-        let pass = self.head.forward(&out.data, &rows, &batch.targets);
-        let (nll, count) = (pass.nll, pass.count.max(1));
-        let mut head = self.head.zero_grads();
-        let mut d_out = vec![0.0; out.data.len()];
-        self.head.backward(pass, &rows, &batch.targets, 1.0 / count as f32, &mut d_out, &mut head);
-        let rnn = self.rnn.backward(&trace, &d_out, None)?;
-        let mut embedding = vec![0.0; self.embedding.weight.len()];
-        self.embedding.backward(batch, &rows, &rnn.d_input, &mut embedding);
-        Ok((nll / count as f64, LmGrads { embedding, rnn: rnn.d_params, head }))
-    }
-
-    /// Every parameter as a flat mutable slice: embedding, the RNN's
-    /// (layer by layer, in the cell's order), head weight, head bias.
-    pub fn params_mut(&mut self) -> Vec<&mut [f32]> {
-        let mut out: Vec<&mut [f32]> = vec![&mut self.embedding.weight];
-        out.extend(self.rnn.params_mut().iter_mut().flatten().map(Vec::as_mut_slice));
-        out.push(&mut self.head.weight);
-        out.push(&mut self.head.bias);
-        out
+    /// Every weight with its name, sorted by name.
+    pub fn named_vars(&self) -> Vec<(String, Var)> {
+        let data = self.vars.data().lock().map(|d| d.clone()).unwrap_or_default();
+        let mut vars: Vec<(String, Var)> = data.into_iter().collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        vars
     }
 
     /// Parameter counts: embedding, RNN, head.
     pub fn parameter_counts(&self) -> (usize, usize, usize) {
-        let rnn = self.rnn.weight_names().iter().map(|(_, shape)| shape.iter().product::<usize>()).sum();
-        (self.embedding.weight.len(), rnn, self.head.weight.len() + self.head.bias.len())
+        let rnn = self.rnn.weights().iter().map(|(_, t)| t.elem_count()).sum();
+        let head = self.head.weight().elem_count() + self.head.bias().map_or(0, Tensor::elem_count);
+        (self.embedding.embeddings().elem_count(), rnn, head)
     }
 
     /// A one-line description: cell, sizes, layers.
     pub fn describe(&self) -> String {
+        let model = self.rnn.model();
         // The input's own size is the embedding's: shown once, as that.
-        let cell = &self.rnn.compiled().forward;
+        let cell = &model.compiled().forward;
         let input_only = |k: &String| {
             cell.input_dim().variables().contains(k)
                 && !cell.states.iter().any(|s| s.dim.variables().contains(k))
         };
-        let sizes = self.rnn.layers()[0]
+        let sizes = model.layers()[0]
             .sizes
             .iter()
             .filter(|(k, _)| !input_only(k))
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()
             .join(" ");
-        let layers = self.rnn.layers().len();
+        let layers = model.layers().len();
         format!(
             "{} ({}), {sizes}, embedding {}, {layers} layer{}",
-            self.rnn.compiled().forward.name,
+            cell.name,
             self.cell.name,
-            self.embedding.dim,
+            model.input_size(),
             if layers == 1 { "" } else { "s" }
         )
     }
+}
+
+/// Adds `value` to `vars` as a new `Var` named `name`.
+pub fn insert(vars: &VarMap, name: &str, value: Tensor) -> Result<()> {
+    let var = Var::from_tensor(&value)?;
+    vars.data().lock().map_err(|_| Error::Invalid("poisoned".into()))?.insert(name.to_string(), var);
+    Ok(())
+}
+
+/// A draw from N(0, 1) (Box-Muller).
+fn standard_normal(rng: &mut ChaCha8Rng) -> f32 {
+    let u: f64 = 1.0 - rng.random::<f64>(); // (0, 1]: the log is finite
+    let v: f64 = rng.random();
+    ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
 }

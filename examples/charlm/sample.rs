@@ -2,12 +2,13 @@
 //! character at a time from its softmax, sharpened or flattened by a
 //! temperature, until it ends the line. Several lines are drawn at once,
 //! as the rows of one batch; the RNN's state is carried from one call to
-//! the next through the runtime's initial and final states.
+//! the next through the layer's initial and final states.
 
-use crate::head::softmax_in_place;
 use crate::lm::CharLm;
 use crate::Result;
-use cellc_runtime::{Align, Input, Major};
+use candle_core::{Device, Tensor};
+use candle_nn::Module;
+use cellc_candle::Padding;
 use rand::RngExt;
 use rand_chacha::ChaCha8Rng;
 
@@ -31,44 +32,30 @@ pub fn generate(lm: &CharLm, options: &SampleOptions, rng: &mut ChaCha8Rng) -> R
     let boundary = lm.vocab.boundary();
     let mut prompt = vec![boundary];
     prompt.extend(lm.vocab.encode(&options.prompt, "the prompt")?);
-    let (dim, width) = (lm.embedding.dim, lm.rnn.output_size());
-    let embed = |ids: &[u32]| -> Vec<f32> {
-        ids.iter()
-            .flat_map(|&id| &lm.embedding.weight[id as usize * dim..(id as usize + 1) * dim])
-            .copied()
-            .collect()
+    let rnn = lm.rnn.detach();
+    let embed = |ids: Vec<u32>, steps: usize| -> Result<Tensor> {
+        let ids = Tensor::from_vec(ids, (rows, steps), &Device::Cpu)?;
+        Ok(lm.embedding.forward(&ids)?.detach())
     };
+    let logits_of = |hidden: &Tensor| -> Result<Vec<Vec<f32>>> { Ok(lm.head.forward(hidden)?.to_vec2()?) };
 
     // The prompt, once per row.
     let steps = prompt.len();
-    let x: Vec<f32> = (0..rows).flat_map(|_| embed(&prompt)).collect();
-    let lengths = vec![steps; rows];
-    let input = Input::Padded {
-        data: &x,
-        batch: rows,
-        steps,
-        major: Major::BatchFirst,
-        align: Align::Left,
-        lengths: &lengths,
-    };
-    let out = lm.rnn.forward(input, None)?;
-    let mut states = out.final_states;
-    let mut hidden: Vec<f32> = (0..rows)
-        .flat_map(|b| &out.data[((b + 1) * steps - 1) * width..(b + 1) * steps * width])
-        .copied()
-        .collect();
+    let x = embed((0..rows).flat_map(|_| prompt.iter().copied()).collect(), steps)?;
+    let (out, mut states) = rnn.forward_with_states(&x, &vec![steps; rows], Padding::default(), None)?;
+    let mut hidden = out.narrow(1, steps - 1, 1)?.squeeze(1)?;
 
     let mut lines: Vec<Vec<u32>> = vec![Vec::new(); rows];
     let mut open = vec![true; rows];
     let ones = vec![1; rows];
     for _ in 0..options.max_chars {
-        let logits = lm.head.logits(&hidden, rows);
+        let logits = logits_of(&hidden)?;
         let mut next = vec![boundary; rows];
         for b in 0..rows {
             if !open[b] {
                 continue;
             }
-            let id = draw(&logits[b * lm.vocab.len()..(b + 1) * lm.vocab.len()], options.temperature, rng);
+            let id = draw(&logits[b], options.temperature, rng);
             if id == boundary {
                 open[b] = false;
             } else {
@@ -79,20 +66,23 @@ pub fn generate(lm: &CharLm, options: &SampleOptions, rng: &mut ChaCha8Rng) -> R
         if !open.contains(&true) {
             break;
         }
-        let x = embed(&next);
-        let input = Input::Padded {
-            data: &x,
-            batch: rows,
-            steps: 1,
-            major: Major::BatchFirst,
-            align: Align::Left,
-            lengths: &ones,
-        };
-        let out = lm.rnn.forward(input, Some(&states))?;
-        hidden = out.data;
-        states = out.final_states;
+        let (out, finals) =
+            rnn.forward_with_states(&embed(next, 1)?, &ones, Padding::default(), Some(&states))?;
+        hidden = out.squeeze(1)?;
+        states = finals;
     }
     Ok(lines.iter().map(|ids| format!("{}{}", options.prompt, lm.vocab.decode(ids))).collect())
+}
+
+/// `softmax(values)` in place, computed stably (the largest value subtracted first).
+pub fn softmax_in_place(values: &mut [f32]) {
+    let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in values.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    values.iter_mut().for_each(|v| *v /= sum);
 }
 
 /// An id drawn from `softmax(logits / temperature)` (the largest logit at temperature 0).

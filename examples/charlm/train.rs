@@ -1,14 +1,17 @@
-//! The training loop: bucketed batches, the loss and its gradients,
-//! global-norm clipping, Adam under a warm-up and cosine learning-rate
-//! schedule, and the validation loss at regular steps. Progress goes to a
+//! The training loop: bucketed batches, the loss and its gradients
+//! (candle's autograd), global-norm clipping, AdamW (candle-nn's, weight
+//! decay 0: Adam) under a warm-up and cosine learning-rate schedule, and
+//! the validation loss at regular steps. Progress goes to a
 //! callback (a progress bar, a log, or nothing in a test); the losses come
 //! back as a [`History`].
 
 use crate::batches::{self, Batch, Epochs};
 use crate::lm::CharLm;
-use crate::optim::{clip_factor, global_norm, Adam};
 use crate::text::Corpus;
 use crate::Result;
+use candle_core::backprop::GradStore;
+use candle_core::Var;
+use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::time::Instant;
@@ -97,7 +100,7 @@ pub fn validation_batches(corpus: &Corpus) -> Vec<Batch> {
 
 /// Trains `lm` on `corpus.train`, validating on `corpus.valid`.
 pub fn train(
-    lm: &mut CharLm,
+    lm: &CharLm,
     corpus: &Corpus,
     config: &TrainConfig,
     on_progress: &mut dyn FnMut(&Progress),
@@ -114,15 +117,21 @@ pub fn train(
     evaluate(lm, 0, &mut history, on_progress)?;
 
     let mut epochs = Epochs::new(&corpus.train, config.batch_size, ChaCha8Rng::seed_from_u64(config.seed));
-    let mut adam = Adam::default();
+    let vars: Vec<Var> = lm.named_vars().into_iter().map(|(_, v)| v).collect();
+    let mut adam = AdamW::new(
+        vars.clone(),
+        ParamsAdamW { lr: f64::from(config.lr), weight_decay: 0.0, ..Default::default() },
+    )?;
     for step in 0..config.steps {
         let Some(batch) = epochs.next() else { break };
         let started = Instant::now();
-        let (loss, grads) = lm.loss_and_grads(&batch)?;
-        let tensors = grads.tensors();
-        let grad_norm = global_norm(&tensors);
+        let loss_tensor = lm.loss(&batch)?;
+        let loss = f64::from(loss_tensor.to_scalar::<f32>()?);
+        let mut grads = loss_tensor.backward()?;
+        let grad_norm = clip(&mut grads, &vars, f64::from(config.clip))?;
         let lr = config.lr_at(step);
-        adam.step(&mut lm.params_mut(), &tensors, clip_factor(grad_norm, f64::from(config.clip)), lr)?;
+        adam.set_learning_rate(f64::from(lr));
+        adam.step(&grads)?;
         history.train_seconds += started.elapsed().as_secs_f64();
         history.tokens += batch.tokens();
         history.train.push((step + 1, loss));
@@ -143,4 +152,25 @@ pub fn train(
     }
     history.epochs = epochs.epoch;
     Ok(history)
+}
+
+/// Scales the gradients of `vars` down to a global norm of `max_norm`
+/// when above it (PyTorch's `clip_grad_norm_`); returns the norm before.
+pub fn clip(grads: &mut GradStore, vars: &[Var], max_norm: f64) -> Result<f64> {
+    let mut sum = 0.0f64;
+    for var in vars {
+        if let Some(g) = grads.get(var) {
+            sum += f64::from(g.sqr()?.sum_all()?.to_scalar::<f32>()?);
+        }
+    }
+    let norm = sum.sqrt();
+    if norm > max_norm {
+        let factor = max_norm / (norm + 1e-6);
+        for var in vars {
+            if let Some(g) = grads.remove(var) {
+                grads.insert(var, g.affine(factor, 0.0)?);
+            }
+        }
+    }
+    Ok(norm)
 }
