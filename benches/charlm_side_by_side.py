@@ -96,7 +96,7 @@ def torch_round(cell, batches, train, vocab, args):
         opt.step()
         seconds += time.perf_counter() - started
         tokens += sum(lengths)
-    return tokens / seconds, float(loss)
+    return tokens / seconds, loss.item()
 
 
 def charlm_round(cell, args, batches_file, out_dir):
