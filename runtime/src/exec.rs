@@ -247,6 +247,13 @@ impl Model {
         }
     }
 
+    /// The shape of each state tensor (initial or final) of a batch of
+    /// `batch` sequences: `[layers * directions, B, size]`, as nn.LSTM's `(h, c)`.
+    pub fn state_shapes(&self, batch: usize) -> Vec<[usize; 3]> {
+        let ld = self.layers.len() * self.directions();
+        self.layers.first().map_or(&[][..], |l| &l.state_sizes[..]).iter().map(|&n| [ld, batch, n]).collect()
+    }
+
     /// Checks `[L*D, B, size]` state buffers, or makes zeros.
     pub(crate) fn states_or_zeros<'s>(
         &self,
@@ -254,10 +261,12 @@ impl Model {
         batch: usize,
         what: &str,
     ) -> Result<Vec<Cow<'s, [f32]>>> {
-        let sizes = &self.layers[0].state_sizes;
-        let ld = self.layers.len() * self.directions();
         match given {
-            None => Ok(sizes.iter().map(|&n| Cow::Owned(vec![0.0; ld * batch * n])).collect()),
+            None => Ok(self
+                .state_shapes(batch)
+                .iter()
+                .map(|shape| Cow::Owned(vec![0.0; shape.iter().product()]))
+                .collect()),
             Some(g) => {
                 self.check_states(g.len(), |i| g[i].len(), batch, what)?;
                 Ok(g.iter().map(|&s| Cow::Borrowed(s)).collect())
@@ -273,17 +282,16 @@ impl Model {
         batch: usize,
         what: &str,
     ) -> Result<()> {
-        let sizes = &self.layers[0].state_sizes;
-        let ld = self.layers.len() * self.directions();
-        if count != sizes.len() {
+        let shapes = self.state_shapes(batch);
+        if count != shapes.len() {
             return Err(RuntimeError::Shape {
                 tensor: what.into(),
-                expected: format!("{} state tensors", sizes.len()),
+                expected: format!("{} state tensors", shapes.len()),
                 found: format!("{count}"),
             });
         }
-        for (i, (&n, decl)) in sizes.iter().zip(&self.compiled.forward.states).enumerate() {
-            check_len(&format!("{what}.{}", decl.name), len(i), &[ld, batch, n])?;
+        for (i, (shape, decl)) in shapes.iter().zip(&self.compiled.forward.states).enumerate() {
+            check_len(&format!("{what}.{}", decl.name), len(i), shape)?;
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! How a padded batch is laid out: which axis is the batch's, where each
 //! sequence sits on the time axis, and its real length.
 
-use cellc_runtime::{Align, Input, Major, RuntimeError};
+use cellc_runtime::{Align, BatchShape, Input, Major, RuntimeError};
 
 /// A padded batch's layout and lengths, read against its input tensor's
 /// shape (`[B, T, I]` batch-first, `[T, B, I]` time-first).
@@ -39,16 +39,20 @@ impl Padded {
         Ok(Padded { batch, steps, major, align, lengths: lengths.to_vec() })
     }
 
-    /// The runtime's view of `data` laid out so.
-    pub(crate) fn input<'a>(&'a self, data: &'a [f32]) -> Input<'a> {
-        Input::Padded {
-            data,
+    /// The runtime's description of the batch.
+    pub(crate) fn shape(&self) -> BatchShape<'_> {
+        BatchShape::Padded {
             batch: self.batch,
             steps: self.steps,
             major: self.major,
             align: self.align,
             lengths: &self.lengths,
         }
+    }
+
+    /// The runtime's view of `data` laid out so.
+    pub(crate) fn input<'a>(&'a self, data: &'a [f32]) -> Input<'a> {
+        self.shape().with_data(data)
     }
 
     /// The output's dimensions: the input's, `features` per row.

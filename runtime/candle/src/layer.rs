@@ -152,7 +152,7 @@ impl Rnn {
         }
         let batch = Padded::of(x.dims(), padding.major, padding.align, lengths)?;
         // The errors of bad input, typed, before candle wraps the op's.
-        self.model.check_batch(&batch.input(&[]).split().0, x.elem_count())?;
+        self.model.check_batch(&batch.shape(), x.elem_count())?;
         let device = x.device();
         let states = match h0 {
             Some(h) => self.flat_states(h, batch.batch)?,
@@ -163,46 +163,40 @@ impl Rnn {
         let keep = x.track_op() || w.track_op() || states.track_op();
         let op =
             RnnOp { model: self.model.clone(), batch, with_finals, keep, reserve: Mutex::new(Vec::new()) };
-        let (output_len, state_lens) = (op.output_len(), op.state_lens());
+        let output_len = op.output_len();
         let dims = op.batch.output_dims(self.model.output_size());
-        let batch_size = op.batch.batch;
+        let state_shapes = self.model.state_shapes(op.batch.batch);
         let result = if keep { x.apply_op3(&w, &states, op)? } else { x.apply_op3_no_bwd(&w, &states, &op)? };
         if !with_finals {
             return Ok((result, Vec::new()));
         }
         let output = result.narrow(0, 0, output_len)?.reshape(dims.to_vec())?;
-        let slots = self.model.layers().len() * self.model.directions();
-        let mut finals = Vec::with_capacity(state_lens.len());
+        let mut finals = Vec::with_capacity(state_shapes.len());
         let mut at = output_len;
-        for (len, size) in state_lens.into_iter().zip(self.state_sizes()) {
-            finals.push(result.narrow(0, at, len)?.reshape((slots, batch_size, size))?);
+        for shape in state_shapes {
+            let len = shape.iter().product();
+            finals.push(result.narrow(0, at, len)?.reshape(shape.to_vec())?);
             at += len;
         }
         Ok((output, finals))
     }
 
-    /// Features of each state.
-    fn state_sizes(&self) -> Vec<usize> {
-        self.model.layers().first().map(|l| l.state_sizes.clone()).unwrap_or_default()
-    }
-
     /// `h0` checked (one `[layers * directions, B, size]` per state) and flattened into one operand.
     fn flat_states(&self, h0: &[Tensor], batch: usize) -> Result<Tensor> {
-        let sizes = self.state_sizes();
-        let slots = self.model.layers().len() * self.model.directions();
-        if h0.len() != sizes.len() {
+        let shapes = self.model.state_shapes(batch);
+        if h0.len() != shapes.len() {
             return Err(RuntimeError::Shape {
                 tensor: "h0".into(),
-                expected: format!("{} tensors (one per state of the cell)", sizes.len()),
+                expected: format!("{} tensors (one per state of the cell)", shapes.len()),
                 found: format!("{} tensors", h0.len()),
             }
             .into());
         }
-        for (i, (t, &size)) in h0.iter().zip(&sizes).enumerate() {
-            if t.dims() != [slots, batch, size] {
+        for (i, (t, shape)) in h0.iter().zip(&shapes).enumerate() {
+            if t.dims() != shape {
                 return Err(RuntimeError::Shape {
                     tensor: format!("h0[{i}]"),
-                    expected: format!("[{slots}, {batch}, {size}]"),
+                    expected: format!("{shape:?}"),
                     found: format!("{:?}", t.dims()),
                 }
                 .into());

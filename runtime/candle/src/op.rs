@@ -34,7 +34,7 @@ impl Drop for RnnOp {
 }
 
 /// A runtime error as candle's, kept whole (`Error::Wrapped`, downcastable).
-pub(crate) fn wrap(e: RuntimeError) -> candle_core::Error {
+fn wrap(e: RuntimeError) -> candle_core::Error {
     candle_core::Error::wrap(e)
 }
 
@@ -108,9 +108,7 @@ impl RnnOp {
 
     /// Floats of each state, `[layers * directions, B, size]`.
     pub fn state_lens(&self) -> Vec<usize> {
-        let slots = self.model.layers().len() * self.model.directions();
-        let sizes = self.model.layers().first().map(|l| l.state_sizes.clone()).unwrap_or_default();
-        sizes.iter().map(|n| slots * self.batch.batch * n).collect()
+        self.model.state_shapes(self.batch.batch).iter().map(|shape| shape.iter().product()).collect()
     }
 
     /// Floats of the output, `B * T * output_size`.
