@@ -193,7 +193,10 @@ impl CustomOp3 for RnnOp {
         let operands = self.operands(read)?;
         let shape = self.result_shape();
         let state_lens = self.state_lens();
-        let mut result = cellc_runtime::pool::take(shape.elem_count());
+        // Candle keeps the result and frees it itself: a pooled buffer
+        // would never come back, and the pool would make a fresh one for
+        // its next taker. Fresh zeroed memory is mapped lazily instead.
+        let mut result = vec![0.0f32; shape.elem_count()];
         // Final states nobody asked for still go somewhere.
         let mut unwanted: Vec<Vec<f32>> =
             if self.with_finals { Vec::new() } else { state_lens.iter().map(|&n| vec![0.0; n]).collect() };
