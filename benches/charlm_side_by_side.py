@@ -15,6 +15,9 @@ Needs a Python with torch, and builds `charlm` itself (`cargo build --release -p
   `nn.LSTM` / `nn.GRU` as it is (oneDNN; positions past a verse's end are computed and masked
   out of the loss, which a causal RNN allows); for layernorm_lstm, a TorchScript LayerNorm-LSTM
   cell (benchmarks/fastrnns' custom_lstms.py) in a loop over time, as `benches/compare_pytorch.py`.
+  For lstm and gru, PyTorch's other route is timed too and reported: `pack_padded_sequence`
+  (unsorted) through the same module and `pad_packed_sequence` back. The ratio is taken to the
+  faster of the two.
 
 Both count the characters predicted and the seconds of the training steps (batch assembly,
 forward, backward, clipping and the optimiser step; validation excluded). Prints each round,
@@ -48,8 +51,9 @@ CHARLM = os.path.join(ROOT, "target", "release", "examples", "charlm")
 class TorchLM(nn.Module):
     """charlm's model in PyTorch, over padded batch-first batches."""
 
-    def __init__(self, cell, vocab, embedding, hidden):
+    def __init__(self, cell, vocab, embedding, hidden, packed=False):
         super().__init__()
+        self.packed = packed
         self.embedding = nn.Embedding(vocab, embedding)
         if cell == "lstm":
             self.rnn = nn.LSTM(embedding, hidden, batch_first=True)
@@ -64,14 +68,22 @@ class TorchLM(nn.Module):
 
     def forward(self, inputs, lengths):
         x = self.embedding(inputs)
-        out = loop_over_time(self.rnn, x, lengths) if self.scripted else self.rnn(x)[0]
+        if self.scripted:
+            out = loop_over_time(self.rnn, x, lengths)
+        elif self.packed:
+            packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+            out = nn.utils.rnn.pad_packed_sequence(self.rnn(packed)[0], batch_first=True,
+                                                   total_length=x.shape[1])[0]
+        else:
+            out = self.rnn(x)[0]
         return self.head(out)
 
 
-def torch_round(cell, batches, train, vocab, args):
-    """Trains a fresh PyTorch model on `batches`; returns (tokens/s, last loss)."""
+def torch_round(cell, batches, train, vocab, args, packed=False):
+    """Trains a fresh PyTorch model on `batches` (through a PackedSequence
+    if `packed`); returns (tokens/s, last loss)."""
     torch.manual_seed(args.seed)
-    model = TorchLM(cell, len(vocab), args.embedding, args.hidden)
+    model = TorchLM(cell, len(vocab), args.embedding, args.hidden, packed)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     warmup = args.steps * 3 // 100
     tokens, seconds, loss = 0, 0.0, float("nan")
@@ -97,6 +109,18 @@ def torch_round(cell, batches, train, vocab, args):
         seconds += time.perf_counter() - started
         tokens += sum(lengths)
     return tokens / seconds, loss.item()
+
+
+PACKABLE = ("lstm", "gru")
+
+
+def describe(row):
+    """One line: charlm's tokens/s, PyTorch's by each route, the ratio to its faster."""
+    routes = f"padded {row['pytorch_padded'] / 1e3:6.1f}k"
+    if "pytorch_packed" in row:
+        routes += f", packed {row['pytorch_packed'] / 1e3:6.1f}k"
+    return (f"charlm {row['charlm'] / 1e3:6.1f}k tokens/s | PyTorch {routes} tokens/s"
+            f" | ratio {row['charlm'] / row['pytorch']:.2f}")
 
 
 def charlm_round(cell, args, batches_file, out_dir):
@@ -138,20 +162,22 @@ def main():
         batches_file = os.path.join(tmp, "batches.json")
         for r in range(args.rounds):
             ours, batches = charlm_round(args.cell, args, batches_file, tmp)
-            theirs, loss = torch_round(args.cell, batches, train, vocab, args)
+            padded, loss = torch_round(args.cell, batches, train, vocab, args)
             if not math.isfinite(loss):
                 raise RuntimeError("PyTorch's loss is not finite")
-            rounds.append({"charlm": ours, "pytorch": theirs})
-            print(f"round {r + 1}: charlm {ours / 1e3:6.1f}k tokens/s | PyTorch {theirs / 1e3:6.1f}k tokens/s"
-                  f" | ratio {ours / theirs:.2f}")
-    ours = statistics.median(r["charlm"] for r in rounds)
-    theirs = statistics.median(r["pytorch"] for r in rounds)
-    print(f"median:  charlm {ours / 1e3:6.1f}k tokens/s | PyTorch {theirs / 1e3:6.1f}k tokens/s"
-          f" | ratio {ours / theirs:.2f}")
+            row = {"charlm": ours, "pytorch_padded": padded}
+            if args.cell in PACKABLE:
+                row["pytorch_packed"], _ = torch_round(args.cell, batches, train, vocab, args, packed=True)
+            row["pytorch"] = max(row.get("pytorch_packed", 0.0), padded)
+            rounds.append(row)
+            print(f"round {r + 1}: " + describe(row))
+    median = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    print("median:  " + describe(median))
+    ours, theirs = median["charlm"], median["pytorch"]
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cell": args.cell, "steps": args.steps, "threads": args.threads, "torch": torch.__version__,
-                       "rounds": rounds, "charlm": ours, "pytorch": theirs, "ratio": ours / theirs}, f, indent=1)
+                       "rounds": rounds, "median": median, "ratio": ours / theirs}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -150,9 +150,13 @@ impl CharLm {
         };
         let x = embedding.forward(&ids)?;
         let out = rnn.forward(&x, &batch.lengths, Padding::default())?;
-        let hidden = out.reshape((b * t, out.dim(2)?))?.index_select(&real, 0)?;
+        // The head runs on every row, padding too (a few rows more of a
+        // small product), and the real rows are picked from its logits:
+        // a quarter of the floats gathered, and scattered back in the
+        // backward, that picking the RNN's outputs would move.
+        let logits = head.forward(&out.reshape((b * t, out.dim(2)?))?)?.index_select(&real, 0)?;
         let targets = Tensor::from_slice(&batch.targets, b * t, &Device::Cpu)?.index_select(&real, 0)?;
-        Ok((head.forward(&hidden)?, targets))
+        Ok((logits, targets))
     }
 
     /// The batch's mean loss per character, to differentiate.
