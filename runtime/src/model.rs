@@ -374,17 +374,16 @@ impl Model {
     /// `flat` (one item per weight, in [`Model::weight_names`]' order)
     /// grouped as the passes take weights, `[layer * directions + direction][param]`.
     pub fn group_by_slot<T>(&self, flat: Vec<T>) -> Result<Vec<Vec<T>>> {
-        let count = self.layers.len() * self.directions() * self.compiled.forward.params.len();
-        if flat.len() != count {
+        let (slots, per) = (self.layers.len() * self.directions(), self.compiled.forward.params.len());
+        if flat.len() != slots * per {
             return Err(RuntimeError::Shape {
                 tensor: "weights".into(),
-                expected: format!("{count} tensors"),
+                expected: format!("{} tensors", slots * per),
                 found: format!("{} tensors", flat.len()),
             });
         }
-        let per = self.compiled.forward.params.len();
         let mut flat = flat.into_iter();
-        Ok((0..self.layers.len() * self.directions()).map(|_| flat.by_ref().take(per).collect()).collect())
+        Ok((0..slots).map(|_| flat.by_ref().take(per).collect()).collect())
     }
 
     fn take_weights(&self, w: &Weights) -> Result<Vec<Vec<Vec<f32>>>> {
