@@ -36,6 +36,23 @@ impl BackendKind {
         BackendKind::CudaEmulated,
     ];
 
+    /// How many ulp from the exact value this back end's elementary
+    /// functions (exp, tanh, ...) may be: 1 for a correctly rounded
+    /// library's (the f32 oracle's own), more for approximations.
+    pub fn math_ulp(self) -> f64 {
+        match self {
+            // The interpreter's op semantics: the host's libm.
+            BackendKind::Reference | BackendKind::CpuInterpreted => 1.0,
+            // Cranelift's range-reduced polynomials.
+            BackendKind::CpuJit | BackendKind::CpuLinked => {
+                cellc_runtime::backend::cpu::codegen::math::MAX_ULP
+            }
+            // CUDA's expf, tanhf, logf: 2 ulp (CUDA's math guide); the
+            // emulated device compiles them with the host's libm.
+            BackendKind::CudaEmulated => 2.0,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             BackendKind::Reference => "reference",

@@ -177,12 +177,22 @@ fn compare(what: &str, got: &[f32], want: &[f64], tol: f64) -> Result<(), String
 
 /// The tolerances: `|a - b| / max(1, |b|)` of an f32 back end against
 /// the f64 oracle within [`BASE_TOLERANCE`], or within [`NOISE_FACTOR`]
-/// times the f32 oracle's own distance from the f64 one on that tensor,
-/// whichever is larger: a cell that amplifies rounding (a LayerNorm of a
-/// nearly constant row, a state growing step by step) is held to what f32
-/// can compute, and a wrong value is still far outside it.
+/// times the f32 oracle's own distance from the f64 one, times how many
+/// ulp the back end's elementary functions may be off
+/// ([`BackendKind::math_ulp`]), whichever is larger: a cell that
+/// amplifies rounding (a LayerNorm of a nearly constant row, a state
+/// growing step by step) is held to what f32 can compute with those
+/// functions, and a wrong value is still far outside it.
+///
+/// The distance is the largest over a whole pass (the forward's outputs
+/// and final states; for the backward, those and every gradient), not
+/// one tensor's: a tensor of two values may land near the f64 values by
+/// luck in the f32 oracle and not in a back end that sums in another
+/// order. Measured on 12,000 random LayerNorm-LSTMs with one to three
+/// hidden units (the worst conditioned shipped cell), the JIT's error
+/// reached 42 times the oracle's noise, the reference back end's 8.
 pub const BASE_TOLERANCE: f64 = 1e-4;
-pub const NOISE_FACTOR: f64 = 10.0;
+pub const NOISE_FACTOR: f64 = 16.0;
 
 /// The oracle's values and its f32 twin, for tolerances.
 struct Expected<'a> {
@@ -194,8 +204,20 @@ fn flat(rows: &[Vec<Vec<f64>>]) -> Vec<f64> {
     rows.iter().flatten().flatten().copied().collect()
 }
 
-fn tolerance(f32_values: &[f64], f64_values: &[f64]) -> f64 {
-    BASE_TOLERANCE.max(NOISE_FACTOR * noise(f32_values, f64_values))
+/// The oracle's rounding noise over a forward pass and over a backward
+/// pass (which includes its forward's).
+fn pass_noise(want: &Expected) -> (f64, f64) {
+    let (w, w32) = (want.f64, want.f32);
+    let finals = w32.finals.iter().zip(&w.finals).map(|(a, b)| noise(a, b));
+    let forward = finals.fold(noise(&flat(&w32.out), &flat(&w.out)), f64::max);
+    let d_h0 = w32.d_h0.iter().zip(&w.d_h0).map(|(a, b)| noise(a, b));
+    let d_params = w32.d_params.iter().flatten().zip(w.d_params.iter().flatten()).map(|(a, b)| noise(a, b));
+    let backward = d_h0.chain(d_params).fold(forward.max(noise(&flat(&w32.d_in), &flat(&w.d_in))), f64::max);
+    (forward, backward)
+}
+
+fn tolerance(noise: f64, kind: BackendKind) -> f64 {
+    BASE_TOLERANCE.max(NOISE_FACTOR * kind.math_ulp() * noise)
 }
 
 /// Checks `source` (a `.cell` file whose first cell is checked) on `case`.
@@ -245,7 +267,7 @@ pub fn check(source: &str, case: &Case, plan: &Checks) -> Result<Passed, Failure
         let training = Layout::ALL[(k * 2 + 1 + case.seed as usize) % Layout::ALL.len()];
         let run = || -> Result<(), String> {
             let m = model(kind, layers).map_err(|e| e.to_string())?;
-            run_backend(&m, &batch, &want, (inference, training))
+            run_backend(&m, kind, &batch, &want, (inference, training))
         };
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
             Ok(Ok(())) => passes += 3,
@@ -283,22 +305,18 @@ fn gradcheck(cell: &CompiledCell, sizes: &Bindings, seed: u64) -> Result<(), Str
 /// backward with output and final-state adjoints) in another.
 fn run_backend(
     m: &Model,
+    kind: BackendKind,
     batch: &Batch,
     want: &Expected,
     (inference, training): (Layout, Layout),
 ) -> Result<(), String> {
     let (features, outputs) = (m.input_size(), m.output_size());
-    let (w, w32) = (want.f64, want.f32);
-    let rows_tol = |f: fn(&Oracle) -> &Vec<Vec<Vec<f64>>>| tolerance(&flat(f(w32)), &flat(f(w)));
-    let out_tol = rows_tol(|o| &o.out);
+    let w = want.f64;
+    let (forward_noise, backward_noise) = pass_noise(want);
+    let (out_tol, grad_tol) = (tolerance(forward_noise, kind), tolerance(backward_noise, kind));
     let states = |got: &[Vec<f32>], what: &str| -> Result<(), String> {
         for (i, g) in got.iter().enumerate() {
-            compare(
-                &format!("{what} final state {i}"),
-                g,
-                &w.finals[i],
-                tolerance(&w32.finals[i], &w.finals[i]),
-            )?;
+            compare(&format!("{what} final state {i}"), g, &w.finals[i], out_tol)?;
         }
         Ok(())
     };
@@ -328,7 +346,6 @@ fn run_backend(
     let dy = batch.lay_out(training, &batch.d_out, outputs)?;
     let grads =
         m.backward(&trace, &dy, Some(&batch.d_final)).map_err(|e| format!("backward ({training}): {e}"))?;
-    let d_in_tol = rows_tol(|o| &o.d_in);
     compare_rows(
         &format!("backward ({training}) d_input"),
         &grads.d_input,
@@ -336,11 +353,10 @@ fn run_backend(
         &at,
         batch,
         &w.d_in,
-        d_in_tol,
+        grad_tol,
     )?;
     for (i, got) in grads.d_h0.iter().enumerate() {
-        let tol = tolerance(&w32.d_h0[i], &w.d_h0[i]);
-        compare(&format!("backward ({training}) d_h0 of state {i}"), got, &w.d_h0[i], tol)?;
+        compare(&format!("backward ({training}) d_h0 of state {i}"), got, &w.d_h0[i], grad_tol)?;
     }
     let names = m.compiled().param_names();
     let dirs = m.directions();
@@ -348,8 +364,7 @@ fn run_backend(
         for (p, g) in got.iter().enumerate() {
             let name =
                 format!("{}{}", names[p], cellc_runtime::model::weight_suffix(slot / dirs, slot % dirs == 1));
-            let tol = tolerance(&w32.d_params[slot][p], &w.d_params[slot][p]);
-            compare(&format!("backward ({training}) d_{name}"), g, &w.d_params[slot][p], tol)?;
+            compare(&format!("backward ({training}) d_{name}"), g, &w.d_params[slot][p], grad_tol)?;
         }
     }
     Ok(())
