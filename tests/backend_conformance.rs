@@ -147,6 +147,46 @@ fn large_batches_split_across_threads_identically() {
 }
 
 #[test]
+fn calls_from_inside_the_pool_take_turns() {
+    // A program running on the back end's own threads (`Cpu::install`)
+    // makes two calls at once: rayon may run the second on the very thread
+    // the first waits on, which must neither deadlock nor change a bit.
+    let c = cells().iter().map(|(_, c)| c).find(|c| c.forward.name == "lstm").expect("lstm").clone();
+    let config = ModelConfig { layers: 1, bidirectional: false };
+    let cpu = Arc::new(Cpu::new(2, Kernels::default()).expect("cpu"));
+    let model = Arc::new(build(&c, 40, 8, &config, Box::new(cpu.clone())).expect("model"));
+    let lengths: Vec<usize> = (0..12).map(|k| 20 + k % 7).collect();
+    let mut rng = support::Rng::new(5);
+    let x: Vec<f32> = rng.vec(12 * 26 * 8, 1.0).iter().map(|&v| v as f32).collect();
+    let forward = move |model: &Model| {
+        let input = Input::Padded {
+            data: &x,
+            batch: 12,
+            steps: 26,
+            major: Major::BatchFirst,
+            align: Align::Left,
+            lengths: &lengths,
+        };
+        model.forward(input, None).expect("forward").data
+    };
+    let alone = forward(&model);
+    assert_eq!(cpu.install(|| forward(&model)), alone, "one call from inside the pool");
+    let (done, finished) = std::sync::mpsc::channel();
+    // On a thread of its own, so that a deadlock fails the test rather than hanging it.
+    std::thread::spawn(move || {
+        let both = cpu.install(|| {
+            (0..20).map(|_| rayon::join(|| forward(&model), || forward(&model))).collect::<Vec<_>>()
+        });
+        done.send(both).expect("the test waits");
+    });
+    let both = finished.recv_timeout(std::time::Duration::from_secs(120)).expect("two calls deadlocked");
+    for (a, b) in both {
+        assert_eq!(a, alone);
+        assert_eq!(b, alone);
+    }
+}
+
+#[test]
 fn states_that_swap_read_the_previous_step() {
     // `a' = b`, `b' = a`: each next state is the other state itself, so the
     // new states must not overwrite the old ones before both are read.

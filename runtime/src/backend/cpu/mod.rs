@@ -63,8 +63,7 @@ pub struct Cpu {
     threads: usize,
     pool: rayon::ThreadPool,
     kernels: Kernels,
-    /// Held while a call runs on the pool: the threads of one call's time
-    /// loop wait for each other, so two calls must not share the pool.
+    /// Held while a call runs on the pool ([`Cpu::alone`]).
     running: Mutex<()>,
 }
 
@@ -108,6 +107,37 @@ impl Cpu {
 
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// Runs one call's `op(threads)` on the pool, no other call beside
+    /// it: the threads of a call's time loop wait for each other, so two
+    /// calls must not share them. A call made on one of the pool's own
+    /// threads (inside [`Cpu::install`]) while another runs does not wait:
+    /// the running call may need this very thread (rayon runs pending
+    /// jobs, this call among them, on a thread that waits), so it runs
+    /// alone on the calling thread, with the same results (products are
+    /// split by columns, never by their sums).
+    fn alone<R: Send>(&self, op: impl FnOnce(usize) -> Result<R> + Send) -> Result<R> {
+        let _running = match self.running.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) if self.pool.current_thread_index().is_some() => {
+                return op(1);
+            }
+            Err(std::sync::TryLockError::WouldBlock) => {
+                self.running.lock().unwrap_or_else(|e| e.into_inner())
+            }
+        };
+        self.pool.install(|| op(self.threads))
+    }
+
+    /// Runs `op` on this back end's threads. A program whose other work
+    /// is parallel too (a framework's tensor ops on rayon, as candle's)
+    /// runs it in here, so that the back end's threads and its own do not
+    /// take turns on the same cores: a pass called from inside starts
+    /// without crossing pools, and no idle pool spins beside a busy one.
+    pub fn install<R: Send>(&self, op: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(op)
     }
 
     fn code(&self, cell: &CompiledCell, layer: &Layer) -> Result<Arc<LayerCode>> {
@@ -364,8 +394,7 @@ impl Backend for Cpu {
     fn forward(&self, job: &ForwardJob, output: &mut RowsMut) -> Result<ForwardResult> {
         let code = self.code(job.cell, job.layer)?;
         let keep = if job.training { KeepTape::Pooled } else { KeepTape::No };
-        let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        self.pool.install(|| forward(self.threads, &code, job, output, keep))
+        self.alone(|threads| forward(threads, &code, job, output, keep))
     }
 
     fn tape_floats_per_row(&self, cell: &CompiledCell, layer: &Layer) -> Result<Option<usize>> {
@@ -380,8 +409,7 @@ impl Backend for Cpu {
     ) -> Result<Vec<Vec<f32>>> {
         let code = self.code(job.cell, job.layer)?;
         let job = ForwardJob { training: true, ..*job };
-        let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        let r = self.pool.install(|| forward(self.threads, &code, &job, output, KeepTape::Caller(tape)))?;
+        let r = self.alone(|threads| forward(threads, &code, &job, output, KeepTape::Caller(tape)))?;
         Ok(r.final_states)
     }
 
@@ -396,8 +424,7 @@ impl Backend for Cpu {
         // SAFETY: the backward only reads its tape, which borrows `tape` for this call.
         let tape =
             unsafe { CpuTape::in_caller(&code, job.layer, rows, tape.as_ptr() as *mut f32, tape.len())? };
-        let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        self.pool.install(|| backward(self.threads, &code, job, &tape, d_input))
+        self.alone(|threads| backward(threads, &code, job, &tape, d_input))
     }
 
     fn stream<'a>(&'a self, job: StreamJob<'a>) -> Result<Option<Box<dyn StepRunner + 'a>>> {
@@ -410,8 +437,7 @@ impl Backend for Cpu {
             .downcast_ref::<CpuTape>()
             .ok_or_else(|| RuntimeError::Internal("a cpu backward needs a cpu forward's tape".into()))?;
         let code = self.code(job.cell, job.layer)?;
-        let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        self.pool.install(|| backward(self.threads, &code, job, tape, d_input))
+        self.alone(|threads| backward(threads, &code, job, tape, d_input))
     }
 }
 
