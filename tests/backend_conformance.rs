@@ -31,6 +31,11 @@ fn cells() -> &'static Vec<(String, Arc<CompiledCell>)> {
     })
 }
 
+/// The shipped LSTM.
+fn lstm() -> Arc<CompiledCell> {
+    cells().iter().map(|(_, c)| c).find(|c| c.forward.name == "lstm").expect("lstm").clone()
+}
+
 fn build(
     cell: &Arc<CompiledCell>,
     h: usize,
@@ -57,7 +62,7 @@ proptest! {
 
     /// Both back ends against the f64 per-sequence interpreter, each held
     /// to `BASE_TOLERANCE` or to a multiple of the f32 interpreter's own
-    /// rounding on that tensor, whichever is larger (`cellc_difftest`'s
+    /// rounding over the pass, whichever is larger (`cellc_difftest`'s
     /// one rule): a LayerNorm over two elements amplifies rounding by
     /// orders of magnitude, and two f32 back ends summing in different
     /// orders differ by what f32 can compute there, not by a fixed bound.
@@ -119,7 +124,7 @@ proptest! {
 #[test]
 fn large_batches_split_across_threads_identically() {
     // Enough rows and columns that pointwise stages and per-step GEMMs split.
-    let c = cells().iter().map(|(_, c)| c).find(|c| c.forward.name == "lstm").expect("lstm").clone();
+    let c = lstm();
     let config = ModelConfig { layers: 1, bidirectional: false };
     let one =
         build(&c, 96, 32, &config, Box::new(Cpu::new(1, Kernels::default()).expect("cpu"))).expect("model");
@@ -151,7 +156,7 @@ fn calls_from_inside_the_pool_take_turns() {
     // A program running on the back end's own threads (`Cpu::install`)
     // makes two calls at once: rayon may run the second on the very thread
     // the first waits on, which must neither deadlock nor change a bit.
-    let c = cells().iter().map(|(_, c)| c).find(|c| c.forward.name == "lstm").expect("lstm").clone();
+    let c = lstm();
     let config = ModelConfig { layers: 1, bidirectional: false };
     let cpu = Arc::new(Cpu::new(2, Kernels::default()).expect("cpu"));
     let model = Arc::new(build(&c, 40, 8, &config, Box::new(cpu.clone())).expect("model"));
