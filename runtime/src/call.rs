@@ -33,7 +33,7 @@ impl Model {
         self.ensure_pass_fits(&p, training)?;
         let params = match call.weights {
             Some(w) => self.caller_params(w)?,
-            None => self.own_params(),
+            None => self.own_params()?,
         };
         Ok((p, params))
     }

@@ -20,6 +20,8 @@ pub enum RuntimeError {
     Permutation { tensor: String, message: String },
     /// A weight is missing, or one the model does not have was given.
     MissingWeight { name: String },
+    /// A pass without weights on a model that keeps none ([`crate::Model::without_weights`]).
+    NoOwnWeights,
     UnexpectedWeight {
         name: String,
         /// The names the model's weights do have.
@@ -65,6 +67,10 @@ impl fmt::Display for RuntimeError {
             RuntimeError::BatchSizes { step, message } => write!(f, "`batch_sizes[{step}]`: {message}"),
             RuntimeError::Permutation { tensor, message } => write!(f, "`{tensor}` is not a permutation: {message}"),
             RuntimeError::MissingWeight { name } => write!(f, "weight `{name}` is missing"),
+            RuntimeError::NoOwnWeights => write!(
+                f,
+                "this model keeps no weights of its own (Model::without_weights): pass them with each call"
+            ),
             RuntimeError::UnexpectedWeight { name, expected } => {
                 const SHOWN: usize = 8;
                 let mut names: Vec<String> = expected.iter().take(SHOWN).map(|n| format!("`{n}`")).collect();

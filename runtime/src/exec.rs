@@ -297,11 +297,25 @@ impl Model {
     }
 
     /// The model's own parameters, as a pass reads them.
-    pub(crate) fn own_params(&self) -> PassParams<'_> {
-        PassParams {
+    pub(crate) fn own_params(&self) -> Result<PassParams<'_>> {
+        self.ensure_owns_weights()?;
+        Ok(PassParams {
             params: self.params.iter().map(|ps| ps.iter().map(Vec::as_slice).collect()).collect(),
             prepared: Prepared::Model(&self.prepared),
+        })
+    }
+
+    /// Refuses a pass that would read the weights of a model that keeps none.
+    pub(crate) fn ensure_owns_weights(&self) -> Result<()> {
+        if self.owns_weights {
+            return Ok(());
         }
+        Err(RuntimeError::NoOwnWeights)
+    }
+
+    /// Zeroed buffers shaped like the model's parameters.
+    pub(crate) fn zeroed_params(&self) -> Vec<Vec<Vec<f32>>> {
+        self.param_lens().iter().map(|ps| ps.iter().map(|&n| vec![0.0; n]).collect()).collect()
     }
 
     /// The caller's parameters (`[layer * directions + direction][param]`,
@@ -396,7 +410,7 @@ impl Model {
             output: &mut data,
             final_states: final_states.iter_mut().map(Vec::as_mut_slice).collect(),
         };
-        let kept = self.run_forward(&input, &p, &self.own_params(), &h0, out, keep)?;
+        let kept = self.run_forward(&input, &p, &self.own_params()?, &h0, out, keep)?;
         Ok((Output { data, final_states }, kept, p))
     }
 
@@ -555,14 +569,13 @@ impl Model {
         let d_final = self.states_or_zeros(d_final.as_deref(), p.order.batch(), "grad_final")?;
         let mut d_input = vec![0.0f32; if p.order.batch() == 0 { 0 } else { p.rows * self.input_size() }];
         let mut d_h0: Vec<Vec<f32>> = d_final.iter().map(|b| vec![0.0; b.len()]).collect();
-        let mut d_params: Vec<Vec<Vec<f32>>> =
-            self.params.iter().map(|ps| ps.iter().map(|p| vec![0.0; p.len()]).collect()).collect();
+        let mut d_params = self.zeroed_params();
         let out = BackwardOut {
             d_input: &mut d_input,
             d_h0: d_h0.iter_mut().map(Vec::as_mut_slice).collect(),
             d_params: d_params.iter_mut().map(|ps| ps.iter_mut().map(Vec::as_mut_slice).collect()).collect(),
         };
-        self.run_backward(&trace.input, p, &self.own_params(), &trace.kept, d_output, &d_final, out)?;
+        self.run_backward(&trace.input, p, &self.own_params()?, &trace.kept, d_output, &d_final, out)?;
         Ok(Gradients { d_input, d_h0, d_params })
     }
 
@@ -671,11 +684,7 @@ impl Model {
     /// Zeroed parameter gradients shaped like this model's (input and
     /// initial-state gradients empty), for [`Model::backward_into`].
     pub fn zero_gradients(&self) -> Gradients {
-        Gradients {
-            d_input: Vec::new(),
-            d_h0: Vec::new(),
-            d_params: self.params.iter().map(|ps| ps.iter().map(|p| vec![0.0; p.len()]).collect()).collect(),
-        }
+        Gradients { d_input: Vec::new(), d_h0: Vec::new(), d_params: self.zeroed_params() }
     }
 
     /// Like [`Model::backward`], but adds into `acc` (e.g. to accumulate

@@ -133,6 +133,9 @@ pub struct Model {
     /// whenever the parameters are handed out mutably).
     pub(crate) prepared: Vec<crate::backend::PreparedWeights>,
     pub(crate) backend: Box<dyn Backend>,
+    /// False for a model made by [`Model::without_weights`]: `params` holds
+    /// empty lists, and every pass must be given its weights.
+    pub(crate) owns_weights: bool,
 }
 
 impl std::fmt::Debug for Model {
@@ -224,15 +227,55 @@ impl Model {
         seed: u64,
         backend: Box<dyn Backend>,
     ) -> Result<Model> {
-        let layers = Self::plan_layers(&compiled, &config, sizes, input_size, weights)?;
-        let mut model = Model { compiled, config, layers, params: Vec::new(), prepared: Vec::new(), backend };
+        let mut model = Self::without_weights(compiled, config, sizes, input_size, backend)?;
         model.ensure_weights_fit()?;
         model.params = match weights {
             Some(w) => model.take_weights(w)?,
             None => model.init_params(seed)?,
         };
-        model.prepared = model.params.iter().map(|_| Default::default()).collect();
+        model.owns_weights = true;
         Ok(model)
+    }
+
+    /// A model that keeps no weights of its own: every pass is given them
+    /// ([`crate::Call::weights`], the device passes), as a framework that
+    /// owns its parameters calls it. `sizes` and `input_size` bind every
+    /// size; nothing the size of the weights is allocated.
+    pub fn without_weights(
+        compiled: Arc<CompiledCell>,
+        config: ModelConfig,
+        sizes: &Bindings,
+        input_size: Option<usize>,
+        backend: Box<dyn Backend>,
+    ) -> Result<Model> {
+        let layers = Self::plan_layers(&compiled, &config, sizes, input_size, None)?;
+        let slots = layers.len() * if config.bidirectional { 2 } else { 1 };
+        let per = compiled.forward.params.len();
+        Ok(Model {
+            compiled,
+            config,
+            layers,
+            params: (0..slots).map(|_| vec![Vec::new(); per]).collect(),
+            prepared: (0..slots).map(|_| Default::default()).collect(),
+            backend,
+            owns_weights: false,
+        })
+    }
+
+    /// Whether the model keeps weights of its own (see [`Model::without_weights`]).
+    pub fn owns_weights(&self) -> bool {
+        self.owns_weights
+    }
+
+    /// Each parameter's number of floats, `[layer * directions + direction][param]`.
+    pub(crate) fn param_lens(&self) -> Vec<Vec<usize>> {
+        self.layers
+            .iter()
+            .flat_map(|l| {
+                let lens: Vec<usize> = l.param_shapes.iter().map(|&(r, c)| r * c).collect();
+                std::iter::repeat_n(lens, self.directions())
+            })
+            .collect()
     }
 
     /// Each layer's sizes, plans and schedule, as [`Model::new`] makes them

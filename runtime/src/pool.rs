@@ -77,6 +77,22 @@ pub fn give(buffer: Vec<f32>) {
     POOL.give(buffer)
 }
 
+/// Gives the memory kept for reuse back to the system: the pool's buffers,
+/// the CPU back end's recycled weight panels, and what the C allocator
+/// holds free. For when no model is left to reuse them (the Python package
+/// calls it when its last module is deleted).
+pub fn release() {
+    if let Ok(mut pool) = POOL.0.lock() {
+        *pool = Vec::new();
+    }
+    crate::backend::cpu::prepared::release_recycled();
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: glibc's malloc_trim only returns free memory to the system.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -53,6 +53,7 @@ impl Model {
     /// sequences, starting from zero states. Only a one-directional model
     /// streams: a reverse direction reads each sequence from its end.
     pub fn stream(&self, batch: usize) -> Result<Stream<'_>> {
+        self.ensure_owns_weights()?;
         if self.config.bidirectional {
             return Err(RuntimeError::NotStreamable {
                 reason: "it is bidirectional, and its reverse direction reads each sequence from its end; \

@@ -14,6 +14,7 @@
 use super::gemm::{column_share, matmul, matmul_split, View};
 use super::prepared::PreparedParams;
 use super::stage::StageExec;
+use super::threads;
 use crate::backend::PreparedWeights;
 use crate::backend::Rows;
 use crate::error::{Result, RuntimeError};
@@ -377,25 +378,40 @@ pub fn run_pointwise(
     }
     let per = rows.len().div_ceil(chunks);
     let table = PtrTable(&table);
-    rayon::scope(|s| {
-        for c in 0..chunks {
-            let lo = c * per;
-            let hi = ((c + 1) * per).min(rows.len());
-            if lo >= hi {
-                continue;
-            }
-            let table = &table;
-            s.spawn(move |_| {
-                // SAFETY: as above; chunks cover disjoint rows, so disjoint outputs.
-                unsafe { exec.run(hi - lo, &table.0[lo * k..hi * k]) }
-            });
+    threads::for_each(chunks, &|c| {
+        let (lo, hi) = (c * per, ((c + 1) * per).min(rows.len()));
+        if lo < hi {
+            // SAFETY: as above; chunks cover disjoint rows, so disjoint outputs.
+            unsafe { exec.run(hi - lo, &table.get()[lo * k..hi * k]) }
         }
     });
     Ok(())
 }
 
+/// A product over a run of rows: `(destination, left, right)`.
+type MatmulJob = (View, View, View);
+
+/// Pointers each handed to one thread (or read by all), which write disjoint memory.
+pub struct SendTable(pub Vec<*mut f32>);
+// SAFETY: per the type's contract.
+unsafe impl Send for SendTable {}
+unsafe impl Sync for SendTable {}
+
+impl SendTable {
+    /// The pointers (a method, so that a closure captures the whole table, which is `Sync`).
+    pub fn get(&self) -> &[*mut f32] {
+        &self.0
+    }
+}
+
 /// A pointer table shared by the threads that each run a disjoint part of it.
 struct PtrTable<'a>(&'a [*mut f32]);
+
+impl PtrTable<'_> {
+    fn get(&self) -> &[*mut f32] {
+        self.0
+    }
+}
 // SAFETY: the rows given to different threads write disjoint memory.
 unsafe impl Sync for PtrTable<'_> {}
 
@@ -444,7 +460,7 @@ pub fn gemm_all_rows(
             continue;
         }
         // (dst, a, b) per run, gathered first: `locate` needs the buffers.
-        let mut jobs: Vec<(View, View, View)> = Vec::with_capacity(runs.len());
+        let mut jobs: Vec<MatmulJob> = Vec::with_capacity(runs.len());
         for &(b0, t0, count, step) in &runs {
             match op {
                 Op::MatVec | Op::MatVecT => {
@@ -504,19 +520,15 @@ pub fn gemm_all_rows(
         let per = jobs.len().div_ceil(tasks).max(1);
         if *op == Op::Outer {
             let (rows_d, cols_d) = shape(out);
+            let chunks: Vec<&[MatmulJob]> = jobs.chunks(per).collect();
             let mut partials: Vec<Vec<f32>> =
-                (0..tasks).map(|_| crate::pool::take_zeroed(rows_d * cols_d)).collect();
-            rayon::scope(|sc| {
-                for (chunk, part) in jobs.chunks(per).zip(partials.iter_mut()) {
-                    sc.spawn(move |_| {
-                        for &(_, a, b) in chunk {
-                            // SAFETY: each task accumulates into its own partial
-                            // [rows_d, cols_d]; a and b describe the run's rows.
-                            unsafe {
-                                matmul(View::rows(part.as_mut_ptr(), rows_d, cols_d, cols_d), a, b, true)
-                            };
-                        }
-                    });
+                (0..chunks.len()).map(|_| crate::pool::take_zeroed(rows_d * cols_d)).collect();
+            let parts = SendTable(partials.iter_mut().map(|p| p.as_mut_ptr()).collect());
+            threads::for_each(chunks.len(), &|c| {
+                for &(_, a, b) in chunks[c] {
+                    // SAFETY: each task accumulates into its own partial
+                    // [rows_d, cols_d]; a and b describe the run's rows.
+                    unsafe { matmul(View::rows(parts.get()[c], rows_d, cols_d, cols_d), a, b, true) };
                 }
             });
             let acc = matrices.entry(out).or_insert_with(|| vec![0.0; rows_d * cols_d]);
@@ -525,15 +537,12 @@ pub fn gemm_all_rows(
                 crate::pool::give(part);
             }
         } else {
-            rayon::scope(|sc| {
-                for chunk in jobs.chunks(per) {
-                    sc.spawn(move |_| {
-                        for &(dst, a, b) in chunk {
-                            // SAFETY: runs write disjoint rows of the output;
-                            // every view was located for its run.
-                            unsafe { matmul(dst, a, b, false) };
-                        }
-                    });
+            let chunks: Vec<&[MatmulJob]> = jobs.chunks(per).collect();
+            threads::for_each(chunks.len(), &|c| {
+                for &(dst, a, b) in chunks[c] {
+                    // SAFETY: runs write disjoint rows of the output;
+                    // every view was located for its run.
+                    unsafe { matmul(dst, a, b, false) };
                 }
             });
         }
@@ -546,27 +555,19 @@ pub fn gemm_all_rows(
 /// columns.
 fn packed_all_rows(calls: &[ProductCall], threads: usize) {
     if calls.len() >= threads || threads == 1 {
-        let per = calls.len().div_ceil(threads).max(1);
-        rayon::scope(|sc| {
-            for chunk in calls.chunks(per) {
-                sc.spawn(move |_| {
-                    for call in chunk {
-                        // SAFETY: runs write disjoint rows; each was located for its values.
-                        unsafe { call.run((0, 1)) };
-                    }
-                });
+        let chunks: Vec<&[ProductCall]> = calls.chunks(calls.len().div_ceil(threads).max(1)).collect();
+        threads::for_each(chunks.len(), &|c| {
+            for call in chunks[c] {
+                // SAFETY: runs write disjoint rows; each was located for its values.
+                unsafe { call.run((0, 1)) };
             }
         });
         return;
     }
     for call in calls {
-        rayon::scope(|sc| {
-            for part in 0..threads {
-                sc.spawn(move |_| {
-                    // SAFETY: as above; the parts write disjoint columns.
-                    unsafe { call.run((part, threads)) };
-                });
-            }
+        threads::for_each(threads, &|part| {
+            // SAFETY: as above; the parts write disjoint columns.
+            unsafe { call.run((part, threads)) };
         });
     }
 }

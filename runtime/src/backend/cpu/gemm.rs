@@ -96,8 +96,7 @@ pub fn column_share(cols: usize, part: usize, parts: usize) -> (usize, usize) {
 }
 
 /// `dst (+)= a · b`, split by output columns into `parts` pieces run on
-/// the current rayon pool (call it from inside the pool, so the fork costs
-/// well under a microsecond).
+/// the current call's threads ([`super::threads::for_each`]).
 ///
 /// # Safety
 /// As [`matmul`].
@@ -109,13 +108,10 @@ pub unsafe fn matmul_split(dst: View, a: View, b: View, accumulate: bool, parts:
     }
     let blocks: Vec<(usize, usize)> =
         (0..parts).map(|part| column_share(dst.cols, part, parts)).filter(|&(_, n)| n > 0).collect();
-    rayon::scope(|s| {
-        for &(from, n) in &blocks {
-            s.spawn(move |_| {
-                // SAFETY: the blocks write disjoint columns of dst.
-                unsafe { matmul(dst.columns(from, n), a, b.columns(from, n), accumulate) }
-            });
-        }
+    super::threads::for_each(blocks.len(), &|i| {
+        let (from, n) = blocks[i];
+        // SAFETY: the blocks write disjoint columns of dst.
+        unsafe { matmul(dst.columns(from, n), a, b.columns(from, n), accumulate) }
     });
 }
 

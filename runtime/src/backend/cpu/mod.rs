@@ -1,11 +1,12 @@
 //! The CPU back end: the schedule's products through weights packed once
 //! per model (`panels`), its pointwise stages as compiled kernels, both
-//! cores through rayon.
+//! cores through the process's team of threads.
 //!
-//! Work runs inside the backend's rayon pool (a fork from inside the pool
-//! costs well under a microsecond, from outside 7-10 µs). The time loop is
-//! one parallel region on persistent threads (`team`, `step_loop`): threads
-//! own whole sequences, or split each product by panels. Per-step values
+//! Work runs on the process's one team of threads (`threads`: cellc's pool,
+//! or the OpenMP team of the framework that called), a call at a time. The
+//! time loop is one parallel region on those threads (`team`,
+//! `step_loop`): threads own whole sequences, or split each product by
+//! panels. Per-step values
 //! live in rank order, so a thread's active sequences are a contiguous
 //! prefix and each per-step product is one call.
 
@@ -15,6 +16,7 @@ pub mod codegen;
 mod driver;
 pub mod gemm;
 pub mod native;
+pub mod openmp;
 pub mod panels;
 pub mod prepared;
 pub mod roofline;
@@ -22,6 +24,7 @@ pub mod stage;
 mod step_loop;
 mod stream;
 mod team;
+pub mod threads;
 
 use super::{
     Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, StepRunner, StreamJob, Tape,
@@ -35,12 +38,12 @@ use cellc::program::{ProgramKernel, Side, Storage};
 use cellc::schedule::Placement;
 use driver::{
     constants, gemm_all_rows, locate, prepared_params, run_pointwise, Buffers, Frame, Loc, ReadyStage,
-    SharedRows,
+    SendTable, SharedRows,
 };
 use prepared::PreparedParams;
 use stage::{Interpreted, StageExec};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use step_loop::StepLoop;
 use team::Team;
 
@@ -58,21 +61,22 @@ pub enum Kernels {
     Linked(&'static aot::LinkedKernels),
 }
 
-/// The CPU back end.
+/// The CPU back end: its calls run on the process's team of threads
+/// ([`threads`]), shared by every back end and model of the process.
 pub struct Cpu {
+    /// The most threads a call uses.
     threads: usize,
-    pool: rayon::ThreadPool,
     kernels: Kernels,
-    /// Held while a call runs on the pool ([`Cpu::alone`]).
-    running: Mutex<()>,
+    /// The compiled layers this back end has run, kept while it lives.
+    code: Mutex<HashMap<String, Arc<LayerCode>>>,
 }
 
 /// Compiled layers for the whole process, keyed by the kernels' kind, the
 /// cell's forward and backward IR, the layer's sizes and the host's
-/// features: a model compiles once per process, however many backends
-/// or models share it.
-fn program_cache() -> &'static Mutex<HashMap<String, Arc<LayerCode>>> {
-    static CACHE: std::sync::OnceLock<Mutex<HashMap<String, Arc<LayerCode>>>> = std::sync::OnceLock::new();
+/// features: a layer compiles once for every back end that runs it at the
+/// same time, and is freed with the last of them.
+fn program_cache() -> &'static Mutex<HashMap<String, Weak<LayerCode>>> {
+    static CACHE: std::sync::OnceLock<Mutex<HashMap<String, Weak<LayerCode>>>> = std::sync::OnceLock::new();
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
@@ -93,51 +97,30 @@ struct LayerCode {
 }
 
 impl Cpu {
-    /// A CPU back end with `threads` threads (0: all cores).
+    /// A CPU back end whose calls use up to `threads` threads (0: every
+    /// usable core; never more than [`threads::usable_cores`]).
     pub fn new(threads: usize, kernels: Kernels) -> Result<Cpu> {
-        let threads =
-            if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("cellc-cpu-{i}"))
-            .build()
-            .map_err(|e| RuntimeError::Backend { backend: "cpu".into(), message: e.to_string() })?;
-        Ok(Cpu { threads, pool, kernels, running: Mutex::new(()) })
+        let cores = threads::usable_cores();
+        let threads = if threads == 0 { cores } else { threads.min(cores) };
+        Ok(Cpu { threads, kernels, code: Mutex::new(HashMap::new()) })
     }
 
     pub fn threads(&self) -> usize {
         self.threads
     }
 
-    /// Runs one call's `op(threads)` on the pool, no other call beside
-    /// it: the threads of a call's time loop wait for each other, so two
-    /// calls must not share them. A call made on one of the pool's own
-    /// threads (inside [`Cpu::install`]) while another runs does not wait:
-    /// the running call may need this very thread (rayon runs pending
-    /// jobs, this call among them, on a thread that waits), so it runs
-    /// alone on the calling thread, with the same results (products are
-    /// split by columns, never by their sums).
+    /// Runs one call's `op(threads)` on the process's team ([`threads::run_call`]).
     fn alone<R: Send>(&self, op: impl FnOnce(usize) -> Result<R> + Send) -> Result<R> {
-        let _running = match self.running.try_lock() {
-            Ok(guard) => guard,
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) if self.pool.current_thread_index().is_some() => {
-                return op(1);
-            }
-            Err(std::sync::TryLockError::WouldBlock) => {
-                self.running.lock().unwrap_or_else(|e| e.into_inner())
-            }
-        };
-        self.pool.install(|| op(self.threads))
+        threads::run_call(self.threads, op)
     }
 
-    /// Runs `op` on this back end's threads. A program whose other work
+    /// Runs `op` on cellc's own pool's threads. A program whose other work
     /// is parallel too (a framework's tensor ops on rayon, as candle's)
-    /// runs it in here, so that the back end's threads and its own do not
-    /// take turns on the same cores: a pass called from inside starts
-    /// without crossing pools, and no idle pool spins beside a busy one.
+    /// runs it in here, so that cellc's threads and its own do not take
+    /// turns on the same cores: a pass called from inside starts without
+    /// crossing pools, and no idle pool spins beside a busy one.
     pub fn install<R: Send>(&self, op: impl FnOnce() -> R + Send) -> R {
-        self.pool.install(op)
+        threads::install(op)
     }
 
     fn code(&self, cell: &CompiledCell, layer: &Layer) -> Result<Arc<LayerCode>> {
@@ -147,10 +130,18 @@ impl Cpu {
             other => format!("{other:?}"),
         };
         let key = format!("{kernels}|{:?}|{}|{}", layer.sizes, aot::host_target().join(" "), cell.identity());
-        let mut cache =
-            program_cache().lock().map_err(|_| RuntimeError::Internal("kernel cache poisoned".into()))?;
-        if let Some(c) = cache.get(&key) {
+        fn poisoned<T>(_: T) -> RuntimeError {
+            RuntimeError::Internal("kernel cache poisoned".into())
+        }
+        let mut held = self.code.lock().map_err(poisoned)?;
+        if let Some(c) = held.get(&key) {
             return Ok(c.clone());
+        }
+        let mut cache = program_cache().lock().map_err(poisoned)?;
+        cache.retain(|_, c| c.strong_count() > 0);
+        if let Some(c) = cache.get(&key).and_then(Weak::upgrade) {
+            held.insert(key, c.clone());
+            return Ok(c);
         }
         let fwd_graph: Arc<Graph> = Arc::new((*cell.forward).clone());
         let fwd_plan = Arc::new(layer.forward_shapes.clone());
@@ -180,7 +171,8 @@ impl Cpu {
             &mut make(aot::Side::Backward, &bwd_graph, &bwd_plan),
         )?;
         let code = Arc::new(LayerCode { fwd_graph, fwd_plan, bwd_graph, bwd_plan, forward, backward });
-        cache.insert(key, code.clone());
+        cache.insert(key.clone(), Arc::downgrade(&code));
+        held.insert(key, code.clone());
         Ok(code)
     }
 }
@@ -885,22 +877,13 @@ fn seeds_per_row(job: &BackwardJob, bufs: &mut Buffers, i: usize, layout_rows: u
 /// order, so each row's chained inputs were written by an earlier row).
 fn run_tables(exec: &dyn StageExec, tables: Vec<Vec<*mut f32>>, k: usize) {
     let tables: Vec<SendTable> = tables.into_iter().map(SendTable).collect();
-    rayon::scope(|sc| {
-        for table in &tables {
-            sc.spawn(move |_| {
-                // SAFETY: pointers from `locate` (or the caller's h0 / final
-                // adjoints), valid for their values; tables write disjoint sequences.
-                unsafe { exec.run(table.0.len() / k.max(1), &table.0) }
-            });
-        }
+    threads::for_each(tables.len(), &|i| {
+        let table = tables[i].get();
+        // SAFETY: pointers from `locate` (or the caller's h0 / final
+        // adjoints), valid for their values; tables write disjoint sequences.
+        unsafe { exec.run(table.len() / k.max(1), table) }
     });
 }
-
-/// A pointer table handed to one thread.
-struct SendTable(Vec<*mut f32>);
-// SAFETY: each table is used by exactly one thread, and tables write disjoint sequences.
-unsafe impl Send for SendTable {}
-unsafe impl Sync for SendTable {}
 
 fn backward(
     threads: usize,
@@ -1152,16 +1135,15 @@ unsafe fn sum_rows(rows: &[*const f32], out: &mut [f32], threads: usize) {
     let parts = if rows.len() * len >= 1 << 16 { threads.clamp(1, len.div_ceil(16)) } else { 1 };
     let per = len.div_ceil(parts).next_multiple_of(16).max(16);
     let rows = SendTable(rows.iter().map(|&p| p as *mut f32).collect());
-    rayon::scope(|s| {
-        for (c, chunk) in out.chunks_mut(per).enumerate() {
-            let rows = &rows;
-            s.spawn(move |_| {
-                for &p in &rows.0 {
-                    // SAFETY: per the contract, p has `len` floats; this chunk's columns lie within.
-                    let row = unsafe { std::slice::from_raw_parts(p.add(c * per), chunk.len()) };
-                    chunk.iter_mut().zip(row).for_each(|(a, x)| *a += x);
-                }
-            });
+    let out = SendTable(vec![out.as_mut_ptr()]);
+    threads::for_each(len.div_ceil(per), &|c| {
+        let columns = c * per..((c + 1) * per).min(len);
+        // SAFETY: each task adds into its own columns of `out`.
+        let chunk = unsafe { std::slice::from_raw_parts_mut(out.get()[0].add(columns.start), columns.len()) };
+        for &p in rows.get() {
+            // SAFETY: per the contract, p has `len` floats; these columns lie within.
+            let row = unsafe { std::slice::from_raw_parts(p.add(columns.start), columns.len()) };
+            chunk.iter_mut().zip(row).for_each(|(a, x)| *a += x);
         }
     });
 }

@@ -39,15 +39,18 @@ pub struct PackedB {
 impl PackedB {
     /// Panels written by `fill(p, panel)`, each panel `k` rows of
     /// [`PANEL`] floats; the columns past `n` in the last panel are zeros.
-    /// Panels are filled in parallel (on the calling pool's threads), into
+    /// Panels are filled in parallel (on the current call's threads), into
     /// recycled memory: a model whose weights come anew with each call
     /// (a framework's tensors) packs them on every call.
     fn build(k: usize, n: usize, fill: impl Fn(usize, &mut [f32]) + Sync) -> PackedB {
-        use rayon::prelude::*;
         let panels = n.div_ceil(PANEL);
         let mut data = AlignedBuf::recycled(panels * k * PANEL);
         let last = n.saturating_sub(panels.saturating_sub(1) * PANEL);
-        data.as_mut_slice().par_chunks_mut((k * PANEL).max(1)).enumerate().for_each(|(p, panel)| {
+        let base = super::driver::SendTable(vec![data.as_mut_slice().as_mut_ptr()]);
+        let size = k * PANEL;
+        super::threads::for_each(panels, &|p| {
+            // SAFETY: panel p is its own `size` floats of `data`.
+            let panel = unsafe { std::slice::from_raw_parts_mut(base.get()[0].add(p * size), size) };
             if p + 1 == panels && last < PANEL {
                 panel.chunks_mut(PANEL).for_each(|row| row[last..].fill(0.0));
             }

@@ -94,6 +94,18 @@ impl AlignedBuf {
 static RECYCLED: Mutex<Vec<(Freed, Layout)>> = Mutex::new(Vec::new());
 const MAX_RECYCLED_BYTES: usize = 256 << 20;
 
+/// Frees every buffer kept for reuse.
+pub fn release_recycled() {
+    let kept = match RECYCLED.lock() {
+        Ok(mut kept) => std::mem::take(&mut *kept),
+        Err(_) => return,
+    };
+    for (ptr, layout) in kept {
+        // SAFETY: each was allocated with exactly this layout and is owned by the pool.
+        unsafe { dealloc(ptr.0.cast(), layout) };
+    }
+}
+
 /// A freed buffer's address (the floats it holds stay initialised).
 struct Freed(*mut f32);
 // SAFETY: the allocation is owned by whoever holds this (the pool, then one buffer).

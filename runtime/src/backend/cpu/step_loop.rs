@@ -5,6 +5,7 @@
 
 use super::driver::{locate, product_rows, Buffers, Frame, ReadyStage};
 use super::team::{Barrier, Split, Team};
+use super::threads;
 use crate::error::{Result, RuntimeError};
 use crate::sequence::BatchOrder;
 use cellc::ir::ValueId;
@@ -28,23 +29,26 @@ pub struct StepLoop<'a> {
 
 impl StepLoop<'_> {
     /// Runs the steps in the order given (forwards or backwards in time),
-    /// on the current rayon pool, which must have `team.threads` threads.
+    /// on `team.threads` threads of the current call ([`threads::broadcast`]).
     pub fn run(&self, steps: &[usize], after: &AfterStep) -> Result<()> {
         let barrier = Barrier::new(self.team.threads);
         if self.team.threads == 1 {
             return self.thread(0, steps, after, &barrier);
         }
-        let results = rayon::broadcast(|ctx| {
-            if ctx.num_threads() != self.team.threads {
-                return Err(RuntimeError::Internal(format!(
-                    "a team of {} threads on a pool of {}",
-                    self.team.threads,
-                    ctx.num_threads()
-                )));
-            }
-            self.thread(ctx.index(), steps, after, &barrier)
+        if threads::current_threads() < self.team.threads {
+            return Err(RuntimeError::Internal(format!(
+                "a team of {} threads in a call of {}",
+                self.team.threads,
+                threads::current_threads()
+            )));
+        }
+        let results: Vec<std::sync::Mutex<Result<()>>> =
+            (0..self.team.threads).map(|_| std::sync::Mutex::new(Ok(()))).collect();
+        threads::broadcast(self.team.threads, &|i| {
+            let r = self.thread(i, steps, after, &barrier);
+            *results[i].lock().unwrap_or_else(|e| e.into_inner()) = r;
         });
-        results.into_iter().collect()
+        results.into_iter().try_for_each(|r| r.into_inner().unwrap_or_else(|e| e.into_inner()))
     }
 
     fn thread(&self, i: usize, steps: &[usize], after: &AfterStep, barrier: &Barrier) -> Result<()> {

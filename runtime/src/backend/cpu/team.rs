@@ -21,7 +21,7 @@
 
 use crate::sequence::BatchOrder;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 /// Sequences per thread from which threads own rows rather than units.
 const ROWS_PER_THREAD: usize = 4;
@@ -117,27 +117,41 @@ impl Team {
     }
 }
 
-/// A barrier for the pool's threads: spins (the wait is a fraction of a
-/// microsecond when both cores are ours), then yields, so that an
-/// oversubscribed machine still makes progress. Once a thread calls
+/// A barrier for a region's threads. A waiting thread spins while the
+/// wait is short (a fraction of a microsecond when every thread has a
+/// core), then yields its core for up to a few time slices (the thread it
+/// waits for may be the one that needs it: measured with a busy loop on the
+/// other core, sleeping instead made a B=1 LSTM 3x slower), then sleeps in
+/// the kernel until the last thread arrives, so that threads waiting for
+/// one that is stopped burn no core. Once a thread calls
 /// [`Barrier::abort`], every wait returns `false` and the threads leave
 /// the loop together.
 pub struct Barrier {
     threads: usize,
     arrived: AtomicUsize,
-    generation: AtomicUsize,
+    /// Bumped when a round is released; sleepers wait on it.
+    generation: AtomicU32,
+    /// Threads asleep (or about to be) on `generation`.
+    sleepers: AtomicUsize,
     aborted: AtomicBool,
     /// Whether the loop was aborted when round `g` was released, at `g % 2`:
     /// a thread released late must not see an abort of the next round.
     released_aborted: [AtomicBool; 2],
 }
 
+/// Spins before a waiting thread yields its core: about 20 µs.
+const SPINS: u32 = 2000;
+/// How long it yields before it sleeps: longer than a time slice of the
+/// scheduler (waits of 2-20 ms were seen with a busy loop beside).
+const YIELD_FOR: std::time::Duration = std::time::Duration::from_millis(20);
+
 impl Barrier {
     pub fn new(threads: usize) -> Barrier {
         Barrier {
             threads,
             arrived: AtomicUsize::new(0),
-            generation: AtomicUsize::new(0),
+            generation: AtomicU32::new(0),
+            sleepers: AtomicUsize::new(0),
             aborted: AtomicBool::new(false),
             released_aborted: [AtomicBool::new(false), AtomicBool::new(false)],
         }
@@ -149,29 +163,86 @@ impl Barrier {
             return !self.aborted.load(Ordering::Acquire);
         }
         let generation = self.generation.load(Ordering::Acquire);
-        let verdict = &self.released_aborted[generation % 2];
+        let verdict = &self.released_aborted[generation as usize % 2];
         if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.threads {
             verdict.store(self.aborted.load(Ordering::Acquire), Ordering::Relaxed);
             self.arrived.store(0, Ordering::Relaxed);
-            self.generation.fetch_add(1, Ordering::Release);
-        } else {
-            let mut spins = 0u32;
-            while self.generation.load(Ordering::Acquire) == generation {
-                if spins < 4000 {
-                    std::hint::spin_loop();
-                    spins += 1;
-                } else {
-                    std::thread::yield_now();
-                }
+            self.generation.fetch_add(1, Ordering::SeqCst);
+            if self.sleepers.load(Ordering::SeqCst) > 0 {
+                wake_all(&self.generation);
             }
+        } else {
+            self.wait_for_release(generation);
         }
         !verdict.load(Ordering::Relaxed)
+    }
+
+    fn wait_for_release(&self, generation: u32) {
+        for _ in 0..SPINS {
+            if self.generation.load(Ordering::Acquire) != generation {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+        // Then hand the core to whatever else wants it, still runnable: a
+        // thread woken from sleep has to win a core back from whatever took it.
+        let yielding = std::time::Instant::now();
+        while yielding.elapsed() < YIELD_FOR {
+            if self.generation.load(Ordering::Acquire) != generation {
+                return;
+            }
+            std::thread::yield_now();
+        }
+        while self.generation.load(Ordering::Acquire) == generation {
+            // Counted before the last look, so the releaser either sees a
+            // sleeper or this thread sees the new generation.
+            self.sleepers.fetch_add(1, Ordering::SeqCst);
+            if self.generation.load(Ordering::SeqCst) == generation {
+                sleep_while(&self.generation, generation);
+            }
+            self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 
     pub fn abort(&self) {
         self.aborted.store(true, Ordering::Release);
     }
 }
+
+/// Sleeps while `word` holds `value` (or until a wake-up; callers look again).
+#[cfg(target_os = "linux")]
+fn sleep_while(word: &AtomicU32, value: u32) {
+    // SAFETY: FUTEX_WAIT on a live, aligned 32-bit word; it returns at
+    // once if the word no longer holds `value`.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            value,
+            std::ptr::null::<libc::timespec>(),
+        )
+    };
+}
+
+/// Wakes every thread sleeping on `word`.
+#[cfg(target_os = "linux")]
+fn wake_all(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE on a live, aligned 32-bit word.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, i32::MAX)
+    };
+}
+
+#[cfg(not(target_os = "linux"))]
+fn sleep_while(word: &AtomicU32, value: u32) {
+    if word.load(Ordering::Acquire) == value {
+        std::thread::yield_now();
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn wake_all(_: &AtomicU32) {}
 
 #[cfg(test)]
 mod tests {
@@ -225,5 +296,22 @@ mod tests {
             }
         });
         assert_eq!(rounds.load(Ordering::Relaxed), 150, "every thread stops at the aborted round");
+    }
+
+    #[test]
+    fn the_barrier_makes_progress_with_more_threads_than_cores() {
+        // Four times as many threads as cores, each meeting the others
+        // 2000 times: spinning threads would starve the ones they wait for.
+        let threads = 4 * std::thread::available_parallelism().map_or(1, |n| n.get());
+        let b = Barrier::new(threads);
+        let start = std::time::Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                let b = &b;
+                s.spawn(move || (0..2000).all(|_| b.wait()));
+            }
+        });
+        let took = start.elapsed();
+        assert!(took < std::time::Duration::from_secs(10), "{took:?} for 2000 rounds of {threads} threads");
     }
 }

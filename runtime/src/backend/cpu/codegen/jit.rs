@@ -9,8 +9,19 @@ use cellc::schedule::{Placement, Stage, StageKind};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, Linkage, Module};
 
-/// The machine code of one stage, kept alive by its [`NativeStage`].
-struct JitCode(#[allow(dead_code)] JITModule);
+/// The machine code of one stage, kept alive by its [`NativeStage`], and
+/// freed with it.
+struct JitCode(Option<JITModule>);
+
+impl Drop for JitCode {
+    fn drop(&mut self) {
+        if let Some(module) = self.0.take() {
+            // SAFETY: the stage that called this code is being dropped with
+            // it: no pointer into the module is used again.
+            unsafe { module.free_memory() };
+        }
+    }
+}
 
 // SAFETY: the module is only kept alive, never touched after finalisation;
 // the function in it is reentrant (all state is in its arguments and scratch).
@@ -40,7 +51,7 @@ pub fn compile_stage(
     let func: KernelFn = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };
     // SAFETY: the function computes this stage with `scratch` floats of
     // scratch (define_stage), and its module lives as long as the stage.
-    Ok(unsafe { NativeStage::new(func, inputs, outputs, scratch, Some(Box::new(JitCode(module)))) })
+    Ok(unsafe { NativeStage::new(func, inputs, outputs, scratch, Some(Box::new(JitCode(Some(module))))) })
 }
 
 /// Compiles `values` of `graph` as one pointwise stage reading `inputs`
