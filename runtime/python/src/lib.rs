@@ -16,6 +16,7 @@ mod recycled;
 mod spec;
 mod tensors;
 
+use cellc_runtime::backend::cpu::threads;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -57,8 +58,66 @@ fn initial_weights<'py>(py: Python<'py>, spec: &str, seed: u64) -> PyResult<Vec<
         .collect())
 }
 
+/// Runs this process's CPU calls on `team`: `"openmp"`, the OpenMP
+/// runtime already loaded (PyTorch's), or `"cellc"`, cellc's own pool.
+/// Returns the team now in use (`"cellc"` where no OpenMP runtime is loaded).
+#[pyfunction]
+fn set_threading(team: &str) -> PyResult<&'static str> {
+    match team {
+        "openmp" => {
+            threads::use_openmp();
+        }
+        "cellc" => threads::use_own_pool(),
+        other => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "threading must be 'openmp' or 'cellc', not {other:?}"
+            )))
+        }
+    }
+    Ok(threads::team_name())
+}
+
+/// `(team, threads)`: the team this process's CPU calls run on now, and
+/// the most threads a call may use here (the usable cores: the affinity
+/// mask and the cgroup's CPU quota).
+#[pyfunction]
+fn threading() -> (&'static str, usize) {
+    (threads::team_name(), threads::usable_cores())
+}
+
+/// `(sizes, hidden)`: a cell's size variables, and the one its first
+/// state's size is alone (what `hidden_size` binds), or `None`.
+#[pyfunction]
+#[pyo3(signature = (file, source, cell=None))]
+fn cell_sizes(
+    py: Python<'_>,
+    file: &str,
+    source: &str,
+    cell: Option<&str>,
+) -> PyResult<(Vec<String>, Option<String>)> {
+    py.detach(|| spec::cell_sizes(file, source, cell)).map_err(|e| errors::to_python(py, e))
+}
+
+/// Each weight's initialiser, `(kind, value)`, in [`describe`]'s order.
+#[pyfunction]
+fn param_inits(py: Python<'_>, spec: &str) -> PyResult<Vec<(&'static str, f64)>> {
+    py.detach(|| spec::param_inits(spec)).map_err(|e| errors::to_python(py, e))
+}
+
+/// `(specs, models)` held by live modules (for tests).
+#[pyfunction]
+fn held_models() -> (usize, usize) {
+    spec::held_counts()
+}
+
 #[pymodule]
 fn _cellc(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<spec::Handle>()?;
+    m.add_function(wrap_pyfunction!(set_threading, m)?)?;
+    m.add_function(wrap_pyfunction!(threading, m)?)?;
+    m.add_function(wrap_pyfunction!(held_models, m)?)?;
+    m.add_function(wrap_pyfunction!(cell_sizes, m)?)?;
+    m.add_function(wrap_pyfunction!(param_inits, m)?)?;
     m.add_function(wrap_pyfunction!(shipped_cell, m)?)?;
     m.add_function(wrap_pyfunction!(shipped_cells, m)?)?;
     m.add_function(wrap_pyfunction!(describe, m)?)?;

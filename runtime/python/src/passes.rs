@@ -5,6 +5,7 @@
 use crate::errors::to_python;
 use crate::spec;
 use crate::tensors::{Tensor, TensorArg};
+use cellc_runtime::backend::cpu::threads;
 use cellc_runtime::{
     Align, BackwardOut, BatchShape, Call, DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut,
     ForwardOut, Major, Model, PackedIndex, Result, RuntimeError,
@@ -200,8 +201,9 @@ impl DeviceInputs {
     }
 }
 
-/// A forward pass over the caller's tensors: writes `output` and `finals`,
-/// and, when `reserve` is given, what the backward reads into it.
+/// A forward pass over the caller's tensors on at most `threads` threads:
+/// writes `output` and `finals`, and, when `reserve` is given, what the
+/// backward reads into it.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
@@ -221,7 +223,7 @@ pub fn forward(
     let (output, finals) = (Tensor::new("output", output), Tensor::each("final_states", finals));
     let reserve = reserve.map(|r| Tensor::new("reserve", r));
     py.detach(|| -> Result<()> {
-        let model = spec::model(spec, threads, 0)?;
+        let model = spec::model(spec, 0)?;
         // SAFETY (block): the Python half checked every tensor (contiguous,
         // on the CPU, f32 or i64) and holds them for the call; the outputs
         // are fresh tensors no input aliases.
@@ -229,7 +231,7 @@ pub fn forward(
             let inputs = tensors.read(&model, layout)?;
             let out = ForwardOut { output: output.floats_mut()?, final_states: write_all(&finals)? };
             let reserve = reserve.as_ref().map(|r| r.floats_mut()).transpose()?;
-            model.forward_into(&inputs.call(), out, reserve)
+            threads::with_limit(threads, || model.forward_into(&inputs.call(), out, reserve))
         }
     })
     .map_err(|e| to_python(py, e))
@@ -261,7 +263,7 @@ pub fn backward(
     let (grad_input, grad_h0) = (Tensor::new("grad_input", grad_input), Tensor::each("grad_h0", grad_h0));
     let grad_weights = Tensor::each("grad_weights", grad_weights);
     py.detach(|| -> Result<()> {
-        let model = spec::model(spec, threads, 0)?;
+        let model = spec::model(spec, 0)?;
         // SAFETY (block): as in `forward`.
         unsafe {
             let inputs = tensors.read(&model, layout)?;
@@ -270,7 +272,9 @@ pub fn backward(
             let d_h0 = write_all(&grad_h0)?;
             let out = BackwardOut { d_input: grad_input.floats_mut()?, d_h0, d_params };
             let d_final = (!grad_finals.is_empty()).then_some(&grad_finals[..]);
-            model.backward_from(&inputs.call(), reserve.floats()?, grad_output.floats()?, d_final, out)
+            threads::with_limit(threads, || {
+                model.backward_from(&inputs.call(), reserve.floats()?, grad_output.floats()?, d_final, out)
+            })
         }
     })
     .map_err(|e| to_python(py, e))
@@ -297,7 +301,7 @@ pub fn forward_on_device(
     let tensors = CallTensors::new(x, index, h0, weights);
     let (output, finals) = (Tensor::new("output", output), Tensor::each("final_states", finals));
     py.detach(|| -> Result<()> {
-        let model = spec::model(spec, 1, device)?;
+        let model = spec::model(spec, device)?;
         // SAFETY: the Python half checked the index tensors (contiguous i64 on the CPU) and
         // every other tensor (contiguous f32 on the model's device), and holds them all.
         let inputs = unsafe { tensors.on_device(&model, layout)? };
@@ -333,7 +337,7 @@ pub fn backward_on_device(
     let (grad_input, grad_h0) = (Tensor::new("grad_input", grad_input), Tensor::each("grad_h0", grad_h0));
     let grad_weights = Tensor::each("grad_weights", grad_weights);
     py.detach(|| -> Result<()> {
-        let model = spec::model(spec, 1, device)?;
+        let model = spec::model(spec, device)?;
         // SAFETY: as in `forward_on_device`.
         let inputs = unsafe { tensors.on_device(&model, layout)? };
         let grad_finals = on_device(&grad_finals);

@@ -1,6 +1,12 @@
 //! Models by spec: the JSON text the Python module writes once for a
 //! `cellc.RNN` (the cell's source and its configuration), and the models
-//! made from it, once per spec and thread count.
+//! made from it, once per spec and device, kept while a module holds the
+//! spec ([`Handle`]).
+//!
+//! The models keep no weights (the module's parameters come with every
+//! call) and share the process's one team of threads; the thread count is
+//! the caller's, per call. When the last module of a spec is deleted, its
+//! models go, and with the last module of all, the memory kept for reuse.
 
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::cuda::Cuda;
@@ -10,7 +16,7 @@ use cellc_runtime::{CompiledCell, Model, ModelConfig, Result, RuntimeError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// A model's description, as `cellc.RNN` writes it.
 #[derive(Debug, serde::Deserialize)]
@@ -35,10 +41,11 @@ fn parse(spec: &str) -> Result<Spec> {
         .map_err(|e| RuntimeError::Internal(format!("a model spec that does not parse: {e}")))
 }
 
-/// The back end `name` on `threads` threads (the CPU) or CUDA device `device`.
-fn backend(name: &str, threads: usize, device: usize) -> Result<Box<dyn Backend>> {
+/// The back end `name` (the CPU's: every usable core, each call capped by
+/// its caller's thread count) or CUDA device `device`.
+fn backend(name: &str, device: usize) -> Result<Box<dyn Backend>> {
     match name {
-        "cpu" => Ok(Box::new(Cpu::new(threads, Kernels::Jit)?)),
+        "cpu" => Ok(Box::new(Cpu::new(0, Kernels::Jit)?)),
         "reference" => Ok(Box::new(Reference)),
         "cuda" => Ok(Box::new(cuda(Some(device))?)),
         "cuda-emulated" => Ok(Box::new(cuda(None)?)),
@@ -48,7 +55,7 @@ fn backend(name: &str, threads: usize, device: usize) -> Result<Box<dyn Backend>
 
 /// The CUDA back end on `device` (`None`: the emulated device), one per
 /// device for every model of the process: they share its stream, its
-/// compiled kernels and its memory pools.
+/// compiled kernels and its memory pools (kept for the process's life).
 fn cuda(device: Option<usize>) -> Result<Arc<Cuda>> {
     static DEVICES: OnceLock<Mutex<HashMap<Option<usize>, Arc<Cuda>>>> = OnceLock::new();
     let mut devices = DEVICES.get_or_init(Default::default).lock().map_err(|_| poisoned())?;
@@ -70,27 +77,30 @@ fn no_such_backend(name: &str) -> RuntimeError {
     }
 }
 
-/// A model made from `spec` on `backend`, with parameters from `seed`.
-fn make(spec: &Spec, seed: u64, backend: Box<dyn Backend>) -> Result<Model> {
-    let compiled = compiled(&spec.file, &spec.source, spec.cell.as_deref())?;
-    let config = ModelConfig { layers: spec.layers, bidirectional: spec.bidirectional };
+/// The model `spec` describes on `backend`, keeping no weights (every call passes the module's).
+fn make(spec: &Spec, backend: Box<dyn Backend>) -> Result<Model> {
+    Model::without_weights(compiled(spec)?, config(spec)?, &spec.sizes, Some(spec.input_size), backend)
+}
+
+fn config(spec: &Spec) -> Result<ModelConfig> {
     if spec.layers == 0 {
         return Err(RuntimeError::Layer { layer: 0, message: "a model needs at least one layer".into() });
     }
-    Model::new(compiled, config, &spec.sizes, Some(spec.input_size), None, seed, backend)
+    Ok(ModelConfig { layers: spec.layers, bidirectional: spec.bidirectional })
 }
 
-/// A cell compiled once per source.
-fn compiled(file: &str, source: &str, cell: Option<&str>) -> Result<Arc<CompiledCell>> {
-    type Cells = Mutex<HashMap<(String, Option<String>), Arc<CompiledCell>>>;
+/// The spec's cell, compiled once while some model uses it.
+fn compiled(spec: &Spec) -> Result<Arc<CompiledCell>> {
+    type Cells = Mutex<HashMap<(String, Option<String>), Weak<CompiledCell>>>;
     static CELLS: OnceLock<Cells> = OnceLock::new();
-    let key = (source.to_string(), cell.map(str::to_string));
-    let cells = CELLS.get_or_init(Default::default);
-    if let Some(c) = cells.lock().map_err(|_| poisoned())?.get(&key) {
-        return Ok(c.clone());
+    let key = (spec.source.clone(), spec.cell.clone());
+    let mut cells = CELLS.get_or_init(Default::default).lock().map_err(|_| poisoned())?;
+    cells.retain(|_, c| c.strong_count() > 0);
+    if let Some(c) = cells.get(&key).and_then(Weak::upgrade) {
+        return Ok(c);
     }
-    let c = Arc::new(CompiledCell::from_source(file, source, cell)?);
-    cells.lock().map_err(|_| poisoned())?.insert(key, c.clone());
+    let c = Arc::new(CompiledCell::from_source(&spec.file, &spec.source, spec.cell.as_deref())?);
+    cells.insert(key, Arc::downgrade(&c));
     Ok(c)
 }
 
@@ -98,32 +108,97 @@ fn poisoned() -> RuntimeError {
     RuntimeError::Internal("a cache lock was poisoned by an earlier panic".into())
 }
 
-/// The model for `spec` running on `threads` threads (the CPU) or CUDA
-/// device `device`, made on first use. Its own parameters are never read
-/// by the operators: each call passes the module's weights.
-pub fn model(spec: &str, threads: usize, device: usize) -> Result<Arc<Model>> {
-    type Models = Mutex<HashMap<(String, usize, usize), Arc<Model>>>;
-    static MODELS: OnceLock<Models> = OnceLock::new();
-    let models = MODELS.get_or_init(Default::default);
-    let key = (spec.to_string(), threads.max(1), device);
-    if let Some(m) = models.lock().map_err(|_| poisoned())?.get(&key) {
-        return Ok(m.clone());
-    }
-    let spec = parse(spec)?;
-    let model = Arc::new(make(&spec, 0, backend(&spec.backend, key.1, device)?)?);
-    models.lock().map_err(|_| poisoned())?.insert(key, model.clone());
-    Ok(model)
+/// The models of the specs that modules hold: per spec, how many
+/// [`Handle`]s hold it and its model per device (the CPU's at 0).
+struct Held {
+    handles: usize,
+    models: HashMap<usize, Arc<Model>>,
 }
 
-/// What `spec`'s model is ([`Description`]), without opening a device: a
-/// CPU model is made (and kept) for its reserve's size; the other back
-/// ends keep their tapes themselves, so the reference back end describes
-/// them.
+fn held() -> std::sync::MutexGuard<'static, HashMap<String, Held>> {
+    static HELD: OnceLock<Mutex<HashMap<String, Held>>> = OnceLock::new();
+    HELD.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The model for `spec` on CUDA device `device` (0 for the CPU), made on
+/// first use and kept while a module holds the spec; without one (an
+/// operator called directly), made for the call alone.
+pub fn model(spec: &str, device: usize) -> Result<Arc<Model>> {
+    let mut held = held();
+    if let Some(entry) = held.get_mut(spec) {
+        if let Some(m) = entry.models.get(&device) {
+            return Ok(m.clone());
+        }
+        let parsed = parse(spec)?;
+        let model = Arc::new(make(&parsed, backend(&parsed.backend, device)?)?);
+        entry.models.insert(device, model.clone());
+        return Ok(model);
+    }
+    drop(held);
+    let parsed = parse(spec)?;
+    Ok(Arc::new(make(&parsed, backend(&parsed.backend, device)?)?))
+}
+
+/// A module's hold on its spec's models: they live while some handle of
+/// the spec does. Dropping the last handle of all gives the memory kept
+/// for reuse back to the system.
+#[pyclass(module = "cellc._cellc", frozen)]
+#[derive(Debug)]
+pub struct Handle {
+    spec: String,
+}
+
+#[pymethods]
+impl Handle {
+    #[new]
+    fn new(spec: String) -> Handle {
+        held().entry(spec.clone()).or_insert_with(|| Held { handles: 0, models: HashMap::new() }).handles +=
+            1;
+        Handle { spec }
+    }
+
+    /// Pickled and deep-copied as its spec: a copy holds the spec too.
+    fn __reduce__(&self, py: Python<'_>) -> PyResult<(Py<PyAny>, (String,))> {
+        Ok((py.get_type::<Handle>().into_any().unbind(), (self.spec.clone(),)))
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let mut held = held();
+        let gone = match held.get_mut(&self.spec) {
+            Some(entry) => {
+                entry.handles -= 1;
+                entry.handles == 0
+            }
+            None => false,
+        };
+        // Dropped outside the lock: freeing a model may take a while.
+        let freed = if gone { held.remove(&self.spec) } else { None };
+        let last = held.is_empty();
+        drop(held);
+        drop(freed);
+        if last {
+            cellc_runtime::pool::release();
+        }
+    }
+}
+
+/// The number of specs held and of models made for them (for tests).
+pub fn held_counts() -> (usize, usize) {
+    let held = held();
+    (held.len(), held.values().map(|h| h.models.len()).sum())
+}
+
+/// What `spec`'s model is ([`Description`]), without opening a device:
+/// the CPU model itself (made and kept while the spec is held) for its
+/// reserve's size; the other back ends keep their tapes themselves, so a
+/// reference model describes them.
 pub fn describe(text: &str) -> Result<Description> {
     let spec = parse(text)?;
     match spec.backend.as_str() {
-        "cpu" => Description::of(&*model(text, 1, 0)?),
-        "reference" | "cuda" | "cuda-emulated" => Description::of(&make(&spec, 0, Box::new(Reference))?),
+        "cpu" => Description::of(&*model(text, 0)?),
+        "reference" | "cuda" | "cuda-emulated" => Description::of(&make(&spec, Box::new(Reference))?),
         other => Err(no_such_backend(other)),
     }
 }
@@ -132,8 +207,52 @@ pub fn describe(text: &str) -> Result<Description> {
 pub fn initial_weights(spec: &str, seed: u64) -> Result<Vec<Vec<f32>>> {
     // Initialisation does not depend on the back end: the reference one
     // starts no threads and opens no device.
-    let mut model = make(&parse(spec)?, seed, Box::new(Reference))?;
+    let spec = parse(spec)?;
+    let mut model = Model::new(
+        compiled(&spec)?,
+        config(&spec)?,
+        &spec.sizes,
+        Some(spec.input_size),
+        None,
+        seed,
+        Box::new(Reference),
+    )?;
     Ok(model.params_mut().iter_mut().flatten().map(std::mem::take).collect())
+}
+
+/// The size variables of a cell (in order of first appearance) and the
+/// one that sizes its first state alone (`H` for an LSTM: what
+/// `nn.LSTM`'s `hidden_size` binds), if there is one.
+pub fn cell_sizes(file: &str, source: &str, cell: Option<&str>) -> Result<(Vec<String>, Option<String>)> {
+    let compiled = CompiledCell::from_source(file, source, cell)?;
+    let forward = &compiled.forward;
+    let hidden = forward.states.first().and_then(|s| match s.dim.variables().as_slice() {
+        [v] if s.dim == cellc::dims::Dim::var(v) => Some(v.clone()),
+        _ => None,
+    });
+    Ok((forward.sizes.clone(), hidden))
+}
+
+/// Each weight's initialiser as the cell's `init` clause gives it, in
+/// [`Model::weight_names`]' order: `("uniform", bound)`, `("constant", v)`,
+/// `("zeros", 0)` or `("ones", 1)`.
+pub fn param_inits(text: &str) -> Result<Vec<(&'static str, f64)>> {
+    use cellc::interp::ConcreteInit;
+    let spec = parse(text)?;
+    let model = make(&spec, Box::new(Reference))?;
+    let mut out = Vec::new();
+    for layer in model.layers() {
+        let inits = model.compiled().forward.bind(&layer.sizes)?.param_inits()?;
+        for _ in 0..model.directions() {
+            out.extend(inits.iter().map(|init| match *init {
+                ConcreteInit::Zeros => ("zeros", 0.0),
+                ConcreteInit::Ones => ("ones", 1.0),
+                ConcreteInit::Uniform(b) => ("uniform", b),
+                ConcreteInit::Constant(v) => ("constant", v),
+            }));
+        }
+    }
+    Ok(out)
 }
 
 /// What `cellc.RNN` needs to know of a model.

@@ -18,12 +18,15 @@ from .errors import (
     ShapeError,
     TooLargeError,
 )
+from ._ops import set_threading, threading
 from .rnn import RNN
 
 __all__ = [
     "RNN",
     "errors",
     "shipped_cells",
+    "set_threading",
+    "threading",
     "BackendError",
     "CellcError",
     "CellCompileError",

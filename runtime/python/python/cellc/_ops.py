@@ -11,8 +11,10 @@ operators with no hidden state.
 Every output is written in place by the Rust runtime, which reads the
 inputs where they lie, with the interpreter lock released:
 
-- CPU tensors run on ``torch.get_num_threads()`` threads; the large
-  buffers come from cellc's recycled memory (see ``_recycled``);
+- CPU tensors run on ``torch.get_num_threads()`` threads (at most the
+  cores the process may use), on the OpenMP team PyTorch's own operators
+  run on (see ``set_threading``); the large buffers come from cellc's
+  recycled memory (see ``_recycled``);
 - CUDA tensors (back end ``cuda``) run on the CUDA back end, queued on
   PyTorch's current stream with no host wait: outputs and gradients come
   from PyTorch's caching allocator, the pass's scratch memory from cellc's
@@ -35,7 +37,29 @@ from . import _cellc
 from .errors import DeviceError, DTypeError
 
 
-@functools.lru_cache(maxsize=None)
+def set_threading(team: str) -> str:
+    """Runs cellc's CPU work on ``"openmp"`` (the OpenMP team PyTorch's operators use: the
+    default where PyTorch's parallel backend is OpenMP) or ``"cellc"`` (a pool of its own).
+
+    On PyTorch's team, cellc's parallel regions find PyTorch's OpenMP workers waiting for work
+    (they spin on the cores for a while after each operator) instead of competing with them for
+    the cores. A process forked from this one always uses cellc's pool: GNU OpenMP's team does
+    not survive a fork. Returns the team in use.
+    """
+    return _cellc.set_threading(team)
+
+
+def threading() -> tuple[str, int]:
+    """``(team, cores)``: the team cellc's CPU work runs on, and the most threads a call uses
+    (the cores the affinity mask and cgroup quota grant, whatever ``torch.get_num_threads()`` says)."""
+    return _cellc.threading()
+
+
+if "parallel backend: OpenMP" in torch.__config__.parallel_info():
+    set_threading("openmp")
+
+
+@functools.lru_cache(maxsize=256)
 def describe(spec: str) -> dict:
     """The model's weights, states, sizes and reserve per row (compiled once)."""
     return _cellc.describe(spec)
@@ -65,7 +89,7 @@ def _forward_outputs(spec: str, layout: str, x: Tensor, index: list[Tensor], tra
     return out, finals, empty((reserve_len,))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=256)
 def backend(spec: str) -> str:
     """The back end a spec names."""
     return json.loads(spec)["backend"]
@@ -214,6 +238,20 @@ def _backward(ctx, grad_output, grad_finals, _grad_reserve):
 
 
 rnn_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _no_double_backward(ctx, *grads):
+    raise NotImplementedError(
+        "cellc's backward is not differentiable: a second backward through cellc.RNN's gradients "
+        "(torch.autograd.grad(..., create_graph=True) then backward) is not supported"
+    )
+
+
+def _keep_nothing(ctx, inputs, output):
+    pass
+
+
+rnn_backward.register_autograd(_no_double_backward, setup_context=_keep_nothing)
 
 
 def run(spec: str, layout: str, x: Tensor, index: list[Tensor], h0: list[Tensor], weights: list[Tensor]):

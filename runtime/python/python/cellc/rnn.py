@@ -16,27 +16,67 @@ _ALIGNS = ("left", "right")
 
 
 def cell_source(cell: str) -> tuple[str, str]:
-    """``(source, file name)`` of a cell given as a path, a shipped cell's name or source text."""
+    """``(source, file name)`` of a cell given as a shipped cell's name, a ``.cell`` path or source text.
+
+    A bare name (``"lstm"``) is a shipped cell, even if a file of that name lies in the working
+    directory; a path is read when it ends in ``.cell`` or names a directory part (``./lstm``).
+    """
+    if not isinstance(cell, (str, os.PathLike)):
+        raise TypeError(f"cell must be a shipped cell's name, a .cell path or source text, not {type(cell).__name__}")
+    cell = os.fspath(cell)
     if "{" in cell:
         return cell, "<source>"
-    if os.path.exists(cell):
+    name = cell.removesuffix(".cell")
+    is_path = cell.endswith(".cell") or os.sep in cell or (os.altsep is not None and os.altsep in cell)
+    if not is_path:
+        shipped = _cellc.shipped_cell(name)
+        if shipped is not None:
+            return shipped, f"cells/{name}.cell"
+    if os.path.isfile(cell):
         with open(cell, encoding="utf-8") as f:
             return f.read(), cell
-    shipped = _cellc.shipped_cell(cell.removesuffix(".cell"))
-    if shipped is not None:
-        return shipped, f"cells/{cell.removesuffix('.cell')}.cell"
     raise FileNotFoundError(
-        f"no cell `{cell}`: not a file, and not a shipped cell ({', '.join(_cellc.shipped_cells())})"
+        f"no cell `{cell}`: not a .cell file, and not a shipped cell ({', '.join(_cellc.shipped_cells())})"
     )
+
+
+def _size(name: str, value, *, least: int = 1) -> int:
+    """``value`` as a size: an integer (not a bool, not a float) of at least ``least`` that cellc can index."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            import numpy  # noqa: PLC0415 -- numpy integers are integers too
+
+            is_int = isinstance(value, numpy.integer)
+        except ImportError:
+            is_int = False
+        if not is_int and not (isinstance(value, Tensor) and value.dim() == 0 and not value.dtype.is_floating_point
+                               and value.dtype != torch.bool):
+            raise TypeError(f"{name} must be an integer, not {type(value).__name__} ({value!r})")
+    value = int(value)
+    if value < least or value > _MAX_SIZE:
+        raise ValueError(f"{name} must be an integer in [{least}, {_MAX_SIZE}], not {value}")
+    return value
+
+
+# Larger sizes cannot be allocated as float32 tensors on any machine cellc runs on.
+_MAX_SIZE = 1 << 31
 
 
 class RNN(nn.Module):
     """A stack of layers of a ``.cell`` cell, run by cellc's fused kernels.
 
+    Two ways to make one::
+
+        cellc.RNN("layernorm_lstm", input_size=64, sizes={"H": 256}, num_layers=2)   # any cell
+        cellc.RNN("lstm", 64, 256, 2, batch_first=True)    # nn.LSTM's form: input_size, hidden_size, num_layers
+
     Args:
-        cell: a ``.cell`` file's path, a shipped cell's name (``"lstm"``), or ``.cell`` source text.
+        cell: a shipped cell's name (``"lstm"``), a ``.cell`` file's path, or ``.cell`` source text.
         input_size: features per step of the input.
-        sizes: size variables of the cell (``{"H": 256}``); the rest are inferred.
+        sizes: size variables of the cell (``{"H": 256}``); the rest are inferred. An integer
+            here is ``hidden_size`` (``nn.LSTM``'s positional form; the positional arguments
+            after it are then ``nn.LSTM``'s: ``num_layers, bias, batch_first, dropout,
+            bidirectional``).
         num_layers: layers stacked; layer ``k > 0`` reads layer ``k - 1``'s output.
         bidirectional: a second direction per layer, run from each sequence's end.
         batch_first: inputs and outputs are ``[B, T, F]`` (else ``[T, B, F]``).
@@ -44,11 +84,18 @@ class RNN(nn.Module):
             ``"cuda"`` for CUDA tensors), ``"cpu"``, ``"cuda"``, ``"reference"`` (the interpreter:
             slow, exact) or ``"cuda-emulated"`` (the CUDA back end's code on CPU tensors, its
             kernels compiled as host C++ by g++: for verification without a GPU).
+        hidden_size: the size of the cell's first state (``H`` for the shipped cells), as
+            ``nn.LSTM``'s; the same as ``sizes={"H": hidden_size}``.
+        bias, dropout, proj_size: ``nn.LSTM``'s, accepted at their defaults only (a cell's
+            biases are in its ``.cell`` source; dropout and projections are not supported yet).
         cell_name: which cell of a source that defines several.
 
     Parameters are named as PyTorch names them (``weight_ih_l0``, ``bias_hh_l1_reverse``), so
     ``load_state_dict(nn_lstm.state_dict())`` works for ``cells/lstm.cell`` (and ``gru``,
-    ``rnn_tanh``). cellc computes in float32: ``.double()`` is refused at the first call.
+    ``rnn_tanh``), and they are initialised by the cell's ``init`` clauses from torch's random
+    generator as ``nn.LSTM`` draws them: after ``torch.manual_seed(s)``, ``cellc.RNN("lstm", I, H)``
+    has ``nn.LSTM(I, H)``'s weights. cellc computes in float32: ``.double()`` is refused at
+    the first call.
 
     ``forward(input, hx=None, *, lengths=None, align="left")`` takes a padded batch with each
     sequence's length (padding at the end, or at the start with ``align="right"``; nothing is
@@ -66,62 +113,139 @@ class RNN(nn.Module):
         self,
         cell: str,
         input_size: int,
-        sizes: dict[str, int] | None = None,
+        sizes: dict[str, int] | int | None = None,
         num_layers: int = 1,
+        *args,
         bidirectional: bool = False,
         batch_first: bool = False,
         backend: str | None = None,
-        *,
+        hidden_size: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        proj_size: int = 0,
         cell_name: str | None = None,
         device=None,
         dtype=None,
     ):
         super().__init__()
+        if isinstance(sizes, int) and not isinstance(sizes, bool):
+            # nn.LSTM's positional form: (input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional).
+            if hidden_size is not None:
+                raise TypeError("hidden_size given both positionally and by name")
+            hidden_size, sizes = sizes, None
+            names = ("bias", "batch_first", "dropout", "bidirectional", "proj_size")
+            if len(args) > len(names):
+                raise TypeError(f"at most {3 + len(names)} positional arguments after the cell in nn.LSTM's form")
+            given = dict(zip(names, args))
+            bias = given.get("bias", bias)
+            batch_first = given.get("batch_first", batch_first)
+            dropout = given.get("dropout", dropout)
+            bidirectional = given.get("bidirectional", bidirectional)
+            proj_size = given.get("proj_size", proj_size)
+        elif args:
+            # cellc's own positional order: (cell, input_size, sizes, num_layers, bidirectional, batch_first, backend).
+            names = ("bidirectional", "batch_first", "backend")
+            if len(args) > len(names):
+                raise TypeError(f"at most {4 + len(names)} positional arguments")
+            given = dict(zip(names, args))
+            bidirectional = given.get("bidirectional", bidirectional)
+            batch_first = given.get("batch_first", batch_first)
+            backend = given.get("backend", backend)
         if dtype is not None and dtype != torch.float32:
             raise DTypeError(f"cellc computes in float32, not {dtype}")
         if backend not in (None, "cpu", "cuda", "reference", "cuda-emulated"):
             raise ValueError(
                 f"backend must be None, 'cpu', 'cuda', 'reference' or 'cuda-emulated', not {backend!r}"
             )
+        if bias is not True:
+            raise ValueError("bias=False is not supported: a cell's biases are parameters of its .cell source "
+                             "(write a cell without them)")
+        if dropout != 0:
+            raise ValueError("dropout between layers is not supported yet: stack one-layer modules with "
+                             "nn.Dropout between them")
+        if proj_size != 0:
+            raise ValueError("proj_size (LSTM projections) is not supported: write the projection into a .cell")
+        if sizes is not None and not isinstance(sizes, dict):
+            raise TypeError(f"sizes must be a dict of size names to integers (or hidden_size an int), "
+                            f"not {type(sizes).__name__}")
         source, file = cell_source(cell)
+        input_size = _size("input_size", input_size)
+        num_layers = _size("num_layers", num_layers)
+        known, hidden_name = _cellc.cell_sizes(file, source, cell_name)
+        sizes = {str(k): v for k, v in (sizes or {}).items()}
+        unknown = [k for k in sizes if k not in known]
+        if unknown:
+            raise ValueError(
+                f"sizes has {', '.join(repr(k) for k in unknown)}, which the cell does not have "
+                f"(its sizes: {', '.join(repr(k) for k in known) or 'none'})"
+            )
+        if hidden_size is not None:
+            hidden_size = _size("hidden_size", hidden_size)
+            if hidden_name is None:
+                raise ValueError("hidden_size: this cell's first state is not sized by one size variable: "
+                                 f"pass sizes={{...}} (its sizes: {', '.join(known)})")
+            if sizes.get(hidden_name, hidden_size) != hidden_size:
+                raise ValueError(f"hidden_size={hidden_size} but sizes[{hidden_name!r}]={sizes[hidden_name]}")
+            sizes[hidden_name] = hidden_size
+        sizes = {k: _size(f"sizes[{k!r}]", v) for k, v in sizes.items()}
         spec = {
             "source": source,
             "file": file,
             "cell": cell_name,
-            "input_size": int(input_size),
-            "sizes": {k: int(v) for k, v in (sizes or {}).items()},
-            "layers": int(num_layers),
+            "input_size": input_size,
+            "sizes": sizes,
+            "layers": num_layers,
             "bidirectional": bool(bidirectional),
             "backend": backend or "cpu",
         }
         self.spec = json.dumps(spec, sort_keys=True)
         # With backend=None, CUDA tensors run on the CUDA back end.
         self._cuda_spec = json.dumps({**spec, "backend": "cuda"}, sort_keys=True) if backend is None else None
+        # Keeps the compiled models of the specs alive while this module is.
+        self._handles = [_cellc.Handle(s) for s in (self.spec, self._cuda_spec) if s is not None]
         info = _ops.describe(self.spec)
         self.cell = info["cell"]
-        self.input_size = int(input_size)
-        self.num_layers = int(num_layers)
+        self.input_size = input_size
+        self.num_layers = num_layers
         self.bidirectional = bool(bidirectional)
         self.batch_first = bool(batch_first)
         self.backend = backend
-        self.sizes = dict(spec["sizes"])
+        self.sizes = dict(sizes)
         self.output_size = info["output_size"]
         self.state_sizes = [size for _, size in info["states"]]
         self.state_names = [name for name, _ in info["states"]]
+        self.hidden_size = self.state_sizes[0] if self.state_sizes else self.output_size
+        self.bias, self.dropout, self.proj_size = True, 0.0, 0
         self._weight_names = [name for name, _ in info["weights"]]
         for name, shape in info["weights"]:
             self.register_parameter(name, nn.Parameter(torch.empty(shape, device=device)))
         self.reset_parameters()
 
     def reset_parameters(self, seed: int | None = None) -> None:
-        """Initialises the weights by the cell's ``init`` clauses (seeded from torch's RNG)."""
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, ()).item())
+        """Initialises the weights by the cell's ``init`` clauses.
+
+        Without ``seed``, from torch's random generator, weight by weight in ``nn.LSTM``'s order
+        (``nn.init.uniform_`` for a ``uniform`` clause): the same draws as ``nn.LSTM``'s
+        ``reset_parameters``. With ``seed``, from cellc's own generator (the CLI's and Rust's
+        initialisation for that seed), leaving torch's untouched. Parameters on the ``meta``
+        device are left as they are.
+        """
+        params = self.all_weights
+        if any(p.device.type == "meta" for p in params):
+            return
         with torch.no_grad():
-            for name, data in zip(self._weight_names, _cellc.initial_weights(self.spec, seed)):
-                p = getattr(self, name)
-                values = torch.frombuffer(bytearray(data), dtype=torch.float32).view(p.shape)
-                p.copy_(values)
+            if seed is None:
+                for p, (kind, value) in zip(params, _cellc.param_inits(self.spec)):
+                    if kind == "uniform":
+                        nn.init.uniform_(p, -value, value)
+                    else:
+                        p.fill_(value)
+                return
+            for p, data in zip(params, _cellc.initial_weights(self.spec, int(seed))):
+                p.copy_(torch.frombuffer(bytearray(data), dtype=torch.float32).view(p.shape))
+
+    def flatten_parameters(self) -> None:
+        """``nn.LSTM``'s: a no-op here (cellc reads each weight where it lies, with no flat buffer)."""
 
     @property
     def all_weights(self) -> list[Tensor]:
@@ -232,6 +356,8 @@ class RNN(nn.Module):
         slots = self.num_layers * (2 if self.bidirectional else 1)
         out = []
         for name, size, h in zip(self.state_names, self.state_sizes, states):
+            if not isinstance(h, Tensor):
+                raise TypeError(f"initial state `{name}` must be a Tensor, not {type(h).__name__}")
             if unbatched and h.dim() == 2:
                 h = h.unsqueeze(1)
             if tuple(h.shape) != (slots, batch, size):
