@@ -227,7 +227,8 @@ impl Model {
         seed: u64,
         backend: Box<dyn Backend>,
     ) -> Result<Model> {
-        let mut model = Self::without_weights(compiled, config, sizes, input_size, backend)?;
+        let layers = Self::plan_layers(&compiled, &config, sizes, input_size, weights)?;
+        let mut model = Self::unweighted(compiled, config, layers, backend);
         model.ensure_weights_fit()?;
         model.params = match weights {
             Some(w) => model.take_weights(w)?,
@@ -249,9 +250,19 @@ impl Model {
         backend: Box<dyn Backend>,
     ) -> Result<Model> {
         let layers = Self::plan_layers(&compiled, &config, sizes, input_size, None)?;
+        Ok(Self::unweighted(compiled, config, layers, backend))
+    }
+
+    /// A model of `layers` whose parameter lists are empty.
+    fn unweighted(
+        compiled: Arc<CompiledCell>,
+        config: ModelConfig,
+        layers: Vec<Layer>,
+        backend: Box<dyn Backend>,
+    ) -> Model {
         let slots = layers.len() * if config.bidirectional { 2 } else { 1 };
         let per = compiled.forward.params.len();
-        Ok(Model {
+        Model {
             compiled,
             config,
             layers,
@@ -259,7 +270,7 @@ impl Model {
             prepared: (0..slots).map(|_| Default::default()).collect(),
             backend,
             owns_weights: false,
-        })
+        }
     }
 
     /// Whether the model keeps weights of its own (see [`Model::without_weights`]).

@@ -211,6 +211,10 @@ def _setup_context(ctx, inputs, output):
     ctx.counts = (len(index), len(h0), len(weights))
     ctx.final_shapes = [f.shape for f in finals]
     ctx.mark_non_differentiable(reserve)
+    # Outputs nothing reads get no gradient (None), not zeros filled for them: stateful
+    # training detaches the final states, and filling their zero gradients cost more
+    # than the gradients themselves.
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, *index, *h0, *weights, reserve)
 
 
@@ -224,7 +228,7 @@ def _backward(ctx, grad_output, grad_finals, _grad_reserve):
     reserve = saved[-1]
     if grad_output is None:
         grad_output = x.new_zeros((*x.shape[:-1], describe(ctx.spec)["output_size"]))
-    if all(g is None for g in grad_finals):
+    if grad_finals is None or all(g is None for g in grad_finals):
         grad_finals = []
     else:
         grad_finals = [
