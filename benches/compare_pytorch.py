@@ -66,9 +66,9 @@ def time_it(fn, min_time, sync=lambda: None):
     return statistics.median(times)
 
 
-def cellc_time(cell, b, t, h, threads, mode, min_time, backend="cpu", extra=()):
+def cellc_time(cell, b, t, h, threads, mode, min_time, backend="cpu", extra=(), lengths="uniform"):
     cmd = [CELLC, "bench", os.path.join(ROOT, "cells", f"{cell}.cell"), "-D", f"H={h}", "-D", f"I={h}",
-           "--batch", str(b), "--steps", str(t), "--lengths", "uniform", "--mode", mode,
+           "--batch", str(b), "--steps", str(t), "--lengths", lengths, "--mode", mode,
            "--min-time", str(min_time), "--json", "--backend", backend]
     if threads:
         cmd += ["--threads", str(threads)]

@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""cellc.RNN against nn.LSTM / nn.GRU where PyTorch users call it: from Python, same run, alternating.
+
+    python benches/python_vs_nn.py [--cells lstm gru] [--quick] [--json benches/results/python_vs_nn.json]
+    python benches/python_vs_nn.py --markdown-from benches/results/python_vs_nn.json
+
+Needs a Python with torch and the cellc package (`pip install ./runtime/python`), and a release
+build of the CLI (`cargo build --release`) for `cellc bench`, the runtime alone. Times:
+
+- **varlen**: T=100, lengths uniform in [T/2, T] (unsorted), B in {1, 16, 64}, H in {128, 256,
+  512}, I=H: cellc.RNN on the padded batch with its lengths, against nn.LSTM/nn.GRU's faster
+  route: the padded batch as it is (oneDNN, computing the padding too) or a PackedSequence;
+- **full**: every sequence at full length, T=35 and T=100 (no padding for PyTorch to waste);
+- **generate**: one step per call (B=1, T=1, H=256, the state carried), as a generation loop;
+- **fixed cost**: B=1, T=4, H=64 inference, cellc.RNN against `cellc bench` at the same shape.
+
+Inference runs under no_grad, training is forward + backward of out.sum(); 1 and 2 threads
+(torch.set_num_threads). Each measurement alternates cellc, PyTorch, cellc, PyTorch and keeps
+each one's faster median. Ratios are PyTorch time / cellc time: above 1, cellc is faster.
+"""
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_pytorch import cellc_time, lengths_uniform, time_it  # noqa: E402
+
+import cellc  # noqa: E402
+
+TORCH = {"lstm": nn.LSTM, "gru": nn.GRU}
+
+
+def pair(cell, b, t, h, lengths):
+    """nn.LSTM/nn.GRU and cellc.RNN with the same weights, and the input."""
+    mod = TORCH[cell](h, h, batch_first=True)
+    rnn = cellc.RNN(cell, h, h, batch_first=True)
+    rnn.load_state_dict(mod.state_dict())
+    return mod, rnn
+
+
+def step(fn, mode, x):
+    if mode == "infer":
+        with torch.no_grad():
+            fn()
+    else:
+        out = fn()
+        out.sum().backward()
+        x.grad = None
+
+
+def times(cell, b, t, h, mode, lengths, min_time):
+    """Seconds per call: cellc.RNN, nn's padded route, nn's packed route (None at full length)."""
+    mod, rnn = pair(cell, b, t, h, lengths)
+    x = torch.randn(b, t, h, requires_grad=(mode == "train"))
+    full = all(n == t for n in lengths)
+    lengths_t = torch.tensor(lengths)
+
+    def cellc_call():
+        return rnn(x, lengths=None if full else lengths_t)[0]
+
+    def padded():
+        return mod(x)[0]
+
+    def packed():
+        p = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        return mod(p)[0].data
+
+    fns = {"cellc": cellc_call, "padded": padded}
+    if not full:
+        fns["packed"] = packed
+    best = {}
+    for _ in range(2):
+        for name, fn in fns.items():
+            s = time_it(lambda: step(fn, mode, x), min_time)
+            best[name] = min(best.get(name, s), s)
+    return best
+
+
+def generate_time(cell, h, words, threads):
+    """Seconds per step of a loop that feeds one step per call, carrying the state."""
+    mod, rnn = pair(cell, 1, 1, h, [1])
+    x = torch.randn(1, 1, h)
+    result = {}
+    with torch.no_grad():
+        for _ in range(2):
+            for name, fn in (("cellc", rnn), ("nn", mod)):
+                state = None
+                for _ in range(20):
+                    _, state = fn(x, state)
+                start = time.perf_counter()
+                for _ in range(words):
+                    _, state = fn(x, state)
+                s = (time.perf_counter() - start) / words
+                result[name] = min(result.get(name, s), s)
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cells", nargs="+", default=["lstm", "gru"], choices=sorted(TORCH))
+    ap.add_argument("--quick", action="store_true", help="B=16, H=256 only")
+    ap.add_argument("--min-time", type=float, default=0.4)
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--json", help="write all measurements here")
+    ap.add_argument("--markdown-from", metavar="JSON", help="print the tables of an earlier --json run")
+    args = ap.parse_args()
+    if args.markdown_from:
+        with open(args.markdown_from) as f:
+            print(markdown(json.load(f)))
+        return
+    batches, hiddens = ([16], [256]) if args.quick else ([1, 16, 64], [128, 256, 512])
+    rows = []
+    meta = {"torch": torch.__version__, "machine": platform.processor() or platform.machine(),
+            "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), "threading": cellc.threading()}
+    print(meta, flush=True)
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for cell in args.cells:
+            for mode in ("infer", "train"):
+                configs = [("varlen", 100, b, h) for b in batches for h in hiddens]
+                configs += [("full", t, b, h) for t in (35, 100) for b in batches for h in hiddens]
+                for kind, t, b, h in configs:
+                    lengths = lengths_uniform(b, t) if kind == "varlen" else [t] * b
+                    s = times(cell, b, t, h, mode, lengths, args.min_time)
+                    nn_best = min(v for k, v in s.items() if k != "cellc")
+                    row = dict(kind=kind, cell=cell, mode=mode, threads=threads, batch=b, hidden=h, steps=t,
+                               cellc_s=s["cellc"], nn_padded_s=s["padded"], nn_packed_s=s.get("packed"),
+                               ratio=nn_best / s["cellc"])
+                    rows.append(row)
+                    print(f"{kind:<7}{cell:<5}{mode:<6}{threads}t B={b:<3} T={t:<4} H={h:<4} cellc "
+                          f"{s['cellc'] * 1e3:8.3f} ms  nn padded {s['padded'] * 1e3:8.3f}  packed "
+                          f"{(s.get('packed') or float('nan')) * 1e3:8.3f}  ratio {row['ratio']:.2f}", flush=True)
+            g = generate_time(cell, 256, 2000, threads)
+            rows.append(dict(kind="generate", cell=cell, mode="infer", threads=threads, batch=1, hidden=256, steps=1,
+                             cellc_s=g["cellc"], nn_s=g["nn"], ratio=g["nn"] / g["cellc"]))
+            print(f"generate {cell} {threads}t B=1 T=1 H=256: cellc {g['cellc'] * 1e6:.1f} us/step, nn "
+                  f"{g['nn'] * 1e6:.1f}, ratio {g['nn'] / g['cellc']:.2f}", flush=True)
+        # The Python layer's fixed cost over the runtime alone.
+        rnn = cellc.RNN("lstm", 64, 64, batch_first=True)
+        x = torch.randn(1, 4, 64)
+        with torch.no_grad():
+            module = min(time_it(lambda: rnn(x), args.min_time) for _ in range(2))
+        bench = min(cellc_time("lstm", 1, 4, 64, threads, "infer", args.min_time, lengths="full")
+                    ["median_s"] for _ in range(2))
+        rows.append(dict(kind="fixed", cell="lstm", mode="infer", threads=threads, batch=1, hidden=64, steps=4,
+                         cellc_s=module, bench_s=bench, overhead_us=(module - bench) * 1e6))
+        print(f"fixed cost {threads}t B=1 T=4 H=64: cellc.RNN {module * 1e6:.1f} us, cellc bench "
+              f"{bench * 1e6:.1f} us, Python layer {(module - bench) * 1e6:.1f} us", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
+def markdown(data):
+    """The tables: per cell and kind, one line per shape, a column per (mode, threads)."""
+    meta, rows = data["meta"], data["rows"]
+    out = [f"{meta['cpu']}, torch {meta['torch']}, {meta['date']}; cellc threading {meta['threading'][0]}. "
+           "PyTorch time / cellc.RNN time (> 1: cellc faster), against the faster of nn's padded and packed "
+           "routes.\n"]
+    for cell in dict.fromkeys(r["cell"] for r in rows if r["kind"] in ("varlen", "full")):
+        for kind, steps in (("varlen", 100), ("full", 35), ("full", 100)):
+            mine = [r for r in rows if r["cell"] == cell and r["kind"] == kind and r["steps"] == steps]
+            if not mine:
+                continue
+            cols = list(dict.fromkeys((r["mode"], r["threads"]) for r in mine))
+            what = "lengths uniform in [T/2, T]" if kind == "varlen" else "every sequence full length"
+            out.append(f"**{cell}**, T={steps}, {what}\n")
+            out.append("| B | H | " + " | ".join(f"{m} {t}t" for m, t in cols) + " |")
+            out.append("|---|---|" + "---|" * len(cols))
+            for b, h in dict.fromkeys((r["batch"], r["hidden"]) for r in mine):
+                cells = []
+                for m, t in cols:
+                    r = next((r for r in mine if (r["batch"], r["hidden"], r["mode"], r["threads"]) == (b, h, m, t)),
+                             None)
+                    cells.append(f"{r['ratio']:.2f}" if r else "")
+                out.append(f"| {b} | {h} | " + " | ".join(cells) + " |")
+            out.append("")
+    for r in rows:
+        if r["kind"] == "generate":
+            out.append(f"- One step per call ({r['cell']}, B=1, T=1, H=256, {r['threads']} thread(s)): cellc.RNN "
+                       f"{r['cellc_s'] * 1e6:.1f} µs, nn {r['nn_s'] * 1e6:.1f} µs: **{r['ratio']:.2f}**")
+    for r in rows:
+        if r["kind"] == "fixed":
+            out.append(f"- Fixed cost (lstm, B=1, T=4, H=64, inference, {r['threads']} thread(s)): cellc.RNN "
+                       f"{r['cellc_s'] * 1e6:.1f} µs, `cellc bench` {r['bench_s'] * 1e6:.1f} µs: the Python layer "
+                       f"adds **{r['overhead_us']:.1f} µs**")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()
