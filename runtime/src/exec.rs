@@ -324,7 +324,7 @@ impl Model {
         self.check_weights(given)?;
         Ok(PassParams {
             params: given.to_vec(),
-            prepared: Prepared::Pass(given.iter().map(|_| PreparedWeights::default()).collect()),
+            prepared: Prepared::Pass(given.iter().map(|_| PreparedWeights::for_one_pass()).collect()),
         })
     }
 

@@ -53,19 +53,38 @@ impl RowsMut<'_> {
 /// hands its parameters out mutably, so a changed weight is never read in
 /// an old form.
 #[derive(Default)]
-pub struct PreparedWeights(std::sync::OnceLock<std::sync::Arc<dyn std::any::Any + Send + Sync>>);
+pub struct PreparedWeights {
+    form: std::sync::OnceLock<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
+    for_one_pass: bool,
+}
 
 impl PreparedWeights {
+    /// A slot for weights that come with one pass and are gone after it
+    /// (the caller's): a back end may then read them in place rather than
+    /// prepare a form no later pass will use.
+    pub fn for_one_pass() -> PreparedWeights {
+        PreparedWeights { for_one_pass: true, ..Default::default() }
+    }
+
+    /// Whether the slot serves one pass only ([`PreparedWeights::for_one_pass`]).
+    pub fn is_for_one_pass(&self) -> bool {
+        self.for_one_pass
+    }
+
     /// The prepared form, made by `make` if the slot is empty; `None` if
     /// the slot holds some other type (another back end's form).
     pub fn get_or_init<T: std::any::Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> Option<&T> {
-        self.0.get_or_init(|| std::sync::Arc::new(make())).downcast_ref::<T>()
+        self.form.get_or_init(|| std::sync::Arc::new(make())).downcast_ref::<T>()
     }
 }
 
 impl std::fmt::Debug for PreparedWeights {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.get().is_some() { "PreparedWeights(made)" } else { "PreparedWeights(empty)" })
+        f.write_str(if self.form.get().is_some() {
+            "PreparedWeights(made)"
+        } else {
+            "PreparedWeights(empty)"
+        })
     }
 }
 

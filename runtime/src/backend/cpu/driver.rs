@@ -602,7 +602,13 @@ pub fn prepared_params<'a>(
     steps: &[ReadyStage],
     params: &[&[f32]],
     shape: &dyn Fn(ValueId) -> (usize, usize),
+    batch: usize,
 ) -> &'a PreparedParams {
+    if slot.is_for_one_pass() && batch <= super::in_place::ROWS {
+        // Weights for this pass alone, over a few sequences: packing them
+        // would cost more than the products (see `in_place`).
+        return local.insert(PreparedParams::in_place());
+    }
     let weights = match slot.get_or_init(|| PreparedParams::new(params.len())) {
         Some(w) => w,
         None => local.insert(PreparedParams::new(params.len())),
@@ -665,6 +671,10 @@ pub enum RightOperand {
     Packed(*const super::panels::PackedB),
     /// `[k, n]`.
     Matrix(View),
+    /// A parameter `W: [n, k]` read in place as `Wᵀ` ([`super::in_place`]).
+    InPlaceT { w: *const f32, n: usize, k: usize },
+    /// A parameter `W: [k, n]` read in place.
+    InPlace { w: *const f32, k: usize, n: usize },
 }
 
 /// One product `Y = X · Wᵀ` (or `X · W`) located on `m` consecutive rows of
@@ -702,6 +712,12 @@ impl ProductCall {
             m: count,
         };
         let right = match (op, bufs.loc(m)) {
+            (Op::MatVec, Some(Loc::Param(i))) if f.weights.reads_in_place() => {
+                RightOperand::InPlaceT { w: f.params[i].as_ptr(), n: rows_w, k: cols_w }
+            }
+            (Op::MatVecT, Some(Loc::Param(i))) if f.weights.reads_in_place() => {
+                RightOperand::InPlace { w: f.params[i].as_ptr(), k: rows_w, n: cols_w }
+            }
             (Op::MatVec, Some(Loc::Param(i))) => {
                 RightOperand::Packed(f.weights.t_panels(i, f.params[i], rows_w, cols_w))
             }
@@ -730,6 +746,16 @@ impl ProductCall {
                 let packed = &*packed;
                 super::panels::multiply(self.rows, packed, packed.share(part, parts), false)
             },
+            RightOperand::InPlaceT { w, n, k } => {
+                let (from, count) = column_share(n, part, parts);
+                // SAFETY: per the contract; the parameter is [n, k].
+                unsafe { super::in_place::times_transpose(self.rows, w, k, from..from + count) }
+            }
+            RightOperand::InPlace { w, k, n } => {
+                let (from, count) = column_share(n, part, parts);
+                // SAFETY: per the contract; the parameter is [k, n].
+                unsafe { super::in_place::times(self.rows, w, k, n, from..from + count) }
+            }
             RightOperand::Matrix(w) => {
                 let (from, count) = column_share(w.cols, part, parts);
                 if count > 0 {

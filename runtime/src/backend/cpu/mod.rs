@@ -15,6 +15,7 @@ pub mod aot;
 pub mod codegen;
 mod driver;
 pub mod gemm;
+mod in_place;
 pub mod native;
 pub mod openmp;
 pub mod panels;
@@ -515,7 +516,7 @@ fn forward(
     let mut finals: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&n| vec![0.0; batch * n]).collect();
     let shape = shape_of(plan);
     let mut local = None;
-    let weights = prepared_params(job.prepared, &mut local, g, &code.forward, job.params, &shape);
+    let weights = prepared_params(job.prepared, &mut local, g, &code.forward, job.params, &shape, batch);
     let state_rows = SharedRows::each(&mut states);
     let frame = Frame { states: &state_rows, ..Frame::new(job.input, layer, job.params, weights) };
 
@@ -958,7 +959,8 @@ fn backward(
         .collect();
     let shape = shape_of(plan);
     let mut local = None;
-    let weights = prepared_params(job.prepared, &mut local, g, &code.backward, job.params, &shape);
+    let weights =
+        prepared_params(job.prepared, &mut local, g, &code.backward, job.params, &shape, job.order.batch());
     let d_out = Some((job.d_output, layer.output_size));
     // Before the loop: products that read no carried adjoint, over every valid row.
     let all_rows = valid_rows(job.order);

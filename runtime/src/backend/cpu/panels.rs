@@ -64,39 +64,56 @@ fn transpose_blocks(src: &[f32], cols: usize, width: usize, panel: &mut [f32]) -
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn transpose16(src: *const f32, ld: usize, dst: *mut f32) {
-    use std::arch::x86_64::*;
     // SAFETY (block): per the contract.
     unsafe {
-        let r: [__m512; 16] = std::array::from_fn(|i| _mm512_loadu_ps(src.add(i * ld)));
-        // Pairs of rows interleaved, then pairs of pairs, then 128-bit lanes twice.
-        let t: [__m512; 16] = std::array::from_fn(|i| {
-            let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
-            if i % 2 == 0 {
-                _mm512_unpacklo_ps(a, b)
-            } else {
-                _mm512_unpackhi_ps(a, b)
-            }
-        });
-        let u: [__m512; 16] = std::array::from_fn(|i| {
-            let base = i / 4 * 4;
-            let (a, b) = (_mm512_castps_pd(t[base + i % 4 / 2]), _mm512_castps_pd(t[base + i % 4 / 2 + 2]));
-            _mm512_castpd_ps(if i % 2 == 0 { _mm512_unpacklo_pd(a, b) } else { _mm512_unpackhi_pd(a, b) })
-        });
-        let v: [__m512; 16] = std::array::from_fn(|i| {
-            let base = i / 8 * 8;
-            let (a, b) = (u[base + i % 4], u[base + i % 4 + 4]);
-            if i % 8 < 4 {
-                _mm512_shuffle_f32x4::<0x88>(a, b)
-            } else {
-                _mm512_shuffle_f32x4::<0xdd>(a, b)
-            }
-        });
-        for (i, &a) in v[..8].iter().enumerate() {
-            let b = v[i + 8];
-            _mm512_storeu_ps(dst.add(i * PANEL), _mm512_shuffle_f32x4::<0x88>(a, b));
-            _mm512_storeu_ps(dst.add((i + 8) * PANEL), _mm512_shuffle_f32x4::<0xdd>(a, b));
+        for (j, column) in transposed16(src, ld).into_iter().enumerate() {
+            std::arch::x86_64::_mm512_storeu_ps(dst.add(j * PANEL), column);
         }
     }
+}
+
+/// The 16 columns of the 16x16 block at `src` (rows `ld` floats apart):
+/// element `i` of vector `j` is `src[i * ld + j]`.
+///
+/// # Safety
+/// `src` readable at 16 rows of 16 floats `ld` apart; AVX-512F available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn transposed16(src: *const f32, ld: usize) -> [std::arch::x86_64::__m512; 16] {
+    use std::arch::x86_64::*;
+    // SAFETY: per the contract.
+    let r: [__m512; 16] = std::array::from_fn(|i| unsafe { _mm512_loadu_ps(src.add(i * ld)) });
+    // Pairs of rows interleaved, then pairs of pairs, then 128-bit lanes twice.
+    let t: [__m512; 16] = std::array::from_fn(|i| {
+        let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_ps(a, b)
+        } else {
+            _mm512_unpackhi_ps(a, b)
+        }
+    });
+    let u: [__m512; 16] = std::array::from_fn(|i| {
+        let base = i / 4 * 4;
+        let (a, b) = (_mm512_castps_pd(t[base + i % 4 / 2]), _mm512_castps_pd(t[base + i % 4 / 2 + 2]));
+        _mm512_castpd_ps(if i % 2 == 0 { _mm512_unpacklo_pd(a, b) } else { _mm512_unpackhi_pd(a, b) })
+    });
+    let v: [__m512; 16] = std::array::from_fn(|i| {
+        let base = i / 8 * 8;
+        let (a, b) = (u[base + i % 4], u[base + i % 4 + 4]);
+        if i % 8 < 4 {
+            _mm512_shuffle_f32x4::<0x88>(a, b)
+        } else {
+            _mm512_shuffle_f32x4::<0xdd>(a, b)
+        }
+    });
+    std::array::from_fn(|j| {
+        let (a, b) = (v[j % 8], v[j % 8 + 8]);
+        if j < 8 {
+            _mm512_shuffle_f32x4::<0x88>(a, b)
+        } else {
+            _mm512_shuffle_f32x4::<0xdd>(a, b)
+        }
+    })
 }
 
 /// `B: [k, n]` in column panels.

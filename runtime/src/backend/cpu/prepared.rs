@@ -132,6 +132,8 @@ impl Drop for AlignedBuf {
 #[derive(Debug)]
 pub struct PreparedParams {
     forms: Vec<Forms>,
+    /// The products read the weights where they lie ([`super::in_place`]).
+    in_place: bool,
 }
 
 #[derive(Debug, Default)]
@@ -145,7 +147,17 @@ struct Forms {
 impl PreparedParams {
     /// Room for `count` parameters, nothing made yet.
     pub fn new(count: usize) -> PreparedParams {
-        PreparedParams { forms: (0..count).map(|_| Forms::default()).collect() }
+        PreparedParams { forms: (0..count).map(|_| Forms::default()).collect(), in_place: false }
+    }
+
+    /// Nothing to prepare: the products read the weights in place.
+    pub fn in_place() -> PreparedParams {
+        PreparedParams { forms: Vec::new(), in_place: true }
+    }
+
+    /// Whether the products read the weights in place.
+    pub fn reads_in_place(&self) -> bool {
+        self.in_place
     }
 
     fn forms(&self, i: usize) -> &Forms {
