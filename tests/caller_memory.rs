@@ -150,6 +150,42 @@ fn caller_memory_passes_equal_the_models_own_on_every_cell() {
     }
 }
 
+#[test]
+fn a_step_of_a_few_sequences_reads_the_weights_in_place_with_the_same_bits() {
+    // Four rows in all: the caller's weights are read where they lie, not packed.
+    for cell in support::compiled_cells() {
+        let model = support::two_layer_model(&cell, (33, 20, 3), 4, &cpu);
+        let (i, o) = (model.input_size(), model.output_size());
+        for (batch, steps) in [(4, 1), (1, 4), (3, 1)] {
+            let lengths = vec![steps; batch];
+            let x = data(batch * steps * i, 11);
+            let d_out = data(batch * steps * o, 12);
+            let input = Input::Padded {
+                data: &x,
+                batch,
+                steps,
+                major: Major::TimeFirst,
+                align: Align::Left,
+                lengths: &lengths,
+            };
+            let h0: Vec<Vec<f32>> = model
+                .forward(input, None)
+                .expect("forward")
+                .final_states
+                .iter()
+                .enumerate()
+                .map(|(k, s)| data(s.len(), 40 + k as u64))
+                .collect();
+            let what = format!("{} B={batch} T={steps}", cell.forward.name);
+            assert_same(
+                &what,
+                &through_caller_memory(&model, input, &h0, &d_out),
+                &through_model(&model, input, &h0, &d_out),
+            );
+        }
+    }
+}
+
 fn padded(x: &[f32], major: Major, align: Align) -> Input<'_> {
     Input::Padded { data: x, batch: LENGTHS.len(), steps: STEPS, major, align, lengths: &LENGTHS }
 }

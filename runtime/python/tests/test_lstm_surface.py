@@ -18,8 +18,24 @@ def test_nn_lstm_positional_form_and_attributes():
                  "dropout", "proj_size"):
         assert getattr(rnn, name) == getattr(lstm, name), name
     assert [n for n, _ in rnn.named_parameters()] == [n for n, _ in lstm.named_parameters()]
+    shapes = lambda m: [[tuple(p.shape) for p in ps] for ps in m.all_weights]  # noqa: E731
+    assert shapes(rnn) == shapes(lstm)
     rnn.flatten_parameters()
     assert cellc.RNN("lstm", 20, hidden_size=30).sizes == {"H": 30}
+
+
+def test_a_weight_swapped_for_a_plain_tensor_is_the_one_read():
+    # As AWD-LSTM's WeightDrop does: the parameter removed, a tensor set under its name.
+    torch.manual_seed(0)
+    rnn = cellc.RNN("lstm", 4, 8)
+    x = torch.randn(3, 2, 4)
+    w = rnn.weight_hh_l0.detach().clone()
+    del rnn._parameters["weight_hh_l0"]
+    rnn.weight_hh_l0 = torch.zeros_like(w)
+    zeroed, _ = rnn(x)
+    rnn.weight_hh_l0 = w
+    kept, _ = rnn(x)
+    assert not torch.equal(zeroed, kept)
 
 
 def test_initialisation_draws_as_nn_lstm_does():

@@ -230,7 +230,7 @@ class RNN(nn.Module):
         initialisation for that seed), leaving torch's untouched. Parameters on the ``meta``
         device are left as they are.
         """
-        params = self.all_weights
+        params = self._weights()
         if any(p.device.type == "meta" for p in params):
             return
         with torch.no_grad():
@@ -247,10 +247,22 @@ class RNN(nn.Module):
     def flatten_parameters(self) -> None:
         """``nn.LSTM``'s: a no-op here (cellc reads each weight where it lies, with no flat buffer)."""
 
-    @property
-    def all_weights(self) -> list[Tensor]:
+    def _weights(self) -> list[Tensor]:
         """The weights in the operators' order (read on every call: a swapped weight is seen)."""
-        return [getattr(self, name) for name in self._weight_names]
+        params = self._parameters
+        weights = []
+        for name in self._weight_names:
+            p = params.get(name)
+            # A weight swapped for a plain tensor attribute (weight drop, FSDP) is read too.
+            weights.append(p if p is not None else getattr(self, name))
+        return weights
+
+    @property
+    def all_weights(self) -> list[list[Tensor]]:
+        """As ``nn.LSTM``'s: the weights of each layer and direction, in the cell's order."""
+        weights = self._weights()
+        per = len(weights) // max(self.num_layers * (2 if self.bidirectional else 1), 1)
+        return [weights[i : i + per] for i in range(0, len(weights), max(per, 1))]
 
     def extra_repr(self) -> str:
         parts = [f"{self.cell!r}", f"input_size={self.input_size}"]
@@ -266,7 +278,7 @@ class RNN(nn.Module):
         return ", ".join(parts)
 
     def forward(self, input, hx=None, *, lengths=None, align: str = "left"):
-        weights = [w.contiguous() for w in self.all_weights]
+        weights = [w.contiguous() for w in self._weights()]
         for name, w in zip(self._weight_names, weights):
             if w.dtype != torch.float32:
                 raise DTypeError(f"parameter `{name}` is {w.dtype}: cellc computes in float32 (call .float())")

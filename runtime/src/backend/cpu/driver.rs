@@ -590,7 +590,7 @@ fn weight_t(bufs: &Buffers, f: &Frame, m: ValueId, rows_w: usize, cols_w: usize)
     Ok(View::rows(w, rows_w, cols_w, cols_w).t())
 }
 
-/// This layer-direction's prepared weights, from the model's slot (or, if
+/// This layer-direction's prepared weights for a pass over `rows` valid rows, from the model's slot (or, if
 /// another back end's form is there, `local`), with the forms that `steps`
 /// read made before any thread needs them (see [`super::prepared`]): every
 /// product of a parameter, per step or over all rows, reads it packed into
@@ -602,11 +602,13 @@ pub fn prepared_params<'a>(
     steps: &[ReadyStage],
     params: &[&[f32]],
     shape: &dyn Fn(ValueId) -> (usize, usize),
-    batch: usize,
+    rows: usize,
 ) -> &'a PreparedParams {
-    if slot.is_for_one_pass() && batch <= super::in_place::ROWS {
-        // Weights for this pass alone, over a few sequences: packing them
-        // would cost more than the products (see `in_place`).
+    if slot.is_for_one_pass() && rows <= super::in_place::ROWS {
+        // Weights for this pass alone, met by a few rows in all (a step
+        // or two of a few sequences): packing them would cost more than
+        // the products. Longer passes pack: read in place, `X · Wᵀ`
+        // transposes the weight at every step (see `in_place`).
         return local.insert(PreparedParams::in_place());
     }
     let weights = match slot.get_or_init(|| PreparedParams::new(params.len())) {

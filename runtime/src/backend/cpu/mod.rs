@@ -516,7 +516,8 @@ fn forward(
     let mut finals: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&n| vec![0.0; batch * n]).collect();
     let shape = shape_of(plan);
     let mut local = None;
-    let weights = prepared_params(job.prepared, &mut local, g, &code.forward, job.params, &shape, batch);
+    let weights =
+        prepared_params(job.prepared, &mut local, g, &code.forward, job.params, &shape, job.order.rows());
     let state_rows = SharedRows::each(&mut states);
     let frame = Frame { states: &state_rows, ..Frame::new(job.input, layer, job.params, weights) };
 
@@ -960,7 +961,7 @@ fn backward(
     let shape = shape_of(plan);
     let mut local = None;
     let weights =
-        prepared_params(job.prepared, &mut local, g, &code.backward, job.params, &shape, job.order.batch());
+        prepared_params(job.prepared, &mut local, g, &code.backward, job.params, &shape, job.order.rows());
     let d_out = Some((job.d_output, layer.output_size));
     // Before the loop: products that read no carried adjoint, over every valid row.
     let all_rows = valid_rows(job.order);
