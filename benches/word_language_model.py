@@ -8,7 +8,8 @@ model.py, generate.py) as they are, on this repository's corpus (Genesis and Exo
 level, as the example's data.py tokenises: words split on spaces, `<eos>` at each line's end):
 an embedding of 200, a 2-layer LSTM of 200 (`nn.LSTM(ninp, nhid, nlayers, dropout=...)`),
 dropout 0.2 around it (between the layers too: cellc.RNN has no dropout argument yet, so its
-model runs one module per layer with `nn.Dropout` between them, as a user must today), a
+model runs one module per layer with `nn.Dropout` between them, as a user must today; the two
+then draw their masks in another order, so their losses agree only with `--dropout 0`), a
 linear decoder, bptt 35, batch 20, every sequence at full length, stateful batches (the hidden
 state carried and detached), plain SGD at lr 20 with gradient clipping at 0.25.
 
@@ -205,10 +206,12 @@ def main():
     ap.add_argument("--chunk", type=int, default=10, help="steps per turn (the models alternate)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--words", type=int, default=200, help="words generated per model")
+    ap.add_argument("--dropout", type=float, default=0.2,
+                    help="the example's 0.2; at 0 both models draw no masks and their losses must agree")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     args.emsize = args.nhid = 200
-    args.nlayers, args.dropout, args.lr, args.clip, args.bptt, args.batch_size = 2, 0.2, 20.0, 0.25, 35, 20
+    args.nlayers, args.lr, args.clip, args.bptt, args.batch_size = 2, 20.0, 0.25, 35, 20
     torch.set_num_threads(args.threads)
     ids, ntokens = tokenize(CORPUS)
     split = int(len(ids) * 0.9)
@@ -250,10 +253,12 @@ def main():
             "rnn_forward_ms": fwd, "rnn_backward_ms": bwd, "eval_tokens_per_s": eval_tokens / eval_s,
             "eval_rnn_ms_per_batch": eval_rnn, "generate_us_per_word": per_word * 1e6,
             "first_losses": [round(x, 4) for x in r.losses[:5]], "last_loss": r.losses[-1], "val_loss": val_loss,
+            "losses": [round(x, 5) for x in r.losses],
         })
     t, c = rows
     print(f"torch {torch.__version__}, {args.threads} thread(s), cellc threading {cellc.threading()}, "
-          f"{args.steps} steps of {args.bptt}x{args.batch_size} tokens")
+          f"{args.steps} steps of {args.bptt}x{args.batch_size} tokens, dropout {args.dropout}")
+    drift = max(abs(a - b) for a, b in zip(t["first_losses"] + [t["last_loss"]], c["first_losses"] + [c["last_loss"]]))
     for r in rows:
         print(f"{r['model']:>10}: train {r['train_tokens_per_s']:8.0f} tok/s ({r['train_step_ms']:.1f} ms/step; RNN "
               f"fwd {r['rnn_forward_ms']:.2f} + bwd {r['rnn_backward_ms']:.2f} ms) | eval "
@@ -262,10 +267,12 @@ def main():
               f"val {r['val_loss']:.3f}")
     print(f"cellc / torch: train {c['train_tokens_per_s'] / t['train_tokens_per_s']:.2f}x, eval "
           f"{c['eval_tokens_per_s'] / t['eval_tokens_per_s']:.2f}x, generate "
-          f"{t['generate_us_per_word'] / c['generate_us_per_word']:.2f}x")
+          f"{t['generate_us_per_word'] / c['generate_us_per_word']:.2f}x; largest loss difference {drift:.4f}"
+          + (" (dropout: the two draw their masks in another order)" if args.dropout else ""))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": args.threads, "torch": torch.__version__, "rows": rows}, f, indent=1)
+            json.dump({"threads": args.threads, "dropout": args.dropout, "torch": torch.__version__,
+                       "date": time.strftime("%Y-%m-%d"), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

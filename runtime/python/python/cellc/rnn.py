@@ -128,29 +128,22 @@ class RNN(nn.Module):
         dtype=None,
     ):
         super().__init__()
+        options = dict(bias=bias, batch_first=batch_first, dropout=dropout, bidirectional=bidirectional,
+                       proj_size=proj_size, backend=backend)
         if isinstance(sizes, int) and not isinstance(sizes, bool):
             # nn.LSTM's positional form: (input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional).
             if hidden_size is not None:
                 raise TypeError("hidden_size given both positionally and by name")
             hidden_size, sizes = sizes, None
-            names = ("bias", "batch_first", "dropout", "bidirectional", "proj_size")
-            if len(args) > len(names):
-                raise TypeError(f"at most {3 + len(names)} positional arguments after the cell in nn.LSTM's form")
-            given = dict(zip(names, args))
-            bias = given.get("bias", bias)
-            batch_first = given.get("batch_first", batch_first)
-            dropout = given.get("dropout", dropout)
-            bidirectional = given.get("bidirectional", bidirectional)
-            proj_size = given.get("proj_size", proj_size)
-        elif args:
-            # cellc's own positional order: (cell, input_size, sizes, num_layers, bidirectional, batch_first, backend).
-            names = ("bidirectional", "batch_first", "backend")
-            if len(args) > len(names):
-                raise TypeError(f"at most {4 + len(names)} positional arguments")
-            given = dict(zip(names, args))
-            bidirectional = given.get("bidirectional", bidirectional)
-            batch_first = given.get("batch_first", batch_first)
-            backend = given.get("backend", backend)
+            order = ("bias", "batch_first", "dropout", "bidirectional", "proj_size")
+        else:
+            # cellc's own: (cell, input_size, sizes, num_layers, bidirectional, batch_first, backend).
+            order = ("bidirectional", "batch_first", "backend")
+        if len(args) > len(order):
+            raise TypeError(f"at most {3 + len(order)} positional arguments after the cell")
+        options.update(zip(order, args))
+        bias, batch_first, dropout = options["bias"], options["batch_first"], options["dropout"]
+        bidirectional, proj_size, backend = options["bidirectional"], options["proj_size"], options["backend"]
         if dtype is not None and dtype != torch.float32:
             raise DTypeError(f"cellc computes in float32, not {dtype}")
         if backend not in (None, "cpu", "cuda", "reference", "cuda-emulated"):
