@@ -15,7 +15,8 @@ use pyo3::prelude::*;
 /// A batch's shape (from the input tensor's) and index tensors, read.
 struct Batch {
     layout: Layout,
-    /// Padded: `[lengths]`; packed: `[batch_sizes, sorted_indices, unsorted_indices]`.
+    /// Padded: `[lengths]` (every length `T` when the call gives none); packed:
+    /// `[batch_sizes, sorted_indices, unsorted_indices]`.
     index: Vec<Vec<usize>>,
     /// Padded: `(B, T)`; packed: `(N, 0)`.
     dims: (usize, usize),
@@ -61,6 +62,10 @@ impl Batch {
             Layout::Packed => ((x.shape[0], 0), x.shape[1]),
         };
         let expected = if matches!(layout, Layout::Packed) { 3 } else { 1 };
+        if index.is_empty() && expected == 1 {
+            // A padded batch without lengths: every sequence runs all the steps.
+            return Ok(Batch { layout, index: vec![vec![dims.1; dims.0]], dims, features });
+        }
         if index.len() != expected {
             return Err(RuntimeError::Internal(format!(
                 "{expected} index tensors expected, got {}",

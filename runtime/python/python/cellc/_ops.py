@@ -86,7 +86,7 @@ def _forward_outputs(spec: str, layout: str, x: Tensor, index: list[Tensor], tra
     finals = [x.new_empty((info["slots"], batch, size)) for _, size in info["states"]]
     per_row = info["reserve_per_row"]
     reserve_len = _rows(layout, x) * per_row if training and per_row is not None else 0
-    return out, finals, empty((reserve_len,))
+    return out, finals, empty((reserve_len,)) if reserve_len else x.new_empty((0,))
 
 
 @functools.lru_cache(maxsize=256)
@@ -130,8 +130,17 @@ def _recycled(shape) -> Tensor:
     weights) would otherwise come from PyTorch's CPU allocator, malloc, which maps buffers
     that large fresh on every call: their pages faulted in and zeroed by the kernel took as
     long as the RNN itself at B=64, H=256. Contents are unspecified; the runtime writes them.
+    Buffers below the runtime's smallest recycled one come from PyTorch's allocator (malloc
+    serves those from memory it holds; the hand-over would cost more than it saves).
     """
-    return torch.from_dlpack(_cellc.recycled(math.prod(shape))).view(tuple(shape))
+    count = math.prod(shape)
+    if count < _SMALLEST_RECYCLED:
+        return torch.empty(tuple(shape))
+    return torch.from_dlpack(_cellc.recycled(count)).view(tuple(shape))
+
+
+# As `cellc_runtime::pool`'s MIN_KEPT_FLOATS.
+_SMALLEST_RECYCLED = 1024
 
 
 def _call_refs(x: Tensor, index: list[Tensor], h0: list[Tensor], weights: list[Tensor]):
@@ -139,9 +148,11 @@ def _call_refs(x: Tensor, index: list[Tensor], h0: list[Tensor], weights: list[T
     return _ref(x), [_ref(t) for t in index], [_ref(t) for t in h0], [_ref(t) for t in weights]
 
 
-def _forward_impl(spec, layout, x, index, h0, weights, training):
-    """The forward operator's work (see ``rnn_forward``)."""
-    _check_devices(spec, [x, *h0, *weights])
+def _forward_impl(spec, layout, x, index, h0, weights, training, checked=False):
+    """The forward operator's work (see ``rnn_forward``); ``checked``: the caller (cellc.RNN)
+    has checked the tensors' devices."""
+    if not checked:
+        _check_devices(spec, [x, *h0, *weights])
     inputs = _call_refs(x, index, h0, weights)
     if in_device_memory(spec, x):
         out, finals, reserve = _forward_outputs(spec, layout, x, index, False, x.new_empty)
@@ -281,7 +292,8 @@ class _Eager(torch.autograd.Function):
     def forward(ctx, spec, layout, n_index, n_h0, x, *tensors):
         index, h0 = list(tensors[:n_index]), list(tensors[n_index : n_index + n_h0])
         weights = list(tensors[n_index + n_h0 :])
-        out, finals, reserve = _forward_impl(spec, layout, x, index, h0, weights, True)
+        checked = x.device.type == "cpu"  # as in `run`
+        out, finals, reserve = _forward_impl(spec, layout, x, index, h0, weights, True, checked=checked)
         _setup_context(ctx, (spec, layout, x, index, h0, weights, True), (out, finals, reserve), eager=True)
         return out, reserve, *finals
 
@@ -314,7 +326,9 @@ def run(spec: str, layout: str, x: Tensor, index: list[Tensor], h0: list[Tensor]
     )
     if _eager([x, *h0, *weights]):
         if not training:
-            out, finals, _ = _forward_impl(spec, layout, x, index, h0, weights, False)
+            # cellc.RNN has checked that every tensor is on x's device: on the CPU, nothing more to check.
+            checked = x.device.type == "cpu"
+            out, finals, _ = _forward_impl(spec, layout, x, index, h0, weights, False, checked=checked)
             return out, finals
         out, _, *finals = _Eager.apply(spec, layout, len(index), len(h0), x, *index, *h0, *weights)
         return out, finals

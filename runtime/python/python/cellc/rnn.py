@@ -294,7 +294,7 @@ class RNN(nn.Module):
             raise ValueError(f"align must be 'left' or 'right', not {align!r}")
         batch, steps = (x.shape[0], x.shape[1]) if self.batch_first else (x.shape[1], x.shape[0])
         if lengths is None:
-            lengths = torch.full((batch,), steps, dtype=torch.int64)
+            index = []  # every sequence runs all the steps
         else:
             lengths = torch.as_tensor(lengths)
             if lengths.dtype.is_floating_point or lengths.dtype == torch.bool or lengths.shape != (batch,):
@@ -302,11 +302,11 @@ class RNN(nn.Module):
                     f"`lengths` has shape {list(lengths.shape)} and dtype {lengths.dtype}, "
                     f"expected [{batch}] integers (one length per sequence)"
                 )
-            lengths = lengths.to(device="cpu", dtype=torch.int64).contiguous()
+            index = [lengths.to(device="cpu", dtype=torch.int64).contiguous()]
         self._check_device(x, weights)
         h0 = self._initial_states(hx, batch, x, unbatched)
         layout = ("batch_first/" if self.batch_first else "time_first/") + align
-        out, finals = _ops.run(self._spec_for(x), layout, x.contiguous(), [lengths], h0, weights)
+        out, finals = _ops.run(self._spec_for(x), layout, x.contiguous(), index, h0, weights)
         if unbatched:
             out = out.squeeze(0 if self.batch_first else 1)
             finals = [f.squeeze(1) for f in finals]
