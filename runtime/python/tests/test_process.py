@@ -78,7 +78,8 @@ def test_dataloader_workers_call_the_model_of_a_module_built_in_the_parent():
 def test_threads_are_capped_by_the_cores_the_process_may_use():
     team, cores = cellc.threading()
     assert team in ("openmp", "cellc")
-    assert cores == len(os.sched_getaffinity(0))
+    # The affinity mask, or fewer where a cgroup quota grants less.
+    assert 1 <= cores <= len(os.sched_getaffinity(0))
 
 
 def _cores_under_affinity(queue):
