@@ -24,6 +24,11 @@ struct Pool(Mutex<Vec<Vec<f32>>>);
 
 static POOL: Pool = Pool(Mutex::new(Vec::new()));
 
+/// Whether buffers given back are kept: false from [`release`] until the
+/// next [`take`], so that buffers freed after the last model (tensors a
+/// framework frees late) go back to the system rather than into the pool.
+static KEEPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
 impl Pool {
     fn take(&self, len: usize) -> Vec<f32> {
         if len >= MIN_KEPT_FLOATS {
@@ -61,6 +66,7 @@ impl Pool {
 
 /// A buffer of `len` floats with unspecified (but initialised) contents.
 pub fn take(len: usize) -> Vec<f32> {
+    KEEPING.store(true, std::sync::atomic::Ordering::Relaxed);
     POOL.take(len)
 }
 
@@ -74,23 +80,39 @@ pub fn take_zeroed(len: usize) -> Vec<f32> {
 
 /// Hands a buffer back for reuse (dropped when small or when the pool is full).
 pub fn give(buffer: Vec<f32>) {
-    POOL.give(buffer)
+    if KEEPING.load(std::sync::atomic::Ordering::Relaxed) {
+        return POOL.give(buffer);
+    }
+    // After `release`: freed, and a large one handed back to the system
+    // at once (glibc keeps freed memory of its heap until trimmed).
+    let large = buffer.capacity() >= 1 << 18;
+    drop(buffer);
+    if large {
+        trim_malloc();
+    }
 }
 
-/// Gives the memory kept for reuse back to the system: the pool's buffers,
-/// the CPU back end's recycled weight panels, and what the C allocator
-/// holds free. For when no model is left to reuse them (the Python package
-/// calls it when its last module is deleted).
-pub fn release() {
-    if let Ok(mut pool) = POOL.0.lock() {
-        *pool = Vec::new();
-    }
-    crate::backend::cpu::prepared::release_recycled();
+/// Returns the C allocator's free memory to the system.
+fn trim_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: glibc's malloc_trim only returns free memory to the system.
     unsafe {
         libc::malloc_trim(0);
     }
+}
+
+/// Gives the memory kept for reuse back to the system: the pool's buffers,
+/// the CPU back end's recycled weight panels, and what the C allocator
+/// holds free. For when no model is left to reuse them (the Python package
+/// calls it when its last module is deleted); buffers given back after it
+/// are freed, until the next [`take`].
+pub fn release() {
+    KEEPING.store(false, std::sync::atomic::Ordering::Relaxed);
+    if let Ok(mut pool) = POOL.0.lock() {
+        *pool = Vec::new();
+    }
+    crate::backend::cpu::prepared::release_recycled();
+    trim_malloc();
 }
 
 #[cfg(test)]
