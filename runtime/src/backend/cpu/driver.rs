@@ -377,7 +377,7 @@ pub fn run_pointwise(
         return Ok(());
     }
     let per = rows.len().div_ceil(chunks);
-    let table = PtrTable(&table);
+    let table = SendTable(table);
     threads::for_each(chunks, &|c| {
         let (lo, hi) = (c * per, ((c + 1) * per).min(rows.len()));
         if lo < hi {
@@ -403,17 +403,6 @@ impl SendTable {
         &self.0
     }
 }
-
-/// A pointer table shared by the threads that each run a disjoint part of it.
-struct PtrTable<'a>(&'a [*mut f32]);
-
-impl PtrTable<'_> {
-    fn get(&self) -> &[*mut f32] {
-        self.0
-    }
-}
-// SAFETY: the rows given to different threads write disjoint memory.
-unsafe impl Sync for PtrTable<'_> {}
 
 /// Contiguous or evenly strided runs of rows, so one GEMM covers a run:
 /// `(b, t)` of the run's first row, its length, and the layout-row step.
@@ -590,8 +579,9 @@ fn weight_t(bufs: &Buffers, f: &Frame, m: ValueId, rows_w: usize, cols_w: usize)
     Ok(View::rows(w, rows_w, cols_w, cols_w).t())
 }
 
-/// This layer-direction's prepared weights for a pass over `rows` valid rows, from the model's slot (or, if
-/// another back end's form is there, `local`), with the forms that `steps`
+/// This layer-direction's prepared weights for a pass over `rows` valid
+/// rows, from the model's slot (or, if another back end's form is there,
+/// `local`), with the forms that `steps`
 /// read made before any thread needs them (see [`super::prepared`]): every
 /// product of a parameter, per step or over all rows, reads it packed into
 /// panels (`Wᵀ` for `X · Wᵀ`, `W` for `D · W`).

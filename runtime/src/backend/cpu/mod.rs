@@ -6,9 +6,8 @@
 //! or the OpenMP team of the framework that called), a call at a time. The
 //! time loop is one parallel region on those threads (`team`,
 //! `step_loop`): threads own whole sequences, or split each product by
-//! panels. Per-step values
-//! live in rank order, so a thread's active sequences are a contiguous
-//! prefix and each per-step product is one call.
+//! panels. Per-step values live in rank order, so a thread's active
+//! sequences are a contiguous prefix and each per-step product is one call.
 
 pub mod aot;
 #[cfg(feature = "codegen")]
@@ -1138,14 +1137,10 @@ unsafe fn sum_rows(rows: &[*const f32], out: &mut [f32], threads: usize) {
     let parts = if rows.len() * len >= 1 << 16 { threads.clamp(1, len.div_ceil(16)) } else { 1 };
     let per = len.div_ceil(parts).next_multiple_of(16).max(16);
     let rows = SendTable(rows.iter().map(|&p| p as *mut f32).collect());
-    let out = SendTable(vec![out.as_mut_ptr()]);
-    threads::for_each(len.div_ceil(per), &|c| {
-        let columns = c * per..((c + 1) * per).min(len);
-        // SAFETY: each task adds into its own columns of `out`.
-        let chunk = unsafe { std::slice::from_raw_parts_mut(out.get()[0].add(columns.start), columns.len()) };
+    threads::for_each_chunk_mut(out, per, &|c, chunk| {
         for &p in rows.get() {
-            // SAFETY: per the contract, p has `len` floats; these columns lie within.
-            let row = unsafe { std::slice::from_raw_parts(p.add(columns.start), columns.len()) };
+            // SAFETY: per the contract, p has `len` floats; this chunk's columns lie within.
+            let row = unsafe { std::slice::from_raw_parts(p.add(c * per), chunk.len()) };
             chunk.iter_mut().zip(row).for_each(|(a, x)| *a += x);
         }
     });

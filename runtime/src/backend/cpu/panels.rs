@@ -134,11 +134,7 @@ impl PackedB {
         let panels = n.div_ceil(PANEL);
         let mut data = AlignedBuf::recycled(panels * k * PANEL);
         let last = n.saturating_sub(panels.saturating_sub(1) * PANEL);
-        let base = super::driver::SendTable(vec![data.as_mut_slice().as_mut_ptr()]);
-        let size = k * PANEL;
-        super::threads::for_each(panels, &|p| {
-            // SAFETY: panel p is its own `size` floats of `data`.
-            let panel = unsafe { std::slice::from_raw_parts_mut(base.get()[0].add(p * size), size) };
+        super::threads::for_each_chunk_mut(data.as_mut_slice(), k * PANEL, &|p, panel| {
             if p + 1 == panels && last < PANEL {
                 panel.chunks_mut(PANEL).for_each(|row| row[last..].fill(0.0));
             }

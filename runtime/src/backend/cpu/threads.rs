@@ -291,6 +291,30 @@ pub fn for_each(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
     }
 }
 
+/// Runs `f(c, chunk)` for each `size`-float chunk `c` of `data` (the last
+/// may be shorter), shared out as [`for_each`] shares tasks: the chunks
+/// are disjoint, so each task writes its own.
+pub fn for_each_chunk_mut(data: &mut [f32], size: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
+    /// `data`'s address, read by every task.
+    struct Base(*mut f32);
+    // SAFETY: the tasks write disjoint chunks of the memory behind it.
+    unsafe impl Sync for Base {}
+    impl Base {
+        fn get(&self) -> *mut f32 {
+            self.0
+        }
+    }
+    let (len, size) = (data.len(), size.max(1));
+    let base = Base(data.as_mut_ptr());
+    for_each(len.div_ceil(size), &|c| {
+        let start = c * size;
+        // SAFETY: chunk c is data[start..start + n], which no other task
+        // touches; `data` stays borrowed mutably until every task is done.
+        let chunk = unsafe { std::slice::from_raw_parts_mut(base.get().add(start), size.min(len - start)) };
+        f(c, chunk)
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
