@@ -38,6 +38,12 @@ impl std::ops::Deref for CompiledCell {
 impl CompiledCell {
     /// Compiles the first cell of `source` (or the one named `cell`).
     pub fn from_source(file_name: &str, source: &str, cell: Option<&str>) -> Result<CompiledCell> {
+        CompiledCell::from_cell(Self::checked(file_name, source, cell)?)
+    }
+
+    /// The first cell of `source` (or the one named `cell`), checked by the
+    /// front end only: its declarations, without deriving its backward.
+    pub fn checked(file_name: &str, source: &str, cell: Option<&str>) -> Result<Cell> {
         let module = cellc::compile(file_name, source)
             .into_result()
             .map_err(|e| RuntimeError::Compile(Box::new(e)))?;
@@ -45,11 +51,10 @@ impl CompiledCell {
             Some(n) => module.cells.into_iter().find(|c| c.name == n),
             None => module.cells.into_iter().next(),
         };
-        let cell = found.ok_or_else(|| RuntimeError::NoCell {
+        found.ok_or_else(|| RuntimeError::NoCell {
             file: file_name.to_string(),
             name: cell.map(str::to_string),
-        })?;
-        CompiledCell::from_cell(cell)
+        })
     }
 
     /// Simplifies a checked cell (from [`cellc::compile`]) and derives its
@@ -486,39 +491,50 @@ impl Model {
         )
     }
 
+    /// Each parameter's initialiser, its `init` clause at the layer's
+    /// sizes, `[layer * directions + direction][param]`.
+    pub fn param_inits(&self) -> Result<Vec<Vec<ConcreteInit>>> {
+        let mut out = Vec::new();
+        for layer in &self.layers {
+            let inits = self.compiled.forward.bind(&layer.sizes)?.param_inits()?;
+            out.extend(std::iter::repeat_n(inits, self.directions()));
+        }
+        Ok(out)
+    }
+
     /// Parameters from their init clauses; each weight's stream depends on
     /// the seed and its name only.
     fn init_params(&self, seed: u64) -> Result<Vec<Vec<Vec<f32>>>> {
         use rand_chacha::rand_core::{Rng, SeedableRng};
-        let mut out = Vec::new();
-        for (k, layer) in self.layers.iter().enumerate() {
-            let bound = self.compiled.forward.bind(&layer.sizes)?;
-            let inits = bound.param_inits()?;
-            for d in 0..self.directions() {
-                let mut params = Vec::new();
-                for ((p, &(r, c)), init) in
-                    self.compiled.forward.params.iter().zip(&layer.param_shapes).zip(&inits)
-                {
-                    let name = format!("{}{}", p.name, weight_suffix(k, d == 1));
-                    let stream = name
-                        .bytes()
-                        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
-                    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ stream);
-                    let data: Vec<f32> = (0..r * c)
-                        .map(|_| match *init {
-                            ConcreteInit::Zeros => 0.0,
-                            ConcreteInit::Ones => 1.0,
-                            ConcreteInit::Constant(v) => v as f32,
-                            ConcreteInit::Uniform(b) => {
-                                let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-                                ((2.0 * u - 1.0) * b) as f32
-                            }
-                        })
-                        .collect();
-                    params.push(data);
-                }
-                out.push(params);
+        let mut names = self.weight_names().into_iter();
+        let draw = |init: &ConcreteInit, (name, shape): (String, Vec<usize>)| -> Vec<f32> {
+            let stream = name
+                .bytes()
+                .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ stream);
+            (0..shape.iter().product::<usize>())
+                .map(|_| match *init {
+                    ConcreteInit::Zeros => 0.0,
+                    ConcreteInit::Ones => 1.0,
+                    ConcreteInit::Constant(v) => v as f32,
+                    ConcreteInit::Uniform(b) => {
+                        let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+                        ((2.0 * u - 1.0) * b) as f32
+                    }
+                })
+                .collect()
+        };
+        let inits = self.param_inits()?;
+        let mut out = Vec::with_capacity(inits.len());
+        for slot in &inits {
+            let mut params = Vec::with_capacity(slot.len());
+            for init in slot {
+                let name = names
+                    .next()
+                    .ok_or_else(|| RuntimeError::Internal("fewer weight names than inits".into()))?;
+                params.push(draw(init, name));
             }
+            out.push(params);
         }
         Ok(out)
     }

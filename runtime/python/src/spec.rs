@@ -224,13 +224,13 @@ pub fn initial_weights(spec: &str, seed: u64) -> Result<Vec<Vec<f32>>> {
 /// one that sizes its first state alone (`H` for an LSTM: what
 /// `nn.LSTM`'s `hidden_size` binds), if there is one.
 pub fn cell_sizes(file: &str, source: &str, cell: Option<&str>) -> Result<(Vec<String>, Option<String>)> {
-    let compiled = CompiledCell::from_source(file, source, cell)?;
-    let forward = &compiled.forward;
-    let hidden = forward.states.first().and_then(|s| match s.dim.variables().as_slice() {
+    // The declarations are all it needs: the backward is derived once, by the model.
+    let cell = CompiledCell::checked(file, source, cell)?;
+    let hidden = cell.states.first().and_then(|s| match s.dim.variables().as_slice() {
         [v] if s.dim == cellc::dims::Dim::var(v) => Some(v.clone()),
         _ => None,
     });
-    Ok((forward.sizes.clone(), hidden))
+    Ok((cell.sizes, hidden))
 }
 
 /// Each weight's initialiser as the cell's `init` clause gives it, in
@@ -238,21 +238,18 @@ pub fn cell_sizes(file: &str, source: &str, cell: Option<&str>) -> Result<(Vec<S
 /// `("zeros", 0)` or `("ones", 1)`.
 pub fn param_inits(text: &str) -> Result<Vec<(&'static str, f64)>> {
     use cellc::interp::ConcreteInit;
-    let spec = parse(text)?;
-    let model = make(&spec, Box::new(Reference))?;
-    let mut out = Vec::new();
-    for layer in model.layers() {
-        let inits = model.compiled().forward.bind(&layer.sizes)?.param_inits()?;
-        for _ in 0..model.directions() {
-            out.extend(inits.iter().map(|init| match *init {
-                ConcreteInit::Zeros => ("zeros", 0.0),
-                ConcreteInit::Ones => ("ones", 1.0),
-                ConcreteInit::Uniform(b) => ("uniform", b),
-                ConcreteInit::Constant(v) => ("constant", v),
-            }));
-        }
-    }
-    Ok(out)
+    let model = make(&parse(text)?, Box::new(Reference))?;
+    Ok(model
+        .param_inits()?
+        .iter()
+        .flatten()
+        .map(|init| match *init {
+            ConcreteInit::Zeros => ("zeros", 0.0),
+            ConcreteInit::Ones => ("ones", 1.0),
+            ConcreteInit::Uniform(b) => ("uniform", b),
+            ConcreteInit::Constant(v) => ("constant", v),
+        })
+        .collect())
 }
 
 /// What `cellc.RNN` needs to know of a model.
