@@ -8,6 +8,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod mapped;
 pub mod reference;
 
 use crate::error::Result;

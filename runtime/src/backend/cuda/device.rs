@@ -173,6 +173,8 @@ pub trait Primitives {
 /// Counts of [`Device::run`] with `graph` set.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GraphStats {
+    /// Runs of calls seen for the first time, run without a graph.
+    pub warmed_up: usize,
     pub replayed: usize,
     pub captured: usize,
 }
@@ -511,7 +513,7 @@ impl Device for Emulated {
     fn run(&self, module: &Module, calls: &[Call], graph: bool) -> Result<()> {
         if graph {
             let mut graphs = self.graphs.lock().map_err(|_| error("graph cache poisoned"))?;
-            if graphs.get(calls).is_none() {
+            if graphs.step(calls) == GraphStep::Capture {
                 graphs.insert(calls.to_vec(), ());
             }
         }
@@ -538,16 +540,34 @@ pub const GRAPHS_KEPT: usize = 64;
 /// reused only for identical calls (the same kernels, grids, pointer
 /// tables' addresses and GEMM operands); the tables' contents are read
 /// when it runs.
+///
+/// Calls are run once without a graph before they are captured (a
+/// warm-up, as PyTorch's own graph capture asks for): a module's kernels
+/// are loaded lazily at their first launch, and cuBLAS's first call in a
+/// process sets itself up, neither of which may happen inside a capture.
 #[derive(Debug)]
 pub struct GraphCache<G> {
     entries: Vec<(u64, Vec<Call>, G)>,
+    /// The calls run once already, by their hash, the oldest dropped past the bound.
+    warmed: Vec<u64>,
     bound: usize,
     pub stats: GraphStats,
 }
 
-impl<G> GraphCache<G> {
+/// What a run with graphs does with its calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GraphStep<G> {
+    /// First seen: run them as they are.
+    WarmUp,
+    /// Seen once before: capture them, keep the graph ([`GraphCache::insert`]), launch it.
+    Capture,
+    /// Captured before: launch that graph.
+    Replay(G),
+}
+
+impl<G: Copy> GraphCache<G> {
     pub fn new(bound: usize) -> Self {
-        GraphCache { entries: Vec::new(), bound, stats: GraphStats::default() }
+        GraphCache { entries: Vec::new(), warmed: Vec::new(), bound, stats: GraphStats::default() }
     }
 
     fn key(calls: &[Call]) -> u64 {
@@ -557,12 +577,24 @@ impl<G> GraphCache<G> {
         h.finish()
     }
 
-    /// The graph captured for exactly these calls (counted as replayed).
-    pub fn get(&mut self, calls: &[Call]) -> Option<&G> {
+    /// What to do with `calls` (counted as warmed up or replayed; a capture
+    /// is counted when it is kept).
+    pub fn step(&mut self, calls: &[Call]) -> GraphStep<G> {
         let key = Self::key(calls);
-        let found = self.entries.iter().position(|(k, c, _)| *k == key && c.as_slice() == calls)?;
-        self.stats.replayed += 1;
-        Some(&self.entries[found].2)
+        if let Some((_, _, graph)) = self.entries.iter().find(|(k, c, _)| *k == key && c.as_slice() == calls)
+        {
+            self.stats.replayed += 1;
+            return GraphStep::Replay(*graph);
+        }
+        if self.warmed.contains(&key) {
+            return GraphStep::Capture;
+        }
+        if self.warmed.len() >= self.bound.max(1) {
+            self.warmed.remove(0);
+        }
+        self.warmed.push(key);
+        self.stats.warmed_up += 1;
+        GraphStep::WarmUp
     }
 
     /// Keeps `graph` for `calls` (counted as captured); returns the one dropped to make room.
@@ -588,17 +620,20 @@ mod tests {
     }
 
     #[test]
-    fn graphs_are_reused_only_for_identical_calls() {
+    fn graphs_are_captured_after_a_warm_up_and_reused_only_for_identical_calls() {
         let mut cache = GraphCache::new(2);
-        assert!(cache.get(&[launch("a", 16)]).is_none());
+        assert_eq!(cache.step(&[launch("a", 16)]), GraphStep::WarmUp, "first seen: run as it is");
+        assert_eq!(cache.step(&[launch("a", 16)]), GraphStep::Capture, "seen before: captured");
         assert_eq!(cache.insert(vec![launch("a", 16)], 1), None);
-        assert_eq!(cache.get(&[launch("a", 16)]), Some(&1));
-        assert!(cache.get(&[launch("a", 32)]).is_none(), "another table address");
-        assert!(cache.get(&[launch("b", 16)]).is_none(), "another kernel");
-        assert!(cache.get(&[launch("a", 16), launch("a", 16)]).is_none(), "more calls");
+        assert_eq!(cache.step(&[launch("a", 16)]), GraphStep::Replay(1));
+        assert_eq!(cache.step(&[launch("a", 32)]), GraphStep::WarmUp, "another table address");
+        assert_eq!(cache.step(&[launch("b", 16)]), GraphStep::WarmUp, "another kernel");
+        assert_eq!(cache.step(&[launch("a", 16), launch("a", 16)]), GraphStep::WarmUp, "more calls");
+        assert_eq!(cache.step(&[launch("b", 16)]), GraphStep::Capture);
         assert_eq!(cache.insert(vec![launch("b", 16)], 2), None);
         assert_eq!(cache.insert(vec![launch("c", 16)], 3), Some(1), "the oldest goes");
-        assert_eq!(cache.stats, GraphStats { replayed: 1, captured: 3 });
+        assert_eq!(cache.step(&[launch("a", 32)]), GraphStep::WarmUp, "warm-ups are bounded too");
+        assert_eq!(cache.stats, GraphStats { warmed_up: 5, replayed: 1, captured: 3 });
         assert_eq!(cache.drain(), vec![2, 3]);
     }
 

@@ -8,12 +8,15 @@
 //! every call's error turned into a typed error naming the call.
 //!
 //! Two ways to work:
-//! - **the device's own stream** (the runtime's host-memory passes):
-//!   synchronous copies, one stream of its own (created blocking, so it is
-//!   ordered with those copies) for kernels and cuBLAS alike; memory from a
-//!   caching pool ([`Pool`]); a run asked to use a graph is captured from
-//!   that stream into a CUDA graph, kept by its exact calls
-//!   ([`GraphCache`]) and relaunched when the same calls come again;
+//! - **the device's own stream** (the runtime's host-memory passes): one
+//!   stream of its own, non-blocking, for copies, fills, kernels and cuBLAS
+//!   alike, and nothing on CUDA's legacy default stream (whose implicit
+//!   synchronisation with other streams is forbidden while any of them is
+//!   being captured into a graph, from any thread); memory from a caching
+//!   pool ([`Pool`]); a run asked to use a graph runs once as it is, is
+//!   captured from that stream into a CUDA graph the next time, kept by its
+//!   exact calls ([`GraphCache`]) and relaunched when the same calls come
+//!   again;
 //! - **a caller's stream** ([`Device::on_stream`], for passes over a
 //!   framework's device memory): nothing waits on the host. Scratch memory
 //!   comes from a stream-ordered memory pool of cellc's own
@@ -23,13 +26,16 @@
 //!   are staged in pinned host memory and copied asynchronously, a staging
 //!   block reused once an event recorded after its copies has completed.
 //!
-//! Runs on different streams share cuBLAS's workspace: a run on another
-//! stream than the last one first makes its stream wait for an event
-//! recorded on the last (no host wait).
+//! Runs on different streams share cuBLAS's workspace: every run records
+//! an event on its stream when its work is queued, and a run on another
+//! stream than the last one first makes its stream wait for that event (no
+//! host wait; neither happens on a stream being captured).
 
 use super::device::{
-    check_range, Arg, Buf, Call, Device, Gemm, GraphCache, GraphStats, Module, Pool, Primitives, GRAPHS_KEPT,
+    check_range, Arg, Buf, Call, Device, Gemm, GraphCache, GraphStats, GraphStep, Module, Pool, Primitives,
+    GRAPHS_KEPT,
 };
+use super::libraries::{self, Library};
 use super::nvrtc;
 use crate::error::{Result, RuntimeError};
 use cellc::cuda::Kernel;
@@ -55,14 +61,12 @@ pub struct Gpu {
     /// `sm_XY` of the device, for NVRTC.
     arch: String,
     pool: Arc<Pool<DevMem>>,
-    _workspace: Buf,
+    workspace: Buf,
     graphs: Mutex<GraphCache<Handle<drv_sys::CUgraphExec>>>,
-    /// One operation at a time: a capture must not take in another
-    /// thread's launches, and the synchronous copies (on the legacy stream,
-    /// which waits for ours) must not meet a stream that is capturing.
-    /// It holds the stream the last run used.
-    serial: Mutex<Handle<drv_sys::CUstream>>,
-    /// Recorded on the last run's stream and waited for by a run on another.
+    /// One operation at a time (a capture must not take in another
+    /// thread's launches), holding what the last run left.
+    serial: Mutex<LastRun>,
+    /// Recorded at the end of each run, on its stream, and waited for by a run on another.
     handoff: Handle<drv_sys::CUevent>,
     /// Scratch memory of passes on callers' streams (made on first use).
     stream_pool: std::sync::OnceLock<std::result::Result<Handle<drv_sys::CUmemoryPool>, String>>,
@@ -85,6 +89,13 @@ impl Drop for Event {
         // SAFETY: created once by cuEventCreate; waited-for work keeps no reference to it.
         let _ = unsafe { drv_sys::cuEventDestroy_v2(self.0 .0) };
     }
+}
+
+/// The stream the last run used (cuBLAS points at it) and whether
+/// [`Gpu::handoff`] was recorded after its work.
+struct LastRun {
+    stream: Handle<drv_sys::CUstream>,
+    recorded: bool,
 }
 
 /// A raw driver or cuBLAS handle.
@@ -138,9 +149,13 @@ impl Drop for GpuModule {
 impl Gpu {
     /// A device context on `ctx` (see [`super::open_device`]), with cuBLAS.
     pub fn new(ctx: Arc<CudaContext>) -> Result<Gpu> {
-        // SAFETY: only tries to dlopen the library (cudarc panics on a call without it).
+        // cudarc panics on a call into a library it cannot load: each is found first.
+        if let Err(missing) = libraries::load(Library::Cublas) {
+            return Err(error(missing.to_string()));
+        }
+        // SAFETY: only tries to dlopen the library, loaded above.
         if !unsafe { blas_sys::is_culib_present() } {
-            return Err(error("cuBLAS not found (libcublas.so cannot be loaded)"));
+            return Err(error("cuBLAS was loaded but cudarc cannot open it by name"));
         }
         if !nvrtc::available() {
             return Err(error(nvrtc::NvrtcError::NotFound.to_string()));
@@ -148,28 +163,23 @@ impl Gpu {
         ctx.bind_to_thread().map_err(|e| error(format!("binding the context: {e:?}")))?;
         let (major, minor) =
             ctx.compute_capability().map_err(|e| error(format!("compute capability: {e:?}")))?;
-        let stream = drv::stream::create(drv::stream::StreamKind::Default)
+        let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking)
             .map_err(|e| error(format!("cuStreamCreate: {e:?}")))?;
         let handoff = new_event()?;
         let handle = blas::create_handle().map_err(|e| error(format!("cublasCreate: {e:?}")))?;
         let pool: Arc<Pool<DevMem>> = Arc::default();
         let workspace = alloc_pooled(&ctx, &pool, BLAS_WORKSPACE, 0)?;
         // SAFETY: a live handle, stream and workspace of this context.
-        unsafe {
-            blas::set_stream(handle, stream as _).map_err(|e| error(format!("cublasSetStream: {e:?}")))?;
-            blas_sys::cublasSetWorkspace_v2(handle, workspace.addr as *mut c_void, BLAS_WORKSPACE)
-                .result()
-                .map_err(|e| error(format!("cublasSetWorkspace: {e:?}")))?;
-        }
+        unsafe { point_blas_at(handle, stream, &workspace)? };
         Ok(Gpu {
             ctx,
             stream: Handle(stream),
             blas: Handle(handle),
             arch: format!("sm_{major}{minor}"),
             pool,
-            _workspace: workspace,
+            workspace,
             graphs: Mutex::new(GraphCache::new(GRAPHS_KEPT)),
-            serial: Mutex::new(Handle(stream)),
+            serial: Mutex::new(LastRun { stream: Handle(stream), recorded: false }),
             handoff: Handle(handoff),
             stream_pool: std::sync::OnceLock::new(),
             pinned: Mutex::new(Vec::new()),
@@ -181,30 +191,52 @@ impl Gpu {
     }
 
     /// The device to this thread alone, its context bound.
-    fn exclusive(&self) -> Result<std::sync::MutexGuard<'_, Handle<drv_sys::CUstream>>> {
+    fn exclusive(&self) -> Result<std::sync::MutexGuard<'_, LastRun>> {
         let guard = self.serial.lock().map_err(|_| error("the device lock is poisoned"))?;
         self.bind()?;
         Ok(guard)
     }
 
-    /// Makes a run on `stream` follow the last run, whatever its stream
-    /// (they share cuBLAS's workspace), and points cuBLAS at `stream`.
-    fn follow(&self, last: &mut Handle<drv_sys::CUstream>, stream: drv_sys::CUstream) -> Result<()> {
-        if last.0 != stream {
-            // SAFETY: a live event and streams of this context; the wait is queued, not waited for.
-            unsafe {
-                drv_sys::cuEventRecord(self.handoff.0, last.0)
-                    .result()
-                    .map_err(|e| error(format!("cuEventRecord: {e:?}")))?;
-                drv_sys::cuStreamWaitEvent(stream, self.handoff.0, 0)
-                    .result()
-                    .map_err(|e| error(format!("cuStreamWaitEvent: {e:?}")))?;
-            }
-            *last = Handle(stream);
+    /// Starts a run on `stream`: after the last run's work if that was on
+    /// another stream (they share cuBLAS's workspace), with cuBLAS pointed
+    /// at `stream`. Only a wait is queued here: the last run recorded its
+    /// event when it ended ([`Gpu::end_run`]), while its stream was alive.
+    fn begin_run(&self, last: &mut LastRun, stream: drv_sys::CUstream) -> Result<()> {
+        if last.stream.0 == stream {
+            return Ok(());
         }
-        // SAFETY: a live handle and a stream of this context.
-        unsafe { blas::set_stream(self.blas.0, stream as _) }
-            .map_err(|e| error(format!("cublasSetStream: {e:?}")))
+        if last.recorded && !capturing(stream)? {
+            // SAFETY: a live event and a stream of this context; the wait is queued, not waited for.
+            unsafe { drv_sys::cuStreamWaitEvent(stream, self.handoff.0, 0) }
+                .result()
+                .map_err(|e| error(format!("cuStreamWaitEvent: {e:?}")))?;
+        }
+        // SAFETY: a live handle, a stream of this context and the device's workspace.
+        unsafe { point_blas_at(self.blas.0, stream, &self.workspace)? };
+        *last = LastRun { stream: Handle(stream), recorded: false };
+        Ok(())
+    }
+
+    /// Ends a run on `stream`: records the hand-off event after its work
+    /// (not on a stream being captured, where a record would join the capture).
+    fn end_run(&self, last: &mut LastRun, stream: drv_sys::CUstream) -> Result<()> {
+        last.recorded = !capturing(stream)?;
+        if last.recorded {
+            // SAFETY: a live event and a live stream of this context.
+            unsafe { drv_sys::cuEventRecord(self.handoff.0, stream) }
+                .result()
+                .map_err(|e| error(format!("cuEventRecord: {e:?}")))?;
+        }
+        Ok(())
+    }
+
+    /// `calls` issued on `stream` as one run ([`Gpu::begin_run`], [`Gpu::end_run`]).
+    fn run_on(&self, stream: drv_sys::CUstream, issue: impl FnOnce() -> Result<()>) -> Result<()> {
+        let mut last = self.exclusive()?;
+        self.begin_run(&mut last, stream)?;
+        let issued = issue();
+        self.end_run(&mut last, stream)?;
+        issued
     }
 
     /// The stream-ordered pool of passes on callers' streams: made once,
@@ -242,11 +274,15 @@ impl Gpu {
 
     fn upload_slice<T: Copy + Send + Sync + 'static>(&self, data: &[T]) -> Result<Buf> {
         let _one = self.exclusive()?;
-        let buf = alloc_pooled(&self.ctx, &self.pool, std::mem::size_of_val(data), data.len())?;
-        if !data.is_empty() {
-            // SAFETY: `buf` holds size_of_val(data) bytes; the copy is ordered after earlier work.
-            unsafe { drv::memcpy_htod_sync(buf.addr, data) }
-                .map_err(|e| error(format!("cuMemcpyHtoD: {e:?}")))?;
+        let bytes = std::mem::size_of_val(data);
+        let buf = alloc_pooled(&self.ctx, &self.pool, bytes, data.len())?;
+        if bytes > 0 {
+            // SAFETY: `buf` holds `bytes` bytes; queued on the device's stream after earlier
+            // work. From pageable memory the call returns once `data` has been staged, so
+            // `data` may be dropped as soon as it returns.
+            unsafe { drv_sys::cuMemcpyHtoDAsync_v2(buf.addr, data.as_ptr().cast(), bytes, self.stream.0) }
+                .result()
+                .map_err(|e| error(format!("cuMemcpyHtoDAsync: {e:?}")))?;
         }
         Ok(buf)
     }
@@ -272,6 +308,35 @@ impl Gpu {
         // SAFETY: the graph is no longer needed once instantiated (or if that failed).
         let _ = unsafe { drv::graph::destroy(graph) };
         exec.map(Handle).map_err(|e| error(format!("cuGraphInstantiate: {e:?}")))
+    }
+}
+
+/// Whether `stream` is being captured into a graph.
+fn capturing(stream: drv_sys::CUstream) -> Result<bool> {
+    let mut status = drv_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: a live stream of the bound context; one out-parameter.
+    unsafe { drv_sys::cuStreamIsCapturing(stream, &mut status) }
+        .result()
+        .map_err(|e| error(format!("cuStreamIsCapturing: {e:?}")))?;
+    Ok(status != drv_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// Points cuBLAS at `stream`, then at `workspace` again: `cublasSetStream`
+/// resets the workspace to cuBLAS's own pool, which allocates, also inside a capture.
+///
+/// # Safety
+/// A live handle, stream and workspace of the bound context.
+unsafe fn point_blas_at(
+    handle: blas_sys::cublasHandle_t,
+    stream: drv_sys::CUstream,
+    workspace: &Buf,
+) -> Result<()> {
+    // SAFETY: per this function's contract.
+    unsafe {
+        blas::set_stream(handle, stream as _).map_err(|e| error(format!("cublasSetStream: {e:?}")))?;
+        blas_sys::cublasSetWorkspace_v2(handle, workspace.addr as *mut c_void, BLAS_WORKSPACE)
+            .result()
+            .map_err(|e| error(format!("cublasSetWorkspace: {e:?}")))
     }
 }
 
@@ -400,21 +465,24 @@ fn alloc_pooled(ctx: &Arc<CudaContext>, pool: &Arc<Pool<DevMem>>, bytes: usize, 
 impl Drop for Gpu {
     fn drop(&mut self) {
         if self.ctx.bind_to_thread().is_ok() {
+            // First wait for the work queued on the device's stream and after
+            // the last run (on a caller's stream, which may be gone by now:
+            // its event is waited for instead), then destroy what it used.
+            // SAFETY: the device's own stream and event, alive until below.
+            unsafe {
+                let _ = drv::stream::synchronize(self.stream.0);
+                let _ = drv_sys::cuEventSynchronize(self.handoff.0);
+            }
             if let Ok(mut graphs) = self.graphs.lock() {
                 for exec in graphs.drain() {
-                    // SAFETY: instantiated once by capture() and destroyed once.
+                    // SAFETY: instantiated once by capture() and destroyed once; nothing runs it now.
                     let _ = unsafe { drv::graph::exec_destroy(exec.0) };
                 }
             }
-            // SAFETY: created once in new(); nothing uses them after the device.
+            // SAFETY: created once in new(); the work that used them is done.
             unsafe {
                 let _ = blas::destroy_handle(self.blas.0);
-                let _ = drv::stream::synchronize(self.stream.0);
                 let _ = drv::stream::destroy(self.stream.0);
-            }
-            if let Ok(last) = self.serial.lock() {
-                // SAFETY: the last stream used; waits for its work before freeing what it reads.
-                let _ = unsafe { drv::stream::synchronize(last.0) };
             }
             // SAFETY: made once each; no pass is running (a pass borrows the device).
             unsafe {
@@ -441,9 +509,10 @@ impl Device for Gpu {
     fn zeros(&self, len: usize) -> Result<Buf> {
         let _one = self.exclusive()?;
         let buf = alloc_pooled(&self.ctx, &self.pool, len * 4, len)?;
-        // SAFETY: `buf` holds len * 4 bytes; a synchronous memset is ordered after earlier work.
-        unsafe { drv::memset_d8_sync(buf.addr, 0, len * 4) }
-            .map_err(|e| error(format!("cuMemsetD8: {e:?}")))?;
+        // SAFETY: `buf` holds len * 4 bytes; queued on the device's stream after earlier work.
+        unsafe { drv_sys::cuMemsetD8Async(buf.addr, 0, len * 4, self.stream.0) }
+            .result()
+            .map_err(|e| error(format!("cuMemsetD8Async: {e:?}")))?;
         Ok(buf)
     }
 
@@ -464,9 +533,17 @@ impl Device for Gpu {
         let _one = self.exclusive()?;
         let mut out = vec![0.0f32; len];
         if len > 0 {
-            // SAFETY: floats [from, from + len) of a device buffer; the copy waits for prior work.
-            unsafe { drv::memcpy_dtoh_sync(&mut out, buf.at(from)) }
-                .map_err(|e| error(format!("cuMemcpyDtoH (a kernel before it may have failed): {e:?}")))?;
+            // SAFETY: floats [from, from + len) of a device buffer into `out`, queued on the
+            // device's stream after the work that wrote them, and waited for below.
+            unsafe {
+                drv_sys::cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast(), buf.at(from), len * 4, self.stream.0)
+            }
+            .result()
+            .map_err(|e| error(format!("cuMemcpyDtoHAsync (a kernel before it may have failed): {e:?}")))?;
+            // SAFETY: the device's own stream.
+            unsafe { drv::stream::synchronize(self.stream.0) }.map_err(|e| {
+                error(format!("waiting for a download (a kernel before it may have failed): {e:?}"))
+            })?;
         }
         Ok(out)
     }
@@ -492,27 +569,29 @@ impl Device for Gpu {
     }
 
     fn run(&self, module: &Module, calls: &[Call], graph: bool) -> Result<()> {
-        let mut last = self.exclusive()?;
-        self.follow(&mut last, self.stream.0)?;
-        if !graph {
-            return On { gpu: self, stream: self.stream.0 }.issue(module, calls);
-        }
-        let mut graphs = self.graphs.lock().map_err(|_| error("graph cache poisoned"))?;
-        let exec = match graphs.get(calls) {
-            Some(exec) => *exec,
-            None => {
-                let exec = self.capture(module, calls)?;
-                if let Some(old) = graphs.insert(calls.to_vec(), exec) {
-                    // SAFETY: instantiated by capture(), no longer referenced; launches
-                    // of it are ordered before later work on the stream.
-                    let _ = unsafe { drv::graph::exec_destroy(old.0) };
-                }
-                exec
+        let stream = self.stream.0;
+        self.run_on(stream, || {
+            let plain = || On { gpu: self, stream }.issue(module, calls);
+            if !graph {
+                return plain();
             }
-        };
-        // SAFETY: an instantiated graph of this context, on the device's stream.
-        unsafe { drv::graph::launch(exec.0, self.stream.0) }
-            .map_err(|e| error(format!("cuGraphLaunch: {e:?}")))
+            let mut graphs = self.graphs.lock().map_err(|_| error("graph cache poisoned"))?;
+            let exec = match graphs.step(calls) {
+                GraphStep::WarmUp => return plain(),
+                GraphStep::Replay(exec) => exec,
+                GraphStep::Capture => {
+                    let exec = self.capture(module, calls)?;
+                    if let Some(old) = graphs.insert(calls.to_vec(), exec) {
+                        // SAFETY: instantiated by capture(), no longer referenced; launches
+                        // of it are ordered before later work on the stream.
+                        let _ = unsafe { drv::graph::exec_destroy(old.0) };
+                    }
+                    exec
+                }
+            };
+            // SAFETY: an instantiated graph of this context, on the device's stream.
+            unsafe { drv::graph::launch(exec.0, stream) }.map_err(|e| error(format!("cuGraphLaunch: {e:?}")))
+        })
     }
 
     fn graph_stats(&self) -> GraphStats {
@@ -696,9 +775,8 @@ impl Device for OnStream<'_> {
     /// Runs `calls` on the caller's stream (never as a graph: the stream
     /// may be the caller's own capture).
     fn run(&self, module: &Module, calls: &[Call], _graph: bool) -> Result<()> {
-        let mut last = self.gpu.exclusive()?;
-        self.gpu.follow(&mut last, self.stream.0)?;
-        On { gpu: self.gpu, stream: self.stream.0 }.issue(module, calls)
+        let stream = self.stream.0;
+        self.gpu.run_on(stream, || On { gpu: self.gpu, stream }.issue(module, calls))
     }
 }
 

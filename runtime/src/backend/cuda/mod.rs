@@ -17,6 +17,7 @@ pub mod calls;
 pub mod device;
 pub mod forward;
 pub mod gpu;
+pub mod libraries;
 pub mod nvrtc;
 pub mod resident;
 pub mod storage;
@@ -131,10 +132,10 @@ impl Backend for Cuda {
     }
 }
 
-/// Whether `libcuda` can be loaded in this process.
+/// Whether `libcuda` can be loaded in this process ([`libraries`]).
 pub fn driver_available() -> bool {
-    // SAFETY: only tries to dlopen the library.
-    unsafe { cudarc::driver::sys::is_culib_present() }
+    // SAFETY: only tries to dlopen the library, found first by `libraries`.
+    libraries::load(libraries::Library::Driver).is_ok() && unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
 fn error(message: impl Into<String>) -> RuntimeError {
@@ -143,8 +144,11 @@ fn error(message: impl Into<String>) -> RuntimeError {
 
 /// Opens CUDA device `ordinal`, or says exactly why it cannot.
 pub fn open_device(ordinal: usize) -> Result<std::sync::Arc<cudarc::driver::CudaContext>> {
+    if let Err(missing) = libraries::load(libraries::Library::Driver) {
+        return Err(error(format!("no CUDA driver found; use --backend cpu. {missing}")));
+    }
     if !driver_available() {
-        return Err(error("no CUDA driver found (libcuda.so cannot be loaded); use --backend cpu"));
+        return Err(error("no CUDA driver found (libcuda.so.1 cannot be loaded); use --backend cpu"));
     }
     let count = cudarc::driver::CudaContext::device_count()
         .map_err(|e| error(format!("the CUDA driver reports no usable device: {e:?}")))?;

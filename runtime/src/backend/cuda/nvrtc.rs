@@ -2,9 +2,8 @@
 //! where CUDA is absent, and asking for a compilation there is a typed
 //! error, never a panic.
 //!
-//! The library is found the way cudarc looks for it (`libnvrtc.so.12` on
-//! the loader's path, e.g. `LD_LIBRARY_PATH` pointing at the
-//! `nvidia-cuda-nvrtc-cu12` wheel's `lib` folder).
+//! The library (CUDA 13's or 12's) is found by [`super::libraries`]: the
+//! folders of `CELLC_CUDA_LIB_DIR`, PyTorch's NVIDIA wheels, the system's.
 
 use cudarc::nvrtc::{result, sys};
 use std::ffi::CString;
@@ -35,10 +34,12 @@ pub enum NvrtcError {
 impl std::fmt::Display for NvrtcError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            NvrtcError::NotFound => f.write_str(
-                "NVRTC not found: install the nvidia-cuda-nvrtc-cu12 wheel (or a CUDA toolkit) \
-                 and put its lib folder on LD_LIBRARY_PATH",
-            ),
+            NvrtcError::NotFound => match super::libraries::load(super::libraries::Library::Nvrtc) {
+                Err(missing) => write!(f, "{missing}"),
+                Ok(found) => {
+                    write!(f, "NVRTC was loaded from {} but cudarc cannot open it by name", found.path)
+                }
+            },
             NvrtcError::Compile { options, log, numbered_source } => {
                 write!(f, "NVRTC failed with options {options:?}:\n{log}\n--- source ---\n{numbered_source}")
             }
@@ -51,8 +52,8 @@ impl std::error::Error for NvrtcError {}
 
 /// Whether `libnvrtc` can be loaded in this process.
 pub fn available() -> bool {
-    // SAFETY: only tries to dlopen the library.
-    unsafe { sys::is_culib_present() }
+    // SAFETY: only tries to dlopen the library, found first by `libraries`.
+    super::libraries::load(super::libraries::Library::Nvrtc).is_ok() && unsafe { sys::is_culib_present() }
 }
 
 /// NVRTC's version, `(major, minor)`.
