@@ -4,9 +4,31 @@
 
 use std::path::{Path, PathBuf};
 
-/// The workspace root.
+/// The workspace root: where the tests were built, or `CELLC_TEST_ROOT`
+/// where a test binary runs on another machine (the GPU check).
 pub fn root() -> PathBuf {
+    if let Some(root) = std::env::var_os("CELLC_TEST_ROOT") {
+        return PathBuf::from(root);
+    }
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ is inside the workspace").to_path_buf()
+}
+
+/// The GPU tests' gate: whether CUDA device 0 exists. Without one a test
+/// skips, saying so in the verification log, unless `CELLC_REQUIRE_GPU`
+/// is set (the GPU check sets it), where that fails. Where a GPU exists
+/// nothing skips: any error opening it fails the test that opens it.
+pub fn gpu_present(what: &str) -> bool {
+    let count = cellc_runtime::backend::cuda::device_count();
+    if matches!(count, Ok(n) if n > 0) {
+        return true;
+    }
+    let why = match count {
+        Ok(_) => "the CUDA driver sees no device".to_string(),
+        Err(e) => e.to_string().lines().next().unwrap_or_default().to_string(),
+    };
+    assert!(std::env::var_os("CELLC_REQUIRE_GPU").is_none(), "CELLC_REQUIRE_GPU is set but {what} cannot run: {why}");
+    report(&format!("SKIPPED: {what}: no GPU ({why})"));
+    false
 }
 
 /// The shipped cells, `cells/*.cell`, sorted by name.

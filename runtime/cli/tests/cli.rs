@@ -404,6 +404,6 @@ fn cuda_backend_without_a_driver_is_a_clear_error() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("no CUDA driver found"), "{err}");
+    assert!(err.contains("the CUDA driver (libcuda) not found"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }

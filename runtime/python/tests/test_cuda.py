@@ -9,11 +9,20 @@ skipped without one.
 import pytest
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 import cellc
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@pytest.fixture(autouse=True)
+def full_precision_reference():
+    """cuDNN's LSTM and cuBLAS use TF32 by default on Ampere and later: the reference would miss 2e-5."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 LENGTHS = [5, 2, 7, 7, 1]
 STEPS, INPUT, HIDDEN = 7, 6, 9
@@ -32,11 +41,16 @@ def loss_of(out, finals):
 
 
 def run(module, x, hx, **kwargs):
-    x = x.clone().requires_grad_()
+    if isinstance(x, PackedSequence):
+        leaf = x.data.clone().requires_grad_()
+        x = PackedSequence(leaf, x.batch_sizes, x.sorted_indices, x.unsorted_indices)
+    else:
+        leaf = x = x.clone().requires_grad_()
+    module.zero_grad()
     out, finals = module(x, hx, **kwargs)
-    data = out.data if isinstance(out, torch.nn.utils.rnn.PackedSequence) else out
+    data = out.data if isinstance(out, PackedSequence) else out
     loss_of(data, finals).backward()
-    return data.detach(), [f.detach() for f in finals], x.grad, [p.grad.clone() for p in module.parameters()]
+    return data.detach(), [f.detach() for f in finals], leaf.grad, [p.grad.clone() for p in module.parameters()]
 
 
 def assert_close(got, want):

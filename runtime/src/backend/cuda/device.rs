@@ -122,6 +122,9 @@ pub trait Device: Send + Sync {
     /// `len` zeroed floats.
     fn zeros(&self, len: usize) -> Result<Buf>;
     fn upload(&self, data: &[f32]) -> Result<Buf>;
+    /// Floats uploaded by [`Device::upload`] so far (parameters, inputs,
+    /// states; not pointer tables).
+    fn floats_uploaded(&self) -> usize;
     /// A table of addresses.
     fn upload_addresses(&self, addresses: &[u64]) -> Result<Buf>;
     fn upload_i32(&self, data: &[i32]) -> Result<Buf>;
@@ -352,6 +355,7 @@ pub struct Emulated {
     dir: PathBuf,
     pool: Arc<Pool<Box<[u64]>>>,
     graphs: Mutex<GraphCache<()>>,
+    uploaded: std::sync::atomic::AtomicUsize,
 }
 
 type Launch = unsafe extern "C" fn(u32, u32, *mut *mut c_void);
@@ -379,7 +383,12 @@ impl Emulated {
         let n = DEVICES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("cellc-emulated-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| error(format!("{}: {e}", dir.display())))?;
-        Ok(Emulated { dir, pool: Arc::default(), graphs: Mutex::new(GraphCache::new(GRAPHS_KEPT)) })
+        Ok(Emulated {
+            dir,
+            pool: Arc::default(),
+            graphs: Mutex::new(GraphCache::new(GRAPHS_KEPT)),
+            uploaded: Default::default(),
+        })
     }
 
     /// Host memory for `bytes` (8-byte aligned), from the pool if it can.
@@ -470,7 +479,12 @@ impl Device for Emulated {
     }
 
     fn upload(&self, data: &[f32]) -> Result<Buf> {
+        self.uploaded.fetch_add(data.len(), std::sync::atomic::Ordering::Relaxed);
         Ok(self.upload_bytes(data))
+    }
+
+    fn floats_uploaded(&self) -> usize {
+        self.uploaded.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn upload_addresses(&self, addresses: &[u64]) -> Result<Buf> {

@@ -13,7 +13,7 @@
 //! [`Call`]: super::device::Call
 
 use super::calls::Calls;
-use super::device::{Device, Module};
+use super::device::{Buf, Device, Module};
 use super::storage::{error, Home, Kept, LayerRun};
 use crate::backend::{ForwardJob, ForwardResult, RowsMut, Tape};
 use crate::error::Result;
@@ -22,6 +22,7 @@ use cellc::cuda::Kernel;
 use cellc::ir::{Graph, ValueId};
 use cellc::program::{Side, Storage};
 use cellc::schedule::Placement;
+use std::sync::{Arc, Mutex};
 
 /// What a training forward leaves on the device for the backward.
 #[derive(Debug)]
@@ -55,6 +56,31 @@ pub struct ForwardIo {
     pub finals: Vec<u64>,
 }
 
+/// A layer-direction's parameters on the device, uploaded by the first
+/// pass that reads them and kept in the model's prepared weights (which
+/// the model empties whenever its parameters may change), so a model's
+/// weights cross to the device once, not on every pass.
+#[derive(Default)]
+struct DeviceParams(Mutex<Option<Arc<Vec<Buf>>>>);
+
+/// `job`'s parameters on `device`: kept from an earlier pass, or uploaded
+/// (and kept, unless they come with this pass only).
+fn params_on_device(device: &dyn Device, job: &ForwardJob) -> Result<Arc<Vec<Buf>>> {
+    let upload = || job.params.iter().map(|p| device.upload(p)).collect::<Result<Vec<_>>>().map(Arc::new);
+    let slot = match job.prepared.is_for_one_pass() {
+        true => None,
+        false => job.prepared.get_or_init(DeviceParams::default),
+    };
+    let Some(slot) = slot else { return upload() };
+    let mut held = slot.0.lock().map_err(|_| error("the device parameters' lock is poisoned"))?;
+    if let Some(params) = held.as_ref() {
+        return Ok(params.clone());
+    }
+    let params = upload()?;
+    *held = Some(params.clone());
+    Ok(params)
+}
+
 /// What a forward ran: the homes a tape is made of.
 #[derive(Debug)]
 pub struct Ran {
@@ -80,7 +106,7 @@ pub fn forward(
     let o = layer.output_size;
     let io = ForwardIo {
         input: Home::Layout { base: pass.upload(job.input.data)?, width: job.input.width },
-        params: job.params.iter().map(|p| pass.upload(p)).collect::<Result<_>>()?,
+        params: pass.hold(params_on_device(device, job)?),
         h0: job.h0.iter().map(|h| pass.upload(h)).collect::<Result<_>>()?,
         output: Home::Layout { base: pass.zeros(layout_rows * o)?, width: o },
         finals: layer.state_sizes.iter().map(|&m| pass.zeros(batch * m)).collect::<Result<_>>()?,

@@ -72,6 +72,7 @@ pub struct Gpu {
     stream_pool: std::sync::OnceLock<std::result::Result<Handle<drv_sys::CUmemoryPool>, String>>,
     /// Pinned host blocks in which passes on callers' streams stage their tables.
     pinned: Mutex<Vec<Pinned>>,
+    uploaded: std::sync::atomic::AtomicUsize,
 }
 
 /// A pinned host block, and the event after which its last copies are done.
@@ -183,6 +184,7 @@ impl Gpu {
             handoff: Handle(handoff),
             stream_pool: std::sync::OnceLock::new(),
             pinned: Mutex::new(Vec::new()),
+            uploaded: Default::default(),
         })
     }
 
@@ -517,7 +519,12 @@ impl Device for Gpu {
     }
 
     fn upload(&self, data: &[f32]) -> Result<Buf> {
+        self.uploaded.fetch_add(data.len(), std::sync::atomic::Ordering::Relaxed);
         self.upload_slice(data)
+    }
+
+    fn floats_uploaded(&self) -> usize {
+        self.uploaded.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn upload_addresses(&self, addresses: &[u64]) -> Result<Buf> {
@@ -753,7 +760,12 @@ impl Device for OnStream<'_> {
     }
 
     fn upload(&self, data: &[f32]) -> Result<Buf> {
+        self.gpu.uploaded.fetch_add(data.len(), std::sync::atomic::Ordering::Relaxed);
         self.upload_slice(data)
+    }
+
+    fn floats_uploaded(&self) -> usize {
+        self.gpu.floats_uploaded()
     }
 
     fn upload_addresses(&self, addresses: &[u64]) -> Result<Buf> {

@@ -102,12 +102,14 @@ pub struct NotFound {
 
 impl std::fmt::Display for NotFound {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} not found. Set {LIB_DIR_VAR} to the folder that holds it, or install it \
-             (PyTorch's CUDA wheels bring CUDA 13's NVRTC and cuBLAS). Searched:",
-            self.library.describe()
-        )?;
+        let hint = match self.library {
+            Library::Driver => format!("Install NVIDIA's driver, or set {LIB_DIR_VAR} to the folder of libcuda.so.1."),
+            _ => format!(
+                "Set {LIB_DIR_VAR} to the folder that holds it, or install it (the pip wheels \
+                 nvidia-cuda-nvrtc and nvidia-cublas, which PyTorch's CUDA 13 build brings)."
+            ),
+        };
+        write!(f, "{} not found. {hint} Searched:", self.library.describe())?;
         for (candidate, why) in &self.tried {
             write!(f, "\n  {candidate}: {why}")?;
         }

@@ -82,6 +82,12 @@ impl Cuda {
         self.device.graph_stats()
     }
 
+    /// Floats uploaded to the device so far: inputs, initial states, and
+    /// each model's parameters once (until they change).
+    pub fn floats_uploaded(&self) -> usize {
+        self.device.floats_uploaded()
+    }
+
     /// The layer's kernels, emitted, compiled and loaded once.
     fn kernels(&self, cell: &CompiledCell, layer: &Layer) -> Result<Arc<LoadedKernels>> {
         let key = format!("{:?}|{}", layer.sizes, cell.identity());
@@ -142,10 +148,26 @@ fn error(message: impl Into<String>) -> RuntimeError {
     RuntimeError::Backend { backend: "cuda".into(), message: message.into() }
 }
 
+/// How many CUDA devices the driver sees: 0 where a driver is loaded but
+/// finds no device, an error naming what is missing where there is no driver.
+pub fn device_count() -> Result<usize> {
+    if let Err(missing) = libraries::load(libraries::Library::Driver) {
+        return Err(error(missing.to_string()));
+    }
+    if !driver_available() {
+        return Err(error("no CUDA driver found (libcuda.so.1 cannot be loaded)"));
+    }
+    match cudarc::driver::CudaContext::device_count() {
+        Ok(n) => Ok(n.max(0) as usize),
+        Err(e) if format!("{e:?}").contains("CUDA_ERROR_NO_DEVICE") => Ok(0),
+        Err(e) => Err(error(format!("the CUDA driver cannot count its devices: {e:?}"))),
+    }
+}
+
 /// Opens CUDA device `ordinal`, or says exactly why it cannot.
 pub fn open_device(ordinal: usize) -> Result<std::sync::Arc<cudarc::driver::CudaContext>> {
     if let Err(missing) = libraries::load(libraries::Library::Driver) {
-        return Err(error(format!("no CUDA driver found; use --backend cpu. {missing}")));
+        return Err(error(format!("{missing}\nUse --backend cpu where there is no GPU.")));
     }
     if !driver_available() {
         return Err(error("no CUDA driver found (libcuda.so.1 cannot be loaded); use --backend cpu"));
@@ -172,7 +194,7 @@ mod tests {
         match open_device(0) {
             Err(RuntimeError::Backend { backend, message }) => {
                 assert_eq!(backend, "cuda");
-                assert!(message.contains("no CUDA driver found"), "{message}");
+                assert!(message.contains("the CUDA driver (libcuda) not found"), "{message}");
             }
             other => panic!("expected a typed error, got {other:?}"),
         }

@@ -26,6 +26,7 @@ use crate::sequence::{BatchOrder, RowLayout};
 use cellc::interp::Shapes;
 use cellc::ir::{Graph, Op, ValueId};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// One row of a pass: sequence `b` at time `t`, its step `s` and rank `r`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,15 +107,24 @@ impl Home {
 }
 
 /// Device buffers, freed last-allocated first (so the device's pool hands
-/// the same addresses to the next pass that allocates the same way).
+/// the same addresses to the next pass that allocates the same way), and
+/// buffers shared with later passes (a model's parameters), held while
+/// this pass or its tape lives.
 #[derive(Debug, Default)]
-pub struct Arena(Vec<Buf>);
+pub struct Arena(Vec<Buf>, Vec<Arc<Vec<Buf>>>);
 
 impl Arena {
     pub fn keep(&mut self, buf: Buf) -> u64 {
         let addr = buf.addr;
         self.0.push(buf);
         addr
+    }
+
+    /// Holds `bufs` (shared with other passes); their addresses.
+    pub fn hold(&mut self, bufs: Arc<Vec<Buf>>) -> Vec<u64> {
+        let addrs = bufs.iter().map(|b| b.addr).collect();
+        self.1.push(bufs);
+        addrs
     }
 
     /// The buffer holding floats `[addr, addr + 4 * len)`, and the offset of `addr` in it.
@@ -222,6 +232,11 @@ impl<'a> LayerRun<'a> {
     pub fn upload(&mut self, data: &[f32]) -> Result<u64> {
         let buf = self.device.upload(data)?;
         Ok(self.arena.keep(buf))
+    }
+
+    /// Holds buffers shared with other passes for this pass (and its tape); their addresses.
+    pub fn hold(&mut self, bufs: Arc<Vec<Buf>>) -> Vec<u64> {
+        self.arena.hold(bufs)
     }
 
     pub fn upload_addresses(&mut self, addresses: &[u64]) -> Result<u64> {
