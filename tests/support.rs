@@ -26,7 +26,10 @@ pub fn gpu_present(what: &str) -> bool {
         Ok(_) => "the CUDA driver sees no device".to_string(),
         Err(e) => e.to_string().lines().next().unwrap_or_default().to_string(),
     };
-    assert!(std::env::var_os("CELLC_REQUIRE_GPU").is_none(), "CELLC_REQUIRE_GPU is set but {what} cannot run: {why}");
+    assert!(
+        std::env::var_os("CELLC_REQUIRE_GPU").is_none(),
+        "CELLC_REQUIRE_GPU is set but {what} cannot run: {why}"
+    );
     report(&format!("SKIPPED: {what}: no GPU ({why})"));
     false
 }

@@ -73,6 +73,8 @@ enum Command {
         #[arg(short = 'D', value_name = "NAME=VALUE", value_parser = parse_binding)]
         define: Vec<(String, usize)>,
     },
+    /// Where CUDA's libraries were found, and the GPUs the driver sees: exit 1 when none can run.
+    Devices,
     /// Check the derived backward step against finite differences (f64, interpreter).
     Gradcheck {
         file: PathBuf,
@@ -120,7 +122,7 @@ impl Command {
             Command::Run(args) => &args.define,
             Command::Bench(args) => &args.define,
             Command::Compile(args) => &args.define,
-            Command::Fuzz(_) => &[],
+            Command::Fuzz(_) | Command::Devices => &[],
         }
     }
 }
@@ -217,6 +219,7 @@ fn main() -> ExitCode {
                 false
             }
         },
+        Command::Devices => devices(),
         Command::Gradcheck { file, cell, define, steps, seed, tolerance } => {
             let opts =
                 cellc::gradcheck::Options { steps: steps as usize, seed, tolerance, ..Default::default() };
@@ -228,6 +231,41 @@ fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// `cellc devices`: each CUDA library's place (or every place searched),
+/// NVRTC's version, and each device the driver sees, opened as the CUDA
+/// back end opens it.
+fn devices() -> bool {
+    use cellc_runtime::backend::cuda::{self, libraries, nvrtc};
+    for library in libraries::Library::ALL {
+        match libraries::load(library) {
+            Ok(found) => println!("{}: {} ({:?})", library.describe(), found.path, found.place),
+            Err(missing) => println!("{missing}"),
+        }
+    }
+    if let Ok((major, minor)) = nvrtc::version() {
+        println!("NVRTC version: {major}.{minor}");
+    }
+    let count = match cuda::device_count() {
+        Ok(n) => n,
+        Err(e) => {
+            println!("no GPU: {e}");
+            return false;
+        }
+    };
+    println!("devices: {count}");
+    let mut usable = 0;
+    for ordinal in 0..count {
+        match cuda::Cuda::gpu(ordinal) {
+            Ok(device) => {
+                usable += 1;
+                println!("device {ordinal}: {}", device.device_name());
+            }
+            Err(e) => println!("device {ordinal}: cannot be used: {e}"),
+        }
+    }
+    usable > 0
 }
 
 /// A checked cell's steps ([`cellc::program::Steps::compile`]); failures

@@ -58,11 +58,13 @@ impl Library {
         }
     }
 
-    /// The library it opens by name at run time, from its own folder.
+    /// The library of the same version it needs from its own folder:
+    /// NVRTC opens its builtins by name at run time, cuBLAS links cuBLASLt.
     fn companion(self) -> Option<&'static str> {
         match self {
             Library::Nvrtc => Some("libnvrtc-builtins"),
-            _ => None,
+            Library::Cublas => Some("libcublasLt"),
+            Library::Driver => None,
         }
     }
 
@@ -103,7 +105,9 @@ pub struct NotFound {
 impl std::fmt::Display for NotFound {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let hint = match self.library {
-            Library::Driver => format!("Install NVIDIA's driver, or set {LIB_DIR_VAR} to the folder of libcuda.so.1."),
+            Library::Driver => {
+                format!("Install NVIDIA's driver, or set {LIB_DIR_VAR} to the folder of libcuda.so.1.")
+            }
             _ => format!(
                 "Set {LIB_DIR_VAR} to the folder that holds it, or install it (the pip wheels \
                  nvidia-cuda-nvrtc and nvidia-cublas, which PyTorch's CUDA 13 build brings)."
@@ -203,8 +207,9 @@ pub fn load_first(
 /// Opens the library at `path` (or by bare name) and keeps it loaded for
 /// the life of the process. A library in a folder has its companions from
 /// that folder opened first: NVRTC opens `libnvrtc-builtins.so.<version>`
-/// by bare name, which the system's search does not find in a wheel's
-/// folder, but finds once it is loaded (by its `SONAME`).
+/// by bare name, and cuBLAS needs `libcublasLt.so.<version>`, which the
+/// system's search does not find in a wheel's folder, but finds once it
+/// is loaded (by its `SONAME`).
 fn open_with_companions(library: Library, path: &str) -> Result<(), String> {
     let path = Path::new(path);
     if let (Some(dir), Some(prefix)) =
@@ -235,7 +240,10 @@ fn open_with_companions(library: Library, path: &str) -> Result<(), String> {
 fn open_and_keep(path: &str) -> Result<(), String> {
     // SAFETY: loading CUDA's libraries runs only their initialisers, which
     // have no preconditions.
-    let lib = unsafe { libloading::Library::new(path) }.map_err(|e| e.to_string())?;
+    let lib = unsafe { libloading::Library::new(path) }.map_err(|e| {
+        let message = e.to_string();
+        message.strip_prefix(&format!("{path}: ")).map(str::to_string).unwrap_or(message)
+    })?;
     std::mem::forget(lib);
     Ok(())
 }
@@ -371,8 +379,8 @@ mod tests {
             err.starts_with(&format!("its companion {}: ", dir.join("libnvrtc-builtins.so.13.0").display())),
             "{err}"
         );
-        let err = open_with_companions(Library::Cublas, &nvrtc).expect_err("fake files do not load");
-        assert!(!err.contains("its companion"), "cuBLAS has none: {err}");
+        let err = open_with_companions(Library::Driver, &nvrtc).expect_err("fake files do not load");
+        assert!(!err.contains("its companion"), "the driver has none: {err}");
         let _ = std::fs::remove_dir_all(site.ancestors().nth(3).expect("root"));
     }
 

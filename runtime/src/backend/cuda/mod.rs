@@ -77,6 +77,11 @@ impl Cuda {
         self
     }
 
+    /// The device's name, e.g. `NVIDIA H100 80GB HBM3 (sm_90)`.
+    pub fn device_name(&self) -> String {
+        self.device.name()
+    }
+
     /// How many passes replayed a captured graph, and how many captured one.
     pub fn graph_stats(&self) -> GraphStats {
         self.device.graph_stats()
