@@ -36,12 +36,12 @@ import cellc  # noqa: E402
 TORCH = {"lstm": nn.LSTM, "gru": nn.GRU}
 
 
-def pair(cell, b, t, h, lengths):
-    """nn.LSTM/nn.GRU and cellc.RNN with the same weights, and the input."""
+def pair(cell, b, t, h, lengths, device="cpu"):
+    """nn.LSTM/nn.GRU and cellc.RNN with the same weights, on `device`."""
     mod = TORCH[cell](h, h, batch_first=True)
     rnn = cellc.RNN(cell, h, h, batch_first=True)
     rnn.load_state_dict(mod.state_dict())
-    return mod, rnn
+    return mod.to(device), rnn.to(device)
 
 
 def step(fn, mode, x):
@@ -54,10 +54,12 @@ def step(fn, mode, x):
         x.grad = None
 
 
-def times(cell, b, t, h, mode, lengths, min_time):
-    """Seconds per call: cellc.RNN, nn's padded route, nn's packed route (None at full length)."""
-    mod, rnn = pair(cell, b, t, h, lengths)
-    x = torch.randn(b, t, h, requires_grad=(mode == "train"))
+def times(cell, b, t, h, mode, lengths, min_time, device="cpu"):
+    """Seconds per call: cellc.RNN, nn's padded route, nn's packed route (None at full length).
+    On "cuda" every tensor lives on the GPU (the lengths stay on the host, as PyTorch keeps them)."""
+    mod, rnn = pair(cell, b, t, h, lengths, device)
+    x = torch.randn(b, t, h, device=device, requires_grad=(mode == "train"))
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     full = all(n == t for n in lengths)
     lengths_t = torch.tensor(lengths)
 
@@ -77,7 +79,7 @@ def times(cell, b, t, h, mode, lengths, min_time):
     best = {}
     for _ in range(2):
         for name, fn in fns.items():
-            s = time_it(lambda: step(fn, mode, x), min_time)
+            s = time_it(lambda: step(fn, mode, x), min_time, sync)
             best[name] = min(best.get(name, s), s)
     return best
 

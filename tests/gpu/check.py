@@ -22,7 +22,10 @@ GPU test binaries, the Python wheel, and the cells, fixtures and scripts they re
              (and sm_80, sm_90): no spills, at most 64 registers
   compare    cellc against cuDNN's nn.LSTM / nn.GRU (padded and packed) and TorchScript
              custom cells: B 1 and 64, H 256, T 100, inference and training, with and
-             without CUDA graphs (TF32 off on both sides: the same precision)
+             without CUDA graphs (TF32 off on both sides: the same precision); `cellc bench`
+             times host-memory passes: uploads and downloads included
+  python     cellc.RNN on CUDA tensors (resident, on PyTorch's stream) against nn.LSTM /
+             nn.GRU in the same process, padded with lengths vs both of PyTorch's routes
 
 Logs go to DIR/logs/, results to DIR/results.json (rewritten after every step, so a run cut
 short keeps what it measured), and a short table is printed last and kept in DIR/summary.md.
@@ -44,9 +47,10 @@ import tarfile
 import tempfile
 import time
 
-STEPS = ["env", "smoke", "gpu-tests", "pytest", "sanitizer", "nvrtc", "compare"]
+STEPS = ["env", "smoke", "gpu-tests", "pytest", "sanitizer", "nvrtc", "compare", "python"]
 # The most a step may take, in seconds (the budget may leave it less).
-CAPS = {"env": 60, "smoke": 120, "gpu-tests": 240, "pytest": 180, "sanitizer": 180, "nvrtc": 120, "compare": 300}
+CAPS = {"env": 60, "smoke": 120, "gpu-tests": 240, "pytest": 180, "sanitizer": 180, "nvrtc": 120, "compare": 300,
+        "python": 300}
 
 
 class Check:
@@ -196,13 +200,20 @@ class Check:
             notes.append(f"{test}: {passed}" + (f", {skipped} skipped" if skipped else ""))
         return "passed", "; ".join(notes)
 
-    def step_pytest(self):
+    def wheel_site(self, step):
+        """The folder the pack's wheel is installed into (once); (folder, error)."""
         site = os.path.join(self.work, "site")
+        if os.path.isdir(os.path.join(site, "cellc")):
+            return site, None
         wheels = glob.glob(os.path.join(self.pack, "wheel", "*.whl"))
-        rc, out = self.run("pytest", [self.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                                      "--no-compile", "--target", site, *wheels], 120)
-        if rc != 0:
-            return "failed", f"installing the wheel: {last_line(out)}"
+        rc, out = self.run(step, [self.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                                  "--no-compile", "--target", site, *wheels], 120)
+        return site, (f"installing the wheel: {last_line(out)}" if rc != 0 else None)
+
+    def step_pytest(self):
+        site, failed = self.wheel_site("pytest")
+        if failed:
+            return "failed", failed
         env = dict(self.env, PYTHONPATH=site + os.pathsep + self.env.get("PYTHONPATH", ""))
         tests = os.path.join(self.pack, "runtime", "python", "tests", "test_cuda.py")
         rc, out = self.run("pytest", [self.python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", tests],
@@ -287,6 +298,40 @@ class Check:
             return "failed", f"cellc bench failed on {len(failed)} of {len(rows)} rows: {failed[0]['cellc_error']}"
         return "passed", f"{len(rows)} rows (ratio = PyTorch's faster route / cellc)"
 
+    def step_python(self):
+        """cellc.RNN on tensors resident on the GPU (the caller's stream, no copies) against
+        nn.LSTM / nn.GRU in the same process: what a PyTorch user gets."""
+        site, failed = self.wheel_site("python")
+        if failed:
+            return "failed", failed
+        sys.path[:0] = [site, os.path.join(self.pack, "benches")]
+        os.environ.update(self.env)
+        import torch
+        import python_vs_nn as pv  # noqa: E402 (needs torch and cellc)
+
+        device = "cpu" if self.emulated else "cuda"
+        if device == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        batches, h, t = ([1], 16, 10) if self.emulated else ([1, 64], 256, 100)
+        rows = self.results.setdefault("python", [])
+        done = {(r["cell"], r["mode"], r["batch"]) for r in rows}
+        for cell in ("lstm", "gru"):
+            for mode in ("infer", "train"):
+                for b in batches:
+                    if (cell, mode, b) in done:
+                        continue
+                    if self.left() < 15:
+                        return "partial", f"{len(rows)} rows measured before the budget ran out"
+                    lengths = pv.lengths_uniform(b, t)
+                    s = pv.times(cell, b, t, h, mode, lengths, self.args.min_time, device=device)
+                    routes = {k: v for k, v in s.items() if k != "cellc"}
+                    best = min(routes, key=routes.get)
+                    rows.append(dict(cell=cell, mode=mode, batch=b, hidden=h, steps=t, device=device,
+                                     cellc_ms=s["cellc"] * 1e3, torch_ms={k: v * 1e3 for k, v in routes.items()},
+                                     torch_best=best, ratio=routes[best] / s["cellc"]))
+                    self.save()
+        return "passed", f"{len(rows)} rows (cellc.RNN on {device} tensors; ratio = PyTorch's faster route / cellc)"
+
     # --- driver ------------------------------------------------------------------------
 
     def main(self):
@@ -328,6 +373,14 @@ class Check:
             s = self.results["steps"].get(name)
             if s:
                 lines.append(f"| {name} | {s['status']} | {s['seconds']} | {s['note']} |")
+        rows = self.results.get("python", [])
+        if rows:
+            lines += ["", "cellc.RNN on resident tensors, from Python:", "",
+                      "| cell | mode | B | cellc ms | PyTorch ms (route) | ratio |", "|---|---|---|---|---|---|"]
+            for r in rows:
+                routes = ", ".join(f"{v} {ms:.3f}" for v, ms in r["torch_ms"].items())
+                lines.append(f"| {r['cell']} | {r['mode']} | {r['batch']} | {r['cellc_ms']:.3f} | {routes} | "
+                             f"{r['ratio']:.2f} |")
         rows = self.results.get("compare", [])
         if rows:
             lines += ["", "| cell | mode | B | graphs | cellc ms | PyTorch ms (route) | ratio |", "|---|---|---|---|---|---|---|"]

@@ -54,7 +54,7 @@ mkdir -p "$STAGE/runtime/python" "$STAGE/benches" "$STAGE/tests/fixtures"
 cp -r cells "$STAGE/"
 cp -r tests/fixtures/runtime "$STAGE/tests/fixtures/"
 cp -r runtime/python/tests "$STAGE/runtime/python/"
-cp benches/compare_pytorch.py benches/compare_pytorch_gpu.py "$STAGE/benches/"
+cp benches/compare_pytorch.py benches/compare_pytorch_gpu.py benches/python_vs_nn.py "$STAGE/benches/"
 cp tests/gpu/check.py "$STAGE/"
 find "$STAGE" -name __pycache__ -prune -exec rm -rf {} +
 python3 - "$STAGE" "$ROOT" <<'EOF'
