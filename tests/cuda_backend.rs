@@ -60,15 +60,7 @@ fn inputs<'a>(x: &'a [f32], packed: &'a PackedSequence) -> Vec<(String, Input<'a
     let mut out = Vec::new();
     for major in [Major::BatchFirst, Major::TimeFirst] {
         for align in [Align::Left, Align::Right] {
-            let input = Input::Padded {
-                data: x,
-                batch: LENGTHS.len(),
-                steps: STEPS,
-                major,
-                align,
-                lengths: &LENGTHS,
-            };
-            out.push((format!("{major:?} {align:?}"), input));
+            out.push((format!("{major:?} {align:?}"), padded(x, major, align)));
         }
     }
     out.push(("packed".into(), Input::Packed(packed.view())));
@@ -83,6 +75,11 @@ fn models(c: &Arc<CompiledCell>, cuda: &Arc<Cuda>) -> (Model, Model, Vec<f32>) {
     let features = reference.input_size();
     let x = rng.vec(LENGTHS.len() * STEPS * features, 1.0).iter().map(|&v| v as f32).collect();
     (reference, on_cuda, x)
+}
+
+/// The test batch `x`, padded in one of the four layouts.
+fn padded(x: &[f32], major: Major, align: Align) -> Input<'_> {
+    Input::Padded { data: x, batch: LENGTHS.len(), steps: STEPS, major, align, lengths: &LENGTHS }
 }
 
 fn packed(x: &[f32], features: usize) -> PackedSequence {
@@ -225,14 +222,7 @@ fn graphs_replay(device: impl Fn() -> Cuda, same_bits_across_devices: bool) {
         let graphs = Arc::new(device().with_graphs(true));
         let (_, without, x) = models(c, &plain);
         let (_, with, _) = models(c, &graphs);
-        let input = Input::Padded {
-            data: &x,
-            batch: LENGTHS.len(),
-            steps: STEPS,
-            major: Major::TimeFirst,
-            align: Align::Right,
-            lengths: &LENGTHS,
-        };
+        let input = padded(&x, Major::TimeFirst, Align::Right);
         let passes = with.layers().len() * with.directions();
         let (want, want_trace) = without.forward_train(input, None).expect("without graphs");
         let dy = vec![0.5f32; want.data.len()];
@@ -287,14 +277,7 @@ fn parameters_are_uploaded_once_per_model_until_they_change() {
     let c = cells.iter().find(|c| c.forward.name == "gru").expect("shipped cell");
     let cuda = Arc::new(Cuda::emulated().expect("emulated device"));
     let (reference, mut on_cuda, x) = models(c, &cuda);
-    let input = Input::Padded {
-        data: &x,
-        batch: LENGTHS.len(),
-        steps: STEPS,
-        major: Major::BatchFirst,
-        align: Align::Left,
-        lengths: &LENGTHS,
-    };
+    let input = padded(&x, Major::BatchFirst, Align::Left);
     let dirs = on_cuda.directions();
     let params: usize = (0..on_cuda.layers().len() * dirs)
         .flat_map(|s| on_cuda.params(s / dirs, s % dirs == 1).iter().map(Vec::len))

@@ -26,6 +26,8 @@ GPU test binaries, the Python wheel, and the cells, fixtures and scripts they re
              times host-memory passes: uploads and downloads included
   python     cellc.RNN on CUDA tensors (resident, on PyTorch's stream) against nn.LSTM /
              nn.GRU in the same process, padded with lengths vs both of PyTorch's routes
+  profile    where a call's time goes (torch.profiler, CUPTI): GPU kernel time against wall
+             time per call, and the kernels by total time, cellc's and cuDNN's LSTM at B=64
 
 Logs go to DIR/logs/, results to DIR/results.json (rewritten after every step, so a run cut
 short keeps what it measured), and a short table is printed last and kept in DIR/summary.md.
@@ -47,10 +49,10 @@ import tarfile
 import tempfile
 import time
 
-STEPS = ["env", "smoke", "gpu-tests", "pytest", "sanitizer", "nvrtc", "compare", "python"]
+STEPS = ["env", "smoke", "gpu-tests", "pytest", "sanitizer", "nvrtc", "compare", "python", "profile"]
 # The most a step may take, in seconds (the budget may leave it less).
 CAPS = {"env": 60, "smoke": 120, "gpu-tests": 240, "pytest": 180, "sanitizer": 180, "nvrtc": 120, "compare": 300,
-        "python": 300}
+        "python": 300, "profile": 120}
 
 
 class Check:
@@ -71,8 +73,9 @@ class Check:
         if args.resume and os.path.exists(self.results_path):
             with open(self.results_path) as f:
                 self.results = json.load(f)
-        self.results.update(emulated=self.emulated, budget_s=args.budget,
-                            manifest=json.load(open(os.path.join(self.pack, "manifest.json"))))
+        manifest = json.load(open(os.path.join(self.pack, "manifest.json")))
+        manifest.pop("built_from", None)  # a path of the build machine: not for the results
+        self.results.update(emulated=self.emulated, budget_s=args.budget, manifest=manifest)
         self.arch = self.results.get("device", {}).get("arch")
         self.env = dict(os.environ, CELLC_TEST_ROOT=self.pack,
                         CELLC_VERIFICATION_LOG=os.path.join(self.logs, "verification.log"), PYTHONUNBUFFERED="1")
@@ -298,20 +301,28 @@ class Check:
             return "failed", f"cellc bench failed on {len(failed)} of {len(rows)} rows: {failed[0]['cellc_error']}"
         return "passed", f"{len(rows)} rows (ratio = PyTorch's faster route / cellc)"
 
-    def step_python(self):
-        """cellc.RNN on tensors resident on the GPU (the caller's stream, no copies) against
-        nn.LSTM / nn.GRU in the same process: what a PyTorch user gets."""
-        site, failed = self.wheel_site("python")
+    def in_process(self, step):
+        """PyTorch and the pack's cellc package in this process (the wheel installed once):
+        (torch, python_vs_nn, device, error). On a GPU, TF32 is off: the same precision as cellc."""
+        site, failed = self.wheel_site(step)
         if failed:
-            return "failed", failed
+            return None, None, None, failed
         sys.path[:0] = [site, os.path.join(self.pack, "benches")]
         os.environ.update(self.env)
         import torch
-        import python_vs_nn as pv  # noqa: E402 (needs torch and cellc)
+        import python_vs_nn  # noqa: E402 (needs torch and cellc)
 
         device = "cpu" if self.emulated else "cuda"
         if device == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        return torch, python_vs_nn, device, None
+
+    def step_python(self):
+        """cellc.RNN on tensors resident on the GPU (the caller's stream, no copies) against
+        nn.LSTM / nn.GRU in the same process: what a PyTorch user gets."""
+        torch, pv, device, failed = self.in_process("python")
+        if failed:
+            return "failed", failed
         batches, h, t = ([1], 16, 10) if self.emulated else ([1, 64], 256, 100)
         rows = self.results.setdefault("python", [])
         done = {(r["cell"], r["mode"], r["batch"]) for r in rows}
@@ -331,6 +342,46 @@ class Check:
                                      torch_best=best, ratio=routes[best] / s["cellc"]))
                     self.save()
         return "passed", f"{len(rows)} rows (cellc.RNN on {device} tensors; ratio = PyTorch's faster route / cellc)"
+
+    def step_profile(self):
+        torch, pv, device, failed = self.in_process("profile")
+        if failed:
+            return "failed", failed
+        from torch.profiler import ProfilerActivity, profile
+
+        b, h, t = (4, 16, 10) if self.emulated else (64, 256, 100)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        lengths = torch.tensor(pv.lengths_uniform(b, t))
+        notes, tables = [], []
+        for cell in ("lstm",):
+            mod, rnn = pv.pair(cell, b, t, h, lengths.tolist(), device)
+            for mode in ("infer", "train"):
+                x = torch.randn(b, t, h, device=device, requires_grad=(mode == "train"))
+                calls = {"cellc": lambda: rnn(x, lengths=lengths)[0], "torch": lambda: mod(x)[0]}
+                for who, fn in calls.items():
+                    for _ in range(3):
+                        pv.step(fn, mode, x)
+                    sync()
+                    runs = 5
+                    with profile(activities=activities) as prof:
+                        started = time.perf_counter()
+                        for _ in range(runs):
+                            pv.step(fn, mode, x)
+                        sync()
+                        wall = (time.perf_counter() - started) / runs
+                    events = prof.key_averages()
+                    gpu_us = sum(getattr(e, "self_device_time_total", 0) or 0 for e in events) / runs
+                    launches = sum(e.count for e in events if getattr(e, "self_device_time_total", 0)) / runs
+                    notes.append(f"{who} {mode}: wall {wall * 1e3:.2f} ms, GPU busy {gpu_us / 1e3:.2f} ms, "
+                                 f"{launches:.0f} GPU ops/call")
+                    sort = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+                    tables.append(f"### {who} {mode} (B={b} H={h} T={t}, {runs} calls)\n"
+                                  + events.table(sort_by=sort, row_limit=12, max_name_column_width=60))
+        with open(os.path.join(self.out, "profile.md"), "w") as f:
+            f.write("\n\n".join(tables))
+        self.results["profile"] = notes
+        return "passed", "; ".join(notes)
 
     # --- driver ------------------------------------------------------------------------
 
