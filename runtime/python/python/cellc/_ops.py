@@ -65,8 +65,8 @@ def describe(spec: str) -> dict:
     return _cellc.describe(spec)
 
 
-def _ref(t: Tensor) -> tuple[int, list[int]]:
-    return t.data_ptr(), list(t.shape)
+def _ref(t: Tensor) -> tuple[int, torch.Size]:
+    return t.data_ptr(), t.shape
 
 
 def _batch(layout: str, x: Tensor, index: list[Tensor]):
@@ -79,14 +79,19 @@ def _rows(layout: str, x: Tensor):
     return x.shape[0] if layout == "packed" else x.shape[0] * x.shape[1]
 
 
-def _forward_outputs(spec: str, layout: str, x: Tensor, index: list[Tensor], training: bool, empty):
+def _forward_outputs(spec: str, layout: str, x: Tensor, index: list[Tensor], training: bool, empty,
+                     reserve_tensor: bool = True):
+    """The output, the final states and the reserve (training), fresh; without training the
+    reserve is an empty tensor, or None where no operator's schema asks for one."""
     info = describe(spec)
     batch = _batch(layout, x, index)
     out = empty((*x.shape[:-1], info["output_size"]))
     finals = [x.new_empty((info["slots"], batch, size)) for _, size in info["states"]]
     per_row = info["reserve_per_row"]
     reserve_len = _rows(layout, x) * per_row if training and per_row is not None else 0
-    return out, finals, empty((reserve_len,)) if reserve_len else x.new_empty((0,))
+    if reserve_len:
+        return out, finals, empty((reserve_len,))
+    return out, finals, x.new_empty((0,)) if reserve_tensor else None
 
 
 @functools.lru_cache(maxsize=256)
@@ -148,18 +153,19 @@ def _call_refs(x: Tensor, index: list[Tensor], h0: list[Tensor], weights: list[T
     return _ref(x), [_ref(t) for t in index], [_ref(t) for t in h0], [_ref(t) for t in weights]
 
 
-def _forward_impl(spec, layout, x, index, h0, weights, training, checked=False):
+def _forward_impl(spec, layout, x, index, h0, weights, training, checked=False, reserve_tensor=True):
     """The forward operator's work (see ``rnn_forward``); ``checked``: the caller (cellc.RNN)
-    has checked the tensors' devices."""
+    has checked the tensors' devices; ``reserve_tensor``: an empty reserve is made when not
+    training (the operator's schema returns one)."""
     if not checked:
         _check_devices(spec, [x, *h0, *weights])
     inputs = _call_refs(x, index, h0, weights)
     if in_device_memory(spec, x):
-        out, finals, reserve = _forward_outputs(spec, layout, x, index, False, x.new_empty)
+        out, finals, reserve = _forward_outputs(spec, layout, x, index, False, x.new_empty, reserve_tensor)
         outputs = _ref(out), [_ref(t) for t in finals]
         _cellc.forward_on_device(spec, *_device_call(x), layout, *inputs, *outputs)
     else:
-        out, finals, reserve = _forward_outputs(spec, layout, x, index, training, _recycled)
+        out, finals, reserve = _forward_outputs(spec, layout, x, index, training, _recycled, reserve_tensor)
         outputs = _ref(out), [_ref(t) for t in finals]
         threads = torch.get_num_threads()
         _cellc.forward(spec, threads, layout, *inputs, *outputs, _ref(reserve) if training else None)
@@ -328,7 +334,7 @@ def run(spec: str, layout: str, x: Tensor, index: list[Tensor], h0: list[Tensor]
         if not training:
             # cellc.RNN has checked that every tensor is on x's device: on the CPU, nothing more to check.
             checked = x.device.type == "cpu"
-            out, finals, _ = _forward_impl(spec, layout, x, index, h0, weights, False, checked=checked)
+            out, finals, _ = _forward_impl(spec, layout, x, index, h0, weights, False, checked, False)
             return out, finals
         out, _, *finals = _Eager.apply(spec, layout, len(index), len(h0), x, *index, *h0, *weights)
         return out, finals

@@ -271,10 +271,13 @@ class RNN(nn.Module):
         return ", ".join(parts)
 
     def forward(self, input, hx=None, *, lengths=None, align: str = "left"):
-        weights = [w.contiguous() for w in self._weights()]
-        for name, w in zip(self._weight_names, weights):
+        weights = self._weights()
+        for i, w in enumerate(weights):
             if w.dtype != torch.float32:
+                name = self._weight_names[i]
                 raise DTypeError(f"parameter `{name}` is {w.dtype}: cellc computes in float32 (call .float())")
+            if not w.is_contiguous():
+                weights[i] = w.contiguous()
         if isinstance(input, PackedSequence):
             if lengths is not None:
                 raise ValueError("`lengths` is for a padded input: a PackedSequence carries its own")
