@@ -252,6 +252,67 @@ impl Memory for GpuMemory {
     }
 }
 
+/// An LSTM's forward and backward over the same device buffers, five
+/// rounds, on a back end running passes as CUDA graphs: the passes warm
+/// up, are captured and replayed (on a GPU, captured from the device's
+/// own stream and launched on the caller's), and every round gives the
+/// first round's bits.
+fn graphs_replay_over_device_memory(cuda: Cuda, mem: &mut dyn Memory) {
+    let cuda = Arc::new(cuda.with_graphs(true));
+    let cell = support::compiled_cells().into_iter().find(|c| c.forward.name == "lstm").expect("lstm");
+    let backend = || -> Box<dyn Backend> { Box::new(cuda.clone()) };
+    let model = support::two_layer_model(&cell, (7, 4, 3), 9, &backend);
+    let (i, o, b) = (model.input_size(), model.output_size(), LENGTHS.len());
+    let x = data(b * STEPS * i, 1);
+    let (shape, x) = padded(&x, Major::TimeFirst, Align::Right).split();
+    let input = mem.put(x);
+    let dirs = model.directions();
+    let weights: Vec<Vec<DeviceFloats>> = (0..model.layers().len() * dirs)
+        .map(|s| model.params(s / dirs, s % dirs == 1).iter().map(|p| mem.put(p)).collect())
+        .collect();
+    let finals = model.forward(padded(&data(b * STEPS * i, 1), Major::TimeFirst, Align::Right), None);
+    let out = DeviceForwardOut {
+        output: mem.put(&vec![0.0; b * STEPS * o]),
+        final_states: finals.expect("forward").final_states.iter().map(|s| mem.put(s)).collect(),
+    };
+    let d_output = mem.put(&data(b * STEPS * o, 2));
+    let grads = DeviceBackwardOut {
+        d_input: mem.put(&vec![0.0; input.len]),
+        d_h0: Vec::new(),
+        d_params: weights.iter().map(|ps| ps.iter().map(|p| mem.put(&vec![0.0; p.len])).collect()).collect(),
+    };
+    let call = DeviceCall { shape, input, weights: &weights, h0: None, stream: mem.stream() };
+    let mut first = None;
+    for round in 0..5 {
+        model.forward_on_device(&call, &out).expect("forward_on_device");
+        model.backward_on_device(&call, d_output, None, &grads).expect("backward_on_device");
+        let mut got = vec![bits(&mem.get(out.output)), bits(&mem.get(grads.d_input))];
+        got.extend(out.final_states.iter().map(|&s| bits(&mem.get(s))));
+        got.extend(grads.d_params.iter().flatten().map(|&p| bits(&mem.get(p))));
+        match &first {
+            None => first = Some(got),
+            Some(want) => assert!(&got == want, "round {round} differs from the first"),
+        }
+    }
+    let stats = cuda.graph_stats();
+    support::report(&format!("graphs over device memory ({}): {stats:?}", cuda.device_name()));
+    assert!(stats.warmed_up > 0 && stats.captured > 0 && stats.replayed > 0, "{stats:?}");
+}
+
+#[test]
+fn graphs_over_device_memory_on_the_emulated_device_replay() {
+    graphs_replay_over_device_memory(Cuda::emulated().expect("emulated device"), &mut HostMemory::default());
+}
+
+#[test]
+fn graphs_over_device_memory_on_a_gpu_replay() {
+    if !support::gpu_present("graphs over device memory on a GPU") {
+        return;
+    }
+    let ctx = cuda::open_device(0).expect("GPU 0");
+    graphs_replay_over_device_memory(Cuda::gpu(0).expect("gpu"), &mut GpuMemory::new(&ctx));
+}
+
 #[test]
 fn bad_device_buffers_get_typed_errors() {
     let cell = support::compiled_cells().into_iter().find(|c| c.forward.name == "gru").expect("gru");

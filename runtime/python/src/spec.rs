@@ -56,6 +56,8 @@ fn backend(name: &str, device: usize) -> Result<Box<dyn Backend>> {
 /// The CUDA back end on `device` (`None`: the emulated device), one per
 /// device for every model of the process: they share its stream, its
 /// compiled kernels and its memory pools (kept for the process's life).
+/// On a GPU, passes run as CUDA graphs (launched on PyTorch's stream;
+/// see `Cuda::with_graphs`) unless `CELLC_CUDA_GRAPHS=0`.
 fn cuda(device: Option<usize>) -> Result<Arc<Cuda>> {
     static DEVICES: OnceLock<Mutex<HashMap<Option<usize>, Arc<Cuda>>>> = OnceLock::new();
     let mut devices = DEVICES.get_or_init(Default::default).lock().map_err(|_| poisoned())?;
@@ -63,7 +65,9 @@ fn cuda(device: Option<usize>) -> Result<Arc<Cuda>> {
         return Ok(d.clone());
     }
     let made = Arc::new(match device {
-        Some(ordinal) => Cuda::gpu(ordinal)?,
+        Some(ordinal) => {
+            Cuda::gpu(ordinal)?.with_graphs(std::env::var("CELLC_CUDA_GRAPHS").as_deref() != Ok("0"))
+        }
         None => Cuda::emulated()?,
     });
     devices.insert(device, made.clone());

@@ -24,7 +24,9 @@
 //!   stream after the pass's work, cached by the driver: the pool never
 //!   returns memory to the system while the process runs); pointer tables
 //!   are staged in pinned host memory and copied asynchronously, a staging
-//!   block reused once an event recorded after its copies has completed.
+//!   block reused once an event recorded after its copies has completed;
+//!   graphs are captured from the device's own stream and launched on the
+//!   caller's (which may be CUDA's legacy stream, never captured itself).
 //!
 //! Runs on different streams share cuBLAS's workspace: every run records
 //! an event on its stream when its work is queued, and a run on another
@@ -289,8 +291,60 @@ impl Gpu {
         Ok(buf)
     }
 
-    /// Captures `calls` from the stream into an instantiated graph.
-    fn capture(&self, module: &Module, calls: &[Call]) -> Result<Handle<drv_sys::CUgraphExec>> {
+    /// `calls` as one graph launched on `stream` (inside a run on it): run
+    /// as they are the first time they are seen, captured the second,
+    /// the graph relaunched after that ([`GraphCache`]).
+    fn run_as_graph(&self, module: &Module, calls: &[Call], stream: drv_sys::CUstream) -> Result<()> {
+        let mut graphs = self.graphs.lock().map_err(|_| error("graph cache poisoned"))?;
+        let exec = match graphs.step(calls) {
+            GraphStep::WarmUp => return On { gpu: self, stream }.issue(module, calls),
+            GraphStep::Replay(exec) => exec,
+            GraphStep::Capture => {
+                let exec = self.capture(module, calls, stream)?;
+                if let Some(old) = graphs.insert(calls.to_vec(), exec) {
+                    // SAFETY: instantiated by capture(), no longer referenced; its last
+                    // launch, on whichever stream, is waited for before it is destroyed.
+                    unsafe {
+                        let _ = drv::stream::synchronize(stream);
+                        let _ = drv::stream::synchronize(self.stream.0);
+                        let _ = drv::graph::exec_destroy(old.0);
+                    }
+                }
+                exec
+            }
+        };
+        // SAFETY: an instantiated graph of this context, on a stream of it.
+        unsafe { drv::graph::launch(exec.0, stream) }.map_err(|e| error(format!("cuGraphLaunch: {e:?}")))
+    }
+
+    /// Captures `calls` into an instantiated graph, from the device's own
+    /// stream (a caller's may be CUDA's legacy stream, which cannot be
+    /// captured); cuBLAS points at that stream meanwhile, then at `stream`
+    /// (the run's) again.
+    fn capture(
+        &self,
+        module: &Module,
+        calls: &[Call],
+        stream: drv_sys::CUstream,
+    ) -> Result<Handle<drv_sys::CUgraphExec>> {
+        let own = self.stream.0;
+        if stream != own {
+            // SAFETY: a live handle, the device's own stream and workspace.
+            unsafe { point_blas_at(self.blas.0, own, &self.workspace)? };
+        }
+        let captured = self.capture_from_own_stream(module, calls);
+        if stream != own {
+            // SAFETY: as above, back to the run's stream.
+            unsafe { point_blas_at(self.blas.0, stream, &self.workspace)? };
+        }
+        captured
+    }
+
+    fn capture_from_own_stream(
+        &self,
+        module: &Module,
+        calls: &[Call],
+    ) -> Result<Handle<drv_sys::CUgraphExec>> {
         let mode = drv_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
         // SAFETY: the device's own stream, not capturing yet.
         unsafe { drv::stream::begin_capture(self.stream.0, mode) }
@@ -577,27 +631,9 @@ impl Device for Gpu {
 
     fn run(&self, module: &Module, calls: &[Call], graph: bool) -> Result<()> {
         let stream = self.stream.0;
-        self.run_on(stream, || {
-            let plain = || On { gpu: self, stream }.issue(module, calls);
-            if !graph {
-                return plain();
-            }
-            let mut graphs = self.graphs.lock().map_err(|_| error("graph cache poisoned"))?;
-            let exec = match graphs.step(calls) {
-                GraphStep::WarmUp => return plain(),
-                GraphStep::Replay(exec) => exec,
-                GraphStep::Capture => {
-                    let exec = self.capture(module, calls)?;
-                    if let Some(old) = graphs.insert(calls.to_vec(), exec) {
-                        // SAFETY: instantiated by capture(), no longer referenced; launches
-                        // of it are ordered before later work on the stream.
-                        let _ = unsafe { drv::graph::exec_destroy(old.0) };
-                    }
-                    exec
-                }
-            };
-            // SAFETY: an instantiated graph of this context, on the device's stream.
-            unsafe { drv::graph::launch(exec.0, stream) }.map_err(|e| error(format!("cuGraphLaunch: {e:?}")))
+        self.run_on(stream, || match graph {
+            true => self.run_as_graph(module, calls, stream),
+            false => On { gpu: self, stream }.issue(module, calls),
         })
     }
 
@@ -784,11 +820,15 @@ impl Device for OnStream<'_> {
         self.gpu.load(kernels)
     }
 
-    /// Runs `calls` on the caller's stream (never as a graph: the stream
-    /// may be the caller's own capture).
-    fn run(&self, module: &Module, calls: &[Call], _graph: bool) -> Result<()> {
+    /// Runs `calls` on the caller's stream; with `graph`, as a graph
+    /// launched there ([`Gpu::run_as_graph`]), unless the caller's stream
+    /// is being captured itself (the calls then join the caller's graph).
+    fn run(&self, module: &Module, calls: &[Call], graph: bool) -> Result<()> {
         let stream = self.stream.0;
-        self.gpu.run_on(stream, || On { gpu: self.gpu, stream }.issue(module, calls))
+        self.gpu.run_on(stream, || match graph && !capturing(stream)? {
+            true => self.gpu.run_as_graph(module, calls, stream),
+            false => On { gpu: self.gpu, stream }.issue(module, calls),
+        })
     }
 }
 

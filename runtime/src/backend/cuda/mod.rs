@@ -68,10 +68,13 @@ impl Cuda {
         Cuda { device, loaded: Mutex::new(HashMap::new()), graphs: false }
     }
 
-    /// Runs every pass as a CUDA graph, captured the first time its exact
-    /// calls are seen and relaunched after that (a model run again at the
-    /// same batch shape), which cuts the launch cost of the time loop's
-    /// many small kernels to one launch.
+    /// Runs every pass as a CUDA graph: its calls run as they are the
+    /// first time they are seen, are captured the second time and the
+    /// graph relaunched after that (a model run again at the same batch
+    /// shape, its buffers at the same addresses), which cuts the cost of
+    /// issuing the time loop's many small kernels to one launch. Passes on
+    /// a caller's stream launch their graph there (captured from the
+    /// device's own stream), unless that stream is being captured itself.
     pub fn with_graphs(mut self, graphs: bool) -> Cuda {
         self.graphs = graphs;
         self

@@ -117,8 +117,15 @@ impl ModelRun<'_> {
                     finals: self.slot_rows(layer, finals, slot),
                 };
                 let cell = (model.compiled.as_ref(), layer);
-                let ran =
-                    forward_on(&mut pass, &kernels.module, &kernels.forward, cell, training, &io, false)?;
+                let ran = forward_on(
+                    &mut pass,
+                    &kernels.module,
+                    &kernels.forward,
+                    cell,
+                    training,
+                    &io,
+                    self.cuda.graphs,
+                )?;
                 if training {
                     run.tapes.push(tape(pass, &model.compiled, layer, &io, ran)?);
                 }
@@ -219,7 +226,7 @@ impl DevicePasses for Cuda {
                     cell,
                     &forwarded.tapes[slot],
                     &io,
-                    false,
+                    self.graphs,
                 )?;
             }
             d_above = d_in;
