@@ -81,15 +81,7 @@ fn through_device_memory(
 ) -> Results {
     let (shape, data) = input.split();
     let x = mem.put(data);
-    let weights: Vec<Vec<DeviceFloats>> = (0..model.layers().len() * model.directions())
-        .map(|s| {
-            model
-                .params(s / model.directions(), s % model.directions() == 1)
-                .iter()
-                .map(|p| mem.put(p))
-                .collect()
-        })
-        .collect();
+    let weights = put_weights(model, mem);
     let h0: Option<Vec<DeviceFloats>> = h0.map(|h| h.iter().map(|s| mem.put(s)).collect());
     let call = DeviceCall { shape, input: x, weights: &weights, h0: h0.as_deref(), stream: mem.stream() };
     let nan = |n: usize| vec![f32::NAN; n];
@@ -113,6 +105,14 @@ fn through_device_memory(
         d_h0: grads.d_h0.iter().map(|&s| bits(&mem.get(s))).collect(),
         d_params: grads.d_params.iter().map(|ps| ps.iter().map(|&p| bits(&mem.get(p))).collect()).collect(),
     }
+}
+
+/// Every layer and direction's parameters of `model`, put in `mem`.
+fn put_weights(model: &Model, mem: &mut dyn Memory) -> Vec<Vec<DeviceFloats>> {
+    let dirs = model.directions();
+    (0..model.layers().len() * dirs)
+        .map(|s| model.params(s / dirs, s % dirs == 1).iter().map(|p| mem.put(p)).collect())
+        .collect()
 }
 
 /// The model's own passes over host memory, for the same batch.
@@ -264,16 +264,14 @@ fn graphs_replay_over_device_memory(cuda: Cuda, mem: &mut dyn Memory) {
     let model = support::two_layer_model(&cell, (7, 4, 3), 9, &backend);
     let (i, o, b) = (model.input_size(), model.output_size(), LENGTHS.len());
     let x = data(b * STEPS * i, 1);
-    let (shape, x) = padded(&x, Major::TimeFirst, Align::Right).split();
-    let input = mem.put(x);
-    let dirs = model.directions();
-    let weights: Vec<Vec<DeviceFloats>> = (0..model.layers().len() * dirs)
-        .map(|s| model.params(s / dirs, s % dirs == 1).iter().map(|p| mem.put(p)).collect())
-        .collect();
-    let finals = model.forward(padded(&data(b * STEPS * i, 1), Major::TimeFirst, Align::Right), None);
+    let (shape, _) = padded(&x, Major::TimeFirst, Align::Right).split();
+    let input = mem.put(&x);
+    let weights = put_weights(&model, mem);
+    let finals =
+        model.forward(padded(&x, Major::TimeFirst, Align::Right), None).expect("forward").final_states;
     let out = DeviceForwardOut {
         output: mem.put(&vec![0.0; b * STEPS * o]),
-        final_states: finals.expect("forward").final_states.iter().map(|s| mem.put(s)).collect(),
+        final_states: finals.iter().map(|s| mem.put(s)).collect(),
     };
     let d_output = mem.put(&data(b * STEPS * o, 2));
     let grads = DeviceBackwardOut {
@@ -323,10 +321,7 @@ fn bad_device_buffers_get_typed_errors() {
     let x = data(rows * model.input_size(), 3);
     let (shape, _) = padded(&x, Major::BatchFirst, Align::Left).split();
     let input = mem.put(&x);
-    let dirs = model.directions();
-    let weights: Vec<Vec<DeviceFloats>> = (0..model.layers().len() * dirs)
-        .map(|s| model.params(s / dirs, s % dirs == 1).iter().map(|p| mem.put(p)).collect())
-        .collect();
+    let weights = put_weights(&model, &mut mem);
     let finals: Vec<DeviceFloats> = model
         .forward(padded(&x, Major::BatchFirst, Align::Left), None)
         .expect("forward")

@@ -57,9 +57,9 @@ cp -r runtime/python/tests "$STAGE/runtime/python/"
 cp benches/compare_pytorch.py benches/compare_pytorch_gpu.py benches/python_vs_nn.py "$STAGE/benches/"
 cp tests/gpu/check.py "$STAGE/"
 find "$STAGE" -name __pycache__ -prune -exec rm -rf {} +
-python3 - "$STAGE" "$ROOT" <<'EOF'
+python3 - "$STAGE" "$ROOT" "${TESTS[@]}" <<'EOF'
 import datetime, json, subprocess, sys
-stage, root = sys.argv[1:]
+stage, root = sys.argv[1:3]
 git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, cwd=root).stdout.strip()
 manifest = {
     "built_from": root,
@@ -67,7 +67,7 @@ manifest = {
     "uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no")),
     "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     "rustc": subprocess.run(["rustc", "--version"], capture_output=True, text=True).stdout.strip(),
-    "tests": sys.argv[3:] or ["cuda_backend", "device_memory", "cuda_nvrtc"],
+    "tests": sys.argv[3:],
 }
 json.dump(manifest, open(f"{stage}/manifest.json", "w"), indent=1)
 EOF

@@ -262,18 +262,6 @@ pub fn load(library: Library) -> Result<&'static Found, &'static NotFound> {
     .as_ref()
 }
 
-/// Where each library was found, or why not, one line each (for `cellc`'s
-/// device report and the GPU check's log).
-pub fn report() -> Vec<String> {
-    Library::ALL
-        .iter()
-        .map(|&l| match load(l) {
-            Ok(found) => format!("{}: {} ({:?})", l.describe(), found.path, found.place),
-            Err(e) => format!("{}: not found ({} candidates tried)", l.describe(), e.tried.len()),
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

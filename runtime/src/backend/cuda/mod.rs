@@ -156,15 +156,21 @@ fn error(message: impl Into<String>) -> RuntimeError {
     RuntimeError::Backend { backend: "cuda".into(), message: message.into() }
 }
 
+/// The driver, loaded, or a typed error naming every place searched.
+fn loaded_driver() -> Result<()> {
+    if let Err(missing) = libraries::load(libraries::Library::Driver) {
+        return Err(error(format!("{missing}\nUse --backend cpu where there is no GPU.")));
+    }
+    if !driver_available() {
+        return Err(error("no CUDA driver found (libcuda.so.1 cannot be loaded); use --backend cpu"));
+    }
+    Ok(())
+}
+
 /// How many CUDA devices the driver sees: 0 where a driver is loaded but
 /// finds no device, an error naming what is missing where there is no driver.
 pub fn device_count() -> Result<usize> {
-    if let Err(missing) = libraries::load(libraries::Library::Driver) {
-        return Err(error(missing.to_string()));
-    }
-    if !driver_available() {
-        return Err(error("no CUDA driver found (libcuda.so.1 cannot be loaded)"));
-    }
+    loaded_driver()?;
     match cudarc::driver::CudaContext::device_count() {
         Ok(n) => Ok(n.max(0) as usize),
         Err(e) if format!("{e:?}").contains("CUDA_ERROR_NO_DEVICE") => Ok(0),
@@ -174,15 +180,8 @@ pub fn device_count() -> Result<usize> {
 
 /// Opens CUDA device `ordinal`, or says exactly why it cannot.
 pub fn open_device(ordinal: usize) -> Result<std::sync::Arc<cudarc::driver::CudaContext>> {
-    if let Err(missing) = libraries::load(libraries::Library::Driver) {
-        return Err(error(format!("{missing}\nUse --backend cpu where there is no GPU.")));
-    }
-    if !driver_available() {
-        return Err(error("no CUDA driver found (libcuda.so.1 cannot be loaded); use --backend cpu"));
-    }
-    let count = cudarc::driver::CudaContext::device_count()
-        .map_err(|e| error(format!("the CUDA driver reports no usable device: {e:?}")))?;
-    if ordinal >= count.max(0) as usize {
+    let count = device_count()?;
+    if ordinal >= count {
         return Err(error(format!("no CUDA device {ordinal}: the driver sees {count}")));
     }
     cudarc::driver::CudaContext::new(ordinal)
