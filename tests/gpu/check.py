@@ -41,6 +41,7 @@ import datetime
 import glob
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -142,7 +143,9 @@ class Check:
                                    "torch.version.cuda, torch.cuda.is_available())"], 60)
         device["python_torch_cuda"] = out.strip().splitlines()[-1] if out.strip() else ""
         rc_devices, devices = self.run("env", [self.cellc, "devices"], 60)
-        device["cellc_devices"] = devices.strip().splitlines()
+        # The machine's own folders are not kept: `<site-packages>` stands for the one holding torch.
+        device["cellc_devices"] = [re.sub(r"\S*/site-packages", "<site-packages>", line)
+                                   for line in devices.strip().splitlines()]
         self.results["device"] = device
         self.arch = device.get("arch")
         if not self.emulated and rc_devices != 0:
