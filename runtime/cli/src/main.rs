@@ -182,6 +182,14 @@ pub(crate) fn refuse_overwriting_inputs(out: &Path, inputs: &[&Path]) -> Result<
 }
 
 fn main() -> ExitCode {
+    // Output piped into a reader that stops early (`cellc devices | head`)
+    // ends the process quietly, as other command-line tools do, instead of
+    // a panic at the next print (Rust ignores SIGPIPE by default).
+    #[cfg(unix)]
+    // SAFETY: restores the default disposition of one signal before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     if let Err(message) = reject_duplicate_defines(cli.command.defines()) {
         eprintln!("error: {message}");
