@@ -16,8 +16,8 @@ use std::sync::Mutex;
 /// At most this many floats are kept for reuse (1 GiB).
 const MAX_KEPT_FLOATS: usize = 1 << 28;
 
-/// Smaller buffers are not worth the lock.
-const MIN_KEPT_FLOATS: usize = 1024;
+/// Smaller buffers are not worth the lock (the Python package takes those from PyTorch).
+pub const MIN_KEPT_FLOATS: usize = 1024;
 
 /// Buffers kept for reuse, the smallest that fits handed out first.
 struct Pool(Mutex<Vec<Vec<f32>>>);

@@ -113,6 +113,7 @@ fn held_models() -> (usize, usize) {
 #[pymodule]
 fn _cellc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<spec::Handle>()?;
+    m.add("SMALLEST_RECYCLED", cellc_runtime::pool::MIN_KEPT_FLOATS)?;
     m.add_function(wrap_pyfunction!(set_threading, m)?)?;
     m.add_function(wrap_pyfunction!(threading, m)?)?;
     m.add_function(wrap_pyfunction!(held_models, m)?)?;

@@ -144,8 +144,7 @@ def _recycled(shape) -> Tensor:
     return torch.from_dlpack(_cellc.recycled(count)).view(tuple(shape))
 
 
-# As `cellc_runtime::pool`'s MIN_KEPT_FLOATS.
-_SMALLEST_RECYCLED = 1024
+_SMALLEST_RECYCLED = _cellc.SMALLEST_RECYCLED  # the runtime's pool keeps nothing smaller
 
 
 def _call_refs(x: Tensor, index: list[Tensor], h0: list[Tensor], weights: list[Tensor]):
