@@ -9,7 +9,10 @@
 
 use cellc::interp::Shapes;
 use cellc::ir::Op;
+use cellc::kernel::KernelPlan;
 use cellc::schedule::StageKind;
+use cellc_runtime::backend::cpu::avx512::Avx512Stage;
+use cellc_runtime::backend::cpu::avx512_supported;
 use cellc_runtime::backend::cpu::codegen::jit::compile_values;
 use cellc_runtime::backend::cpu::gemm::{matmul, View};
 use cellc_runtime::backend::cpu::panels::{multiply, PackedB, Rows};
@@ -79,9 +82,18 @@ fn pointwise(c: &mut Criterion) {
             let plan_arc = Arc::new(plan.clone());
             let jit = compile_values(&graph, plan, &st.values, &st.inputs, &st.outputs).expect("compiles");
             let interp = Interpreted::new(graph.clone(), plan_arc, &st.values, &st.inputs, &st.outputs);
+            let kernel_plan = KernelPlan::new(&graph, plan, st, &[]).expect("a kernel plan");
+            let mut kinds: Vec<(&str, Box<dyn StageExec>)> =
+                vec![("jit", Box::new(jit)), ("interpreted", Box::new(interp))];
+            if avx512_supported() {
+                let wide =
+                    Avx512Stage::new(plan, &kernel_plan, &st.inputs, &st.outputs).expect("avx512 stage");
+                kinds.insert(1, ("avx512", Box::new(wide)));
+            }
             for rows in [1, 16, 64] {
                 g.throughput(Throughput::Elements((rows * h) as u64));
-                for (kind, exec) in [("jit", &jit as &dyn StageExec), ("interpreted", &interp)] {
+                for (kind, exec) in &kinds {
+                    let exec = exec.as_ref();
                     let t = table(exec, plan, rows);
                     g.bench_function(BenchmarkId::new(format!("{side} {kind} H={h}"), rows), |b| {
                         // SAFETY: the table holds `rows` rows of valid buffers at the plan's sizes.
@@ -94,16 +106,31 @@ fn pointwise(c: &mut Criterion) {
     g.finish();
 }
 
-/// `y = op(x)` over `n` floats as one JIT-compiled stage, through the same
-/// pipeline as a cell's kernels (the math module itself only emits IR).
-fn unary_kernel(op: &str, n: usize) -> cellc_runtime::backend::cpu::native::NativeStage {
+/// `y = op(x)` over `n` floats as one stage, through the same pipeline as a
+/// cell's kernels (the math module itself only emits IR): JIT-compiled,
+/// and walked by the AVX-512 kernels where the processor has them.
+fn unary_kernel(op: &str, n: usize) -> (Box<dyn StageExec>, Option<Box<dyn StageExec>>) {
     let src = format!("cell t {{ input x[N] state h[N] h' = {op}(x) + 0 * h\n output {op}(x) }}");
     let module = cellc::compile("t.cell", &src).into_result().expect("the one-op cell compiles");
     let cell = module.cells.into_iter().next().expect("one cell");
     let cell = cellc::program::Steps::compile(&cell).expect("verifies").forward;
     let plan = Shapes::new(&cell, &[("N".to_string(), n)].into(), "t").expect("plan");
     let x = cell.values().find(|&v| matches!(cell.node(v).op, Op::Input(0))).expect("the input x");
-    compile_values(&cell, &plan, &[cell.output], &[x], &[cell.output]).expect("compiles")
+    let (inputs, outputs) = ([x], [cell.output]);
+    let jit = compile_values(&cell, &plan, &[cell.output], &inputs, &outputs).expect("compiles");
+    let stage = cellc::schedule::Stage {
+        kind: StageKind::Pointwise { reductions: false },
+        placement: cellc::schedule::Placement::EachStep,
+        values: vec![cell.output],
+        inputs: inputs.to_vec(),
+        outputs: outputs.to_vec(),
+    };
+    let wide = avx512_supported().then(|| {
+        let kernel_plan = KernelPlan::new(&cell, &plan, &stage, &[]).expect("a kernel plan");
+        Box::new(Avx512Stage::new(&plan, &kernel_plan, &inputs, &outputs).expect("avx512 stage"))
+            as Box<dyn StageExec>
+    });
+    (Box::new(jit), wide)
 }
 
 fn math(c: &mut Criterion) {
@@ -116,10 +143,16 @@ fn math(c: &mut Criterion) {
     let sigmoid = |v: f32| 1.0 / (1.0 + (-v).exp());
     let libm = [("exp", f32::exp as fn(f32) -> f32), ("tanh", f32::tanh), ("sigmoid", sigmoid)];
     for (op, std_fn) in libm {
-        let jit = unary_kernel(op, N);
+        let (jit, wide) = unary_kernel(op, N);
         let ptrs = [x.as_mut_ptr(), y.as_mut_ptr()];
         // SAFETY: one row; both pointers are valid for N floats and outlive the closure.
         g.bench_function(BenchmarkId::new(op, "jit"), |b| b.iter(|| unsafe { jit.run(1, black_box(&ptrs)) }));
+        if let Some(wide) = wide {
+            // SAFETY: as above.
+            g.bench_function(BenchmarkId::new(op, "avx512"), |b| {
+                b.iter(|| unsafe { wide.run(1, black_box(&ptrs)) })
+            });
+        }
         g.bench_function(BenchmarkId::new(op, "std"), |b| {
             b.iter(|| y.iter_mut().zip(black_box(&x)).for_each(|(o, &v)| *o = std_fn(v)))
         });

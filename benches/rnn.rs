@@ -23,7 +23,7 @@ fn model(cell: &str, h: usize) -> Model {
         .filter(|(k, _)| compiled.forward.sizes.contains(k))
         .collect();
     let config = ModelConfig { layers: 1, bidirectional: false };
-    let cpu = Cpu::new(0, Kernels::Jit).expect("cpu back end");
+    let cpu = Cpu::new(0, Kernels::Fastest).expect("cpu back end");
     Model::new(compiled, config, &sizes, Some(h), None, 1, Box::new(cpu)).expect("model")
 }
 

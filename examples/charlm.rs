@@ -97,7 +97,7 @@ struct Args {
 
 fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     let args = Args::parse();
-    let cpu = Arc::new(Cpu::new(args.threads, Kernels::Jit)?);
+    let cpu = Arc::new(Cpu::new(args.threads, Kernels::Fastest)?);
     // candle's products and element-wise ops (rayon) and the RNN share
     // the back end's threads: with a pool of its own beside them, the
     // main job ran 13% slower here (two pools taking turns on two cores).

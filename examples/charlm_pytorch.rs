@@ -55,7 +55,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let loaded = checkpoint::load(
         &path,
         Some(CellSource::find(&args.cell)?),
-        Box::new(Cpu::new(args.threads, Kernels::Jit)?),
+        Box::new(Cpu::new(args.threads, Kernels::Fastest)?),
     )?;
     let (lm, metadata) = (loaded.lm, loaded.metadata);
     println!(

@@ -63,6 +63,15 @@ fn cpu_backend_with_jit_kernels_matches_per_sequence_interpreter() {
     conformance(&|| Box::new(Cpu::new(2, Kernels::Jit).expect("cpu backend")));
 }
 
+#[test]
+fn cpu_backend_with_avx512_kernels_matches_per_sequence_interpreter() {
+    if !cellc_runtime::backend::cpu::avx512_supported() {
+        eprintln!("skipped: this processor has no AVX-512F");
+        return;
+    }
+    conformance(&|| Box::new(Cpu::new(2, Kernels::Avx512).expect("cpu backend")));
+}
+
 /// The whole suite, for one backend.
 fn conformance(backend: &dyn Fn() -> Box<dyn Backend>) {
     let mut rng = Rng::new(11);

@@ -18,7 +18,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 fn cpu() -> Box<Cpu> {
-    Box::new(Cpu::new(2, Kernels::Jit).expect("cpu backend"))
+    Box::new(Cpu::new(2, Kernels::Fastest).expect("cpu backend"))
 }
 
 fn cell(name: &str) -> CellSource {

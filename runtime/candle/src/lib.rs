@@ -9,7 +9,7 @@
 //! use cellc_candle::{Padding, Rnn};
 //! use cellc_runtime::{backend::cpu::{Cpu, Kernels}, CompiledCell, Model, ModelConfig};
 //! let cell = CompiledCell::from_file("cells/lstm.cell".as_ref(), None).map_err(candle_core::Error::wrap)?;
-//! let backend = Box::new(Cpu::new(2, Kernels::Jit).map_err(candle_core::Error::wrap)?);
+//! let backend = Box::new(Cpu::new(2, Kernels::Fastest).map_err(candle_core::Error::wrap)?);
 //! let config = ModelConfig { layers: 1, bidirectional: false };
 //! let sizes = [("H".to_string(), 256)].into();
 //! let model = Model::new(cell.into(), config, &sizes, Some(64), None, 1, backend).map_err(candle_core::Error::wrap)?;

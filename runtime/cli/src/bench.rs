@@ -2,7 +2,7 @@
 //! the model and its kernels, one warm-up run) is timed apart from the
 //! measured runs.
 
-use crate::run::BackendChoice;
+use crate::run::{BackendChoice, KernelsChoice};
 use cellc::dims::Bindings;
 use cellc_runtime::{Align, CompiledCell, Input, Major, Model, ModelConfig, RuntimeError};
 use std::path::PathBuf;
@@ -52,6 +52,9 @@ pub struct BenchArgs {
     /// CUDA backend: run each layer as a CUDA graph (captured at the first run, then relaunched).
     #[arg(long)]
     pub cuda_graphs: bool,
+    /// CPU backend: how pointwise stages run.
+    #[arg(long, value_enum, default_value_t = KernelsChoice::Fastest)]
+    pub kernels: KernelsChoice,
     /// Inference through the streaming call (`Model::stream`): the state
     /// carried, all steps in one call on the calling thread. The default
     /// for one-step inference of a one-directional model.
@@ -134,7 +137,7 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
         }
     };
     sizes.retain(|k, _| compiled.forward.sizes.contains(k));
-    let backend = crate::run::make_backend(args.backend, args.threads, args.cuda_graphs)?;
+    let backend = crate::run::make_backend(args.backend, args.threads, args.cuda_graphs, args.kernels)?;
     let config = ModelConfig { layers: args.layers, bidirectional: args.bidirectional };
     let model = Model::new(compiled, config, &sizes, Some(input_size), None, 1, backend)?;
 

@@ -33,6 +33,30 @@ pub enum BackendChoice {
     CudaEmulated,
 }
 
+/// How the CPU back end runs pointwise stages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KernelsChoice {
+    /// AVX-512 where the processor has it, else Cranelift's code (the same results).
+    Fastest,
+    /// Compiled by Cranelift in the process (f32x4).
+    Jit,
+    /// The kernel plans walked by AVX-512 code.
+    Avx512,
+    /// The interpreter's semantics, value by value (slow: a check).
+    Interpreted,
+}
+
+impl KernelsChoice {
+    fn kernels(self) -> Kernels {
+        match self {
+            KernelsChoice::Fastest => Kernels::Fastest,
+            KernelsChoice::Jit => Kernels::Jit,
+            KernelsChoice::Avx512 => Kernels::Avx512,
+            KernelsChoice::Interpreted => Kernels::Interpreted,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum AlignChoice {
     Left,
@@ -77,6 +101,9 @@ pub struct RunArgs {
     /// CUDA backend: run each layer as a CUDA graph (captured once per shape, then relaunched).
     #[arg(long)]
     pub cuda_graphs: bool,
+    /// CPU backend: how pointwise stages run.
+    #[arg(long, value_enum, default_value_t = KernelsChoice::Fastest)]
+    pub kernels: KernelsChoice,
 }
 
 /// The backend asked for; by default the fastest available (the CPU).
@@ -84,10 +111,11 @@ pub fn make_backend(
     choice: Option<BackendChoice>,
     threads: Option<u64>,
     cuda_graphs: bool,
+    kernels: KernelsChoice,
 ) -> Result<Box<dyn Backend>, RuntimeError> {
     match choice.unwrap_or(BackendChoice::Cpu) {
         BackendChoice::Reference => Ok(Box::new(Reference)),
-        BackendChoice::Cpu => Ok(Box::new(Cpu::new(threads.unwrap_or(0) as usize, Kernels::default())?)),
+        BackendChoice::Cpu => Ok(Box::new(Cpu::new(threads.unwrap_or(0) as usize, kernels.kernels())?)),
         BackendChoice::Cuda => {
             Ok(Box::new(cellc_runtime::backend::cuda::Cuda::gpu(0)?.with_graphs(cuda_graphs)))
         }
@@ -166,7 +194,7 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
         Some(features),
         Some(&weights),
         0,
-        make_backend(args.backend, args.threads, args.cuda_graphs)?,
+        make_backend(args.backend, args.threads, args.cuda_graphs, args.kernels)?,
     )?;
     let ld = model.layers().len() * model.directions();
     let state_sizes = model.layers()[0].state_sizes.clone();

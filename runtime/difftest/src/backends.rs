@@ -22,15 +22,17 @@ use std::sync::Mutex;
 pub enum BackendKind {
     Reference,
     CpuJit,
+    CpuAvx512,
     CpuInterpreted,
     CpuLinked,
     CudaEmulated,
 }
 
 impl BackendKind {
-    pub const ALL: [BackendKind; 5] = [
+    pub const ALL: [BackendKind; 6] = [
         BackendKind::Reference,
         BackendKind::CpuJit,
+        BackendKind::CpuAvx512,
         BackendKind::CpuInterpreted,
         BackendKind::CpuLinked,
         BackendKind::CudaEmulated,
@@ -43,8 +45,8 @@ impl BackendKind {
         match self {
             // The interpreter's op semantics: the host's libm.
             BackendKind::Reference | BackendKind::CpuInterpreted => 1.0,
-            // Cranelift's range-reduced polynomials.
-            BackendKind::CpuJit | BackendKind::CpuLinked => {
+            // Cranelift's range-reduced polynomials (the AVX-512 kernels compute the same bits).
+            BackendKind::CpuJit | BackendKind::CpuAvx512 | BackendKind::CpuLinked => {
                 cellc_runtime::backend::cpu::codegen::math::MAX_ULP
             }
             // CUDA's expf, tanhf, logf: 2 ulp (CUDA's math guide); the
@@ -57,6 +59,7 @@ impl BackendKind {
         match self {
             BackendKind::Reference => "reference",
             BackendKind::CpuJit => "cpu (JIT kernels)",
+            BackendKind::CpuAvx512 => "cpu (AVX-512 kernels)",
             BackendKind::CpuInterpreted => "cpu (interpreted kernels)",
             BackendKind::CpuLinked => "cpu (kernels linked ahead of time)",
             BackendKind::CudaEmulated => "cuda (emulated device)",
@@ -76,6 +79,7 @@ pub fn make(kind: BackendKind, cell: &CompiledCell, layers: &[Layer]) -> Result<
     match kind {
         BackendKind::Reference => Ok(Box::new(Reference)),
         BackendKind::CpuJit => cpu(Kernels::Jit),
+        BackendKind::CpuAvx512 => cpu(Kernels::Avx512),
         BackendKind::CpuInterpreted => cpu(Kernels::Interpreted),
         BackendKind::CpuLinked => cpu(Kernels::Linked(linked(cell, layers)?)),
         BackendKind::CudaEmulated => {

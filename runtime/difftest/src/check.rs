@@ -122,14 +122,17 @@ pub struct Checks {
 }
 
 impl Checks {
-    /// Every check; the emulated CUDA device only where g++ is installed.
+    /// Every check; the emulated CUDA device only where g++ is installed,
+    /// the AVX-512 kernels only where the processor has them.
     pub fn everything() -> Checks {
         let cuda = backends::cuda_emulation_available();
+        let avx512 = cellc_runtime::backend::cpu::avx512_supported();
         Checks {
             gradcheck: true,
             backends: BackendKind::ALL
                 .into_iter()
                 .filter(|&b| cuda || b != BackendKind::CudaEmulated)
+                .filter(|&b| avx512 || b != BackendKind::CpuAvx512)
                 .collect(),
         }
     }

@@ -45,7 +45,7 @@ fn parse(spec: &str) -> Result<Spec> {
 /// its caller's thread count) or CUDA device `device`.
 fn backend(name: &str, device: usize) -> Result<Box<dyn Backend>> {
     match name {
-        "cpu" => Ok(Box::new(Cpu::new(0, Kernels::Jit)?)),
+        "cpu" => Ok(Box::new(Cpu::new(0, Kernels::Fastest)?)),
         "reference" => Ok(Box::new(Reference)),
         "cuda" => Ok(Box::new(cuda(Some(device))?)),
         "cuda-emulated" => Ok(Box::new(cuda(None)?)),

@@ -10,6 +10,8 @@
 //! sequences are a contiguous prefix and each per-step product is one call.
 
 pub mod aot;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512;
 #[cfg(feature = "codegen")]
 pub mod codegen;
 mod driver;
@@ -50,10 +52,18 @@ use team::Team;
 /// How pointwise stages are executed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Kernels {
+    /// The fastest this processor runs, decided once when the back end is
+    /// made: [`Kernels::Avx512`] where it has AVX-512F, else [`Kernels::Jit`].
+    /// Both compute the same bits.
+    #[default]
+    Fastest,
     /// Compiled with Cranelift in the process (f32x4 SIMD, own
     /// exp/log/tanh polynomials); needs the `jit` feature.
-    #[default]
     Jit,
+    /// Each stage's kernel plan walked by AVX-512 code in the runtime
+    /// ([`avx512`]): no code generator, 16 lanes, bitwise the results of
+    /// Cranelift's code. x86-64 processors with AVX-512F only.
+    Avx512,
     /// The interpreter's op semantics, value by value (a check on the driver and the JIT).
     Interpreted,
     /// The same machine code, compiled ahead of time by `cellc-build` and
@@ -102,11 +112,29 @@ impl Cpu {
     pub fn new(threads: usize, kernels: Kernels) -> Result<Cpu> {
         let cores = threads::usable_cores();
         let threads = if threads == 0 { cores } else { threads.min(cores) };
+        let kernels = match kernels {
+            Kernels::Fastest if avx512_supported() => Kernels::Avx512,
+            Kernels::Fastest => Kernels::Jit,
+            Kernels::Avx512 if !avx512_supported() => {
+                return Err(RuntimeError::Backend {
+                    backend: "cpu".into(),
+                    message: "Kernels::Avx512 needs a processor with AVX-512F; this one has none \
+                              (Kernels::Fastest picks what it has)"
+                        .into(),
+                })
+            }
+            other => other,
+        };
         Ok(Cpu { threads, kernels, code: Mutex::new(HashMap::new()) })
     }
 
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// The kernels this back end runs ([`Kernels::Fastest`] resolved).
+    pub fn kernels(&self) -> Kernels {
+        self.kernels
     }
 
     /// Runs one call's `op(threads)` on the process's team ([`threads::run_call`]).
@@ -155,7 +183,8 @@ impl Cpu {
                     Kernels::Interpreted => {
                         Arc::new(Interpreted::new(g.clone(), p.clone(), &st.values, &st.inputs, &st.outputs))
                     }
-                    Kernels::Jit => jit_stage(&p, layer.kernel(side, index), st)?,
+                    Kernels::Jit | Kernels::Fastest => jit_stage(&p, layer.kernel(side, index), st)?,
+                    Kernels::Avx512 => avx512_stage(&p, layer.kernel(side, index), st)?,
                     Kernels::Linked(linked) => Arc::new(linked.stage(cell, layer, side, index, st)?),
                 })
             }
@@ -175,6 +204,32 @@ impl Cpu {
         held.insert(key, code.clone());
         Ok(code)
     }
+}
+
+/// Whether this processor runs [`Kernels::Avx512`].
+pub fn avx512_supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return avx512::supported();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// A stage's kernel plan, to be walked by AVX-512 code.
+fn avx512_stage(
+    p: &Shapes,
+    kernel: Option<&ProgramKernel>,
+    st: &cellc::schedule::Stage,
+) -> Result<Arc<dyn StageExec>> {
+    let kernel =
+        kernel.ok_or_else(|| RuntimeError::Internal("a kernel stage without a kernel plan".into()))?;
+    #[cfg(target_arch = "x86_64")]
+    return avx512::Avx512Stage::new(p, &kernel.plan, &st.inputs, &st.outputs)
+        .map(|s| Arc::new(s) as Arc<dyn StageExec>)
+        .map_err(|e| RuntimeError::Internal(e.to_string()));
+    #[cfg(not(target_arch = "x86_64"))]
+    Err(RuntimeError::Internal(format!(
+        "AVX-512 kernels on a processor without them ({p:?}, {kernel:?}, {st:?})"
+    )))
 }
 
 /// A stage's kernel plan compiled by the JIT.

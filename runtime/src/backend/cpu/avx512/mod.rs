@@ -1,0 +1,577 @@
+//! Pointwise stages run by AVX-512 code that walks their kernel plans.
+//!
+//! Cranelift's x86-64 back end stops at 128-bit vectors and sixteen `xmm`
+//! registers: an LSTM's step spent as long in its `f32x4` kernels, mostly
+//! spilling polynomial constants, as in its products. Here a stage's
+//! [`KernelPlan`] is turned once into a list of steps, and each row walks
+//! it: a fused loop runs 64 floats (four `zmm` registers) at a time, each
+//! member's op on all four at once through [`math`], its result kept in a
+//! small register file in L1 for the members after it. The per-op dispatch
+//! is paid once per 64 elements.
+//!
+//! Every decision is the plan's, as for the emitter ([`cellc::clif`]): the
+//! same items in the same order, the same literals, stores, scratch and
+//! copies, and row sums added in the emitter's order. Each lane computes
+//! what the emitter's instruction computes, so the results are bitwise
+//! those of Cranelift's code (tested against the JIT on every stage of
+//! every shipped cell and on random cells); which of the two runs a stage
+//! never changes a number.
+
+mod math;
+
+use super::stage::StageExec;
+use cellc::interp::Shapes;
+use cellc::ir::{Op, ReduceOp, ValueId};
+use cellc::kernel::{Item, KernelPlan, Kind, Literal, Operand};
+use math::V;
+use std::arch::x86_64::*;
+
+/// Registers of sixteen lanes per value in a fused loop's pass.
+const REGS: usize = 4;
+
+/// Floats of a fused loop per pass.
+const CHUNK: usize = 16 * REGS;
+
+/// Whether this processor runs these kernels.
+pub fn supported() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+}
+
+/// Why a plan cannot run here (a plan reading a value it never holds: a compiler bug).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanError(pub String);
+
+impl std::fmt::Display for PlanError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "avx512 kernel: {}", self.0)
+    }
+}
+
+/// How a value is held while one row is computed (the emitter's `Held`).
+#[derive(Clone, Copy, Debug)]
+enum Held {
+    /// Not (yet) computed in this row.
+    Absent,
+    Scalar(f32),
+    /// A vector whose every element is this.
+    Splat(f32),
+    /// A vector in memory.
+    Mem(*mut f32),
+}
+
+/// Where a vector that an item writes lives in a row.
+#[derive(Clone, Copy, Debug)]
+enum Place {
+    /// The output slot (counted from the first output).
+    Output(usize),
+    /// Floats into the row's scratch.
+    Scratch(usize),
+}
+
+/// One elementwise op of a fused loop, with its operands as register-file slots.
+#[derive(Clone, Copy, Debug)]
+struct Member {
+    op: Code,
+    a: usize,
+    b: usize,
+    value: ValueId,
+    store: Option<Place>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Code {
+    Unary(cellc::ir::UnaryOp),
+    Binary(cellc::ir::BinaryOp),
+    /// The first operand (the emitter's rule for anything else).
+    First,
+}
+
+impl Code {
+    fn of(op: &Op) -> Code {
+        match op {
+            Op::Unary(u) => Code::Unary(*u),
+            Op::Binary(b) => Code::Binary(*b),
+            _ => Code::First,
+        }
+    }
+}
+
+/// A fused loop: register slots `0..outside.len()` hold the values read
+/// from before it, the next ones its members.
+#[derive(Debug)]
+struct Fused {
+    len: usize,
+    outside: Vec<ValueId>,
+    members: Vec<Member>,
+}
+
+#[derive(Debug)]
+enum Step {
+    Fused(Fused),
+    /// Any other item, run as the emitter runs it; `place` where a pad or
+    /// a concat writes.
+    Single {
+        item: Item,
+        place: Option<Place>,
+    },
+}
+
+/// A stage's plan, ready to run on AVX-512.
+#[derive(Debug)]
+pub struct Avx512Stage {
+    inputs: Vec<ValueId>,
+    outputs: Vec<ValueId>,
+    literals: Vec<(ValueId, Literal)>,
+    reads: Vec<(usize, ValueId, Kind)>,
+    /// Output slots the row's end copies: `(slot, value)`.
+    copies: Vec<(usize, ValueId)>,
+    steps: Vec<Step>,
+    /// Elements of each value, by value index.
+    lens: Vec<usize>,
+    scratch: usize,
+    /// Register-file slots the widest loop needs.
+    registers: usize,
+}
+
+// SAFETY: the `Item`s it keeps are descriptions (ids and numbers); a run's
+// pointers live in the thread's own workspace.
+unsafe impl Send for Avx512Stage {}
+unsafe impl Sync for Avx512Stage {}
+
+impl Avx512Stage {
+    /// The plan of a stage at `shapes` that reads `inputs` and writes
+    /// `outputs` through the row pointer table. Fails if the plan reads a
+    /// value before it holds it.
+    pub fn new(
+        shapes: &Shapes,
+        plan: &KernelPlan,
+        inputs: &[ValueId],
+        outputs: &[ValueId],
+    ) -> Result<Avx512Stage, PlanError> {
+        let named: Vec<ValueId> = inputs
+            .iter()
+            .chain(outputs)
+            .copied()
+            .chain(plan.literals.iter().map(|&(v, _)| v))
+            .chain(plan.items.iter().flat_map(item_values))
+            .collect();
+        let mut lens = vec![0; named.iter().map(|v| v.index() + 1).max().unwrap_or(0)];
+        for v in named {
+            lens[v.index()] = shapes.elements(v);
+        }
+        let place = |v: ValueId| -> Result<Place, PlanError> {
+            if let Some(slot) = plan.output_slot(v) {
+                return Ok(Place::Output(slot));
+            }
+            plan.scratch
+                .get(&v)
+                .map(|&at| Place::Scratch(at))
+                .ok_or_else(|| PlanError(format!("{v} has no storage")))
+        };
+        let mut held: std::collections::HashSet<ValueId> =
+            plan.literals.iter().map(|&(v, _)| v).chain(plan.inputs.iter().map(|&(_, v, _)| v)).collect();
+        let need = |held: &std::collections::HashSet<ValueId>, reader: ValueId, v: ValueId| {
+            if held.contains(&v) {
+                Ok(())
+            } else {
+                Err(PlanError(format!("{reader} reads {v}, not available")))
+            }
+        };
+        let mut steps = Vec::with_capacity(plan.items.len());
+        let mut registers = 0;
+        for item in &plan.items {
+            match item {
+                Item::Fused(l) => {
+                    for (&o, m) in l.outside.iter().zip(l.members.iter().cycle()) {
+                        need(&held, m.value, o)?;
+                    }
+                    let slot = |a: &Operand| match *a {
+                        Operand::Outside(i) => i,
+                        Operand::Member(j) => l.outside.len() + j,
+                    };
+                    let members = l
+                        .members
+                        .iter()
+                        .map(|m| {
+                            let (a, b) = match m.operands.as_slice() {
+                                [] => return Err(PlanError(format!("{} has no operands", m.value))),
+                                [a] => (slot(a), slot(a)),
+                                [a, b, ..] => (slot(a), slot(b)),
+                            };
+                            let store = if m.stored { Some(place(m.value)?) } else { None };
+                            Ok(Member { op: Code::of(&m.op), a, b, value: m.value, store })
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    held.extend(members.iter().filter(|m| m.store.is_some()).map(|m| m.value));
+                    registers = registers.max(l.outside.len() + members.len());
+                    steps.push(Step::Fused(Fused { len: l.len, outside: l.outside.clone(), members }));
+                }
+                single => {
+                    let v = single.value().ok_or_else(|| PlanError("a loop is not a single value".into()))?;
+                    let reads: Vec<ValueId> = match single {
+                        Item::Scalar { args, .. } => args.clone(),
+                        Item::Broadcast { src, .. }
+                        | Item::Slice { src, .. }
+                        | Item::Reduce { src, .. }
+                        | Item::Pad { src, .. } => vec![*src],
+                        Item::Concat { parts, .. } => parts.clone(),
+                        Item::Fused(_) => Vec::new(),
+                    };
+                    for r in reads {
+                        need(&held, v, r)?;
+                    }
+                    let place = match single {
+                        Item::Pad { .. } | Item::Concat { .. } => Some(place(v)?),
+                        _ => None,
+                    };
+                    held.insert(v);
+                    steps.push(Step::Single { item: single.clone(), place });
+                }
+            }
+        }
+        let mut copies = Vec::new();
+        for (i, out) in plan.outputs.iter().enumerate() {
+            need(&held, out.value, out.value)?;
+            if !out.in_place {
+                copies.push((i, out.value));
+            }
+        }
+        Ok(Avx512Stage {
+            inputs: inputs.to_vec(),
+            outputs: outputs.to_vec(),
+            literals: plan.literals.clone(),
+            reads: plan.inputs.clone(),
+            copies,
+            steps,
+            lens,
+            scratch: plan.scratch_floats,
+            registers,
+        })
+    }
+
+    /// One row: `row` holds its input then output pointers.
+    ///
+    /// # Safety
+    /// As [`StageExec::run`] for this row; `w` sized for this stage; AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn row(&self, row: &[*mut f32], w: &mut Workspace) {
+        let outs = &row[self.inputs.len()..];
+        let scratch = w.scratch.as_mut_ptr();
+        // SAFETY: scratch holds the plan's floats; an output slot's pointer
+        // its value's length (the caller's contract).
+        let at = |p: Place| unsafe {
+            match p {
+                Place::Output(slot) => outs[slot],
+                Place::Scratch(f) => scratch.add(f),
+            }
+        };
+        for &(v, literal) in &self.literals {
+            w.held[v.index()] = match literal {
+                Literal::Scalar(x) => Held::Scalar(x),
+                Literal::Splat(x) => Held::Splat(x),
+            };
+        }
+        for &(slot, v, kind) in &self.reads {
+            w.held[v.index()] = match kind {
+                Kind::Vector => Held::Mem(row[slot]),
+                // SAFETY: a scalar input's pointer holds its float.
+                Kind::Scalar | Kind::Splat => Held::Scalar(unsafe { *row[slot] }),
+            };
+        }
+        for step in &self.steps {
+            match step {
+                // SAFETY: the plan's pointers and places, per the contract.
+                Step::Fused(l) => unsafe { self.fused(l, &at, w) },
+                Step::Single { item, place } => {
+                    let Some(v) = item.value() else { continue };
+                    // SAFETY: as above.
+                    let h = unsafe { self.single(item, place.map(at), &w.held) };
+                    w.held[v.index()] = h;
+                }
+            }
+        }
+        for &(slot, v) in &self.copies {
+            // SAFETY: the output slot holds its value's length.
+            unsafe { copy(w.held[v.index()], outs[slot], self.lens[v.index()]) };
+        }
+    }
+
+    /// # Safety
+    /// As [`Avx512Stage::row`].
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fused(&self, l: &Fused, at: &dyn Fn(Place) -> *mut f32, w: &mut Workspace) {
+        let Workspace { regs, held, outside, stores, .. } = w;
+        outside.clear();
+        outside.extend(l.outside.iter().map(|v| held[v.index()]));
+        stores.clear();
+        stores.extend(l.members.iter().map(|m| m.store.map(at)));
+        let regs = regs.as_mut_ptr();
+        let slot = |i: usize| regs.wrapping_add(i * REGS);
+        let base = outside.len();
+        for off in (0..l.len).step_by(CHUNK) {
+            let left = l.len - off;
+            let (masks, live) = (masks(left), left.min(CHUNK).div_ceil(16));
+            // SAFETY (block): the register file has a slot per outside value
+            // and member (`registers`); a held vector and a member's storage
+            // have `len` floats, and the masks stop at them.
+            unsafe {
+                for (i, &h) in outside.iter().enumerate() {
+                    load(h, off, &masks, slot(i), live);
+                }
+                for (j, (m, store)) in l.members.iter().zip(stores.iter()).enumerate() {
+                    let out = slot(base + j);
+                    match m.op {
+                        Code::Unary(u) => math::unary(u, slot(m.a), out, live),
+                        Code::Binary(o) => math::binary(o, slot(m.a), slot(m.b), out, live),
+                        Code::First => std::ptr::copy_nonoverlapping(slot(m.a), out, live),
+                    }
+                    if let Some(p) = store {
+                        for (k, &mask) in masks.iter().enumerate().take(live) {
+                            _mm512_mask_storeu_ps(p.add(off + 16 * k), mask, *out.add(k));
+                        }
+                    }
+                }
+            }
+        }
+        for (m, store) in l.members.iter().zip(stores.iter()) {
+            if let Some(p) = store {
+                held[m.value.index()] = Held::Mem(*p);
+            }
+        }
+    }
+
+    /// The value of an item other than a loop.
+    ///
+    /// # Safety
+    /// As [`Avx512Stage::row`]; `place` holds the item's value.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn single(&self, item: &Item, place: Option<*mut f32>, held: &[Held]) -> Held {
+        let get = |v: ValueId| held[v.index()];
+        // SAFETY (block): held vectors hold their lengths; `place` the item's.
+        unsafe {
+            match item {
+                Item::Broadcast { src, .. } => match get(*src) {
+                    Held::Scalar(s) | Held::Splat(s) => Held::Splat(s),
+                    Held::Mem(p) => Held::Splat(*p),
+                    Held::Absent => Held::Absent,
+                },
+                Item::Slice { src, offset, .. } => match get(*src) {
+                    Held::Mem(p) => Held::Mem(p.add(*offset)),
+                    other => other,
+                },
+                Item::Scalar { op, args, splat, .. } => {
+                    // Lane 0 of the op on splats: each lane is the scalar op.
+                    let a = args.first().map_or(0.0, |&v| first(get(v)));
+                    let b = args.get(1).map_or(a, |&v| first(get(v)));
+                    let (a, b) = (_mm512_set1_ps(a), _mm512_set1_ps(b));
+                    let mut r = a;
+                    match Code::of(op) {
+                        Code::Unary(u) => math::unary(u, &a, &mut r, 1),
+                        Code::Binary(o) => math::binary(o, &a, &b, &mut r, 1),
+                        Code::First => {}
+                    }
+                    let r = _mm512_cvtss_f32(r);
+                    if *splat {
+                        Held::Splat(r)
+                    } else {
+                        Held::Scalar(r)
+                    }
+                }
+                Item::Reduce { src, op, len, .. } => {
+                    let sum = match get(*src) {
+                        Held::Scalar(s) | Held::Splat(s) => s * *len as f32,
+                        Held::Mem(p) => sum(p, *len),
+                        Held::Absent => 0.0,
+                    };
+                    Held::Scalar(match op {
+                        ReduceOp::Sum => sum,
+                        ReduceOp::Mean => sum / *len as f32,
+                    })
+                }
+                Item::Pad { value, src, offset } => {
+                    let out = place.unwrap_or(std::ptr::null_mut());
+                    copy(Held::Splat(0.0), out, self.lens[value.index()]);
+                    copy(get(*src), out.add(*offset), self.lens[src.index()]);
+                    Held::Mem(out)
+                }
+                Item::Concat { parts, .. } => {
+                    let out = place.unwrap_or(std::ptr::null_mut());
+                    let mut at = 0;
+                    for &o in parts {
+                        copy(get(o), out.add(at), self.lens[o.index()]);
+                        at += self.lens[o.index()];
+                    }
+                    Held::Mem(out)
+                }
+                Item::Fused(_) => Held::Absent,
+            }
+        }
+    }
+}
+
+/// The values an item names (what the plan's value ids reach).
+fn item_values(item: &Item) -> Vec<ValueId> {
+    match item {
+        Item::Fused(l) => l.outside.iter().copied().chain(l.members.iter().map(|m| m.value)).collect(),
+        Item::Scalar { value, args, .. } => std::iter::once(*value).chain(args.iter().copied()).collect(),
+        Item::Broadcast { value, src } | Item::Slice { value, src, .. } | Item::Reduce { value, src, .. } => {
+            vec![*value, *src]
+        }
+        Item::Pad { value, src, .. } => vec![*value, *src],
+        Item::Concat { value, parts } => std::iter::once(*value).chain(parts.iter().copied()).collect(),
+    }
+}
+
+/// A held value's first element (a scalar's only one).
+///
+/// # Safety
+/// A held vector has at least one float.
+unsafe fn first(h: Held) -> f32 {
+    match h {
+        Held::Scalar(s) | Held::Splat(s) => s,
+        // SAFETY: per the contract.
+        Held::Mem(p) => unsafe { *p },
+        Held::Absent => 0.0,
+    }
+}
+
+/// The lanes of each register that `left` floats still fill.
+fn masks(left: usize) -> [u16; REGS] {
+    std::array::from_fn(|k| {
+        let n = left.saturating_sub(16 * k).min(16);
+        ((1u32 << n) - 1) as u16
+    })
+}
+
+/// Floats `off..` of a held value into `live` registers at `to` (zeros
+/// past the masks).
+///
+/// # Safety
+/// A held vector has every float the masks cover; `to` writable for `live` registers.
+#[target_feature(enable = "avx512f")]
+unsafe fn load(h: Held, off: usize, masks: &[u16; REGS], to: *mut V, live: usize) {
+    for (k, &mask) in masks.iter().enumerate().take(live) {
+        // SAFETY: per the contract.
+        unsafe {
+            *to.add(k) = match h {
+                Held::Scalar(s) | Held::Splat(s) => _mm512_set1_ps(s),
+                Held::Mem(p) => _mm512_maskz_loadu_ps(mask, p.add(off + 16 * k)),
+                Held::Absent => _mm512_setzero_ps(),
+            }
+        }
+    }
+}
+
+/// Writes `n` floats of a held value to `dst`.
+///
+/// # Safety
+/// `dst` writable for `n` floats; a held vector readable for them.
+unsafe fn copy(src: Held, dst: *mut f32, n: usize) {
+    // SAFETY: per the contract.
+    unsafe {
+        match src {
+            Held::Scalar(s) | Held::Splat(s) => std::slice::from_raw_parts_mut(dst, n).fill(s),
+            Held::Mem(p) => std::ptr::copy(p, dst, n),
+            Held::Absent => {}
+        }
+    }
+}
+
+/// The sum of `n` floats at `p`, added in the emitter's order: four
+/// `f32x4` chains over blocks of 16 (one `zmm` here, lane for lane the
+/// same adds), the chains added pairwise, one `f32x4` over the rest in
+/// fours, its lanes pairwise, then the tail one float at a time.
+///
+/// # Safety
+/// `p` readable for `n` floats.
+#[target_feature(enable = "avx512f")]
+unsafe fn sum(p: *const f32, n: usize) -> f32 {
+    let (wide_n, vec_n) = (n / 16 * 16, n / 4 * 4);
+    let mut total = 0.0f32;
+    // SAFETY (block): every load is below n.
+    unsafe {
+        if vec_n > 0 {
+            let mut acc = _mm_setzero_ps();
+            if wide_n > 0 {
+                let mut chains = _mm512_setzero_ps();
+                for i in (0..wide_n).step_by(16) {
+                    chains = _mm512_add_ps(chains, _mm512_loadu_ps(p.add(i)));
+                }
+                let c: [__m128; 4] = [
+                    _mm512_extractf32x4_ps::<0>(chains),
+                    _mm512_extractf32x4_ps::<1>(chains),
+                    _mm512_extractf32x4_ps::<2>(chains),
+                    _mm512_extractf32x4_ps::<3>(chains),
+                ];
+                acc = _mm_add_ps(_mm_add_ps(c[0], c[1]), _mm_add_ps(c[2], c[3]));
+            }
+            for i in (wide_n..vec_n).step_by(4) {
+                acc = _mm_add_ps(acc, _mm_loadu_ps(p.add(i)));
+            }
+            let mut lanes = [0.0f32; 4];
+            _mm_storeu_ps(lanes.as_mut_ptr(), acc);
+            total = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+        }
+        for i in vec_n..n {
+            total += *p.add(i);
+        }
+    }
+    total
+}
+
+/// What one thread reuses from run to run: scratch, the register file and
+/// the held values.
+struct Workspace {
+    scratch: Vec<f32>,
+    /// [`REGS`] registers per slot.
+    regs: Vec<V>,
+    held: Vec<Held>,
+    /// The current loop's outside values, and where its members are stored.
+    outside: Vec<Held>,
+    stores: Vec<Option<*mut f32>>,
+}
+
+impl StageExec for Avx512Stage {
+    fn inputs(&self) -> &[ValueId] {
+        &self.inputs
+    }
+
+    fn outputs(&self) -> &[ValueId] {
+        &self.outputs
+    }
+
+    unsafe fn run(&self, rows: usize, args: &[*mut f32]) {
+        thread_local! {
+            static WORKSPACE: std::cell::RefCell<Workspace> =
+                const { std::cell::RefCell::new(Workspace {
+                    scratch: Vec::new(),
+                    regs: Vec::new(),
+                    held: Vec::new(),
+                    outside: Vec::new(),
+                    stores: Vec::new(),
+                }) };
+        }
+        let k = self.inputs.len() + self.outputs.len();
+        WORKSPACE.with(|w| {
+            let mut w = w.borrow_mut();
+            let w = &mut *w;
+            if w.scratch.len() < self.scratch.max(1) {
+                w.scratch.resize(self.scratch.max(1), 0.0);
+            }
+            if w.regs.len() < self.registers * REGS {
+                // SAFETY: an all-zero __m512 is a valid value.
+                w.regs.resize(self.registers * REGS, unsafe { std::mem::zeroed() });
+            }
+            w.held.clear();
+            w.held.resize(self.lens.len(), Held::Absent);
+            for row in args.chunks_exact(k).take(rows) {
+                // SAFETY: the caller's contract for each row; the workspace is
+                // sized for this stage; stages are made only where AVX-512F is.
+                unsafe { self.row(row, w) };
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;
