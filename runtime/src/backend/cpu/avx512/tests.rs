@@ -202,3 +202,17 @@ fn row_sums_add_in_the_emitters_order() {
         assert_eq!(got.to_bits(), reference(&x).to_bits(), "n = {n}");
     }
 }
+
+#[test]
+fn fastest_is_avx512_exactly_where_the_processor_has_it() {
+    use crate::backend::cpu::{Cpu, Kernels};
+    let cpu = Cpu::new(1, Kernels::Fastest).expect("a cpu back end");
+    assert_eq!(cpu.kernels() == Kernels::Avx512, super::supported(), "{:?}", cpu.kernels());
+    assert_ne!(cpu.kernels(), Kernels::Fastest, "Fastest is resolved when the back end is made");
+    if !super::supported() {
+        match Cpu::new(1, Kernels::Avx512) {
+            Ok(_) => panic!("Kernels::Avx512 accepted without AVX-512F"),
+            Err(e) => assert!(e.to_string().contains("AVX-512F"), "{e}"),
+        }
+    }
+}
