@@ -4,12 +4,10 @@
 //! Cranelift has no `exp`, `log` or `tanh`, so these are range-reduced
 //! polynomials (Cephes' single-precision coefficients): `exp` by
 //! `2^n · e^r` with `|r| <= ln2/2`, `log` by `e·ln2 + log(m)` with
-//! `m ∈ [√½, √2)`, `tanh` by a rational function (Eigen's). The accuracy
-//! sweep (the runtime's codegen tests) holds each to [`MAX_ULP`].
-
-// The polynomial coefficients are written as published (Cephes), with more
-// digits than an f32 holds; the compiler rounds them once.
-#![allow(clippy::excessive_precision)]
+//! `m ∈ [√½, √2)`, `tanh` by a rational function (Eigen's); the constants
+//! live in [`crate::kernel::cpu_math`], shared with the runtime's AVX-512
+//! kernels. The accuracy sweep (the runtime's codegen tests) holds each to
+//! [`MAX_ULP`].
 
 /// The most units in the last place any function here may be from the
 /// exact value (tanh's rational form, 5.2 ulp just below ±1): where a
@@ -17,6 +15,7 @@
 /// library's by up to this factor more (the differential tests allow it).
 pub const MAX_ULP: f64 = 6.0;
 
+use crate::kernel::cpu_math::*;
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{types, Endianness, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
@@ -100,20 +99,20 @@ pub fn exp(b: &mut FunctionBuilder, ty: Type, x: Value) -> Value {
 }
 
 fn exp_of_ordered(b: &mut FunctionBuilder, ty: Type, x: Value) -> Value {
-    let lo = fc(b, ty, -87.336_54);
-    let hi = fc(b, ty, 88.376_26);
+    let lo = fc(b, ty, EXP_LO);
+    let hi = fc(b, ty, EXP_HI);
     let x = max_ordered(b, ty, x, lo);
     let x = min_ordered(b, ty, x, hi);
-    let magic = fc(b, ty, 12_582_912.0); // 1.5 * 2^23: j's low bits hold round(x / ln2)
+    let magic = fc(b, ty, EXP_MAGIC); // j's low bits hold round(x / ln2)
     let log2e = fc(b, ty, std::f32::consts::LOG2_E);
     let j = b.ins().fma(x, log2e, magic);
     let n = b.ins().fsub(j, magic);
-    let c1 = fc(b, ty, -0.693_359_4);
+    let c1 = fc(b, ty, EXP_LN2_HI);
     let r = b.ins().fma(n, c1, x);
-    let c2 = fc(b, ty, 2.121_944_4e-4);
+    let c2 = fc(b, ty, EXP_LN2_LO);
     let r = b.ins().fma(n, c2, r);
-    let mut p = fc(b, ty, 1.987_569_1e-4);
-    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1] {
+    let mut p = fc(b, ty, EXP_POLY[0]);
+    for &c in &EXP_POLY[1..] {
         let k = fc(b, ty, c);
         p = b.ins().fma(p, r, k);
     }
@@ -147,27 +146,25 @@ pub fn sigmoid(b: &mut FunctionBuilder, ty: Type, x: Value) -> Value {
 /// beyond) computed both branches and an `exp`. `|x| < 0.0004` returns `x`,
 /// which is `tanh(x)` to f32 precision. NaN propagates (the clamp keeps it).
 pub fn tanh(b: &mut FunctionBuilder, ty: Type, x: Value) -> Value {
-    let bound = fc(b, ty, 7.905_311);
-    let nbound = fc(b, ty, -7.905_311);
+    let bound = fc(b, ty, TANH_BOUND);
+    let nbound = fc(b, ty, -TANH_BOUND);
     let clamped = min_ordered(b, ty, x, bound);
     let clamped = max_ordered(b, ty, clamped, nbound);
     let x2 = b.ins().fmul(clamped, clamped);
-    let mut p = fc(b, ty, -2.760_768_5e-16);
-    for c in
-        [2.000_187_9e-13, -8.604_671_5e-11, 5.122_297_1e-8, 1.485_722_4e-5, 6.372_619_3e-4, 4.893_524_6e-3]
-    {
+    let mut p = fc(b, ty, TANH_P[0]);
+    for &c in &TANH_P[1..] {
         let k = fc(b, ty, c);
         p = b.ins().fma(x2, p, k);
     }
     let p = b.ins().fmul(clamped, p);
-    let mut q = fc(b, ty, 1.198_258_4e-6);
-    for c in [1.185_347_1e-4, 2.268_434_6e-3, 4.893_525_2e-3] {
+    let mut q = fc(b, ty, TANH_Q[0]);
+    for &c in &TANH_Q[1..] {
         let k = fc(b, ty, c);
         q = b.ins().fma(x2, q, k);
     }
     let r = b.ins().fdiv(p, q);
     let ax = b.ins().fabs(x);
-    let tiny = fc(b, ty, 0.0004);
+    let tiny = fc(b, ty, TANH_TINY);
     let is_tiny = b.ins().fcmp(FloatCC::LessThan, ax, tiny);
     let r = choose(b, ty, is_tiny, x, r);
     keep_nan(b, ty, x, x, r)
@@ -208,28 +205,19 @@ pub fn log(b: &mut FunctionBuilder, ty: Type, x: Value) -> Value {
     let e = choose(b, ty, big, e1, e);
     let f = b.ins().fsub(m, one);
     let z = b.ins().fmul(f, f);
-    let mut p = fc(b, ty, 7.037_683_6e-2);
-    for c in [
-        -1.151_461e-1,
-        1.167_699_9e-1,
-        -1.242_014_1e-1,
-        1.424_932_3e-1,
-        -1.666_805_8e-1,
-        2.000_071_4e-1,
-        -2.499_999_4e-1,
-        3.333_333_1e-1,
-    ] {
+    let mut p = fc(b, ty, LOG_POLY[0]);
+    for &c in &LOG_POLY[1..] {
         let k = fc(b, ty, c);
         p = b.ins().fma(p, f, k);
     }
     let fz = b.ins().fmul(f, z);
     let y = b.ins().fmul(fz, p);
-    let c1 = fc(b, ty, -2.121_944_4e-4);
+    let c1 = fc(b, ty, LOG_LN2_LO);
     let y = b.ins().fma(e, c1, y);
     let mhalf = fc(b, ty, -0.5);
     let y = b.ins().fma(z, mhalf, y);
     let r = b.ins().fadd(f, y);
-    let c2 = fc(b, ty, 0.693_359_4);
+    let c2 = fc(b, ty, LOG_LN2_HI);
     let r = b.ins().fma(e, c2, r);
     // Special cases: x == 0 -> -inf; x < 0 or NaN -> NaN; +inf -> +inf.
     let zero = fc(b, ty, 0.0);

@@ -16,6 +16,7 @@
 //! interpreter's semantics (the reference back end and the CPU's
 //! interpreted kernels), so the plan itself is tested against the oracle.
 
+pub mod cpu_math;
 pub mod eval;
 pub mod lanes;
 mod text;

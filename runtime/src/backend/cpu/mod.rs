@@ -214,14 +214,18 @@ pub fn avx512_supported() -> bool {
     false
 }
 
+/// A kernel stage's plan, which the program always has (else a compiler bug).
+fn plan_of(kernel: Option<&ProgramKernel>) -> Result<&ProgramKernel> {
+    kernel.ok_or_else(|| RuntimeError::Internal("a kernel stage without a kernel plan".into()))
+}
+
 /// A stage's kernel plan, to be walked by AVX-512 code.
 fn avx512_stage(
     p: &Shapes,
     kernel: Option<&ProgramKernel>,
     st: &cellc::schedule::Stage,
 ) -> Result<Arc<dyn StageExec>> {
-    let kernel =
-        kernel.ok_or_else(|| RuntimeError::Internal("a kernel stage without a kernel plan".into()))?;
+    let kernel = plan_of(kernel)?;
     #[cfg(target_arch = "x86_64")]
     return avx512::Avx512Stage::new(p, &kernel.plan, &st.inputs, &st.outputs)
         .map(|s| Arc::new(s) as Arc<dyn StageExec>)
@@ -239,8 +243,7 @@ fn jit_stage(
     kernel: Option<&ProgramKernel>,
     st: &cellc::schedule::Stage,
 ) -> Result<Arc<dyn StageExec>> {
-    let kernel =
-        kernel.ok_or_else(|| RuntimeError::Internal("a kernel stage without a kernel plan".into()))?;
+    let kernel = plan_of(kernel)?;
     codegen::jit::compile_stage(p, &kernel.plan, &st.inputs, &st.outputs)
         .map(|s| Arc::new(s) as Arc<dyn StageExec>)
         .map_err(|e| RuntimeError::Backend { backend: "cpu".into(), message: e.to_string() })

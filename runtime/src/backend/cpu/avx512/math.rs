@@ -5,10 +5,8 @@
 //! emitter's `f32x4` (or scalar) instruction, so every result is bitwise
 //! what Cranelift's code computes; `tests::*` check it against the JIT.
 
-// The coefficients are the emitter's, written as published (Cephes, Eigen).
-#![allow(clippy::excessive_precision)]
-
 use cellc::ir::{BinaryOp, UnaryOp};
+use cellc::kernel::cpu_math::*;
 use std::arch::x86_64::*;
 
 /// Sixteen lanes.
@@ -72,15 +70,15 @@ fn exp(x: V) -> V {
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn exp_of_ordered(x: V) -> V {
-    let x = max_ordered(x, splat(-87.336_54));
-    let x = min_ordered(x, splat(88.376_26));
-    let magic = splat(12_582_912.0);
+    let x = max_ordered(x, splat(EXP_LO));
+    let x = min_ordered(x, splat(EXP_HI));
+    let magic = splat(EXP_MAGIC);
     let j = _mm512_fmadd_ps(x, splat(std::f32::consts::LOG2_E), magic);
     let n = _mm512_sub_ps(j, magic);
-    let r = _mm512_fmadd_ps(n, splat(-0.693_359_4), x);
-    let r = _mm512_fmadd_ps(n, splat(2.121_944_4e-4), r);
-    let mut p = splat(1.987_569_1e-4);
-    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1] {
+    let r = _mm512_fmadd_ps(n, splat(EXP_LN2_HI), x);
+    let r = _mm512_fmadd_ps(n, splat(EXP_LN2_LO), r);
+    let mut p = splat(EXP_POLY[0]);
+    for &c in &EXP_POLY[1..] {
         p = _mm512_fmadd_ps(p, r, splat(c));
     }
     let r2 = _mm512_mul_ps(r, r);
@@ -102,22 +100,20 @@ fn sigmoid(x: V) -> V {
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn tanh(x: V) -> V {
-    let clamped = min_ordered(x, splat(7.905_311));
-    let clamped = max_ordered(clamped, splat(-7.905_311));
+    let clamped = min_ordered(x, splat(TANH_BOUND));
+    let clamped = max_ordered(clamped, splat(-TANH_BOUND));
     let x2 = _mm512_mul_ps(clamped, clamped);
-    let mut p = splat(-2.760_768_5e-16);
-    for c in
-        [2.000_187_9e-13, -8.604_671_5e-11, 5.122_297_1e-8, 1.485_722_4e-5, 6.372_619_3e-4, 4.893_524_6e-3]
-    {
+    let mut p = splat(TANH_P[0]);
+    for &c in &TANH_P[1..] {
         p = _mm512_fmadd_ps(x2, p, splat(c));
     }
     let p = _mm512_mul_ps(clamped, p);
-    let mut q = splat(1.198_258_4e-6);
-    for c in [1.185_347_1e-4, 2.268_434_6e-3, 4.893_525_2e-3] {
+    let mut q = splat(TANH_Q[0]);
+    for &c in &TANH_Q[1..] {
         q = _mm512_fmadd_ps(x2, q, splat(c));
     }
     let r = _mm512_div_ps(p, q);
-    let is_tiny = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(abs(x), splat(0.0004));
+    let is_tiny = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(abs(x), splat(TANH_TINY));
     let r = _mm512_mask_blend_ps(is_tiny, r, x);
     keep_nan(x, x, r)
 }
@@ -142,24 +138,15 @@ fn log(x: V) -> V {
     let e = _mm512_mask_blend_ps(big, e, _mm512_add_ps(e, one));
     let f = _mm512_sub_ps(m, one);
     let z = _mm512_mul_ps(f, f);
-    let mut p = splat(7.037_683_6e-2);
-    for c in [
-        -1.151_461e-1,
-        1.167_699_9e-1,
-        -1.242_014_1e-1,
-        1.424_932_3e-1,
-        -1.666_805_8e-1,
-        2.000_071_4e-1,
-        -2.499_999_4e-1,
-        3.333_333_1e-1,
-    ] {
+    let mut p = splat(LOG_POLY[0]);
+    for &c in &LOG_POLY[1..] {
         p = _mm512_fmadd_ps(p, f, splat(c));
     }
     let y = _mm512_mul_ps(_mm512_mul_ps(f, z), p);
-    let y = _mm512_fmadd_ps(e, splat(-2.121_944_4e-4), y);
+    let y = _mm512_fmadd_ps(e, splat(LOG_LN2_LO), y);
     let y = _mm512_fmadd_ps(z, splat(-0.5), y);
     let r = _mm512_add_ps(f, y);
-    let r = _mm512_fmadd_ps(e, splat(0.693_359_4), r);
+    let r = _mm512_fmadd_ps(e, splat(LOG_LN2_HI), r);
     let zero = splat(0.0);
     let r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_EQ_OQ>(x, zero), r, splat(f32::NEG_INFINITY));
     let r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_NGE_UQ>(x, zero), r, splat(f32::NAN));
