@@ -160,11 +160,15 @@ mod against_the_jit {
 
 #[test]
 fn masks_cover_exactly_the_floats_left() {
-    assert_eq!(super::masks(64), [0xffff; 4]);
-    assert_eq!(super::masks(100), [0xffff; 4]);
-    assert_eq!(super::masks(17), [0xffff, 1, 0, 0]);
-    assert_eq!(super::masks(0), [0; 4]);
-    assert_eq!(super::masks(48), [0xffff, 0xffff, 0xffff, 0]);
+    for left in [0, 1, 15, 16, 17, 48, 63, super::CHUNK - 1, super::CHUNK, super::CHUNK + 40] {
+        let masks = super::masks(left);
+        for (k, &m) in masks.iter().enumerate() {
+            let lanes = left.saturating_sub(16 * k).min(16);
+            assert_eq!(m, ((1u32 << lanes) - 1) as u16, "{left} floats left, register {k}");
+        }
+        let covered: u32 = masks.iter().map(|m| m.count_ones()).sum();
+        assert_eq!(covered as usize, left.min(super::CHUNK), "{left} floats left");
+    }
 }
 
 #[test]
