@@ -302,14 +302,12 @@ impl Avx512Stage {
     /// As [`Avx512Stage::row`].
     #[target_feature(enable = "avx512f")]
     unsafe fn fused(&self, l: &Fused, at: &dyn Fn(Place) -> *mut f32, w: &mut Workspace) {
-        let Workspace { regs, held, outside, stores, .. } = w;
-        outside.clear();
-        outside.extend(l.outside.iter().map(|v| held[v.index()]));
+        let Workspace { regs, held, stores, .. } = w;
         stores.clear();
         stores.extend(l.members.iter().map(|m| m.store.map(at)));
         let regs = regs.as_mut_ptr();
         let slot = |i: usize| regs.wrapping_add(i * REGS);
-        let base = outside.len();
+        let base = l.outside.len();
         for off in (0..l.len).step_by(CHUNK) {
             let left = l.len - off;
             let (masks, live) = (masks(left), left.min(CHUNK).div_ceil(16));
@@ -317,8 +315,11 @@ impl Avx512Stage {
             // and member (`registers`); a held vector and a member's storage
             // have `len` floats, and the masks stop at them.
             unsafe {
-                for (i, &h) in outside.iter().enumerate() {
-                    load(h, off, &masks, slot(i), live);
+                for (i, v) in l.outside.iter().enumerate() {
+                    // By reference: the value was just written field by
+                    // field, and a copy reads it whole, which waits for the
+                    // stores to retire instead of forwarding them.
+                    load(&held[v.index()], off, &masks, slot(i), live);
                 }
                 for (j, (m, store)) in l.members.iter().zip(stores.iter()).enumerate() {
                     let out = slot(base + j);
@@ -470,11 +471,11 @@ fn masks(left: usize) -> [u16; REGS] {
 /// # Safety
 /// A held vector has every float the masks cover; `to` writable for `live` registers.
 #[target_feature(enable = "avx512f")]
-unsafe fn load(h: Held, off: usize, masks: &[u16; REGS], to: *mut V, live: usize) {
+unsafe fn load(h: &Held, off: usize, masks: &[u16; REGS], to: *mut V, live: usize) {
     for (k, &mask) in masks.iter().enumerate().take(live) {
         // SAFETY: per the contract.
         unsafe {
-            *to.add(k) = match h {
+            *to.add(k) = match *h {
                 Held::Scalar(s) | Held::Splat(s) => _mm512_set1_ps(s),
                 Held::Mem(p) => _mm512_maskz_loadu_ps(mask, p.add(off + 16 * k)),
                 Held::Absent => _mm512_setzero_ps(),
@@ -547,8 +548,7 @@ struct Workspace {
     /// [`REGS`] registers per slot.
     regs: Vec<V>,
     held: Vec<Held>,
-    /// The current loop's outside values, and where its members are stored.
-    outside: Vec<Held>,
+    /// Where the current loop's members are stored.
     stores: Vec<Option<*mut f32>>,
 }
 
@@ -568,7 +568,6 @@ impl StageExec for Avx512Stage {
                     scratch: Vec::new(),
                     regs: Vec::new(),
                     held: Vec::new(),
-                    outside: Vec::new(),
                     stores: Vec::new(),
                 }) };
         }
