@@ -142,14 +142,17 @@ unsafe impl Sync for Avx512Stage {}
 
 impl Avx512Stage {
     /// The plan of a stage at `shapes` that reads `inputs` and writes
-    /// `outputs` through the row pointer table. Fails if the plan reads a
-    /// value before it holds it.
+    /// `outputs` through the row pointer table. Fails on a processor
+    /// without AVX-512F, or if the plan reads a value before it holds it.
     pub fn new(
         shapes: &Shapes,
         plan: &KernelPlan,
         inputs: &[ValueId],
         outputs: &[ValueId],
     ) -> Result<Avx512Stage, PlanError> {
+        if !supported() {
+            return Err(PlanError("this processor has no AVX-512F".into()));
+        }
         let named: Vec<ValueId> = inputs
             .iter()
             .chain(outputs)
