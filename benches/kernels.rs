@@ -13,7 +13,7 @@ use cellc::kernel::KernelPlan;
 use cellc::schedule::StageKind;
 use cellc_runtime::backend::cpu::avx512::Avx512Stage;
 use cellc_runtime::backend::cpu::avx512_supported;
-use cellc_runtime::backend::cpu::codegen::jit::compile_values;
+use cellc_runtime::backend::cpu::codegen::jit::compile_stage;
 use cellc_runtime::backend::cpu::gemm::{matmul, View};
 use cellc_runtime::backend::cpu::panels::{multiply, PackedB, Rows};
 use cellc_runtime::backend::cpu::stage::{Interpreted, StageExec};
@@ -80,9 +80,9 @@ fn pointwise(c: &mut Criterion) {
                 .find(|s| matches!(s.kind, StageKind::Pointwise { .. }))
                 .expect("a pointwise stage");
             let plan_arc = Arc::new(plan.clone());
-            let jit = compile_values(&graph, plan, &st.values, &st.inputs, &st.outputs).expect("compiles");
-            let interp = Interpreted::new(graph.clone(), plan_arc, &st.values, &st.inputs, &st.outputs);
             let kernel_plan = KernelPlan::new(&graph, plan, st, &[]).expect("a kernel plan");
+            let jit = compile_stage(plan, &kernel_plan, &st.inputs, &st.outputs).expect("compiles");
+            let interp = Interpreted::new(graph.clone(), plan_arc, &st.values, &st.inputs, &st.outputs);
             let mut kinds: Vec<(&str, Box<dyn StageExec>)> =
                 vec![("jit", Box::new(jit)), ("interpreted", Box::new(interp))];
             if avx512_supported() {
@@ -117,16 +117,10 @@ fn unary_kernel(op: &str, n: usize) -> (Box<dyn StageExec>, Option<Box<dyn Stage
     let plan = Shapes::new(&cell, &[("N".to_string(), n)].into(), "t").expect("plan");
     let x = cell.values().find(|&v| matches!(cell.node(v).op, Op::Input(0))).expect("the input x");
     let (inputs, outputs) = ([x], [cell.output]);
-    let jit = compile_values(&cell, &plan, &[cell.output], &inputs, &outputs).expect("compiles");
-    let stage = cellc::schedule::Stage {
-        kind: StageKind::Pointwise { reductions: false },
-        placement: cellc::schedule::Placement::EachStep,
-        values: vec![cell.output],
-        inputs: inputs.to_vec(),
-        outputs: outputs.to_vec(),
-    };
+    let kernel_plan =
+        KernelPlan::of_values(&cell, &plan, &outputs, &inputs, &outputs).expect("a kernel plan");
+    let jit = compile_stage(&plan, &kernel_plan, &inputs, &outputs).expect("compiles");
     let wide = avx512_supported().then(|| {
-        let kernel_plan = KernelPlan::new(&cell, &plan, &stage, &[]).expect("a kernel plan");
         Box::new(Avx512Stage::new(&plan, &kernel_plan, &inputs, &outputs).expect("avx512 stage"))
             as Box<dyn StageExec>
     });

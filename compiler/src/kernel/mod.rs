@@ -134,6 +134,20 @@ impl Item {
             | Item::Concat { value, .. } => Some(*value),
         }
     }
+
+    /// The values an item reads that something before it holds: a loop's
+    /// outside values, another item's operands.
+    pub fn reads(&self) -> &[ValueId] {
+        match self {
+            Item::Fused(l) => &l.outside,
+            Item::Scalar { args, .. } => args,
+            Item::Concat { parts, .. } => parts,
+            Item::Broadcast { src, .. }
+            | Item::Slice { src, .. }
+            | Item::Reduce { src, .. }
+            | Item::Pad { src, .. } => std::slice::from_ref(src),
+        }
+    }
 }
 
 /// One output slot of a kernel.
@@ -208,6 +222,26 @@ impl KernelPlan {
         let mut plan = builder.finish();
         plan.lanes = lanes::decide(graph, shapes, stage, &plan, chains);
         Ok(plan)
+    }
+
+    /// The plan for `values` of `graph` as one pointwise stage reading
+    /// `inputs` and writing `outputs`: a stage outside any program (tests,
+    /// benches).
+    pub fn of_values(
+        graph: &Graph,
+        shapes: &Shapes,
+        values: &[ValueId],
+        inputs: &[ValueId],
+        outputs: &[ValueId],
+    ) -> Result<KernelPlan, KernelError> {
+        let stage = Stage {
+            kind: StageKind::Pointwise { reductions: false },
+            placement: crate::schedule::Placement::EachStep,
+            values: values.to_vec(),
+            inputs: inputs.to_vec(),
+            outputs: outputs.to_vec(),
+        };
+        KernelPlan::new(graph, shapes, &stage, &[])
     }
 
     /// The first output slot (counted from the first output) of `v`, if it is an output.

@@ -231,9 +231,11 @@ fn avx512_stage(
         .map(|s| Arc::new(s) as Arc<dyn StageExec>)
         .map_err(|e| RuntimeError::Internal(e.to_string()));
     #[cfg(not(target_arch = "x86_64"))]
-    Err(RuntimeError::Internal(format!(
-        "AVX-512 kernels on a processor without them ({p:?}, {kernel:?}, {st:?})"
-    )))
+    {
+        // `Cpu::new` refuses Kernels::Avx512 off x86-64: never reached.
+        let _ = (p, kernel, st);
+        Err(RuntimeError::Internal("AVX-512 kernels on a processor without AVX-512".into()))
+    }
 }
 
 /// A stage's kernel plan compiled by the JIT.

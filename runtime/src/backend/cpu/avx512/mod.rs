@@ -185,11 +185,16 @@ impl Avx512Stage {
         let mut steps = Vec::with_capacity(plan.items.len());
         let mut registers = 0;
         for item in &plan.items {
+            // The reader an error names: the item's value, or a loop's first member.
+            let reader = item.value().or_else(|| match item {
+                Item::Fused(l) => l.members.first().map(|m| m.value),
+                _ => None,
+            });
+            for &r in item.reads() {
+                need(&held, reader.unwrap_or(r), r)?;
+            }
             match item {
                 Item::Fused(l) => {
-                    for (&o, m) in l.outside.iter().zip(l.members.iter().cycle()) {
-                        need(&held, m.value, o)?;
-                    }
                     let slot = |a: &Operand| match *a {
                         Operand::Outside(i) => i,
                         Operand::Member(j) => l.outside.len() + j,
@@ -213,18 +218,6 @@ impl Avx512Stage {
                 }
                 single => {
                     let v = single.value().ok_or_else(|| PlanError("a loop is not a single value".into()))?;
-                    let reads: Vec<ValueId> = match single {
-                        Item::Scalar { args, .. } => args.clone(),
-                        Item::Broadcast { src, .. }
-                        | Item::Slice { src, .. }
-                        | Item::Reduce { src, .. }
-                        | Item::Pad { src, .. } => vec![*src],
-                        Item::Concat { parts, .. } => parts.clone(),
-                        Item::Fused(_) => Vec::new(),
-                    };
-                    for r in reads {
-                        need(&held, v, r)?;
-                    }
                     let place = match single {
                         Item::Pad { .. } | Item::Concat { .. } => Some(place(v)?),
                         _ => None,
@@ -434,17 +427,13 @@ impl Avx512Stage {
     }
 }
 
-/// The values an item names (what the plan's value ids reach).
+/// The values an item names: what it reads and what it computes.
 fn item_values(item: &Item) -> Vec<ValueId> {
-    match item {
-        Item::Fused(l) => l.outside.iter().copied().chain(l.members.iter().map(|m| m.value)).collect(),
-        Item::Scalar { value, args, .. } => std::iter::once(*value).chain(args.iter().copied()).collect(),
-        Item::Broadcast { value, src } | Item::Slice { value, src, .. } | Item::Reduce { value, src, .. } => {
-            vec![*value, *src]
-        }
-        Item::Pad { value, src, .. } => vec![*value, *src],
-        Item::Concat { value, parts } => std::iter::once(*value).chain(parts.iter().copied()).collect(),
-    }
+    let computed: Vec<ValueId> = match item {
+        Item::Fused(l) => l.members.iter().map(|m| m.value).collect(),
+        other => other.value().into_iter().collect(),
+    };
+    item.reads().iter().copied().chain(computed).collect()
 }
 
 /// A held value's first element (a scalar's only one).

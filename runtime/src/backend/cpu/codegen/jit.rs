@@ -5,7 +5,6 @@ use crate::backend::cpu::native::{KernelFn, NativeStage};
 use cellc::interp::Shapes;
 use cellc::ir::{Graph, ValueId};
 use cellc::kernel::KernelPlan;
-use cellc::schedule::{Placement, Stage, StageKind};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, Linkage, Module};
 
@@ -63,13 +62,7 @@ pub fn compile_values(
     inputs: &[ValueId],
     outputs: &[ValueId],
 ) -> Result<NativeStage, CodegenError> {
-    let stage = Stage {
-        kind: StageKind::Pointwise { reductions: false },
-        placement: Placement::EachStep,
-        values: values.to_vec(),
-        inputs: inputs.to_vec(),
-        outputs: outputs.to_vec(),
-    };
-    let plan = KernelPlan::new(graph, shapes, &stage, &[]).map_err(|e| CodegenError(e.to_string()))?;
+    let plan = KernelPlan::of_values(graph, shapes, values, inputs, outputs)
+        .map_err(|e| CodegenError(e.to_string()))?;
     compile_stage(shapes, &plan, inputs, outputs)
 }
