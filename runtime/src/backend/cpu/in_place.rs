@@ -38,6 +38,11 @@ pub unsafe fn times_transpose(rows: Rows, w: *const f32, k: usize, cols: Range<u
         // SAFETY: forwarded; the feature is present.
         return unsafe { times_transpose_avx512(rows, w, k, cols) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: forwarded; the features are present.
+        return unsafe { times_transpose_avx2(rows, w, k, cols) };
+    }
     // SAFETY: forwarded.
     unsafe { times_transpose_portable(rows, w, k, cols) }
 }
@@ -52,6 +57,11 @@ pub unsafe fn times(rows: Rows, w: *const f32, k: usize, n: usize, cols: Range<u
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: forwarded; the feature is present.
         return unsafe { times_avx512(rows, w, k, n, cols) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: forwarded; the features are present.
+        return unsafe { times_avx2(rows, w, k, n, cols) };
     }
     // SAFETY: forwarded.
     unsafe { times_portable(rows, w, k, n, cols) }
@@ -90,13 +100,7 @@ unsafe fn times_portable(rows: Rows, w: *const f32, k: usize, n: usize, cols: Ra
 #[target_feature(enable = "avx512f")]
 unsafe fn times_transpose_avx512(rows: Rows, w: *const f32, k: usize, cols: Range<usize>) {
     for i0 in (0..rows.m).step_by(ROWS) {
-        let block = Rows {
-            // SAFETY: row i0 < m of y and a, per the contract.
-            y: unsafe { rows.y.add(i0 * rows.ldy) },
-            a: unsafe { rows.a.add(i0 * rows.lda) },
-            m: ROWS.min(rows.m - i0),
-            ..rows
-        };
+        let block = row_block(rows, i0);
         // SAFETY (block): forwarded, for rows i0..i0+m.
         unsafe {
             match block.m {
@@ -194,6 +198,179 @@ unsafe fn times_avx512(rows: Rows, w: *const f32, k: usize, n: usize, cols: Rang
     }
 }
 
+/// Rows `i0..i0 + ROWS` (or fewer at the end) of `rows`.
+fn row_block(rows: Rows, i0: usize) -> Rows {
+    Rows {
+        y: rows.y.wrapping_add(i0 * rows.ldy),
+        a: rows.a.wrapping_add(i0 * rows.lda),
+        m: ROWS.min(rows.m - i0),
+        ..rows
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn times_transpose_avx2(rows: Rows, w: *const f32, k: usize, cols: Range<usize>) {
+    for i0 in (0..rows.m).step_by(ROWS) {
+        let block = row_block(rows, i0);
+        // SAFETY (block): forwarded, for rows i0..i0+m.
+        unsafe {
+            match block.m {
+                1 => rows_times_transpose_avx2::<1>(block, w, k, cols.clone()),
+                2 => rows_times_transpose_avx2::<2>(block, w, k, cols.clone()),
+                3 => rows_times_transpose_avx2::<3>(block, w, k, cols.clone()),
+                _ => rows_times_transpose_avx2::<ROWS>(block, w, k, cols.clone()),
+            }
+        }
+    }
+}
+
+/// [`times_transpose`] for exactly `R` rows on AVX2: sixteen outputs at a
+/// time, two chains of eight, so that one row's additions are not bound by
+/// the latency of a single chain.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows_times_transpose_avx2<const R: usize>(rows: Rows, w: *const f32, k: usize, cols: Range<usize>) {
+    use std::arch::x86_64::*;
+    let mut j = cols.start;
+    while j < cols.end {
+        let g = 16.min(cols.end - j);
+        // SAFETY (block): per the contract: R rows of a and y, rows j..j+g of w.
+        unsafe {
+            let a: [*const f32; R] = std::array::from_fn(|i| rows.a.add(i * rows.lda));
+            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+            let mut kk = 0;
+            if g == 16 {
+                // Eight rows of W turned into eight columns in registers, twice.
+                while kk + 8 <= k {
+                    let low = super::panels::transposed8(w.add(j * k + kk), k);
+                    let high = super::panels::transposed8(w.add((j + 8) * k + kk), k);
+                    for c in 0..8 {
+                        for i in 0..R {
+                            let x = _mm256_set1_ps(*a[i].add(kk + c));
+                            acc[i][0] = _mm256_fmadd_ps(x, low[c], acc[i][0]);
+                            acc[i][1] = _mm256_fmadd_ps(x, high[c], acc[i][1]);
+                        }
+                    }
+                    kk += 8;
+                }
+            }
+            // The edges, a column of W gathered at a time.
+            while kk < k {
+                let column: [f32; 16] =
+                    std::array::from_fn(|r| if r < g { *w.add((j + r) * k + kk) } else { 0.0 });
+                let halves = [_mm256_loadu_ps(column.as_ptr()), _mm256_loadu_ps(column.as_ptr().add(8))];
+                for i in 0..R {
+                    let x = _mm256_set1_ps(*a[i].add(kk));
+                    acc[i][0] = _mm256_fmadd_ps(x, halves[0], acc[i][0]);
+                    acc[i][1] = _mm256_fmadd_ps(x, halves[1], acc[i][1]);
+                }
+                kk += 1;
+            }
+            for (i, acc) in acc.iter().enumerate() {
+                store_first(rows.y.add(i * rows.ldy + j), acc, g);
+            }
+        }
+        j += g;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn times_avx2(rows: Rows, w: *const f32, k: usize, n: usize, cols: Range<usize>) {
+    for i0 in (0..rows.m).step_by(ROWS) {
+        let block = row_block(rows, i0);
+        // SAFETY (block): forwarded, for rows i0..i0+m. Four vectors of
+        // columns a pass for one or two rows (four chains), two for more
+        // (AVX2's sixteen registers hold eight accumulators and the row of W).
+        unsafe {
+            match block.m {
+                1 => rows_times_avx2::<1, 4>(block, w, k, n, cols.clone()),
+                2 => rows_times_avx2::<2, 4>(block, w, k, n, cols.clone()),
+                3 => rows_times_avx2::<3, 2>(block, w, k, n, cols.clone()),
+                _ => rows_times_avx2::<ROWS, 2>(block, w, k, n, cols.clone()),
+            }
+        }
+    }
+}
+
+/// [`times`] for exactly `R` rows on AVX2, `V` vectors of eight columns a pass over `W`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows_times_avx2<const R: usize, const V: usize>(
+    rows: Rows,
+    w: *const f32,
+    k: usize,
+    n: usize,
+    cols: Range<usize>,
+) {
+    use std::arch::x86_64::*;
+    let mut j = cols.start;
+    while j < cols.end {
+        let width = (V * 8).min(cols.end - j);
+        // SAFETY (block): per the contract: R rows of a and y, columns j..j+width of w's k rows.
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); V]; R];
+            for r in 0..k {
+                let wrow = w.add(r * n + j);
+                let wv: [__m256; V] =
+                    std::array::from_fn(|v| load_first(wrow.add(v * 8), width.saturating_sub(v * 8)));
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let d = _mm256_set1_ps(*rows.a.add(i * rows.lda + r));
+                    for v in 0..V {
+                        acc[v] = _mm256_fmadd_ps(d, wv[v], acc[v]);
+                    }
+                }
+            }
+            for (i, acc) in acc.iter().enumerate() {
+                store_first(rows.y.add(i * rows.ldy + j), acc, width);
+            }
+        }
+        j += width;
+    }
+}
+
+/// The first `count` floats at `src` (up to eight), zeros after them.
+///
+/// # Safety
+/// `src` readable at `count.min(8)` floats; AVX2 available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn load_first(src: *const f32, count: usize) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // SAFETY: per the contract.
+    unsafe {
+        if count >= 8 {
+            return _mm256_loadu_ps(src);
+        }
+        let lanes: [f32; 8] = std::array::from_fn(|c| if c < count { *src.add(c) } else { 0.0 });
+        _mm256_loadu_ps(lanes.as_ptr())
+    }
+}
+
+/// Writes the first `count` floats of the vectors `v` (eight each) to `dst`.
+///
+/// # Safety
+/// `dst` writable at `count` floats, `count <= 8 * v.len()`; AVX2 available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn store_first(dst: *mut f32, v: &[std::arch::x86_64::__m256], count: usize) {
+    use std::arch::x86_64::*;
+    for (h, &x) in v.iter().enumerate() {
+        let left = count.saturating_sub(h * 8);
+        // SAFETY: per the contract: floats h*8 .. h*8 + left.min(8) of dst.
+        unsafe {
+            if left >= 8 {
+                _mm256_storeu_ps(dst.add(h * 8), x);
+            } else if left > 0 {
+                let mut lanes = [0.0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), x);
+                std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst.add(h * 8), left);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,6 +457,36 @@ mod tests {
                 times(rows(&mut here, &a, m, k, n), w.as_ptr(), k, n, 0..n);
             }
             assert_eq!(packed, here, "D · W {m}x{k}x{n}");
+        }
+    }
+
+    /// The AVX2 path, run wherever the host has it (on an AVX-512 host the
+    /// dispatch never takes it): the bits of the portable path, one fused
+    /// multiply-add at a time in order of `k`.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_avx2_path_gives_the_portable_bits() {
+        if !(std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")) {
+            return;
+        }
+        for &(m, k, n) in &[(1, 256, 1024), (3, 40, 37), (4, 16, 16), (2, 7, 5), (7, 33, 70), (1, 9, 17)] {
+            let a = data(m * k, 7.0);
+            let w = data(n * k, 8.0);
+            let (mut fast, mut slow) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+            for (from, to) in [(0, n), (n / 3, n)] {
+                // SAFETY: y is [m, n], a is [m, k], w has n * k floats.
+                unsafe {
+                    times_transpose_avx2(rows(&mut fast, &a, m, k, n), w.as_ptr(), k, from..to);
+                    times_transpose_portable(rows(&mut slow, &a, m, k, n), w.as_ptr(), k, from..to);
+                }
+                assert_eq!(fast, slow, "X · Wᵀ {m}x{k}x{n}, columns {from}..{to}");
+                // SAFETY: as above, w read as [k, n].
+                unsafe {
+                    times_avx2(rows(&mut fast, &a, m, k, n), w.as_ptr(), k, n, from..to);
+                    times_portable(rows(&mut slow, &a, m, k, n), w.as_ptr(), k, n, from..to);
+                }
+                assert_eq!(fast, slow, "D · W {m}x{k}x{n}, columns {from}..{to}");
+            }
         }
     }
 }

@@ -53,7 +53,84 @@ fn transpose_blocks(src: &[f32], cols: usize, width: usize, panel: &mut [f32]) -
             return (rows16, cols16);
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        let (rows8, cols8) = (width / 8 * 8, cols / 8 * 8);
+        if rows8 > 0 && cols8 > 0 {
+            assert!(src.len() >= (rows8 - 1) * cols + cols8 && panel.len() >= cols8 * PANEL);
+            for h in (0..rows8).step_by(8) {
+                for kb in (0..cols8).step_by(8) {
+                    // SAFETY: rows h..h+8 of src have columns kb..kb+8 (asserted above),
+                    // and panel rows kb..kb+8 have columns h..h+8 (h + 8 <= PANEL).
+                    unsafe {
+                        transpose8(
+                            src.as_ptr().add(h * cols + kb),
+                            cols,
+                            panel.as_mut_ptr().add(kb * PANEL + h),
+                        )
+                    };
+                }
+            }
+            return (rows8, cols8);
+        }
+    }
     (0, 0)
+}
+
+/// `dst[j * PANEL + i] = src[i * ld + j]` for `i, j < 8`.
+///
+/// # Safety
+/// `src` readable at 8 rows of 8 floats `ld` apart, `dst` writable at 8
+/// rows of 8 floats `PANEL` apart; AVX2 available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn transpose8(src: *const f32, ld: usize, dst: *mut f32) {
+    // SAFETY (block): per the contract.
+    unsafe {
+        for (j, column) in transposed8(src, ld).into_iter().enumerate() {
+            std::arch::x86_64::_mm256_storeu_ps(dst.add(j * PANEL), column);
+        }
+    }
+}
+
+/// The 8 columns of the 8x8 block at `src` (rows `ld` floats apart):
+/// element `i` of vector `j` is `src[i * ld + j]`.
+///
+/// # Safety
+/// `src` readable at 8 rows of 8 floats `ld` apart; AVX2 available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn transposed8(src: *const f32, ld: usize) -> [std::arch::x86_64::__m256; 8] {
+    use std::arch::x86_64::*;
+    // SAFETY: per the contract.
+    let r: [__m256; 8] = std::array::from_fn(|i| unsafe { _mm256_loadu_ps(src.add(i * ld)) });
+    // Pairs of rows interleaved, then pairs of pairs, then the 128-bit halves.
+    let t: [__m256; 8] = std::array::from_fn(|i| {
+        let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
+        if i % 2 == 0 {
+            _mm256_unpacklo_ps(a, b)
+        } else {
+            _mm256_unpackhi_ps(a, b)
+        }
+    });
+    // u[4q + c] holds column c (low half) and c + 4 (high half) of rows 4q..4q+4.
+    let u: [__m256; 8] = std::array::from_fn(|i| {
+        let base = i / 4 * 4;
+        let (a, b) = (t[base + i % 4 / 2], t[base + i % 4 / 2 + 2]);
+        if i % 2 == 0 {
+            _mm256_shuffle_ps::<0x44>(a, b)
+        } else {
+            _mm256_shuffle_ps::<0xee>(a, b)
+        }
+    });
+    std::array::from_fn(|j| {
+        let (a, b) = (u[j % 4], u[j % 4 + 4]);
+        if j < 4 {
+            _mm256_permute2f128_ps::<0x20>(a, b)
+        } else {
+            _mm256_permute2f128_ps::<0x31>(a, b)
+        }
+    })
 }
 
 /// `dst[j * PANEL + i] = src[i * ld + j]` for `i, j < 16`.
@@ -554,6 +631,28 @@ mod tests {
             let a = PackedB::of_transpose(&w, n, k);
             let b = PackedB::of(&transpose(&w, n, k), k, n);
             assert_eq!(a.data.as_slice(), b.data.as_slice(), "{n}x{k}");
+        }
+    }
+
+    /// The AVX2 block transpose (packing's path without AVX-512, and the
+    /// in-place product's), run wherever the host has AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn an_avx2_block_transpose_moves_every_float() {
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            return;
+        }
+        let ld = 11;
+        let src = data(8 * ld, 5.0);
+        // SAFETY: src holds 8 rows of ld >= 8 floats.
+        let columns = unsafe { transposed8(src.as_ptr(), ld) };
+        for (j, column) in columns.iter().enumerate() {
+            let mut lanes = [0.0f32; 8];
+            // SAFETY: a local array of 8 floats.
+            unsafe { std::arch::x86_64::_mm256_storeu_ps(lanes.as_mut_ptr(), *column) };
+            for (i, &x) in lanes.iter().enumerate() {
+                assert_eq!(x, src[i * ld + j], "row {i}, column {j}");
+            }
         }
     }
 
