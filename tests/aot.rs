@@ -26,7 +26,10 @@ fn linked_kernels_equal_the_jit_bit_for_bit_on_every_cell() {
     for c in &cells {
         let kernels = linked::kernels(&c.forward.name).expect("built by build.rs");
         let cpu = |k: Kernels| {
-            move || Box::new(Cpu::new(2, k).expect("cpu")) as Box<dyn cellc_runtime::backend::Backend>
+            move || {
+                Box::new(Cpu::new(2, k).expect("cpu").split_every_step())
+                    as Box<dyn cellc_runtime::backend::Backend>
+            }
         };
         let jit = support::two_layer_model(c, (7, 3, 5), 9, &cpu(Kernels::Jit));
         let aot = support::two_layer_model(c, (7, 3, 5), 9, &cpu(Kernels::Linked(kernels)));

@@ -101,7 +101,7 @@ proptest! {
         let cells = cells();
         let (_, c) = &cells[cell % cells.len()];
         let config = ModelConfig { layers, bidirectional };
-        let Some(cpu) = build(c, h, 4, &config, Box::new(Cpu::new(2, Kernels::default()).expect("cpu"))) else {
+        let Some(cpu) = build(c, h, 4, &config, Box::new(Cpu::new(2, Kernels::default()).expect("cpu").split_every_step())) else {
             return Ok(());
         };
         let mut rng = support::Rng::new(seed);
@@ -128,8 +128,14 @@ fn large_batches_split_across_threads_identically() {
     let config = ModelConfig { layers: 1, bidirectional: false };
     let one =
         build(&c, 96, 32, &config, Box::new(Cpu::new(1, Kernels::default()).expect("cpu"))).expect("model");
-    let two =
-        build(&c, 96, 32, &config, Box::new(Cpu::new(2, Kernels::default()).expect("cpu"))).expect("model");
+    let two = build(
+        &c,
+        96,
+        32,
+        &config,
+        Box::new(Cpu::new(2, Kernels::default()).expect("cpu").split_every_step()),
+    )
+    .expect("model");
     let reference = build(&c, 96, 32, &config, Box::new(Reference)).expect("model");
     let lengths: Vec<usize> = (0..24).map(|k| 3 + k % 5).collect();
     let mut rng = support::Rng::new(9);
@@ -158,7 +164,7 @@ fn calls_from_inside_the_pool_take_turns() {
     // the first waits on, which must neither deadlock nor change a bit.
     let c = lstm();
     let config = ModelConfig { layers: 1, bidirectional: false };
-    let cpu = Arc::new(Cpu::new(2, Kernels::default()).expect("cpu"));
+    let cpu = Arc::new(Cpu::new(2, Kernels::default()).expect("cpu").split_every_step());
     let model = Arc::new(build(&c, 40, 8, &config, Box::new(cpu.clone())).expect("model"));
     let lengths: Vec<usize> = (0..12).map(|k| 20 + k % 7).collect();
     let mut rng = support::Rng::new(5);
@@ -214,8 +220,14 @@ fn states_that_swap_read_the_previous_step() {
     for name in ["swap", "swap_plain"] {
         let c = Arc::new(CompiledCell::from_source("swap.cell", src, Some(name)).expect("compiles"));
         let config = ModelConfig { layers: 1, bidirectional: false };
-        let cpu =
-            build(&c, 5, 5, &config, Box::new(Cpu::new(2, Kernels::default()).expect("cpu"))).expect("model");
+        let cpu = build(
+            &c,
+            5,
+            5,
+            &config,
+            Box::new(Cpu::new(2, Kernels::default()).expect("cpu").split_every_step()),
+        )
+        .expect("model");
         let reference = build(&c, 5, 5, &config, Box::new(Reference)).expect("model");
         let lengths = [4usize, 2, 3];
         let mut rng = support::Rng::new(4);

@@ -21,7 +21,7 @@ const LENGTHS: [usize; 4] = [3, 5, 1, 5];
 const STEPS: usize = 6;
 
 fn cpu() -> Box<dyn Backend> {
-    Box::new(Cpu::new(2, Kernels::default()).expect("cpu"))
+    Box::new(Cpu::new(2, Kernels::default()).expect("cpu").split_every_step())
 }
 
 fn reference() -> Box<dyn Backend> {

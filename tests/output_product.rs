@@ -29,8 +29,8 @@ cell projected {
 type MakeBackend = fn() -> Box<dyn Backend>;
 
 const BACKENDS: [(&str, MakeBackend); 3] = [
-    ("cpu", || Box::new(Cpu::new(2, Kernels::Jit).expect("cpu"))),
-    ("cpu interpreted", || Box::new(Cpu::new(2, Kernels::Interpreted).expect("cpu"))),
+    ("cpu", || Box::new(Cpu::new(2, Kernels::Jit).expect("cpu").split_every_step())),
+    ("cpu interpreted", || Box::new(Cpu::new(2, Kernels::Interpreted).expect("cpu").split_every_step())),
     ("cuda emulated", || Box::new(Cuda::emulated().expect("emulated device"))),
 ];
 

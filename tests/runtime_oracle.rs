@@ -55,12 +55,12 @@ fn reference_backend_matches_per_sequence_interpreter_on_every_cell() {
 
 #[test]
 fn cpu_backend_with_interpreted_kernels_matches_per_sequence_interpreter() {
-    conformance(&|| Box::new(Cpu::new(2, Kernels::Interpreted).expect("cpu backend")));
+    conformance(&|| Box::new(Cpu::new(2, Kernels::Interpreted).expect("cpu backend").split_every_step()));
 }
 
 #[test]
 fn cpu_backend_with_jit_kernels_matches_per_sequence_interpreter() {
-    conformance(&|| Box::new(Cpu::new(2, Kernels::Jit).expect("cpu backend")));
+    conformance(&|| Box::new(Cpu::new(2, Kernels::Jit).expect("cpu backend").split_every_step()));
 }
 
 #[test]
@@ -69,7 +69,7 @@ fn cpu_backend_with_avx512_kernels_matches_per_sequence_interpreter() {
         eprintln!("skipped: this processor has no AVX-512F");
         return;
     }
-    conformance(&|| Box::new(Cpu::new(2, Kernels::Avx512).expect("cpu backend")));
+    conformance(&|| Box::new(Cpu::new(2, Kernels::Avx512).expect("cpu backend").split_every_step()));
 }
 
 /// The whole suite, for one backend.

@@ -160,7 +160,7 @@ fn reference_backend_matches_pytorch() {
 
 #[test]
 fn cpu_backend_matches_pytorch() {
-    all(&|| Box::new(Cpu::new(2, Kernels::default()).expect("cpu")));
+    all(&|| Box::new(Cpu::new(2, Kernels::default()).expect("cpu").split_every_step()));
 }
 
 #[test]

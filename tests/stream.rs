@@ -13,7 +13,7 @@ use cellc_runtime::{Align, Input, Major, Model, ModelConfig, RuntimeError, Strea
 use std::sync::Arc;
 
 fn cpu() -> Box<dyn Backend> {
-    Box::new(Cpu::new(2, Kernels::default()).expect("cpu"))
+    Box::new(Cpu::new(2, Kernels::default()).expect("cpu").split_every_step())
 }
 
 fn data(n: usize, seed: u64) -> Vec<f32> {

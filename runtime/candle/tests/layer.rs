@@ -72,7 +72,12 @@ fn flat(t: &Tensor) -> Vec<f32> {
 fn agrees_with_reference(name: &str, layers: usize, bidirectional: bool, padding: Padding) {
     let compiled = cell(name);
     let oracle = model(compiled.clone(), layers, bidirectional, Box::new(Reference));
-    let cpu = model(compiled, layers, bidirectional, Box::new(Cpu::new(2, Kernels::Jit).expect("cpu")));
+    let cpu = model(
+        compiled,
+        layers,
+        bidirectional,
+        Box::new(Cpu::new(2, Kernels::Jit).expect("cpu").split_every_step()),
+    );
     let varmap = VarMap::new();
     let rnn = Rnn::new(cpu, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu)).expect("layer");
     // A fresh VarMap starts from the model's own (seeded) weights.

@@ -74,8 +74,11 @@ pub fn cuda_emulation_available() -> bool {
 
 /// Makes back end `kind` for a model of `cell` whose layers are `layers`.
 pub fn make(kind: BackendKind, cell: &CompiledCell, layers: &[Layer]) -> Result<Box<dyn Backend>, String> {
-    let cpu =
-        |kernels| Cpu::new(2, kernels).map(|c| Box::new(c) as Box<dyn Backend>).map_err(|e| e.to_string());
+    let cpu = |kernels| {
+        Cpu::new(2, kernels)
+            .map(|c| Box::new(c.split_every_step()) as Box<dyn Backend>)
+            .map_err(|e| e.to_string())
+    };
     match kind {
         BackendKind::Reference => Ok(Box::new(Reference)),
         BackendKind::CpuJit => cpu(Kernels::Jit),
