@@ -28,53 +28,47 @@ pub const MR: usize = 8;
 /// Rows per block whose `A` rows stay in L2 while every panel passes over them.
 const ROW_BLOCK: usize = 192;
 
-/// Writes `panel[kk * PANEL + c] = src[c * cols + kk]` for whole 16x16
-/// blocks (`c < done.0`, `kk < done.1`), on AVX-512; returns `done`
-/// (`(0, 0)` without AVX-512), the rest being the caller's.
+/// Writes `panel[kk * PANEL + c] = src[c * cols + kk]` for whole blocks
+/// transposed in registers (16x16 on AVX-512, 8x8 on AVX2), `c < done.0`,
+/// `kk < done.1`; returns `done` (`(0, 0)` without either), the rest being
+/// the caller's.
 fn transpose_blocks(src: &[f32], cols: usize, width: usize, panel: &mut [f32]) -> (usize, usize) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        let (rows16, cols16) = (width / 16 * 16, cols / 16 * 16);
-        if rows16 > 0 && cols16 > 0 {
-            assert!(src.len() >= (rows16 - 1) * cols + cols16 && panel.len() >= cols16 * PANEL);
-            for h in (0..rows16).step_by(16) {
-                for kb in (0..cols16).step_by(16) {
-                    // SAFETY: rows h..h+16 of src have columns kb..kb+16 (asserted above),
-                    // and panel rows kb..kb+16 have columns h..h+16 (h + 16 <= PANEL).
-                    unsafe {
-                        transpose16(
-                            src.as_ptr().add(h * cols + kb),
-                            cols,
-                            panel.as_mut_ptr().add(kb * PANEL + h),
-                        )
-                    };
-                }
-            }
-            return (rows16, cols16);
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return by_blocks(src, cols, width, panel, 16, transpose16);
         }
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        let (rows8, cols8) = (width / 8 * 8, cols / 8 * 8);
-        if rows8 > 0 && cols8 > 0 {
-            assert!(src.len() >= (rows8 - 1) * cols + cols8 && panel.len() >= cols8 * PANEL);
-            for h in (0..rows8).step_by(8) {
-                for kb in (0..cols8).step_by(8) {
-                    // SAFETY: rows h..h+8 of src have columns kb..kb+8 (asserted above),
-                    // and panel rows kb..kb+8 have columns h..h+8 (h + 8 <= PANEL).
-                    unsafe {
-                        transpose8(
-                            src.as_ptr().add(h * cols + kb),
-                            cols,
-                            panel.as_mut_ptr().add(kb * PANEL + h),
-                        )
-                    };
-                }
-            }
-            return (rows8, cols8);
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return by_blocks(src, cols, width, panel, 8, transpose8);
         }
     }
     (0, 0)
+}
+
+/// [`transpose_blocks`] with `block` (`n`x`n`, whose processor features
+/// the caller checked).
+#[cfg(target_arch = "x86_64")]
+fn by_blocks(
+    src: &[f32],
+    cols: usize,
+    width: usize,
+    panel: &mut [f32],
+    n: usize,
+    block: unsafe fn(*const f32, usize, *mut f32),
+) -> (usize, usize) {
+    let (rows_n, cols_n) = (width / n * n, cols / n * n);
+    if rows_n == 0 || cols_n == 0 {
+        return (0, 0);
+    }
+    assert!(src.len() >= (rows_n - 1) * cols + cols_n && panel.len() >= cols_n * PANEL && n <= PANEL);
+    for h in (0..rows_n).step_by(n) {
+        for kb in (0..cols_n).step_by(n) {
+            // SAFETY: rows h..h+n of src have columns kb..kb+n (asserted above), and
+            // panel rows kb..kb+n have columns h..h+n (h + n <= width <= PANEL).
+            unsafe { block(src.as_ptr().add(h * cols + kb), cols, panel.as_mut_ptr().add(kb * PANEL + h)) };
+        }
+    }
+    (rows_n, cols_n)
 }
 
 /// `dst[j * PANEL + i] = src[i * ld + j]` for `i, j < 8`.
