@@ -107,6 +107,10 @@ struct LayerCode {
     bwd_plan: Arc<Shapes>,
     forward: Vec<ReadyStage>,
     backward: Vec<ReadyStage>,
+    /// Multiply-adds of a step's products per row, forward and backward
+    /// ([`step_fmas_per_row`]).
+    fwd_step_fmas: usize,
+    bwd_step_fmas: usize,
 }
 
 impl Cpu {
@@ -150,15 +154,21 @@ impl Cpu {
     }
 
     /// Runs one pass's `op(threads)` on the process's team ([`threads::run_call`]),
-    /// on as many threads as its steps' work is worth ([`step_threads`]).
+    /// on as many threads as its steps' work is worth: one per
+    /// `step_fmas_per_thread` multiply-adds of a step (`step_fmas_per_row` at
+    /// each of `batch` rows), at most [`Cpu::threads`], or all of them when
+    /// every step is split.
     fn alone<R: Send>(
         &self,
-        stages: &[ReadyStage],
-        plan: &Shapes,
+        step_fmas_per_row: usize,
         batch: usize,
         op: impl FnOnce(usize) -> Result<R> + Send,
     ) -> Result<R> {
-        threads::run_call(step_threads(self.threads, self.step_fmas_per_thread, stages, plan, batch), op)
+        let threads = match self.step_fmas_per_thread {
+            0 => self.threads,
+            per_thread => (step_fmas_per_row * batch / per_thread).clamp(1, self.threads.max(1)),
+        };
+        threads::run_call(threads, op)
     }
 
     /// Runs `op` on cellc's own pool's threads. A program whose other work
@@ -218,7 +228,18 @@ impl Cpu {
             &layer.schedule.backward,
             &mut make(aot::Side::Backward, &bwd_graph, &bwd_plan),
         )?;
-        let code = Arc::new(LayerCode { fwd_graph, fwd_plan, bwd_graph, bwd_plan, forward, backward });
+        let fwd_step_fmas = step_fmas_per_row(&forward, &fwd_plan);
+        let bwd_step_fmas = step_fmas_per_row(&backward, &bwd_plan);
+        let code = Arc::new(LayerCode {
+            fwd_graph,
+            fwd_plan,
+            bwd_graph,
+            bwd_plan,
+            forward,
+            backward,
+            fwd_step_fmas,
+            bwd_step_fmas,
+        });
         cache.insert(key.clone(), Arc::downgrade(&code));
         held.insert(key, code.clone());
         Ok(code)
@@ -465,7 +486,7 @@ impl Backend for Cpu {
     fn forward(&self, job: &ForwardJob, output: &mut RowsMut) -> Result<ForwardResult> {
         let code = self.code(job.cell, job.layer)?;
         let keep = if job.training { KeepTape::Pooled } else { KeepTape::No };
-        self.alone(&code.forward, &code.fwd_plan, job.order.batch(), |threads| {
+        self.alone(code.fwd_step_fmas, job.order.batch(), |threads| {
             forward(threads, &code, job, output, keep)
         })
     }
@@ -482,7 +503,7 @@ impl Backend for Cpu {
     ) -> Result<Vec<Vec<f32>>> {
         let code = self.code(job.cell, job.layer)?;
         let job = ForwardJob { training: true, ..*job };
-        let r = self.alone(&code.forward, &code.fwd_plan, job.order.batch(), |threads| {
+        let r = self.alone(code.fwd_step_fmas, job.order.batch(), |threads| {
             forward(threads, &code, &job, output, KeepTape::Caller(tape))
         })?;
         Ok(r.final_states)
@@ -499,7 +520,7 @@ impl Backend for Cpu {
         // SAFETY: the backward only reads its tape, which borrows `tape` for this call.
         let tape =
             unsafe { CpuTape::in_caller(&code, job.layer, rows, tape.as_ptr() as *mut f32, tape.len())? };
-        self.alone(&code.backward, &code.bwd_plan, job.order.batch(), |threads| {
+        self.alone(code.bwd_step_fmas, job.order.batch(), |threads| {
             backward(threads, &code, job, &tape, d_input)
         })
     }
@@ -514,14 +535,14 @@ impl Backend for Cpu {
             .downcast_ref::<CpuTape>()
             .ok_or_else(|| RuntimeError::Internal("a cpu backward needs a cpu forward's tape".into()))?;
         let code = self.code(job.cell, job.layer)?;
-        self.alone(&code.backward, &code.bwd_plan, job.order.batch(), |threads| {
+        self.alone(code.bwd_step_fmas, job.order.batch(), |threads| {
             backward(threads, &code, job, tape, d_input)
         })
     }
 }
 
 /// Multiply-adds of a step's products that each thread should get before a
-/// step is split between threads. Split by units, the threads meet at a
+/// step is split between threads ([`Cpu::alone`]). Split by units, the threads meet at a
 /// barrier after each stage, and handing a call to the team wakes them: a
 /// step smaller than this runs faster on one thread. Measured (`cellc
 /// bench`, LSTM, T=100, AMD EPYC Zen 3, 2 cores): B=1 H=64 (16k a step) 3.7
@@ -529,21 +550,10 @@ impl Backend for Cpu {
 /// H=64 (65k) 11.1 and 6.6.
 const STEP_FMAS_PER_THREAD: usize = 24_000;
 
-/// The threads a pass over `batch` sequences runs on, at most `threads`:
-/// one per `per_thread` multiply-adds of a step's products (those of every
-/// stage that runs each step, at every row of the batch), or all of them
-/// when `per_thread` is 0.
-fn step_threads(
-    threads: usize,
-    per_thread: usize,
-    stages: &[ReadyStage],
-    plan: &Shapes,
-    batch: usize,
-) -> usize {
-    if per_thread == 0 {
-        return threads.max(1);
-    }
-    let per_row: usize = stages
+/// Multiply-adds of one row's step: the products of every stage that runs
+/// each step.
+fn step_fmas_per_row(stages: &[ReadyStage], plan: &Shapes) -> usize {
+    stages
         .iter()
         .filter(|st| st.placement() == Placement::EachStep)
         .flat_map(|st| match st {
@@ -554,8 +564,7 @@ fn step_threads(
             Op::MatVec | Op::MatVecT => plan.elements(m),
             _ => plan.elements(m) * plan.elements(v),
         })
-        .sum();
-    (per_row * batch / per_thread).clamp(1, threads.max(1))
+        .sum()
 }
 
 /// Where a forward keeps what its backward reads.

@@ -445,12 +445,22 @@ impl Tile {
             }
         }
         for (i, row) in acc.iter().enumerate() {
-            for (c, &x) in row.iter().enumerate().take(self.width) {
-                // SAFETY: row i, column c < width of this tile's output.
-                unsafe {
-                    let out = self.y.add(i * self.ldy + c);
-                    *out = if self.accumulate { *out + x } else { x };
-                }
+            // SAFETY: the tile's row i, columns 0..width.
+            unsafe { self.write(i, 0, &row[..self.width]) };
+        }
+    }
+
+    /// Writes (or adds, when accumulating) `values` to row `i` of the
+    /// tile's output from column `from` on.
+    ///
+    /// # Safety
+    /// Row `i` and columns `from..from + values.len()` are the tile's.
+    unsafe fn write(&self, i: usize, from: usize, values: &[f32]) {
+        for (c, &x) in values.iter().enumerate() {
+            // SAFETY: per the contract.
+            unsafe {
+                let out = self.y.add(i * self.ldy + from + c);
+                *out = if self.accumulate { *out + x } else { x };
             }
         }
     }
@@ -526,13 +536,8 @@ impl Tile {
                     _mm256_storeu_ps(lanes.as_mut_ptr(), acc[0]);
                     _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[1]);
                 }
-                for (c, &x) in lanes.iter().enumerate().take(cols) {
-                    // SAFETY: row i, column half*16 + c < width.
-                    unsafe {
-                        let out = self.y.add(i * self.ldy + half * 16 + c);
-                        *out = if self.accumulate { *out + x } else { x };
-                    }
-                }
+                // SAFETY: row i, columns half*16 .. half*16 + cols <= width.
+                unsafe { self.write(i, half * 16, &lanes[..cols]) };
             }
         }
     }
@@ -570,13 +575,8 @@ impl Tile {
                     _mm256_storeu_ps(lanes.as_mut_ptr().add(v * 8), x);
                 }
             }
-            for (c, &x) in lanes.iter().enumerate().take(self.width) {
-                // SAFETY: row i, column c < width of this tile's output.
-                unsafe {
-                    let out = self.y.add(i * self.ldy + c);
-                    *out = if self.accumulate { *out + x } else { x };
-                }
-            }
+            // SAFETY: the tile's row i, columns 0..width.
+            unsafe { self.write(i, 0, &lanes[..self.width]) };
         }
     }
 }
