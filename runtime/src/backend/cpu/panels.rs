@@ -10,9 +10,9 @@
 //! zero-padded: a step streams each panel front to back, and a thread
 //! that always takes the same panels keeps them in its own L2.
 //!
-//! The microkernel holds a tile of up to [`MR`] rows × one panel in
-//! registers: AVX-512 (two `zmm` per row) when the processor has it,
-//! AVX2 + FMA (half a panel at a time), or portable Rust. Every path adds
+//! The microkernel holds a tile of a few rows × one panel in
+//! registers: eight rows on AVX-512 (two `zmm` per row) when the processor has it,
+//! six on AVX2 + FMA (half a panel at a time), or portable Rust. Every path adds
 //! the `k` products of an output in the same order, whatever the rows, the
 //! panels or the thread count, so results are bitwise reproducible.
 
@@ -22,8 +22,8 @@ use std::ops::Range;
 /// Columns per panel: two AVX-512 registers.
 pub const PANEL: usize = 32;
 
-/// Rows per register tile.
-pub const MR: usize = 8;
+/// Rows per register tile, at most.
+const MR: usize = 8;
 
 /// Rows per block whose `A` rows stay in L2 while every panel passes over them.
 const ROW_BLOCK: usize = 192;
@@ -287,6 +287,16 @@ pub enum Isa {
 }
 
 impl Isa {
+    /// Rows per register tile: eight on AVX-512 (two of its 32 registers a
+    /// row); six on AVX2, half a panel at a time (twelve of its sixteen
+    /// registers as accumulators: 1.07-1.25x four rows at B >= 8 on a Zen 3).
+    fn tile_rows(self) -> usize {
+        match self {
+            Isa::Avx2 => 6,
+            Isa::Avx512 | Isa::Portable => MR,
+        }
+    }
+
     /// The widest this processor supports.
     pub fn detect() -> Isa {
         static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
@@ -335,12 +345,13 @@ pub unsafe fn multiply(rows: Rows, b: &PackedB, panels: Range<usize>, accumulate
 pub unsafe fn multiply_with(isa: Isa, rows: Rows, b: &PackedB, panels: Range<usize>, accumulate: bool) {
     let Rows { y, ldy, a, lda, m } = rows;
     let k = b.k;
+    let tile_rows = isa.tile_rows();
     for r0 in (0..m).step_by(ROW_BLOCK) {
         let rows = (m - r0).min(ROW_BLOCK);
         for p in panels.clone() {
             let (panel, width) = (b.panel(p), b.width(p));
-            for i0 in (r0..r0 + rows).step_by(MR) {
-                let mr = (r0 + rows - i0).min(MR);
+            for i0 in (r0..r0 + rows).step_by(tile_rows) {
+                let mr = (r0 + rows - i0).min(tile_rows);
                 // SAFETY: rows i0..i0 + mr exist in a and y; panel p exists;
                 // columns p*PANEL..+width are in y's rows (the caller's contract).
                 unsafe {
@@ -398,36 +409,22 @@ impl Tile {
                 Isa::Avx512 => rows!(avx512),
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx2 => {
-                    // Four rows at a time, half a panel each pass, keep AVX2's sixteen
-                    // registers enough; one or two rows take the whole panel in one pass
-                    // (eight chains of additions instead of two or four: B=1, H=256,
-                    // 21 -> 28 GFLOP/s on a Zen 3).
-                    let (lo, hi) = (self.split(0), self.split(4));
+                    // Half a panel at a time for three to six rows (twelve accumulators of
+                    // AVX2's sixteen registers at six); one or two rows take the whole panel
+                    // in one pass (eight chains of additions instead of two or four: B=1,
+                    // H=256, 21 -> 28 GFLOP/s on a Zen 3).
                     match mr {
-                        1 => lo.avx2_panel::<1>(),
-                        2 => lo.avx2_panel::<2>(),
-                        3 => lo.avx2::<3>(),
-                        4 => lo.avx2::<4>(),
-                        _ => {
-                            lo.avx2::<4>();
-                            match mr - 4 {
-                                1 => hi.avx2_panel::<1>(),
-                                2 => hi.avx2_panel::<2>(),
-                                3 => hi.avx2::<3>(),
-                                _ => hi.avx2::<4>(),
-                            }
-                        }
+                        1 => self.avx2_panel::<1>(),
+                        2 => self.avx2_panel::<2>(),
+                        3 => self.avx2::<3>(),
+                        4 => self.avx2::<4>(),
+                        5 => self.avx2::<5>(),
+                        _ => self.avx2::<6>(),
                     }
                 }
                 _ => rows!(portable),
             }
         }
-    }
-
-    /// The same tile from row `from` on.
-    #[cfg(target_arch = "x86_64")]
-    fn split(&self, from: usize) -> Tile {
-        Tile { y: self.y.wrapping_add(from * self.ldy), a: self.a.wrapping_add(from * self.lda), ..*self }
     }
 
     /// # Safety
