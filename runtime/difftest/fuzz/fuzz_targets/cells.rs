@@ -7,7 +7,7 @@
 //! emulated CUDA device where g++ is installed, against the interpreter);
 //! a failed check is a crash, reported with the cell and its case.
 //!
-//! Run: `cd compiler && RUSTC_BOOTSTRAP=1 cargo fuzz run cells -- -max_total_time=3600`.
+//! Run: `cd runtime/difftest && RUSTC_BOOTSTRAP=1 cargo fuzz run cells -- -max_total_time=3600`.
 //! `cellc fuzz --time 3600` does the same over seeds, and shrinks what it finds.
 
 #![no_main]
