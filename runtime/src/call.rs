@@ -50,7 +50,7 @@ impl Model {
         self.check_states(out.final_states.len(), |i| out.final_states[i].len(), batch, "final_states")?;
         let keep = match reserve {
             None => Keep::Nothing,
-            Some(r) if r.is_empty() && self.reserve_floats_per_row()?.is_none() => Keep::Nothing,
+            Some(r) if r.is_empty() && self.reserve_floats_per_row().is_none() => Keep::Nothing,
             Some(r) => Keep::Reserve(r),
         };
         self.run_forward(&call.input, &p, &params, &h0, out, keep)?;
@@ -74,7 +74,7 @@ impl Model {
         if !out.d_h0.is_empty() {
             self.check_states(out.d_h0.len(), |i| out.d_h0[i].len(), batch, "grad_h0")?;
         }
-        if self.reserve_floats_per_row()?.is_some() {
+        if self.reserve_floats_per_row().is_some() {
             let kept = Kept::Reserve(reserve);
             return self.run_backward(&call.input, &p, &params, &kept, d_output, &d_final, out);
         }

@@ -348,22 +348,22 @@ impl Model {
 
     /// Where each layer's tapes and output lie in a reserve of `rows`
     /// layout rows, or `None` where the back end keeps its tapes itself.
-    fn reserve_layout(&self, rows: usize) -> Result<Option<Vec<ReserveLayer>>> {
+    fn reserve_layout(&self, rows: usize) -> Option<Vec<ReserveLayer>> {
+        if !self.backend.keeps_tape_in_caller_memory() {
+            return None;
+        }
         let dirs = self.directions();
         let mut at = 0;
         let mut out = Vec::with_capacity(self.layers.len());
         for (k, layer) in self.layers.iter().enumerate() {
-            let Some(per_row) = self.backend.tape_floats_per_row(&self.compiled, layer)? else {
-                return Ok(None);
-            };
-            let tape_len = rows * per_row;
+            let tape_len = rows * layer.tape().floats_per_row();
             let tapes = at..at + dirs * tape_len;
             let out_len = if k + 1 < self.layers.len() { rows * layer.output_size * dirs } else { 0 };
             let output = tapes.end..tapes.end + out_len;
             at = output.end;
             out.push(ReserveLayer { tapes, tape_len, output });
         }
-        Ok(Some(out))
+        Some(out)
     }
 
     /// Floats per layout row (each of a padded batch's `B * T` rows, or a
@@ -371,8 +371,8 @@ impl Model {
     /// what its backward reads ([`Model::forward_into`]): every layer's
     /// tapes, and the outputs the next layers read. `None` where the back
     /// end keeps its tapes itself.
-    pub fn reserve_floats_per_row(&self) -> Result<Option<usize>> {
-        Ok(self.reserve_layout(1)?.and_then(|l| l.last().map(|l| l.output.end)))
+    pub fn reserve_floats_per_row(&self) -> Option<usize> {
+        self.reserve_layout(1).and_then(|l| l.last().map(|l| l.output.end))
     }
 
     /// Inference: runs every layer and direction over the batch.
@@ -541,7 +541,7 @@ impl Model {
 
     /// The reserve's layout for `rows` layout rows, checked against its length.
     fn checked_reserve_layout(&self, rows: usize, len: usize) -> Result<Vec<ReserveLayer>> {
-        let layout = self.reserve_layout(rows)?.ok_or_else(|| RuntimeError::Backend {
+        let layout = self.reserve_layout(rows).ok_or_else(|| RuntimeError::Backend {
             backend: self.backend.name().into(),
             message: "this back end keeps its tapes itself: it takes no reserve".into(),
         })?;

@@ -22,8 +22,10 @@ use crate::kernel::{Chain, KernelPlan};
 use crate::schedule::{Schedule, Stage};
 pub use storage::Storage;
 use storage::Storages;
+pub use tape::{Kept, TapeLayout, TapePart};
 
 mod storage;
+mod tape;
 
 /// Which step of a cell: the forward step, or its derived backward step.
 /// (Serialisable: ahead-of-time manifests list each kernel's side.)
@@ -128,6 +130,8 @@ pub struct Program {
     pub kernels: Vec<ProgramKernel>,
     /// Where every value lives ([`Program::storage`]).
     storage: Storages,
+    /// What a training forward keeps, and where in a reserve ([`Program::tape`]).
+    tape: TapeLayout,
 }
 
 /// One generated kernel of a [`Program`]: its stage, its name (the same
@@ -178,8 +182,11 @@ impl Program {
             }
         }
         let storage = Storages::new(forward, backward, &schedule, (bound.shapes(), &backward_shapes));
+        let tape =
+            TapeLayout::new(bound.state_sizes(), bound.output_size(), &schedule.saved.saved, bound.shapes());
         Ok(Program {
             storage,
+            tape,
             cell: forward.name.clone(),
             input_size: bound.input_size(),
             input_slices: bound.input_slices().to_vec(),
@@ -224,6 +231,13 @@ impl Program {
     /// The forward values the backward reads from the forward's tape.
     pub fn saved(&self) -> &[ValueId] {
         &self.schedule.saved.saved
+    }
+
+    /// What a training forward keeps for the backward, per layout row, and
+    /// where each part lies in a reserve: every back end that keeps its tape
+    /// in the caller's memory reads this one layout.
+    pub fn tape(&self) -> &TapeLayout {
+        &self.tape
     }
 
     /// Every generated kernel, forward first.

@@ -280,7 +280,7 @@ impl Description {
             states: forward.states.iter().map(|s| s.name.clone()).zip(sizes).collect(),
             input_size: model.input_size(),
             output_size: model.output_size(),
-            reserve_per_row: model.reserve_floats_per_row()?,
+            reserve_per_row: model.reserve_floats_per_row(),
         })
     }
 }

@@ -195,18 +195,17 @@ pub trait Backend: Send + Sync {
     /// Adds the adjoint of the input rows into `d_input` and returns the rest.
     fn backward(&self, job: &BackwardJob, tape: &Tape, d_input: &mut RowsMut) -> Result<BackwardResult>;
 
-    /// Floats per layout row that a training forward of `layer` keeps for
-    /// its backward in memory the caller provides
-    /// ([`Backend::forward_into_tape`]), or `None` where this back end keeps
-    /// its tape itself. A framework's autograd then holds the tape as one
-    /// of its own tensors (cuDNN's "reserve space").
-    fn tape_floats_per_row(&self, cell: &CompiledCell, layer: &Layer) -> Result<Option<usize>> {
-        let _ = (cell, layer);
-        Ok(None)
+    /// Whether a training forward can keep its tape in memory the caller
+    /// provides ([`Backend::forward_into_tape`]), laid out as the layer's
+    /// program says ([`cellc::program::TapeLayout`]); `false` where this back
+    /// end keeps its tape itself. A framework's autograd then holds the tape
+    /// as one of its own tensors (cuDNN's "reserve space").
+    fn keeps_tape_in_caller_memory(&self) -> bool {
+        false
     }
 
     /// A training forward that keeps its tape in `tape` (the layout's rows
-    /// times [`Backend::tape_floats_per_row`] floats); returns the final states.
+    /// times the program's tape floats per row); returns the final states.
     fn forward_into_tape(
         &self,
         job: &ForwardJob,
@@ -252,8 +251,8 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
         (**self).backward(job, tape, d_input)
     }
 
-    fn tape_floats_per_row(&self, cell: &CompiledCell, layer: &Layer) -> Result<Option<usize>> {
-        (**self).tape_floats_per_row(cell, layer)
+    fn keeps_tape_in_caller_memory(&self) -> bool {
+        (**self).keeps_tape_in_caller_memory()
     }
 
     fn forward_into_tape(

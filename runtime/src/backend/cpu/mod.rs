@@ -36,7 +36,7 @@ use crate::model::{CompiledCell, Layer};
 use crate::pool;
 use cellc::interp::Shapes;
 use cellc::ir::{Graph, Op, ValueId};
-use cellc::program::{ProgramKernel, Side, Storage};
+use cellc::program::{Kept, ProgramKernel, Side, Storage};
 use cellc::schedule::Placement;
 use driver::{
     constants, gemm_all_rows, locate, prepared_params, run_pointwise, Buffers, Frame, Loc, ReadyStage,
@@ -307,8 +307,8 @@ fn jit_stage(
 
 /// What the forward keeps, per row at the layer's row layout: in buffers
 /// from the [`pool`] (returned when the tape is dropped), or in memory the
-/// caller provides ([`Backend::forward_into_tape`]), part after part in
-/// the order of [`CpuTape::parts`].
+/// caller provides ([`Backend::forward_into_tape`]), part after part as the
+/// program lays it out ([`cellc::program::TapeLayout`]).
 struct CpuTape {
     states_before: Vec<TapeBuf>,
     states_after: Vec<TapeBuf>,
@@ -354,52 +354,41 @@ impl std::ops::DerefMut for TapeBuf {
 }
 
 impl CpuTape {
-    /// The values a layer's tape saves besides its states and output.
-    fn saved_values(code: &LayerCode, layer: &Layer) -> Vec<ValueId> {
-        layer.saved().iter().copied().filter(|v| code.fwd_graph.contains(*v)).collect()
-    }
-
-    /// Floats per row of each part, in order: every state before the step,
-    /// every state after it, the output, the saved values.
-    fn parts(code: &LayerCode, layer: &Layer) -> Vec<usize> {
-        let states = layer.state_sizes.iter().copied();
-        let saved = Self::saved_values(code, layer).into_iter().map(|v| code.fwd_plan.elements(v));
-        states.clone().chain(states).chain([layer.output_size]).chain(saved).collect()
-    }
-
     /// A tape of `rows` layout rows whose parts come from `take` (given
-    /// each part's floats), in the order of [`CpuTape::parts`].
-    fn make(code: &LayerCode, layer: &Layer, rows: usize, mut take: impl FnMut(usize) -> TapeBuf) -> CpuTape {
-        let mut part = |per_row: usize| take(rows * per_row);
-        CpuTape {
-            states_before: layer.state_sizes.iter().map(|&m| part(m)).collect(),
-            states_after: layer.state_sizes.iter().map(|&m| part(m)).collect(),
-            output: part(layer.output_size),
-            saved: Self::saved_values(code, layer)
-                .into_iter()
-                .map(|v| (v, part(code.fwd_plan.elements(v))))
-                .collect(),
+    /// each part's floats), in the program's order.
+    fn make(layer: &Layer, rows: usize, mut take: impl FnMut(usize) -> TapeBuf) -> CpuTape {
+        let mut tape = CpuTape {
+            states_before: Vec::new(),
+            states_after: Vec::new(),
+            output: TapeBuf::Pooled(Vec::new()),
+            saved: HashMap::new(),
+        };
+        for part in layer.tape().parts() {
+            let buf = take(rows * part.floats);
+            match part.kept {
+                Kept::StateBefore(_) => tape.states_before.push(buf),
+                Kept::StateAfter(_) => tape.states_after.push(buf),
+                Kept::Output => tape.output = buf,
+                Kept::Saved(v) => {
+                    tape.saved.insert(v, buf);
+                }
+            }
         }
+        tape
     }
 
-    fn pooled(code: &LayerCode, layer: &Layer, rows: usize) -> CpuTape {
-        Self::make(code, layer, rows, |len| TapeBuf::Pooled(pool::take(len)))
+    fn pooled(layer: &Layer, rows: usize) -> CpuTape {
+        Self::make(layer, rows, |len| TapeBuf::Pooled(pool::take(len)))
     }
 
-    /// A tape laid out over the caller's `memory` (`rows` times the sum of
-    /// [`CpuTape::parts`] floats, checked).
+    /// A tape laid out over the caller's `memory` (`rows` times the tape's
+    /// floats per row, checked).
     ///
     /// # Safety
     /// `memory` is valid for `len` floats while the tape lives, and the
     /// tape is written only where `memory` may be.
-    unsafe fn in_caller(
-        code: &LayerCode,
-        layer: &Layer,
-        rows: usize,
-        memory: *mut f32,
-        len: usize,
-    ) -> Result<CpuTape> {
-        let need = rows * Self::parts(code, layer).iter().sum::<usize>();
+    unsafe fn in_caller(layer: &Layer, rows: usize, memory: *mut f32, len: usize) -> Result<CpuTape> {
+        let need = rows * layer.tape().floats_per_row();
         if need != len {
             return Err(RuntimeError::Shape {
                 tensor: "reserve".into(),
@@ -408,7 +397,7 @@ impl CpuTape {
             });
         }
         let mut at = 0;
-        Ok(Self::make(code, layer, rows, |n| {
+        Ok(Self::make(layer, rows, |n| {
             // SAFETY: the parts add up to `len` (checked above).
             let ptr = unsafe { memory.add(at) };
             at += n;
@@ -491,8 +480,8 @@ impl Backend for Cpu {
         })
     }
 
-    fn tape_floats_per_row(&self, cell: &CompiledCell, layer: &Layer) -> Result<Option<usize>> {
-        Ok(Some(CpuTape::parts(&*self.code(cell, layer)?, layer).iter().sum()))
+    fn keeps_tape_in_caller_memory(&self) -> bool {
+        true
     }
 
     fn forward_into_tape(
@@ -518,8 +507,7 @@ impl Backend for Cpu {
         let code = self.code(job.cell, job.layer)?;
         let rows = job.input.data.len() / job.input.width.max(1);
         // SAFETY: the backward only reads its tape, which borrows `tape` for this call.
-        let tape =
-            unsafe { CpuTape::in_caller(&code, job.layer, rows, tape.as_ptr() as *mut f32, tape.len())? };
+        let tape = unsafe { CpuTape::in_caller(job.layer, rows, tape.as_ptr() as *mut f32, tape.len())? };
         self.alone(code.bwd_step_fmas, job.order.batch(), |threads| {
             backward(threads, &code, job, &tape, d_input)
         })
@@ -593,31 +581,29 @@ fn forward(
     leaf_locations(g, layer, Side::Forward, &mut bufs);
     let (mut tape, pooled) = match keep {
         KeepTape::No => (None, false),
-        KeepTape::Pooled => (Some(CpuTape::pooled(code, layer, layout_rows)), true),
+        KeepTape::Pooled => (Some(CpuTape::pooled(layer, layout_rows)), true),
         // SAFETY: the tape lives for this call, which borrows `memory` mutably.
         KeepTape::Caller(memory) => {
-            let mut t =
-                unsafe { CpuTape::in_caller(code, layer, layout_rows, memory.as_mut_ptr(), memory.len())? };
+            let mut t = unsafe { CpuTape::in_caller(layer, layout_rows, memory.as_mut_ptr(), memory.len())? };
             t.zero_padding(job, layout_rows);
             (Some(t), false)
         }
     };
     // Saved values that only pointwise stages touch are written straight
     // into the tape's rows; the rest are copied there per row.
-    let (direct, saved_ids): (Vec<ValueId>, Vec<ValueId>) =
-        CpuTape::saved_values(code, layer).into_iter().partition(|&v| {
-            let pointwise_output = code.forward.iter().any(|st| {
-                st.placement() == Placement::EachStep
-                    && matches!(st, ReadyStage::Pointwise { exec, .. } if exec.outputs().contains(&v))
-            });
-            let gemm_input = code.forward.iter().any(|st| match st {
-                ReadyStage::Gemm { products, placement: Placement::EachStep } => {
-                    products.iter().any(|p| p.2 == v || p.3 == v)
-                }
-                _ => false,
-            });
-            tape.is_some() && pointwise_output && !gemm_input
+    let (direct, saved_ids): (Vec<ValueId>, Vec<ValueId>) = layer.saved().iter().copied().partition(|&v| {
+        let pointwise_output = code.forward.iter().any(|st| {
+            st.placement() == Placement::EachStep
+                && matches!(st, ReadyStage::Pointwise { exec, .. } if exec.outputs().contains(&v))
         });
+        let gemm_input = code.forward.iter().any(|st| match st {
+            ReadyStage::Gemm { products, placement: Placement::EachStep } => {
+                products.iter().any(|p| p.2 == v || p.3 == v)
+            }
+            _ => false,
+        });
+        tape.is_some() && pointwise_output && !gemm_input
+    });
     if let Some(t) = tape.as_mut() {
         for &v in &direct {
             let rows =
