@@ -182,8 +182,25 @@ impl Program {
             }
         }
         let storage = Storages::new(forward, backward, &schedule, (bound.shapes(), &backward_shapes));
-        let tape =
-            TapeLayout::new(bound.state_sizes(), bound.output_size(), &schedule.saved.saved, bound.shapes());
+        // The backward reads a kept state or output where one of its values is stored as one.
+        let bwd_storages: Vec<Storage> =
+            backward.graph.values().filter_map(|v| storage.get(Side::Backward, v, true)).collect();
+        let reads = |kept: Kept| {
+            bwd_storages.iter().any(|&s| match (kept, s) {
+                (Kept::StateBefore(i), Storage::State(j)) | (Kept::StateAfter(i), Storage::NextState(j)) => {
+                    i == j
+                }
+                (Kept::Output, Storage::Output { .. }) => true,
+                _ => false,
+            })
+        };
+        let tape = TapeLayout::new(
+            bound.state_sizes(),
+            bound.output_size(),
+            &schedule.saved.saved,
+            bound.shapes(),
+            &reads,
+        );
         Ok(Program {
             storage,
             tape,

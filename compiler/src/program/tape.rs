@@ -38,13 +38,17 @@ pub struct TapeLayout {
 }
 
 impl TapeLayout {
-    /// Every state before the step, every state after it, the output, then
-    /// the saved values in the schedule's order (`forward` gives their shapes).
+    /// The states before the step, the states after it and the output that
+    /// the backward `reads`, then the saved values in the schedule's order
+    /// (`forward` gives their shapes). A part the backward never reads is
+    /// not kept: an LSTM's backward reads `h` and `c` before the step and
+    /// `c'` after it, not `h'`, which is also its output.
     pub(super) fn new(
         state_sizes: &[usize],
         output_size: usize,
         saved: &[ValueId],
         forward: &Shapes,
+        reads: &dyn Fn(Kept) -> bool,
     ) -> TapeLayout {
         let states = state_sizes.iter().copied().enumerate();
         let parts = states
@@ -52,9 +56,15 @@ impl TapeLayout {
             .map(|(i, floats)| TapePart { kept: Kept::StateBefore(i), floats })
             .chain(states.map(|(i, floats)| TapePart { kept: Kept::StateAfter(i), floats }))
             .chain([TapePart { kept: Kept::Output, floats: output_size }])
+            .filter(|part| reads(part.kept))
             .chain(saved.iter().map(|&v| TapePart { kept: Kept::Saved(v), floats: forward.elements(v) }))
             .collect();
         TapeLayout { parts }
+    }
+
+    /// Whether the tape keeps `kept`.
+    pub fn keeps(&self, kept: Kept) -> bool {
+        self.parts.iter().any(|p| p.kept == kept)
     }
 
     /// The parts, in the reserve's order.
@@ -82,47 +92,44 @@ mod tests {
     use super::*;
     use crate::program::{Program, Steps};
 
-    fn program(src: &str, sizes: &[(&str, usize)]) -> Program {
-        let c = crate::compile("t.cell", src);
+    fn program(cell: &str) -> Program {
+        let path = format!("{}/../cells/{cell}.cell", env!("CARGO_MANIFEST_DIR"));
+        let src = std::fs::read_to_string(path).expect("a shipped cell");
+        let c = crate::compile("t.cell", &src);
         let cell = &c.module.expect("compiles").cells[0];
         let steps = Steps::compile(cell).expect("steps");
-        let sizes = sizes.iter().map(|&(n, v)| (n.to_string(), v)).collect();
+        let sizes = [("H", 3), ("I", 2)].iter().map(|&(n, v)| (n.to_string(), v)).collect();
         steps.program(&sizes).expect("program")
     }
 
+    fn kept(p: &Program) -> Vec<Kept> {
+        p.tape().parts().iter().map(|p| p.kept).collect()
+    }
+
+    fn saved(p: &Program) -> Vec<Kept> {
+        p.saved().iter().map(|&v| Kept::Saved(v)).collect()
+    }
+
     #[test]
-    fn the_tape_keeps_states_output_and_saved_values_part_after_part() {
-        let p = program(
-            "cell c { input x[H] state h[H], c[H] param w[H, H]\n\
-             let a = tanh(w @ x + h)\n c' = a * c\n h' = sigmoid(a)\n output h' }",
-            &[("H", 3)],
-        );
+    fn the_tape_keeps_what_the_backward_reads_then_the_saved_values() {
+        // An LSTM's backward reads h and c before the step and c' after it
+        // (not h', its output too); the gates come from the saved values.
+        let lstm = program("lstm");
+        let want = [Kept::StateBefore(0), Kept::StateBefore(1), Kept::StateAfter(1)];
+        assert_eq!(kept(&lstm), [&want[..], &saved(&lstm)].concat());
+        assert!(!lstm.saved().is_empty());
+        // tanh's derivative reads its result: h' after the step.
+        let rnn = program("rnn_tanh");
+        assert_eq!(kept(&rnn), [&[Kept::StateBefore(0), Kept::StateAfter(0)][..], &saved(&rnn)].concat());
+    }
+
+    #[test]
+    fn parts_follow_one_another_without_gaps() {
+        let p = program("lstm");
         let tape = p.tape();
-        let kinds: Vec<Kept> = tape.parts().iter().map(|p| p.kept).collect();
-        assert_eq!(
-            &kinds[..5],
-            &[
-                Kept::StateBefore(0),
-                Kept::StateBefore(1),
-                Kept::StateAfter(0),
-                Kept::StateAfter(1),
-                Kept::Output
-            ]
-        );
-        let saved: Vec<ValueId> = kinds[5..]
-            .iter()
-            .map(|k| match k {
-                Kept::Saved(v) => *v,
-                other => panic!("{other:?} after the output"),
-            })
-            .collect();
-        assert!(!saved.is_empty(), "tanh and sigmoid keep values for the backward");
-        assert_eq!(saved, p.saved());
-        assert_eq!(
-            tape.floats_per_row(),
-            5 * 3 + saved.iter().map(|&v| p.forward_shapes.elements(v)).sum::<usize>()
-        );
-        // Parts follow one another without gaps, rows × floats each.
+        let floats: Vec<usize> = tape.parts().iter().map(|part| part.floats).collect();
+        assert_eq!(&floats[..3], &[3, 3, 3]);
+        assert_eq!(tape.floats_per_row(), floats.iter().sum::<usize>());
         let ranges: Vec<Range<usize>> = tape.ranges(7).map(|(_, r)| r).collect();
         assert_eq!(ranges[0].start, 0);
         for (w, part) in ranges.windows(2).zip(tape.parts()) {

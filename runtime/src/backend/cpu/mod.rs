@@ -310,9 +310,10 @@ fn jit_stage(
 /// caller provides ([`Backend::forward_into_tape`]), part after part as the
 /// program lays it out ([`cellc::program::TapeLayout`]).
 struct CpuTape {
-    states_before: Vec<TapeBuf>,
-    states_after: Vec<TapeBuf>,
-    output: TapeBuf,
+    /// By state: `None` where the backward does not read it.
+    states_before: Vec<Option<TapeBuf>>,
+    states_after: Vec<Option<TapeBuf>>,
+    output: Option<TapeBuf>,
     /// Saved forward values by id (the backward graph shares the ids).
     saved: HashMap<ValueId, TapeBuf>,
 }
@@ -357,18 +358,19 @@ impl CpuTape {
     /// A tape of `rows` layout rows whose parts come from `take` (given
     /// each part's floats), in the program's order.
     fn make(layer: &Layer, rows: usize, mut take: impl FnMut(usize) -> TapeBuf) -> CpuTape {
+        let states = layer.state_sizes.len();
         let mut tape = CpuTape {
-            states_before: Vec::new(),
-            states_after: Vec::new(),
-            output: TapeBuf::Pooled(Vec::new()),
+            states_before: (0..states).map(|_| None).collect(),
+            states_after: (0..states).map(|_| None).collect(),
+            output: None,
             saved: HashMap::new(),
         };
         for part in layer.tape().parts() {
             let buf = take(rows * part.floats);
             match part.kept {
-                Kept::StateBefore(_) => tape.states_before.push(buf),
-                Kept::StateAfter(_) => tape.states_after.push(buf),
-                Kept::Output => tape.output = buf,
+                Kept::StateBefore(i) => tape.states_before[i] = Some(buf),
+                Kept::StateAfter(i) => tape.states_after[i] = Some(buf),
+                Kept::Output => tape.output = Some(buf),
                 Kept::Saved(v) => {
                     tape.saved.insert(v, buf);
                 }
@@ -413,7 +415,7 @@ impl CpuTape {
             return;
         }
         let parts = self.states_before.iter_mut().chain(&mut self.states_after).chain([&mut self.output]);
-        for part in parts.chain(self.saved.values_mut()) {
+        for part in parts.flatten().chain(self.saved.values_mut()) {
             let width = part.len() / rows.max(1);
             crate::sequence::zero_rows(part, width, &padding);
         }
@@ -424,8 +426,7 @@ impl Drop for CpuTape {
     fn drop(&mut self) {
         let states = self.states_before.drain(..).chain(self.states_after.drain(..));
         let saved = self.saved.drain().map(|(_, b)| b);
-        let output = std::mem::replace(&mut self.output, TapeBuf::Pooled(Vec::new()));
-        for buf in states.chain([output]).chain(saved) {
+        for buf in states.chain([self.output.take()]).flatten().chain(saved) {
             if let TapeBuf::Pooled(v) = buf {
                 pool::give(v);
             }
@@ -682,19 +683,21 @@ fn forward(
                 std::ptr::copy_nonoverlapping(y, out_row, o);
                 let row = job.input.layout.row(b, t);
                 if let Some(tape) = &tape_rows {
-                    std::ptr::copy_nonoverlapping(out_row, tape.output.at(row * o), o);
+                    if let Some(kept) = &tape.output {
+                        std::ptr::copy_nonoverlapping(out_row, kept.at(row * o), o);
+                    }
                     keep_row(&tape.saved, &bufs, &frame, plan, (b, t, r), row)?;
                 }
                 for (i, &m) in layer.state_sizes.iter().enumerate() {
                     let state = state_rows[i].at(r * m);
-                    if let Some(tape) = &tape_rows {
-                        std::ptr::copy_nonoverlapping(state, tape.states_before[i].at(row * m), m);
+                    if let Some(kept) = tape_rows.as_ref().and_then(|t| t.states_before[i].as_ref()) {
+                        std::ptr::copy_nonoverlapping(state, kept.at(row * m), m);
                     }
                     // The new state replaces the old in place: this row's
                     // stages have read it, and no other row reads it.
                     std::ptr::copy(locate(&bufs, &frame, cell.next_states[i], b, t, r)?, state, m);
-                    if let Some(tape) = &tape_rows {
-                        std::ptr::copy_nonoverlapping(state, tape.states_after[i].at(row * m), m);
+                    if let Some(kept) = tape_rows.as_ref().and_then(|t| t.states_after[i].as_ref()) {
+                        std::ptr::copy_nonoverlapping(state, kept.at(row * m), m);
                     }
                     if s + 1 == job.order.lengths()[b] {
                         std::ptr::copy_nonoverlapping(state, finals_rows[i].at(b * m), m);
@@ -720,9 +723,9 @@ fn forward(
 
 /// The tape's buffers as addresses the loop's threads write their rows to.
 struct TapeRows {
-    states_before: Vec<SharedRows>,
-    states_after: Vec<SharedRows>,
-    output: SharedRows,
+    states_before: Vec<Option<SharedRows>>,
+    states_after: Vec<Option<SharedRows>>,
+    output: Option<SharedRows>,
     /// Saved values copied from the step's storage into the tape's rows.
     saved: Vec<(ValueId, SharedRows)>,
 }
@@ -730,11 +733,13 @@ struct TapeRows {
 impl TapeRows {
     fn of(t: &mut CpuTape, ids: &[ValueId]) -> TapeRows {
         let saved = ids.iter().filter_map(|&v| Some((v, SharedRows::of(t.saved.get_mut(&v)?)))).collect();
-        let each = |bufs: &mut [TapeBuf]| bufs.iter_mut().map(|b| SharedRows::of(b)).collect();
+        let each = |bufs: &mut [Option<TapeBuf>]| {
+            bufs.iter_mut().map(|b| b.as_deref_mut().map(SharedRows::of)).collect()
+        };
         TapeRows {
             states_before: each(&mut t.states_before),
             states_after: each(&mut t.states_after),
-            output: SharedRows::of(&mut t.output),
+            output: t.output.as_deref_mut().map(SharedRows::of),
             saved,
         }
     }
@@ -847,29 +852,28 @@ fn forward_whole_sequence(
             copy_row(bufs, &frame, cell.output, (b, t, 0), &mut output.data[out_row..out_row + o])?;
             if let Some(tape) = tape.as_deref_mut() {
                 let row = job.input.layout.row(b, t);
-                tape.output[row * o..(row + 1) * o].copy_from_slice(&output.data[out_row..out_row + o]);
+                if let Some(kept) = tape.output.as_deref_mut() {
+                    kept[row * o..(row + 1) * o].copy_from_slice(&output.data[out_row..out_row + o]);
+                }
                 for (i, &m) in layer.state_sizes.iter().enumerate() {
-                    let before = if s == 0 {
-                        job.h0[i][b * m..(b + 1) * m].to_vec()
-                    } else {
-                        let mut v = vec![0.0; m];
+                    if let Some(kept) = tape.states_before[i].as_deref_mut() {
+                        let before = &mut kept[row * m..(row + 1) * m];
+                        if s == 0 {
+                            before.copy_from_slice(&job.h0[i][b * m..(b + 1) * m]);
+                        } else {
+                            let previous = (b, job.order.time(b, s - 1, job.reverse), 0);
+                            copy_row(bufs, &frame, cell.next_states[i], previous, before)?;
+                        }
+                    }
+                    if let Some(kept) = tape.states_after[i].as_deref_mut() {
                         copy_row(
                             bufs,
                             &frame,
                             cell.next_states[i],
-                            (b, job.order.time(b, s - 1, job.reverse), 0),
-                            &mut v,
+                            (b, t, 0),
+                            &mut kept[row * m..(row + 1) * m],
                         )?;
-                        v
-                    };
-                    tape.states_before[i][row * m..(row + 1) * m].copy_from_slice(&before);
-                    copy_row(
-                        bufs,
-                        &frame,
-                        cell.next_states[i],
-                        (b, t, 0),
-                        &mut tape.states_after[i][row * m..(row + 1) * m],
-                    )?;
+                    }
                 }
                 for &v in copied {
                     let len = plan.elements(v);
@@ -1006,6 +1010,14 @@ fn run_tables(exec: &dyn StageExec, tables: Vec<Vec<*mut f32>>, k: usize) {
     });
 }
 
+/// The first float of a tape part the backward reads as `v` (which the
+/// program's tape keeps wherever its backward reads one).
+fn kept(part: &Option<TapeBuf>, v: ValueId) -> Result<*const f32> {
+    part.as_ref().map(|p| p.as_ptr()).ok_or_else(|| {
+        RuntimeError::Internal(format!("the backward reads {v}, which the tape does not keep"))
+    })
+}
+
 fn backward(
     threads: usize,
     code: &LayerCode,
@@ -1024,9 +1036,9 @@ fn backward(
     // Forward values the backward reads from memory: the tape's rows.
     for v in g.values() {
         let (data, len) = match layer.storage(Side::Backward, v, true) {
-            Some(Storage::State(i)) => (tape.states_before[i].as_ptr(), layer.state_sizes[i]),
-            Some(Storage::NextState(i)) => (tape.states_after[i].as_ptr(), layer.state_sizes[i]),
-            Some(Storage::Output { .. }) => (tape.output.as_ptr(), layer.output_size),
+            Some(Storage::State(i)) => (kept(&tape.states_before[i], v)?, layer.state_sizes[i]),
+            Some(Storage::NextState(i)) => (kept(&tape.states_after[i], v)?, layer.state_sizes[i]),
+            Some(Storage::Output { .. }) => (kept(&tape.output, v)?, layer.output_size),
             Some(Storage::Saved) => match tape.saved.get(&v) {
                 Some(data) => (data.as_ptr(), plan.elements(v)),
                 None => return Err(RuntimeError::Internal(format!("{v} is saved but not in the tape"))),
