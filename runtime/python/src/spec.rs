@@ -34,6 +34,12 @@ struct Spec {
     bidirectional: bool,
     /// `cpu`, `reference`, `cuda` or `cuda-emulated`.
     backend: String,
+    /// The version of cellc that wrote it: a spec is a constant argument of
+    /// the package's operators, so caches keyed by a graph's constants
+    /// (`torch.compile`'s) never reuse shapes, such as the reserve's, that
+    /// another version computed. Absent in a module saved by an older one.
+    #[serde(default, rename = "cellc")]
+    _version: Option<String>,
 }
 
 fn parse(spec: &str) -> Result<Spec> {

@@ -40,3 +40,13 @@ def test_fullgraph_compile_matches_eager():
     # Another batch shape: the operators' fake implementations give the new shapes.
     got, _ = run(compiled, torch.randint(0, 20, (3, 6)), torch.tensor([6, 2, 4]))
     assert got.shape == (3, 6, 5)
+
+
+def test_the_operators_constant_spec_names_the_version():
+    # torch.compile's caches key a graph by its constants, the spec among them: a graph whose
+    # reserve shape an older cellc computed is then never reused by a newer one.
+    import json
+
+    rnn = cellc.RNN("lstm", 4, 4)
+    assert json.loads(rnn.spec)["cellc"] == cellc.__version__
+    assert cellc.__version__.count(".") == 2

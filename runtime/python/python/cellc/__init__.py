@@ -6,7 +6,7 @@
 """
 
 from . import errors
-from ._cellc import shipped_cells
+from ._cellc import __version__, shipped_cells
 from .errors import (
     BackendError,
     CellcError,
@@ -22,6 +22,7 @@ from ._ops import set_threading, threading
 from .rnn import RNN
 
 __all__ = [
+    "__version__",
     "RNN",
     "errors",
     "shipped_cells",

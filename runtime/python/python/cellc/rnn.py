@@ -190,6 +190,9 @@ class RNN(nn.Module):
             "layers": num_layers,
             "bidirectional": bool(bidirectional),
             "backend": backend or "cpu",
+            # torch.compile caches graphs by their constants: a new version's shapes are never
+            # taken from an old version's graph.
+            "cellc": _cellc.__version__,
         }
         self.spec = json.dumps(spec, sort_keys=True)
         # With backend=None, CUDA tensors run on the CUDA back end.
