@@ -7,10 +7,10 @@
 //!
 //! `cargo bench -p cellc-benches --bench kernels`
 
-use cellc::interp::Shapes;
 use cellc::ir::Op;
 use cellc::kernel::KernelPlan;
 use cellc::schedule::StageKind;
+use cellc::shapes::Shapes;
 use cellc_runtime::backend::cpu::avx512::Avx512Stage;
 use cellc_runtime::backend::cpu::avx512_supported;
 use cellc_runtime::backend::cpu::codegen::jit::compile_stage;

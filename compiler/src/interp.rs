@@ -7,9 +7,11 @@
 //! cell with its size variables fixed; it checks the shapes of everything
 //! it is given and says which tensor is wrong.
 
-use crate::dims::{Bindings, EvalError};
+use crate::dims::Bindings;
 use crate::ir::op::{apply_binary, apply_unary};
 use crate::ir::{Cell, Graph, Init, Op, ReduceOp, Type, ValueId};
+use crate::shapes::Shapes;
+use crate::shapes::{check_elements, eval_dim};
 use num_traits::Float;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -89,16 +91,6 @@ pub fn bytes_text(bytes: u128) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
-/// Refuses a `rows x cols` tensor over [`MAX_TENSOR_ELEMENTS`], before anything is allocated.
-fn check_elements(what: &str, rows: usize, cols: usize) -> Result<(), InterpError> {
-    let elements = rows as u128 * cols as u128;
-    if elements <= MAX_TENSOR_ELEMENTS {
-        return Ok(());
-    }
-    let shape = if cols == 1 { format!("[{rows}]") } else { format!("[{rows}, {cols}]") };
-    Err(InterpError::TooLarge { what: what.to_string(), shape, elements })
-}
-
 impl fmt::Display for InterpError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -154,64 +146,6 @@ pub struct BoundCell<'c> {
     param_shapes: Vec<(usize, usize)>,
 }
 
-/// A graph ready to evaluate at fixed sizes: its order and every value's shape.
-#[derive(Clone, Debug)]
-pub struct Shapes {
-    order: Vec<ValueId>,
-    /// `(rows, cols)` of each value: `(1, 1)` scalar, `(d, 1)` vector, `(m, n)` matrix.
-    shape: Vec<(usize, usize)>,
-    /// Offset of each `slice`/`pad`, or the value of a `dimvalue` (0 elsewhere).
-    extra: Vec<usize>,
-}
-
-impl Shapes {
-    /// Fixes every value's shape under `sizes` (`cell` names errors).
-    pub fn new(graph: &Graph, sizes: &Bindings, cell: &str) -> Result<Shapes, InterpError> {
-        let order = graph.topo_order().map_err(|v| InterpError::Shape {
-            tensor: format!("{v}"),
-            expected: "an acyclic graph".into(),
-            found: "a cycle".into(),
-        })?;
-        let mut shape = vec![(0usize, 0usize); graph.value_bound()];
-        let mut extra = vec![0usize; graph.value_bound()];
-        let eval = |what: &str, d: &crate::dims::Dim| eval_dim(cell, sizes, what, d);
-        for &v in &order {
-            let what = format!("value {v}");
-            shape[v.index()] = match graph.ty(v) {
-                Type::Scalar => (1, 1),
-                Type::Vector(d) => (eval(&what, d)?, 1),
-                Type::Matrix(m, n) => (eval(&what, m)?, eval(&what, n)?),
-            };
-            check_elements(&what, shape[v.index()].0, shape[v.index()].1)?;
-            match &graph.node(v).op {
-                // An offset may be 0, which `eval_dim` rejects.
-                Op::Slice { offset } | Op::Pad { offset } => {
-                    extra[v.index()] = offset
-                        .eval(sizes)
-                        .ok()
-                        .and_then(|o| usize::try_from(o).ok())
-                        .ok_or_else(|| InterpError::DimOverflow { what, dim: offset.to_string() })?;
-                }
-                Op::DimValue(d) => extra[v.index()] = eval(&what, d)?,
-                _ => {}
-            }
-        }
-        Ok(Shapes { order, shape, extra })
-    }
-
-    /// Where `slice` value `v` starts in its operand, or `pad` value `v`'s
-    /// operand in its result, at these sizes (for other ops: meaningless).
-    pub fn offset(&self, v: ValueId) -> usize {
-        self.extra[v.index()]
-    }
-
-    /// Elements of a value.
-    pub fn elements(&self, v: ValueId) -> usize {
-        let (r, c) = self.shape[v.index()];
-        r * c
-    }
-}
-
 /// The values a graph's leaves take for one evaluation.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LeafValues<'a, T> {
@@ -247,17 +181,8 @@ pub(crate) fn evaluate<T: Float>(graph: &Graph, plan: &Shapes, leaves: &LeafValu
     vals
 }
 
+/// The interpreter's half of [`Shapes`]: the semantics of every op at these shapes.
 impl Shapes {
-    /// Values in the order they can be computed.
-    pub fn order(&self) -> &[ValueId] {
-        &self.order
-    }
-
-    /// `(rows, cols)` of a value: `(1, 1)` scalar, `(d, 1)` vector, `(m, n)` matrix.
-    pub fn shape(&self, v: ValueId) -> (usize, usize) {
-        self.shape[v.index()]
-    }
-
     /// The values computed from constants only (`const`, `dimvalue`, and
     /// e.g. `broadcast(const 1)`), with their values, in order. Kernels
     /// treat these as literals.
@@ -370,17 +295,6 @@ pub struct SequenceResult<T> {
     pub states: Vec<Vec<Vec<T>>>,
     /// The states after the last step (the initial states if there are no steps).
     pub final_states: Vec<Vec<T>>,
-}
-
-fn eval_dim(cell: &str, sizes: &Bindings, what: &str, d: &crate::dims::Dim) -> Result<usize, InterpError> {
-    match d.eval(sizes) {
-        Ok(v) if v > 0 => {
-            usize::try_from(v).map_err(|_| InterpError::DimOverflow { what: what.into(), dim: d.to_string() })
-        }
-        Ok(v) => Err(InterpError::NonPositiveDim { what: what.into(), dim: d.to_string(), value: v }),
-        Err(EvalError::Unbound(size)) => Err(InterpError::UnboundSize { cell: cell.to_string(), size }),
-        Err(EvalError::Overflow) => Err(InterpError::DimOverflow { what: what.into(), dim: d.to_string() }),
-    }
 }
 
 impl Cell {

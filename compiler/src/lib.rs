@@ -40,6 +40,7 @@ pub mod lower;
 pub mod passes;
 pub mod program;
 pub mod schedule;
+pub mod shapes;
 pub mod syntax;
 
 pub use diag::{Diagnostic, Diagnostics, SourceMap};

@@ -7,11 +7,11 @@
 #![allow(dead_code)]
 
 use cellc::cuda::Kernel;
-use cellc::interp::Shapes;
 use cellc::ir::{Graph, ValueId};
 use cellc::kernel::KernelPlan;
 use cellc::program::Side as ProgramSide;
 use cellc::schedule::Stage;
+use cellc::shapes::Shapes;
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::{CompiledCell, Model, ModelConfig};
 use std::collections::HashMap;

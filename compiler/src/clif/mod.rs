@@ -19,9 +19,9 @@
 
 pub mod math;
 
-use crate::interp::Shapes;
 use crate::ir::{BinaryOp, Op, ReduceOp, UnaryOp, ValueId};
 use crate::kernel::{FusedLoop, Item, KernelPlan, Kind, Literal, Operand};
+use crate::shapes::Shapes;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, AbiParam, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_codegen::isa::TargetFrontendConfig;

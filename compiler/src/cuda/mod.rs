@@ -67,12 +67,12 @@ pub mod prelude;
 
 use crate::autodiff::Gradient;
 use crate::diag::SourceMap;
-use crate::interp::Shapes;
 use crate::ir::print::{value_line, LeafNames};
 use crate::ir::{BinaryOp, Cell, Graph, Op, ReduceOp, UnaryOp, ValueId};
 use crate::kernel::{FusedLoop, Item, KernelPlan, Kind, Literal, Operand};
 use crate::program::{Program, Side};
 use crate::schedule::{Stage, StageKind};
+use crate::shapes::Shapes;
 use std::collections::HashMap;
 use std::fmt::Write;
 

@@ -7,8 +7,8 @@
 //! before any generated kernel runs.
 
 use super::{Item, KernelError, KernelPlan, Literal, Operand};
-use crate::interp::Shapes;
 use crate::ir::{Graph, ValueId};
+use crate::shapes::Shapes;
 
 /// Runs one plan over rows, reusing its buffers from row to row.
 #[derive(Debug)]

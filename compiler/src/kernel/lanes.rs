@@ -6,9 +6,9 @@
 //! that does not fit sends the stage to the block form.
 
 use super::{Chain, Item, KernelPlan, Kind};
-use crate::interp::Shapes;
 use crate::ir::{Graph, Op, ValueId};
 use crate::schedule::{Stage, StageKind};
+use crate::shapes::Shapes;
 use std::collections::HashMap;
 
 /// At most this many pieces per vector in the lane form (an LSTM's gates

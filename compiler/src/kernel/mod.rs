@@ -21,9 +21,9 @@ pub mod eval;
 pub mod lanes;
 mod text;
 
-use crate::interp::Shapes;
 use crate::ir::{Graph, Op, ReduceOp, ValueId};
 use crate::schedule::{Stage, StageKind};
+use crate::shapes::Shapes;
 use lanes::Lanes;
 use std::collections::{HashMap, HashSet};
 

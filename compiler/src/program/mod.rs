@@ -15,11 +15,12 @@
 
 use crate::autodiff::Gradient;
 use crate::dims::Bindings;
-use crate::interp::{InterpError, Shapes};
+use crate::interp::InterpError;
 use crate::ir::verify::VerifyError;
 use crate::ir::{Cell, Graph, Op, ValueId};
 use crate::kernel::{Chain, KernelPlan};
 use crate::schedule::{Schedule, Stage};
+use crate::shapes::Shapes;
 pub use storage::Storage;
 use storage::Storages;
 pub use tape::{Kept, TapeLayout, TapePart};

@@ -21,9 +21,9 @@
 
 use super::Side;
 use crate::autodiff::Gradient;
-use crate::interp::Shapes;
 use crate::ir::{Cell, Graph, Op, Type, ValueId};
 use crate::schedule::{Placement, Schedule, StageKind};
+use crate::shapes::Shapes;
 use std::collections::HashSet;
 
 /// Where a value lives (see the module documentation).

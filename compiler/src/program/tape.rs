@@ -7,8 +7,8 @@
 //! program's, not a back end's: part after part, each `rows × floats`
 //! of the pass's layout rows, in the order of [`TapeLayout::parts`].
 
-use crate::interp::Shapes;
 use crate::ir::ValueId;
+use crate::shapes::Shapes;
 use std::ops::Range;
 
 /// What one part of the tape holds for each row.

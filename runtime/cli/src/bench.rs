@@ -84,7 +84,7 @@ fn gemm_flops(model: &Model, tokens: f64, train: bool) -> f64 {
     for layer in model.layers() {
         let per_row = |stages: &[cellc::schedule::Stage],
                        graph: &cellc::ir::Graph,
-                       plan: &cellc::interp::Shapes|
+                       plan: &cellc::shapes::Shapes|
          -> f64 {
             stages
                 .iter()

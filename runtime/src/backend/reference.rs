@@ -1,5 +1,5 @@
 //! The reference back end: runs the schedule's stages with the
-//! interpreter's op semantics ([`cellc::interp::Shapes::compute`]) and plain
+//! interpreter's op semantics ([`cellc::shapes::Shapes::compute`]) and plain
 //! matrix-vector products, one row at a time.
 //!
 //! It is slow on purpose and exists to fix the semantics: it executes the
@@ -13,11 +13,11 @@
 use super::{Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, Tape};
 use crate::error::{Result, RuntimeError};
 use crate::model::Layer;
-use cellc::interp::Shapes;
 use cellc::ir::{Graph, Op, ValueId};
 use cellc::kernel::eval::RowEvaluator;
 use cellc::program::Side;
 use cellc::schedule::{Placement, Stage};
+use cellc::shapes::Shapes;
 use std::collections::HashMap;
 
 #[derive(Clone, Copy, Debug, Default)]

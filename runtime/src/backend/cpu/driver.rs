@@ -19,9 +19,9 @@ use crate::backend::PreparedWeights;
 use crate::backend::Rows;
 use crate::error::{Result, RuntimeError};
 use crate::sequence::{BatchOrder, RowLayout};
-use cellc::interp::Shapes;
 use cellc::ir::{Graph, Op, ValueId};
 use cellc::schedule::{Placement, Stage, StageKind};
+use cellc::shapes::Shapes;
 use std::collections::HashMap;
 use std::sync::Arc;
 

@@ -34,10 +34,10 @@ use super::{
 use crate::error::{Result, RuntimeError};
 use crate::model::{CompiledCell, Layer};
 use crate::pool;
-use cellc::interp::Shapes;
 use cellc::ir::{Graph, Op, ValueId};
 use cellc::program::{Kept, ProgramKernel, Side, Storage};
 use cellc::schedule::Placement;
+use cellc::shapes::Shapes;
 use driver::{
     constants, gemm_all_rows, locate, prepared_params, run_pointwise, Buffers, Frame, Loc, ReadyStage,
     SendTable, SharedRows,

@@ -9,8 +9,8 @@
 //! [`Interpreted`] runs a stage with the interpreter's op semantics; the
 //! JIT-compiled kernels implement the same trait and are tested against it.
 
-use cellc::interp::Shapes;
 use cellc::ir::{Graph, ValueId};
+use cellc::shapes::Shapes;
 use std::sync::Arc;
 
 pub trait StageExec: Send + Sync {

@@ -9,9 +9,9 @@ use super::device::{Arg, Call, Gemm};
 use super::storage::{error, Home, LayerRun, Order, Row};
 use crate::error::Result;
 use cellc::cuda::Kernel;
-use cellc::interp::Shapes;
 use cellc::ir::{Graph, Op, ValueId};
 use cellc::schedule::{Placement, Stage, StageKind};
+use cellc::shapes::Shapes;
 use std::collections::HashMap;
 
 /// The calls of one pass, in order.

@@ -23,8 +23,8 @@ pub(super) use super::device::error;
 use super::device::{Buf, Device};
 use crate::error::Result;
 use crate::sequence::{BatchOrder, RowLayout};
-use cellc::interp::Shapes;
 use cellc::ir::{Graph, Op, ValueId};
+use cellc::shapes::Shapes;
 use std::collections::HashMap;
 use std::sync::Arc;
 

@@ -22,9 +22,9 @@
 mod math;
 
 use super::stage::StageExec;
-use cellc::interp::Shapes;
 use cellc::ir::{BinaryOp, Op, ReduceOp, ValueId};
 use cellc::kernel::{Item, KernelPlan, Kind, Literal, Operand};
+use cellc::shapes::Shapes;
 use math::V;
 use std::arch::x86_64::*;
 

@@ -8,8 +8,8 @@ mod against_the_jit {
     use super::super::{supported, Avx512Stage};
     use crate::backend::cpu::codegen::jit;
     use crate::backend::cpu::stage::StageExec;
-    use cellc::interp::Shapes;
     use cellc::program::{Side, Steps};
+    use cellc::shapes::Shapes;
 
     /// Values that take every branch of the math: NaN, infinities, signed
     /// zeros, subnormals, the clamps' edges, tanh's tiny and saturated

@@ -2,9 +2,9 @@
 
 use super::{define_stage, isa, CodegenError};
 use crate::backend::cpu::native::{KernelFn, NativeStage};
-use cellc::interp::Shapes;
 use cellc::ir::{Graph, ValueId};
 use cellc::kernel::KernelPlan;
+use cellc::shapes::Shapes;
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, Linkage, Module};
 

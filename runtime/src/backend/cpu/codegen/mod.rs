@@ -12,8 +12,8 @@ pub mod object;
 pub use cellc::clif::{define_stage, math, CodegenError};
 #[cfg(all(test, feature = "jit"))]
 use cellc::{
-    interp::Shapes,
     ir::{Op, UnaryOp},
+    shapes::Shapes,
 };
 use cranelift_codegen::settings::{self, Configurable};
 
