@@ -62,11 +62,6 @@ impl TapeLayout {
         TapeLayout { parts }
     }
 
-    /// Whether the tape keeps `kept`.
-    pub fn keeps(&self, kept: Kept) -> bool {
-        self.parts.iter().any(|p| p.kept == kept)
-    }
-
     /// The parts, in the reserve's order.
     pub fn parts(&self) -> &[TapePart] {
         &self.parts

@@ -355,9 +355,9 @@ impl std::ops::DerefMut for TapeBuf {
 }
 
 impl CpuTape {
-    /// A tape of `rows` layout rows whose parts come from `take` (given
-    /// each part's floats), in the program's order.
-    fn make(layer: &Layer, rows: usize, mut take: impl FnMut(usize) -> TapeBuf) -> CpuTape {
+    /// A tape of `rows` layout rows whose parts come from `take`, given
+    /// each part's floats in a reserve of the program's layout.
+    fn make(layer: &Layer, rows: usize, mut take: impl FnMut(std::ops::Range<usize>) -> TapeBuf) -> CpuTape {
         let states = layer.state_sizes.len();
         let mut tape = CpuTape {
             states_before: (0..states).map(|_| None).collect(),
@@ -365,8 +365,8 @@ impl CpuTape {
             output: None,
             saved: HashMap::new(),
         };
-        for part in layer.tape().parts() {
-            let buf = take(rows * part.floats);
+        for (part, floats) in layer.tape().ranges(rows) {
+            let buf = take(floats);
             match part.kept {
                 Kept::StateBefore(i) => tape.states_before[i] = Some(buf),
                 Kept::StateAfter(i) => tape.states_after[i] = Some(buf),
@@ -380,7 +380,7 @@ impl CpuTape {
     }
 
     fn pooled(layer: &Layer, rows: usize) -> CpuTape {
-        Self::make(layer, rows, |len| TapeBuf::Pooled(pool::take(len)))
+        Self::make(layer, rows, |floats| TapeBuf::Pooled(pool::take(floats.len())))
     }
 
     /// A tape laid out over the caller's `memory` (`rows` times the tape's
@@ -398,12 +398,10 @@ impl CpuTape {
                 found: format!("{len}"),
             });
         }
-        let mut at = 0;
-        Ok(Self::make(layer, rows, |n| {
-            // SAFETY: the parts add up to `len` (checked above).
-            let ptr = unsafe { memory.add(at) };
-            at += n;
-            TapeBuf::Caller { ptr, len: n }
+        Ok(Self::make(layer, rows, |floats| {
+            // SAFETY: the parts' ranges end at `len` (checked above).
+            let ptr = unsafe { memory.add(floats.start) };
+            TapeBuf::Caller { ptr, len: floats.len() }
         }))
     }
 
