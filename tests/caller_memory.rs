@@ -3,10 +3,9 @@
 //! weights given on each call, the outputs written in place, and what the
 //! backward reads kept in a reserve the caller holds. They give exactly
 //! what the model's own passes give, on every shipped cell, padded (both
-//! alignments) and packed, two layers and both directions, on the CPU back
-//! end (tapes in the reserve) and the reference one (which keeps its tapes
-//! itself, so its backward runs the forward again); bad buffers get typed
-//! errors.
+//! alignments) and packed, two layers and both directions, on the CPU and
+//! reference back ends (each keeping its tapes in the reserve, laid out as
+//! the program says); bad buffers get typed errors.
 
 mod support;
 
@@ -50,7 +49,7 @@ fn through_caller_memory(model: &Model, input: Input, h0: &[Vec<f32>], d_out: &[
     let h0_slices: Vec<&[f32]> = h0.iter().map(Vec::as_slice).collect();
     let call = Call { input, weights: Some(&weight_slices), h0: Some(&h0_slices) };
     let rows = d_out.len() / model.output_size();
-    let per_row = model.reserve_floats_per_row().unwrap_or(0);
+    let per_row = model.reserve_floats_per_row();
     // Garbage where nothing should be read: NaN.
     let mut reserve = vec![f32::NAN; rows * per_row];
     let mut output = vec![f32::NAN; d_out.len()];
@@ -224,7 +223,7 @@ fn bad_caller_buffers_get_typed_errors() {
     let x = data(LENGTHS.len() * STEPS * model.input_size(), 3);
     let input = padded(&x, Major::BatchFirst, Align::Left);
     let rows = LENGTHS.len() * STEPS;
-    let per_row = model.reserve_floats_per_row().expect("the cpu keeps its tapes in a reserve");
+    let per_row = model.reserve_floats_per_row();
     let mut output = vec![0.0; rows * model.output_size()];
     let mut finals: Vec<Vec<f32>> = model.forward(input, None).expect("forward").final_states;
     let shape_error = |e: RuntimeError, want: &str| match e {

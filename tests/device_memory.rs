@@ -1,6 +1,6 @@
-//! Passes over device memory the caller owns ([`Model::forward_on_device`],
-//! [`Model::backward_on_device`]), as a framework's CUDA tensors drive
-//! them. On the emulated device, host buffers stand in for device memory:
+//! Passes over device memory the caller owns ([`Model::forward_into`],
+//! [`Model::backward_from`], the tape in a reserve of that memory), as
+//! a framework's CUDA tensors drive them. On the emulated device, host buffers stand in for device memory:
 //! the passes give exactly (bit for bit) what the model's own passes give
 //! on the same device, on every shipped cell, padded (both alignments) and
 //! packed, two layers and both directions, with given and zero initial
@@ -89,7 +89,9 @@ fn through_device_memory(
         output: mem.put(&nan(d_out.len())),
         final_states: d_final.iter().map(|s| mem.put(&nan(s.len()))).collect(),
     };
-    model.forward_on_device(&call, &out).expect("forward_on_device");
+    let rows = d_out.len() / model.output_size().max(1);
+    let reserve = mem.put(&nan(rows * model.reserve_floats_per_row()));
+    model.forward_into(&call, &out, Some(reserve)).expect("device forward");
     let d_output = mem.put(d_out);
     let d_final: Vec<DeviceFloats> = d_final.iter().map(|s| mem.put(s)).collect();
     let grads = DeviceBackwardOut {
@@ -97,7 +99,7 @@ fn through_device_memory(
         d_h0: out.final_states.iter().map(|s| mem.put(&nan(s.len))).collect(),
         d_params: weights.iter().map(|ps| ps.iter().map(|p| mem.put(&nan(p.len))).collect()).collect(),
     };
-    model.backward_on_device(&call, d_output, Some(&d_final), &grads).expect("backward_on_device");
+    model.backward_from(&call, reserve, d_output, Some(&d_final), &grads).expect("device backward");
     Results {
         output: bits(&mem.get(out.output)),
         finals: out.final_states.iter().map(|&s| bits(&mem.get(s))).collect(),
@@ -280,10 +282,11 @@ fn graphs_replay_over_device_memory(cuda: Cuda, mem: &mut dyn Memory) {
         d_params: weights.iter().map(|ps| ps.iter().map(|p| mem.put(&vec![0.0; p.len])).collect()).collect(),
     };
     let call = DeviceCall { shape, input, weights: &weights, h0: None, stream: mem.stream() };
+    let reserve = mem.put(&vec![0.0; b * STEPS * model.reserve_floats_per_row()]);
     let mut first = None;
     for round in 0..5 {
-        model.forward_on_device(&call, &out).expect("forward_on_device");
-        model.backward_on_device(&call, d_output, None, &grads).expect("backward_on_device");
+        model.forward_into(&call, &out, Some(reserve)).expect("device forward");
+        model.backward_from(&call, reserve, d_output, None, &grads).expect("device backward");
         let mut got = vec![bits(&mem.get(out.output)), bits(&mem.get(grads.d_input))];
         got.extend(out.final_states.iter().map(|&s| bits(&mem.get(s))));
         got.extend(grads.d_params.iter().flatten().map(|&p| bits(&mem.get(p))));
@@ -340,17 +343,28 @@ fn bad_device_buffers_get_typed_errors() {
     let call = |weights| DeviceCall { shape, input, weights, h0: None, stream: 0 };
 
     let short = DeviceForwardOut { output: DeviceFloats { len: 3, ..out.output }, ..out.clone() };
-    shape_error(model.forward_on_device(&call(&weights), &short).unwrap_err(), "output");
+    shape_error(model.forward_into(&call(&weights), &short, None).unwrap_err(), "output");
     let mut cut = weights.clone();
     cut[1][0].len -= 1;
-    shape_error(model.forward_on_device(&call(&cut), &out).unwrap_err(), "weight_ih_l0_reverse");
+    shape_error(model.forward_into(&call(&cut), &out, None).unwrap_err(), "weight_ih_l0_reverse");
     let h0 = [DeviceFloats { len: 1, ..finals[0] }];
     let with_h0 = DeviceCall { h0: Some(&h0), ..call(&weights) };
-    shape_error(model.forward_on_device(&with_h0, &out).unwrap_err(), "h0.h");
+    shape_error(model.forward_into(&with_h0, &out, None).unwrap_err(), "h0.h");
+    // A reserve one float short, to the forward and to the backward.
+    let reserve = mem.put(&vec![0.0; rows * model.reserve_floats_per_row() - 1]);
+    shape_error(model.forward_into(&call(&weights), &out, Some(reserve)).unwrap_err(), "reserve");
+    let grads = DeviceBackwardOut {
+        d_input: mem.put(&vec![0.0; input.len]),
+        d_h0: Vec::new(),
+        d_params: weights.iter().map(|ps| ps.iter().map(|p| mem.put(&vec![0.0; p.len])).collect()).collect(),
+    };
+    let d_output = mem.put(&vec![0.0; rows * model.output_size()]);
+    let backward = model.backward_from(&call(&weights), reserve, d_output, None, &grads);
+    shape_error(backward.unwrap_err(), "reserve");
 
     // A back end on host memory says it cannot take device memory.
     let cpu_model = support::two_layer_model(&cell, (6, 3, 3), 5, &|| Box::new(Reference));
-    match cpu_model.forward_on_device(&call(&weights), &out) {
+    match cpu_model.forward_into(&call(&weights), &out, None) {
         Err(RuntimeError::Backend { message, .. }) => assert!(message.contains("device memory"), "{message}"),
         other => panic!("expected a back-end error, got {other:?}"),
     }

@@ -4,12 +4,22 @@
 //! in which a training forward keeps what the backward reads, which the
 //! framework's autograd holds between the two as one of its tensors
 //! (cuDNN's "reserve space"). Nothing is copied but what the layout needs.
+//!
+//! One pair of entry points, [`Model::forward_into`] and
+//! [`Model::backward_from`], serves host memory ([`Call`], slices) and
+//! device memory ([`crate::DeviceCall`], addresses) alike: the call's type
+//! says which ([`CallerMemory`]), and both run through the one driver.
 
+use crate::driver::{BackwardSpans, ForwardSpans};
 use crate::error::{Result, RuntimeError};
-use crate::exec::{BackwardOut, BatchShape, ForwardOut, Input, Keep, Kept, LaidOutBatch, PassParams};
+use crate::exec::{BackwardOut, BatchShape, ForwardOut, Input};
+use crate::host_target::{HostTarget, PassParams};
 use crate::model::Model;
+use crate::pass::Span;
+use crate::sequence::check_len;
+use crate::sequence::LaidOutBatch;
 
-/// The inputs of a pass on the caller's memory.
+/// The inputs of a pass on the caller's host memory.
 #[derive(Clone, Copy, Debug)]
 pub struct Call<'a> {
     pub input: Input<'a>,
@@ -20,6 +30,46 @@ pub struct Call<'a> {
     pub h0: Option<&'a [&'a [f32]]>,
 }
 
+pub(crate) mod sealed {
+    /// Only this crate's call types name caller memory.
+    pub trait Sealed {}
+    impl Sealed for super::Call<'_> {}
+}
+
+/// The memory a caller's pass runs over, named by its call's type: host
+/// memory ([`Call`]: slices) or device memory ([`crate::DeviceCall`]:
+/// addresses and lengths, the work queued on the call's stream).
+pub trait CallerMemory: sealed::Sealed {
+    /// Floats the pass reads.
+    type Floats<'f>: Copy;
+    /// The reserve, as the backward reads it.
+    type Reserve<'r>: Copy;
+    /// The reserve, as the training forward writes it.
+    type ReserveMut<'r>;
+    /// Where the forward writes.
+    type ForwardOut<'o>;
+    /// Where the backward writes.
+    type BackwardOut<'o>;
+
+    #[doc(hidden)]
+    fn forward(
+        &self,
+        model: &Model,
+        out: Self::ForwardOut<'_>,
+        reserve: Option<Self::ReserveMut<'_>>,
+    ) -> Result<()>;
+
+    #[doc(hidden)]
+    fn backward(
+        &self,
+        model: &Model,
+        reserve: Self::Reserve<'_>,
+        d_output: Self::Floats<'_>,
+        d_final: Option<&[Self::Floats<'_>]>,
+        out: Self::BackwardOut<'_>,
+    ) -> Result<()>;
+}
+
 impl Model {
     /// Checks a batch of `shape` with `data_len` floats of input against
     /// the model without running it: the errors a pass would give.
@@ -27,75 +77,113 @@ impl Model {
         self.lay_out(shape, data_len).map(|_| ())
     }
 
-    /// The call's batch laid out and checked to fit in memory, and its weights.
-    fn laid_out<'a>(&'a self, call: &Call<'a>, training: bool) -> Result<(LaidOutBatch, PassParams<'a>)> {
-        let p = self.prepare(&call.input)?;
-        self.ensure_pass_fits(&p, training)?;
-        let params = match call.weights {
-            Some(w) => self.caller_params(w)?,
-            None => self.own_params()?,
-        };
-        Ok((p, params))
-    }
-
-    /// A forward pass writing `out`. With a `reserve` of
-    /// [`Model::reserve_floats_per_row`] floats per layout row, it keeps
-    /// there what [`Model::backward_from`] reads (where the back end keeps
-    /// its tapes itself, the reserve is empty and the backward runs the
-    /// forward again).
-    pub fn forward_into(&self, call: &Call, out: ForwardOut, reserve: Option<&mut [f32]>) -> Result<()> {
-        let (p, params) = self.laid_out(call, reserve.is_some())?;
-        let batch = p.order.batch();
-        let h0 = self.states_or_zeros(call.h0, batch, "h0")?;
-        self.check_states(out.final_states.len(), |i| out.final_states[i].len(), batch, "final_states")?;
-        let keep = match reserve {
-            None => Keep::Nothing,
-            Some(r) if r.is_empty() && self.reserve_floats_per_row().is_none() => Keep::Nothing,
-            Some(r) => Keep::Reserve(r),
-        };
-        self.run_forward(&call.input, &p, &params, &h0, out, keep)?;
-        Ok(())
+    /// A forward pass over the caller's memory, writing `out`. With a
+    /// `reserve` of [`Model::reserve_floats_per_row`] floats per layout
+    /// row, it keeps there what [`Model::backward_from`] reads.
+    pub fn forward_into<C: CallerMemory>(
+        &self,
+        call: &C,
+        out: C::ForwardOut<'_>,
+        reserve: Option<C::ReserveMut<'_>>,
+    ) -> Result<()> {
+        call.forward(self, out, reserve)
     }
 
     /// The backward of a [`Model::forward_into`] with the same `call` and
     /// its `reserve`: `d_output` is laid out like the output, `d_final`
-    /// (optional) like the final states.
-    pub fn backward_from(
+    /// (optional; `None`: zeros) like the final states.
+    pub fn backward_from<C: CallerMemory>(
         &self,
-        call: &Call,
+        call: &C,
+        reserve: C::Reserve<'_>,
+        d_output: C::Floats<'_>,
+        d_final: Option<&[C::Floats<'_>]>,
+        out: C::BackwardOut<'_>,
+    ) -> Result<()> {
+        call.backward(self, reserve, d_output, d_final, out)
+    }
+}
+
+impl<'a> Call<'a> {
+    /// The call's batch laid out and checked to fit in memory, its weights
+    /// checked, and its initial states' lengths.
+    fn laid_out(&self, model: &'a Model, training: bool) -> Result<(LaidOutBatch, PassParams<'a>)> {
+        let p = model.prepare(&self.input)?;
+        model.ensure_pass_fits(&p, training)?;
+        let params = match self.weights {
+            Some(w) => model.caller_params(w)?,
+            None => model.own_params()?,
+        };
+        if let Some(h0) = self.h0 {
+            model.check_states(h0.len(), |i| h0[i].len(), p.order.batch(), "h0")?;
+        }
+        Ok((p, params))
+    }
+
+    fn h0_spans(&self) -> Option<Vec<Span>> {
+        self.h0.map(|h| h.iter().map(|s| Span::of(s)).collect())
+    }
+}
+
+impl CallerMemory for Call<'_> {
+    type Floats<'f> = &'f [f32];
+    type Reserve<'r> = &'r [f32];
+    type ReserveMut<'r> = &'r mut [f32];
+    type ForwardOut<'o> = ForwardOut<'o>;
+    type BackwardOut<'o> = BackwardOut<'o>;
+
+    fn forward(&self, model: &Model, out: ForwardOut, reserve: Option<&mut [f32]>) -> Result<()> {
+        let (p, params) = self.laid_out(model, reserve.is_some())?;
+        let batch = p.order.batch();
+        check_len("output", out.output.len(), &[p.rows, model.output_size()])?;
+        model.check_states(out.final_states.len(), |i| out.final_states[i].len(), batch, "final_states")?;
+        let spans = ForwardSpans {
+            input: Span::of(self.input.split().1),
+            h0: self.h0_spans(),
+            output: Span::of_mut(out.output),
+            finals: out.final_states.into_iter().map(Span::of_mut).collect(),
+            reserve: reserve.map(Span::of_mut),
+        };
+        // SAFETY: every span is borrowed from the call, `out` or `reserve`
+        // until the pass ends; the ones written are mutable borrows, so
+        // distinct from every other.
+        let mut target = unsafe { HostTarget::new(model, &p, &params) };
+        model.drive_forward(&p, spans, &mut target)
+    }
+
+    fn backward(
+        &self,
+        model: &Model,
         reserve: &[f32],
         d_output: &[f32],
         d_final: Option<&[&[f32]]>,
         out: BackwardOut,
     ) -> Result<()> {
-        let (p, params) = self.laid_out(call, true)?;
+        let (p, params) = self.laid_out(model, true)?;
         let batch = p.order.batch();
-        let d_final = self.states_or_zeros(d_final, batch, "grad_final")?;
+        check_len("grad_output", d_output.len(), &[p.rows, model.output_size()])?;
+        check_len("grad_input", out.d_input.len(), &[p.rows, model.input_size()])?;
+        if let Some(d) = d_final {
+            model.check_states(d.len(), |i| d[i].len(), batch, "grad_final")?;
+        }
         if !out.d_h0.is_empty() {
-            self.check_states(out.d_h0.len(), |i| out.d_h0[i].len(), batch, "grad_h0")?;
+            model.check_states(out.d_h0.len(), |i| out.d_h0[i].len(), batch, "grad_h0")?;
         }
-        if self.reserve_floats_per_row().is_some() {
-            let kept = Kept::Reserve(reserve);
-            return self.run_backward(&call.input, &p, &params, &kept, d_output, &d_final, out);
-        }
-        if !reserve.is_empty() {
-            return Err(RuntimeError::Shape {
-                tensor: "reserve".into(),
-                expected: format!("0 floats (the {} back end keeps its tapes itself)", self.backend_name()),
-                found: format!("{} floats", reserve.len()),
-            });
-        }
-        // The back end keeps its tapes itself: run the forward again for them.
-        let h0 = self.states_or_zeros(call.h0, batch, "h0")?;
-        let mut output = vec![0.0f32; p.rows * self.output_size()];
-        let mut finals: Vec<Vec<f32>> = h0.iter().map(|b| vec![0.0; b.len()]).collect();
-        let scratch = ForwardOut {
-            output: &mut output,
-            final_states: finals.iter_mut().map(Vec::as_mut_slice).collect(),
+        let views: Vec<Vec<&[f32]>> =
+            out.d_params.iter().map(|ps| ps.iter().map(|s| &**s).collect()).collect();
+        model.check_weights(&views).map_err(RuntimeError::named_as_gradient)?;
+        let BackwardOut { d_input, d_h0, d_params } = out;
+        let spans = BackwardSpans {
+            input: Span::of(self.input.split().1),
+            reserve: Span::of(reserve),
+            d_output: Span::of(d_output),
+            d_final: d_final.map(|d| d.iter().map(|s| Span::of(s)).collect()),
+            d_input: Span::of_mut(d_input),
+            d_h0: (!d_h0.is_empty()).then(|| d_h0.into_iter().map(Span::of_mut).collect()),
+            d_params: d_params.into_iter().map(|ps| ps.into_iter().map(Span::of_mut).collect()).collect(),
         };
-        let kept = self
-            .run_forward(&call.input, &p, &params, &h0, scratch, Keep::Tapes)?
-            .ok_or_else(|| RuntimeError::Internal("training forward kept no tapes".into()))?;
-        self.run_backward(&call.input, &p, &params, &kept, d_output, &d_final, out)
+        // SAFETY: as in `forward`.
+        let mut target = unsafe { HostTarget::new(model, &p, &params) };
+        model.drive_backward(&p, spans, &mut target)
     }
 }

@@ -1,18 +1,25 @@
-//! Passes over device memory the caller owns: a framework's CUDA tensors
-//! read and written where they lie, the pass's work queued on the caller's
-//! stream after the framework's own and before what it queues next, with
-//! no host wait. The same checks as [`crate::call`]'s host passes (every
-//! buffer's length against its shape, named); the back end must run on a
-//! device ([`crate::backend::DevicePasses`]: the CUDA back end).
+//! Passes over device memory the caller owns ([`Model::forward_into`] and
+//! [`Model::backward_from`] given a [`DeviceCall`]): a framework's CUDA
+//! tensors read and written where they lie, the pass's work queued on the
+//! caller's stream after the framework's own and before what it queues
+//! next, with no host wait. The same checks as [`crate::call`]'s host
+//! passes (every buffer's length against its shape, named) and the same
+//! driver; the back end must run on a device
+//! ([`crate::backend::DevicePasses`]: the CUDA back end).
 //!
-//! The back end keeps no tape in the caller's memory here: the backward
-//! runs the forward again on the device, keeping its values until the
-//! backward is done (no reserve).
+//! A training forward keeps what the backward reads in a reserve of the
+//! caller's device memory, laid out as a host pass's
+//! ([`Model::reserve_floats_per_row`] floats per layout row), which the
+//! framework's autograd holds between the two passes.
 
 use crate::backend::DevicePasses;
+use crate::call::CallerMemory;
+use crate::driver::{BackwardSpans, ForwardSpans};
 use crate::error::{Result, RuntimeError};
-use crate::exec::{BatchShape, LaidOutBatch};
+use crate::exec::BatchShape;
 use crate::model::Model;
+use crate::pass::Span;
+use crate::sequence::LaidOutBatch;
 use crate::sequence::{check_len, Floats};
 
 /// Floats in device memory: the address of the first, and how many.
@@ -64,60 +71,88 @@ pub struct DeviceBackwardOut {
     pub d_params: Vec<Vec<DeviceFloats>>,
 }
 
-impl Model {
+impl crate::call::sealed::Sealed for DeviceCall<'_> {}
+
+impl DeviceCall<'_> {
     /// The back end's device passes, and the call's batch laid out with
-    /// every buffer of the call checked.
-    fn on_device(&self, call: &DeviceCall, training: bool) -> Result<(&dyn DevicePasses, LaidOutBatch)> {
-        let passes = self.backend.device_passes().ok_or_else(|| RuntimeError::Backend {
-            backend: self.backend.name().into(),
+    /// its inputs checked.
+    fn on_device<'m>(
+        &self,
+        model: &'m Model,
+        training: bool,
+    ) -> Result<(&'m dyn DevicePasses, LaidOutBatch)> {
+        let passes = model.backend.device_passes().ok_or_else(|| RuntimeError::Backend {
+            backend: model.backend.name().into(),
             message: "this back end runs on host memory: device memory needs the cuda back end".into(),
         })?;
-        let p = self.lay_out(&call.shape, call.input.len)?;
-        self.ensure_pass_fits(&p, training)?;
-        self.check_weights(call.weights)?;
-        if let Some(h0) = call.h0 {
-            self.check_states(h0.len(), |i| h0[i].len, p.order.batch(), "h0")?;
+        let p = model.lay_out(&self.shape, self.input.len)?;
+        model.ensure_pass_fits(&p, training)?;
+        model.check_weights(self.weights)?;
+        if let Some(h0) = self.h0 {
+            model.check_states(h0.len(), |i| h0[i].len, p.order.batch(), "h0")?;
         }
         Ok((passes, p))
     }
+}
 
-    /// A forward pass over device memory writing `out` (inference: what
-    /// a backward reads is not kept; [`Model::backward_on_device`] runs the
-    /// forward again).
-    pub fn forward_on_device(&self, call: &DeviceCall, out: &DeviceForwardOut) -> Result<()> {
-        let (passes, p) = self.on_device(call, false)?;
-        check_len("output", out.output.len, &[p.rows, self.output_size()])?;
+fn span(f: DeviceFloats) -> Span {
+    Span { addr: f.addr, len: f.len }
+}
+
+impl CallerMemory for DeviceCall<'_> {
+    type Floats<'f> = DeviceFloats;
+    type Reserve<'r> = DeviceFloats;
+    type ReserveMut<'r> = DeviceFloats;
+    type ForwardOut<'o> = &'o DeviceForwardOut;
+    type BackwardOut<'o> = &'o DeviceBackwardOut;
+
+    fn forward(&self, model: &Model, out: &DeviceForwardOut, reserve: Option<DeviceFloats>) -> Result<()> {
+        let (passes, p) = self.on_device(model, reserve.is_some())?;
+        check_len("output", out.output.len, &[p.rows, model.output_size()])?;
         let finals = &out.final_states;
-        self.check_states(finals.len(), |i| finals[i].len, p.order.batch(), "final_states")?;
-        passes.forward_on_device(self, &p, call, out)
+        model.check_states(finals.len(), |i| finals[i].len, p.order.batch(), "final_states")?;
+        let spans = ForwardSpans {
+            input: span(self.input),
+            h0: self.h0.map(|h| h.iter().copied().map(span).collect()),
+            output: span(out.output),
+            finals: finals.iter().copied().map(span).collect(),
+            reserve: reserve.map(span),
+        };
+        let weights = self.weights.iter().map(|ps| ps.iter().copied().map(span).collect()).collect();
+        let mut target = passes.target(&model.compiled, &model.layers, &p, weights, self.stream)?;
+        model.drive_forward(&p, spans, target.as_mut())
     }
 
-    /// The backward of a forward with the same `call`: `d_output` is laid
-    /// out like the output, `d_final` (optional; `None`: zeros) like the
-    /// final states.
-    pub fn backward_on_device(
+    fn backward(
         &self,
-        call: &DeviceCall,
+        model: &Model,
+        reserve: DeviceFloats,
         d_output: DeviceFloats,
         d_final: Option<&[DeviceFloats]>,
         out: &DeviceBackwardOut,
     ) -> Result<()> {
-        let (passes, p) = self.on_device(call, true)?;
+        let (passes, p) = self.on_device(model, true)?;
         let batch = p.order.batch();
-        check_len("grad_output", d_output.len, &[p.rows, self.output_size()])?;
-        check_len("grad_input", out.d_input.len, &[p.rows, self.input_size()])?;
+        check_len("grad_output", d_output.len, &[p.rows, model.output_size()])?;
+        check_len("grad_input", out.d_input.len, &[p.rows, model.input_size()])?;
         if let Some(d) = d_final {
-            self.check_states(d.len(), |i| d[i].len, batch, "grad_final")?;
+            model.check_states(d.len(), |i| d[i].len, batch, "grad_final")?;
         }
         if !out.d_h0.is_empty() {
-            self.check_states(out.d_h0.len(), |i| out.d_h0[i].len, batch, "grad_h0")?;
+            model.check_states(out.d_h0.len(), |i| out.d_h0[i].len, batch, "grad_h0")?;
         }
-        self.check_weights(&out.d_params).map_err(|e| match e {
-            RuntimeError::Shape { tensor, expected, found } => {
-                RuntimeError::Shape { tensor: format!("gradient of {tensor}"), expected, found }
-            }
-            other => other,
-        })?;
-        passes.backward_on_device(self, &p, call, d_output, d_final, out)
+        model.check_weights(&out.d_params).map_err(RuntimeError::named_as_gradient)?;
+        let spans = BackwardSpans {
+            input: span(self.input),
+            reserve: span(reserve),
+            d_output: span(d_output),
+            d_final: d_final.map(|d| d.iter().copied().map(span).collect()),
+            d_input: span(out.d_input),
+            d_h0: (!out.d_h0.is_empty()).then(|| out.d_h0.iter().copied().map(span).collect()),
+            d_params: out.d_params.iter().map(|ps| ps.iter().copied().map(span).collect()).collect(),
+        };
+        let weights = self.weights.iter().map(|ps| ps.iter().copied().map(span).collect()).collect();
+        let mut target = passes.target(&model.compiled, &model.layers, &p, weights, self.stream)?;
+        model.drive_backward(&p, spans, target.as_mut())
     }
 }

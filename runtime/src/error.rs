@@ -101,6 +101,19 @@ impl fmt::Display for RuntimeError {
 
 impl std::error::Error for RuntimeError {}
 
+impl RuntimeError {
+    /// A weight's shape error, named as its gradient's (a gradient buffer
+    /// is checked against its weight's shape).
+    pub(crate) fn named_as_gradient(self) -> RuntimeError {
+        match self {
+            RuntimeError::Shape { tensor, expected, found } => {
+                RuntimeError::Shape { tensor: format!("gradient of {tensor}"), expected, found }
+            }
+            other => other,
+        }
+    }
+}
+
 impl From<cellc::InterpError> for RuntimeError {
     fn from(e: cellc::InterpError) -> RuntimeError {
         match e {

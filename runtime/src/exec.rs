@@ -1,19 +1,18 @@
-//! Running a model over a batch: layers, directions, initial and final
-//! states, training forward and backward.
-//!
-//! Layer `k` reads layer `k-1`'s output; a bidirectional layer writes its
-//! forward direction's output in features `[0, O)` and the reverse one's in
-//! `[O, 2O)`. Intermediate layers' outputs live in buffers laid out like
-//! the caller's input (same row layout, wider rows), so the caller's input
-//! and output are never copied or reordered.
+//! A model's own passes over a batch (inference, training forward,
+//! backward), into buffers the runtime makes, and the types every pass
+//! shares: the batch in the caller's layout, checked and laid out; the
+//! pass's parameters; its results. The work of every pass, these and the
+//! caller's ([`crate::call`], [`crate::device_call`]), is decided by
+//! [`crate::driver`].
 
-use crate::backend::{BackwardJob, ForwardJob, PreparedWeights, Rows, RowsMut, Tape};
+use crate::driver::{BackwardSpans, ForwardSpans};
 use crate::error::{Result, RuntimeError};
+use crate::host_target::HostTarget;
 use crate::model::Model;
+use crate::pass::Span;
 use crate::sequence::{
-    check_len, padding_rows, zero_rows, Align, BatchOrder, Floats, Major, PackedIndex, PackedView, RowLayout,
+    check_len, Align, BatchOrder, Floats, LaidOutBatch, Major, PackedIndex, PackedView, RowLayout,
 };
-use std::borrow::Cow;
 
 /// A batch in the caller's own layout.
 #[derive(Clone, Copy, Debug)]
@@ -82,34 +81,19 @@ pub struct Gradients {
     pub d_params: Vec<Vec<Vec<f32>>>,
 }
 
-/// What a training forward keeps for [`Model::backward`].
+/// What a training forward keeps for [`Model::backward`]: the input it
+/// read, and its reserve ([`Model::reserve_floats_per_row`]).
 #[derive(Debug)]
 pub struct Trace<'a> {
     input: Input<'a>,
     batch: LaidOutBatch,
-    kept: Kept<'static>,
+    reserve: Vec<f32>,
 }
 
-/// What the backward reads of a training forward.
-#[derive(Debug)]
-pub(crate) enum Kept<'r> {
-    /// Kept by the back end, one tape per layer and direction.
-    Tapes {
-        /// The input of each layer after the first.
-        layer_inputs: Vec<Vec<f32>>,
-        tapes: Vec<Tape>,
-    },
-    /// Laid out in the caller's reserve ([`Model::reserve_floats_per_row`]).
-    Reserve(&'r [f32]),
-}
-
-/// Where a forward keeps what the backward reads.
-pub(crate) enum Keep<'r> {
-    Nothing,
-    /// Tapes the back end keeps ([`Kept::Tapes`]).
-    Tapes,
-    /// The caller's reserve ([`Kept::Reserve`]).
-    Reserve(&'r mut [f32]),
+impl Drop for Trace<'_> {
+    fn drop(&mut self) {
+        crate::pool::give(std::mem::take(&mut self.reserve));
+    }
 }
 
 /// Where a forward pass writes, laid out as [`Output`]'s fields.
@@ -130,50 +114,6 @@ pub struct BackwardOut<'o> {
     /// One buffer per state, or none: the initial states' gradients are not wanted.
     pub d_h0: Vec<&'o mut [f32]>,
     pub d_params: Vec<Vec<&'o mut [f32]>>,
-}
-
-/// A model's parameters for one pass: its own (with the back end's forms
-/// kept across calls), or the caller's (prepared afresh for the pass).
-pub(crate) struct PassParams<'a> {
-    /// `[layer * directions + direction][param]`.
-    params: Vec<Vec<&'a [f32]>>,
-    prepared: Prepared<'a>,
-}
-
-enum Prepared<'a> {
-    Model(&'a [PreparedWeights]),
-    Pass(Vec<PreparedWeights>),
-}
-
-impl PassParams<'_> {
-    fn slot(&self, slot: usize) -> (&[&[f32]], &PreparedWeights) {
-        let prepared = match &self.prepared {
-            Prepared::Model(p) => &p[slot],
-            Prepared::Pass(p) => &p[slot],
-        };
-        (&self.params[slot], prepared)
-    }
-}
-
-/// One layer's part of a reserve: each direction's tape, then (but for the
-/// last layer) the layer's output, which the next layer reads.
-#[derive(Clone, Debug)]
-struct ReserveLayer {
-    tapes: std::ops::Range<usize>,
-    /// Floats of one direction's tape.
-    tape_len: usize,
-    output: std::ops::Range<usize>,
-}
-
-/// A call's batch, checked and laid out: its order by length and where
-/// each row lies.
-#[derive(Debug)]
-pub struct LaidOutBatch {
-    pub(crate) order: BatchOrder,
-    pub(crate) layout: RowLayout,
-    /// Layout rows: a padded batch's `B * T`, a packed batch's `N`.
-    pub(crate) rows: usize,
-    data_features: usize,
 }
 
 impl Model {
@@ -254,26 +194,6 @@ impl Model {
         self.layers.first().map_or(&[][..], |l| &l.state_sizes[..]).iter().map(|&n| [ld, batch, n]).collect()
     }
 
-    /// Checks `[L*D, B, size]` state buffers, or makes zeros.
-    pub(crate) fn states_or_zeros<'s>(
-        &self,
-        given: Option<&[&'s [f32]]>,
-        batch: usize,
-        what: &str,
-    ) -> Result<Vec<Cow<'s, [f32]>>> {
-        match given {
-            None => Ok(self
-                .state_shapes(batch)
-                .iter()
-                .map(|shape| Cow::Owned(vec![0.0; shape.iter().product()]))
-                .collect()),
-            Some(g) => {
-                self.check_states(g.len(), |i| g[i].len(), batch, what)?;
-                Ok(g.iter().map(|&s| Cow::Borrowed(s)).collect())
-            }
-        }
-    }
-
     /// Checks that `count` state buffers of `len(i)` floats are `[L*D, B, size]` each.
     pub(crate) fn check_states(
         &self,
@@ -296,15 +216,6 @@ impl Model {
         Ok(())
     }
 
-    /// The model's own parameters, as a pass reads them.
-    pub(crate) fn own_params(&self) -> Result<PassParams<'_>> {
-        self.ensure_owns_weights()?;
-        Ok(PassParams {
-            params: self.params.iter().map(|ps| ps.iter().map(Vec::as_slice).collect()).collect(),
-            prepared: Prepared::Model(&self.prepared),
-        })
-    }
-
     /// Refuses a pass that would read the weights of a model that keeps none.
     pub(crate) fn ensure_owns_weights(&self) -> Result<()> {
         if self.owns_weights {
@@ -316,16 +227,6 @@ impl Model {
     /// Zeroed buffers shaped like the model's parameters.
     pub(crate) fn zeroed_params(&self) -> Vec<Vec<Vec<f32>>> {
         self.param_lens().iter().map(|ps| ps.iter().map(|&n| vec![0.0; n]).collect()).collect()
-    }
-
-    /// The caller's parameters (`[layer * directions + direction][param]`,
-    /// the model's shapes), checked.
-    pub(crate) fn caller_params<'a>(&self, given: &[Vec<&'a [f32]>]) -> Result<PassParams<'a>> {
-        self.check_weights(given)?;
-        Ok(PassParams {
-            params: given.to_vec(),
-            prepared: Prepared::Pass(given.iter().map(|_| PreparedWeights::for_one_pass()).collect()),
-        })
     }
 
     /// Checks that `given` has the model's parameters: a list per layer and
@@ -346,38 +247,9 @@ impl Model {
         Ok(())
     }
 
-    /// Where each layer's tapes and output lie in a reserve of `rows`
-    /// layout rows, or `None` where the back end keeps its tapes itself.
-    fn reserve_layout(&self, rows: usize) -> Option<Vec<ReserveLayer>> {
-        if !self.backend.keeps_tape_in_caller_memory() {
-            return None;
-        }
-        let dirs = self.directions();
-        let mut at = 0;
-        let mut out = Vec::with_capacity(self.layers.len());
-        for (k, layer) in self.layers.iter().enumerate() {
-            let tape_len = rows * layer.tape().floats_per_row();
-            let tapes = at..at + dirs * tape_len;
-            let out_len = if k + 1 < self.layers.len() { rows * layer.output_size * dirs } else { 0 };
-            let output = tapes.end..tapes.end + out_len;
-            at = output.end;
-            out.push(ReserveLayer { tapes, tape_len, output });
-        }
-        Some(out)
-    }
-
-    /// Floats per layout row (each of a padded batch's `B * T` rows, or a
-    /// packed batch's `N`) of the reserve in which a training forward keeps
-    /// what its backward reads ([`Model::forward_into`]): every layer's
-    /// tapes, and the outputs the next layers read. `None` where the back
-    /// end keeps its tapes itself.
-    pub fn reserve_floats_per_row(&self) -> Option<usize> {
-        self.reserve_layout(1).and_then(|l| l.last().map(|l| l.output.end))
-    }
-
     /// Inference: runs every layer and direction over the batch.
     pub fn forward(&self, input: Input, h0: Option<&[Vec<f32>]>) -> Result<Output> {
-        let (out, ..) = self.forward_owned(input, h0, Keep::Nothing)?;
+        let (out, ..) = self.forward_owned(input, h0, false)?;
         Ok(out)
     }
 
@@ -387,173 +259,45 @@ impl Model {
         input: Input<'a>,
         h0: Option<&[Vec<f32>]>,
     ) -> Result<(Output, Trace<'a>)> {
-        let (out, kept, batch) = self.forward_owned(input, h0, Keep::Tapes)?;
-        let kept = kept.ok_or_else(|| RuntimeError::Internal("training forward kept no tapes".into()))?;
-        Ok((out, Trace { input, batch, kept }))
+        let (out, reserve, batch) = self.forward_owned(input, h0, true)?;
+        Ok((out, Trace { input, batch, reserve }))
     }
 
-    /// A forward pass into buffers of its own.
+    /// A forward pass into buffers of its own (with `training`, a reserve too).
     fn forward_owned(
         &self,
         input: Input,
         h0: Option<&[Vec<f32>]>,
-        keep: Keep<'static>,
-    ) -> Result<(Output, Option<Kept<'static>>, LaidOutBatch)> {
+        training: bool,
+    ) -> Result<(Output, Vec<f32>, LaidOutBatch)> {
         let p = self.prepare(&input)?;
-        let training = !matches!(keep, Keep::Nothing);
         self.ensure_pass_fits(&p, training)?;
-        let h0: Option<Vec<&[f32]>> = h0.map(|h| h.iter().map(Vec::as_slice).collect());
-        let h0 = self.states_or_zeros(h0.as_deref(), p.order.batch(), "h0")?;
-        let mut data = vec![0.0f32; p.rows * self.output_size()];
-        let mut final_states: Vec<Vec<f32>> = h0.iter().map(|b| vec![0.0; b.len()]).collect();
-        let out = ForwardOut {
-            output: &mut data,
-            final_states: final_states.iter_mut().map(Vec::as_mut_slice).collect(),
-        };
-        let kept = self.run_forward(&input, &p, &self.own_params()?, &h0, out, keep)?;
-        Ok((Output { data, final_states }, kept, p))
-    }
-
-    /// Runs every layer and direction, writing `out` (padding rows included).
-    pub(crate) fn run_forward<'r>(
-        &self,
-        input: &Input,
-        p: &LaidOutBatch,
-        params: &PassParams,
-        h0: &[Cow<[f32]>],
-        out: ForwardOut,
-        keep: Keep<'r>,
-    ) -> Result<Option<Kept<'r>>> {
         let batch = p.order.batch();
-        check_len("output", out.output.len(), &[p.rows, self.output_size()])?;
-        let padding = padding_rows(&p.order, &p.layout, p.rows);
-        zero_rows(out.output, self.output_size(), &padding);
-        let ForwardOut { output, mut final_states } = out;
-        if batch == 0 {
-            // An empty batch: nothing to run, and no back end sees one.
-            for (dst, src) in final_states.iter_mut().zip(h0) {
-                dst.copy_from_slice(src);
-            }
-            return Ok(match keep {
-                Keep::Nothing => None,
-                Keep::Tapes => Some(Kept::Tapes { layer_inputs: Vec::new(), tapes: Vec::new() }),
-                Keep::Reserve(r) => Some(Kept::Reserve(r)),
-            });
+        if let Some(h0) = h0 {
+            self.check_states(h0.len(), |i| h0[i].len(), batch, "h0")?;
         }
-        let (training, keep_tapes) = (!matches!(keep, Keep::Nothing), matches!(keep, Keep::Tapes));
-        let mut reserve = match keep {
-            Keep::Reserve(r) => Some((self.checked_reserve_layout(p.rows, r.len())?, r)),
-            _ => None,
+        let mut data = vec![0.0f32; p.rows * self.output_size()];
+        let mut final_states: Vec<Vec<f32>> =
+            self.state_shapes(batch).iter().map(|s| vec![0.0; s.iter().product()]).collect();
+        // Recycled: every float of a reserve is written by the pass.
+        let mut reserve = match training {
+            true => crate::pool::take(p.rows * self.reserve_floats_per_row()),
+            false => Vec::new(),
         };
-        let dirs = self.directions();
-        let mut layer_inputs: Vec<Vec<f32>> = Vec::new();
-        let mut tapes = Vec::new();
-        // The previous layer's output, when it is not in the reserve.
-        let mut previous: Option<Vec<f32>> = None;
-        let mut output = Some(output);
-        for (k, layer) in self.layers.iter().enumerate() {
-            let width = layer.output_size * dirs;
-            let last = k + 1 == self.layers.len();
-            // This layer's part of the reserve: the previous layer's output
-            // (before the part), this layer's tapes, and its output.
-            let (reserved_input, mut tape_part, mut reserved_out) = match &mut reserve {
-                Some((l, r)) => {
-                    let (before, rest) = r.split_at_mut(l[k].tapes.start);
-                    let (tapes, rest) = rest.split_at_mut(l[k].tapes.len());
-                    let input = k.checked_sub(1).map(|j| &before[l[j].output.clone()]);
-                    (input, Some((tapes, l[k].tape_len)), Some(&mut rest[..l[k].output.len()]))
-                }
-                None => (None, None, None),
-            };
-            let in_data: &[f32] = match (k, &previous, reserved_input) {
-                (0, ..) => Self::input_data(input),
-                (_, Some(v), _) => v,
-                (_, None, Some(v)) => v,
-                _ => return Err(RuntimeError::Internal(format!("no input for layer {k}"))),
-            };
-            let in_width = if k == 0 { p.data_features } else { layer.input_size };
-            let mut owned = Vec::new();
-            let dst: &mut [f32] = match (last, reserved_out.as_deref_mut()) {
-                (true, _) => output.take().ok_or_else(|| RuntimeError::Internal("output taken".into()))?,
-                (false, Some(r)) => {
-                    // Rows nothing writes are zeroed: a reserve holds no stale memory.
-                    zero_rows(r, width, &padding);
-                    r
-                }
-                (false, None) => {
-                    // Recycled: only valid rows are written, and only they are read.
-                    owned = crate::pool::take(p.rows * width);
-                    &mut owned
-                }
-            };
-            for d in 0..dirs {
-                let slot = k * dirs + d;
-                let h0_slices: Vec<&[f32]> = layer
-                    .state_sizes
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &n)| &h0[i][slot * batch * n..(slot + 1) * batch * n])
-                    .collect();
-                let (params, prepared) = params.slot(slot);
-                let job = ForwardJob {
-                    cell: &self.compiled,
-                    layer,
-                    params,
-                    order: &p.order,
-                    reverse: d == 1,
-                    input: Rows { data: in_data, layout: &p.layout, width: in_width, offset: 0 },
-                    h0: &h0_slices,
-                    training,
-                    prepared,
-                };
-                let mut rows = RowsMut { data: dst, layout: &p.layout, width, offset: d * layer.output_size };
-                let finals = match tape_part.as_mut() {
-                    Some((tapes, len)) => {
-                        let mine = &mut tapes[d * *len..(d + 1) * *len];
-                        self.backend.forward_into_tape(&job, &mut rows, mine)?
-                    }
-                    None => {
-                        let r = self.backend.forward(&job, &mut rows)?;
-                        tapes.extend(r.tape);
-                        r.final_states
-                    }
-                };
-                for (i, &n) in layer.state_sizes.iter().enumerate() {
-                    final_states[i][slot * batch * n..(slot + 1) * batch * n].copy_from_slice(&finals[i]);
-                }
-            }
-            let input_of_this = std::mem::take(&mut previous);
-            match input_of_this {
-                Some(v) if keep_tapes => layer_inputs.push(v),
-                Some(v) => crate::pool::give(v),
-                None => {}
-            }
-            if !last && reserved_out.is_none() {
-                previous = Some(owned);
-            }
-        }
-        Ok(match (keep_tapes, reserve) {
-            (true, _) => Some(Kept::Tapes { layer_inputs, tapes }),
-            (false, Some((_, r))) => Some(Kept::Reserve(r)),
-            (false, None) => None,
-        })
-    }
-
-    /// The reserve's layout for `rows` layout rows, checked against its length.
-    fn checked_reserve_layout(&self, rows: usize, len: usize) -> Result<Vec<ReserveLayer>> {
-        let layout = self.reserve_layout(rows).ok_or_else(|| RuntimeError::Backend {
-            backend: self.backend.name().into(),
-            message: "this back end keeps its tapes itself: it takes no reserve".into(),
-        })?;
-        let need = layout.last().map_or(0, |l| l.output.end);
-        if need != len {
-            return Err(RuntimeError::Shape {
-                tensor: "reserve".into(),
-                expected: format!("{need} floats ({rows} rows of {})", need / rows.max(1)),
-                found: format!("{len} floats"),
-            });
-        }
-        Ok(layout)
+        let params = self.own_params()?;
+        let spans = ForwardSpans {
+            input: Span::of(Self::input_data(&input)),
+            h0: h0.map(|h| h.iter().map(|s| Span::of(s)).collect()),
+            output: Span::of_mut(&mut data),
+            finals: final_states.iter_mut().map(|s| Span::of_mut(s)).collect(),
+            reserve: training.then(|| Span::of_mut(&mut reserve)),
+        };
+        // SAFETY: every span is a buffer of this function's or the caller's,
+        // borrowed until the pass ends; those written are distinct buffers.
+        let mut target = unsafe { HostTarget::new(self, &p, &params) };
+        self.drive_forward(&p, spans, &mut target)?;
+        drop(target);
+        Ok((Output { data, final_states }, reserve, p))
     }
 
     /// Backpropagation through the whole model: `d_output` is laid out like
@@ -565,139 +309,40 @@ impl Model {
         d_final: Option<&[Vec<f32>]>,
     ) -> Result<Gradients> {
         let p = &trace.batch;
-        let d_final: Option<Vec<&[f32]>> = d_final.map(|h| h.iter().map(Vec::as_slice).collect());
-        let d_final = self.states_or_zeros(d_final.as_deref(), p.order.batch(), "grad_final")?;
-        let mut d_input = vec![0.0f32; if p.order.batch() == 0 { 0 } else { p.rows * self.input_size() }];
-        let mut d_h0: Vec<Vec<f32>> = d_final.iter().map(|b| vec![0.0; b.len()]).collect();
-        let mut d_params = self.zeroed_params();
-        let out = BackwardOut {
-            d_input: &mut d_input,
-            d_h0: d_h0.iter_mut().map(Vec::as_mut_slice).collect(),
-            d_params: d_params.iter_mut().map(|ps| ps.iter_mut().map(Vec::as_mut_slice).collect()).collect(),
-        };
-        self.run_backward(&trace.input, p, &self.own_params()?, &trace.kept, d_output, &d_final, out)?;
-        Ok(Gradients { d_input, d_h0, d_params })
-    }
-
-    /// Runs every layer and direction backwards, writing `out`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn run_backward(
-        &self,
-        input: &Input,
-        p: &LaidOutBatch,
-        params: &PassParams,
-        kept: &Kept,
-        d_output: &[f32],
-        d_final: &[Cow<[f32]>],
-        out: BackwardOut,
-    ) -> Result<()> {
         let batch = p.order.batch();
-        let dirs = self.directions();
-        let BackwardOut { d_input, mut d_h0, mut d_params } = out;
-        if batch == 0 {
-            d_h0.iter_mut().for_each(|b| b.fill(0.0));
-            d_params.iter_mut().flatten().for_each(|b| b.fill(0.0));
-            return Ok(());
-        }
         check_len("grad_output", d_output.len(), &[p.rows, self.output_size()])?;
-        check_len("grad_input", d_input.len(), &[p.rows, self.input_size()])?;
-        d_input.fill(0.0);
-        // The reserve's layout, when the tapes are there.
-        let layout = match kept {
-            Kept::Reserve(r) => self.checked_reserve_layout(p.rows, r.len())?,
-            Kept::Tapes { .. } => Vec::new(),
-        };
-        let mut d_above: Cow<[f32]> = Cow::Borrowed(d_output);
-        let mut d_input = Some(d_input);
-        for (k, layer) in self.layers.iter().enumerate().rev() {
-            let in_data: &[f32] = match (k, kept) {
-                (0, _) => Self::input_data(input),
-                (_, Kept::Tapes { layer_inputs, .. }) => &layer_inputs[k - 1],
-                (_, Kept::Reserve(r)) => &r[layout[k - 1].output.clone()],
-            };
-            let in_width = layer.input_size;
-            let mut owned = Vec::new();
-            let d_in: &mut [f32] = if k == 0 {
-                d_input.take().ok_or_else(|| RuntimeError::Internal("grad_input taken".into()))?
-            } else {
-                owned = crate::pool::take_zeroed(p.rows * in_width);
-                &mut owned
-            };
-            for d in 0..dirs {
-                let slot = k * dirs + d;
-                let d_final_slices: Vec<&[f32]> = layer
-                    .state_sizes
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &n)| &d_final[i][slot * batch * n..(slot + 1) * batch * n])
-                    .collect();
-                let (params, prepared) = params.slot(slot);
-                let job = BackwardJob {
-                    cell: &self.compiled,
-                    layer,
-                    params,
-                    prepared,
-                    order: &p.order,
-                    reverse: d == 1,
-                    input: Rows { data: in_data, layout: &p.layout, width: in_width, offset: 0 },
-                    d_output: Rows {
-                        data: &d_above,
-                        layout: &p.layout,
-                        width: layer.output_size * dirs,
-                        offset: d * layer.output_size,
-                    },
-                    d_final: &d_final_slices,
-                };
-                let mut rows_mut = RowsMut { data: d_in, layout: &p.layout, width: in_width, offset: 0 };
-                let r = match kept {
-                    Kept::Tapes { tapes, .. } => {
-                        let tape = tapes
-                            .get(slot)
-                            .ok_or_else(|| RuntimeError::Internal(format!("no tape for layer {k}")))?;
-                        self.backend.backward(&job, tape, &mut rows_mut)?
-                    }
-                    Kept::Reserve(reserve) => {
-                        let (start, len) =
-                            (layout[k].tapes.start + d * layout[k].tape_len, layout[k].tape_len);
-                        self.backend.backward_from_tape(&job, &reserve[start..start + len], &mut rows_mut)?
-                    }
-                };
-                for ((dst, src), &n) in d_h0.iter_mut().zip(&r.d_h0).zip(&layer.state_sizes) {
-                    dst[slot * batch * n..(slot + 1) * batch * n].copy_from_slice(src);
-                }
-                for (dst, src) in d_params[slot].iter_mut().zip(&r.d_params) {
-                    check_len("parameter gradient", dst.len(), &[src.len()])?;
-                    dst.copy_from_slice(src);
-                }
-            }
-            if k > 0 {
-                if let Cow::Owned(done) = std::mem::replace(&mut d_above, Cow::Owned(owned)) {
-                    crate::pool::give(done);
-                }
-            }
+        if let Some(d) = d_final {
+            self.check_states(d.len(), |i| d[i].len(), batch, "grad_final")?;
         }
-        Ok(())
+        let mut d_input = vec![0.0f32; p.rows * self.input_size()];
+        let mut d_h0: Vec<Vec<f32>> =
+            self.state_shapes(batch).iter().map(|s| vec![0.0; s.iter().product()]).collect();
+        let mut d_params = self.zeroed_params();
+        let params = self.own_params()?;
+        let spans = BackwardSpans {
+            input: Span::of(Self::input_data(&trace.input)),
+            reserve: Span::of(&trace.reserve),
+            d_output: Span::of(d_output),
+            d_final: d_final.map(|d| d.iter().map(|s| Span::of(s)).collect()),
+            d_input: Span::of_mut(&mut d_input),
+            d_h0: Some(d_h0.iter_mut().map(|s| Span::of_mut(s)).collect()),
+            d_params: d_params
+                .iter_mut()
+                .map(|ps| ps.iter_mut().map(|s| Span::of_mut(s)).collect())
+                .collect(),
+        };
+        // SAFETY: as in `forward_owned`.
+        let mut target = unsafe { HostTarget::new(self, p, &params) };
+        self.drive_backward(p, spans, &mut target)?;
+        Ok(Gradients { d_input, d_h0, d_params })
     }
 }
 
 impl Model {
     /// Zeroed parameter gradients shaped like this model's (input and
-    /// initial-state gradients empty), for [`Model::backward_into`].
+    /// initial-state gradients empty), to accumulate into ([`Gradients::accumulate_into`]).
     pub fn zero_gradients(&self) -> Gradients {
         Gradients { d_input: Vec::new(), d_h0: Vec::new(), d_params: self.zeroed_params() }
-    }
-
-    /// Like [`Model::backward`], but adds into `acc` (e.g. to accumulate
-    /// over several batches) instead of returning new buffers.
-    pub fn backward_into(
-        &self,
-        trace: &Trace,
-        d_output: &[f32],
-        d_final: Option<&[Vec<f32>]>,
-        acc: &mut Gradients,
-    ) -> Result<()> {
-        let g = self.backward(trace, d_output, d_final)?;
-        g.accumulate_into(acc)
     }
 }
 

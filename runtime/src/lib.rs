@@ -38,18 +38,23 @@
 
 pub mod backend;
 pub mod call;
+pub mod cell;
 pub mod device_call;
+pub mod driver;
 pub mod error;
 pub mod exec;
 pub mod files;
+mod host_target;
+pub mod layers;
 pub mod memory;
 pub mod model;
+pub mod pass;
 pub mod pool;
 pub mod sequence;
 pub mod stream;
 pub mod weights;
 
-pub use call::Call;
+pub use call::{Call, CallerMemory};
 pub use device_call::{DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut};
 pub use error::{Result, RuntimeError};
 pub use exec::{BackwardOut, BatchShape, ForwardOut, Gradients, Input, Output, Trace};
@@ -61,3 +66,12 @@ pub use weights::{
     read_metadata, read_tensors, write_tensors, write_tensors_with_metadata, Metadata, Tensor, TensorData,
     Weights,
 };
+
+/// Gives the memory kept for reuse back to the system: the recycled
+/// buffers ([`pool`]), the CPU back end's recycled weight panels, and what
+/// the C allocator holds free. For when no model is left to reuse them (the
+/// Python package calls it when its last module is deleted).
+pub fn release_memory() {
+    backend::cpu::prepared::release_recycled();
+    pool::release();
+}

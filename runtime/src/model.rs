@@ -8,124 +8,14 @@
 //! previous layer's output (`O * directions` features).
 
 use crate::backend::Backend;
+pub use crate::cell::{CompiledCell, Layer, Side};
 use crate::error::{Result, RuntimeError};
+pub use crate::layers::{weight_suffix, ModelConfig};
 use crate::weights::Weights;
-use cellc::dims::{Bindings, Dim};
+use cellc::dims::Bindings;
 use cellc::interp::ConcreteInit;
-use cellc::ir::{Cell, Type};
-pub use cellc::program::Side;
-use cellc::program::{Program, Steps};
-use std::collections::BTreeMap;
+use cellc::ir::Type;
 use std::sync::Arc;
-
-/// A cell compiled once: its simplified forward step and derived backward
-/// step (a [`Steps`], which it dereferences to: `forward`, `backward`, `graph(side)`).
-#[derive(Debug)]
-pub struct CompiledCell {
-    steps: Steps,
-    /// Both steps' IR as text: what back ends key compiled kernels by.
-    identity: String,
-}
-
-impl std::ops::Deref for CompiledCell {
-    type Target = Steps;
-
-    fn deref(&self) -> &Steps {
-        &self.steps
-    }
-}
-
-impl CompiledCell {
-    /// Compiles the first cell of `source` (or the one named `cell`).
-    pub fn from_source(file_name: &str, source: &str, cell: Option<&str>) -> Result<CompiledCell> {
-        CompiledCell::from_cell(Self::checked(file_name, source, cell)?)
-    }
-
-    /// The first cell of `source` (or the one named `cell`), checked by the
-    /// front end only: its declarations, without deriving its backward.
-    pub fn checked(file_name: &str, source: &str, cell: Option<&str>) -> Result<Cell> {
-        let module = cellc::compile(file_name, source)
-            .into_result()
-            .map_err(|e| RuntimeError::Compile(Box::new(e)))?;
-        let found = match cell {
-            Some(n) => module.cells.into_iter().find(|c| c.name == n),
-            None => module.cells.into_iter().next(),
-        };
-        found.ok_or_else(|| RuntimeError::NoCell {
-            file: file_name.to_string(),
-            name: cell.map(str::to_string),
-        })
-    }
-
-    /// Simplifies a checked cell (from [`cellc::compile`]) and derives its
-    /// backward step, through the compiler's one pipeline ([`Steps::compile`]).
-    pub fn from_cell(cell: Cell) -> Result<CompiledCell> {
-        let steps = Steps::compile(&cell).map_err(|e| {
-            RuntimeError::Internal(e.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))
-        })?;
-        let identity = steps.identity();
-        Ok(CompiledCell { steps, identity })
-    }
-
-    /// The cell's steps at `sizes` ([`Program::new`]).
-    pub fn program(&self, sizes: &Bindings) -> std::result::Result<Program, cellc::InterpError> {
-        self.steps.program(sizes)
-    }
-
-    /// The forward and backward steps' IR as text: two cells with the same
-    /// identity compile to the same kernels at the same sizes.
-    pub fn identity(&self) -> &str {
-        &self.identity
-    }
-
-    /// Reads and compiles a `.cell` file.
-    pub fn from_file(path: &std::path::Path, cell: Option<&str>) -> Result<CompiledCell> {
-        let source = std::fs::read(path)
-            .map_err(|e| RuntimeError::Io { path: path.display().to_string(), message: e.to_string() })?;
-        let name = path.display().to_string();
-        match std::str::from_utf8(&source) {
-            Ok(s) => CompiledCell::from_source(&name, s, cell),
-            Err(_) => match cellc::compile_bytes(&name, &source).into_result() {
-                Err(e) => Err(RuntimeError::Compile(Box::new(e))),
-                Ok(_) => Err(RuntimeError::Internal(format!("{name} is not UTF-8 but compiled"))),
-            },
-        }
-    }
-
-    /// Parameter names of the cell, in declaration order.
-    pub fn param_names(&self) -> Vec<&str> {
-        self.forward.params.iter().map(|p| p.name.as_str()).collect()
-    }
-}
-
-/// Layers and directions.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ModelConfig {
-    pub layers: usize,
-    pub bidirectional: bool,
-}
-
-impl Default for ModelConfig {
-    fn default() -> ModelConfig {
-        ModelConfig { layers: 1, bidirectional: false }
-    }
-}
-
-/// One layer's program: the cell's steps at this layer's sizes (shared by
-/// its directions). Dereferences to the [`Program`].
-#[derive(Clone, Debug)]
-pub struct Layer {
-    pub index: usize,
-    pub program: Program,
-}
-
-impl std::ops::Deref for Layer {
-    type Target = Program;
-
-    fn deref(&self) -> &Program {
-        &self.program
-    }
-}
 
 /// A runnable model.
 pub struct Model {
@@ -152,71 +42,6 @@ impl std::fmt::Debug for Model {
             .field("backend", &self.backend.name())
             .finish()
     }
-}
-
-/// Suffix of a weight name: `_l0`, `_l1_reverse`.
-pub fn weight_suffix(layer: usize, reverse: bool) -> String {
-    if reverse {
-        format!("_l{layer}_reverse")
-    } else {
-        format!("_l{layer}")
-    }
-}
-
-/// Binds `dim = value` for a dimension of the form `c*V + k`; records where
-/// it came from (`from`, a description) and names `tensor` when it cannot.
-fn infer(
-    dim: &Dim,
-    value: usize,
-    tensor: &str,
-    from: &str,
-    sizes: &mut Bindings,
-    sources: &mut BTreeMap<String, String>,
-) -> Result<()> {
-    let vars = dim.variables();
-    let unbound: Vec<&String> = vars.iter().filter(|v| !sizes.contains_key(*v)).collect();
-    if unbound.len() == 1 {
-        let var = unbound[0].clone();
-        // Solve c*V + k = value with the other variables bound.
-        let mut probe = sizes.clone();
-        probe.insert(var.clone(), 0);
-        let k = dim.eval(&probe).map_err(|_| RuntimeError::UnboundSize { size: var.clone() })?;
-        probe.insert(var.clone(), 1);
-        let c = dim.eval(&probe).map_err(|_| RuntimeError::UnboundSize { size: var.clone() })? - k;
-        let rest = value as i64 - k;
-        if c > 0 && rest > 0 && rest % c == 0 {
-            sizes.insert(var.clone(), (rest / c) as usize);
-            sources.insert(var, from.to_string());
-            return Ok(());
-        }
-        return Err(RuntimeError::Shape {
-            tensor: tensor.to_string(),
-            expected: format!("a size of the form [{dim}]"),
-            found: format!("{value}"),
-        });
-    }
-    if unbound.is_empty() {
-        let want = dim.eval(sizes).map_err(|_| RuntimeError::Internal(format!("cannot evaluate {dim}")))?;
-        if want != value as i64 {
-            // Name the variable in conflict when the dimension is a single one.
-            if vars.len() == 1 && *dim == Dim::var(&vars[0]) {
-                let v = &vars[0];
-                return Err(RuntimeError::SizeConflict {
-                    size: v.clone(),
-                    first: sizes[v],
-                    first_from: sources.get(v).cloned().unwrap_or_else(|| "-D".into()),
-                    second: value,
-                    second_from: from.to_string(),
-                });
-            }
-            return Err(RuntimeError::Shape {
-                tensor: tensor.to_string(),
-                expected: format!("[{dim}] = {want}"),
-                found: format!("{value}"),
-            });
-        }
-    }
-    Ok(())
 }
 
 impl Model {
@@ -296,7 +121,8 @@ impl Model {
 
     /// Each layer's sizes, plans and schedule, as [`Model::new`] makes them
     /// (`sizes` explicit, then bound from `input_size` and `weights`), without
-    /// parameters or a back end: what an ahead-of-time compiler needs.
+    /// parameters or a back end: what an ahead-of-time compiler needs
+    /// ([`crate::layers::plan`]).
     pub fn plan_layers(
         compiled: &CompiledCell,
         config: &ModelConfig,
@@ -304,82 +130,7 @@ impl Model {
         input_size: Option<usize>,
         weights: Option<&Weights>,
     ) -> Result<Vec<Layer>> {
-        if config.layers == 0 {
-            return Err(RuntimeError::Layer { layer: 0, message: "a model needs at least one layer".into() });
-        }
-        let cell = &compiled.forward;
-        let directions = if config.bidirectional { 2 } else { 1 };
-        let input_dim = cell.input_dim();
-        let input_vars = input_dim.variables();
-
-        // Layer 0 sizes: explicit, then the data, then the layer-0 weights.
-        let mut base: Bindings =
-            sizes.iter().filter(|(k, _)| cell.sizes.contains(k)).map(|(k, v)| (k.clone(), *v)).collect();
-        let mut sources: BTreeMap<String, String> =
-            base.keys().map(|k| (k.clone(), format!("-D {k}"))).collect();
-        if let Some(n) = input_size {
-            infer(&input_dim, n, "input", "the input's features", &mut base, &mut sources)?;
-        }
-        if let Some(w) = weights {
-            for p in &cell.params {
-                let name = format!("{}{}", p.name, weight_suffix(0, false));
-                let Some(t) = w.get(&name) else { continue };
-                let dims = p.shape();
-                if t.shape.len() != dims.len() {
-                    return Err(RuntimeError::Shape {
-                        tensor: name,
-                        expected: format!("{} dimensions ({})", dims.len(), p.ty),
-                        found: crate::error::shape_text(&t.shape),
-                    });
-                }
-                // Matrices' row counts first: `[4*H, I]` binds H before I.
-                for (d, &n) in dims.iter().zip(&t.shape) {
-                    infer(d, n, &name, &format!("weight `{name}`"), &mut base, &mut sources)?;
-                }
-            }
-        }
-        for s in &cell.sizes {
-            if !base.contains_key(s) {
-                return Err(RuntimeError::UnboundSize { size: s.clone() });
-            }
-        }
-
-        let mut layers = Vec::with_capacity(config.layers);
-        for k in 0..config.layers {
-            let mut sizes = base.clone();
-            if k > 0 {
-                let prev: &Layer = &layers[k - 1];
-                let features = prev.output_size * directions;
-                // Rebind the input's own size variables; any shared with states must agree.
-                let mut srcs = sources.clone();
-                for v in &input_vars {
-                    let shared = cell.states.iter().any(|s| s.dim.variables().contains(v))
-                        || cell.output_dim().variables().contains(v);
-                    if !shared {
-                        sizes.remove(v);
-                        srcs.remove(v);
-                    }
-                }
-                infer(
-                    &input_dim,
-                    features,
-                    "input",
-                    &format!("layer {}'s output ({} features)", k - 1, features),
-                    &mut sizes,
-                    &mut srcs,
-                )
-                .map_err(|e| RuntimeError::Layer { layer: k, message: e.to_string() })?;
-            }
-            layers.push(Self::program(compiled, k, &sizes)?);
-        }
-        Ok(layers)
-    }
-
-    fn program(compiled: &CompiledCell, index: usize, sizes: &Bindings) -> Result<Layer> {
-        let program = compiled
-            .program(sizes)
-            .map_err(|e| RuntimeError::Layer { layer: index, message: e.to_string() })?;
-        Ok(Layer { index, program })
+        crate::layers::plan(compiled, config, sizes, input_size, weights)
     }
 
     pub fn compiled(&self) -> &CompiledCell {

@@ -101,17 +101,14 @@ fn trim_malloc() {
     }
 }
 
-/// Gives the memory kept for reuse back to the system: the pool's buffers,
-/// the CPU back end's recycled weight panels, and what the C allocator
-/// holds free. For when no model is left to reuse them (the Python package
-/// calls it when its last module is deleted); buffers given back after it
-/// are freed, until the next [`take`].
+/// Gives the pool's buffers, and what the C allocator holds free, back to
+/// the system ([`crate::release_memory`]); buffers given back after it are
+/// freed, until the next [`take`].
 pub fn release() {
     KEEPING.store(false, std::sync::atomic::Ordering::Relaxed);
     if let Ok(mut pool) = POOL.0.lock() {
         *pool = Vec::new();
     }
-    crate::backend::cpu::prepared::release_recycled();
     trim_malloc();
 }
 

@@ -143,6 +143,18 @@ impl RowLayout {
     }
 }
 
+/// A call's batch, checked and laid out: its order by length and where
+/// each row lies.
+#[derive(Debug)]
+pub struct LaidOutBatch {
+    pub(crate) order: BatchOrder,
+    pub(crate) layout: RowLayout,
+    /// Layout rows: a padded batch's `B * T`, a packed batch's `N`.
+    pub(crate) rows: usize,
+    /// Features of the batch's input rows.
+    pub(crate) data_features: usize,
+}
+
 /// A packed batch exactly as PyTorch's `PackedSequence`: rows time-major,
 /// at each step the active sequences in order of decreasing length.
 #[derive(Clone, Debug, PartialEq)]

@@ -43,7 +43,7 @@
 //!
 //! **Devices.** candle's CPU device. candle 0.11 and cellc's runtime use
 //! the same cudarc (0.19), so the CUDA back end's device-memory passes
-//! (`Model::forward_on_device`) can run on a candle CUDA tensor's memory
+//! (`Model::forward_into`) can run on a candle CUDA tensor's memory
 //! and stream; this crate does not do it yet: candle's `cuda` feature
 //! compiles its kernels with `nvcc`, which neither CI nor the development
 //! machine has, so such a build could not be tested here. A CUDA tensor

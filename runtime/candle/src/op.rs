@@ -125,10 +125,9 @@ impl RnnOp {
         }
     }
 
-    /// Floats of the reserve a training forward keeps (none where the
-    /// back end keeps its tapes itself).
+    /// Floats of the reserve a training forward keeps.
     fn reserve_len(&self) -> candle_core::Result<usize> {
-        let per_row = self.model.reserve_floats_per_row().unwrap_or(0);
+        let per_row = self.model.reserve_floats_per_row();
         Ok(per_row * self.batch.batch * self.batch.steps)
     }
 

@@ -216,7 +216,7 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
                 .threads
                 .map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), |n| n as usize);
             let (flops, secs) = cellc_runtime::backend::cpu::roofline::forward_gemms(
-                &model,
+                (model.compiled(), model.layers(), model.directions()),
                 &lengths,
                 threads,
                 args.min_time.min(1.0),

@@ -2,14 +2,20 @@
 //! passes gradcheck; and every back end, as a model of the case's layers
 //! and directions on the case's batch, computes what the per-sequence
 //! interpreter computes, forwards (inference and training) and backwards,
-//! in a layout of its own per pass.
+//! in a layout of its own per pass. Training takes one of the routes users
+//! take ([`Route`]): the model's own passes, or the caller-memory pair
+//! that the Python package and the candle layer use, over host memory or
+//! (on the emulated device) device memory.
 
 use crate::backends::{self, BackendKind};
 use crate::batch::{Batch, LaidOut, Layout};
 use crate::oracle::{noise, oracle, Oracle};
 use cellc::dims::Bindings;
 use cellc::fuzzgen::Entropy;
-use cellc_runtime::{CompiledCell, Model, ModelConfig, RuntimeError};
+use cellc_runtime::{
+    BackwardOut, Call, CompiledCell, DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut,
+    ForwardOut, Gradients, Input, Model, ModelConfig, RuntimeError,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -268,9 +274,10 @@ pub fn check(source: &str, case: &Case, plan: &Checks) -> Result<Passed, Failure
         // Each back end in two layouts of its own: one for inference, one for training.
         let inference = Layout::ALL[(k * 2 + case.seed as usize) % Layout::ALL.len()];
         let training = Layout::ALL[(k * 2 + 1 + case.seed as usize) % Layout::ALL.len()];
+        let route = Route::of(case.seed as usize + k, kind);
         let run = || -> Result<(), String> {
             let m = model(kind, layers).map_err(|e| e.to_string())?;
-            run_backend(&m, kind, &batch, &want, (inference, training))
+            run_backend(&m, kind, &batch, &want, (inference, training), route)
         };
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
             Ok(Ok(())) => passes += 3,
@@ -304,14 +311,123 @@ fn gradcheck(cell: &CompiledCell, sizes: &Bindings, seed: u64) -> Result<(), Str
     }
 }
 
+/// How a training pass reaches a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// [`Model::forward_train`] and [`Model::backward`].
+    Owned,
+    /// [`Model::forward_into`] and [`Model::backward_from`] over host
+    /// memory the caller owns, with the caller's weights.
+    CallerHost,
+    /// The same pair over device memory (the emulated device's, which is
+    /// the host's).
+    CallerDevice,
+}
+
+impl Route {
+    /// The route of the `n`th back-end run: each in turn, the device's
+    /// only on the emulated device.
+    fn of(n: usize, kind: BackendKind) -> Route {
+        match n % 3 {
+            0 => Route::Owned,
+            2 if kind == BackendKind::CudaEmulated => Route::CallerDevice,
+            _ => Route::CallerHost,
+        }
+    }
+}
+
+/// What a training forward and its backward give.
+struct Trained {
+    output: Vec<f32>,
+    finals: Vec<Vec<f32>>,
+    grads: Gradients,
+}
+
+/// A training forward from `h0`, then its backward with `d_out` and
+/// `d_final`, by `route`; every buffer the caller provides holds NaN
+/// beforehand, so a pass that reads what it did not write shows.
+fn train(
+    m: &Model,
+    route: Route,
+    input: Input,
+    h0: &[Vec<f32>],
+    (d_out, d_final): (&[f32], &[Vec<f32>]),
+) -> Result<Trained, RuntimeError> {
+    let nan = |n: usize| vec![f32::NAN; n];
+    let rows = d_out.len() / m.output_size().max(1);
+    let dirs = m.directions();
+    let mut weights: Vec<Vec<Vec<f32>>> =
+        (0..m.layers().len() * dirs).map(|s| m.params(s / dirs, s % dirs == 1).to_vec()).collect();
+    let mut output = nan(d_out.len());
+    let mut finals: Vec<Vec<f32>> = h0.iter().map(|s| nan(s.len())).collect();
+    let mut reserve = nan(rows * m.reserve_floats_per_row());
+    let mut d_input = nan(rows * m.input_size());
+    let mut d_h0: Vec<Vec<f32>> = h0.iter().map(|s| nan(s.len())).collect();
+    let mut d_params: Vec<Vec<Vec<f32>>> =
+        weights.iter().map(|ps| ps.iter().map(|p| nan(p.len())).collect()).collect();
+    match route {
+        Route::Owned => {
+            let (out, trace) = m.forward_train(input, Some(h0))?;
+            let grads = m.backward(&trace, d_out, Some(d_final))?;
+            return Ok(Trained { output: out.data, finals: out.final_states, grads });
+        }
+        Route::CallerHost => {
+            let w: Vec<Vec<&[f32]>> =
+                weights.iter().map(|ps| ps.iter().map(Vec::as_slice).collect()).collect();
+            let h0: Vec<&[f32]> = h0.iter().map(Vec::as_slice).collect();
+            let call = Call { input, weights: Some(&w), h0: Some(&h0) };
+            let out = ForwardOut {
+                output: &mut output,
+                final_states: finals.iter_mut().map(Vec::as_mut_slice).collect(),
+            };
+            m.forward_into(&call, out, Some(&mut reserve))?;
+            let d_final: Vec<&[f32]> = d_final.iter().map(Vec::as_slice).collect();
+            let out = BackwardOut {
+                d_input: &mut d_input,
+                d_h0: d_h0.iter_mut().map(Vec::as_mut_slice).collect(),
+                d_params: d_params
+                    .iter_mut()
+                    .map(|ps| ps.iter_mut().map(Vec::as_mut_slice).collect())
+                    .collect(),
+            };
+            m.backward_from(&call, &reserve, d_out, Some(&d_final), out)?;
+        }
+        Route::CallerDevice => {
+            // The emulated device's memory is the host's: its addresses are pointers.
+            let at = |v: &[f32]| DeviceFloats { addr: v.as_ptr() as u64, len: v.len() };
+            let at_mut = |v: &mut [f32]| DeviceFloats { addr: v.as_mut_ptr() as u64, len: v.len() };
+            let (shape, data) = input.split();
+            let w: Vec<Vec<DeviceFloats>> =
+                weights.iter_mut().map(|ps| ps.iter_mut().map(|p| at_mut(p)).collect()).collect();
+            let h0: Vec<DeviceFloats> = h0.iter().map(|s| at(s)).collect();
+            let call = DeviceCall { shape, input: at(data), weights: &w, h0: Some(&h0), stream: 0 };
+            let out = DeviceForwardOut {
+                output: at_mut(&mut output),
+                final_states: finals.iter_mut().map(|s| at_mut(s)).collect(),
+            };
+            let reserve = at_mut(&mut reserve);
+            m.forward_into(&call, &out, Some(reserve))?;
+            let d_final: Vec<DeviceFloats> = d_final.iter().map(|s| at(s)).collect();
+            let out = DeviceBackwardOut {
+                d_input: at_mut(&mut d_input),
+                d_h0: d_h0.iter_mut().map(|s| at_mut(s)).collect(),
+                d_params: d_params.iter_mut().map(|ps| ps.iter_mut().map(|p| at_mut(p)).collect()).collect(),
+            };
+            m.backward_from(&call, reserve, at(d_out), Some(&d_final), &out)?;
+        }
+    }
+    Ok(Trained { output, finals, grads: Gradients { d_input, d_h0, d_params } })
+}
+
 /// One back end: inference in one layout, training (forward, then
-/// backward with output and final-state adjoints) in another.
+/// backward with output and final-state adjoints) in another, by `route`.
 fn run_backend(
     m: &Model,
     kind: BackendKind,
     batch: &Batch,
     want: &Expected,
     (inference, training): (Layout, Layout),
+    route: Route,
 ) -> Result<(), String> {
     let (features, outputs) = (m.input_size(), m.output_size());
     let w = want.f64;
@@ -340,15 +456,22 @@ fn run_backend(
     states(&out.final_states, &format!("inference ({inference})"))?;
 
     let x = LaidOut::inputs(batch, training, features)?;
-    let (out, trace) = m
-        .forward_train(x.input(batch), Some(&batch.h0))
-        .map_err(|e| format!("training forward ({training}): {e}"))?;
-    let at = batch.row_layout(training)?;
-    compare_rows(&format!("training ({training}) output"), &out.data, outputs, &at, batch, &w.out, out_tol)?;
-    states(&out.final_states, &format!("training ({training})"))?;
     let dy = batch.lay_out(training, &batch.d_out, outputs)?;
-    let grads =
-        m.backward(&trace, &dy, Some(&batch.d_final)).map_err(|e| format!("backward ({training}): {e}"))?;
+    let trained = train(m, route, x.input(batch), &batch.h0, (&dy, &batch.d_final))
+        .map_err(|e| format!("training ({training}, {route:?}): {e}"))?;
+    let at = batch.row_layout(training)?;
+    let training = format!("{training}, {route:?}");
+    compare_rows(
+        &format!("training ({training}) output"),
+        &trained.output,
+        outputs,
+        &at,
+        batch,
+        &w.out,
+        out_tol,
+    )?;
+    states(&trained.finals, &format!("training ({training})"))?;
+    let grads = trained.grads;
     compare_rows(
         &format!("backward ({training}) d_input"),
         &grads.d_input,

@@ -126,8 +126,6 @@ fn _cellc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(initial_weights, m)?)?;
     m.add_function(wrap_pyfunction!(passes::forward, m)?)?;
     m.add_function(wrap_pyfunction!(passes::backward, m)?)?;
-    m.add_function(wrap_pyfunction!(passes::forward_on_device, m)?)?;
-    m.add_function(wrap_pyfunction!(passes::backward_on_device, m)?)?;
     m.add_function(wrap_pyfunction!(recycled::recycled, m)?)?;
     Ok(())
 }

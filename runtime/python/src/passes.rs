@@ -206,15 +206,42 @@ impl DeviceInputs {
     }
 }
 
-/// A forward pass over the caller's tensors on at most `threads` threads:
-/// writes `output` and `finals`, and, when `reserve` is given, what the
-/// backward reads into it.
+/// Where a call's tensors lie: host memory (run on at most `threads`
+/// threads), or device memory (`(ordinal, stream)`: CUDA tensors, or the
+/// emulated device's host memory), the pass queued on `stream`.
+#[derive(Clone, Copy, Debug)]
+enum Memory {
+    Host { threads: usize },
+    Device { ordinal: usize, stream: u64 },
+}
+
+impl Memory {
+    fn new(threads: usize, device: Option<(usize, u64)>) -> Memory {
+        match device {
+            None => Memory::Host { threads },
+            Some((ordinal, stream)) => Memory::Device { ordinal, stream },
+        }
+    }
+
+    /// The model of `spec`, on this memory's device.
+    fn model(self, spec: &str) -> Result<std::sync::Arc<Model>> {
+        match self {
+            Memory::Host { .. } => spec::model(spec, 0),
+            Memory::Device { ordinal, .. } => spec::model(spec, ordinal),
+        }
+    }
+}
+
+/// A forward pass over the caller's tensors, in host or device memory
+/// ([`Memory`]): writes `output` and `finals`, and, when `reserve` is
+/// given, what the backward reads into it.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     py: Python<'_>,
     spec: &str,
     threads: usize,
+    device: Option<(usize, u64)>,
     layout: &str,
     x: TensorArg,
     index: Vec<TensorArg>,
@@ -227,29 +254,42 @@ pub fn forward(
     let tensors = CallTensors::new(x, index, h0, weights);
     let (output, finals) = (Tensor::new("output", output), Tensor::each("final_states", finals));
     let reserve = reserve.map(|r| Tensor::new("reserve", r));
+    let memory = Memory::new(threads, device);
     py.detach(|| -> Result<()> {
-        let model = spec::model(spec, 0)?;
-        // SAFETY (block): the Python half checked every tensor (contiguous,
-        // on the CPU, f32 or i64) and holds them for the call; the outputs
-        // are fresh tensors no input aliases.
-        unsafe {
-            let inputs = tensors.read(&model, layout)?;
-            let out = ForwardOut { output: output.floats_mut()?, final_states: write_all(&finals)? };
-            let reserve = reserve.as_ref().map(|r| r.floats_mut()).transpose()?;
-            threads::with_limit(threads, || model.forward_into(&inputs.call(), out, reserve))
+        let model = memory.model(spec)?;
+        match memory {
+            // SAFETY (block): the Python half checked every tensor (contiguous,
+            // on the CPU, f32 or i64) and holds them for the call; the outputs
+            // are fresh tensors no input aliases.
+            Memory::Host { threads } => unsafe {
+                let inputs = tensors.read(&model, layout)?;
+                let out = ForwardOut { output: output.floats_mut()?, final_states: write_all(&finals)? };
+                let reserve = reserve.as_ref().map(|r| r.floats_mut()).transpose()?;
+                threads::with_limit(threads, || model.forward_into(&inputs.call(), out, reserve))
+            },
+            Memory::Device { stream, .. } => {
+                // SAFETY: the Python half checked the index tensors (contiguous i64 on the CPU) and
+                // every other tensor (contiguous f32 on the model's device), and holds them all.
+                let inputs = unsafe { tensors.on_device(&model, layout)? };
+                let out = DeviceForwardOut { output: output.on_device(), final_states: on_device(&finals) };
+                let reserve = reserve.as_ref().map(Tensor::on_device);
+                model.forward_into(&inputs.call(stream), &out, reserve)
+            }
         }
     })
     .map_err(|e| to_python(py, e))
 }
 
-/// The backward of a [`forward`] with a reserve: writes the gradients of
-/// the input, the initial states (when given) and the weights.
+/// The backward of a [`forward`] with a reserve, in the same memory:
+/// writes the gradients of the input, the initial states (when given) and
+/// the weights.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     py: Python<'_>,
     spec: &str,
     threads: usize,
+    device: Option<(usize, u64)>,
     layout: &str,
     x: TensorArg,
     index: Vec<TensorArg>,
@@ -267,92 +307,42 @@ pub fn backward(
     let grad_finals = Tensor::each("grad_final_states", grad_finals);
     let (grad_input, grad_h0) = (Tensor::new("grad_input", grad_input), Tensor::each("grad_h0", grad_h0));
     let grad_weights = Tensor::each("grad_weights", grad_weights);
+    let memory = Memory::new(threads, device);
     py.detach(|| -> Result<()> {
-        let model = spec::model(spec, 0)?;
-        // SAFETY (block): as in `forward`.
-        unsafe {
-            let inputs = tensors.read(&model, layout)?;
-            let grad_finals = read_all(&grad_finals)?;
-            let d_params = model.group_by_slot(write_all(&grad_weights)?)?;
-            let d_h0 = write_all(&grad_h0)?;
-            let out = BackwardOut { d_input: grad_input.floats_mut()?, d_h0, d_params };
-            let d_final = (!grad_finals.is_empty()).then_some(&grad_finals[..]);
-            threads::with_limit(threads, || {
-                model.backward_from(&inputs.call(), reserve.floats()?, grad_output.floats()?, d_final, out)
-            })
+        let model = memory.model(spec)?;
+        match memory {
+            // SAFETY (block): as in `forward`.
+            Memory::Host { threads } => unsafe {
+                let inputs = tensors.read(&model, layout)?;
+                let grad_finals = read_all(&grad_finals)?;
+                let d_params = model.group_by_slot(write_all(&grad_weights)?)?;
+                let d_h0 = write_all(&grad_h0)?;
+                let out = BackwardOut { d_input: grad_input.floats_mut()?, d_h0, d_params };
+                let d_final = (!grad_finals.is_empty()).then_some(&grad_finals[..]);
+                threads::with_limit(threads, || {
+                    model.backward_from(
+                        &inputs.call(),
+                        reserve.floats()?,
+                        grad_output.floats()?,
+                        d_final,
+                        out,
+                    )
+                })
+            },
+            Memory::Device { stream, .. } => {
+                // SAFETY: as in `forward`.
+                let inputs = unsafe { tensors.on_device(&model, layout)? };
+                let grad_finals = on_device(&grad_finals);
+                let out = DeviceBackwardOut {
+                    d_input: grad_input.on_device(),
+                    d_h0: on_device(&grad_h0),
+                    d_params: model.group_by_slot(on_device(&grad_weights))?,
+                };
+                let d_final = (!grad_finals.is_empty()).then_some(&grad_finals[..]);
+                let call = inputs.call(stream);
+                model.backward_from(&call, reserve.on_device(), grad_output.on_device(), d_final, &out)
+            }
         }
-    })
-    .map_err(|e| to_python(py, e))
-}
-
-/// A forward pass over tensors in device memory (CUDA tensors, or the
-/// emulated device's host memory), queued on `stream`: writes `output`
-/// and `finals` (no reserve: the backward runs the forward again).
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-pub fn forward_on_device(
-    py: Python<'_>,
-    spec: &str,
-    device: usize,
-    stream: u64,
-    layout: &str,
-    x: TensorArg,
-    index: Vec<TensorArg>,
-    h0: Vec<TensorArg>,
-    weights: Vec<TensorArg>,
-    output: TensorArg,
-    finals: Vec<TensorArg>,
-) -> PyResult<()> {
-    let tensors = CallTensors::new(x, index, h0, weights);
-    let (output, finals) = (Tensor::new("output", output), Tensor::each("final_states", finals));
-    py.detach(|| -> Result<()> {
-        let model = spec::model(spec, device)?;
-        // SAFETY: the Python half checked the index tensors (contiguous i64 on the CPU) and
-        // every other tensor (contiguous f32 on the model's device), and holds them all.
-        let inputs = unsafe { tensors.on_device(&model, layout)? };
-        let out = DeviceForwardOut { output: output.on_device(), final_states: on_device(&finals) };
-        model.forward_on_device(&inputs.call(stream), &out)
-    })
-    .map_err(|e| to_python(py, e))
-}
-
-/// The backward of a [`forward_on_device`]: writes the gradients of the
-/// input, the initial states and the weights.
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-pub fn backward_on_device(
-    py: Python<'_>,
-    spec: &str,
-    device: usize,
-    stream: u64,
-    layout: &str,
-    x: TensorArg,
-    index: Vec<TensorArg>,
-    h0: Vec<TensorArg>,
-    weights: Vec<TensorArg>,
-    grad_output: TensorArg,
-    grad_finals: Vec<TensorArg>,
-    grad_input: TensorArg,
-    grad_h0: Vec<TensorArg>,
-    grad_weights: Vec<TensorArg>,
-) -> PyResult<()> {
-    let tensors = CallTensors::new(x, index, h0, weights);
-    let grad_output = Tensor::new("grad_output", grad_output);
-    let grad_finals = Tensor::each("grad_final_states", grad_finals);
-    let (grad_input, grad_h0) = (Tensor::new("grad_input", grad_input), Tensor::each("grad_h0", grad_h0));
-    let grad_weights = Tensor::each("grad_weights", grad_weights);
-    py.detach(|| -> Result<()> {
-        let model = spec::model(spec, device)?;
-        // SAFETY: as in `forward_on_device`.
-        let inputs = unsafe { tensors.on_device(&model, layout)? };
-        let grad_finals = on_device(&grad_finals);
-        let out = DeviceBackwardOut {
-            d_input: grad_input.on_device(),
-            d_h0: on_device(&grad_h0),
-            d_params: model.group_by_slot(on_device(&grad_weights))?,
-        };
-        let d_final = (!grad_finals.is_empty()).then_some(&grad_finals[..]);
-        model.backward_on_device(&inputs.call(stream), grad_output.on_device(), d_final, &out)
     })
     .map_err(|e| to_python(py, e))
 }

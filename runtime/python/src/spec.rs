@@ -189,7 +189,7 @@ impl Drop for Handle {
         drop(held);
         drop(freed);
         if last {
-            cellc_runtime::pool::release();
+            cellc_runtime::release_memory();
         }
     }
 }
@@ -272,7 +272,7 @@ pub struct Description {
     states: Vec<(String, usize)>,
     input_size: usize,
     output_size: usize,
-    reserve_per_row: Option<usize>,
+    reserve_per_row: usize,
 }
 
 impl Description {

@@ -1,7 +1,7 @@
 """CUDA tensors on the CUDA back end: run in place, queued on PyTorch's current stream.
 
-Without a GPU, the same path (device memory, no host copies, the backward running the
-forward again on the device) is tested over the emulated device in ``test_against_pytorch``
+Without a GPU, the same path (device memory, no host copies, the tapes in a reserve in
+device memory) is tested over the emulated device in ``test_against_pytorch``
 and ``test_autograd`` (``backend="cuda-emulated"``). The tests here need a GPU and are
 skipped without one.
 """

@@ -11,9 +11,10 @@ pub mod cuda;
 pub mod mapped;
 pub mod reference;
 
+use crate::cell::{CompiledCell, Layer};
 use crate::error::Result;
-use crate::model::{CompiledCell, Layer};
-use crate::sequence::{BatchOrder, RowLayout};
+use crate::pass::{PassTarget, Span};
+use crate::sequence::{BatchOrder, LaidOutBatch, RowLayout};
 
 /// Rows of a flat buffer: row `r`'s features are `data[r*width + offset ..]`.
 #[derive(Clone, Copy, Debug)]
@@ -100,8 +101,6 @@ pub struct ForwardJob<'a> {
     pub input: Rows<'a>,
     /// Initial states, one `[B * size]` buffer per state.
     pub h0: &'a [&'a [f32]],
-    /// Keep what the backward step needs.
-    pub training: bool,
     /// The back end's own form of `params`, kept across calls.
     pub prepared: &'a PreparedWeights,
 }
@@ -123,20 +122,18 @@ pub struct BackwardJob<'a> {
     pub prepared: &'a PreparedWeights,
 }
 
-/// What a training forward keeps for the backward (back-end specific).
-pub struct Tape(pub Box<dyn std::any::Any + Send + Sync>);
-
-impl std::fmt::Debug for Tape {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Tape")
+impl ForwardJob<'_> {
+    /// Rows of the batch's layout (a padded batch's `B * T`, a packed one's `N`).
+    pub fn layout_rows(&self) -> usize {
+        self.input.data.len() / self.input.width.max(1)
     }
 }
 
-#[derive(Debug)]
-pub struct ForwardResult {
-    /// Final states, one `[B * size]` buffer per state.
-    pub final_states: Vec<Vec<f32>>,
-    pub tape: Option<Tape>,
+impl BackwardJob<'_> {
+    /// Rows of the batch's layout, as [`ForwardJob::layout_rows`].
+    pub fn layout_rows(&self) -> usize {
+        self.input.data.len() / self.input.width.max(1)
+    }
 }
 
 #[derive(Debug)]
@@ -189,43 +186,21 @@ pub trait Backend: Send + Sync {
         Ok(None)
     }
 
-    /// Writes the output rows (this direction's features of `output`) and returns the final states.
-    fn forward(&self, job: &ForwardJob, output: &mut RowsMut) -> Result<ForwardResult>;
-
-    /// Adds the adjoint of the input rows into `d_input` and returns the rest.
-    fn backward(&self, job: &BackwardJob, tape: &Tape, d_input: &mut RowsMut) -> Result<BackwardResult>;
-
-    /// Whether a training forward can keep its tape in memory the caller
-    /// provides ([`Backend::forward_into_tape`]), laid out as the layer's
-    /// program says ([`cellc::program::TapeLayout`]); `false` where this back
-    /// end keeps its tape itself. A framework's autograd then holds the tape
-    /// as one of its own tensors (cuDNN's "reserve space").
-    fn keeps_tape_in_caller_memory(&self) -> bool {
-        false
-    }
-
-    /// A training forward that keeps its tape in `tape` (the layout's rows
-    /// times the program's tape floats per row); returns the final states.
-    fn forward_into_tape(
+    /// Writes the output rows (this direction's features of `output`) and
+    /// returns the final states. A training forward is given a `tape`: the
+    /// layout's rows times the program's tape floats per row, which it
+    /// fills as the layer's program lays it out
+    /// ([`cellc::program::TapeLayout`]), padding rows zeroed.
+    fn forward(
         &self,
         job: &ForwardJob,
         output: &mut RowsMut,
-        tape: &mut [f32],
-    ) -> Result<Vec<Vec<f32>>> {
-        let _ = (job, output, tape);
-        Err(no_caller_tape(self.name()))
-    }
+        tape: Option<&mut [f32]>,
+    ) -> Result<Vec<Vec<f32>>>;
 
-    /// The backward of a [`Backend::forward_into_tape`], reading its tape.
-    fn backward_from_tape(
-        &self,
-        job: &BackwardJob,
-        tape: &[f32],
-        d_input: &mut RowsMut,
-    ) -> Result<BackwardResult> {
-        let _ = (job, tape, d_input);
-        Err(no_caller_tape(self.name()))
-    }
+    /// Adds the adjoint of the input rows into `d_input` and returns the
+    /// rest, reading the `tape` a training forward of the same job filled.
+    fn backward(&self, job: &BackwardJob, tape: &[f32], d_input: &mut RowsMut) -> Result<BackwardResult>;
 }
 
 /// A back end shared by several models (one device, its compiled kernels
@@ -243,62 +218,44 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
         (**self).stream(job)
     }
 
-    fn forward(&self, job: &ForwardJob, output: &mut RowsMut) -> Result<ForwardResult> {
-        (**self).forward(job, output)
-    }
-
-    fn backward(&self, job: &BackwardJob, tape: &Tape, d_input: &mut RowsMut) -> Result<BackwardResult> {
-        (**self).backward(job, tape, d_input)
-    }
-
-    fn keeps_tape_in_caller_memory(&self) -> bool {
-        (**self).keeps_tape_in_caller_memory()
-    }
-
-    fn forward_into_tape(
+    fn forward(
         &self,
         job: &ForwardJob,
         output: &mut RowsMut,
-        tape: &mut [f32],
+        tape: Option<&mut [f32]>,
     ) -> Result<Vec<Vec<f32>>> {
-        (**self).forward_into_tape(job, output, tape)
+        (**self).forward(job, output, tape)
     }
 
-    fn backward_from_tape(
-        &self,
-        job: &BackwardJob,
-        tape: &[f32],
-        d_input: &mut RowsMut,
-    ) -> Result<BackwardResult> {
-        (**self).backward_from_tape(job, tape, d_input)
+    fn backward(&self, job: &BackwardJob, tape: &[f32], d_input: &mut RowsMut) -> Result<BackwardResult> {
+        (**self).backward(job, tape, d_input)
     }
 }
 
-/// Whole-model passes over device memory the caller owns, queued on the
-/// caller's stream; the model has checked every buffer of the call.
+/// Passes over device memory the caller owns ([`crate::device_call`]).
 pub trait DevicePasses {
-    fn forward_on_device(
-        &self,
-        model: &crate::Model,
-        batch: &crate::exec::LaidOutBatch,
-        call: &crate::device_call::DeviceCall,
-        out: &crate::device_call::DeviceForwardOut,
-    ) -> Result<()>;
-
-    fn backward_on_device(
-        &self,
-        model: &crate::Model,
-        batch: &crate::exec::LaidOutBatch,
-        call: &crate::device_call::DeviceCall,
-        d_output: crate::device_call::DeviceFloats,
-        d_final: Option<&[crate::device_call::DeviceFloats]>,
-        out: &crate::device_call::DeviceBackwardOut,
-    ) -> Result<()>;
+    /// The target a pass of `cell` (at its `layers`' sizes) over `batch` runs on: this device, its
+    /// work queued on `stream`, reading the caller's `weights`
+    /// (`[layer * directions + direction][param]`, checked).
+    fn target<'a>(
+        &'a self,
+        cell: &'a CompiledCell,
+        layers: &'a [Layer],
+        batch: &'a LaidOutBatch,
+        weights: Vec<Vec<Span>>,
+        stream: u64,
+    ) -> Result<Box<dyn PassTarget + 'a>>;
 }
 
-fn no_caller_tape(backend: &str) -> crate::RuntimeError {
-    crate::RuntimeError::Backend {
-        backend: backend.into(),
-        message: "this back end keeps its tape itself: it cannot keep one in the caller's memory".into(),
+/// Checks that a tape has the floats the layer's program lays out for `rows` layout rows.
+pub fn check_tape(layer: &Layer, rows: usize, len: usize) -> Result<()> {
+    let need = rows * layer.tape().floats_per_row();
+    if need == len {
+        return Ok(());
     }
+    Err(crate::RuntimeError::Shape {
+        tensor: "reserve".into(),
+        expected: format!("{need} floats for layer {}'s tape", layer.index),
+        found: format!("{len}"),
+    })
 }

@@ -10,12 +10,12 @@
 //! schedule saved (plus the state history), so a wrong saved-values
 //! choice is an error too. Fast back ends are tested against it.
 
-use super::{Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, Tape};
+use super::{check_tape, Backend, BackwardJob, BackwardResult, ForwardJob, RowsMut};
+use crate::cell::Layer;
 use crate::error::{Result, RuntimeError};
-use crate::model::Layer;
 use cellc::ir::{Graph, Op, ValueId};
 use cellc::kernel::eval::RowEvaluator;
-use cellc::program::Side;
+use cellc::program::{Kept, Side, TapePart};
 use cellc::schedule::{Placement, Stage};
 use cellc::shapes::Shapes;
 use std::collections::HashMap;
@@ -26,16 +26,41 @@ pub struct Reference;
 /// Values of one row, by value index; parameters are read in place.
 type Store = Vec<Option<Vec<f32>>>;
 
-/// What the forward keeps per row `(b, t)`: only what the backward may read.
-struct RowTape {
-    states_before: Vec<Vec<f32>>,
-    states_after: Vec<Vec<f32>>,
-    output: Vec<f32>,
-    saved: Vec<(ValueId, Vec<f32>)>,
+/// A tape in the caller's memory, laid out as the layer's program says:
+/// each part's floats of one layout row.
+struct RowTape<'t> {
+    parts: Vec<(TapePart, std::ops::Range<usize>)>,
+    memory: &'t [f32],
 }
 
-struct ReferenceTape {
-    rows: HashMap<(usize, usize), RowTape>,
+impl RowTape<'_> {
+    fn new<'t>(layer: &Layer, rows: usize, memory: &'t [f32]) -> Result<RowTape<'t>> {
+        check_tape(layer, rows, memory.len())?;
+        Ok(RowTape { parts: layer.tape().ranges(rows).collect(), memory })
+    }
+
+    /// What the part keeping `kept` holds for layout row `row`, if it is kept.
+    fn get(&self, kept: Kept, row: usize) -> Option<&[f32]> {
+        let (part, range) = self.parts.iter().find(|(p, _)| p.kept == kept)?;
+        let at = range.start + row * part.floats;
+        Some(&self.memory[at..at + part.floats])
+    }
+}
+
+/// Writes layout row `row` of every part of a tape, as the layer's program
+/// lays it out, from `value` (what each part keeps for that row).
+fn keep_row(
+    layer: &Layer,
+    tape: &mut [f32],
+    rows: usize,
+    row: usize,
+    value: impl Fn(Kept) -> Result<Vec<f32>>,
+) -> Result<()> {
+    for (part, range) in layer.tape().ranges(rows) {
+        let at = range.start + row * part.floats;
+        tape[at..at + part.floats].copy_from_slice(&value(part.kept)?);
+    }
+    Ok(())
 }
 
 fn value<'s>(g: &Graph, store: &'s Store, params: &'s [&'s [f32]], v: ValueId) -> Option<&'s [f32]> {
@@ -131,14 +156,24 @@ impl Backend for Reference {
         "reference"
     }
 
-    fn forward(&self, job: &ForwardJob, output: &mut RowsMut) -> Result<ForwardResult> {
+    fn forward(
+        &self,
+        job: &ForwardJob,
+        output: &mut RowsMut,
+        mut tape: Option<&mut [f32]>,
+    ) -> Result<Vec<Vec<f32>>> {
         let cell = &job.cell.forward;
         let g: &Graph = cell;
         let layer = job.layer;
         let plan = &layer.forward_shapes;
         let stages = &layer.schedule.forward;
         let batch = job.order.batch();
-        let saved_ids: Vec<ValueId> = layer.saved().iter().copied().filter(|v| g.contains(*v)).collect();
+        let layout_rows = job.layout_rows();
+        if let Some(t) = tape.as_deref_mut() {
+            check_tape(layer, layout_rows, t.len())?;
+            // Padding rows stay zero: a reserve holds nothing but this pass's values.
+            t.fill(0.0);
+        }
 
         let mut forward_stages = Stages::new(g, layer, Side::Forward);
         let mut base: Store = vec![None; g.value_bound()];
@@ -185,7 +220,6 @@ impl Backend for Reference {
             })
             .collect();
         let mut finals = states.clone();
-        let mut tape = ReferenceTape { rows: HashMap::new() };
         for s in 0..job.order.steps() {
             let active = job.order.active(s);
             let mut rows: Vec<Store> = Vec::with_capacity(active.len());
@@ -214,16 +248,14 @@ impl Backend for Reference {
                 let out = get(cell.output)?;
                 output.get_mut(b, t, layer.output_size).copy_from_slice(&out);
                 let next: Vec<Vec<f32>> = cell.next_states.iter().map(|&v| get(v)).collect::<Result<_>>()?;
-                if job.training {
-                    let saved =
-                        saved_ids.iter().map(|&v| get(v).map(|x| (v, x))).collect::<Result<Vec<_>>>()?;
-                    let row = RowTape {
-                        states_before: states[b].clone(),
-                        states_after: next.clone(),
-                        output: out,
-                        saved,
-                    };
-                    tape.rows.insert((b, t), row);
+                if let Some(tape) = tape.as_deref_mut() {
+                    let row = job.input.layout.row(b, t);
+                    keep_row(layer, tape, layout_rows, row, |kept| match kept {
+                        Kept::StateBefore(i) => Ok(states[b][i].clone()),
+                        Kept::StateAfter(i) => Ok(next[i].clone()),
+                        Kept::Output => Ok(out.clone()),
+                        Kept::Saved(v) => get(v),
+                    })?;
                 }
                 if s + 1 == job.order.lengths()[b] {
                     finals[b] = next.clone();
@@ -234,13 +266,11 @@ impl Backend for Reference {
         let final_states = (0..layer.state_sizes.len())
             .map(|i| finals.iter().flat_map(|f| f[i].iter().copied()).collect())
             .collect();
-        Ok(ForwardResult { final_states, tape: job.training.then(|| Tape(Box::new(tape))) })
+        Ok(final_states)
     }
 
-    fn backward(&self, job: &BackwardJob, tape: &Tape, d_input: &mut RowsMut) -> Result<BackwardResult> {
-        let tape = tape.0.downcast_ref::<ReferenceTape>().ok_or_else(|| {
-            RuntimeError::Internal("a reference backward needs a reference forward's tape".into())
-        })?;
+    fn backward(&self, job: &BackwardJob, tape: &[f32], d_input: &mut RowsMut) -> Result<BackwardResult> {
+        let tape = RowTape::new(job.layer, job.layout_rows(), tape)?;
         let grad = &job.cell.backward;
         let g = &grad.graph;
         let layer = job.layer;
@@ -267,10 +297,7 @@ impl Backend for Reference {
             let mut rows: Vec<Store> = Vec::with_capacity(active.len());
             for &b in active {
                 let t = job.order.time(b, s, job.reverse);
-                let row = tape
-                    .rows
-                    .get(&(b, t))
-                    .ok_or_else(|| RuntimeError::Internal(format!("no tape for ({b}, {t})")))?;
+                let row = job.input.layout.row(b, t);
                 let x = job.input.get(b, t, layer.input_size);
                 let d_out = job.d_output.get(b, t, layer.output_size);
                 let mut store = base.clone();
@@ -280,7 +307,7 @@ impl Backend for Reference {
                             let (o, l) = layer.input_slices[i];
                             Some(x[o..o + l].to_vec())
                         }
-                        Op::State(i) => Some(row.states_before[i].clone()),
+                        Op::State(i) => tape.get(Kept::StateBefore(i), row).map(<[f32]>::to_vec),
                         Op::Seed(0) => Some(d_out.to_vec()),
                         _ => None,
                     };
@@ -288,17 +315,18 @@ impl Backend for Reference {
                         store[v.index()] = leaf;
                     }
                 }
-                // Forward values the backward reads from memory: saved ones and the history.
-                for (v, x) in &row.saved {
-                    store[v.index()] = Some(x.clone());
-                }
-                for (i, v) in grad.primal_next_states.iter().enumerate() {
-                    if let Some(v) = v {
-                        store[v.index()] = Some(row.states_after[i].clone());
+                // Forward values the backward reads from the tape, where it
+                // keeps them: saved ones, the states after the step and the
+                // output (an output that is also a next state is kept once).
+                let kept_values = job.layer.saved().iter().map(|&v| (v, Kept::Saved(v)));
+                let after = grad.primal_next_states.iter().enumerate();
+                let kept_values = kept_values
+                    .chain(after.filter_map(|(i, v)| v.map(|v| (v, Kept::StateAfter(i)))))
+                    .chain(grad.primal_output.map(|v| (v, Kept::Output)));
+                for (v, kept) in kept_values {
+                    if let Some(x) = tape.get(kept, row).filter(|_| g.contains(v)) {
+                        store[v.index()] = Some(x.to_vec());
                     }
-                }
-                if let Some(v) = grad.primal_output {
-                    store[v.index()] = Some(row.output.clone());
                 }
                 // Before-loop stages see no carried adjoint: reading one is a schedule error.
                 for stage in stages_at(stages, Placement::BeforeLoop) {

@@ -18,10 +18,10 @@ inputs where they lie, with the interpreter lock released:
 - CUDA tensors (back end ``cuda``) run on the CUDA back end, queued on
   PyTorch's current stream with no host wait: outputs and gradients come
   from PyTorch's caching allocator, the pass's scratch memory from cellc's
-  own stream-ordered pool. There the backward runs the forward again on
-  the device (the reserve is empty), as the back end keeps its tapes
-  itself. The ``cuda-emulated`` back end runs the same path on CPU tensors
-  (the emulated device's memory is the host's), to verify it without a GPU.
+  own stream-ordered pool; the reserve is a CUDA tensor too, laid out as
+  on the CPU. The ``cuda-emulated`` back end runs the same path on CPU
+  tensors (the emulated device's memory is the host's), to verify it
+  without a GPU.
 """
 
 from __future__ import annotations
@@ -87,8 +87,7 @@ def _forward_outputs(spec: str, layout: str, x: Tensor, index: list[Tensor], tra
     batch = _batch(layout, x, index)
     out = empty((*x.shape[:-1], info["output_size"]))
     finals = [x.new_empty((info["slots"], batch, size)) for _, size in info["states"]]
-    per_row = info["reserve_per_row"]
-    reserve_len = _rows(layout, x) * per_row if training and per_row is not None else 0
+    reserve_len = _rows(layout, x) * info["reserve_per_row"] if training else 0
     if reserve_len:
         return out, finals, empty((reserve_len,))
     return out, finals, x.new_empty((0,)) if reserve_tensor else None
@@ -120,12 +119,16 @@ def _check_devices(spec: str, tensors: list[Tensor]) -> None:
             raise DeviceError(f"tensors on both {device} and {t.device}: a call runs on one device")
 
 
-def _device_call(x: Tensor) -> tuple[int, int]:
-    """The CUDA device and PyTorch's current stream on it, or ``(0, 0)`` on the CPU."""
+def _memory(spec: str, x: Tensor):
+    """Where a call runs: ``(threads, None)`` over host memory, on PyTorch's thread count;
+    ``(0, (device, stream))`` over device memory, queued on PyTorch's current stream on that
+    CUDA device (device and stream 0 for the emulated device's memory)."""
+    if not in_device_memory(spec, x):
+        return torch.get_num_threads(), None
     if x.device.type != "cuda":
-        return 0, 0
+        return 0, (0, 0)
     ordinal = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    return ordinal, torch.cuda.current_stream(x.device).cuda_stream
+    return 0, (ordinal, torch.cuda.current_stream(x.device).cuda_stream)
 
 
 def _recycled(shape) -> Tensor:
@@ -159,15 +162,12 @@ def _forward_impl(spec, layout, x, index, h0, weights, training, checked=False, 
     if not checked:
         _check_devices(spec, [x, *h0, *weights])
     inputs = _call_refs(x, index, h0, weights)
-    if in_device_memory(spec, x):
-        out, finals, reserve = _forward_outputs(spec, layout, x, index, False, x.new_empty, reserve_tensor)
-        outputs = _ref(out), [_ref(t) for t in finals]
-        _cellc.forward_on_device(spec, *_device_call(x), layout, *inputs, *outputs)
-    else:
-        out, finals, reserve = _forward_outputs(spec, layout, x, index, training, _recycled, reserve_tensor)
-        outputs = _ref(out), [_ref(t) for t in finals]
-        threads = torch.get_num_threads()
-        _cellc.forward(spec, threads, layout, *inputs, *outputs, _ref(reserve) if training else None)
+    memory = _memory(spec, x)
+    # Device memory from PyTorch's allocator; on the CPU, cellc's recycled memory.
+    empty = x.new_empty if memory[1] is not None else _recycled
+    out, finals, reserve = _forward_outputs(spec, layout, x, index, training, empty, reserve_tensor)
+    outputs = _ref(out), [_ref(t) for t in finals]
+    _cellc.forward(spec, *memory, layout, *inputs, *outputs, _ref(reserve) if training else None)
     return out, finals, reserve
 
 
@@ -194,18 +194,15 @@ def _backward_impl(spec, layout, x, index, h0, weights, reserve, grad_output, gr
     """The backward operator's work (see ``rnn_backward``)."""
     _check_devices(spec, [x, *h0, *weights, grad_output, *grad_finals])
     inputs = _call_refs(x, index, h0, weights)
-    on_device = in_device_memory(spec, x)
+    memory = _memory(spec, x)
     # Device memory from PyTorch's allocator; on the CPU, cellc's recycled memory.
-    empty_like = torch.empty_like if on_device else (lambda t: _recycled(t.shape))
+    empty_like = torch.empty_like if memory[1] is not None else (lambda t: _recycled(t.shape))
     grad_x = empty_like(x)
     grad_h0 = [torch.empty_like(h) for h in h0]
     grad_weights = [empty_like(w) for w in weights]
     grads = _ref(grad_output), [_ref(t) for t in grad_finals]
     outputs = _ref(grad_x), [_ref(t) for t in grad_h0], [_ref(t) for t in grad_weights]
-    if on_device:
-        _cellc.backward_on_device(spec, *_device_call(x), layout, *inputs, *grads, *outputs)
-    else:
-        _cellc.backward(spec, torch.get_num_threads(), layout, *inputs, _ref(reserve), *grads, *outputs)
+    _cellc.backward(spec, *memory, layout, *inputs, _ref(reserve), *grads, *outputs)
     return grad_x, grad_h0, grad_weights
 
 

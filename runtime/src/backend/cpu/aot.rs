@@ -10,9 +10,9 @@
 //! value of them, and every layer of a stacked model.
 
 use super::native::{KernelFn, NativeStage, KERNEL_ABI};
+pub use crate::cell::Side;
+use crate::cell::{CompiledCell, Layer};
 use crate::error::{Result, RuntimeError};
-pub use crate::model::Side;
-use crate::model::{CompiledCell, Layer};
 use cellc::ir::{Type, ValueId};
 use cellc::schedule::Stage;
 use serde::{Deserialize, Serialize};

@@ -29,20 +29,19 @@ use std::sync::Arc;
 pub enum ReadyStage {
     /// Products sharing an operand; each `(out, op, matrix, vector)` or, for
     /// `outer`, `(out, Outer, left, right)`.
-    Gemm {
-        placement: Placement,
-        products: Vec<(ValueId, Op, ValueId, ValueId)>,
-    },
+    Gemm { placement: Placement, products: Vec<(ValueId, Op, ValueId, ValueId)> },
     Pointwise {
         placement: Placement,
         exec: Arc<dyn StageExec>,
+        /// The schedule made it the whole recurrence
+        /// ([`StageKind::WholeSequence`]): run over each sequence's steps
+        /// in one go, not step by step.
+        whole_sequence: bool,
     },
     /// Vector parameters' gradients, summed over rows as the results are read.
     Sum,
     /// Weight-gradient matrices added once after the loop: `(out, a, b)`.
-    AddMatrices {
-        sums: Vec<(ValueId, ValueId, ValueId)>,
-    },
+    AddMatrices { sums: Vec<(ValueId, ValueId, ValueId)> },
 }
 
 impl ReadyStage {
@@ -88,9 +87,11 @@ pub fn ready_stages(
                         })
                         .collect(),
                 },
-                StageKind::Pointwise { .. } | StageKind::WholeSequence { .. } => {
-                    ReadyStage::Pointwise { placement: st.placement, exec: pointwise(index, st)? }
-                }
+                StageKind::Pointwise { .. } | StageKind::WholeSequence { .. } => ReadyStage::Pointwise {
+                    placement: st.placement,
+                    exec: pointwise(index, st)?,
+                    whole_sequence: matches!(st.kind, StageKind::WholeSequence { .. }),
+                },
                 StageKind::SumOverSteps => ReadyStage::Sum,
                 StageKind::AddMatrices => ReadyStage::AddMatrices {
                     sums: st
@@ -263,7 +264,7 @@ impl<'a> Frame<'a> {
     /// carried adjoints or output adjoint: callers add those they have.
     pub fn new(
         input: Rows<'a>,
-        layer: &'a crate::model::Layer,
+        layer: &'a crate::cell::Layer,
         params: &'a [&'a [f32]],
         weights: &'a PreparedParams,
     ) -> Frame<'a> {

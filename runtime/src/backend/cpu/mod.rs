@@ -28,11 +28,9 @@ mod stream;
 mod team;
 pub mod threads;
 
-use super::{
-    Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, StepRunner, StreamJob, Tape,
-};
+use super::{Backend, BackwardJob, BackwardResult, ForwardJob, RowsMut, StepRunner, StreamJob};
+use crate::cell::{CompiledCell, Layer};
 use crate::error::{Result, RuntimeError};
-use crate::model::{CompiledCell, Layer};
 use crate::pool;
 use cellc::ir::{Graph, Op, ValueId};
 use cellc::program::{Kept, ProgramKernel, Side, Storage};
@@ -305,10 +303,9 @@ fn jit_stage(
     })
 }
 
-/// What the forward keeps, per row at the layer's row layout: in buffers
-/// from the [`pool`] (returned when the tape is dropped), or in memory the
-/// caller provides ([`Backend::forward_into_tape`]), part after part as the
-/// program lays it out ([`cellc::program::TapeLayout`]).
+/// What the forward keeps, per row at the layer's row layout, in the
+/// tape it is given ([`Backend::forward`]), part after part as the program
+/// lays it out ([`cellc::program::TapeLayout`]).
 struct CpuTape {
     /// By state: `None` where the backward does not read it.
     states_before: Vec<Option<TapeBuf>>,
@@ -318,46 +315,41 @@ struct CpuTape {
     saved: HashMap<ValueId, TapeBuf>,
 }
 
-/// One part of a tape.
-enum TapeBuf {
-    Pooled(Vec<f32>),
-    /// `len` floats of the caller's, borrowed for one call.
-    Caller {
-        ptr: *mut f32,
-        len: usize,
-    },
+/// One part of a tape: `len` floats of the caller's, borrowed for one call.
+struct TapeBuf {
+    ptr: *mut f32,
+    len: usize,
 }
 
-// SAFETY: a pooled buffer is owned; a caller's buffer is borrowed for the
-// one call that made the tape, whose threads write disjoint rows of it.
+// SAFETY: the caller's memory is borrowed for the one call that made the
+// tape, whose threads write disjoint rows of it.
 unsafe impl Send for TapeBuf {}
 unsafe impl Sync for TapeBuf {}
 
 impl std::ops::Deref for TapeBuf {
     type Target = [f32];
     fn deref(&self) -> &[f32] {
-        match self {
-            TapeBuf::Pooled(v) => v,
-            // SAFETY: the caller's memory is valid for `len` floats while the tape lives.
-            TapeBuf::Caller { ptr, len } => unsafe { std::slice::from_raw_parts(*ptr, *len) },
-        }
+        // SAFETY: the caller's memory is valid for `len` floats while the tape lives.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
 
 impl std::ops::DerefMut for TapeBuf {
     fn deref_mut(&mut self) -> &mut [f32] {
-        match self {
-            TapeBuf::Pooled(v) => v,
-            // SAFETY: as for `deref`; only a forward's tape (over a mutable borrow) is written.
-            TapeBuf::Caller { ptr, len } => unsafe { std::slice::from_raw_parts_mut(*ptr, *len) },
-        }
+        // SAFETY: as for `deref`; only a forward's tape (over a mutable borrow) is written.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 
 impl CpuTape {
-    /// A tape of `rows` layout rows whose parts come from `take`, given
-    /// each part's floats in a reserve of the program's layout.
-    fn make(layer: &Layer, rows: usize, mut take: impl FnMut(std::ops::Range<usize>) -> TapeBuf) -> CpuTape {
+    /// A tape laid out over the caller's `memory` (`rows` times the tape's
+    /// floats per row, checked).
+    ///
+    /// # Safety
+    /// `memory` is valid for `len` floats while the tape lives, and the
+    /// tape is written only where `memory` may be.
+    unsafe fn in_caller(layer: &Layer, rows: usize, memory: *mut f32, len: usize) -> Result<CpuTape> {
+        super::check_tape(layer, rows, len)?;
         let states = layer.state_sizes.len();
         let mut tape = CpuTape {
             states_before: (0..states).map(|_| None).collect(),
@@ -366,7 +358,8 @@ impl CpuTape {
             saved: HashMap::new(),
         };
         for (part, floats) in layer.tape().ranges(rows) {
-            let buf = take(floats);
+            // SAFETY: the parts' ranges end at `len` (checked above).
+            let buf = TapeBuf { ptr: unsafe { memory.add(floats.start) }, len: floats.len() };
             match part.kept {
                 Kept::StateBefore(i) => tape.states_before[i] = Some(buf),
                 Kept::StateAfter(i) => tape.states_after[i] = Some(buf),
@@ -376,33 +369,7 @@ impl CpuTape {
                 }
             }
         }
-        tape
-    }
-
-    fn pooled(layer: &Layer, rows: usize) -> CpuTape {
-        Self::make(layer, rows, |floats| TapeBuf::Pooled(pool::take(floats.len())))
-    }
-
-    /// A tape laid out over the caller's `memory` (`rows` times the tape's
-    /// floats per row, checked).
-    ///
-    /// # Safety
-    /// `memory` is valid for `len` floats while the tape lives, and the
-    /// tape is written only where `memory` may be.
-    unsafe fn in_caller(layer: &Layer, rows: usize, memory: *mut f32, len: usize) -> Result<CpuTape> {
-        let need = rows * layer.tape().floats_per_row();
-        if need != len {
-            return Err(RuntimeError::Shape {
-                tensor: "reserve".into(),
-                expected: format!("{need} floats for layer {}", layer.index),
-                found: format!("{len}"),
-            });
-        }
-        Ok(Self::make(layer, rows, |floats| {
-            // SAFETY: the parts' ranges end at `len` (checked above).
-            let ptr = unsafe { memory.add(floats.start) };
-            TapeBuf::Caller { ptr, len: floats.len() }
-        }))
+        Ok(tape)
     }
 
     /// Zeros the rows of padding, which no step writes: a tape in the
@@ -416,18 +383,6 @@ impl CpuTape {
         for part in parts.flatten().chain(self.saved.values_mut()) {
             let width = part.len() / rows.max(1);
             crate::sequence::zero_rows(part, width, &padding);
-        }
-    }
-}
-
-impl Drop for CpuTape {
-    fn drop(&mut self) {
-        let states = self.states_before.drain(..).chain(self.states_after.drain(..));
-        let saved = self.saved.drain().map(|(_, b)| b);
-        for buf in states.chain([self.output.take()]).flatten().chain(saved) {
-            if let TapeBuf::Pooled(v) = buf {
-                pool::give(v);
-            }
         }
     }
 }
@@ -471,42 +426,24 @@ impl Backend for Cpu {
         "cpu"
     }
 
-    fn forward(&self, job: &ForwardJob, output: &mut RowsMut) -> Result<ForwardResult> {
-        let code = self.code(job.cell, job.layer)?;
-        let keep = if job.training { KeepTape::Pooled } else { KeepTape::No };
-        self.alone(code.fwd_step_fmas, job.order.batch(), |threads| {
-            forward(threads, &code, job, output, keep)
-        })
-    }
-
-    fn keeps_tape_in_caller_memory(&self) -> bool {
-        true
-    }
-
-    fn forward_into_tape(
+    fn forward(
         &self,
         job: &ForwardJob,
         output: &mut RowsMut,
-        tape: &mut [f32],
+        tape: Option<&mut [f32]>,
     ) -> Result<Vec<Vec<f32>>> {
         let code = self.code(job.cell, job.layer)?;
-        let job = ForwardJob { training: true, ..*job };
-        let r = self.alone(code.fwd_step_fmas, job.order.batch(), |threads| {
-            forward(threads, &code, &job, output, KeepTape::Caller(tape))
-        })?;
-        Ok(r.final_states)
+        self.alone(code.fwd_step_fmas, job.order.batch(), |threads| {
+            forward(threads, &code, job, output, tape)
+        })
     }
 
-    fn backward_from_tape(
-        &self,
-        job: &BackwardJob,
-        tape: &[f32],
-        d_input: &mut RowsMut,
-    ) -> Result<BackwardResult> {
+    fn backward(&self, job: &BackwardJob, tape: &[f32], d_input: &mut RowsMut) -> Result<BackwardResult> {
         let code = self.code(job.cell, job.layer)?;
-        let rows = job.input.data.len() / job.input.width.max(1);
         // SAFETY: the backward only reads its tape, which borrows `tape` for this call.
-        let tape = unsafe { CpuTape::in_caller(job.layer, rows, tape.as_ptr() as *mut f32, tape.len())? };
+        let tape = unsafe {
+            CpuTape::in_caller(job.layer, job.layout_rows(), tape.as_ptr() as *mut f32, tape.len())?
+        };
         self.alone(code.bwd_step_fmas, job.order.batch(), |threads| {
             backward(threads, &code, job, &tape, d_input)
         })
@@ -514,17 +451,6 @@ impl Backend for Cpu {
 
     fn stream<'a>(&'a self, job: StreamJob<'a>) -> Result<Option<Box<dyn StepRunner + 'a>>> {
         Ok(Some(Box::new(self.make_stream(job)?)))
-    }
-
-    fn backward(&self, job: &BackwardJob, tape: &Tape, d_input: &mut RowsMut) -> Result<BackwardResult> {
-        let tape = tape
-            .0
-            .downcast_ref::<CpuTape>()
-            .ok_or_else(|| RuntimeError::Internal("a cpu backward needs a cpu forward's tape".into()))?;
-        let code = self.code(job.cell, job.layer)?;
-        self.alone(code.bwd_step_fmas, job.order.batch(), |threads| {
-            backward(threads, &code, job, tape, d_input)
-        })
     }
 }
 
@@ -554,22 +480,13 @@ fn step_fmas_per_row(stages: &[ReadyStage], plan: &Shapes) -> usize {
         .sum()
 }
 
-/// Where a forward keeps what its backward reads.
-enum KeepTape<'a> {
-    No,
-    /// In buffers of its own, handed back as a [`Tape`].
-    Pooled,
-    /// In the caller's memory ([`Backend::forward_into_tape`]).
-    Caller(&'a mut [f32]),
-}
-
 fn forward(
     threads: usize,
     code: &LayerCode,
     job: &ForwardJob,
     output: &mut RowsMut,
-    keep: KeepTape,
-) -> Result<ForwardResult> {
+    tape: Option<&mut [f32]>,
+) -> Result<Vec<Vec<f32>>> {
     let (g, plan) = (&*code.fwd_graph, &*code.fwd_plan);
     let layer = job.layer;
     let cell = &job.cell.forward;
@@ -578,14 +495,14 @@ fn forward(
     let mut bufs = Buffers::new();
     constants(g, plan, &mut bufs);
     leaf_locations(g, layer, Side::Forward, &mut bufs);
-    let (mut tape, pooled) = match keep {
-        KeepTape::No => (None, false),
-        KeepTape::Pooled => (Some(CpuTape::pooled(layer, layout_rows)), true),
+    let training = tape.is_some();
+    let mut tape = match tape {
+        None => None,
         // SAFETY: the tape lives for this call, which borrows `memory` mutably.
-        KeepTape::Caller(memory) => {
+        Some(memory) => {
             let mut t = unsafe { CpuTape::in_caller(layer, layout_rows, memory.as_mut_ptr(), memory.len())? };
             t.zero_padding(job, layout_rows);
-            (Some(t), false)
+            Some(t)
         }
     };
     // Saved values that only pointwise stages touch are written straight
@@ -614,7 +531,7 @@ fn forward(
     // into the tape's layout rows each step, or written there directly).
     for st in &code.forward {
         for &v in st.outputs().iter().filter(|v| !direct.contains(v)) {
-            match (layer.storage(Side::Forward, v, job.training), st.placement()) {
+            match (layer.storage(Side::Forward, v, training), st.placement()) {
                 (Some(Storage::Layout), _) | (_, Placement::BeforeLoop) => {
                     bufs.row_buf(v, plan.elements(v), layout_rows)
                 }
@@ -647,7 +564,6 @@ fn forward(
         run_all_rows(&code.forward, Placement::BeforeLoop, &mut bufs, &frame, &all, &mut none)?;
     }
 
-    let into_tape = |tape: Option<CpuTape>| tape.filter(|_| pooled).map(|t| Tape(Box::new(t)));
     let whole = forward_whole_sequence(
         threads,
         code,
@@ -658,7 +574,7 @@ fn forward(
         tape.as_mut().map(|t| (t, &saved_ids[..])),
     )?;
     if let Some(result) = whole {
-        return Ok(ForwardResult { final_states: result, tape: into_tape(tape) });
+        return Ok(result);
     }
 
     // The loop. Each thread writes only the rows of its ranks: their output
@@ -716,7 +632,7 @@ fn forward(
         reverse: job.reverse,
     };
     each_step.run(&steps, &after)?;
-    Ok(ForwardResult { final_states: finals, tape: into_tape(tape) })
+    Ok(finals)
 }
 
 /// The tape's buffers as addresses the loop's threads write their rows to.
@@ -784,10 +700,12 @@ fn forward_whole_sequence(
         Some((t, copied)) => (Some(t), copied),
         None => (None, &[][..]),
     };
-    let mut each_step = code.forward.iter().filter(|s| s.placement() == Placement::EachStep);
-    let (Some(ReadyStage::Pointwise { exec, .. }), None) = (each_step.next(), each_step.next()) else {
-        return Ok(None);
-    };
+    // The schedule's decision: one stage that is the whole recurrence.
+    let whole = code.forward.iter().find_map(|s| match s {
+        ReadyStage::Pointwise { exec, whole_sequence: true, .. } => Some(exec),
+        _ => None,
+    });
+    let Some(exec) = whole else { return Ok(None) };
     let (g, plan) = (&*code.fwd_graph, &*code.fwd_plan);
     let cell = &job.cell.forward;
     let layer = job.layer;
@@ -911,10 +829,12 @@ fn backward_whole_sequence(
     rank_order: &[usize],
     carry: &mut [Vec<f32>],
 ) -> Result<bool> {
-    let mut each_step = code.backward.iter().filter(|s| s.placement() == Placement::EachStep);
-    let (Some(ReadyStage::Pointwise { exec, .. }), None) = (each_step.next(), each_step.next()) else {
-        return Ok(false);
-    };
+    // The schedule's decision: one stage that is the whole recurrence.
+    let whole = code.backward.iter().find_map(|s| match s {
+        ReadyStage::Pointwise { exec, whole_sequence: true, .. } => Some(exec),
+        _ => None,
+    });
+    let Some(exec) = whole else { return Ok(false) };
     let (g, plan) = (&*code.bwd_graph, &*code.bwd_plan);
     let grad = &job.cell.backward;
     let layer = job.layer;

@@ -8,8 +8,8 @@
 use super::driver::SharedRows;
 use super::gemm::{matmul, View};
 use super::panels::{multiply, PackedB, Rows};
+use crate::cell::{CompiledCell, Layer};
 use crate::error::{Result, RuntimeError};
-use crate::model::Model;
 use cellc::ir::Op;
 use cellc::schedule::{Placement, StageKind};
 use std::time::Instant;
@@ -25,23 +25,29 @@ struct Product {
     per_step: bool,
 }
 
-/// GEMM-only throughput of `model`'s forward on a batch with these
-/// lengths: `(flops per pass, seconds per pass)`, the median of repeated
-/// passes over at least `min_time` seconds.
-pub fn forward_gemms(model: &Model, lengths: &[usize], threads: usize, min_time: f64) -> Result<(f64, f64)> {
+/// GEMM-only throughput of the forward of `cell` at `layers`' sizes, each
+/// run in `directions` directions, on a batch with these lengths: `(flops
+/// per pass, seconds per pass)`, the median of repeated passes over at
+/// least `min_time` seconds.
+pub fn forward_gemms(
+    (cell, layers, directions): (&CompiledCell, &[Layer], usize),
+    lengths: &[usize],
+    threads: usize,
+    min_time: f64,
+) -> Result<(f64, f64)> {
     let tokens: usize = lengths.iter().sum();
     let steps = lengths.iter().copied().max().unwrap_or(0);
     let batch_sizes: Vec<usize> = (0..steps).map(|s| lengths.iter().filter(|&&l| l > s).count()).collect();
     let mut products = Vec::new();
-    for layer in model.layers() {
-        let graph = &model.compiled().forward;
+    for layer in layers {
+        let graph = &cell.forward;
         for stage in layer.schedule.forward.iter().filter(|s| s.kind == StageKind::Gemm) {
             for &v in &stage.values {
                 if graph.node(v).op != Op::MatVec {
                     continue;
                 }
                 let (m, k) = layer.forward_shapes.shape(graph.operands(v)[0]);
-                for _ in 0..model.directions() {
+                for _ in 0..directions {
                     match stage.placement {
                         Placement::EachStep => products.extend(batch_sizes.iter().map(|&rows| Product {
                             rows,

@@ -1,5 +1,5 @@
-//! One layer and direction backwards on a [`Device`], reading what the
-//! training forward left on it ([`CudaTape`]).
+//! One layer and direction backwards on a [`Device`], reading the tape
+//! the training forward filled ([`super::storage::tape_homes`]).
 //!
 //! The carried adjoints mirror the forward's state histories: carry `i`
 //! is a `Steps` home with `steps + 1` slots, slot `s + 1` holding the
@@ -14,20 +14,25 @@
 
 use super::calls::Calls;
 use super::device::{Device, Module};
-use super::forward::CudaTape;
-use super::storage::{error, Home, LayerRun};
-use crate::backend::{BackwardJob, BackwardResult, RowsMut};
+use super::forward::params_on_device;
+use super::storage::{error, tape_homes, Home, LayerRun};
+use crate::backend::{check_tape, BackwardJob, BackwardResult, RowsMut};
+use crate::cell::{CompiledCell, Layer};
 use crate::error::Result;
-use crate::model::{CompiledCell, Layer};
 use cellc::cuda::Kernel;
 use cellc::ir::{Graph, Type, ValueId};
-use cellc::program::{Side, Storage};
+use cellc::program::{Kept, Side, Storage};
 use cellc::schedule::Placement;
 
 /// The memory of a layer's backward that is not the pass's own, on the
 /// device: what it reads besides the tape, and where it writes.
 #[derive(Clone, Debug)]
 pub struct BackwardIo {
+    /// The layer input (a `Layout` home), as the forward read it.
+    pub input: Home,
+    pub params: Vec<u64>,
+    /// The tape the training forward filled ([`tape_homes`]).
+    pub tape: u64,
     /// The adjoint of this direction's output rows: a `Layout` home based
     /// at the direction's first feature.
     pub d_output: Home,
@@ -49,23 +54,27 @@ pub fn backward(
     module: &Module,
     kernels: &[(usize, Kernel)],
     job: &BackwardJob,
-    tape: &CudaTape,
+    tape: &[f32],
     d_input: &mut RowsMut,
     graph_capture: bool,
 ) -> Result<BackwardResult> {
     let layer = job.layer;
-    let layout_rows = job.input.data.len() / job.input.width.max(1);
+    let layout_rows = job.layout_rows();
+    check_tape(layer, layout_rows, tape.len())?;
     let mut pass = LayerRun::new(device, job.input.layout, layout_rows, job.order, job.reverse);
     let batch = pass.batch();
     let d_output = pass.upload(job.d_output.data)?;
     let io = BackwardIo {
+        input: Home::Layout { base: pass.upload(job.input.data)?, width: job.input.width },
+        params: pass.hold(params_on_device(device, job.params, job.prepared)?),
+        tape: pass.upload(tape)?,
         d_output: Home::Layout { base: d_output + 4 * job.d_output.offset as u64, width: job.d_output.width },
         d_final: job.d_final.iter().map(|d| pass.upload(d)).collect::<Result<_>>()?,
         d_input: Home::Layout { base: pass.zeros(layout_rows * layer.input_size)?, width: layer.input_size },
         d_params: job.params.iter().map(|p| pass.zeros(p.len())).collect::<Result<_>>()?,
         d_h0: layer.state_sizes.iter().map(|&m| pass.zeros(batch * m)).collect::<Result<_>>()?,
     };
-    backward_on(&mut pass, module, kernels, (job.cell, layer), tape, &io, graph_capture)?;
+    backward_on(&mut pass, module, kernels, (job.cell, layer), &io, graph_capture)?;
 
     let d_params = io
         .d_params
@@ -87,22 +96,18 @@ pub fn backward(
     Ok(BackwardResult { d_h0, d_params })
 }
 
-/// Runs the backward of `cell`'s `layer` in `pass`, reading `tape` (the
-/// training forward's), over the device memory of `io`, with `module`
-/// (holding `kernels`).
+/// Runs the backward of `cell`'s `layer` in `pass`, reading the training
+/// forward's tape, over the device memory of `io`, with `module` (holding
+/// `kernels`).
 pub fn backward_on(
     pass: &mut LayerRun,
     module: &Module,
     kernels: &[(usize, Kernel)],
     (cell, layer): (&CompiledCell, &Layer),
-    tape: &CudaTape,
     io: &BackwardIo,
     graph_capture: bool,
 ) -> Result<()> {
     let device = pass.device;
-    if tape.device != device.name() {
-        return Err(error(format!("a tape from {} used on {}", tape.device, device.name())));
-    }
     let g: &Graph = &cell.backward.graph;
     let grad = &cell.backward;
     let plan = &layer.backward_shapes;
@@ -110,20 +115,28 @@ pub fn backward_on(
     let batch = pass.batch();
     let mut calls = Calls::new(device.block_size());
 
-    // What the forward left: the input, parameters, states, output and saved values.
-    pass.place_input_and_constants(g, plan, tape.input, &layer.input_slices)?;
-    for (&v, &home) in &tape.kept.homes {
-        pass.place(v, home);
+    // The input, the parameters, and what the tape keeps: states before
+    // and after the step, the output and the saved values.
+    pass.place_input_and_constants(g, plan, io.input, &layer.input_slices)?;
+    let tape = tape_homes(layer, pass.layout_rows, io.tape);
+    let kept = |kept: Kept| {
+        let home = tape.iter().find(|(k, _)| *k == kept).map(|&(_, h)| h);
+        home.ok_or_else(|| error(format!("the backward reads {kept:?}, which the tape does not keep")))
+    };
+    for &(k, home) in &tape {
+        if let Kept::Saved(v) = k {
+            pass.place(v, home);
+        }
     }
     let storage = |v: ValueId| layer.storage(Side::Backward, v, true);
     for v in g.values() {
         match storage(v) {
             Some(Storage::Param(i)) => {
-                pass.place(v, Home::Fixed(*tape.params.get(i).ok_or_else(|| error("no parameter"))?))
+                pass.place(v, Home::Fixed(*io.params.get(i).ok_or_else(|| error("no parameter"))?))
             }
-            Some(Storage::State(i)) => pass.place(v, tape.states[i]),
-            Some(Storage::NextState(i)) => pass.place(v, tape.states[i].next_slot(batch)),
-            Some(Storage::Output { .. }) => pass.place(v, tape.output),
+            Some(Storage::State(i)) => pass.place(v, kept(Kept::StateBefore(i))?),
+            Some(Storage::NextState(i)) => pass.place(v, kept(Kept::StateAfter(i))?),
+            Some(Storage::Output { .. }) => pass.place(v, kept(Kept::Output)?),
             _ => {}
         }
     }

@@ -7,38 +7,23 @@
 //! - states live in a history (a `Steps` home, slot `s` before step `s`),
 //!   so a step's GEMM reads a contiguous prefix and a step's kernel writes
 //!   the next slot directly: no copy between steps;
-//! - for training, values the backward reads are kept in `Steps` homes and
-//!   the pass's buffers become the tape ([`CudaTape`]).
+//! - for training, the values the backward reads are copied, after the
+//!   loop, into the tape the pass is given: the caller's memory, laid out
+//!   by layout row as the layer's program says ([`tape_homes`]).
 //!
 //! [`Call`]: super::device::Call
 
 use super::calls::Calls;
 use super::device::{Buf, Device, Module};
-use super::storage::{error, Home, Kept, LayerRun};
-use crate::backend::{ForwardJob, ForwardResult, RowsMut, Tape};
+use super::storage::{error, tape_homes, Home, LayerRun};
+use crate::backend::{check_tape, ForwardJob, PreparedWeights, RowsMut};
+use crate::cell::{CompiledCell, Layer};
 use crate::error::Result;
-use crate::model::{CompiledCell, Layer};
 use cellc::cuda::Kernel;
 use cellc::ir::{Graph, ValueId};
-use cellc::program::{Side, Storage};
+use cellc::program::{Kept, Side, Storage};
 use cellc::schedule::Placement;
 use std::sync::{Arc, Mutex};
-
-/// What a training forward leaves on the device for the backward.
-#[derive(Debug)]
-pub struct CudaTape {
-    /// The device it lives on ([`Device::name`]).
-    pub device: String,
-    /// The layer input (a `Layout` home of the input's width).
-    pub input: Home,
-    pub params: Vec<u64>,
-    /// State `i`'s history: slot `s` before step `s`.
-    pub states: Vec<Home>,
-    /// This direction's output.
-    pub output: Home,
-    /// The buffers, and the homes of the values the backward reads.
-    pub kept: Kept,
-}
 
 /// The memory of a layer's forward that is not the pass's own, on the
 /// device: what it reads, and where it writes.
@@ -54,6 +39,9 @@ pub struct ForwardIo {
     pub output: Home,
     /// The final states: `[batch, m]` rows each, in batch order.
     pub finals: Vec<u64>,
+    /// Training: where the tape goes (the layout's rows times the
+    /// program's tape floats per row), as [`tape_homes`] lays it out.
+    pub tape: Option<u64>,
 }
 
 /// A layer-direction's parameters on the device, uploaded by the first
@@ -63,13 +51,17 @@ pub struct ForwardIo {
 #[derive(Default)]
 struct DeviceParams(Mutex<Option<Arc<Vec<Buf>>>>);
 
-/// `job`'s parameters on `device`: kept from an earlier pass, or uploaded
-/// (and kept, unless they come with this pass only).
-fn params_on_device(device: &dyn Device, job: &ForwardJob) -> Result<Arc<Vec<Buf>>> {
-    let upload = || job.params.iter().map(|p| device.upload(p)).collect::<Result<Vec<_>>>().map(Arc::new);
-    let slot = match job.prepared.is_for_one_pass() {
+/// A job's `params` on `device`: kept from an earlier pass in `prepared`,
+/// or uploaded (and kept, unless they come with this pass only).
+pub(super) fn params_on_device(
+    device: &dyn Device,
+    params: &[&[f32]],
+    prepared: &PreparedWeights,
+) -> Result<Arc<Vec<Buf>>> {
+    let upload = || params.iter().map(|p| device.upload(p)).collect::<Result<Vec<_>>>().map(Arc::new);
+    let slot = match prepared.is_for_one_pass() {
         true => None,
-        false => job.prepared.get_or_init(DeviceParams::default),
+        false => prepared.get_or_init(DeviceParams::default),
     };
     let Some(slot) = slot else { return upload() };
     let mut held = slot.0.lock().map_err(|_| error("the device parameters' lock is poisoned"))?;
@@ -81,13 +73,6 @@ fn params_on_device(device: &dyn Device, job: &ForwardJob) -> Result<Arc<Vec<Buf
     Ok(params)
 }
 
-/// What a forward ran: the homes a tape is made of.
-#[derive(Debug)]
-pub struct Ran {
-    states: Vec<Home>,
-    output: Home,
-}
-
 /// Runs the forward of `job` on `device` with `module` (holding
 /// `kernels`), for host memory: uploads what the pass reads, downloads
 /// what it writes.
@@ -97,52 +82,50 @@ pub fn forward(
     kernels: &[(usize, Kernel)],
     job: &ForwardJob,
     output: &mut RowsMut,
+    tape: Option<&mut [f32]>,
     graph_capture: bool,
-) -> Result<ForwardResult> {
+) -> Result<Vec<Vec<f32>>> {
     let layer = job.layer;
-    let layout_rows = job.input.data.len() / job.input.width.max(1);
+    let layout_rows = job.layout_rows();
+    if let Some(t) = tape.as_deref() {
+        check_tape(layer, layout_rows, t.len())?;
+    }
     let mut pass = LayerRun::new(device, job.input.layout, layout_rows, job.order, job.reverse);
     let batch = pass.batch();
     let o = layer.output_size;
     let io = ForwardIo {
         input: Home::Layout { base: pass.upload(job.input.data)?, width: job.input.width },
-        params: pass.hold(params_on_device(device, job)?),
+        params: pass.hold(params_on_device(device, job.params, job.prepared)?),
         h0: job.h0.iter().map(|h| pass.upload(h)).collect::<Result<_>>()?,
         output: Home::Layout { base: pass.zeros(layout_rows * o)?, width: o },
         finals: layer.state_sizes.iter().map(|&m| pass.zeros(batch * m)).collect::<Result<_>>()?,
+        tape: tape.as_deref().map(|t| pass.zeros(t.len())).transpose()?,
     };
-    let ran = forward_on(&mut pass, module, kernels, (job.cell, layer), job.training, &io, graph_capture)?;
+    forward_on(&mut pass, module, kernels, (job.cell, layer), &io, graph_capture)?;
 
     let host = pass.fetch(io.output, o)?;
     for row in &pass.valid_rows() {
         let at = output.layout.row(row.b, row.t) * output.width + output.offset;
         output.data[at..at + o].copy_from_slice(host.row(*row, &pass));
     }
-    let final_states = io
-        .finals
-        .iter()
-        .zip(&layer.state_sizes)
-        .map(|(&at, &m)| pass.download(at, batch * m))
-        .collect::<Result<_>>()?;
-    let tape = match job.training {
-        true => Some(Tape(Box::new(tape(pass, job.cell, layer, &io, ran)?))),
-        false => None,
-    };
-    Ok(ForwardResult { final_states, tape })
+    if let (Some(t), Some(at)) = (tape, io.tape) {
+        t.copy_from_slice(&pass.download(at, t.len())?);
+    }
+    io.finals.iter().zip(&layer.state_sizes).map(|(&at, &m)| pass.download(at, batch * m)).collect()
 }
 
 /// Runs the forward of `cell`'s `layer` in `pass` over the device memory
-/// of `io`, with `module` (holding `kernels`); with `training`, it keeps in
-/// the pass what the backward reads ([`tape`]).
+/// of `io`, with `module` (holding `kernels`); with a tape in `io`
+/// (training), it copies there what the backward reads.
 pub fn forward_on(
     pass: &mut LayerRun,
     module: &Module,
     kernels: &[(usize, Kernel)],
     (compiled, layer): (&CompiledCell, &Layer),
-    training: bool,
     io: &ForwardIo,
     graph_capture: bool,
-) -> Result<Ran> {
+) -> Result<()> {
+    let training = io.tape.is_some();
     let g: &Graph = &compiled.forward;
     let cell = &compiled.forward;
     let plan = &layer.forward_shapes;
@@ -214,30 +197,23 @@ pub fn forward_on(
         .map(|&row| (io.output.addr(row, layout, batch), output.addr(row, layout, batch)))
         .collect();
     calls.copy_rows(pass, &pairs, layer.output_size)?;
-
-    pass.device.run(module, &calls.list, graph_capture)?;
-    Ok(Ran { states, output })
-}
-
-/// The tape of a training forward that `ran` in `pass` over `io`: the
-/// pass's buffers, and the homes of what the backward reads.
-pub fn tape(
-    pass: LayerRun,
-    cell: &CompiledCell,
-    layer: &Layer,
-    io: &ForwardIo,
-    ran: Ran,
-) -> Result<CudaTape> {
-    let g: &Graph = &cell.forward;
-    let keep: Vec<ValueId> =
-        layer.saved().iter().copied().filter(|v| g.contains(*v) && pass.has_home(*v)).collect();
-    let device = pass.device.name();
-    Ok(CudaTape {
-        device,
-        input: io.input,
-        params: io.params.clone(),
-        states: ran.states,
-        output: ran.output,
-        kept: pass.keep(keep)?,
-    })
+    if let Some(base) = io.tape {
+        // Every part's valid rows, from the value's home to the tape's;
+        // padding rows zero.
+        calls.zero(base, pass.layout_rows * layer.tape().floats_per_row());
+        for (kept, to) in tape_homes(layer, pass.layout_rows, base) {
+            let from = match kept {
+                Kept::StateBefore(i) => states[i],
+                Kept::StateAfter(i) => states[i].next_slot(batch),
+                Kept::Output => output,
+                Kept::Saved(v) => pass.home(v)?,
+            };
+            let pairs: Vec<(u64, u64)> = rows
+                .iter()
+                .map(|&row| (to.addr(row, layout, batch), from.addr(row, layout, batch)))
+                .collect();
+            calls.copy_rows(pass, &pairs, to.width())?;
+        }
+    }
+    pass.device.run(module, &calls.list, graph_capture)
 }

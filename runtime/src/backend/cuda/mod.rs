@@ -22,9 +22,9 @@ pub mod nvrtc;
 pub mod resident;
 pub mod storage;
 
-use crate::backend::{Backend, BackwardJob, BackwardResult, ForwardJob, ForwardResult, RowsMut, Tape};
+use crate::backend::{Backend, BackwardJob, BackwardResult, ForwardJob, RowsMut};
+use crate::cell::{CompiledCell, Layer, Side};
 use crate::error::{Result, RuntimeError};
-use crate::model::{CompiledCell, Layer, Side};
 use cellc::cuda::Kernel;
 use device::{Device, GraphStats, Module};
 use std::collections::HashMap;
@@ -131,16 +131,17 @@ impl Backend for Cuda {
         Some(self)
     }
 
-    fn forward(&self, job: &ForwardJob, output: &mut RowsMut) -> Result<ForwardResult> {
+    fn forward(
+        &self,
+        job: &ForwardJob,
+        output: &mut RowsMut,
+        tape: Option<&mut [f32]>,
+    ) -> Result<Vec<Vec<f32>>> {
         let p = self.kernels(job.cell, job.layer)?;
-        forward::forward(self.device.as_ref(), &p.module, &p.forward, job, output, self.graphs)
+        forward::forward(self.device.as_ref(), &p.module, &p.forward, job, output, tape, self.graphs)
     }
 
-    fn backward(&self, job: &BackwardJob, tape: &Tape, d_input: &mut RowsMut) -> Result<BackwardResult> {
-        let tape = tape
-            .0
-            .downcast_ref::<forward::CudaTape>()
-            .ok_or_else(|| RuntimeError::Internal("a cuda backward needs a cuda forward's tape".into()))?;
+    fn backward(&self, job: &BackwardJob, tape: &[f32], d_input: &mut RowsMut) -> Result<BackwardResult> {
         let p = self.kernels(job.cell, job.layer)?;
         backward::backward(self.device.as_ref(), &p.module, &p.backward, job, tape, d_input, self.graphs)
     }

@@ -1,236 +1,136 @@
-//! Whole-model passes over the caller's device memory
-//! ([`crate::device_call`]): every layer and direction run by
-//! [`forward_on`] / [`backward_on`] on the device as it works on the
+//! Passes over the caller's device memory ([`crate::device_call`]): the
+//! [`PassTarget`] on which the driver runs each layer and direction with
+//! [`forward_on`] / [`backward_on`], on the device as it works on the
 //! caller's stream ([`Device::on_stream`]), with nothing copied to or from
-//! the host but pointer tables.
-//!
-//! As in [`crate::exec`], layer `k` reads layer `k-1`'s output, and a
-//! bidirectional layer writes its directions' outputs side by side (here
-//! straight into the caller's output, or into device buffers for the
-//! layers between). The backward runs the forward again, keeping each
-//! layer's tapes on the device, then goes down the layers, each layer's
-//! input adjoint becoming the adjoint of the output below.
+//! the host but pointer tables. The spans are device addresses; the
+//! pass's scratch memory is the device's, freed (stream-ordered) when the
+//! pass ends.
 
 use super::backward::{backward_on, BackwardIo};
-use super::device::{Buf, Call, Device};
-use super::forward::{forward_on, tape, CudaTape, ForwardIo};
+use super::calls::Calls;
+use super::device::{Buf, Device};
+use super::forward::{forward_on, ForwardIo};
 use super::storage::{Home, LayerRun};
 use super::Cuda;
 use crate::backend::DevicePasses;
-use crate::device_call::{DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut};
+use crate::cell::{CompiledCell, Layer};
 use crate::error::Result;
-use crate::exec::LaidOutBatch;
-use crate::model::{Layer, Model};
+use crate::pass::{LayerBackward, LayerForward, PassTarget, RowSpan, Span};
+use crate::sequence::LaidOutBatch;
 
-/// What a forward over the layers leaves: the buffers between layers
-/// (layer `k`'s output, read by layer `k + 1`) and, training, each layer
-/// and direction's tape.
-struct Forwarded {
-    between: Vec<Buf>,
-    tapes: Vec<CudaTape>,
-}
-
-/// A model's pass on one device (the caller's stream, or the device itself).
-struct ModelRun<'a> {
+/// A pass of a cell on one device (the caller's stream, or the device itself).
+struct DeviceTarget<'a> {
     cuda: &'a Cuda,
-    device: &'a dyn Device,
-    model: &'a Model,
+    /// The device on the caller's stream, where it has streams.
+    on_stream: Option<Box<dyn Device + 'a>>,
+    cell: &'a CompiledCell,
     batch: &'a LaidOutBatch,
-    call: &'a DeviceCall<'a>,
+    /// `[layer * directions + direction][param]`.
+    weights: Vec<Vec<Span>>,
+    layers: &'a [Layer],
+    scratch: Vec<Buf>,
 }
 
-impl ModelRun<'_> {
-    fn sequences(&self) -> usize {
-        self.batch.order.batch()
+impl DeviceTarget<'_> {
+    fn device(&self) -> &dyn Device {
+        self.on_stream.as_deref().unwrap_or(self.cuda.device.as_ref())
     }
 
-    /// Sets `floats` floats from `addr` to zero, on the device.
-    fn zero(&self, addr: u64, floats: usize) -> Result<()> {
-        let Some(layer) = self.model.layers.first() else { return Ok(()) };
-        let kernels = self.cuda.kernels(&self.model.compiled, layer)?;
-        self.device.run(&kernels.module, &[Call::Zero { addr, floats }], false)
+    /// Runs the calls `make` adds (over a pass of the batch) with the
+    /// first layer's module, which holds the prelude's row kernels as
+    /// every module does.
+    fn run(&self, make: impl FnOnce(&mut Calls, &mut LayerRun) -> Result<()>) -> Result<()> {
+        let Some(layer) = self.layers.first() else { return Ok(()) };
+        let kernels = self.cuda.kernels(self.cell, layer)?;
+        let device = self.device();
+        let mut pass = LayerRun::new(device, &self.batch.layout, self.batch.rows, &self.batch.order, false);
+        let mut calls = Calls::new(device.block_size());
+        make(&mut calls, &mut pass)?;
+        device.run(&kernels.module, &calls.list, false)
     }
 
-    /// State buffers `[layers * directions, B, size]` given, or zeros made for the pass (kept in `scratch`).
-    fn states_or_zeros(&self, given: Option<&[DeviceFloats]>, scratch: &mut Vec<Buf>) -> Result<Vec<u64>> {
-        if let Some(g) = given {
-            return Ok(g.iter().map(|s| s.addr).collect());
-        }
-        let ld = self.model.layers.len() * self.model.directions();
-        let sizes = &self.model.layers[0].state_sizes;
-        sizes
-            .iter()
-            .map(|&n| {
-                let buf = self.device.zeros(ld * self.sequences() * n)?;
-                let addr = buf.addr;
-                scratch.push(buf);
-                Ok(addr)
-            })
-            .collect()
+    fn layer_run(&self, reverse: bool) -> LayerRun<'_> {
+        LayerRun::new(self.device(), &self.batch.layout, self.batch.rows, &self.batch.order, reverse)
+    }
+}
+
+/// Rows of a span as a `Layout` home based at the rows' first feature.
+fn layout_home(rows: RowSpan) -> Home {
+    Home::Layout { base: rows.span.addr + 4 * rows.offset as u64, width: rows.width }
+}
+
+fn addrs(spans: &[Span]) -> Vec<u64> {
+    spans.iter().map(|s| s.addr).collect()
+}
+
+impl PassTarget for DeviceTarget<'_> {
+    fn scratch(&mut self, floats: usize, _zeroed: bool) -> Result<Span> {
+        let buf = self.device().zeros(floats)?;
+        let span = Span { addr: buf.addr, len: floats };
+        self.scratch.push(buf);
+        Ok(span)
     }
 
-    /// The addresses of `slot`'s `[B, n]` rows in each `[layers * directions, B, n]`
-    /// state buffer at `states` (the states of `layer`).
-    fn slot_rows(&self, layer: &Layer, states: &[u64], slot: usize) -> Vec<u64> {
-        let batch = self.sequences();
-        states.iter().zip(&layer.state_sizes).map(|(&at, &n)| at + 4 * (slot * batch * n) as u64).collect()
+    /// Zeros every row: one call, and the valid ones are written after.
+    fn zero_padding(&mut self, rows: RowSpan, _padding: &[usize]) -> Result<()> {
+        self.zero(rows.span)
     }
 
-    /// Layer `k`'s input: the call's input, or the buffer below.
-    fn layer_input(&self, k: usize, between: &[Buf]) -> Home {
-        let base = match k {
-            0 => self.call.input.addr,
-            _ => between[k - 1].addr,
+    fn zero(&mut self, span: Span) -> Result<()> {
+        self.run(|calls, _| {
+            calls.zero(span.addr, span.len);
+            Ok(())
+        })
+    }
+
+    fn copy(&mut self, to: Span, from: Span) -> Result<()> {
+        self.run(|calls, pass| calls.copy_floats(pass, to.addr, from.addr, to.len.min(from.len)))
+    }
+
+    fn forward(&mut self, job: LayerForward) -> Result<()> {
+        let kernels = self.cuda.kernels(self.cell, job.layer)?;
+        let io = ForwardIo {
+            input: layout_home(job.input),
+            params: addrs(&self.weights[job.slot]),
+            h0: addrs(&job.h0),
+            output: layout_home(job.output),
+            finals: addrs(&job.finals),
+            tape: job.tape.map(|t| t.addr),
         };
-        Home::Layout { base, width: self.model.layers[k].input_size }
+        let mut pass = self.layer_run(job.reverse);
+        let cell = (self.cell, job.layer);
+        forward_on(&mut pass, &kernels.module, &kernels.forward, cell, &io, self.cuda.graphs)
     }
 
-    /// Every layer and direction forwards, the last layer's output into
-    /// `output` (zeroed first: padding rows stay zero) and the final
-    /// states into `finals`; with `training`, each pass's tape is kept.
-    fn forward(&self, h0: &[u64], output: u64, finals: &[u64], training: bool) -> Result<Forwarded> {
-        let model = self.model;
-        let (dirs, rows) = (model.directions(), self.batch.rows);
-        let mut run = Forwarded { between: Vec::new(), tapes: Vec::new() };
-        for (k, layer) in model.layers.iter().enumerate() {
-            let kernels = self.cuda.kernels(&model.compiled, layer)?;
-            let width = layer.output_size * dirs;
-            let out = if k + 1 == model.layers.len() {
-                self.zero(output, rows * width)?;
-                output
-            } else {
-                let buf = self.device.zeros(rows * width)?;
-                let addr = buf.addr;
-                run.between.push(buf);
-                addr
-            };
-            let input = self.layer_input(k, &run.between);
-            for d in 0..dirs {
-                let slot = k * dirs + d;
-                let mut pass =
-                    LayerRun::new(self.device, &self.batch.layout, rows, &self.batch.order, d == 1);
-                let io = ForwardIo {
-                    input,
-                    params: self.call.weights[slot].iter().map(|w| w.addr).collect(),
-                    h0: self.slot_rows(layer, h0, slot),
-                    output: Home::Layout { base: out + 4 * (d * layer.output_size) as u64, width },
-                    finals: self.slot_rows(layer, finals, slot),
-                };
-                let cell = (model.compiled.as_ref(), layer);
-                let ran = forward_on(
-                    &mut pass,
-                    &kernels.module,
-                    &kernels.forward,
-                    cell,
-                    training,
-                    &io,
-                    self.cuda.graphs,
-                )?;
-                if training {
-                    run.tapes.push(tape(pass, &model.compiled, layer, &io, ran)?);
-                }
-            }
-        }
-        Ok(run)
-    }
-}
-
-impl Cuda {
-    /// The device a pass over the caller's memory runs on: this one on the
-    /// call's stream, or this one as it is if it has no streams.
-    fn run_on<'a>(&'a self, view: &'a Option<Box<dyn Device + 'a>>) -> &'a dyn Device {
-        view.as_deref().unwrap_or(self.device.as_ref())
+    fn backward(&mut self, job: LayerBackward) -> Result<()> {
+        let kernels = self.cuda.kernels(self.cell, job.layer)?;
+        let io = BackwardIo {
+            input: layout_home(job.input),
+            params: addrs(&self.weights[job.slot]),
+            tape: job.tape.addr,
+            d_output: layout_home(job.d_output),
+            d_final: addrs(&job.d_final),
+            d_input: layout_home(job.d_input),
+            d_params: addrs(&job.d_params),
+            d_h0: addrs(&job.d_h0),
+        };
+        let mut pass = self.layer_run(job.reverse);
+        let cell = (self.cell, job.layer);
+        backward_on(&mut pass, &kernels.module, &kernels.backward, cell, &io, self.cuda.graphs)
     }
 }
 
 impl DevicePasses for Cuda {
-    fn forward_on_device(
-        &self,
-        model: &Model,
-        batch: &LaidOutBatch,
-        call: &DeviceCall,
-        out: &DeviceForwardOut,
-    ) -> Result<()> {
-        let view = self.device.on_stream(call.stream)?;
-        let run = ModelRun { cuda: self, device: self.run_on(&view), model, batch, call };
-        let finals: Vec<u64> = out.final_states.iter().map(|f| f.addr).collect();
-        let mut scratch = Vec::new();
-        let h0 = run.states_or_zeros(call.h0, &mut scratch)?;
-        if run.sequences() == 0 {
-            return Ok(());
-        }
-        run.forward(&h0, out.output.addr, &finals, false)?;
-        Ok(())
-    }
-
-    fn backward_on_device(
-        &self,
-        model: &Model,
-        batch: &LaidOutBatch,
-        call: &DeviceCall,
-        d_output: DeviceFloats,
-        d_final: Option<&[DeviceFloats]>,
-        out: &DeviceBackwardOut,
-    ) -> Result<()> {
-        let view = self.device.on_stream(call.stream)?;
-        let run = ModelRun { cuda: self, device: self.run_on(&view), model, batch, call };
-        let (dirs, rows) = (model.directions(), batch.rows);
-        if run.sequences() == 0 {
-            for d in out.d_params.iter().flatten().chain(&out.d_h0).chain([&out.d_input]) {
-                run.zero(d.addr, d.len)?;
-            }
-            return Ok(());
-        }
-        // The forward again, into scratch, keeping its tapes.
-        let mut scratch = Vec::new();
-        let h0 = run.states_or_zeros(call.h0, &mut scratch)?;
-        let d_final = run.states_or_zeros(d_final, &mut scratch)?;
-        let output = run.device.zeros(rows * model.output_size())?;
-        let finals = run.states_or_zeros(None, &mut scratch)?;
-        let forwarded = run.forward(&h0, output.addr, &finals, true)?;
-        // Initial-state gradients the caller does not want go to scratch.
-        let d_h0 = match &out.d_h0[..] {
-            [] => run.states_or_zeros(None, &mut scratch)?,
-            given => given.iter().map(|d| d.addr).collect(),
-        };
-
-        // Down the layers: each layer's input adjoint is the output adjoint below.
-        let mut d_above = d_output.addr;
-        for (k, layer) in model.layers.iter().enumerate().rev() {
-            let kernels = self.kernels(&model.compiled, layer)?;
-            let d_in = if k == 0 {
-                run.zero(out.d_input.addr, out.d_input.len)?;
-                out.d_input.addr
-            } else {
-                let buf = run.device.zeros(rows * layer.input_size)?;
-                let addr = buf.addr;
-                scratch.push(buf);
-                addr
-            };
-            let width = layer.output_size * dirs;
-            for d in 0..dirs {
-                let slot = k * dirs + d;
-                let mut pass = LayerRun::new(run.device, &batch.layout, rows, &batch.order, d == 1);
-                let io = BackwardIo {
-                    d_output: Home::Layout { base: d_above + 4 * (d * layer.output_size) as u64, width },
-                    d_final: run.slot_rows(layer, &d_final, slot),
-                    d_input: Home::Layout { base: d_in, width: layer.input_size },
-                    d_params: out.d_params[slot].iter().map(|p| p.addr).collect(),
-                    d_h0: run.slot_rows(layer, &d_h0, slot),
-                };
-                let cell = (model.compiled.as_ref(), layer);
-                backward_on(
-                    &mut pass,
-                    &kernels.module,
-                    &kernels.backward,
-                    cell,
-                    &forwarded.tapes[slot],
-                    &io,
-                    self.graphs,
-                )?;
-            }
-            d_above = d_in;
-        }
-        Ok(())
+    fn target<'a>(
+        &'a self,
+        cell: &'a CompiledCell,
+        layers: &'a [Layer],
+        batch: &'a LaidOutBatch,
+        weights: Vec<Vec<Span>>,
+        stream: u64,
+    ) -> Result<Box<dyn PassTarget + 'a>> {
+        let on_stream = self.device.on_stream(stream)?;
+        let scratch = Vec::new();
+        Ok(Box::new(DeviceTarget { cuda: self, on_stream, cell, batch, weights, layers, scratch }))
     }
 }

@@ -21,9 +21,11 @@
 
 pub(super) use super::device::error;
 use super::device::{Buf, Device};
+use crate::cell::Layer;
 use crate::error::Result;
 use crate::sequence::{BatchOrder, RowLayout};
 use cellc::ir::{Graph, Op, ValueId};
+use cellc::program::Kept;
 use cellc::shapes::Shapes;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -96,6 +98,16 @@ impl Home {
         }
     }
 
+    /// Floats of one row of a `Layout` home (its width); a `Steps` or
+    /// `Rank` home's row length; 0 for a `Fixed` one.
+    pub fn width(self) -> usize {
+        match self {
+            Home::Layout { width, .. } => width,
+            Home::Steps { len, .. } | Home::Rank { len, .. } => len,
+            Home::Fixed(_) => 0,
+        }
+    }
+
     /// Every row as one matrix: its order, address and stride.
     pub fn all_rows(self) -> Option<(Order, u64, usize)> {
         match self {
@@ -106,10 +118,20 @@ impl Home {
     }
 }
 
+/// Where each part of a layer's tape lies in device memory from `base`
+/// (a tape of `rows` layout rows, laid out as the layer's program says):
+/// a `Layout` home each.
+pub fn tape_homes(layer: &Layer, rows: usize, base: u64) -> Vec<(Kept, Home)> {
+    let parts = layer.tape().ranges(rows);
+    parts
+        .map(|(part, at)| (part.kept, Home::Layout { base: base + 4 * at.start as u64, width: part.floats }))
+        .collect()
+}
+
 /// Device buffers, freed last-allocated first (so the device's pool hands
 /// the same addresses to the next pass that allocates the same way), and
 /// buffers shared with later passes (a model's parameters), held while
-/// this pass or its tape lives.
+/// this pass lives.
 #[derive(Debug, Default)]
 pub struct Arena(Vec<Buf>, Vec<Arc<Vec<Buf>>>);
 
@@ -327,12 +349,6 @@ impl<'a> LayerRun<'a> {
         let floats = rows.saturating_sub(1) * stride + len;
         Ok(HostRows { home, data: self.download(base, floats)?, len })
     }
-
-    /// The pass's buffers and the homes of `values`, for a later pass.
-    pub fn keep(mut self, values: impl IntoIterator<Item = ValueId>) -> Result<Kept> {
-        let homes = values.into_iter().map(|v| Ok((v, self.home(v)?))).collect::<Result<_>>()?;
-        Ok(Kept { _arena: std::mem::take(&mut self.arena), homes })
-    }
 }
 
 /// A value's rows downloaded from its home ([`LayerRun::fetch`]).
@@ -349,14 +365,6 @@ impl HostRows {
         let at = self.home.offset(row, pass.layout, pass.batch());
         &self.data[at..at + self.len]
     }
-}
-
-/// Buffers of a finished pass that a later one reads (the tape).
-#[derive(Debug)]
-pub struct Kept {
-    /// Owns the memory the homes point into.
-    _arena: Arena,
-    pub homes: HashMap<ValueId, Home>,
 }
 
 #[cfg(test)]

@@ -7,8 +7,9 @@ use super::{define_stage, isa, CodegenError};
 use crate::backend::cpu::aot::{
     self, fingerprint, host_target, kernel_sizes, Manifest, ManifestKernel, ManifestSchedule,
 };
+use crate::cell::{CompiledCell, Layer};
 use crate::error::RuntimeError;
-use crate::model::{CompiledCell, Layer, Model, ModelConfig};
+use crate::layers::ModelConfig;
 use cellc::dims::Bindings;
 use cranelift_module::{default_libcall_names, Linkage, Module};
 use cranelift_object::{ObjectBuilder, ObjectModule};
@@ -126,7 +127,7 @@ pub fn compile_model(
     for s in &free_sizes {
         bound.insert(s.clone(), 1);
     }
-    let layers = Model::plan_layers(cell, config, &bound, None, None)?;
+    let layers = crate::layers::plan(cell, config, &bound, None, None)?;
     for layer in &layers {
         let needed = kernel_sizes(cell, layer);
         if let Some(s) = free_sizes.iter().find(|s| needed.contains_key(*s)) {

@@ -1,0 +1,250 @@
+//! The one driver of every pass over a whole model: it turns the model's
+//! layers, the laid-out batch and the memory of a pass into the work of
+//! each layer and direction, which a [`PassTarget`] executes.
+//!
+//! The memory of a pass is given as [`Span`]s, addresses and lengths: the
+//! runtime's own buffers and a caller's host memory (a framework's CPU
+//! tensors) on the host, a caller's device memory (CUDA tensors) on a
+//! device. The driver decides, once for every entry point:
+//!
+//! - where each layer reads and writes: layer `k` reads layer `k - 1`'s
+//!   output; a bidirectional layer writes its forward direction's output
+//!   in features `[0, O)` and the reverse one's in `[O, 2O)`; the outputs
+//!   between layers live in the reserve (training) or in scratch memory,
+//!   laid out like the caller's input, so the input and the output are
+//!   never copied or reordered;
+//! - where a training forward keeps what the backward reads: each layer
+//!   and direction's tape in the reserve, as the layer's program lays it
+//!   out ([`cellc::program::TapeLayout`]), then the output the next layer
+//!   reads ([`Model::reserve_floats_per_row`]);
+//! - which rows of padding are zeroed, and which state rows (of the
+//!   `[layers * directions, B, size]` state tensors) each direction reads
+//!   and writes;
+//! - the backward's walk down the layers, each layer's input adjoint
+//!   becoming the adjoint of the output below.
+
+use crate::error::{Result, RuntimeError};
+use crate::model::Model;
+use crate::pass::{LayerBackward, LayerForward, PassTarget, RowSpan, Span};
+use crate::sequence::LaidOutBatch;
+use std::ops::Range;
+
+/// The memory of a forward pass.
+#[derive(Clone, Debug)]
+pub struct ForwardSpans {
+    pub input: Span,
+    /// `[layers * directions, B, size]` each; `None`: zeros.
+    pub h0: Option<Vec<Span>>,
+    pub output: Span,
+    pub finals: Vec<Span>,
+    /// Training: [`Model::reserve_floats_per_row`] floats per layout row.
+    pub reserve: Option<Span>,
+}
+
+/// The memory of a backward pass.
+#[derive(Clone, Debug)]
+pub struct BackwardSpans {
+    pub input: Span,
+    pub reserve: Span,
+    pub d_output: Span,
+    /// `None`: zeros.
+    pub d_final: Option<Vec<Span>>,
+    pub d_input: Span,
+    /// `None`: not wanted.
+    pub d_h0: Option<Vec<Span>>,
+    /// `[layer * directions + direction][param]`.
+    pub d_params: Vec<Vec<Span>>,
+}
+
+/// One layer's part of a reserve: each direction's tape, then (but for the
+/// last layer) the layer's output, which the next layer reads.
+#[derive(Clone, Debug)]
+pub(crate) struct ReserveLayer {
+    pub(crate) tapes: Range<usize>,
+    /// Floats of one direction's tape.
+    pub(crate) tape_len: usize,
+    pub(crate) output: Range<usize>,
+}
+
+impl ReserveLayer {
+    fn tape(&self, direction: usize) -> Range<usize> {
+        let start = self.tapes.start + direction * self.tape_len;
+        start..start + self.tape_len
+    }
+}
+
+impl Model {
+    /// Where each layer's tapes and output lie in a reserve of `rows` layout rows.
+    pub(crate) fn reserve_layout(&self, rows: usize) -> Vec<ReserveLayer> {
+        let dirs = self.directions();
+        let mut at = 0;
+        let mut out = Vec::with_capacity(self.layers.len());
+        for (k, layer) in self.layers.iter().enumerate() {
+            let tape_len = rows * layer.tape().floats_per_row();
+            let tapes = at..at + dirs * tape_len;
+            let out_len = if k + 1 < self.layers.len() { rows * layer.output_size * dirs } else { 0 };
+            let output = tapes.end..tapes.end + out_len;
+            at = output.end;
+            out.push(ReserveLayer { tapes, tape_len, output });
+        }
+        out
+    }
+
+    /// Floats per layout row (each of a padded batch's `B * T` rows, or a
+    /// packed batch's `N`) of the reserve in which a training forward keeps
+    /// what its backward reads ([`Model::forward_into`]): every layer's
+    /// tapes, laid out as its program says ([`cellc::program::TapeLayout`]),
+    /// and the outputs the next layers read.
+    pub fn reserve_floats_per_row(&self) -> usize {
+        self.reserve_layout(1).last().map_or(0, |l| l.output.end)
+    }
+
+    /// The reserve's layout for `rows` layout rows, checked against its length.
+    pub(crate) fn checked_reserve_layout(&self, rows: usize, len: usize) -> Result<Vec<ReserveLayer>> {
+        let layout = self.reserve_layout(rows);
+        let need = layout.last().map_or(0, |l| l.output.end);
+        if need != len {
+            return Err(RuntimeError::Shape {
+                tensor: "reserve".into(),
+                expected: format!("{need} floats ({rows} rows of {})", need / rows.max(1)),
+                found: format!("{len} floats"),
+            });
+        }
+        Ok(layout)
+    }
+
+    /// State tensors given, or zeros made in `target`'s scratch memory.
+    fn states_or_scratch(
+        &self,
+        given: Option<Vec<Span>>,
+        batch: usize,
+        target: &mut dyn PassTarget,
+    ) -> Result<Vec<Span>> {
+        match given {
+            Some(g) => Ok(g),
+            None => self
+                .state_shapes(batch)
+                .iter()
+                .map(|shape| target.scratch(shape.iter().product(), true))
+                .collect(),
+        }
+    }
+
+    /// Runs every layer and direction forwards over `spans` (checked by the
+    /// caller), writing the output (padding rows zero), the final states
+    /// and, training, the reserve.
+    pub(crate) fn drive_forward(
+        &self,
+        p: &LaidOutBatch,
+        spans: ForwardSpans,
+        target: &mut dyn PassTarget,
+    ) -> Result<()> {
+        let batch = p.order.batch();
+        let reserve = match spans.reserve {
+            Some(r) => Some((r, self.checked_reserve_layout(p.rows, r.len)?)),
+            None => None,
+        };
+        let h0 = self.states_or_scratch(spans.h0, batch, target)?;
+        if batch == 0 {
+            // An empty batch: nothing to run, and no device sees one.
+            for (&to, &from) in spans.finals.iter().zip(&h0) {
+                target.copy(to, from)?;
+            }
+            return Ok(());
+        }
+        let padding = crate::sequence::padding_rows(&p.order, &p.layout, p.rows);
+        let dirs = self.directions();
+        let mut input = RowSpan { span: spans.input, width: p.data_features, offset: 0 };
+        for (k, layer) in self.layers.iter().enumerate() {
+            let width = layer.output_size * dirs;
+            let output = match (k + 1 == self.layers.len(), &reserve) {
+                (true, _) => spans.output,
+                (false, Some((r, parts))) => r.part(parts[k].output.clone()),
+                // Only valid rows are written, and only they are read.
+                (false, None) => target.scratch(p.rows * width, false)?,
+            };
+            let output = RowSpan { span: output, width, offset: 0 };
+            target.zero_padding(output, &padding)?;
+            for d in 0..dirs {
+                let slot = k * dirs + d;
+                let states = |tensors: &[Span]| -> Vec<Span> {
+                    tensors.iter().zip(&layer.state_sizes).map(|(s, &n)| s.slot(slot, batch, n)).collect()
+                };
+                target.forward(LayerForward {
+                    layer,
+                    slot,
+                    reverse: d == 1,
+                    input,
+                    output: RowSpan { offset: d * layer.output_size, ..output },
+                    h0: states(&h0),
+                    finals: states(&spans.finals),
+                    tape: reserve.as_ref().map(|(r, parts)| r.part(parts[k].tape(d))),
+                })?;
+            }
+            input = output;
+        }
+        Ok(())
+    }
+
+    /// Runs every layer and direction backwards over `spans` (checked by
+    /// the caller), reading the reserve a training forward of the same
+    /// call filled; writes every gradient (zeros at padding).
+    pub(crate) fn drive_backward(
+        &self,
+        p: &LaidOutBatch,
+        spans: BackwardSpans,
+        target: &mut dyn PassTarget,
+    ) -> Result<()> {
+        let batch = p.order.batch();
+        let d_h0 = self.states_or_scratch(spans.d_h0, batch, target)?;
+        if batch == 0 {
+            for &s in d_h0.iter().chain(spans.d_params.iter().flatten()).chain([&spans.d_input]) {
+                target.zero(s)?;
+            }
+            return Ok(());
+        }
+        let parts = self.checked_reserve_layout(p.rows, spans.reserve.len)?;
+        let d_final = self.states_or_scratch(spans.d_final, batch, target)?;
+        let dirs = self.directions();
+        let mut d_above = spans.d_output;
+        for (k, layer) in self.layers.iter().enumerate().rev() {
+            let input = match k {
+                0 => RowSpan { span: spans.input, width: p.data_features, offset: 0 },
+                _ => RowSpan {
+                    span: spans.reserve.part(parts[k - 1].output.clone()),
+                    width: layer.input_size,
+                    offset: 0,
+                },
+            };
+            // Backward passes add into the input's adjoint.
+            let d_input = match k {
+                0 => {
+                    target.zero(spans.d_input)?;
+                    spans.d_input
+                }
+                _ => target.scratch(p.rows * layer.input_size, true)?,
+            };
+            let width = layer.output_size * dirs;
+            for d in 0..dirs {
+                let slot = k * dirs + d;
+                let states = |tensors: &[Span]| -> Vec<Span> {
+                    tensors.iter().zip(&layer.state_sizes).map(|(s, &n)| s.slot(slot, batch, n)).collect()
+                };
+                target.backward(LayerBackward {
+                    layer,
+                    slot,
+                    reverse: d == 1,
+                    input,
+                    tape: spans.reserve.part(parts[k].tape(d)),
+                    d_output: RowSpan { span: d_above, width, offset: d * layer.output_size },
+                    d_final: states(&d_final),
+                    d_input: RowSpan { span: d_input, width: layer.input_size, offset: 0 },
+                    d_h0: states(&d_h0),
+                    d_params: spans.d_params[slot].clone(),
+                })?;
+            }
+            d_above = d_input;
+        }
+        Ok(())
+    }
+}
