@@ -19,12 +19,16 @@ pub struct FileId(pub u32);
 /// A byte range in one source file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Span {
+    /// The file the range lies in.
     pub file: FileId,
+    /// Byte offset of the first byte.
     pub start: u32,
+    /// Byte offset one past the last byte.
     pub end: u32,
 }
 
 impl Span {
+    /// The span of byte range `range` of `file` (offsets past `u32::MAX` are clamped).
     pub fn new(file: FileId, range: Range<usize>) -> Span {
         let clamp = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
         Span { file, start: clamp(range.start), end: clamp(range.end) }
@@ -38,36 +42,47 @@ impl Span {
         Span { file: self.file, start: self.start.min(other.start), end: self.end.max(other.end) }
     }
 
+    /// The span's bytes as a `usize` range, for slicing the source text.
     pub fn range(self) -> Range<usize> {
         self.start as usize..self.end as usize
     }
 }
 
+/// How serious a [`Diagnostic`] is: an error stops compilation, a warning does not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Severity {
+    /// Reported, but the file still compiles (e.g. an unused name).
     Warning,
+    /// The file does not compile; no module is produced.
     Error,
 }
 
 /// A secondary span with its own message (`declared here`, `expected [H]`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Label {
+    /// The source range the label underlines.
     pub span: Span,
+    /// Text shown next to the underline (may be empty).
     pub message: String,
 }
 
 /// One problem found in the user's source.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Diagnostic {
+    /// Whether this is an error or a warning.
     pub severity: Severity,
+    /// The headline, printed after `error:` or `warning:`.
     pub message: String,
     /// Where the problem is; its message is shown under the underline.
     pub primary: Label,
+    /// Further spans with their own messages, e.g. where a name was declared.
     pub secondary: Vec<Label>,
+    /// Free-text notes printed after the source snippet (`= note: ...`).
     pub notes: Vec<String>,
 }
 
 impl Diagnostic {
+    /// An error at `span` with headline `message` and no label text yet.
     pub fn error(span: Span, message: impl Into<String>) -> Diagnostic {
         Diagnostic {
             severity: Severity::Error,
@@ -78,6 +93,7 @@ impl Diagnostic {
         }
     }
 
+    /// A warning at `span` with headline `message` and no label text yet.
     pub fn warning(span: Span, message: impl Into<String>) -> Diagnostic {
         Diagnostic { severity: Severity::Warning, ..Diagnostic::error(span, message) }
     }
@@ -88,16 +104,19 @@ impl Diagnostic {
         self
     }
 
+    /// Adds a secondary label: `span` underlined with `message`.
     pub fn with_secondary(mut self, span: Span, message: impl Into<String>) -> Diagnostic {
         self.secondary.push(Label { span, message: message.into() });
         self
     }
 
+    /// Adds a note printed after the source snippet.
     pub fn with_note(mut self, note: impl Into<String>) -> Diagnostic {
         self.notes.push(note.into());
         self
     }
 
+    /// Whether the severity is [`Severity::Error`].
     pub fn is_error(&self) -> bool {
         self.severity == Severity::Error
     }
@@ -111,6 +130,8 @@ impl Diagnostics {
     /// Most errors a single file reports before the compiler stops listing them.
     pub const MAX_ERRORS: usize = 50;
 
+    /// Appends `d`, unless an identical diagnostic is already listed or `d`
+    /// is an error and [`Diagnostics::MAX_ERRORS`] errors already are.
     pub fn push(&mut self, d: Diagnostic) {
         if d.is_error() && self.error_count() >= Self::MAX_ERRORS {
             return;
@@ -120,28 +141,34 @@ impl Diagnostics {
         }
     }
 
+    /// Appends every diagnostic of `other`, with the same rules as [`Diagnostics::push`].
     pub fn extend(&mut self, other: Diagnostics) {
         for d in other.0 {
             self.push(d);
         }
     }
 
+    /// Whether any diagnostic is an error.
     pub fn has_errors(&self) -> bool {
         self.0.iter().any(Diagnostic::is_error)
     }
 
+    /// Number of errors.
     pub fn error_count(&self) -> usize {
         self.0.iter().filter(|d| d.is_error()).count()
     }
 
+    /// Number of warnings.
     pub fn warning_count(&self) -> usize {
         self.0.len() - self.error_count()
     }
 
+    /// Whether there are no diagnostics at all.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
+    /// The diagnostics, in list order.
     pub fn iter(&self) -> impl Iterator<Item = &Diagnostic> {
         self.0.iter()
     }
@@ -162,20 +189,24 @@ pub struct SourceMap {
 }
 
 impl SourceMap {
+    /// An empty source map.
     pub fn new() -> SourceMap {
         SourceMap::default()
     }
 
+    /// Adds a file with display name `name` and text `source`, and returns its id.
     pub fn add(&mut self, name: impl Into<String>, source: impl Into<String>) -> FileId {
         self.files.add(name.into(), source.into());
         self.count += 1;
         FileId(self.count - 1)
     }
 
+    /// The text of `file` (empty for an unknown id).
     pub fn source(&self, file: FileId) -> &str {
         self.files.get(file.0 as usize).map(|f| f.source().as_str()).unwrap_or("")
     }
 
+    /// The display name of `file` (`<unknown>` for an unknown id).
     pub fn name(&self, file: FileId) -> &str {
         self.files.get(file.0 as usize).map(|f| f.name().as_str()).unwrap_or("<unknown>")
     }

@@ -12,6 +12,9 @@ use std::fmt;
 /// A product of size variables, sorted (`["H", "H", "I"]` is `H*H*I`); empty is the constant term.
 type Monomial = Vec<String>;
 
+/// A symbolic dimension such as `4*H` or `2*H + I`: a polynomial in size
+/// variables with integer coefficients, kept in normal form so `==` is
+/// polynomial equality.
 #[derive(Clone, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub struct Dim {
     terms: BTreeMap<Monomial, i64>,
@@ -28,11 +31,14 @@ pub type Bindings = BTreeMap<String, usize>;
 /// Why a dimension has no concrete value.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EvalError {
+    /// The named size variable has no value in the bindings.
     Unbound(String),
+    /// The value, or a size variable's value, does not fit in an `i64`.
     Overflow,
 }
 
 impl Dim {
+    /// The dimension with constant value `n`.
     pub fn constant(n: i64) -> Dim {
         let mut terms = BTreeMap::new();
         if n != 0 {
@@ -41,6 +47,7 @@ impl Dim {
         Dim { terms }
     }
 
+    /// The dimension that is the size variable `name` (e.g. `H`).
     pub fn var(name: &str) -> Dim {
         Dim { terms: BTreeMap::from([(vec![name.to_string()], 1)]) }
     }
@@ -54,6 +61,7 @@ impl Dim {
         }
     }
 
+    /// Whether the dimension is the constant 0.
     pub fn is_zero(&self) -> bool {
         self.terms.is_empty()
     }
@@ -69,10 +77,12 @@ impl Dim {
         Some(Dim { terms })
     }
 
+    /// `self - other`; `None` if a coefficient overflows.
     pub fn checked_sub(&self, other: &Dim) -> Option<Dim> {
         self.checked_add(&other.checked_scale(-1)?)
     }
 
+    /// `k * self`; `None` if a coefficient overflows.
     pub fn checked_scale(&self, k: i64) -> Option<Dim> {
         let mut terms = BTreeMap::new();
         for (m, c) in &self.terms {

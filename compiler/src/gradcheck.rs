@@ -16,8 +16,11 @@ use crate::program::Steps;
 /// What to check and how strictly.
 #[derive(Clone, Debug)]
 pub struct Options {
+    /// Time steps of the random sequence the loss is taken over.
     pub steps: usize,
+    /// Seed of the random inputs, initial states, parameters and loss weights.
     pub seed: u64,
+    /// Finite-difference step: each element is perturbed by `±eps`.
     pub eps: f64,
     /// Allowed `|analytic − numeric| / max(1, |numeric|)`.
     pub tolerance: f64,
@@ -34,27 +37,39 @@ impl Default for Options {
 pub struct TensorCheck {
     /// `input x`, `initial state h`, `param weight_ih`.
     pub tensor: String,
+    /// Number of elements checked (all of them).
     pub elements: usize,
     /// The worst element: its index, the two gradients and the error.
     pub worst_index: usize,
+    /// The worst element's gradient from the backward step.
     pub analytic: f64,
+    /// The worst element's central-difference gradient.
     pub numeric: f64,
+    /// The worst element's `|analytic − numeric| / max(1, |numeric|)`.
     pub error: f64,
 }
 
+/// The outcome of a gradient check: the worst error per tensor.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Report {
+    /// The sizes the cell was checked at (defaults filled in).
     pub sizes: Bindings,
+    /// Time steps the loss was taken over.
     pub steps: usize,
+    /// One entry for all inputs together, then one per initial state, then one
+    /// per parameter.
     pub tensors: Vec<TensorCheck>,
+    /// The largest error allowed ([`Options::tolerance`]).
     pub tolerance: f64,
 }
 
 impl Report {
+    /// Whether every tensor's worst error is within the tolerance.
     pub fn passed(&self) -> bool {
         self.tensors.iter().all(|t| t.error <= self.tolerance)
     }
 
+    /// The tensor with the largest error (`None` when nothing was checked).
     pub fn worst(&self) -> Option<&TensorCheck> {
         self.tensors.iter().max_by(|a, b| a.error.total_cmp(&b.error))
     }

@@ -21,52 +21,74 @@ use std::fmt;
 pub enum InterpError {
     /// A size variable has no value.
     UnboundSize {
+        /// The cell's name.
         cell: String,
+        /// The size variable, e.g. `H`.
         size: String,
     },
     /// A declared dimension is zero or negative for these sizes.
     NonPositiveDim {
+        /// What has the dimension, e.g. ``input `x` `` or `value v3`.
         what: String,
+        /// The dimension as written symbolically, e.g. `H - 4`.
         dim: String,
+        /// Its value under the bindings.
         value: i64,
     },
     /// A dimension overflowed.
     DimOverflow {
+        /// What has the dimension, e.g. ``state `h` ``.
         what: String,
+        /// The dimension or slice offset, symbolically; empty when the inputs' total size overflowed.
         dim: String,
     },
     /// A tensor's length does not match its declared shape.
     Shape {
+        /// Which tensor: `input`, ``state h``, a parameter's name, `d_outputs`, or a value id.
         tensor: String,
+        /// The shape it should have, e.g. `[3]` or `[4, 3] (12 elements)`.
         expected: String,
+        /// What was given, e.g. `[2]` or `10 elements`.
         found: String,
     },
-    /// A parameter is missing, or one that the cell does not declare was given.
+    /// A parameter the cell declares was not given.
     MissingParam {
+        /// The parameter's name.
         name: String,
     },
+    /// A parameter was given by a name the cell does not declare.
     UnknownParam {
+        /// The name given.
         name: String,
     },
     /// The wrong number of states or parameters.
     Count {
+        /// What was counted: `states` or `parameters`.
         what: &'static str,
+        /// How many the cell declares.
         expected: usize,
+        /// How many were given.
         found: usize,
     },
     /// A parameter's initialiser could not be evaluated.
     Init {
+        /// The parameter's name.
         param: String,
+        /// Why, e.g. the size that has no value or the non-finite result.
         message: String,
     },
     /// A tensor has more elements than a kernel can index.
     TooLarge {
+        /// Which tensor, e.g. ``parameter `w` ``.
         what: String,
+        /// Its shape at these sizes, e.g. `[65536, 65536]`.
         shape: String,
+        /// Its number of elements (over [`MAX_TENSOR_ELEMENTS`]).
         elements: u128,
     },
     /// A compiler bug surfaced (an IR invariant broken).
     Internal {
+        /// What went wrong.
         message: String,
     },
 }
@@ -125,10 +147,13 @@ impl std::error::Error for InterpError {}
 /// A parameter's starting values, with the sizes substituted.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ConcreteInit {
+    /// Every element 0 (`= zeros`).
     Zeros,
+    /// Every element 1 (`= ones`).
     Ones,
     /// Uniform in `[-bound, bound]`.
     Uniform(f64),
+    /// Every element this value (`= constant(c)`).
     Constant(f64),
 }
 
@@ -282,7 +307,9 @@ fn dot<T: Float>(a: &[T], b: &[T]) -> T {
 /// One step's results.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepResult<T> {
+    /// The step's output vector.
     pub output: Vec<T>,
+    /// Each state's value after the step, in declaration order.
     pub next_states: Vec<Vec<T>>,
 }
 
@@ -347,10 +374,12 @@ impl<'c> BoundCell<'c> {
         Ok(BoundCell { cell, sizes, plan, input_slices, input_size: offset, state_sizes, param_shapes })
     }
 
+    /// The cell this binds.
     pub fn cell(&self) -> &'c Cell {
         self.cell
     }
 
+    /// The size variables' values (only those the cell uses).
     pub fn sizes(&self) -> &Bindings {
         &self.sizes
     }
@@ -360,10 +389,12 @@ impl<'c> BoundCell<'c> {
         self.input_size
     }
 
+    /// Elements of the step's output.
     pub fn output_size(&self) -> usize {
         self.plan.elements(self.cell.output)
     }
 
+    /// Elements of each state, in declaration order.
     pub fn state_sizes(&self) -> &[usize] {
         &self.state_sizes
     }
@@ -540,6 +571,7 @@ impl<'c> BoundCell<'c> {
 pub struct SequenceGrads<T> {
     /// `[steps, input_size]`, row-major.
     pub d_inputs: Vec<T>,
+    /// One per state: the adjoint of its initial value.
     pub d_initial_states: Vec<Vec<T>>,
     /// One per parameter, in its shape (row-major for matrices).
     pub d_params: Vec<Vec<T>>,

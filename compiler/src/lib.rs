@@ -25,6 +25,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod autodiff;
 #[cfg(feature = "cranelift")]
 pub mod clif;
@@ -58,8 +60,11 @@ pub const PRELUDE_NAME: &str = "<prelude>";
 /// against), every diagnostic, and the module when there were no errors.
 #[derive(Debug)]
 pub struct Compilation {
+    /// The compiled file and the prelude, which the diagnostics' spans point into.
     pub sources: SourceMap,
+    /// Every error and warning, in source order.
     pub diagnostics: Diagnostics,
+    /// The compiled cells; `None` when there was any error.
     pub module: Option<Module>,
 }
 
@@ -88,8 +93,11 @@ impl Compilation {
 /// rendering.
 #[derive(Debug, Clone)]
 pub struct CompileError {
+    /// The diagnostics rendered as plain text, without colour.
     pub rendered: String,
+    /// The diagnostics, at least one of them an error.
     pub diagnostics: Diagnostics,
+    /// The sources the diagnostics' spans point into.
     pub sources: SourceMap,
 }
 

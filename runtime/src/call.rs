@@ -22,6 +22,7 @@ use crate::sequence::LaidOutBatch;
 /// The inputs of a pass on the caller's host memory.
 #[derive(Clone, Copy, Debug)]
 pub struct Call<'a> {
+    /// The batch, in the caller's layout.
     pub input: Input<'a>,
     /// `[layer * directions + direction][param]`, in the cell's order and
     /// the model's shapes ([`Model::weight_names`]); `None`: the model's own.

@@ -92,7 +92,9 @@ impl CompiledCell {
 /// its directions). Dereferences to the [`Program`].
 #[derive(Clone, Debug)]
 pub struct Layer {
+    /// The layer's position in the stack, from 0.
     pub index: usize,
+    /// The cell's forward and backward steps at this layer's sizes.
     pub program: Program,
 }
 

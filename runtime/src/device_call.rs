@@ -25,7 +25,9 @@ use crate::sequence::{check_len, Floats};
 /// Floats in device memory: the address of the first, and how many.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceFloats {
+    /// The device address of the first float.
     pub addr: u64,
+    /// Floats in the buffer.
     pub len: usize,
 }
 
@@ -57,7 +59,9 @@ pub struct DeviceCall<'a> {
 /// [`crate::ForwardOut`]'s buffers (padding rows set to zero).
 #[derive(Clone, Debug)]
 pub struct DeviceForwardOut {
+    /// Laid out like the input, `output_size` features per row.
     pub output: DeviceFloats,
+    /// One buffer per state, `[layers * directions, B, size]`.
     pub final_states: Vec<DeviceFloats>,
 }
 
@@ -65,9 +69,12 @@ pub struct DeviceForwardOut {
 /// [`crate::BackwardOut`]'s buffers, every one overwritten.
 #[derive(Clone, Debug)]
 pub struct DeviceBackwardOut {
+    /// The input's gradient, laid out like the input.
     pub d_input: DeviceFloats,
     /// One buffer per state, or none: the initial states' gradients are not wanted.
     pub d_h0: Vec<DeviceFloats>,
+    /// The parameters' gradients, `[layer * directions + direction][param]`,
+    /// each shaped as its parameter.
     pub d_params: Vec<Vec<DeviceFloats>>,
 }
 

@@ -3,45 +3,119 @@
 
 use std::fmt;
 
+/// Every error the runtime returns; its `Display` is a complete message.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RuntimeError {
     /// The `.cell` source did not compile: its diagnostics, typed, with the
     /// sources to render them against.
     Compile(Box<cellc::CompileError>),
     /// A file that compiles but has no cell (of that name).
-    NoCell { file: String, name: Option<String> },
+    NoCell {
+        /// The file's name.
+        file: String,
+        /// The cell's name asked for; `None` where none was (the file has no cell at all).
+        name: Option<String>,
+    },
     /// A tensor has the wrong shape.
-    Shape { tensor: String, expected: String, found: String },
+    Shape {
+        /// The tensor, as the caller knows it (`input`, `lengths`, a weight's name).
+        tensor: String,
+        /// The shape it should have (with its element count where that helps).
+        expected: String,
+        /// The shape or length it has.
+        found: String,
+    },
     /// A sequence length is not positive or is longer than the padded length.
-    Length { sequence: usize, length: i64, steps: usize },
+    Length {
+        /// The sequence's index in the batch.
+        sequence: usize,
+        /// Its length as given (a caller's may be negative).
+        length: i64,
+        /// The padded length, `T`.
+        steps: usize,
+    },
     /// `batch_sizes` must be positive and non-increasing.
-    BatchSizes { step: usize, message: String },
+    BatchSizes {
+        /// The step whose batch size is wrong.
+        step: usize,
+        /// What is wrong with it.
+        message: String,
+    },
     /// A permutation (`sorted_indices`) is not one.
-    Permutation { tensor: String, message: String },
-    /// A weight is missing, or one the model does not have was given.
-    MissingWeight { name: String },
+    Permutation {
+        /// `sorted_indices` or `unsorted_indices`.
+        tensor: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A weight the model needs was not given.
+    MissingWeight {
+        /// The weight's name, as in a PyTorch `state_dict`.
+        name: String,
+    },
     /// A pass without weights on a model that keeps none ([`crate::Model::without_weights`]).
     NoOwnWeights,
+    /// A weight was given that the model does not have.
     UnexpectedWeight {
+        /// The name given.
         name: String,
         /// The names the model's weights do have.
         expected: Vec<String>,
     },
     /// A tensor, or a pass over a batch, needs more memory than cellc can
     /// index or the machine has: refused before anything is allocated.
-    TooLarge { what: String, bytes: u128, limit: String },
+    TooLarge {
+        /// What needs the memory (a tensor and its shape, a pass).
+        what: String,
+        /// The bytes it needs at least.
+        bytes: u128,
+        /// The limit it exceeds, in words, with where that limit comes from.
+        limit: String,
+    },
     /// A size variable has two values (bound by `-D` and inferred, or inferred twice).
-    SizeConflict { size: String, first: usize, first_from: String, second: usize, second_from: String },
+    SizeConflict {
+        /// The size variable, e.g. `H`.
+        size: String,
+        /// The value bound first.
+        first: usize,
+        /// Where the first value came from (`-D`, a weight, the input).
+        first_from: String,
+        /// The value that disagrees.
+        second: usize,
+        /// Where the second value came from.
+        second_from: String,
+    },
     /// A size variable has no value and none could be inferred.
-    UnboundSize { size: String },
+    UnboundSize {
+        /// The size variable, e.g. `H`.
+        size: String,
+    },
     /// Layer sizes do not fit together (e.g. a cell whose input must be `[H]` fed `2*H` features).
-    Layer { layer: usize, message: String },
+    Layer {
+        /// The layer's index, from 0.
+        layer: usize,
+        /// What does not fit.
+        message: String,
+    },
     /// A model that cannot run step by step ([`crate::Model::stream`]).
-    NotStreamable { reason: String },
+    NotStreamable {
+        /// Why not (e.g. a bidirectional model).
+        reason: String,
+    },
     /// The backend cannot run here (e.g. no CUDA driver).
-    Backend { backend: String, message: String },
+    Backend {
+        /// The back end's name ([`crate::backend::Backend::name`]).
+        backend: String,
+        /// What went wrong.
+        message: String,
+    },
     /// Reading or writing weights or tensors.
-    Io { path: String, message: String },
+    Io {
+        /// The file.
+        path: String,
+        /// What went wrong: the operating system's error, or what is wrong with the file.
+        message: String,
+    },
     /// A compiler invariant broke: a bug.
     Internal(String),
 }
@@ -131,6 +205,7 @@ impl From<cellc::InterpError> for RuntimeError {
     }
 }
 
+/// A result whose error is a [`RuntimeError`].
 pub type Result<T> = std::result::Result<T, RuntimeError>;
 
 /// `[2, 3, 4]`

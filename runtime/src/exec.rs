@@ -3,7 +3,7 @@
 //! shares: the batch in the caller's layout, checked and laid out; the
 //! pass's parameters; its results. The work of every pass, these and the
 //! caller's ([`crate::call`], [`crate::device_call`]), is decided by
-//! [`crate::driver`].
+//! the crate's one driver.
 
 use crate::driver::{BackwardSpans, ForwardSpans};
 use crate::error::{Result, RuntimeError};
@@ -18,7 +18,20 @@ use crate::sequence::{
 #[derive(Clone, Copy, Debug)]
 pub enum Input<'a> {
     /// `[B, T, F]` or `[T, B, F]`, padded, with each sequence's length.
-    Padded { data: &'a [f32], batch: usize, steps: usize, major: Major, align: Align, lengths: &'a [usize] },
+    Padded {
+        /// `B * T * F` floats, row-major in the order `major` says.
+        data: &'a [f32],
+        /// Sequences, `B`.
+        batch: usize,
+        /// Padded steps, `T`.
+        steps: usize,
+        /// Whether the batch axis or the time axis comes first.
+        major: Major,
+        /// Whether the padding is at the end or at the start of each sequence.
+        align: Align,
+        /// Each sequence's length, `[B]`, each in `1..=T`.
+        lengths: &'a [usize],
+    },
     /// A PyTorch packed sequence ([`crate::PackedSequence::view`]).
     Packed(PackedView<'a>),
 }
@@ -27,7 +40,20 @@ pub enum Input<'a> {
 /// device): an [`Input`]'s other fields.
 #[derive(Clone, Copy, Debug)]
 pub enum BatchShape<'a> {
-    Padded { batch: usize, steps: usize, major: Major, align: Align, lengths: &'a [usize] },
+    /// A padded batch ([`Input::Padded`]).
+    Padded {
+        /// Sequences, `B`.
+        batch: usize,
+        /// Padded steps, `T`.
+        steps: usize,
+        /// Whether the batch axis or the time axis comes first.
+        major: Major,
+        /// Whether the padding is at the end or at the start of each sequence.
+        align: Align,
+        /// Each sequence's length, `[B]`, each in `1..=T`.
+        lengths: &'a [usize],
+    },
+    /// A packed batch ([`Input::Packed`]): its sizes and permutations.
     Packed(PackedIndex<'a>),
 }
 
@@ -110,9 +136,12 @@ pub struct ForwardOut<'o> {
 /// buffer is overwritten (zeros at padding).
 #[derive(Debug)]
 pub struct BackwardOut<'o> {
+    /// The input's gradient, laid out like the input.
     pub d_input: &'o mut [f32],
     /// One buffer per state, or none: the initial states' gradients are not wanted.
     pub d_h0: Vec<&'o mut [f32]>,
+    /// The parameters' gradients, `[layer * directions + direction][param]`,
+    /// each shaped as its parameter.
     pub d_params: Vec<Vec<&'o mut [f32]>>,
 }
 

@@ -77,6 +77,18 @@ impl<'a> HostTarget<'a> {
         let layout: &'a crate::sequence::RowLayout = &self.batch.layout;
         Rows { data, layout, width: rows.width, offset: rows.offset }
     }
+
+    /// Rows to write.
+    ///
+    /// # Safety
+    /// Per `new`'s contract, and nothing else reads or writes `rows` while
+    /// the result lives.
+    unsafe fn rows_mut(&self, rows: RowSpan) -> RowsMut<'a> {
+        // SAFETY: per the contract.
+        let data = unsafe { floats_mut(rows.span) };
+        let layout: &'a crate::sequence::RowLayout = &self.batch.layout;
+        RowsMut { data, layout, width: rows.width, offset: rows.offset }
+    }
 }
 
 impl Drop for HostTarget<'_> {
@@ -152,14 +164,7 @@ impl PassTarget for HostTarget<'_> {
         // final states are spans of their own, read by nothing else here.
         let (h0, mut output, tape) = unsafe {
             let h0: Vec<&[f32]> = job.h0.iter().map(|&s| floats(s)).collect();
-            let o = job.output;
-            let output = RowsMut {
-                data: floats_mut(o.span),
-                layout: &self.batch.layout,
-                width: o.width,
-                offset: o.offset,
-            };
-            (h0, output, job.tape.map(|t| floats_mut(t)))
+            (h0, self.rows_mut(job.output), job.tape.map(|t| floats_mut(t)))
         };
         let forward = ForwardJob {
             cell: &self.model.compiled,
@@ -180,14 +185,7 @@ impl PassTarget for HostTarget<'_> {
         // SAFETY (block): per `new`'s contract; the input's adjoint is a span of its own.
         let (d_final, tape, mut d_input) = unsafe {
             let d_final: Vec<&[f32]> = job.d_final.iter().map(|&s| floats(s)).collect();
-            let d = job.d_input;
-            let d_input = RowsMut {
-                data: floats_mut(d.span),
-                layout: &self.batch.layout,
-                width: d.width,
-                offset: d.offset,
-            };
-            (d_final, floats(job.tape), d_input)
+            (d_final, floats(job.tape), self.rows_mut(job.d_input))
         };
         let backward = BackwardJob {
             cell: &self.model.compiled,

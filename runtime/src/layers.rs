@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 /// Layers and directions.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModelConfig {
+    /// Stacked layers (PyTorch's `num_layers`): layer `k > 0` reads layer `k - 1`'s output.
     pub layers: usize,
+    /// Each layer runs both directions, the outputs side by side (PyTorch's `bidirectional`).
     pub bidirectional: bool,
 }
 

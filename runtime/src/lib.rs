@@ -36,17 +36,19 @@
 //! # Ok::<(), cellc_runtime::RuntimeError>(())
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod backend;
 pub mod call;
 pub mod cell;
 pub mod device_call;
-pub mod driver;
+pub(crate) mod driver;
 pub mod error;
 pub mod exec;
 pub mod files;
 mod host_target;
 pub mod layers;
-pub mod memory;
+pub(crate) mod memory;
 pub mod model;
 pub mod pass;
 pub mod pool;

@@ -57,7 +57,7 @@ impl Model {
         seed: u64,
         backend: Box<dyn Backend>,
     ) -> Result<Model> {
-        let layers = Self::plan_layers(&compiled, &config, sizes, input_size, weights)?;
+        let layers = crate::layers::plan(&compiled, &config, sizes, input_size, weights)?;
         let mut model = Self::unweighted(compiled, config, layers, backend);
         model.ensure_weights_fit()?;
         model.params = match weights {
@@ -79,7 +79,7 @@ impl Model {
         input_size: Option<usize>,
         backend: Box<dyn Backend>,
     ) -> Result<Model> {
-        let layers = Self::plan_layers(&compiled, &config, sizes, input_size, None)?;
+        let layers = crate::layers::plan(&compiled, &config, sizes, input_size, None)?;
         Ok(Self::unweighted(compiled, config, layers, backend))
     }
 
@@ -119,32 +119,22 @@ impl Model {
             .collect()
     }
 
-    /// Each layer's sizes, plans and schedule, as [`Model::new`] makes them
-    /// (`sizes` explicit, then bound from `input_size` and `weights`), without
-    /// parameters or a back end: what an ahead-of-time compiler needs
-    /// ([`crate::layers::plan`]).
-    pub fn plan_layers(
-        compiled: &CompiledCell,
-        config: &ModelConfig,
-        sizes: &Bindings,
-        input_size: Option<usize>,
-        weights: Option<&Weights>,
-    ) -> Result<Vec<Layer>> {
-        crate::layers::plan(compiled, config, sizes, input_size, weights)
-    }
-
+    /// The cell every layer runs.
     pub fn compiled(&self) -> &CompiledCell {
         &self.compiled
     }
 
+    /// Its layers and directions.
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }
 
+    /// Each layer's program at its sizes, first to last.
     pub fn layers(&self) -> &[Layer] {
         &self.layers
     }
 
+    /// 2 for a bidirectional model, else 1.
     pub fn directions(&self) -> usize {
         if self.config.bidirectional {
             2
@@ -153,6 +143,7 @@ impl Model {
         }
     }
 
+    /// The name of the back end it runs on ([`crate::backend::Backend::name`]).
     pub fn backend_name(&self) -> &str {
         self.backend.name()
     }

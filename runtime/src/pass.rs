@@ -1,8 +1,8 @@
 //! The work of a pass as a device sees it: one layer and direction at a
 //! time ([`LayerForward`], [`LayerBackward`]) over [`Span`]s of the pass's
 //! memory (addresses and lengths, host or device), run by a
-//! [`PassTarget`]. The driver ([`crate::driver`]) decides the work; a
-//! target only executes it.
+//! [`PassTarget`]. The crate's driver decides the work; a target only
+//! executes it.
 
 use crate::cell::Layer;
 use crate::error::Result;
@@ -12,7 +12,9 @@ use std::ops::Range;
 /// (in bytes) and how many.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Span {
+    /// The address of the first float.
     pub addr: u64,
+    /// Floats in the span.
     pub len: usize,
 }
 
@@ -43,18 +45,24 @@ impl Span {
 /// floats apart, from float `offset` of the row on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowSpan {
+    /// The whole buffer, every layout row.
     pub span: Span,
+    /// Floats per layout row.
     pub width: usize,
+    /// Where in a row these features start.
     pub offset: usize,
 }
 
 /// One layer and direction forwards: where it reads and writes.
 #[derive(Clone, Debug)]
 pub struct LayerForward<'a> {
+    /// The cell's program at the layer's sizes.
     pub layer: &'a Layer,
     /// `layer * directions + direction`: which parameters it reads.
     pub slot: usize,
+    /// The reverse direction: each sequence from its last step to its first.
     pub reverse: bool,
+    /// The layer's input rows (the batch's input, or the previous layer's output).
     pub input: RowSpan,
     /// This direction's features of the output rows (valid rows are written).
     pub output: RowSpan,
@@ -69,9 +77,14 @@ pub struct LayerForward<'a> {
 /// One layer and direction backwards: where it reads and writes.
 #[derive(Clone, Debug)]
 pub struct LayerBackward<'a> {
+    /// The cell's program at the layer's sizes.
     pub layer: &'a Layer,
+    /// `layer * directions + direction`: which parameters it reads and
+    /// whose gradients it writes.
     pub slot: usize,
+    /// The reverse direction: each sequence from its last step to its first.
     pub reverse: bool,
+    /// The layer's input rows, as the forward read them.
     pub input: RowSpan,
     /// The tape its training forward wrote.
     pub tape: Span,
@@ -104,7 +117,10 @@ pub trait PassTarget {
     /// Copies `from` to `to` (the same length).
     fn copy(&mut self, to: Span, from: Span) -> Result<()>;
 
+    /// Runs one layer and direction forwards.
     fn forward(&mut self, job: LayerForward) -> Result<()>;
 
+    /// Runs one layer and direction backwards, reading the tape its
+    /// training forward wrote.
     fn backward(&mut self, job: LayerBackward) -> Result<()>;
 }

@@ -62,10 +62,12 @@ impl BatchOrder {
         Ok(BatchOrder { lengths: lengths.to_vec(), order, rank, batch_sizes })
     }
 
+    /// Sequences in the batch, `B`.
     pub fn batch(&self) -> usize {
         self.lengths.len()
     }
 
+    /// Each sequence's length, in the caller's order.
     pub fn lengths(&self) -> &[usize] {
         &self.lengths
     }
@@ -75,6 +77,7 @@ impl BatchOrder {
         self.batch_sizes.len()
     }
 
+    /// Active sequences at each step, non-increasing (PyTorch's `batch_sizes`).
     pub fn batch_sizes(&self) -> &[usize] {
         &self.batch_sizes
     }
@@ -109,9 +112,23 @@ impl BatchOrder {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RowLayout {
     /// A padded `[B, T]` or `[T, B]` grid; `shift[b]` is where sequence `b` starts on the time axis.
-    Padded { batch: usize, steps: usize, major: Major, shift: Vec<usize> },
+    Padded {
+        /// Sequences, `B`.
+        batch: usize,
+        /// Padded steps, `T`.
+        steps: usize,
+        /// Which axis comes first.
+        major: Major,
+        /// Per sequence: its first step's index on the time axis (0 unless right-aligned).
+        shift: Vec<usize>,
+    },
     /// PyTorch packing: step `t`'s rows start at `step_offsets[t]`, in the plan's order.
-    Packed { step_offsets: Vec<usize>, rank: Vec<usize> },
+    Packed {
+        /// Per step: the row its active sequences start at.
+        step_offsets: Vec<usize>,
+        /// Per sequence: its position among each step's rows (its rank by decreasing length).
+        rank: Vec<usize>,
+    },
 }
 
 impl RowLayout {
@@ -161,6 +178,7 @@ pub struct LaidOutBatch {
 pub struct PackedSequence {
     /// `[N, features]`, row-major; `N` is the sum of lengths.
     pub data: Vec<f32>,
+    /// Floats per row.
     pub features: usize,
     /// Active sequences per step, non-increasing.
     pub batch_sizes: Vec<usize>,
@@ -286,6 +304,7 @@ impl Floats for &[f32] {
 pub struct PackedView<'a> {
     /// `[N, features]`, row-major; `N` is the sum of lengths.
     pub data: &'a [f32],
+    /// Floats per row.
     pub features: usize,
     /// Active sequences per step, non-increasing.
     pub batch_sizes: &'a [usize],
@@ -321,6 +340,7 @@ impl<'a> PackedView<'a> {
 /// data, which may lie on a device).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PackedIndex<'a> {
+    /// Floats per row of the data.
     pub features: usize,
     /// Active sequences per step, non-increasing.
     pub batch_sizes: &'a [usize],

@@ -96,6 +96,7 @@ impl Model {
 }
 
 impl Stream<'_> {
+    /// Sequences the stream runs side by side, `B` (fixed when it was made).
     pub fn batch(&self) -> usize {
         self.batch
     }

@@ -16,22 +16,28 @@ use std::path::Path;
 /// The element data of a tensor.
 #[derive(Clone, Debug, PartialEq)]
 pub enum TensorData {
+    /// Floats (a file's f32 or f64 tensors).
     F32(Vec<f32>),
+    /// Integers (a file's integer tensors, of any width).
     I64(Vec<i64>),
 }
 
 /// A named tensor read from or written to a file.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tensor {
+    /// The dimensions, outermost first.
     pub shape: Vec<usize>,
+    /// The elements, row-major.
     pub data: TensorData,
 }
 
 impl Tensor {
+    /// A float tensor of `shape`, `data` row-major.
     pub fn f32(shape: Vec<usize>, data: Vec<f32>) -> Tensor {
         Tensor { shape, data: TensorData::F32(data) }
     }
 
+    /// An integer tensor of `shape`, `data` row-major.
     pub fn i64(shape: Vec<usize>, data: Vec<i64>) -> Tensor {
         Tensor { shape, data: TensorData::I64(data) }
     }
@@ -194,29 +200,37 @@ pub struct Weights {
     tensors: BTreeMap<String, WeightTensor>,
 }
 
+/// One weight of a [`Weights`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct WeightTensor {
+    /// The dimensions, outermost first (`[4*H, I]` for an LSTM's `weight_ih_l0`).
     pub shape: Vec<usize>,
+    /// The elements, row-major.
     pub data: Vec<f32>,
 }
 
 impl Weights {
+    /// Adds weight `name` of `shape` (`data` row-major), replacing any of that name.
     pub fn insert(&mut self, name: String, shape: Vec<usize>, data: Vec<f32>) {
         self.tensors.insert(name, WeightTensor { shape, data });
     }
 
+    /// The weight called `name`, if there is one.
     pub fn get(&self, name: &str) -> Option<&WeightTensor> {
         self.tensors.get(name)
     }
 
+    /// Every weight's name, in sorted order.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(String::as_str)
     }
 
+    /// How many weights there are.
     pub fn len(&self) -> usize {
         self.tensors.len()
     }
 
+    /// Whether there are no weights.
     pub fn is_empty(&self) -> bool {
         self.tensors.is_empty()
     }

@@ -8,7 +8,7 @@
 //! next state — are the graph's `seed` leaves; its results are the adjoints
 //! of every input, incoming state and parameter.
 //!
-//! As in tinygrad's `gradient.py`, there is one rule per op ([`rules`]) and
+//! As in tinygrad's `gradient.py`, there is one rule per op (`rules.rs`) and
 //! one generic walk; the rules `match` the closed op enum exhaustively, so a
 //! new op without a rule does not compile. Matmul adjoints stay matmuls:
 //! `dx += Wᵀ dy` (`matvect`) and `dW += dy ⊗ x` (`outer`).
@@ -25,6 +25,7 @@ use std::collections::HashMap;
 pub struct Seed {
     /// `d_output`, or `d_NAME'` for a next state.
     pub name: String,
+    /// The adjoint's type: the same as the output's or the state's.
     pub ty: Type,
 }
 
@@ -35,10 +36,14 @@ pub struct Gradient {
     pub graph: Graph,
     /// `seeds[0]` is the output's adjoint, `seeds[1 + i]` state `i`'s next value's.
     pub seeds: Vec<Seed>,
-    /// Adjoint of each input, each incoming state, each parameter;
-    /// `None` where the step does not depend on it (a zero gradient).
+    /// Adjoint of each input, in declaration order; `None` where the step
+    /// does not depend on it (a zero gradient).
     pub d_inputs: Vec<Option<ValueId>>,
+    /// Adjoint of each incoming state, in declaration order; `None` for a
+    /// zero gradient.
     pub d_states: Vec<Option<ValueId>>,
+    /// Adjoint of each parameter, in declaration order; `None` for a zero
+    /// gradient.
     pub d_params: Vec<Option<ValueId>>,
     /// Where the forward step's next states are in this graph, if the
     /// backward reads them (they are kept per step anyway, as the state

@@ -131,6 +131,7 @@ fn exp_of_ordered(b: &mut FunctionBuilder, ty: Type, x: Value) -> Value {
     b.ins().fmul(e, sc)
 }
 
+/// `sigmoid(x) = 1 / (1 + exp(-x))`, with this module's [`exp`].
 pub fn sigmoid(b: &mut FunctionBuilder, ty: Type, x: Value) -> Value {
     let nx = b.ins().fneg(x);
     let e = exp(b, ty, nx);

@@ -93,10 +93,13 @@ pub const BLOCK: u32 = 128;
 /// One generated kernel.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Kernel {
+    /// The `extern "C" __global__` function's name.
     pub name: String,
     /// The function's source (no prelude).
     pub source: String,
+    /// The stage's input values, in the order of their pointers in each row's `args`.
     pub inputs: Vec<ValueId>,
+    /// The stage's output values, whose pointers follow the inputs' in each row's `args`.
     pub outputs: Vec<ValueId>,
     /// Scratch floats each block needs.
     pub scratch: usize,
@@ -156,7 +159,9 @@ pub fn translation_unit(kernels: &[Kernel]) -> String {
 #[derive(Clone, Copy, Default)]
 #[allow(missing_debug_implementations)] // SourceMap holds codespan files, which are not Debug
 pub struct Context<'a> {
+    /// Names of the graph's leaves, for the comment on each value; `None` prints them as `?`.
     pub names: Option<&'a LeafNames<'a>>,
+    /// The sources, to comment each value with the `.cell` location it came from.
     pub sources: Option<&'a SourceMap>,
 }
 

@@ -35,10 +35,13 @@ pub enum Entropy<'a> {
 }
 
 impl Entropy<'_> {
+    /// Entropy from SplitMix64 seeded with `seed`: the same seed gives the same cell.
     pub fn seeded(seed: u64) -> Entropy<'static> {
         Entropy::Seeded(seed)
     }
 
+    /// The next draw: a SplitMix64 output, or the next two bytes big-endian
+    /// (one at the very end, 0 once the bytes run out).
     pub fn next_u64(&mut self) -> u64 {
         match self {
             Entropy::Seeded(state) => {
@@ -75,6 +78,7 @@ impl Entropy<'_> {
         &items[self.below(items.len())]
     }
 
+    /// Shuffles `items` in place (Fisher–Yates, drawing from `self`).
     pub fn shuffle<T>(&mut self, items: &mut [T]) {
         for i in (1..items.len()).rev() {
             let j = self.below(i + 1);

@@ -15,6 +15,7 @@ use std::fmt;
 pub struct Size(pub BTreeMap<String, u32>);
 
 impl Size {
+    /// The size that is the variable `name` once (`H`).
     pub fn var(name: &str) -> Size {
         Size([(name.to_string(), 1)].into_iter().collect())
     }
@@ -24,6 +25,7 @@ impl Size {
         Size(self.0.iter().map(|(v, c)| (v.clone(), c * k)).collect())
     }
 
+    /// The sum of the two sizes, coefficient by coefficient.
     pub fn plus(&self, other: &Size) -> Size {
         let mut out = self.0.clone();
         for (v, c) in &other.0 {
@@ -96,12 +98,14 @@ impl fmt::Display for Size {
 /// The type of a value: a scalar or a vector of a size.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Ty {
+    /// A scalar.
     Scalar,
+    /// A vector of the given size.
     Vector(Size),
 }
 
 /// The guard a built-in's argument needs to stay in the domain and in range.
-pub fn guard_for(op: UnaryOp) -> Option<Guard> {
+pub(crate) fn guard_for(op: UnaryOp) -> Option<Guard> {
     match op {
         UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt => Some(Guard::Positive),
         UnaryOp::Exp => Some(Guard::Bounded),
@@ -110,7 +114,7 @@ pub fn guard_for(op: UnaryOp) -> Option<Guard> {
 }
 
 /// Whether a built-in has a kink (a point where its derivative jumps).
-pub fn kinked(op: UnaryOp) -> bool {
+pub(crate) fn kinked(op: UnaryOp) -> bool {
     matches!(op, UnaryOp::Relu | UnaryOp::Abs)
 }
 
@@ -132,9 +136,11 @@ pub enum Expr {
     Name(String),
     /// A state's value at the end of the step: `h'`.
     Primed(String),
+    /// Negation `-e`, printed parenthesised.
     Neg(Box<Expr>),
     /// A built-in of one argument (one of `UnaryOp::BUILTINS`).
     Unary(UnaryOp, Box<Expr>),
+    /// An infix operator `a op b` (`+ - * / @`), printed parenthesised.
     Binary(BinOp, Box<Expr>, Box<Expr>),
     /// `min(a, b)` (`false`) or `max(a, b)` (`true`).
     MinMax(bool, Box<Expr>, Box<Expr>),
@@ -142,13 +148,16 @@ pub enum Expr {
     Reduce(bool, Box<Expr>),
     /// `W @ v`, `W` a matrix parameter (or a function's matrix parameter).
     MatVec(String, Box<Expr>),
+    /// `concat(a, b, ...)` of vectors.
     Concat(Vec<Expr>),
     /// A call of a file function or of the prelude's `layernorm`.
     Call(String, Vec<Expr>),
+    /// A subexpression wrapped in its numeric guard (see [`Guard`]).
     Guarded(Guard, Box<Expr>),
 }
 
 impl Expr {
+    /// A read of the name `n`.
     pub fn name(n: &str) -> Expr {
         Expr::Name(n.to_string())
     }
@@ -169,6 +178,7 @@ impl Expr {
         }
     }
 
+    /// The direct subexpressions, mutably.
     pub fn children_mut(&mut self) -> Vec<&mut Expr> {
         match self {
             Expr::Number(_) | Expr::Name(_) | Expr::Primed(_) => Vec::new(),
@@ -219,6 +229,7 @@ impl Expr {
         })
     }
 
+    /// Whether the expression reads `state'`, the state's value at the end of the step.
     pub fn mentions_primed(&self, state: &str) -> bool {
         self.nodes().iter().any(|e| matches!(e, Expr::Primed(n) if n == state))
     }
@@ -278,15 +289,20 @@ fn list(xs: &[Expr]) -> String {
 pub enum Init {
     /// None: `uniform(1/sqrt(D))`, `D` the first state's size.
     Default,
+    /// `= zeros`.
     Zeros,
+    /// `= ones`.
     Ones,
+    /// `= uniform(bound)`: uniform in `[-bound, bound]`.
     Uniform(Scale),
+    /// `= constant(c)`: every element `c`.
     Constant(Scale),
 }
 
 /// The constant expression of an initialiser.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Scale {
+    /// A literal number.
     Number(f64),
     /// `1 / sqrt(V)`, `V` the cell's first size variable.
     InverseSqrtSize,
@@ -315,23 +331,31 @@ impl Scale {
     }
 }
 
+/// A `param` declaration: a vector or matrix parameter and its initialiser.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Param {
+    /// The parameter's name.
     pub name: String,
+    /// Its length (a vector) or number of rows (a matrix).
     pub rows: Size,
     /// `Some` for a matrix `[rows, cols]`.
     pub cols: Option<Size>,
+    /// How it is initialised (the `= ...` after the shape).
     pub init: Init,
 }
 
 /// A file-level function.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FnDef {
+    /// The function's name (`f1`, `g2`, ...: `g` when `matrix`).
     pub name: String,
     /// Its parameters; with `matrix`, the first is a matrix applied to the second.
     pub params: Vec<String>,
+    /// Whether its first parameter is a matrix applied with `@` to its second.
     pub matrix: bool,
+    /// Its `let name = value;` lines, in order.
     pub lets: Vec<(String, Expr)>,
+    /// The expression the function returns.
     pub body: Expr,
 }
 
@@ -340,26 +364,38 @@ pub struct FnDef {
 pub enum Stmt {
     /// `let a = e`, or `let a, b = chunk(e, 2)` with several names.
     Let {
+        /// The names bound: one, or `k` for `chunk(e, k)`.
         names: Vec<String>,
+        /// The value bound (the chunked vector when there are several names).
         value: Expr,
     },
     /// `h' = e`.
     Assign {
+        /// The state assigned (without the prime).
         state: String,
+        /// Its value at the end of the step.
         value: Expr,
     },
+    /// `output e`: the step's output.
     Output(Expr),
 }
 
 /// A whole `.cell` file with one cell.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CellSpec {
+    /// The cell's name, as in `cell NAME { ... }`.
     pub name: String,
+    /// File-level `const NAME = value` lines.
     pub consts: Vec<(String, f64)>,
+    /// File-level functions, printed before the cell.
     pub fns: Vec<FnDef>,
+    /// `input` declarations: name and size.
     pub inputs: Vec<(String, Size)>,
+    /// `state` declarations: name and size.
     pub states: Vec<(String, Size)>,
+    /// `param` declarations.
     pub params: Vec<Param>,
+    /// The body's statements, in order.
     pub stmts: Vec<Stmt>,
 }
 

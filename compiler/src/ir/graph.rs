@@ -40,14 +40,17 @@ impl Graph {
         id
     }
 
+    /// The value's op and type. Panics if `v` is not in the graph.
     pub fn node(&self, v: ValueId) -> &Node {
         &self.graph[v.node()]
     }
 
+    /// Whether `v` is a value of this graph (not removed).
     pub fn contains(&self, v: ValueId) -> bool {
         self.graph.contains_node(v.node())
     }
 
+    /// The value's type. Panics if `v` is not in the graph.
     pub fn ty(&self, v: ValueId) -> &Type {
         &self.node(v).ty
     }
@@ -89,6 +92,7 @@ impl Graph {
         self.graph.node_indices().map(ValueId::from_node)
     }
 
+    /// Number of values (removed ones not counted).
     pub fn value_count(&self) -> usize {
         self.graph.node_count()
     }
@@ -154,7 +158,7 @@ impl Graph {
     }
 
     /// Makes every user of `old` read `new` instead (same slots).
-    pub fn replace_uses(&mut self, old: ValueId, new: ValueId) {
+    pub(crate) fn replace_uses(&mut self, old: ValueId, new: ValueId) {
         let uses: Vec<(ValueId, u32)> = self
             .graph
             .edges_directed(old.node(), Direction::Outgoing)
@@ -171,12 +175,12 @@ impl Graph {
     }
 
     /// Replaces a value's op and type in place (operands unchanged).
-    pub fn set_node(&mut self, v: ValueId, node: Node) {
+    pub(crate) fn set_node(&mut self, v: ValueId, node: Node) {
         self.graph[v.node()] = node;
     }
 
     /// Replaces a value's operands.
-    pub fn set_operands(&mut self, v: ValueId, operands: &[ValueId]) {
+    pub(crate) fn set_operands(&mut self, v: ValueId, operands: &[ValueId]) {
         let edges: Vec<_> =
             self.graph.edges_directed(v.node(), Direction::Incoming).map(|e| e.id()).collect();
         for e in edges {

@@ -26,6 +26,7 @@ use std::fmt;
 pub struct ValueId(u32);
 
 impl ValueId {
+    /// The id as a dense index, for tables indexed by value (below [`Graph::value_bound`]).
     pub fn index(self) -> usize {
         self.0 as usize
     }
@@ -46,12 +47,16 @@ impl fmt::Debug for ValueId {
 /// The type of a value: a scalar, a vector `[d]`, or (parameters only) a matrix `[m, n]`.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub enum Type {
+    /// A single number.
     Scalar,
+    /// A vector `[d]`.
     Vector(Dim),
+    /// A matrix `[m, n]`: `m` rows of `n` elements, row-major.
     Matrix(Dim, Dim),
 }
 
 impl Type {
+    /// The length `d` of a vector `[d]`; `None` for a scalar or matrix.
     pub fn vector_dim(&self) -> Option<&Dim> {
         match self {
             Type::Vector(d) => Some(d),
@@ -79,24 +84,33 @@ impl fmt::Debug for Type {
 /// One value: what computes it and its type.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
+    /// What computes the value.
     pub op: Op,
+    /// The value's type.
     pub ty: Type,
 }
 
 /// A declared input or state: a vector.
 #[derive(Clone, Debug, PartialEq)]
 pub struct VarDecl {
+    /// The name as declared.
     pub name: String,
+    /// Its length, symbolically (`H`, `4*H`).
     pub dim: Dim,
+    /// Where it is declared.
     pub span: Span,
 }
 
 /// A declared parameter: a vector or a matrix, with its initialiser.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ParamDecl {
+    /// The name as declared.
     pub name: String,
+    /// A vector `[d]` or a matrix `[m, n]`.
     pub ty: Type,
+    /// How it is initialised (an omitted initialiser is already filled in).
     pub init: Init,
+    /// Where it is declared.
     pub span: Span,
 }
 
@@ -114,21 +128,28 @@ impl ParamDecl {
 /// How a parameter starts, before any training.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Init {
+    /// `= zeros`.
     Zeros,
+    /// `= ones`.
     Ones,
     /// Uniform in `[-bound, bound]`.
     Uniform(ConstExpr),
+    /// `= constant(c)`: every element `c`.
     Constant(ConstExpr),
 }
 
 /// A scalar known once the sizes are: `1/sqrt(H)`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ConstExpr {
+    /// A number literal, or a `const`'s value.
     Number(f64),
     /// A size expression such as `H` or `4*H`.
     Size(Dim),
+    /// `-e`.
     Neg(Box<ConstExpr>),
+    /// `a op b` or a two-argument built-in (`max(a, b)`).
     Binary(BinaryOp, Box<ConstExpr>, Box<ConstExpr>),
+    /// A one-argument built-in such as `sqrt(e)`.
     Unary(UnaryOp, Box<ConstExpr>),
 }
 
@@ -215,12 +236,17 @@ impl fmt::Display for Init {
 /// One step of one cell, checked.
 #[derive(Clone, Debug)]
 pub struct Cell {
+    /// The cell's name, as in `cell NAME { ... }`.
     pub name: String,
+    /// Where the cell is defined.
     pub span: Span,
     /// Size variables in order of first appearance in the declarations.
     pub sizes: Vec<String>,
+    /// The `input` declarations, in order: consecutive slices of the step's feature vector.
     pub inputs: Vec<VarDecl>,
+    /// The `state` declarations, in order.
     pub states: Vec<VarDecl>,
+    /// The `param` declarations, in order.
     pub params: Vec<ParamDecl>,
     /// The step's output value.
     pub output: ValueId,
@@ -265,10 +291,12 @@ impl Cell {
         self.graph.remove_dead_values(&roots)
     }
 
+    /// The index in [`Cell::states`] of the state called `name`.
     pub fn state_index(&self, name: &str) -> Option<usize> {
         self.states.iter().position(|s| s.name == name)
     }
 
+    /// The index in [`Cell::params`] of the parameter called `name`.
     pub fn param_index(&self, name: &str) -> Option<usize> {
         self.params.iter().position(|p| p.name == name)
     }

@@ -6,6 +6,8 @@
 use crate::dims::Dim;
 use std::fmt;
 
+/// What computes a value: a leaf (input, state, parameter, constant, seed) or
+/// an operation on operand values.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
     /// `inputs[i]` at this step: a slice of the step's feature vector.
@@ -38,26 +40,46 @@ pub enum Op {
     /// A vector reduced to a scalar.
     Reduce(ReduceOp),
     /// The elements `[offset, offset + len)` of a vector; `len` is the node's dimension.
-    Slice { offset: Dim },
+    Slice {
+        /// Index of the first element taken.
+        offset: Dim,
+    },
     /// Operands joined end to end.
     Concat,
     /// The operand placed at `offset` in a zero vector of the node's dimension
     /// (the adjoint of `slice`).
-    Pad { offset: Dim },
+    Pad {
+        /// Index in the result where the operand's first element goes.
+        offset: Dim,
+    },
 }
 
+/// An elementwise operation of one operand: a built-in function of the
+/// language (`tanh(x)`), negation (`-x`), or an op the compiler inserts
+/// (`step`, `sign`, `copy`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnaryOp {
+    /// `-x`.
     Neg,
+    /// `sigmoid(x) = 1 / (1 + e^-x)`.
     Sigmoid,
+    /// `tanh(x)`.
     Tanh,
+    /// `relu(x) = max(x, 0)`.
     Relu,
+    /// `exp(x) = e^x`.
     Exp,
+    /// `log(x)`, the natural logarithm.
     Log,
+    /// `sqrt(x)`.
     Sqrt,
+    /// `rsqrt(x) = 1 / sqrt(x)`.
     Rsqrt,
+    /// `abs(x) = |x|`.
     Abs,
+    /// `softplus(x) = log(1 + e^x)`.
     Softplus,
+    /// `silu(x) = x * sigmoid(x)`.
     Silu,
     /// 1 where the operand is positive, else 0; NaN for NaN (internal: `relu`'s adjoint).
     Step,
@@ -68,21 +90,32 @@ pub enum UnaryOp {
     Copy,
 }
 
+/// An elementwise operation of two operands: an infix operator (`a + b`), a
+/// two-argument built-in (`min(a, b)`), or `ge`, which only backward steps use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
+    /// `a + b`.
     Add,
+    /// `a - b`.
     Sub,
+    /// `a * b`, elementwise.
     Mul,
+    /// `a / b`.
     Div,
+    /// `min(a, b)`.
     Min,
+    /// `max(a, b)`.
     Max,
     /// 1 where `a >= b`, else 0; NaN if either is (internal: `min`/`max`'s adjoints).
     Ge,
 }
 
+/// A reduction of a vector to a scalar, written as a built-in call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
+    /// `sum(v)`: the sum of the elements.
     Sum,
+    /// `mean(v) = sum(v) / len(v)`.
     Mean,
 }
 
@@ -101,6 +134,7 @@ impl UnaryOp {
         UnaryOp::Silu,
     ];
 
+    /// The op's source name for a built-in (`tanh`), else its IR mnemonic (`neg`, `step`).
     pub fn name(self) -> &'static str {
         match self {
             UnaryOp::Neg => "neg",
@@ -120,6 +154,7 @@ impl UnaryOp {
         }
     }
 
+    /// The built-in function called `name`, if it is a one-argument built-in.
     pub fn from_builtin(name: &str) -> Option<UnaryOp> {
         UnaryOp::BUILTINS.into_iter().find(|op| op.name() == name)
     }
@@ -201,6 +236,7 @@ pub fn apply_binary<T: num_traits::Float>(op: BinaryOp, a: T, b: T) -> T {
 }
 
 impl BinaryOp {
+    /// The op's mnemonic in IR dumps (`add`, `min`); also the source name of `min` and `max`.
     pub fn name(self) -> &'static str {
         match self {
             BinaryOp::Add => "add",
@@ -227,16 +263,19 @@ impl BinaryOp {
     /// The built-in functions of this kind, by their source names.
     pub const BUILTINS: [BinaryOp; 2] = [BinaryOp::Min, BinaryOp::Max];
 
+    /// The built-in function called `name`, if it is a two-argument built-in (`min`, `max`).
     pub fn from_builtin(name: &str) -> Option<BinaryOp> {
         BinaryOp::BUILTINS.into_iter().find(|op| op.name() == name)
     }
 
+    /// The op's definition, in f64. Backends must agree with this.
     pub fn apply(self, a: f64, b: f64) -> f64 {
         apply_binary(self, a, b)
     }
 }
 
 impl ReduceOp {
+    /// The reduction's source name and IR mnemonic (`sum`, `mean`).
     pub fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",
@@ -247,6 +286,7 @@ impl ReduceOp {
     /// Every reduction; each is a built-in function of its name.
     pub const ALL: [ReduceOp; 2] = [ReduceOp::Sum, ReduceOp::Mean];
 
+    /// The reduction called `name`, if it is one.
     pub fn from_builtin(name: &str) -> Option<ReduceOp> {
         ReduceOp::ALL.into_iter().find(|op| op.name() == name)
     }

@@ -43,9 +43,13 @@ fn sizes_list(cell: &Cell) -> String {
 /// The names of a graph's leaves, for printing.
 #[derive(Clone, Debug, Default)]
 pub struct LeafNames<'a> {
+    /// The cell's inputs' names, by input index.
     pub inputs: Vec<&'a str>,
+    /// The cell's states' names, by state index.
     pub states: Vec<&'a str>,
+    /// The cell's parameters' names, by parameter index.
     pub params: Vec<&'a str>,
+    /// The backward step's seeds' names (`d_output`, `d_h'`), by seed index; empty for a forward graph.
     pub seeds: Vec<&'a str>,
 }
 

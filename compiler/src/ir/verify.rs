@@ -28,7 +28,9 @@ use std::fmt;
 /// An invariant the IR breaks: always a compiler bug, never a user error.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VerifyError {
+    /// The value that breaks it; `None` when no single value does (e.g. there are not as many next states as states).
     pub value: Option<ValueId>,
+    /// Which invariant is broken, and how.
     pub message: String,
 }
 
@@ -45,18 +47,18 @@ impl std::error::Error for VerifyError {}
 
 /// The declared types of a graph's leaves.
 #[derive(Clone, Copy, Debug)]
-pub struct Leaves<'a> {
-    pub inputs: &'a [Type],
-    pub states: &'a [Type],
-    pub params: &'a [Type],
-    pub seeds: &'a [Type],
+pub(crate) struct Leaves<'a> {
+    pub(crate) inputs: &'a [Type],
+    pub(crate) states: &'a [Type],
+    pub(crate) params: &'a [Type],
+    pub(crate) seeds: &'a [Type],
 }
 
 /// The types a graph's leaves have, by kind and index: what a pass must keep
 /// (it may remove a leaf, never change one). Lets a pass be verified
 /// without the cell it came from.
 #[derive(Clone, Debug, Default)]
-pub struct LeafTypes {
+pub(crate) struct LeafTypes {
     inputs: Vec<Type>,
     states: Vec<Type>,
     params: Vec<Type>,
@@ -66,7 +68,7 @@ pub struct LeafTypes {
 impl LeafTypes {
     /// The leaves `graph` has now. An index no leaf has gets a placeholder
     /// type, which no value can be checked against.
-    pub fn of(graph: &Graph) -> LeafTypes {
+    pub(crate) fn of(graph: &Graph) -> LeafTypes {
         let mut t = LeafTypes::default();
         for v in graph.values() {
             let node = graph.node(v);
@@ -85,7 +87,7 @@ impl LeafTypes {
         t
     }
 
-    pub fn leaves(&self) -> Leaves<'_> {
+    pub(crate) fn leaves(&self) -> Leaves<'_> {
         Leaves { inputs: &self.inputs, states: &self.states, params: &self.params, seeds: &self.seeds }
     }
 }
@@ -121,7 +123,7 @@ pub fn verify(cell: &Cell) -> Result<(), Vec<VerifyError>> {
 }
 
 /// Checks the invariants every graph has; returns all violations found.
-pub fn verify_graph(graph: &Graph, leaves: Leaves) -> Vec<VerifyError> {
+pub(crate) fn verify_graph(graph: &Graph, leaves: Leaves) -> Vec<VerifyError> {
     let mut errors = Vec::new();
     let mut err = |value: Option<ValueId>, message: String| errors.push(VerifyError { value, message });
 

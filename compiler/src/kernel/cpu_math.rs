@@ -1,6 +1,6 @@
 //! The constants of the CPU kernels' elementwise math: the clamps, range
 //! reductions and polynomial coefficients that the Cranelift emitter
-//! ([`crate::clif::math`], with the `cranelift` feature) and the runtime's
+//! (`cellc::clif::math`, with the `cranelift` feature) and the runtime's
 //! AVX-512 kernels both evaluate, in the same order. Kept here, in one
 //! place, because the two must compute the same bits.
 //!
@@ -14,11 +14,13 @@
 
 /// `exp`'s argument is clamped to `[EXP_LO, EXP_HI]`.
 pub const EXP_LO: f32 = -87.336_54;
+/// Upper end of `exp`'s clamp (see [`EXP_LO`]).
 pub const EXP_HI: f32 = 88.376_26;
 /// 1.5 · 2^23: added to `x · log2(e)`, it leaves `round(x / ln2)` in the low bits.
 pub const EXP_MAGIC: f32 = 12_582_912.0;
 /// `ln 2` in two parts, subtracted one after the other (`r = x - n·ln2`).
 pub const EXP_LN2_HI: f32 = -0.693_359_4;
+/// The low part of `ln 2` (see [`EXP_LN2_HI`]).
 pub const EXP_LN2_LO: f32 = 2.121_944_4e-4;
 /// `e^r ≈ 1 + r + r²·p(r)`: `p`'s coefficients, highest degree first.
 pub const EXP_POLY: [f32; 6] =
@@ -38,6 +40,7 @@ pub const TANH_P: [f32; 7] = [
     6.372_619_3e-4,
     4.893_524_6e-3,
 ];
+/// The coefficients of `q` in `tanh(x) ≈ x·p(x²) / q(x²)`, highest degree first.
 pub const TANH_Q: [f32; 4] = [1.198_258_4e-6, 1.185_347_1e-4, 2.268_434_6e-3, 4.893_525_2e-3];
 
 /// `log(m)` for `f = m - 1`: `f + f³·p(f) - f²/2`; `p`'s coefficients, highest degree first.
@@ -54,4 +57,5 @@ pub const LOG_POLY: [f32; 9] = [
 ];
 /// `ln 2` in two parts, added as `e·LOG_LN2_LO` first and `e·LOG_LN2_HI` last.
 pub const LOG_LN2_LO: f32 = -2.121_944_4e-4;
+/// The high part of `ln 2` (see [`LOG_LN2_LO`]).
 pub const LOG_LN2_HI: f32 = 0.693_359_4;

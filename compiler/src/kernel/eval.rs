@@ -21,6 +21,7 @@ pub struct RowEvaluator<'a> {
 }
 
 impl<'a> RowEvaluator<'a> {
+    /// An evaluator of `plan`, a kernel of `graph`, at `shapes`.
     pub fn new(plan: &'a KernelPlan, graph: &'a Graph, shapes: &'a Shapes) -> RowEvaluator<'a> {
         RowEvaluator { plan, graph, shapes, held: vec![None; graph.value_bound()] }
     }

@@ -41,6 +41,7 @@ pub enum Kind {
 /// A value known when the kernel is generated.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Literal {
+    /// A single float.
     Scalar(f32),
     /// A vector whose elements are all this.
     Splat(f32),
@@ -58,8 +59,11 @@ pub enum Operand {
 /// One elementwise op of a fused loop.
 #[derive(Clone, Debug)]
 pub struct Member {
+    /// The value the member computes.
     pub value: ValueId,
+    /// Its elementwise op.
     pub op: Op,
+    /// Where each of its operands comes from, in slot order.
     pub operands: Vec<Operand>,
     /// Written out (to its output, or to scratch): an output, or a value
     /// outside the loop reads it. The others live in registers only.
@@ -73,49 +77,69 @@ pub struct FusedLoop {
     pub len: usize,
     /// The values held before the loop that members read, in first-read order.
     pub outside: Vec<ValueId>,
+    /// The loop's ops, in evaluation order.
     pub members: Vec<Member>,
 }
 
 /// One step of a kernel's body, in order.
 #[derive(Clone, Debug)]
 pub enum Item {
+    /// Elementwise ops over vectors of one length, run as one loop.
     Fused(FusedLoop),
     /// `value = op(args)` on single floats (an argument held in memory is
     /// read at element 0); the result stands for a whole vector when `splat`.
     Scalar {
+        /// The value computed.
         value: ValueId,
+        /// Its op.
         op: Op,
+        /// Its operands, in slot order.
         args: Vec<ValueId>,
+        /// Whether the result is a vector all of whose elements are the one float.
         splat: bool,
     },
     /// A vector of `src`'s (only or first) element.
     Broadcast {
+        /// The vector computed.
         value: ValueId,
+        /// The scalar (or splat) repeated.
         src: ValueId,
     },
     /// A view of `src`'s elements from `offset` on (no copy).
     Slice {
+        /// The slice.
         value: ValueId,
+        /// The vector sliced.
         src: ValueId,
+        /// Index of the first element taken.
         offset: usize,
     },
     /// A row reduction over the `len` elements of `src`, in the fixed order
     /// each emitter documents.
     Reduce {
+        /// The scalar computed.
         value: ValueId,
+        /// The vector reduced.
         src: ValueId,
+        /// Sum or mean.
         op: ReduceOp,
+        /// Elements of `src`.
         len: usize,
     },
     /// Zeros, with `src` written from `offset` on.
     Pad {
+        /// The padded vector.
         value: ValueId,
+        /// The vector placed inside it.
         src: ValueId,
+        /// Index in `value` of `src`'s first element.
         offset: usize,
     },
     /// The `parts` one after the other.
     Concat {
+        /// The joined vector.
         value: ValueId,
+        /// The vectors joined, in order.
         parts: Vec<ValueId>,
     },
 }
@@ -153,6 +177,7 @@ impl Item {
 /// One output slot of a kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Output {
+    /// The value written to the slot.
     pub value: ValueId,
     /// The item computing `value` wrote it here already; otherwise the
     /// kernel copies it at the row's end.
@@ -189,11 +214,13 @@ pub struct KernelPlan {
     pub input_count: usize,
     /// The output slots, in order (slot `input_count + i` holds `outputs[i]`).
     pub outputs: Vec<Output>,
+    /// The kernel's body, in execution order.
     pub items: Vec<Item>,
     /// Where in a row's scratch each vector that is written out but is not
     /// an output lives (in floats), and the floats of scratch a row needs.
     /// (A lane-form CUDA kernel keeps these in registers instead.)
     pub scratch: HashMap<ValueId, usize>,
+    /// Floats of scratch one row needs.
     pub scratch_floats: usize,
     /// The rows are one sequence's steps in time order (a whole-sequence stage).
     pub whole_sequence: bool,

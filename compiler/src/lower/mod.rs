@@ -23,10 +23,12 @@ use std::collections::HashMap;
 /// The checked cells of one file.
 #[derive(Clone, Debug, Default)]
 pub struct Module {
+    /// The file's cells, in source order.
     pub cells: Vec<ir::Cell>,
 }
 
 impl Module {
+    /// The cell called `name`, if the file defines one.
     pub fn cell(&self, name: &str) -> Option<&ir::Cell> {
         self.cells.iter().find(|c| c.name == name)
     }

@@ -15,6 +15,9 @@ struct Key {
     operands: Vec<ValueId>,
 }
 
+/// Replaces each value by the first earlier value with the same op, type and
+/// operands (recorded in `remap`); returns how many were replaced. The
+/// replaced values stay in the graph, unused, until dead values are removed.
 pub fn eliminate_common_subexpressions(graph: &mut Graph, remap: &mut Remap) -> usize {
     let mut seen: HashMap<Key, ValueId> = HashMap::new();
     let mut count = 0;

@@ -5,6 +5,9 @@ use super::{constant_value, make_constant, Remap};
 use crate::ir::op::{apply_binary, apply_unary};
 use crate::ir::{Graph, Op};
 
+/// Replaces each unary or binary op whose operands are constants by the
+/// constant it computes, when that is finite (recorded in `remap`); returns
+/// how many were replaced. The replaced values stay in the graph, unused.
 pub fn fold_constants(graph: &mut Graph, remap: &mut Remap) -> usize {
     let mut count = 0;
     for v in graph.topo_order().unwrap_or_default() {

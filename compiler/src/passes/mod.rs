@@ -48,10 +48,12 @@ impl Remap {
         v
     }
 
+    /// Whether no value was replaced.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
+    /// Number of values replaced.
     pub fn len(&self) -> usize {
         self.0.len()
     }
@@ -60,9 +62,13 @@ impl Remap {
 /// What a pipeline run changed, per pass.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
+    /// Values replaced by a constant ([`fold_constants`]).
     pub folded: usize,
+    /// Values rewritten by an algebraic identity ([`simplify_algebra`]).
     pub simplified: usize,
+    /// Values merged with an identical earlier one ([`eliminate_common_subexpressions`]).
     pub merged: usize,
+    /// Dead values removed.
     pub removed: usize,
 }
 

@@ -7,6 +7,9 @@ use super::{constant_value, Remap};
 use crate::dims::Dim;
 use crate::ir::{BinaryOp, Graph, Node, Op, UnaryOp, ValueId};
 
+/// Applies the algebraic identities (`x * 1`, `x + 0`, `-(-x)`, `x + (-y)`,
+/// a slice of a `concat` or `pad`, ...) once over the graph in topological
+/// order, replacements recorded in `remap`; returns how many values changed.
 pub fn simplify_algebra(graph: &mut Graph, remap: &mut Remap) -> usize {
     let mut count = 0;
     for v in graph.topo_order().unwrap_or_default() {

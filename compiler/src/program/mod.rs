@@ -33,11 +33,15 @@ mod tape;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Side {
+    /// The forward step: inputs and states to output and next states.
     Forward,
+    /// The backward step: adjoints of the output and next states to the
+    /// adjoints of inputs, states and parameters.
     Backward,
 }
 
 impl Side {
+    /// Both sides, forward first.
     pub const BOTH: [Side; 2] = [Side::Forward, Side::Backward];
 
     /// `fwd` or `bwd`, as kernel names say it.
@@ -59,7 +63,9 @@ impl Side {
 /// its derived backward step, both verified.
 #[derive(Clone, Debug)]
 pub struct Steps {
+    /// The forward step, simplified and with each next state computed in the step.
     pub forward: Cell,
+    /// The backward step derived from `forward`, simplified.
     pub backward: Gradient,
 }
 
@@ -114,16 +120,19 @@ pub struct Program {
     pub cell: String,
     /// The sizes the cell uses (others given are dropped).
     pub sizes: Bindings,
-    /// Features per step (all inputs together), and each input's
-    /// `(offset, len)` among them.
+    /// Features per step: all inputs together.
     pub input_size: usize,
+    /// Each input's `(offset, len)` in the step's feature vector.
     pub input_slices: Vec<(usize, usize)>,
+    /// Elements of the step's output.
     pub output_size: usize,
+    /// Elements of each state, in declaration order.
     pub state_sizes: Vec<usize>,
     /// `(rows, cols)` of each parameter; `cols == 1` for a vector.
     pub param_shapes: Vec<(usize, usize)>,
-    /// Every value's shape and evaluation order, per step.
+    /// Every forward value's shape, and the forward step's evaluation order.
     pub forward_shapes: Shapes,
+    /// Every backward value's shape, and the backward step's evaluation order.
     pub backward_shapes: Shapes,
     /// The stages of both steps, and what the forward saves for the backward.
     pub schedule: Schedule,
@@ -139,10 +148,13 @@ pub struct Program {
 /// for every target) and its kernel plan, which every emitter prints.
 #[derive(Clone, Debug)]
 pub struct ProgramKernel {
+    /// Which step's schedule the stage belongs to.
     pub side: Side,
     /// The stage's index in its side's schedule.
     pub stage: usize,
+    /// The kernel's name: [`kernel_name`] of the cell, side and stage.
     pub name: String,
+    /// What the kernel computes for a row.
     pub plan: KernelPlan,
 }
 

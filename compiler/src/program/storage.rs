@@ -35,10 +35,12 @@ pub enum Storage {
     State(usize),
     /// State `i` after the step: written by the step, read by the next.
     NextState(usize),
+    /// Parameter `i`: the same for every row.
     Param(usize),
     /// The cell's output; `rank_order` when a per-step product reads or
     /// writes it, so its rows must be a step's contiguous ranks.
     Output {
+        /// Whether the output's rows must be in rank order (see above).
         rank_order: bool,
     },
     /// The output's adjoint (the caller's layout).
@@ -51,9 +53,15 @@ pub enum Storage {
     Saved,
     /// A value of constants only: the same for every row.
     Constant,
+    /// One row per row of the caller's layout: a value computed before the
+    /// loop, or a vector computed after it.
     Layout,
+    /// One row per sequence in rank order, rewritten every step.
     Rank,
+    /// One row per `(step, rank)`, written every step and read later (by the
+    /// backward, or by the work after the loop).
     Steps,
+    /// One for the whole batch (e.g. a weight-gradient matrix).
     Fixed,
 }
 

@@ -27,7 +27,9 @@ pub enum Kept {
 /// One part of the tape: what it keeps, and its floats per row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TapePart {
+    /// What the part holds.
     pub kept: Kept,
+    /// Floats it holds per layout row.
     pub floats: usize,
 }
 

@@ -45,14 +45,21 @@ pub enum Placement {
     AfterLoop,
 }
 
+/// What a stage computes, and so which kind of call runs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StageKind {
     /// Matrix products sharing one operand: one GEMM.
     Gemm,
     /// Fused elementwise work, with row reductions if `reductions`.
-    Pointwise { reductions: bool },
+    Pointwise {
+        /// Whether the stage has a row reduction (`sum`, `mean`).
+        reductions: bool,
+    },
     /// The whole recurrence in one kernel that loops over time inside.
-    WholeSequence { reductions: bool },
+    WholeSequence {
+        /// Whether the stage has a row reduction (`sum`, `mean`).
+        reductions: bool,
+    },
     /// Vector parameters' gradients: sums over all steps.
     SumOverSteps,
     /// Sums of weight-gradient matrices (a parameter used by several
@@ -71,7 +78,9 @@ impl StageKind {
 /// One kernel (or one GEMM call) of the schedule.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Stage {
+    /// What the stage is: a GEMM, a fused kernel, or a sum.
     pub kind: StageKind,
+    /// When it runs relative to the time loop.
     pub placement: Placement,
     /// The values it computes, in topological order.
     pub values: Vec<ValueId>,
@@ -84,11 +93,16 @@ pub struct Stage {
 /// The full plan for a cell: forward and backward stages and saved values.
 #[derive(Clone, Debug)]
 pub struct Schedule {
+    /// The cell's name.
     pub cell: String,
+    /// The forward step's stages, in execution order.
     pub forward: Vec<Stage>,
+    /// The backward step's stages, in execution order (the per-step ones
+    /// run in reverse time).
     pub backward: Vec<Stage>,
     /// No per-step GEMM: the forward step runs as one whole-sequence kernel.
     pub elementwise_recurrence: bool,
+    /// Which forward values the backward reads from memory and which it recomputes.
     pub saved: SavedValues,
     /// Elements saved per step per sequence (besides the state history).
     pub saved_elements: Dim,

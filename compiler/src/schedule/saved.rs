@@ -27,7 +27,7 @@ pub struct SavedValues {
 }
 
 /// Whether `v` depends on a seed (is backward work) or not (forward work).
-pub fn backward_values(graph: &Graph) -> HashSet<ValueId> {
+pub(crate) fn backward_values(graph: &Graph) -> HashSet<ValueId> {
     let mut out = HashSet::new();
     for v in graph.topo_order().unwrap_or_default() {
         if matches!(graph.node(v).op, Op::Seed(_)) || graph.operands(v).iter().any(|o| out.contains(o)) {

@@ -8,38 +8,53 @@ use crate::diag::Span;
 /// A name as written, with where it was written.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Ident {
+    /// The name's text.
     pub name: String,
+    /// Where it is written.
     pub span: Span,
 }
 
 /// A whole `.cell` file.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct File {
+    /// The file's cells, functions and constants, in source order.
     pub items: Vec<Item>,
 }
 
+/// A top-level definition of a file.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Item {
+    /// `cell NAME { ... }`.
     Cell(CellDef),
+    /// `fn NAME(...) { ... }`.
     Fn(FnDef),
+    /// `const NAME = number`.
     Const(ConstDef),
 }
 
 /// `const NAME = number`
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConstDef {
+    /// The constant's name.
     pub name: Ident,
+    /// Its value, with the sign applied.
     pub value: f64,
+    /// From `const` to the number.
     pub span: Span,
 }
 
 /// `fn NAME(a, b) { let ... ; expr }`
 #[derive(Clone, Debug, PartialEq)]
 pub struct FnDef {
+    /// The function's name.
     pub name: Ident,
+    /// Its parameters, in order.
     pub params: Vec<Ident>,
+    /// The `let`s of its body, in order.
     pub lets: Vec<Let>,
+    /// The expression the body ends with: the function's result.
     pub result: Expr,
+    /// From `fn` to the closing `}`.
     pub span: Span,
     /// The body had syntax errors (already reported), so parts of it may
     /// be missing: checks for unused names are skipped.
@@ -49,9 +64,13 @@ pub struct FnDef {
 /// `cell NAME { decls stmts }`
 #[derive(Clone, Debug, PartialEq)]
 pub struct CellDef {
+    /// The cell's name.
     pub name: Ident,
+    /// The `input`, `state` and `param` declarations, one per declared name.
     pub decls: Vec<VarDecl>,
+    /// The statements after the declarations, in order.
     pub stmts: Vec<Stmt>,
+    /// From `cell` to the closing `}`.
     pub span: Span,
     /// The body had syntax errors (already reported), so statements may be
     /// missing: checks for something absent (an assignment, the output, a
@@ -59,14 +78,19 @@ pub struct CellDef {
     pub recovered: bool,
 }
 
+/// The keyword a declaration starts with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DeclKind {
+    /// `input`: a slice of the step's feature vector.
     Input,
+    /// `state`: carried from step to step.
     State,
+    /// `param`: a learned vector or matrix.
     Param,
 }
 
 impl DeclKind {
+    /// The keyword as written: `input`, `state` or `param`.
     pub fn word(self) -> &'static str {
         match self {
             DeclKind::Input => "input",
@@ -79,11 +103,14 @@ impl DeclKind {
 /// One declared variable: `x[I]`, `W[4*H, I] = zeros`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct VarDecl {
+    /// Which declaration it is in.
     pub kind: DeclKind,
+    /// The declared name.
     pub name: Ident,
     /// Empty when the size failed to parse (already reported): the name is
     /// declared, with no usable value.
     pub dims: Vec<DimExpr>,
+    /// The `= init` clause, if any (only parameters may have one).
     pub init: Option<Init>,
     /// The span of `name[dims]`.
     pub span: Span,
@@ -92,19 +119,36 @@ pub struct VarDecl {
 /// A dimension as written: `4*H + I`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum DimExpr {
+    /// An integer literal: `4`.
     Int(u64, Span),
+    /// A size variable (or a `const` with a whole value): `H`.
     Var(Ident),
-    Binary { op: DimOp, lhs: Box<DimExpr>, rhs: Box<DimExpr>, span: Span },
+    /// `lhs op rhs`: `H + I`, `4*H`.
+    Binary {
+        /// The operator.
+        op: DimOp,
+        /// The left operand.
+        lhs: Box<DimExpr>,
+        /// The right operand.
+        rhs: Box<DimExpr>,
+        /// From the start of `lhs` to the end of `rhs`.
+        span: Span,
+    },
 }
 
+/// An operator of a dimension expression.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DimOp {
+    /// `+`.
     Add,
+    /// `-`.
     Sub,
+    /// `*`.
     Mul,
 }
 
 impl DimExpr {
+    /// Where the dimension is written.
     pub fn span(&self) -> Span {
         match self {
             DimExpr::Int(_, s) | DimExpr::Binary { span: s, .. } => *s,
@@ -116,24 +160,35 @@ impl DimExpr {
 /// A parameter's init clause.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Init {
+    /// `zeros`.
     Zeros(Span),
+    /// `ones`.
     Ones(Span),
+    /// `uniform(bound)`: uniform in `[-bound, bound]`; the span covers the whole clause.
     Uniform(Expr, Span),
+    /// `constant(c)`: every element `c`; the span covers the whole clause.
     Constant(Expr, Span),
 }
 
+/// A statement of a cell body.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Stmt {
+    /// `let a = expr` or `let a, b = chunk(v, 2)`.
     Let(Let),
     /// `NAME' = expr`
     Assign {
+        /// The state assigned, without the prime.
         state: Ident,
+        /// Its value at the end of the step.
         value: Expr,
+        /// From the name to the end of the value.
         span: Span,
     },
     /// `output expr`
     Output {
+        /// The step's output.
         value: Expr,
+        /// From `output` to the end of the value.
         span: Span,
     },
 }
@@ -141,32 +196,48 @@ pub enum Stmt {
 /// `let a, b = expr`
 #[derive(Clone, Debug, PartialEq)]
 pub struct Let {
+    /// The names bound: one, or several for `chunk`.
     pub names: Vec<Ident>,
+    /// The value bound.
     pub value: Expr,
+    /// From `let` (or the first name, where `let` is missing) to the end of the value.
     pub span: Span,
 }
 
+/// An expression, with its span.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Expr {
+    /// What kind of expression it is.
     pub kind: ExprKind,
+    /// Where it is written, from its first token to its last.
     pub span: Span,
 }
 
+/// The forms an expression can take.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ExprKind {
-    /// The literal's text is kept for messages; its value is parsed.
+    /// A number literal's value: `0.5`, `1e-5`.
     Number(f64),
+    /// A name read: an input, state, parameter, `let`, constant or function parameter.
     Name(Ident),
     /// `c'`: a state's value at the end of the step.
     Primed(Ident),
+    /// A call of a built-in or a function: `tanh(x)`, `layernorm(v, g, b)`.
     Call {
+        /// The function called.
         callee: Ident,
+        /// The arguments, in order.
         args: Vec<Expr>,
     },
+    /// `-e`.
     Neg(Box<Expr>),
+    /// An infix operation: `a + b`, `W @ x`.
     Binary {
+        /// The operator.
         op: BinOp,
+        /// The left operand.
         lhs: Box<Expr>,
+        /// The right operand.
         rhs: Box<Expr>,
     },
     /// `(e)`; kept so that spans and messages can say what was written.
@@ -175,16 +246,23 @@ pub enum ExprKind {
     Error,
 }
 
+/// An infix operator of expressions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinOp {
+    /// `+`.
     Add,
+    /// `-`.
     Sub,
+    /// `*`: elementwise.
     Mul,
+    /// `/`: elementwise.
     Div,
+    /// `@`: a matrix times a vector.
     MatMul,
 }
 
 impl BinOp {
+    /// The operator as written: `+`, `-`, `*`, `/` or `@`.
     pub fn symbol(self) -> &'static str {
         match self {
             BinOp::Add => "+",
@@ -197,6 +275,7 @@ impl BinOp {
 }
 
 impl Expr {
+    /// A placeholder for an expression that failed to parse (already reported).
     pub fn error(span: Span) -> Expr {
         Expr { kind: ExprKind::Error, span }
     }

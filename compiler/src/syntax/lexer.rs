@@ -14,33 +14,45 @@ use logos::Logos;
 /// What the lexer could not read.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub enum LexError {
+    /// A character that starts no token, such as `$` or `#`.
     #[default]
     UnknownCharacter,
 }
 
+/// A token of the `.cell` language. Whitespace and `//` comments are skipped.
 #[derive(Logos, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[logos(skip r"[ \t\r\n\f]+")]
 #[logos(skip(r"//[^\n]*", allow_greedy = true))]
 #[logos(error = LexError)]
 pub enum Token {
+    /// The keyword `cell`.
     #[token("cell")]
     Cell,
+    /// The keyword `fn`.
     #[token("fn")]
     Fn,
+    /// The keyword `const`.
     #[token("const")]
     Const,
+    /// The keyword `let`.
     #[token("let")]
     Let,
+    /// The keyword `input`.
     #[token("input")]
     Input,
+    /// The keyword `state`.
     #[token("state")]
     State,
+    /// The keyword `param`.
     #[token("param")]
     Param,
+    /// The keyword `output`.
     #[token("output")]
     Output,
+    /// A name, `[A-Za-z_][A-Za-z0-9_]*`, that is not a keyword.
     #[regex(r"[A-Za-z_][A-Za-z0-9_]*")]
     Ident,
+    /// A number: `12`, `0.5`, `1e-5`, `2.5E+3`.
     #[regex(r"[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")]
     Number,
     /// `1.`, `1e`, `1e+`, `2.5E`: a number that stops half way; `.5`: one
@@ -49,34 +61,49 @@ pub enum Token {
     #[regex(r"[0-9]+(\.[0-9]+)?[eE][+-]?")]
     #[regex(r"\.[0-9]+([eE][+-]?[0-9]*)?")]
     MalformedNumber,
+    /// `'`, as in `h'`.
     #[token("'")]
     Prime,
+    /// `{`.
     #[token("{")]
     LBrace,
+    /// `}`.
     #[token("}")]
     RBrace,
+    /// `(`.
     #[token("(")]
     LParen,
+    /// `)`.
     #[token(")")]
     RParen,
+    /// `[`.
     #[token("[")]
     LBracket,
+    /// `]`.
     #[token("]")]
     RBracket,
+    /// `,`.
     #[token(",")]
     Comma,
+    /// `=`.
     #[token("=")]
     Eq,
+    /// `+`.
     #[token("+")]
     Plus,
+    /// `-`.
     #[token("-")]
     Minus,
+    /// `*`.
     #[token("*")]
     Star,
+    /// `/`.
     #[token("/")]
     Slash,
+    /// `@`, the matrix-vector product.
     #[token("@")]
     At,
+    /// `;`, which may end a statement.
     #[token(";")]
     Semi,
     /// Anything the lexer could not read (already reported).
@@ -119,6 +146,7 @@ impl Token {
         }
     }
 
+    /// Whether the token is one of the keywords `cell fn const let input state param output`.
     pub fn is_keyword(self) -> bool {
         matches!(
             self,
@@ -137,7 +165,9 @@ impl Token {
 /// A token with its span.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lexeme {
+    /// Which token it is.
     pub token: Token,
+    /// Where its text is in the source.
     pub span: Span,
 }
 

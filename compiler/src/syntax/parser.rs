@@ -1,4 +1,4 @@
-//! The parser: tokens to [`ast::File`], by recursive descent.
+//! The parser: tokens to [`ast::File`](crate::syntax::ast::File), by recursive descent.
 //!
 //! It reports as many errors as it can in one pass: after a bad statement
 //! it skips to the next place a statement can start (`let`, `output`,

@@ -244,7 +244,7 @@ pub fn check(source: &str, case: &Case, plan: &Checks) -> Result<Passed, Failure
     }
     let model = |kind: BackendKind, layers: usize| -> Result<Model, RuntimeError> {
         let config = ModelConfig { layers, bidirectional: case.bidirectional };
-        let layer_programs = Model::plan_layers(&cell, &config, &sizes, None, None)?;
+        let layer_programs = cellc_runtime::layers::plan(&cell, &config, &sizes, None, None)?;
         let backend = backends::make(kind, &cell, &layer_programs)
             .map_err(|message| RuntimeError::Backend { backend: kind.name().into(), message })?;
         Model::new(cell.clone(), config, &sizes, None, None, case.seed, backend)

@@ -8,7 +8,7 @@
 
 pub mod cpu;
 pub mod cuda;
-pub mod mapped;
+pub(crate) mod mapped;
 pub mod reference;
 
 use crate::cell::{CompiledCell, Layer};
@@ -19,9 +19,13 @@ use crate::sequence::{BatchOrder, LaidOutBatch, RowLayout};
 /// Rows of a flat buffer: row `r`'s features are `data[r*width + offset ..]`.
 #[derive(Clone, Copy, Debug)]
 pub struct Rows<'a> {
+    /// The whole buffer, every row of the layout.
     pub data: &'a [f32],
+    /// Which row each `(b, t)` is.
     pub layout: &'a RowLayout,
+    /// Floats per row of `data`.
     pub width: usize,
+    /// Where in a row these features start.
     pub offset: usize,
 }
 
@@ -36,13 +40,18 @@ impl<'a> Rows<'a> {
 /// Writable rows, laid out as [`Rows`].
 #[derive(Debug)]
 pub struct RowsMut<'a> {
+    /// The whole buffer, every row of the layout.
     pub data: &'a mut [f32],
+    /// Which row each `(b, t)` is.
     pub layout: &'a RowLayout,
+    /// Floats per row of `data`.
     pub width: usize,
+    /// Where in a row these features start.
     pub offset: usize,
 }
 
 impl RowsMut<'_> {
+    /// The `len` features of `(b, t)`, writable.
     pub fn get_mut(&mut self, b: usize, t: usize, len: usize) -> &mut [f32] {
         let start = self.layout.row(b, t) * self.width + self.offset;
         &mut self.data[start..start + len]
@@ -93,11 +102,17 @@ impl std::fmt::Debug for PreparedWeights {
 /// One layer, one direction, forwards.
 #[derive(Clone, Copy, Debug)]
 pub struct ForwardJob<'a> {
+    /// The cell the layer runs.
     pub cell: &'a CompiledCell,
+    /// The cell's program at this layer's sizes.
     pub layer: &'a Layer,
+    /// This layer-direction's parameters, in the cell's order, each row-major.
     pub params: &'a [&'a [f32]],
+    /// The batch's sequences by decreasing length, and how many run at each step.
     pub order: &'a BatchOrder,
+    /// Runs each sequence from its last step to its first (a bidirectional layer's second direction).
     pub reverse: bool,
+    /// The layer's input rows (the batch's input, or the previous layer's output).
     pub input: Rows<'a>,
     /// Initial states, one `[B * size]` buffer per state.
     pub h0: &'a [&'a [f32]],
@@ -108,11 +123,17 @@ pub struct ForwardJob<'a> {
 /// One layer, one direction, backwards.
 #[derive(Clone, Copy, Debug)]
 pub struct BackwardJob<'a> {
+    /// The cell the layer runs.
     pub cell: &'a CompiledCell,
+    /// The cell's program at this layer's sizes.
     pub layer: &'a Layer,
+    /// This layer-direction's parameters, in the cell's order, each row-major.
     pub params: &'a [&'a [f32]],
+    /// The batch's sequences by decreasing length, and how many run at each step.
     pub order: &'a BatchOrder,
+    /// Runs each sequence from its last step to its first (a bidirectional layer's second direction).
     pub reverse: bool,
+    /// The layer's input rows (the batch's input, or the previous layer's output).
     pub input: Rows<'a>,
     /// The adjoint of this direction's output rows.
     pub d_output: Rows<'a>,
@@ -136,6 +157,8 @@ impl BackwardJob<'_> {
     }
 }
 
+/// What a layer-direction's backward returns (the input's adjoint is
+/// added into the caller's rows instead).
 #[derive(Debug)]
 pub struct BackwardResult {
     /// Adjoints of the initial states, one `[B * size]` buffer per state.
@@ -148,11 +171,15 @@ pub struct BackwardResult {
 /// batch of `batch` sequences (see [`crate::stream`]).
 #[derive(Clone, Debug)]
 pub struct StreamJob<'a> {
+    /// The cell every layer runs.
     pub cell: &'a CompiledCell,
+    /// The model's layers, first to last.
     pub layers: &'a [Layer],
-    /// Each layer's parameters, and the back end's prepared form of them.
+    /// Each layer's parameters, in the cell's order.
     pub params: Vec<Vec<&'a [f32]>>,
+    /// Each layer's slot for the back end's prepared form of its parameters.
     pub prepared: Vec<&'a PreparedWeights>,
+    /// Sequences in the stream's batch, `B`.
     pub batch: usize,
 }
 
@@ -167,10 +194,17 @@ pub trait StepRunner: Send + Sync {
     /// State `i` of layer `layer`, `[B * size]`.
     fn state(&self, layer: usize, i: usize) -> &[f32];
 
+    /// State `i` of layer `layer`, `[B * size]`, writable: the caller sets
+    /// or resets the carried state through it.
     fn state_mut(&mut self, layer: usize, i: usize) -> &mut [f32];
 }
 
+/// What runs a model's layers: one layer in one direction over a batch,
+/// forwards and backwards ([`cpu::Cpu`], [`cuda::Cuda`],
+/// [`reference::Reference`]). A [`crate::Model`] owns one and calls it for
+/// each layer and direction in turn.
 pub trait Backend: Send + Sync {
+    /// A short name for messages and errors (`"cpu"`, `"cuda"`, `"reference"`).
     fn name(&self) -> &'static str;
 
     /// Passes over device memory the caller owns, where this back end runs
@@ -234,9 +268,10 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
 
 /// Passes over device memory the caller owns ([`crate::device_call`]).
 pub trait DevicePasses {
-    /// The target a pass of `cell` (at its `layers`' sizes) over `batch` runs on: this device, its
-    /// work queued on `stream`, reading the caller's `weights`
-    /// (`[layer * directions + direction][param]`, checked).
+    /// The target a pass of `cell` (at its `layers`' sizes) over `batch`
+    /// runs on: this device, its work queued on `stream`, reading the
+    /// caller's `weights` (`[layer * directions + direction][param]`,
+    /// checked).
     fn target<'a>(
         &'a self,
         cell: &'a CompiledCell,

@@ -20,6 +20,8 @@ use cellc::schedule::{Placement, Stage};
 use cellc::shapes::Shapes;
 use std::collections::HashMap;
 
+/// The reference back end (see the module documentation): slow, one row
+/// at a time, the semantics every other back end is tested against.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Reference;
 

@@ -84,7 +84,9 @@ pub fn symbol(cell: &CompiledCell, side: Side, stage: usize, sizes: &BTreeMap<St
 /// (written as JSON beside the object).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
+    /// The manifest's format version ([`MANIFEST_FORMAT`] when written by this runtime).
     pub format: u32,
+    /// The name of the cell the kernels were compiled from.
     pub cell: String,
     /// [`fingerprint`] of the cell the kernels were compiled from.
     pub fingerprint: String,
@@ -92,6 +94,7 @@ pub struct Manifest {
     pub target: Vec<String>,
     /// The signature of every kernel.
     pub abi: String,
+    /// Every kernel in the object file.
     pub kernels: Vec<ManifestKernel>,
     /// The schedule at each set of sizes compiled, as `cellc graph --stage schedule` prints it.
     pub schedules: Vec<ManifestSchedule>,
@@ -100,7 +103,9 @@ pub struct Manifest {
 /// One kernel of a [`Manifest`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ManifestKernel {
+    /// Its symbol in the object file ([`symbol`]).
     pub symbol: String,
+    /// Whether it is a stage of the forward or of the backward schedule.
     pub side: Side,
     /// Its index in the side's schedule.
     pub stage: usize,
@@ -108,6 +113,7 @@ pub struct ManifestKernel {
     pub sizes: BTreeMap<String, usize>,
     /// Pointer-table order: each row's inputs, then its outputs (value ids).
     pub inputs: Vec<String>,
+    /// The values it writes, after `inputs` in the pointer table (value ids).
     pub outputs: Vec<String>,
     /// Floats of scratch it needs.
     pub scratch: usize,
@@ -118,7 +124,9 @@ pub struct ManifestKernel {
 /// A schedule of a [`Manifest`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ManifestSchedule {
+    /// The sizes the schedule was made at.
     pub sizes: BTreeMap<String, usize>,
+    /// The schedule, as `cellc graph --stage schedule` prints it.
     pub text: String,
 }
 
@@ -153,6 +161,9 @@ pub struct LinkedKernels {
 }
 
 impl LinkedKernels {
+    /// The table over a manifest (its JSON text) and each kernel's symbol
+    /// and function, as the `static` that `cellc-build`'s bindings declare;
+    /// nothing is checked until first use ([`LinkedKernels::manifest`]).
     pub const fn new(
         manifest: &'static str,
         functions: &'static [(&'static str, KernelFn)],

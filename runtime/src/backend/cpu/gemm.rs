@@ -8,10 +8,15 @@
 /// A strided view of an `f32` matrix: element `(i, j)` is at `ptr + i*rs + j*cs`.
 #[derive(Clone, Copy, Debug)]
 pub struct View {
+    /// Element `(0, 0)`.
     pub ptr: *const f32,
+    /// Rows of the matrix.
     pub rows: usize,
+    /// Columns of the matrix.
     pub cols: usize,
+    /// Row stride, in floats.
     pub rs: isize,
+    /// Column stride, in floats.
     pub cs: isize,
 }
 

@@ -18,9 +18,9 @@ mod driver;
 pub mod gemm;
 mod in_place;
 pub mod native;
-pub mod openmp;
+pub(crate) mod openmp;
 pub mod panels;
-pub mod prepared;
+pub(crate) mod prepared;
 pub mod roofline;
 pub mod stage;
 mod step_loop;
@@ -142,6 +142,8 @@ impl Cpu {
         Cpu { step_fmas_per_thread: 0, ..self }
     }
 
+    /// The most threads one of its calls uses ([`Cpu::new`]'s `threads`,
+    /// 0 meaning every usable core, capped at [`threads::usable_cores`]).
     pub fn threads(&self) -> usize {
         self.threads
     }

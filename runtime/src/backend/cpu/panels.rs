@@ -256,6 +256,7 @@ impl PackedB {
         self.n
     }
 
+    /// Column panels of [`PANEL`] floats (the last one padded with zeros).
     pub fn panels(&self) -> usize {
         self.n.div_ceil(PANEL)
     }
@@ -280,7 +281,7 @@ impl PackedB {
 
 /// Which microkernel this processor runs, decided once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Isa {
+pub(crate) enum Isa {
     Avx512,
     Avx2,
     Portable,
@@ -319,10 +320,15 @@ impl Isa {
 /// their row strides in floats.
 #[derive(Clone, Copy, Debug)]
 pub struct Rows {
+    /// The result's first row.
     pub y: *mut f32,
+    /// The result's row stride.
     pub ldy: usize,
+    /// The left operand's first row.
     pub a: *const f32,
+    /// The left operand's row stride.
     pub lda: usize,
+    /// Rows of each.
     pub m: usize,
 }
 
@@ -342,7 +348,13 @@ pub unsafe fn multiply(rows: Rows, b: &PackedB, panels: Range<usize>, accumulate
 ///
 /// # Safety
 /// As [`multiply`]; `isa` must be supported by this processor.
-pub unsafe fn multiply_with(isa: Isa, rows: Rows, b: &PackedB, panels: Range<usize>, accumulate: bool) {
+pub(crate) unsafe fn multiply_with(
+    isa: Isa,
+    rows: Rows,
+    b: &PackedB,
+    panels: Range<usize>,
+    accumulate: bool,
+) {
     let Rows { y, ldy, a, lda, m } = rows;
     let k = b.k;
     let tile_rows = isa.tile_rows();

@@ -31,6 +31,7 @@ unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
     /// A copy of `data`.
+    #[cfg(test)]
     pub fn copy_of(data: &[f32]) -> AlignedBuf {
         let mut b = AlignedBuf::recycled(data.len());
         b.as_mut_slice().copy_from_slice(data);
@@ -79,6 +80,7 @@ impl AlignedBuf {
         self.ptr
     }
 
+    #[cfg(test)]
     pub fn as_slice(&self) -> &[f32] {
         // SAFETY: `len` initialised floats.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }

@@ -13,8 +13,12 @@ use cellc::ir::{Graph, ValueId};
 use cellc::shapes::Shapes;
 use std::sync::Arc;
 
+/// A pointwise stage that runs over rows through a pointer table, each
+/// row's inputs' pointers then its outputs'.
 pub trait StageExec: Send + Sync {
+    /// The values each row's table reads, in table order.
     fn inputs(&self) -> &[ValueId];
+    /// The values each row's table writes, after the inputs.
     fn outputs(&self) -> &[ValueId];
 
     /// Runs `rows` rows.
@@ -38,6 +42,8 @@ pub struct Interpreted {
 }
 
 impl Interpreted {
+    /// The stage that computes `values` of `graph` in order, at `plan`'s
+    /// sizes, reading `inputs` and writing `outputs` through the table.
     pub fn new(
         graph: Arc<Graph>,
         plan: Arc<Shapes>,

@@ -11,7 +11,7 @@
 //! - **cellc's own pool** (rayon): the default. Made on first use with one
 //!   thread per usable core, and made anew in a process forked from the
 //!   one that made it (a forked child has none of its parent's threads);
-//! - **the process's OpenMP team** ([`super::openmp`]), chosen by
+//! - **the process's OpenMP team** (the CPU back end's `openmp` module), chosen by
 //!   [`use_openmp`]: inside PyTorch, cellc's regions then run on the very
 //!   threads PyTorch's operators use, instead of beside them. Never in a
 //!   forked child: GNU OpenMP's team does not survive `fork` (PyTorch's own

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// Device memory: its address, its length in elements, and what owns it.
-pub struct Buf {
+pub(crate) struct Buf {
     pub addr: u64,
     pub len: usize,
     _owner: Box<dyn Any + Send + Sync>,
@@ -44,7 +44,7 @@ impl Buf {
 
 /// A kernel argument.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Arg {
+pub(crate) enum Arg {
     Ptr(u64),
     I32(i32),
 }
@@ -57,7 +57,7 @@ pub enum Arg {
 /// The RNN's products: `Y = X · Wᵀ` (`trans_b`), `Y = D · W`,
 /// `dW = Dᵀ · X` (`trans_a`), and a column sum as `ones · V`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Gemm {
+pub(crate) struct Gemm {
     pub m: usize,
     pub n: usize,
     pub k: usize,
@@ -76,7 +76,7 @@ pub struct Gemm {
 /// backward pass is a list of these, built after every upload, so the
 /// list can run as it is or be captured into a CUDA graph.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Call {
+pub(crate) enum Call {
     Launch {
         kernel: String,
         grid: u32,
@@ -92,7 +92,7 @@ pub enum Call {
 }
 
 /// A loaded set of kernels.
-pub struct Module {
+pub(crate) struct Module {
     inner: Box<dyn Any + Send + Sync>,
 }
 
@@ -113,7 +113,7 @@ impl std::fmt::Debug for Module {
     }
 }
 
-pub trait Device: Send + Sync {
+pub(crate) trait Device: Send + Sync {
     fn name(&self) -> String;
     /// Threads per block to launch with (a power of two, at most [`cellc::cuda::BLOCK`]).
     fn block_size(&self) -> u32 {
@@ -154,7 +154,7 @@ pub trait Device: Send + Sync {
 
 /// The two things a device does for a [`Call`]; [`Primitives::issue`]
 /// runs a list of them in order.
-pub trait Primitives {
+pub(crate) trait Primitives {
     fn launch(&self, module: &Module, kernel: &str, grid: u32, block: u32, args: &[Arg]) -> Result<()>;
     fn gemm(&self, g: &Gemm) -> Result<()>;
     fn zero(&self, addr: u64, floats: usize) -> Result<()>;
@@ -173,17 +173,19 @@ pub trait Primitives {
     }
 }
 
-/// Counts of [`Device::run`] with `graph` set.
+/// Counts of a device's runs with CUDA graphs on ([`super::Cuda::with_graphs`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GraphStats {
     /// Runs of calls seen for the first time, run without a graph.
     pub warmed_up: usize,
+    /// Runs that launched a graph captured before for the same calls.
     pub replayed: usize,
+    /// Runs whose calls were captured into a new graph (and launched).
     pub captured: usize,
 }
 
 /// Whether floats `[from, from + len)` lie inside `buf`.
-pub fn check_range(buf: &Buf, from: usize, len: usize) -> Result<()> {
+pub(crate) fn check_range(buf: &Buf, from: usize, len: usize) -> Result<()> {
     match from.checked_add(len) {
         Some(end) if end <= buf.len => Ok(()),
         _ => Err(error(format!("download of [{from}, {from}+{len}) from a buffer of {} floats", buf.len))),
@@ -197,7 +199,7 @@ pub fn check_range(buf: &Buf, from: usize, len: usize) -> Result<()> {
 /// not on the order things were freed in: a pass run again at the same
 /// shape, once everything it used is free again, gets the same addresses,
 /// its [`Call`]s are identical, and a captured graph is replayed.
-pub struct Pool<T> {
+pub(crate) struct Pool<T> {
     free: Mutex<BTreeMap<usize, BTreeMap<u64, T>>>,
 }
 
@@ -351,7 +353,7 @@ pub fn gxx(files: &[PathBuf], args: &[&str], output: &Path) -> Result<()> {
 /// against the ones seen before exactly as the GPU matches captured
 /// graphs (and counted in [`Device::graph_stats`]), then run call by call.
 #[derive(Debug)]
-pub struct Emulated {
+pub(crate) struct Emulated {
     dir: PathBuf,
     pool: Arc<Pool<Box<[u64]>>>,
     graphs: Mutex<GraphCache<()>>,
@@ -547,7 +549,7 @@ impl Drop for Emulated {
 
 /// Captured graphs kept per device: a model's layers and directions, forward
 /// and backward, at a few batch shapes.
-pub const GRAPHS_KEPT: usize = 64;
+pub(crate) const GRAPHS_KEPT: usize = 64;
 
 /// Instantiated graphs by the exact calls they captured, the oldest
 /// dropped past a bound. A graph replays its captured arguments, so it is
@@ -560,7 +562,7 @@ pub const GRAPHS_KEPT: usize = 64;
 /// are loaded lazily at their first launch, and cuBLAS's first call in a
 /// process sets itself up, neither of which may happen inside a capture.
 #[derive(Debug)]
-pub struct GraphCache<G> {
+pub(crate) struct GraphCache<G> {
     entries: Vec<(u64, Vec<Call>, G)>,
     /// The calls run once already, by their hash, the oldest dropped past the bound.
     warmed: Vec<u64>,
@@ -570,7 +572,7 @@ pub struct GraphCache<G> {
 
 /// What a run with graphs does with its calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GraphStep<G> {
+pub(crate) enum GraphStep<G> {
     /// First seen: run them as they are.
     WarmUp,
     /// Seen once before: capture them, keep the graph ([`GraphCache::insert`]), launch it.

@@ -31,12 +31,16 @@ pub const MAJORS: [u32; 2] = [13, 12];
 /// One of the libraries the CUDA back end loads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Library {
+    /// The CUDA driver, `libcuda.so.1`.
     Driver,
+    /// NVRTC, CUDA's run-time compiler: `libnvrtc.so.13` or `.12`.
     Nvrtc,
+    /// cuBLAS, `libcublas.so.13` or `.12`.
     Cublas,
 }
 
 impl Library {
+    /// Every library the back end loads.
     pub const ALL: [Library; 3] = [Library::Driver, Library::Nvrtc, Library::Cublas];
 
     /// The files to look for, preferred first.
@@ -92,13 +96,16 @@ pub enum Place {
 pub struct Found {
     /// The path it was loaded from (a bare name where the system's search found it).
     pub path: String,
+    /// Which of the places searched it was found in.
     pub place: Place,
 }
 
 /// Nothing loadable was found: every candidate tried, and why it failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NotFound {
+    /// The library looked for.
     pub library: Library,
+    /// Each candidate tried, in order: its path (or bare name) and why it could not be loaded.
     pub tried: Vec<(String, String)>,
 }
 
@@ -125,13 +132,13 @@ impl std::error::Error for NotFound {}
 
 /// A candidate: a path, or a bare name for the system's search.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Candidate {
+pub(crate) struct Candidate {
     pub path: String,
     pub place: Place,
 }
 
 /// The places to try for `library`, in order (see the module documentation).
-pub fn candidates(library: Library, mapped: &[String], variable: Option<&str>) -> Vec<Candidate> {
+pub(crate) fn candidates(library: Library, mapped: &[String], variable: Option<&str>) -> Vec<Candidate> {
     let mut out = Vec::new();
     let file = |p: &str| Path::new(p).file_name().and_then(|f| f.to_str()).unwrap_or("").to_string();
     for path in mapped.iter().filter(|p| library.is_this(&file(p))) {
@@ -160,7 +167,7 @@ fn variable_folders(variable: Option<&str>) -> Vec<PathBuf> {
 /// The `lib` folders of the NVIDIA wheels beside a loaded PyTorch
 /// (`site-packages/torch/lib/libtorch*.so` → `site-packages/nvidia/*/lib`),
 /// CUDA 13's shared folder first.
-pub fn torch_wheel_folders(mapped: &[String]) -> Vec<PathBuf> {
+pub(crate) fn torch_wheel_folders(mapped: &[String]) -> Vec<PathBuf> {
     let mut folders = Vec::new();
     for path in mapped {
         let path = Path::new(path);
@@ -185,7 +192,7 @@ pub fn torch_wheel_folders(mapped: &[String]) -> Vec<PathBuf> {
 
 /// Loads the first candidate `open` accepts. A folder's candidate that
 /// does not exist is skipped (and listed as such if nothing is found).
-pub fn load_first(
+pub(crate) fn load_first(
     library: Library,
     candidates: &[Candidate],
     open: impl Fn(&str) -> Result<(), String>,

@@ -2,25 +2,25 @@
 //! NVRTC and driven through cudarc, all loaded at run time, so the project
 //! builds and runs where CUDA is absent.
 //!
-//! The drivers ([`forward`], [`backward`]) are written against the
-//! [`device::Device`] trait, so they run on the emulated device (host
+//! The drivers (`forward`, `backward`) are written against the
+//! `device::Device` trait, so they run on the emulated device (host
 //! memory, kernels as host C++) and are tested against the reference back
 //! end on machines without a GPU. A pass uploads its pointer tables first
-//! and then runs as one list of calls ([`calls`]), which a GPU can capture
+//! and then runs as one list of calls (`calls`), which a GPU can capture
 //! into a CUDA graph ([`Cuda::with_graphs`]). A machine without a driver
 //! gets a typed error naming what is missing, never a panic (cudarc panics
 //! if a driver call is made without `libcuda`: every call is gated on
 //! [`driver_available`] first).
 
-pub mod backward;
-pub mod calls;
+pub(crate) mod backward;
+pub(crate) mod calls;
 pub mod device;
-pub mod forward;
-pub mod gpu;
+pub(crate) mod forward;
+pub(crate) mod gpu;
 pub mod libraries;
 pub mod nvrtc;
-pub mod resident;
-pub mod storage;
+pub(crate) mod resident;
+pub(crate) mod storage;
 
 use crate::backend::{Backend, BackwardJob, BackwardResult, ForwardJob, RowsMut};
 use crate::cell::{CompiledCell, Layer, Side};

@@ -11,6 +11,7 @@ use std::ffi::CString;
 /// What one compilation produced.
 #[derive(Clone, Debug)]
 pub struct Compiled {
+    /// The PTX of the whole translation unit.
     pub ptx: String,
     /// SASS for a real architecture (`sm_XX`); empty for a virtual one (`compute_XX`).
     pub cubin: Vec<u8>,
@@ -26,7 +27,14 @@ pub enum NvrtcError {
     NotFound,
     /// NVRTC rejected the source or the options: its log, then the source
     /// with line numbers (NVRTC's messages cite them).
-    Compile { options: Vec<String>, log: String, numbered_source: String },
+    Compile {
+        /// The options the compilation was given.
+        options: Vec<String>,
+        /// NVRTC's log of the failure.
+        log: String,
+        /// The source, each line prefixed with its number.
+        numbered_source: String,
+    },
     /// Any other NVRTC failure.
     Nvrtc(String),
 }
@@ -147,10 +155,15 @@ pub fn compile_cached(
 /// Per-kernel resource use parsed from a `--ptxas-options=-v` log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Usage {
+    /// The kernel's entry-function name, as in the log.
     pub kernel: String,
+    /// Registers per thread.
     pub registers: u32,
+    /// Bytes of spill stores per thread.
     pub spill_stores: u32,
+    /// Bytes of spill loads per thread.
     pub spill_loads: u32,
+    /// Bytes of shared memory per block (static, `smem`).
     pub shared_bytes: u32,
 }
 

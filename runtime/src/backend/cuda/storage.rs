@@ -313,10 +313,6 @@ impl<'a> LayerRun<'a> {
         Ok(home)
     }
 
-    pub fn addr(&self, v: ValueId, row: Row) -> Result<u64> {
-        Ok(self.home(v)?.addr(row, self.layout, self.batch()))
-    }
-
     /// The active rows of step `s`, in rank order.
     pub fn rows_at(&self, s: usize) -> Vec<Row> {
         let order = self.order.order();

@@ -6,7 +6,7 @@
 //! [`KernelPlan`] is turned once into a list of steps, and each row walks
 //! it: a fused loop runs 128 floats (eight `zmm` registers) at a time, each
 //! member's op on all eight at once (the arithmetic inline, the rest
-//! through [`math`]), its result kept in a small register file in L1 for
+//! through its `math` module), its result kept in a small register file in L1 for
 //! the members after it. The per-op dispatch is paid once per 128 elements
 //! (measured against 64 and 256: 13% and 20% faster on the LSTM's forward
 //! stage at H=128).

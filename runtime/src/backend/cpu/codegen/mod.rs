@@ -1,6 +1,6 @@
 //! Pointwise stages compiled to native code with Cranelift: the emitter
 //! lives with the compiler ([`cellc::clif`]); here its functions are
-//! compiled, into the process ([`jit`]) or an object file ([`object`]),
+//! compiled, into the process ([`jit`]) or an object file (`object`, with the `object` feature),
 //! with the same ISA settings ([`isa`]), so the machine code, and every
 //! result, is the same either way.
 

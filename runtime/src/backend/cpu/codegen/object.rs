@@ -21,6 +21,7 @@ use std::fmt::Write;
 pub struct Artifacts {
     /// A relocatable object file for the host (ELF on Linux).
     pub object: Vec<u8>,
+    /// What the object holds, written as JSON beside it.
     pub manifest: Manifest,
     /// Each kernel's Cranelift IR, before optimisation (with `text`).
     pub clif: String,
@@ -98,7 +99,9 @@ pub fn compile_object(cell: &CompiledCell, layers: &[Layer], text: bool) -> Resu
 /// size variables left free (bound at run time: no kernel depends on them).
 #[derive(Debug)]
 pub struct CompiledModel {
+    /// The object file, its manifest and (with `text`) its listings.
     pub artifacts: Artifacts,
+    /// The size variables not given, which no kernel depends on.
     pub free_sizes: Vec<String>,
 }
 
