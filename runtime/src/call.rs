@@ -11,12 +11,11 @@
 //! says which ([`CallerMemory`]), and both run through the one driver.
 
 use crate::driver::{BackwardSpans, ForwardSpans};
-use crate::error::{Result, RuntimeError};
+use crate::error::Result;
 use crate::exec::{BackwardOut, BatchShape, ForwardOut, Input};
 use crate::host_target::{HostTarget, PassParams};
 use crate::model::Model;
 use crate::pass::Span;
-use crate::sequence::check_len;
 use crate::sequence::LaidOutBatch;
 
 /// The inputs of a pass on the caller's host memory.
@@ -115,9 +114,6 @@ impl<'a> Call<'a> {
             Some(w) => model.caller_params(w)?,
             None => model.own_params()?,
         };
-        if let Some(h0) = self.h0 {
-            model.check_states(h0.len(), |i| h0[i].len(), p.order.batch(), "h0")?;
-        }
         Ok((p, params))
     }
 
@@ -135,9 +131,6 @@ impl CallerMemory for Call<'_> {
 
     fn forward(&self, model: &Model, out: ForwardOut, reserve: Option<&mut [f32]>) -> Result<()> {
         let (p, params) = self.laid_out(model, reserve.is_some())?;
-        let batch = p.order.batch();
-        check_len("output", out.output.len(), &[p.rows, model.output_size()])?;
-        model.check_states(out.final_states.len(), |i| out.final_states[i].len(), batch, "final_states")?;
         let spans = ForwardSpans {
             input: Span::of(self.input.split().1),
             h0: self.h0_spans(),
@@ -161,18 +154,6 @@ impl CallerMemory for Call<'_> {
         out: BackwardOut,
     ) -> Result<()> {
         let (p, params) = self.laid_out(model, true)?;
-        let batch = p.order.batch();
-        check_len("grad_output", d_output.len(), &[p.rows, model.output_size()])?;
-        check_len("grad_input", out.d_input.len(), &[p.rows, model.input_size()])?;
-        if let Some(d) = d_final {
-            model.check_states(d.len(), |i| d[i].len(), batch, "grad_final")?;
-        }
-        if !out.d_h0.is_empty() {
-            model.check_states(out.d_h0.len(), |i| out.d_h0[i].len(), batch, "grad_h0")?;
-        }
-        let views: Vec<Vec<&[f32]>> =
-            out.d_params.iter().map(|ps| ps.iter().map(|s| &**s).collect()).collect();
-        model.check_weights(&views).map_err(RuntimeError::named_as_gradient)?;
         let BackwardOut { d_input, d_h0, d_params } = out;
         let spans = BackwardSpans {
             input: Span::of(self.input.split().1),

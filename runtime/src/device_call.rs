@@ -19,8 +19,8 @@ use crate::error::{Result, RuntimeError};
 use crate::exec::BatchShape;
 use crate::model::Model;
 use crate::pass::Span;
+use crate::sequence::Floats;
 use crate::sequence::LaidOutBatch;
-use crate::sequence::{check_len, Floats};
 
 /// Floats in device memory: the address of the first, and how many.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,7 +82,7 @@ impl crate::call::sealed::Sealed for DeviceCall<'_> {}
 
 impl DeviceCall<'_> {
     /// The back end's device passes, and the call's batch laid out with
-    /// its inputs checked.
+    /// its weights checked (the driver checks the other buffers).
     fn on_device<'m>(
         &self,
         model: &'m Model,
@@ -95,9 +95,6 @@ impl DeviceCall<'_> {
         let p = model.lay_out(&self.shape, self.input.len)?;
         model.ensure_pass_fits(&p, training)?;
         model.check_weights(self.weights)?;
-        if let Some(h0) = self.h0 {
-            model.check_states(h0.len(), |i| h0[i].len, p.order.batch(), "h0")?;
-        }
         Ok((passes, p))
     }
 }
@@ -115,9 +112,7 @@ impl CallerMemory for DeviceCall<'_> {
 
     fn forward(&self, model: &Model, out: &DeviceForwardOut, reserve: Option<DeviceFloats>) -> Result<()> {
         let (passes, p) = self.on_device(model, reserve.is_some())?;
-        check_len("output", out.output.len, &[p.rows, model.output_size()])?;
         let finals = &out.final_states;
-        model.check_states(finals.len(), |i| finals[i].len, p.order.batch(), "final_states")?;
         let spans = ForwardSpans {
             input: span(self.input),
             h0: self.h0.map(|h| h.iter().copied().map(span).collect()),
@@ -139,16 +134,6 @@ impl CallerMemory for DeviceCall<'_> {
         out: &DeviceBackwardOut,
     ) -> Result<()> {
         let (passes, p) = self.on_device(model, true)?;
-        let batch = p.order.batch();
-        check_len("grad_output", d_output.len, &[p.rows, model.output_size()])?;
-        check_len("grad_input", out.d_input.len, &[p.rows, model.input_size()])?;
-        if let Some(d) = d_final {
-            model.check_states(d.len(), |i| d[i].len, batch, "grad_final")?;
-        }
-        if !out.d_h0.is_empty() {
-            model.check_states(out.d_h0.len(), |i| out.d_h0[i].len, batch, "grad_h0")?;
-        }
-        model.check_weights(&out.d_params).map_err(RuntimeError::named_as_gradient)?;
         let spans = BackwardSpans {
             input: span(self.input),
             reserve: span(reserve),

@@ -26,7 +26,7 @@
 use crate::error::{Result, RuntimeError};
 use crate::model::Model;
 use crate::pass::{LayerBackward, LayerForward, PassTarget, RowSpan, Span};
-use crate::sequence::LaidOutBatch;
+use crate::sequence::{check_len, LaidOutBatch};
 use std::ops::Range;
 
 /// The memory of a forward pass.
@@ -113,6 +113,33 @@ impl Model {
         Ok(layout)
     }
 
+    /// Checks every buffer of a forward pass against its shape, naming it:
+    /// the same checks for the model's own buffers and a caller's, on the
+    /// host or a device.
+    fn check_forward_spans(&self, p: &LaidOutBatch, spans: &ForwardSpans) -> Result<()> {
+        let batch = p.order.batch();
+        if let Some(h0) = &spans.h0 {
+            self.check_states(h0.len(), |i| h0[i].len, batch, "h0")?;
+        }
+        check_len("output", spans.output.len, &[p.rows, self.output_size()])?;
+        self.check_states(spans.finals.len(), |i| spans.finals[i].len, batch, "final_states")
+    }
+
+    /// Checks every buffer of a backward pass but the reserve (checked
+    /// where it is laid out) against its shape, naming it.
+    fn check_backward_spans(&self, p: &LaidOutBatch, spans: &BackwardSpans) -> Result<()> {
+        let batch = p.order.batch();
+        check_len("grad_output", spans.d_output.len, &[p.rows, self.output_size()])?;
+        check_len("grad_input", spans.d_input.len, &[p.rows, self.input_size()])?;
+        if let Some(d) = &spans.d_final {
+            self.check_states(d.len(), |i| d[i].len, batch, "grad_final")?;
+        }
+        if let Some(d) = &spans.d_h0 {
+            self.check_states(d.len(), |i| d[i].len, batch, "grad_h0")?;
+        }
+        self.check_weights(&spans.d_params).map_err(RuntimeError::named_as_gradient)
+    }
+
     /// State tensors given, or zeros made in `target`'s scratch memory.
     fn states_or_scratch(
         &self,
@@ -140,6 +167,7 @@ impl Model {
         target: &mut dyn PassTarget,
     ) -> Result<()> {
         let batch = p.order.batch();
+        self.check_forward_spans(p, &spans)?;
         let reserve = match spans.reserve {
             Some(r) => Some((r, self.checked_reserve_layout(p.rows, r.len)?)),
             None => None,
@@ -157,14 +185,18 @@ impl Model {
         let mut input = RowSpan { span: spans.input, width: p.data_features, offset: 0 };
         for (k, layer) in self.layers.iter().enumerate() {
             let width = layer.output_size * dirs;
-            let output = match (k + 1 == self.layers.len(), &reserve) {
-                (true, _) => spans.output,
-                (false, Some((r, parts))) => r.part(parts[k].output.clone()),
-                // Only valid rows are written, and only they are read.
-                (false, None) => target.scratch(p.rows * width, false)?,
+            // The caller's output and the reserve hold zeros at padding;
+            // scratch between layers needs none: only valid rows are
+            // written, and only they are read.
+            let (output, read_whole) = match (k + 1 == self.layers.len(), &reserve) {
+                (true, _) => (spans.output, true),
+                (false, Some((r, parts))) => (r.part(parts[k].output.clone()), true),
+                (false, None) => (target.scratch(p.rows * width, false)?, false),
             };
             let output = RowSpan { span: output, width, offset: 0 };
-            target.zero_padding(output, &padding)?;
+            if read_whole {
+                target.zero_padding(output, &padding)?;
+            }
             for d in 0..dirs {
                 let slot = k * dirs + d;
                 let states = |tensors: &[Span]| -> Vec<Span> {
@@ -196,6 +228,7 @@ impl Model {
         target: &mut dyn PassTarget,
     ) -> Result<()> {
         let batch = p.order.batch();
+        self.check_backward_spans(p, &spans)?;
         let d_h0 = self.states_or_scratch(spans.d_h0, batch, target)?;
         if batch == 0 {
             for &s in d_h0.iter().chain(spans.d_params.iter().flatten()).chain([&spans.d_input]) {

@@ -302,9 +302,6 @@ impl Model {
         let p = self.prepare(&input)?;
         self.ensure_pass_fits(&p, training)?;
         let batch = p.order.batch();
-        if let Some(h0) = h0 {
-            self.check_states(h0.len(), |i| h0[i].len(), batch, "h0")?;
-        }
         let mut data = vec![0.0f32; p.rows * self.output_size()];
         let mut final_states: Vec<Vec<f32>> =
             self.state_shapes(batch).iter().map(|s| vec![0.0; s.iter().product()]).collect();
@@ -339,10 +336,6 @@ impl Model {
     ) -> Result<Gradients> {
         let p = &trace.batch;
         let batch = p.order.batch();
-        check_len("grad_output", d_output.len(), &[p.rows, self.output_size()])?;
-        if let Some(d) = d_final {
-            self.check_states(d.len(), |i| d[i].len(), batch, "grad_final")?;
-        }
         let mut d_input = vec![0.0f32; p.rows * self.input_size()];
         let mut d_h0: Vec<Vec<f32>> =
             self.state_shapes(batch).iter().map(|s| vec![0.0; s.iter().product()]).collect();

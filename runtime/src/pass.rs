@@ -41,6 +41,12 @@ impl Span {
     }
 }
 
+impl crate::sequence::Floats for Span {
+    fn floats(&self) -> usize {
+        self.len
+    }
+}
+
 /// Rows laid out as the batch: layout row `r`'s features are `width`
 /// floats apart, from float `offset` of the row on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -493,7 +493,7 @@ fn forward(
     let layer = job.layer;
     let cell = &job.cell.forward;
     let batch = job.order.batch();
-    let layout_rows = job.input.data.len() / job.input.width.max(1);
+    let layout_rows = job.layout_rows();
     let mut bufs = Buffers::new();
     constants(g, plan, &mut bufs);
     leaf_locations(g, layer, Side::Forward, &mut bufs);
@@ -714,7 +714,7 @@ fn forward_whole_sequence(
     if !cell.next_states.iter().chain(std::iter::once(&cell.output)).all(|v| exec.outputs().contains(v)) {
         return Ok(None);
     }
-    let layout_rows = job.input.data.len() / job.input.width.max(1);
+    let layout_rows = job.layout_rows();
     for &v in exec.outputs() {
         // Saved values already written straight into the tape stay there.
         if !matches!(bufs.loc(v), Some(Loc::TapeRows(_))) {
@@ -844,7 +844,7 @@ fn backward_whole_sequence(
         Some(d) if d.iter().all(|v| exec.outputs().contains(v)) => d,
         _ => return Ok(false),
     };
-    let layout_rows = job.input.data.len() / job.input.width.max(1);
+    let layout_rows = job.layout_rows();
     for &v in exec.outputs() {
         bufs.row_buf(v, plan.elements(v), layout_rows);
     }
@@ -949,7 +949,7 @@ fn backward(
     let grad = &job.cell.backward;
     let layer = job.layer;
     let batch = job.order.batch();
-    let layout_rows = job.input.data.len() / job.input.width.max(1);
+    let layout_rows = job.layout_rows();
     let mut bufs = Buffers::new();
     constants(g, plan, &mut bufs);
     leaf_locations(g, layer, Side::Backward, &mut bufs);
