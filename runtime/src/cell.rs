@@ -3,6 +3,7 @@
 //! knows of models or back ends.
 
 use crate::error::{Result, RuntimeError};
+use crate::plan::PassPlan;
 use cellc::dims::Bindings;
 use cellc::ir::Cell;
 pub use cellc::program::Side;
@@ -89,13 +90,39 @@ impl CompiledCell {
 }
 
 /// One layer's program: the cell's steps at this layer's sizes (shared by
-/// its directions). Dereferences to the [`Program`].
+/// its directions), and the plans of its three passes, which every device
+/// executes. Dereferences to the [`Program`].
 #[derive(Clone, Debug)]
 pub struct Layer {
     /// The layer's position in the stack, from 0.
     pub index: usize,
     /// The cell's forward and backward steps at this layer's sizes.
     pub program: Program,
+    /// The forward for inference, the forward for training, the backward.
+    passes: [PassPlan; 3],
+}
+
+impl Layer {
+    /// Layer `index` of `cell`, at `sizes`: its program and its passes' plans.
+    pub fn new(cell: &CompiledCell, index: usize, sizes: &Bindings) -> Result<Layer> {
+        let at_layer = |message: String| RuntimeError::Layer { layer: index, message };
+        let program = cell.program(sizes).map_err(|e| at_layer(e.to_string()))?;
+        let passes = [
+            PassPlan::forward(cell, &program, false)?,
+            PassPlan::forward(cell, &program, true)?,
+            PassPlan::backward(cell, &program)?,
+        ];
+        Ok(Layer { index, program, passes })
+    }
+
+    /// The plan of the pass of `side` (`training`: a forward that fills the tape).
+    pub fn pass(&self, side: Side, training: bool) -> &PassPlan {
+        match (side, training) {
+            (Side::Forward, false) => &self.passes[0],
+            (Side::Forward, true) => &self.passes[1],
+            (Side::Backward, _) => &self.passes[2],
+        }
+    }
 }
 
 impl std::ops::Deref for Layer {

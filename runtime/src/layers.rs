@@ -166,13 +166,7 @@ pub fn plan(
             )
             .map_err(|e| RuntimeError::Layer { layer: k, message: e.to_string() })?;
         }
-        layers.push(program(compiled, k, &sizes)?);
+        layers.push(Layer::new(compiled, k, &sizes)?);
     }
     Ok(layers)
-}
-
-fn program(compiled: &CompiledCell, index: usize, sizes: &Bindings) -> Result<Layer> {
-    let program =
-        compiled.program(sizes).map_err(|e| RuntimeError::Layer { layer: index, message: e.to_string() })?;
-    Ok(Layer { index, program })
 }

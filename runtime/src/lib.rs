@@ -51,6 +51,7 @@ pub mod layers;
 pub(crate) mod memory;
 pub mod model;
 pub mod pass;
+pub mod plan;
 pub mod pool;
 pub mod sequence;
 pub mod stream;

@@ -2,8 +2,9 @@
 //! interpreter's op semantics ([`cellc::shapes::Shapes::compute`]) and plain
 //! matrix-vector products, one row at a time.
 //!
-//! It is slow on purpose and exists to fix the semantics: it executes the
-//! stages in schedule order, each over every active row before the next
+//! It is slow on purpose and exists to fix the semantics: it executes a
+//! pass's plan ([`crate::plan::PassPlan`]), the stages before, in and after
+//! the loop in schedule order, each over every active row before the next
 //! (as kernels would), and each kernel stage by its kernel plan
 //! ([`cellc::kernel::eval`]), so a stage that reads a value no earlier
 //! stage produced, or a value its kernel keeps in registers, is an error here; and its backward reads only what the
@@ -13,7 +14,8 @@
 use super::{check_tape, Backend, BackwardJob, BackwardResult, ForwardJob, RowsMut};
 use crate::cell::Layer;
 use crate::error::{Result, RuntimeError};
-use cellc::ir::{Graph, Op, ValueId};
+use crate::plan::{Home, PassPlan, TapeSource};
+use cellc::ir::{Graph, ValueId};
 use cellc::kernel::eval::RowEvaluator;
 use cellc::program::{Kept, Side, TapePart};
 use cellc::schedule::{Placement, Stage};
@@ -41,33 +43,36 @@ impl RowTape<'_> {
         Ok(RowTape { parts: layer.tape().ranges(rows).collect(), memory })
     }
 
-    /// What the part keeping `kept` holds for layout row `row`, if it is kept.
-    fn get(&self, kept: Kept, row: usize) -> Option<&[f32]> {
-        let (part, range) = self.parts.iter().find(|(p, _)| p.kept == kept)?;
+    /// What the part keeping `kept` holds for layout row `row`.
+    fn get(&self, kept: Kept, row: usize) -> Result<&[f32]> {
+        let (part, range) = self.parts.iter().find(|(p, _)| p.kept == kept).ok_or_else(|| {
+            RuntimeError::Internal(format!("the backward reads {kept:?}, which the tape does not keep"))
+        })?;
         let at = range.start + row * part.floats;
-        Some(&self.memory[at..at + part.floats])
+        Ok(&self.memory[at..at + part.floats])
     }
 }
 
-/// Writes layout row `row` of every part of a tape, as the layer's program
-/// lays it out, from `value` (what each part keeps for that row).
+/// Writes layout row `row` of every part of a tape, as the pass's plan
+/// says, from `value` (what each part's source holds for that row).
 fn keep_row(
+    pass: &PassPlan,
     layer: &Layer,
     tape: &mut [f32],
     rows: usize,
     row: usize,
-    value: impl Fn(Kept) -> Result<Vec<f32>>,
+    value: impl Fn(TapeSource) -> Result<Vec<f32>>,
 ) -> Result<()> {
-    for (part, range) in layer.tape().ranges(rows) {
+    for (write, (part, range)) in pass.tape.iter().zip(layer.tape().ranges(rows)) {
         let at = range.start + row * part.floats;
-        tape[at..at + part.floats].copy_from_slice(&value(part.kept)?);
+        tape[at..at + part.floats].copy_from_slice(&value(write.source)?);
     }
     Ok(())
 }
 
-fn value<'s>(g: &Graph, store: &'s Store, params: &'s [&'s [f32]], v: ValueId) -> Option<&'s [f32]> {
-    match g.node(v).op {
-        Op::Param(i) => params.get(i).copied(),
+fn value<'s>(pass: &PassPlan, store: &'s Store, params: &'s [&'s [f32]], v: ValueId) -> Option<&'s [f32]> {
+    match pass.home(v) {
+        Some(Home::Param(i)) => params.get(i).copied(),
         _ => store.get(v.index()).and_then(|x| x.as_deref()),
     }
 }
@@ -75,6 +80,7 @@ fn value<'s>(g: &Graph, store: &'s Store, params: &'s [&'s [f32]], v: ValueId) -
 /// Computes `v` from its operands, which must already be in `store`.
 fn compute(
     g: &Graph,
+    pass: &PassPlan,
     plan: &Shapes,
     store: &mut Store,
     params: &[&[f32]],
@@ -84,7 +90,7 @@ fn compute(
     let operands = g.operands(v);
     let mut args = Vec::with_capacity(operands.len());
     for o in &operands {
-        match value(g, store, params, *o) {
+        match value(pass, store, params, *o) {
             Some(a) => args.push(a),
             None => {
                 return Err(RuntimeError::Internal(format!(
@@ -103,31 +109,44 @@ fn compute(
 /// value. Each kernel's evaluator is made once per pass and reused row to row.
 struct Stages<'a> {
     graph: &'a Graph,
+    pass: &'a PassPlan,
     shapes: &'a Shapes,
     /// The kernel (name, evaluator) of each stage that is one, by stage index.
     kernels: Vec<Option<(&'a str, RowEvaluator<'a>)>>,
 }
 
 impl<'a> Stages<'a> {
-    fn new(graph: &'a Graph, layer: &'a Layer, side: Side) -> Stages<'a> {
+    fn new(graph: &'a Graph, layer: &'a Layer, pass: &'a PassPlan) -> Stages<'a> {
+        let side = pass.side;
         let shapes = layer.shapes(side);
         let mut kernels: Vec<Option<(&str, RowEvaluator)>> = Vec::new();
         kernels.resize_with(layer.stages(side).len(), || None);
         for k in layer.kernels().filter(|k| k.side == side) {
             kernels[k.stage] = Some((&k.name, RowEvaluator::new(&k.plan, graph, shapes)));
         }
-        Stages { graph, shapes, kernels }
+        Stages { graph, pass, shapes, kernels }
+    }
+
+    /// Runs the stages `stages` (indices into `all`) for the row in `store`.
+    fn run_all(
+        &mut self,
+        stages: &[usize],
+        all: &[Stage],
+        store: &mut Store,
+        params: &[&[f32]],
+    ) -> Result<()> {
+        stages.iter().try_for_each(|&k| self.run(k, &all[k], store, params))
     }
 
     /// Runs stage `k` for the row in `store`.
-    fn run(&mut self, (k, st): (usize, &Stage), store: &mut Store, params: &[&[f32]]) -> Result<()> {
-        let (g, plan) = (self.graph, self.shapes);
+    fn run(&mut self, k: usize, st: &Stage, store: &mut Store, params: &[&[f32]]) -> Result<()> {
+        let (g, pass, plan) = (self.graph, self.pass, self.shapes);
         let Some(Some((name, kernel))) = self.kernels.get_mut(k) else {
-            return st.values.iter().try_for_each(|&v| compute(g, plan, store, params, v, k));
+            return st.values.iter().try_for_each(|&v| compute(g, pass, plan, store, params, v, k));
         };
         let mut inputs = Vec::with_capacity(st.inputs.len());
         for &v in &st.inputs {
-            inputs.push(value(g, store, params, v).ok_or_else(|| {
+            inputs.push(value(pass, store, params, v).ok_or_else(|| {
                 RuntimeError::Internal(format!(
                     "schedule: stage {k} reads {v}, which no earlier stage produced"
                 ))
@@ -149,10 +168,6 @@ fn constants(g: &Graph, plan: &Shapes, store: &mut Store) {
     }
 }
 
-fn stages_at(stages: &[Stage], placement: Placement) -> impl Iterator<Item = (usize, &Stage)> {
-    stages.iter().enumerate().filter(move |(_, s)| s.placement == placement)
-}
-
 impl Backend for Reference {
     fn name(&self) -> &'static str {
         "reference"
@@ -164,10 +179,9 @@ impl Backend for Reference {
         output: &mut RowsMut,
         mut tape: Option<&mut [f32]>,
     ) -> Result<Vec<Vec<f32>>> {
-        let cell = &job.cell.forward;
-        let g: &Graph = cell;
+        let g: &Graph = &job.cell.forward;
         let layer = job.layer;
-        let plan = &layer.forward_shapes;
+        let pass = layer.pass(Side::Forward, tape.is_some());
         let stages = &layer.schedule.forward;
         let batch = job.order.batch();
         let layout_rows = job.layout_rows();
@@ -177,23 +191,24 @@ impl Backend for Reference {
             t.fill(0.0);
         }
 
-        let mut forward_stages = Stages::new(g, layer, Side::Forward);
+        let mut forward_stages = Stages::new(g, layer, pass);
         let mut base: Store = vec![None; g.value_bound()];
-        constants(g, plan, &mut base);
-        let fill_inputs = |store: &mut Store, b: usize, t: usize| {
+        constants(g, &layer.forward_shapes, &mut base);
+        let fill = |store: &mut Store, b: usize, t: usize, states: Option<&[Vec<f32>]>| {
             let x = job.input.get(b, t, layer.input_size);
-            for v in g.values() {
-                if let Op::Input(i) = g.node(v).op {
-                    let (o, l) = layer.input_slices[i];
-                    store[v.index()] = Some(x[o..o + l].to_vec());
-                }
-            }
-        };
-        let fill_states = |store: &mut Store, states: &[Vec<f32>]| {
-            for v in g.values() {
-                if let Op::State(i) = g.node(v).op {
-                    store[v.index()] = Some(states[i].clone());
-                }
+            for (v, home) in pass.homes() {
+                let leaf = match home {
+                    Home::Input(i) => {
+                        let (o, l) = layer.input_slices[i];
+                        x[o..o + l].to_vec()
+                    }
+                    Home::State(i) => match states {
+                        Some(states) => states[i].clone(),
+                        None => continue,
+                    },
+                    _ => continue,
+                };
+                store[v.index()] = Some(leaf);
             }
         };
 
@@ -203,10 +218,8 @@ impl Backend for Reference {
             for t in 0..job.order.lengths()[b] {
                 // No states here: a before-loop stage that reads one is a schedule error.
                 let mut store = base.clone();
-                fill_inputs(&mut store, b, t);
-                for stage in stages_at(stages, Placement::BeforeLoop) {
-                    forward_stages.run(stage, &mut store, job.params)?;
-                }
+                fill(&mut store, b, t, None);
+                forward_stages.run_all(&pass.before_loop, stages, &mut store, job.params)?;
                 pre.insert((b, t), store);
             }
         }
@@ -222,41 +235,48 @@ impl Backend for Reference {
             })
             .collect();
         let mut finals = states.clone();
+        let each_step = pass.stages_at(Placement::EachStep);
         for s in 0..job.order.steps() {
             let active = job.order.active(s);
             let mut rows: Vec<Store> = Vec::with_capacity(active.len());
             for &b in active {
                 let t = job.order.time(b, s, job.reverse);
                 let mut store = pre.remove(&(b, t)).unwrap_or_else(|| base.clone());
-                fill_inputs(&mut store, b, t);
-                fill_states(&mut store, &states[b]);
+                fill(&mut store, b, t, Some(&states[b]));
                 rows.push(store);
             }
             // Stage-major: each stage over every active row, then the next.
-            for stage in stages_at(stages, Placement::EachStep) {
+            for &k in each_step {
                 for store in rows.iter_mut() {
-                    forward_stages.run(stage, store, job.params)?;
+                    forward_stages.run(k, &stages[k], store, job.params)?;
                 }
             }
             for (&b, store) in active.iter().zip(&rows) {
                 let t = job.order.time(b, s, job.reverse);
                 let get = |v: ValueId| {
-                    value(g, store, job.params, v).map(<[f32]>::to_vec).ok_or_else(|| {
+                    value(pass, store, job.params, v).map(<[f32]>::to_vec).ok_or_else(|| {
                         RuntimeError::Internal(format!(
                             "schedule: {v} (an output or next state) is never computed"
                         ))
                     })
                 };
-                let out = get(cell.output)?;
+                let out = get(pass
+                    .output
+                    .ok_or_else(|| RuntimeError::Internal("a forward without an output".into()))?)?;
                 output.get_mut(b, t, layer.output_size).copy_from_slice(&out);
-                let next: Vec<Vec<f32>> = cell.next_states.iter().map(|&v| get(v)).collect::<Result<_>>()?;
+                let next: Vec<Vec<f32>> = pass
+                    .carried
+                    .iter()
+                    .map(|v| match v {
+                        Some(v) => get(*v),
+                        None => Err(RuntimeError::Internal("a next state that is never computed".into())),
+                    })
+                    .collect::<Result<_>>()?;
                 if let Some(tape) = tape.as_deref_mut() {
                     let row = job.input.layout.row(b, t);
-                    keep_row(layer, tape, layout_rows, row, |kept| match kept {
-                        Kept::StateBefore(i) => Ok(states[b][i].clone()),
-                        Kept::StateAfter(i) => Ok(next[i].clone()),
-                        Kept::Output => Ok(out.clone()),
-                        Kept::Saved(v) => get(v),
+                    keep_row(pass, layer, tape, layout_rows, row, |source| match source {
+                        TapeSource::StateBefore(i) => Ok(states[b][i].clone()),
+                        TapeSource::Value(v) => get(v),
                     })?;
                 }
                 if s + 1 == job.order.lengths()[b] {
@@ -273,15 +293,14 @@ impl Backend for Reference {
 
     fn backward(&self, job: &BackwardJob, tape: &[f32], d_input: &mut RowsMut) -> Result<BackwardResult> {
         let tape = RowTape::new(job.layer, job.layout_rows(), tape)?;
-        let grad = &job.cell.backward;
-        let g = &grad.graph;
+        let g = &job.cell.backward.graph;
         let layer = job.layer;
-        let plan = &layer.backward_shapes;
+        let pass = layer.pass(Side::Backward, true);
         let stages = &layer.schedule.backward;
         let batch = job.order.batch();
-        let mut backward_stages = Stages::new(g, layer, Side::Backward);
+        let mut backward_stages = Stages::new(g, layer, pass);
         let mut base: Store = vec![None; g.value_bound()];
-        constants(g, plan, &mut base);
+        constants(g, &layer.backward_shapes, &mut base);
 
         let mut carry: Vec<Vec<Vec<f32>>> = (0..batch)
             .map(|b| {
@@ -294,6 +313,7 @@ impl Backend for Reference {
             })
             .collect();
         let mut all_rows: Vec<((usize, usize), Store)> = Vec::with_capacity(job.order.rows());
+        let each_step = pass.stages_at(Placement::EachStep);
         for s in (0..job.order.steps()).rev() {
             let active = job.order.active(s);
             let mut rows: Vec<Store> = Vec::with_capacity(active.len());
@@ -303,61 +323,47 @@ impl Backend for Reference {
                 let x = job.input.get(b, t, layer.input_size);
                 let d_out = job.d_output.get(b, t, layer.output_size);
                 let mut store = base.clone();
-                for v in g.values() {
-                    let leaf = match g.node(v).op {
-                        Op::Input(i) => {
+                // The leaves but the carried adjoints: before-loop stages
+                // see none, so reading one is a schedule error.
+                for (v, home) in pass.homes() {
+                    let leaf = match home {
+                        Home::Input(i) => {
                             let (o, l) = layer.input_slices[i];
-                            Some(x[o..o + l].to_vec())
+                            x[o..o + l].to_vec()
                         }
-                        Op::State(i) => tape.get(Kept::StateBefore(i), row).map(<[f32]>::to_vec),
-                        Op::Seed(0) => Some(d_out.to_vec()),
-                        _ => None,
+                        Home::Tape(kept) => tape.get(kept, row)?.to_vec(),
+                        Home::OutputAdjoint => d_out.to_vec(),
+                        _ => continue,
                     };
-                    if leaf.is_some() {
-                        store[v.index()] = leaf;
-                    }
+                    store[v.index()] = Some(leaf);
                 }
-                // Forward values the backward reads from the tape, where it
-                // keeps them: saved ones, the states after the step and the
-                // output (an output that is also a next state is kept once).
-                let kept_values = job.layer.saved().iter().map(|&v| (v, Kept::Saved(v)));
-                let after = grad.primal_next_states.iter().enumerate();
-                let kept_values = kept_values
-                    .chain(after.filter_map(|(i, v)| v.map(|v| (v, Kept::StateAfter(i)))))
-                    .chain(grad.primal_output.map(|v| (v, Kept::Output)));
-                for (v, kept) in kept_values {
-                    if let Some(x) = tape.get(kept, row).filter(|_| g.contains(v)) {
-                        store[v.index()] = Some(x.to_vec());
-                    }
-                }
-                // Before-loop stages see no carried adjoint: reading one is a schedule error.
-                for stage in stages_at(stages, Placement::BeforeLoop) {
-                    backward_stages.run(stage, &mut store, job.params)?;
-                }
-                for v in g.values() {
-                    if let Op::Seed(k @ 1..) = g.node(v).op {
-                        store[v.index()] = Some(carry[b][k - 1].clone());
+                backward_stages.run_all(&pass.before_loop, stages, &mut store, job.params)?;
+                for (v, home) in pass.homes() {
+                    if let Home::Carry(k) = home {
+                        store[v.index()] = Some(carry[b][k].clone());
                     }
                 }
                 rows.push(store);
             }
-            for stage in stages_at(stages, Placement::EachStep) {
+            for &k in each_step {
                 for store in rows.iter_mut() {
-                    backward_stages.run(stage, store, job.params)?;
+                    backward_stages.run(k, &stages[k], store, job.params)?;
                 }
             }
             for (&b, store) in active.iter().zip(rows) {
                 let t = job.order.time(b, s, job.reverse);
-                carry[b] = grad
-                    .d_states
+                carry[b] = pass
+                    .carried
                     .iter()
                     .zip(&layer.state_sizes)
                     .map(|(d, &n)| match d {
-                        Some(v) => value(g, &store, job.params, *v).map(<[f32]>::to_vec).ok_or_else(|| {
-                            RuntimeError::Internal(format!(
-                                "schedule: state adjoint {v} is not computed in the loop"
-                            ))
-                        }),
+                        Some(v) => {
+                            value(pass, &store, job.params, *v).map(<[f32]>::to_vec).ok_or_else(|| {
+                                RuntimeError::Internal(format!(
+                                    "schedule: state adjoint {v} is not computed in the loop"
+                                ))
+                            })
+                        }
                         None => Ok(vec![0.0; n]),
                     })
                     .collect::<Result<_>>()?;
@@ -365,24 +371,23 @@ impl Backend for Reference {
             }
         }
 
-        // After the loop: products over all rows, then every row's contribution.
+        // After the loop, every row's contribution, summed over the rows.
         let mut d_params: Vec<Vec<f32>> = job.params.iter().map(|p| vec![0.0; p.len()]).collect();
         for ((b, t), store) in all_rows.iter_mut() {
-            for stage in stages_at(stages, Placement::AfterLoop) {
-                backward_stages.run(stage, store, job.params)?;
-            }
-            for (acc, d) in d_params.iter_mut().zip(&grad.d_params) {
-                if let Some(v) = d {
-                    let x = value(g, store, job.params, *v).ok_or_else(|| {
+            backward_stages.run_all(&pass.after_loop, stages, store, job.params)?;
+            for (acc, d) in d_params.iter_mut().zip(&pass.d_params) {
+                if let Some(d) = d {
+                    let v = d.value();
+                    let x = value(pass, store, job.params, v).ok_or_else(|| {
                         RuntimeError::Internal(format!("parameter adjoint {v} is never computed"))
                     })?;
                     acc.iter_mut().zip(x).for_each(|(a, x)| *a += x);
                 }
             }
             let dx = d_input.get_mut(*b, *t, layer.input_size);
-            for (d, &(o, l)) in grad.d_inputs.iter().zip(&layer.input_slices) {
+            for (d, &(o, l)) in pass.d_inputs.iter().zip(&layer.input_slices) {
                 if let Some(v) = d {
-                    let x = value(g, store, job.params, *v).ok_or_else(|| {
+                    let x = value(pass, store, job.params, *v).ok_or_else(|| {
                         RuntimeError::Internal(format!("input adjoint {v} is never computed"))
                     })?;
                     dx[o..o + l].iter_mut().zip(x).for_each(|(a, x)| *a += x);

@@ -20,24 +20,20 @@ use crate::backend::Rows;
 use crate::error::{Result, RuntimeError};
 use crate::sequence::{BatchOrder, RowLayout};
 use cellc::ir::{Graph, Op, ValueId};
-use cellc::schedule::{Placement, Stage, StageKind};
+use cellc::schedule::{Stage, StageKind};
 use cellc::shapes::Shapes;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// A schedule stage ready to run.
+/// A schedule stage ready to run. When it runs (before, in or after the
+/// time loop, and whether the loop is one whole-sequence kernel) is the
+/// pass's plan's decision ([`crate::plan::PassPlan`]).
 pub enum ReadyStage {
     /// Products sharing an operand; each `(out, op, matrix, vector)` or, for
     /// `outer`, `(out, Outer, left, right)`.
-    Gemm { placement: Placement, products: Vec<(ValueId, Op, ValueId, ValueId)> },
-    Pointwise {
-        placement: Placement,
-        exec: Arc<dyn StageExec>,
-        /// The schedule made it the whole recurrence
-        /// ([`StageKind::WholeSequence`]): run over each sequence's steps
-        /// in one go, not step by step.
-        whole_sequence: bool,
-    },
+    Gemm { products: Vec<(ValueId, Op, ValueId, ValueId)> },
+    /// A generated kernel: a pointwise stage, or a whole recurrence.
+    Pointwise { exec: Arc<dyn StageExec> },
     /// Vector parameters' gradients, summed over rows as the results are read.
     Sum,
     /// Weight-gradient matrices added once after the loop: `(out, a, b)`.
@@ -48,16 +44,9 @@ impl ReadyStage {
     /// The values this step writes.
     pub fn outputs(&self) -> Vec<ValueId> {
         match self {
-            ReadyStage::Gemm { products, .. } => products.iter().map(|p| p.0).collect(),
-            ReadyStage::Pointwise { exec, .. } => exec.outputs().to_vec(),
+            ReadyStage::Gemm { products } => products.iter().map(|p| p.0).collect(),
+            ReadyStage::Pointwise { exec } => exec.outputs().to_vec(),
             ReadyStage::Sum | ReadyStage::AddMatrices { .. } => Vec::new(),
-        }
-    }
-
-    pub fn placement(&self) -> Placement {
-        match self {
-            ReadyStage::Gemm { placement, .. } | ReadyStage::Pointwise { placement, .. } => *placement,
-            ReadyStage::Sum | ReadyStage::AddMatrices { .. } => Placement::AfterLoop,
         }
     }
 }
@@ -77,7 +66,6 @@ pub fn ready_stages(
         .map(|(index, st)| {
             Ok(match st.kind {
                 StageKind::Gemm => ReadyStage::Gemm {
-                    placement: st.placement,
                     products: st
                         .values
                         .iter()
@@ -87,11 +75,9 @@ pub fn ready_stages(
                         })
                         .collect(),
                 },
-                StageKind::Pointwise { .. } | StageKind::WholeSequence { .. } => ReadyStage::Pointwise {
-                    placement: st.placement,
-                    exec: pointwise(index, st)?,
-                    whole_sequence: matches!(st.kind, StageKind::WholeSequence { .. }),
-                },
+                StageKind::Pointwise { .. } | StageKind::WholeSequence { .. } => {
+                    ReadyStage::Pointwise { exec: pointwise(index, st)? }
+                }
                 StageKind::SumOverSteps => ReadyStage::Sum,
                 StageKind::AddMatrices => ReadyStage::AddMatrices {
                     sums: st
@@ -332,10 +318,10 @@ pub fn locate(bufs: &Buffers, f: &Frame, v: ValueId, b: usize, t: usize, r: usiz
             f.input.get(b, t, o + l)[o..].as_ptr() as *mut f32
         }
         // SAFETY: state and carry buffers hold a row of their size for every rank.
-        Loc::State(i) => unsafe { f.states[i].at(r * f.state_sizes[i]) },
+        Loc::State(i) => unsafe { f.states.get(i).ok_or_else(missing)?.at(r * f.state_sizes[i]) },
         Loc::Param(i) => f.params[i].as_ptr() as *mut f32,
         // SAFETY: as for states.
-        Loc::Carry(i) => unsafe { f.carry[i].at(r * f.state_sizes[i]) },
+        Loc::Carry(i) => unsafe { f.carry.get(i).ok_or_else(missing)?.at(r * f.state_sizes[i]) },
         Loc::DOutput => {
             let (rows, n) = f.d_output.ok_or_else(missing)?;
             rows.get(b, t, n).as_ptr() as *mut f32

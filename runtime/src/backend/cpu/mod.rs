@@ -1,6 +1,7 @@
-//! The CPU back end: the schedule's products through weights packed once
-//! per model (`panels`), its pointwise stages as compiled kernels, both
-//! cores through the process's team of threads.
+//! The CPU back end: executes a pass's plan ([`crate::plan::PassPlan`]),
+//! the schedule's products through weights packed once per model
+//! (`panels`), its pointwise stages as compiled kernels, both cores
+//! through the process's team of threads.
 //!
 //! Work runs on the process's one team of threads (`threads`: cellc's pool,
 //! or the OpenMP team of the framework that called), a call at a time. The
@@ -31,9 +32,10 @@ pub mod threads;
 use super::{Backend, BackwardJob, BackwardResult, ForwardJob, RowsMut, StepRunner, StreamJob};
 use crate::cell::{CompiledCell, Layer};
 use crate::error::{Result, RuntimeError};
+use crate::plan::{Home, ParamGradient, PassPlan, TapeSource, TimeLoop};
 use crate::pool;
 use cellc::ir::{Graph, Op, ValueId};
-use cellc::program::{Kept, ProgramKernel, Side, Storage};
+use cellc::program::{Kept, ProgramKernel, Side};
 use cellc::schedule::Placement;
 use cellc::shapes::Shapes;
 use driver::{
@@ -228,8 +230,9 @@ impl Cpu {
             &layer.schedule.backward,
             &mut make(aot::Side::Backward, &bwd_graph, &bwd_plan),
         )?;
-        let fwd_step_fmas = step_fmas_per_row(&forward, &fwd_plan);
-        let bwd_step_fmas = step_fmas_per_row(&backward, &bwd_plan);
+        // Training or not, the forward's loop runs the same stages.
+        let fwd_step_fmas = step_fmas_per_row(&forward, layer.pass(Side::Forward, false), &fwd_plan);
+        let bwd_step_fmas = step_fmas_per_row(&backward, layer.pass(Side::Backward, true), &bwd_plan);
         let code = Arc::new(LayerCode {
             fwd_graph,
             fwd_plan,
@@ -305,16 +308,10 @@ fn jit_stage(
     })
 }
 
-/// What the forward keeps, per row at the layer's row layout, in the
-/// tape it is given ([`Backend::forward`]), part after part as the program
-/// lays it out ([`cellc::program::TapeLayout`]).
+/// A tape in the caller's memory, part by part as the layer's program
+/// lays it out ([`cellc::program::TapeLayout`]), in the reserve's order.
 struct CpuTape {
-    /// By state: `None` where the backward does not read it.
-    states_before: Vec<Option<TapeBuf>>,
-    states_after: Vec<Option<TapeBuf>>,
-    output: Option<TapeBuf>,
-    /// Saved forward values by id (the backward graph shares the ids).
-    saved: HashMap<ValueId, TapeBuf>,
+    parts: Vec<(Kept, TapeBuf)>,
 }
 
 /// One part of a tape: `len` floats of the caller's, borrowed for one call.
@@ -352,26 +349,22 @@ impl CpuTape {
     /// tape is written only where `memory` may be.
     unsafe fn in_caller(layer: &Layer, rows: usize, memory: *mut f32, len: usize) -> Result<CpuTape> {
         super::check_tape(layer, rows, len)?;
-        let states = layer.state_sizes.len();
-        let mut tape = CpuTape {
-            states_before: (0..states).map(|_| None).collect(),
-            states_after: (0..states).map(|_| None).collect(),
-            output: None,
-            saved: HashMap::new(),
-        };
-        for (part, floats) in layer.tape().ranges(rows) {
+        let parts = layer
+            .tape()
+            .ranges(rows)
             // SAFETY: the parts' ranges end at `len` (checked above).
-            let buf = TapeBuf { ptr: unsafe { memory.add(floats.start) }, len: floats.len() };
-            match part.kept {
-                Kept::StateBefore(i) => tape.states_before[i] = Some(buf),
-                Kept::StateAfter(i) => tape.states_after[i] = Some(buf),
-                Kept::Output => tape.output = Some(buf),
-                Kept::Saved(v) => {
-                    tape.saved.insert(v, buf);
-                }
-            }
-        }
-        Ok(tape)
+            .map(|(part, floats)| {
+                (part.kept, TapeBuf { ptr: unsafe { memory.add(floats.start) }, len: floats.len() })
+            })
+            .collect();
+        Ok(CpuTape { parts })
+    }
+
+    /// The part keeping `kept`.
+    fn part(&self, kept: Kept) -> Result<&TapeBuf> {
+        self.parts.iter().find(|(k, _)| *k == kept).map(|(_, p)| p).ok_or_else(|| {
+            RuntimeError::Internal(format!("the backward reads {kept:?}, which the tape does not keep"))
+        })
     }
 
     /// Zeros the rows of padding, which no step writes: a tape in the
@@ -381,27 +374,25 @@ impl CpuTape {
         if padding.is_empty() {
             return;
         }
-        let parts = self.states_before.iter_mut().chain(&mut self.states_after).chain([&mut self.output]);
-        for part in parts.flatten().chain(self.saved.values_mut()) {
+        for (_, part) in &mut self.parts {
             let width = part.len() / rows.max(1);
             crate::sequence::zero_rows(part, width, &padding);
         }
     }
 }
 
-/// Places the leaves the caller provides, as the program stores them.
-fn leaf_locations(g: &Graph, layer: &Layer, side: Side, bufs: &mut Buffers) {
-    let plan = layer.shapes(side);
-    for v in g.values() {
-        let loc = match layer.storage(side, v, true) {
-            Some(Storage::Input(i)) => Loc::Input(i),
-            Some(Storage::State(i)) => Loc::State(i),
-            Some(Storage::Param(i)) => Loc::Param(i),
-            Some(Storage::OutputAdjoint) => Loc::DOutput,
-            Some(Storage::CarriedAdjoint(k)) => Loc::Carry(k),
+/// Places the leaves the caller provides, where the pass's plan says.
+fn leaf_locations(pass: &PassPlan, shapes: &Shapes, bufs: &mut Buffers) {
+    for (v, home) in pass.homes() {
+        let loc = match home {
+            Home::Input(i) => Loc::Input(i),
+            Home::State(i) => Loc::State(i),
+            Home::Param(i) => Loc::Param(i),
+            Home::OutputAdjoint => Loc::DOutput,
+            Home::Carry(k) => Loc::Carry(k),
             _ => continue,
         };
-        bufs.place(v, loc, plan.elements(v));
+        bufs.place(v, loc, shapes.elements(v));
     }
 }
 
@@ -410,7 +401,7 @@ fn shape_of<'a>(plan: &'a Shapes) -> impl Fn(ValueId) -> (usize, usize) + 'a {
 }
 
 fn copy_row(
-    bufs: &mut Buffers,
+    bufs: &Buffers,
     f: &Frame,
     v: ValueId,
     (b, t, r): (usize, usize, usize),
@@ -465,14 +456,13 @@ impl Backend for Cpu {
 /// H=64 (65k) 11.1 and 6.6.
 const STEP_FMAS_PER_THREAD: usize = 24_000;
 
-/// Multiply-adds of one row's step: the products of every stage that runs
-/// each step.
-fn step_fmas_per_row(stages: &[ReadyStage], plan: &Shapes) -> usize {
-    stages
+/// Multiply-adds of one row's step: the products of every stage the
+/// pass's time loop runs.
+fn step_fmas_per_row(stages: &[ReadyStage], pass: &PassPlan, plan: &Shapes) -> usize {
+    pass.stages_at(Placement::EachStep)
         .iter()
-        .filter(|st| st.placement() == Placement::EachStep)
-        .flat_map(|st| match st {
-            ReadyStage::Gemm { products, .. } => products.as_slice(),
+        .flat_map(|&k| match &stages[k] {
+            ReadyStage::Gemm { products } => products.as_slice(),
             _ => &[],
         })
         .map(|&(_, ref op, m, v)| match op {
@@ -491,13 +481,12 @@ fn forward(
 ) -> Result<Vec<Vec<f32>>> {
     let (g, plan) = (&*code.fwd_graph, &*code.fwd_plan);
     let layer = job.layer;
-    let cell = &job.cell.forward;
+    let pass = layer.pass(Side::Forward, tape.is_some());
     let batch = job.order.batch();
     let layout_rows = job.layout_rows();
     let mut bufs = Buffers::new();
     constants(g, plan, &mut bufs);
-    leaf_locations(g, layer, Side::Forward, &mut bufs);
-    let training = tape.is_some();
+    leaf_locations(pass, plan, &mut bufs);
     let mut tape = match tape {
         None => None,
         // SAFETY: the tape lives for this call, which borrows `memory` mutably.
@@ -507,36 +496,24 @@ fn forward(
             Some(t)
         }
     };
-    // Saved values that only pointwise stages touch are written straight
-    // into the tape's rows; the rest are copied there per row.
-    let (direct, saved_ids): (Vec<ValueId>, Vec<ValueId>) = layer.saved().iter().copied().partition(|&v| {
-        let pointwise_output = code.forward.iter().any(|st| {
-            st.placement() == Placement::EachStep
-                && matches!(st, ReadyStage::Pointwise { exec, .. } if exec.outputs().contains(&v))
-        });
-        let gemm_input = code.forward.iter().any(|st| match st {
-            ReadyStage::Gemm { products, placement: Placement::EachStep } => {
-                products.iter().any(|p| p.2 == v || p.3 == v)
-            }
-            _ => false,
-        });
-        tape.is_some() && pointwise_output && !gemm_input
-    });
+    // Values the plan writes straight into the tape's rows.
     if let Some(t) = tape.as_mut() {
-        for &v in &direct {
-            let rows =
-                t.saved.get_mut(&v).ok_or_else(|| RuntimeError::Internal(format!("{v} not in the tape")))?;
-            bufs.place(v, Loc::TapeRows(rows.as_mut_ptr()), plan.elements(v));
+        for (write, (_, rows)) in pass.tape.iter().zip(&mut t.parts) {
+            if let (true, TapeSource::Value(v)) = (write.direct, write.source) {
+                bufs.place(v, Loc::TapeRows(rows.as_mut_ptr()), plan.elements(v));
+            }
         }
     }
-    // Layout rows, or rank rows (values kept for the backward are copied
-    // into the tape's layout rows each step, or written there directly).
-    for st in &code.forward {
-        for &v in st.outputs().iter().filter(|v| !direct.contains(v)) {
-            match (layer.storage(Side::Forward, v, training), st.placement()) {
-                (Some(Storage::Layout), _) | (_, Placement::BeforeLoop) => {
-                    bufs.row_buf(v, plan.elements(v), layout_rows)
-                }
+    // Layout rows for what runs before the loop and what the plan keeps by
+    // layout row; rank rows for the rest (a whole-sequence kernel's outputs
+    // are given layout rows below).
+    for (k, st) in code.forward.iter().enumerate() {
+        let hoisted = pass.before_loop.contains(&k);
+        for v in st.outputs() {
+            match pass.home(v) {
+                Some(Home::Tape(_)) => {}
+                Some(Home::Layout) => bufs.row_buf(v, plan.elements(v), layout_rows),
+                _ if hoisted => bufs.row_buf(v, plan.elements(v), layout_rows),
                 _ => bufs.rank_buf(v, plan.elements(v), batch),
             }
         }
@@ -563,20 +540,22 @@ fn forward(
     {
         let mut none = HashMap::new();
         let all = AllRows { order: job.order, rows: &all_rows, shape: &shape, threads };
-        run_all_rows(&code.forward, Placement::BeforeLoop, &mut bufs, &frame, &all, &mut none)?;
+        run_all_rows(&code.forward, &pass.before_loop, &mut bufs, &frame, &all, &mut none)?;
     }
-
-    let whole = forward_whole_sequence(
-        threads,
-        code,
-        job,
-        output,
-        &mut bufs,
-        weights,
-        tape.as_mut().map(|t| (t, &saved_ids[..])),
-    )?;
-    if let Some(result) = whole {
-        return Ok(result);
+    let output_value =
+        pass.output.ok_or_else(|| RuntimeError::Internal("a forward without an output".into()))?;
+    let next_states: Vec<ValueId> = pass
+        .carried
+        .iter()
+        .map(|v| v.ok_or_else(|| RuntimeError::Internal("a next state that is never computed".into())))
+        .collect::<Result<_>>()?;
+    if let TimeLoop::WholeSequence(k) = pass.time_loop {
+        let ReadyStage::Pointwise { exec } = &code.forward[k] else {
+            return Err(RuntimeError::Internal("a whole-sequence stage that is not a kernel".into()));
+        };
+        let walk = Walk { job, exec: exec.as_ref(), threads };
+        let chained = (output_value, &next_states[..]);
+        return forward_whole_sequence(&walk, chained, output, &mut bufs, weights, pass, tape.as_mut());
     }
 
     // The loop. Each thread writes only the rows of its ranks: their output
@@ -584,7 +563,17 @@ fn forward(
     let out = SharedRows::of(output.data);
     let (out_width, out_offset, out_layout) = (output.width, output.offset, output.layout);
     let finals_rows = SharedRows::each(&mut finals);
-    let tape_rows = tape.as_mut().map(|t| TapeRows::of(t, &saved_ids));
+    // The tape's parts that are copied each step, and what from.
+    let copies: Vec<(TapeSource, SharedRows, usize)> = match tape.as_mut() {
+        None => Vec::new(),
+        Some(t) => pass
+            .tape
+            .iter()
+            .zip(&mut t.parts)
+            .filter(|(write, _)| !write.direct)
+            .map(|(write, (_, rows))| (write.source, SharedRows::of(rows), rows.len() / layout_rows.max(1)))
+            .collect(),
+    };
     let after = |s: usize, ranks: std::ops::Range<usize>| -> Result<()> {
         let o = layer.output_size;
         for r in ranks {
@@ -595,26 +584,21 @@ fn forward(
             // located rows are valid for their values' lengths.
             unsafe {
                 let out_row = out.at(out_layout.row(b, t) * out_width + out_offset);
-                let y = locate(&bufs, &frame, cell.output, b, t, r)?;
-                std::ptr::copy_nonoverlapping(y, out_row, o);
+                std::ptr::copy_nonoverlapping(locate(&bufs, &frame, output_value, b, t, r)?, out_row, o);
+                // The tape's rows, before the states move on.
                 let row = job.input.layout.row(b, t);
-                if let Some(tape) = &tape_rows {
-                    if let Some(kept) = &tape.output {
-                        std::ptr::copy_nonoverlapping(out_row, kept.at(row * o), o);
-                    }
-                    keep_row(&tape.saved, &bufs, &frame, plan, (b, t, r), row)?;
+                for &(source, dst, len) in &copies {
+                    let src = match source {
+                        TapeSource::StateBefore(i) => state_rows[i].at(r * len),
+                        TapeSource::Value(v) => locate(&bufs, &frame, v, b, t, r)?,
+                    };
+                    std::ptr::copy_nonoverlapping(src, dst.at(row * len), len);
                 }
                 for (i, &m) in layer.state_sizes.iter().enumerate() {
                     let state = state_rows[i].at(r * m);
-                    if let Some(kept) = tape_rows.as_ref().and_then(|t| t.states_before[i].as_ref()) {
-                        std::ptr::copy_nonoverlapping(state, kept.at(row * m), m);
-                    }
                     // The new state replaces the old in place: this row's
                     // stages have read it, and no other row reads it.
-                    std::ptr::copy(locate(&bufs, &frame, cell.next_states[i], b, t, r)?, state, m);
-                    if let Some(kept) = tape_rows.as_ref().and_then(|t| t.states_after[i].as_ref()) {
-                        std::ptr::copy_nonoverlapping(state, kept.at(row * m), m);
-                    }
+                    std::ptr::copy(locate(&bufs, &frame, next_states[i], b, t, r)?, state, m);
                     if s + 1 == job.order.lengths()[b] {
                         std::ptr::copy_nonoverlapping(state, finals_rows[i].at(b * m), m);
                     }
@@ -627,6 +611,7 @@ fn forward(
     let each_step = StepLoop {
         team: &team,
         stages: &code.forward,
+        each_step: pass.stages_at(Placement::EachStep),
         bufs: &bufs,
         frame: &frame,
         shape: &shape,
@@ -637,32 +622,8 @@ fn forward(
     Ok(finals)
 }
 
-/// The tape's buffers as addresses the loop's threads write their rows to.
-struct TapeRows {
-    states_before: Vec<Option<SharedRows>>,
-    states_after: Vec<Option<SharedRows>>,
-    output: Option<SharedRows>,
-    /// Saved values copied from the step's storage into the tape's rows.
-    saved: Vec<(ValueId, SharedRows)>,
-}
-
-impl TapeRows {
-    fn of(t: &mut CpuTape, ids: &[ValueId]) -> TapeRows {
-        let saved = ids.iter().filter_map(|&v| Some((v, SharedRows::of(t.saved.get_mut(&v)?)))).collect();
-        let each = |bufs: &mut [Option<TapeBuf>]| {
-            bufs.iter_mut().map(|b| b.as_deref_mut().map(SharedRows::of)).collect()
-        };
-        TapeRows {
-            states_before: each(&mut t.states_before),
-            states_after: each(&mut t.states_after),
-            output: t.output.as_deref_mut().map(SharedRows::of),
-            saved,
-        }
-    }
-}
-
 /// Copies each value's row for `(b, t)` at rank `r` into layout row `row`
-/// of its buffer (the tape's saved values, the backward's kept values).
+/// of its buffer (the backward's values kept for after the loop).
 ///
 /// # Safety
 /// Each buffer holds layout row `row` of its value's length, and no other
@@ -683,81 +644,70 @@ unsafe fn keep_row(
     Ok(())
 }
 
-/// An elementwise recurrence (no per-step GEMM) runs as one kernel call
-/// that walks every sequence through time: each row's state pointers point
-/// at the previous step's next state, so the rows of one sequence must run
-/// in order, and threads take whole sequences. Returns the final states, or
-/// `None` when the layer is not of that shape.
-fn forward_whole_sequence(
+/// A whole-sequence kernel over a job's sequences, shared out between
+/// `threads` threads.
+struct Walk<'a, J> {
+    job: &'a J,
+    exec: &'a dyn StageExec,
     threads: usize,
-    code: &LayerCode,
-    job: &ForwardJob,
+}
+
+/// The plan's whole-sequence loop: one kernel call that walks every
+/// sequence through time. Each row's state pointers point at the previous
+/// step's next state, so the rows of one sequence run in order, and
+/// threads take whole sequences. Returns the final states.
+fn forward_whole_sequence(
+    walk: &Walk<ForwardJob>,
+    (output_value, next_states): (ValueId, &[ValueId]),
     output: &mut RowsMut,
     bufs: &mut Buffers,
     weights: &PreparedParams,
-    tape: Option<(&mut CpuTape, &[ValueId])>,
-) -> Result<Option<Vec<Vec<f32>>>> {
-    // The tape, and the saved values to copy into it (the rest are written there directly).
-    let (mut tape, copied) = match tape {
-        Some((t, copied)) => (Some(t), copied),
-        None => (None, &[][..]),
-    };
-    // The schedule's decision: one stage that is the whole recurrence.
-    let whole = code.forward.iter().find_map(|s| match s {
-        ReadyStage::Pointwise { exec, whole_sequence: true, .. } => Some(exec),
-        _ => None,
-    });
-    let Some(exec) = whole else { return Ok(None) };
-    let (g, plan) = (&*code.fwd_graph, &*code.fwd_plan);
-    let cell = &job.cell.forward;
+    pass: &PassPlan,
+    mut tape: Option<&mut CpuTape>,
+) -> Result<Vec<Vec<f32>>> {
+    let (job, exec) = (walk.job, walk.exec);
     let layer = job.layer;
-    if !cell.next_states.iter().chain(std::iter::once(&cell.output)).all(|v| exec.outputs().contains(v)) {
-        return Ok(None);
-    }
     let layout_rows = job.layout_rows();
     for &v in exec.outputs() {
-        // Saved values already written straight into the tape stay there.
-        if !matches!(bufs.loc(v), Some(Loc::TapeRows(_))) {
-            bufs.row_buf(v, plan.elements(v), layout_rows);
+        // Values written straight into the tape stay there.
+        if !matches!(pass.home(v), Some(Home::Tape(_))) {
+            bufs.row_buf(v, layer.forward_shapes.elements(v), layout_rows);
         }
     }
-    let state_of = |v: ValueId| match g.node(v).op {
-        Op::State(i) => Some(i),
-        _ => None,
-    };
     let frame = Frame::new(job.input, layer, job.params, weights);
     let k = exec.inputs().len() + exec.outputs().len();
     let order = job.order.order();
-    let chunks = threads.clamp(1, order.len().max(1));
+    let chunks = walk.threads.clamp(1, order.len().max(1));
     let mut tables: Vec<Vec<*mut f32>> = vec![Vec::new(); chunks];
+    // State `i` before step `s` of sequence `b`: the initial state, or the
+    // next state of the step before (no row holds a state here).
+    let state_before = |i: usize, b: usize, s: usize| -> Result<*mut f32> {
+        match s {
+            0 => Ok(job.h0[i][b * layer.state_sizes[i]..].as_ptr() as *mut f32),
+            _ => locate(bufs, &frame, next_states[i], b, job.order.time(b, s - 1, job.reverse), 0),
+        }
+    };
+    // Value `v`'s row at step `s` of sequence `b`.
+    let row_of = |v: ValueId, b: usize, s: usize| -> Result<*mut f32> {
+        match pass.home(v) {
+            Some(Home::State(i)) => state_before(i, b, s),
+            _ => locate(bufs, &frame, v, b, job.order.time(b, s, job.reverse), 0),
+        }
+    };
+    let copy = |src: *mut f32, dst: &mut [f32]| {
+        // SAFETY: `src` is a row (from `row_of` or `state_before`) of the
+        // value `dst` has a row of: as many floats.
+        dst.copy_from_slice(unsafe { std::slice::from_raw_parts(src, dst.len()) })
+    };
     for s in 0..job.order.steps() {
         for (r, &b) in job.order.active(s).iter().enumerate() {
-            let t = job.order.time(b, s, job.reverse);
             let table = &mut tables[r % chunks];
-            for &v in exec.inputs() {
-                let p = match state_of(v) {
-                    Some(i) if s == 0 => {
-                        let m = layer.state_sizes[i];
-                        job.h0[i][b * m..].as_ptr() as *mut f32
-                    }
-                    Some(i) => locate(
-                        bufs,
-                        &frame,
-                        cell.next_states[i],
-                        b,
-                        job.order.time(b, s - 1, job.reverse),
-                        0,
-                    )?,
-                    None => locate(bufs, &frame, v, b, t, 0)?,
-                };
-                table.push(p);
-            }
-            for &v in exec.outputs() {
-                table.push(locate(bufs, &frame, v, b, t, 0)?);
+            for &v in exec.inputs().iter().chain(exec.outputs()) {
+                table.push(row_of(v, b, s)?);
             }
         }
     }
-    run_tables(exec.as_ref(), tables, k);
+    run_tables(exec, tables, k);
 
     let o = layer.output_size;
     let mut finals: Vec<Vec<f32>> =
@@ -767,98 +717,55 @@ fn forward_whole_sequence(
         for s in 0..len {
             let t = job.order.time(b, s, job.reverse);
             let out_row = output.layout.row(b, t) * output.width + output.offset;
-            copy_row(bufs, &frame, cell.output, (b, t, 0), &mut output.data[out_row..out_row + o])?;
+            copy(row_of(output_value, b, s)?, &mut output.data[out_row..out_row + o]);
             if let Some(tape) = tape.as_deref_mut() {
                 let row = job.input.layout.row(b, t);
-                if let Some(kept) = tape.output.as_deref_mut() {
-                    kept[row * o..(row + 1) * o].copy_from_slice(&output.data[out_row..out_row + o]);
-                }
-                for (i, &m) in layer.state_sizes.iter().enumerate() {
-                    if let Some(kept) = tape.states_before[i].as_deref_mut() {
-                        let before = &mut kept[row * m..(row + 1) * m];
-                        if s == 0 {
-                            before.copy_from_slice(&job.h0[i][b * m..(b + 1) * m]);
-                        } else {
-                            let previous = (b, job.order.time(b, s - 1, job.reverse), 0);
-                            copy_row(bufs, &frame, cell.next_states[i], previous, before)?;
-                        }
-                    }
-                    if let Some(kept) = tape.states_after[i].as_deref_mut() {
-                        copy_row(
-                            bufs,
-                            &frame,
-                            cell.next_states[i],
-                            (b, t, 0),
-                            &mut kept[row * m..(row + 1) * m],
-                        )?;
-                    }
-                }
-                for &v in copied {
-                    let len = plan.elements(v);
-                    let mut tmp = vec![0.0; len];
-                    copy_row(bufs, &frame, v, (b, t, 0), &mut tmp)?;
-                    if let Some(dst) = tape.saved.get_mut(&v) {
-                        dst[row * len..(row + 1) * len].copy_from_slice(&tmp);
+                for (write, (_, part)) in pass.tape.iter().zip(&mut tape.parts) {
+                    let width = part.len() / layout_rows.max(1);
+                    let dst = &mut part[row * width..(row + 1) * width];
+                    match write.source {
+                        _ if write.direct => {}
+                        TapeSource::StateBefore(i) => copy(state_before(i, b, s)?, dst),
+                        TapeSource::Value(v) => copy(row_of(v, b, s)?, dst),
                     }
                 }
             }
             if s + 1 == len {
                 for (i, &m) in layer.state_sizes.iter().enumerate() {
-                    copy_row(
-                        bufs,
-                        &frame,
-                        cell.next_states[i],
-                        (b, t, 0),
-                        &mut finals[i][b * m..(b + 1) * m],
-                    )?;
+                    copy(row_of(next_states[i], b, s)?, &mut finals[i][b * m..(b + 1) * m]);
                 }
             }
         }
     }
-    Ok(Some(finals))
+    Ok(finals)
 }
 
-/// The backward of an elementwise recurrence as one call walking each
-/// sequence backwards through time, the carried adjoints chained like the
-/// forward's states. Everything the stage computes is kept per row for
-/// after the loop. Returns false when the layer is not of that shape.
+/// The backward's whole-sequence loop: one call walking each sequence
+/// backwards through time, the carried adjoints chained like the forward's
+/// states (a state with no adjoint carries zeros). Everything the stage
+/// computes is kept per row for after the loop.
 fn backward_whole_sequence(
-    threads: usize,
-    code: &LayerCode,
-    job: &BackwardJob,
+    walk: &Walk<BackwardJob>,
     bufs: &mut Buffers,
     weights: &PreparedParams,
+    pass: &PassPlan,
     rank_order: &[usize],
     carry: &mut [Vec<f32>],
-) -> Result<bool> {
-    // The schedule's decision: one stage that is the whole recurrence.
-    let whole = code.backward.iter().find_map(|s| match s {
-        ReadyStage::Pointwise { exec, whole_sequence: true, .. } => Some(exec),
-        _ => None,
-    });
-    let Some(exec) = whole else { return Ok(false) };
-    let (g, plan) = (&*code.bwd_graph, &*code.bwd_plan);
-    let grad = &job.cell.backward;
+) -> Result<()> {
+    let (job, exec) = (walk.job, walk.exec);
     let layer = job.layer;
-    let d_states: Vec<ValueId> = match grad.d_states.iter().copied().collect::<Option<Vec<_>>>() {
-        Some(d) if d.iter().all(|v| exec.outputs().contains(v)) => d,
-        _ => return Ok(false),
-    };
     let layout_rows = job.layout_rows();
     for &v in exec.outputs() {
-        bufs.row_buf(v, plan.elements(v), layout_rows);
+        bufs.row_buf(v, layer.backward_shapes.elements(v), layout_rows);
     }
     let frame = Frame {
         d_output: Some((job.d_output, layer.output_size)),
         ..Frame::new(job.input, layer, job.params, weights)
     };
-    let carried = |v: ValueId| match g.node(v).op {
-        Op::Seed(k) if k > 0 => Some(k - 1),
-        _ => None,
-    };
+    let zeros = vec![0.0f32; layer.state_sizes.iter().copied().max().unwrap_or(0)];
     let k = exec.inputs().len() + exec.outputs().len();
     let order = job.order.order();
-    let chunks = threads.clamp(1, order.len().max(1));
+    let chunks = walk.threads.clamp(1, order.len().max(1));
     let mut tables: Vec<Vec<*mut f32>> = vec![Vec::new(); chunks];
     for s in (0..job.order.steps()).rev() {
         for (r, &b) in job.order.active(s).iter().enumerate() {
@@ -866,15 +773,17 @@ fn backward_whole_sequence(
             let last = s + 1 == job.order.lengths()[b];
             let table = &mut tables[r % chunks];
             for &v in exec.inputs() {
-                let p = match carried(v) {
-                    Some(i) if last => {
+                let p = match (pass.home(v), last) {
+                    (Some(Home::Carry(i)), true) => {
                         let m = layer.state_sizes[i];
                         job.d_final[i][b * m..].as_ptr() as *mut f32
                     }
-                    Some(i) => {
-                        locate(bufs, &frame, d_states[i], b, job.order.time(b, s + 1, job.reverse), 0)?
-                    }
-                    None => locate(bufs, &frame, v, b, t, 0)?,
+                    (Some(Home::Carry(i)), false) => match pass.carried[i] {
+                        Some(d) => locate(bufs, &frame, d, b, job.order.time(b, s + 1, job.reverse), 0)?,
+                        // Read only: the kernel's inputs are never written.
+                        None => zeros.as_ptr() as *mut f32,
+                    },
+                    _ => locate(bufs, &frame, v, b, t, 0)?,
                 };
                 table.push(p);
             }
@@ -883,21 +792,31 @@ fn backward_whole_sequence(
             }
         }
     }
-    run_tables(exec.as_ref(), tables, k);
+    run_tables(exec, tables, k);
     // The adjoints of the initial states: the carry out of each sequence's first step.
     for (r, &b) in rank_order.iter().enumerate() {
         let t = job.order.time(b, 0, job.reverse);
         for (i, &m) in layer.state_sizes.iter().enumerate() {
-            copy_row(bufs, &frame, d_states[i], (b, t, 0), &mut carry[i][r * m..(r + 1) * m])?;
+            let dst = &mut carry[i][r * m..(r + 1) * m];
+            match pass.carried[i] {
+                Some(d) => copy_row(bufs, &frame, d, (b, t, 0), dst)?,
+                None => dst.fill(0.0),
+            }
         }
     }
-    Ok(true)
+    Ok(())
 }
 
 /// Carried adjoint `i` as each row of a whole-sequence backward saw it:
 /// the state adjoint its next step computed, or the final state's adjoint
 /// at a sequence's last step.
-fn seeds_per_row(job: &BackwardJob, bufs: &mut Buffers, i: usize, layout_rows: usize) -> Result<Vec<f32>> {
+fn seeds_per_row(
+    job: &BackwardJob,
+    pass: &PassPlan,
+    bufs: &Buffers,
+    i: usize,
+    layout_rows: usize,
+) -> Result<Vec<f32>> {
     let layer = job.layer;
     let m = layer.state_sizes[i];
     let mut data = pool::take_zeroed(layout_rows * m);
@@ -910,7 +829,7 @@ fn seeds_per_row(job: &BackwardJob, bufs: &mut Buffers, i: usize, layout_rows: u
             let dst = &mut data[row * m..(row + 1) * m];
             if s + 1 == len {
                 dst.copy_from_slice(&job.d_final[i][b * m..(b + 1) * m]);
-            } else if let Some(d) = job.cell.backward.d_states[i] {
+            } else if let Some(d) = pass.carried[i] {
                 copy_row(bufs, &frame, d, (b, job.order.time(b, s + 1, job.reverse), 0), dst)?;
             }
         }
@@ -925,17 +844,10 @@ fn run_tables(exec: &dyn StageExec, tables: Vec<Vec<*mut f32>>, k: usize) {
     threads::for_each(tables.len(), &|i| {
         let table = tables[i].get();
         // SAFETY: pointers from `locate` (or the caller's h0 / final
-        // adjoints), valid for their values; tables write disjoint sequences.
+        // adjoints, or a row of zeros), valid for their values; tables
+        // write disjoint sequences.
         unsafe { exec.run(table.len() / k.max(1), table) }
     });
-}
-
-/// The first float of a tape part the backward reads as `v` (which the
-/// program's tape keeps wherever its backward reads one).
-fn kept(part: &Option<TapeBuf>, v: ValueId) -> Result<*const f32> {
-    part.as_ref().map(|p| p.as_ptr()).ok_or_else(|| {
-        RuntimeError::Internal(format!("the backward reads {v}, which the tape does not keep"))
-    })
 }
 
 fn backward(
@@ -946,58 +858,36 @@ fn backward(
     d_input: &mut RowsMut,
 ) -> Result<BackwardResult> {
     let (g, plan) = (&*code.bwd_graph, &*code.bwd_plan);
-    let grad = &job.cell.backward;
     let layer = job.layer;
+    let pass = layer.pass(Side::Backward, true);
     let batch = job.order.batch();
     let layout_rows = job.layout_rows();
     let mut bufs = Buffers::new();
     constants(g, plan, &mut bufs);
-    leaf_locations(g, layer, Side::Backward, &mut bufs);
-    // Forward values the backward reads from memory: the tape's rows.
-    for v in g.values() {
-        let (data, len) = match layer.storage(Side::Backward, v, true) {
-            Some(Storage::State(i)) => (kept(&tape.states_before[i], v)?, layer.state_sizes[i]),
-            Some(Storage::NextState(i)) => (kept(&tape.states_after[i], v)?, layer.state_sizes[i]),
-            Some(Storage::Output { .. }) => (kept(&tape.output, v)?, layer.output_size),
-            Some(Storage::Saved) => match tape.saved.get(&v) {
-                Some(data) => (data.as_ptr(), plan.elements(v)),
-                None => return Err(RuntimeError::Internal(format!("{v} is saved but not in the tape"))),
-            },
-            _ => continue,
-        };
-        bufs.place(v, Loc::TapeRows(data as *mut f32), len);
+    leaf_locations(pass, plan, &mut bufs);
+    // Forward values the backward reads: the tape's rows.
+    for (v, home) in pass.homes() {
+        if let Home::Tape(kept) = home {
+            bufs.place(v, Loc::TapeRows(tape.part(kept)?.as_ptr() as *mut f32), plan.elements(v));
+        }
     }
-    // Storage for what the stages compute; per-step values that are needed
-    // after the loop are also kept per row.
-    let mut persisted: Vec<ValueId> = Vec::new();
-    for st in &code.backward {
+    // Storage for what the stages compute: per-step values in rank rows,
+    // copied into layout rows each step where the plan keeps them for
+    // after the loop.
+    let each_step = pass.stages_at(Placement::EachStep);
+    for (k, st) in code.backward.iter().enumerate() {
         for v in st.outputs() {
-            match (layer.storage(Side::Backward, v, true), st.placement()) {
-                (Some(Storage::Fixed), _) => {}
-                (_, Placement::EachStep) => {
-                    bufs.rank_buf(v, plan.elements(v), batch);
-                    // Kept per row too when the work after the loop reads it
-                    // (the program's `Steps` values, and the state adjoints).
-                    if layer.read_after_loop(v) {
-                        persisted.push(v);
-                    }
-                }
+            match pass.home(v) {
+                Some(Home::Fixed) => {}
+                _ if each_step.contains(&k) => bufs.rank_buf(v, plan.elements(v), batch),
                 _ => bufs.row_buf(v, plan.elements(v), layout_rows),
             }
         }
     }
-    // Carried adjoints read after the loop (a weight gradient `d_h' ⊗ h`, a
-    // parameter whose gradient is `d_h'` itself) are kept per row too.
-    let seeds_after: Vec<(ValueId, usize)> = g
-        .values()
-        .filter_map(|v| match layer.storage(Side::Backward, v, true) {
-            Some(Storage::CarriedAdjoint(i)) if layer.read_after_loop(v) => Some((v, i)),
-            _ => None,
-        })
-        .collect();
-    persisted.extend(seeds_after.iter().map(|&(v, _)| v));
+    let persisted = pass.kept_for_after_loop.iter().copied();
+    let persisted = persisted.chain(pass.carries_for_after_loop.iter().map(|&(v, _)| v));
     let mut kept: HashMap<ValueId, Vec<f32>> =
-        persisted.iter().map(|&v| (v, pool::take(layout_rows * plan.elements(v)))).collect();
+        persisted.map(|v| (v, pool::take(layout_rows * plan.elements(v)))).collect();
 
     let team = Team::new(job.order, threads);
     let order = team.order();
@@ -1020,15 +910,19 @@ fn backward(
         let frame = Frame { d_output: d_out, ..Frame::new(job.input, layer, job.params, weights) };
         let mut none = HashMap::new();
         let all = AllRows { order: job.order, rows: &all_rows, shape: &shape, threads };
-        run_all_rows(&code.backward, Placement::BeforeLoop, &mut bufs, &frame, &all, &mut none)?;
+        run_all_rows(&code.backward, &pass.before_loop, &mut bufs, &frame, &all, &mut none)?;
     }
-    let whole = backward_whole_sequence(threads, code, job, &mut bufs, weights, order, &mut carry)?;
-    if whole {
+    if let TimeLoop::WholeSequence(k) = pass.time_loop {
+        let ReadyStage::Pointwise { exec } = &code.backward[k] else {
+            return Err(RuntimeError::Internal("a whole-sequence stage that is not a kernel".into()));
+        };
+        let walk = Walk { job, exec: exec.as_ref(), threads };
+        backward_whole_sequence(&walk, &mut bufs, weights, pass, order, &mut carry)?;
         // The kernel kept every value per row; the carried adjoints are
         // the next row's state adjoints, or the final ones.
         kept.clear();
-        for &(v, i) in &seeds_after {
-            kept.insert(v, seeds_per_row(job, &mut bufs, i, layout_rows)?);
+        for &(v, i) in &pass.carries_for_after_loop {
+            kept.insert(v, seeds_per_row(job, pass, &bufs, i, layout_rows)?);
         }
     } else {
         // The loop, backwards in time. Each thread writes only its ranks'
@@ -1055,7 +949,7 @@ fn backward(
                     // read it, and the kept rows above were copied first.
                     for (i, &m) in layer.state_sizes.iter().enumerate() {
                         let dst = carry_rows[i].at(r * m);
-                        match grad.d_states[i] {
+                        match pass.carried[i] {
                             Some(v) => std::ptr::copy(locate(&bufs, &frame, v, b, t, r)?, dst, m),
                             None => std::ptr::write_bytes(dst, 0, m),
                         }
@@ -1068,6 +962,7 @@ fn backward(
         let each_step = StepLoop {
             team: &team,
             stages: &code.backward,
+            each_step,
             bufs: &bufs,
             frame: &frame,
             shape: &shape,
@@ -1086,29 +981,31 @@ fn backward(
         Frame { carry: &carry_rows, d_output: d_out, ..Frame::new(job.input, layer, job.params, weights) };
     let mut matrices: HashMap<ValueId, Vec<f32>> = HashMap::new();
     let all = AllRows { order: job.order, rows: &all_rows, shape: &shape, threads };
-    run_all_rows(&code.backward, Placement::AfterLoop, &mut bufs, &frame, &all, &mut matrices)?;
+    run_all_rows(&code.backward, &pass.after_loop, &mut bufs, &frame, &all, &mut matrices)?;
     // Parameter gradients: accumulated products, or per-row values summed over rows.
     let mut d_params = Vec::with_capacity(job.params.len());
-    for (i, d) in grad.d_params.iter().enumerate() {
+    for (i, d) in pass.d_params.iter().enumerate() {
         let len = job.params[i].len();
-        let Some(v) = d else {
-            d_params.push(vec![0.0; len]);
-            continue;
-        };
-        if let Some(m) = matrices.get(v) {
-            d_params.push(m.clone());
-            continue;
+        match *d {
+            None => d_params.push(vec![0.0; len]),
+            Some(ParamGradient::Matrix(v)) => d_params.push(
+                matrices
+                    .remove(&v)
+                    .ok_or_else(|| RuntimeError::Internal(format!("weight gradient {v} is not computed")))?,
+            ),
+            Some(ParamGradient::SumOfRows(v)) => {
+                let rows: Vec<*const f32> = all_rows
+                    .iter()
+                    .map(|&(b, t, _)| locate(&bufs, &frame, v, b, t, 0).map(|p| p as *const f32))
+                    .collect::<Result<_>>()?;
+                let mut acc = vec![0.0f32; len];
+                // SAFETY: each pointer is a located row of `len` floats of v.
+                unsafe { sum_rows(&rows, &mut acc, threads) };
+                d_params.push(acc);
+            }
         }
-        let rows: Vec<*const f32> = all_rows
-            .iter()
-            .map(|&(b, t, _)| locate(&bufs, &frame, *v, b, t, 0).map(|p| p as *const f32))
-            .collect::<Result<_>>()?;
-        let mut acc = vec![0.0f32; len];
-        // SAFETY: each pointer is a located row of `len` floats of v.
-        unsafe { sum_rows(&rows, &mut acc, threads) };
-        d_params.push(acc);
     }
-    for (d, &(o, l)) in grad.d_inputs.iter().zip(&layer.input_slices) {
+    for (d, &(o, l)) in pass.d_inputs.iter().zip(&layer.input_slices) {
         let Some(v) = d else { continue };
         for &(b, t, _) in &all_rows {
             let p = locate(&bufs, &frame, *v, b, t, 0)?;
@@ -1142,18 +1039,18 @@ struct AllRows<'a> {
     threads: usize,
 }
 
-/// Runs the steps placed at `placement` (before or after the loop) over
+/// Runs the stages `which` (the plan's before or after the loop) over
 /// every valid row: products as GEMMs over all rows (weight gradients
 /// summed into `matrices`), kernels over every row.
 fn run_all_rows(
     steps: &[ReadyStage],
-    placement: Placement,
+    which: &[usize],
     bufs: &mut Buffers,
     frame: &Frame,
     all: &AllRows,
     matrices: &mut HashMap<ValueId, Vec<f32>>,
 ) -> Result<()> {
-    for st in steps.iter().filter(|s| s.placement() == placement) {
+    for st in which.iter().map(|&k| &steps[k]) {
         match st {
             ReadyStage::Gemm { products, .. } => {
                 gemm_all_rows(products, bufs, frame, all.order, matrices, all.shape, all.threads)?

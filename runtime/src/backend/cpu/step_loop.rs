@@ -9,7 +9,6 @@ use super::threads;
 use crate::error::{Result, RuntimeError};
 use crate::sequence::BatchOrder;
 use cellc::ir::ValueId;
-use cellc::schedule::Placement;
 use std::ops::Range;
 
 /// What the per-row bookkeeping after a step is: `(step, ranks)`.
@@ -18,8 +17,10 @@ pub type AfterStep<'a> = dyn Fn(usize, Range<usize>) -> Result<()> + Sync + 'a;
 /// Everything the threads share.
 pub struct StepLoop<'a> {
     pub team: &'a Team,
-    /// The layer's stages; the loop runs those placed at each step.
+    /// The layer's stages.
     pub stages: &'a [ReadyStage],
+    /// The stages the loop runs each step, in order (the pass's plan's).
+    pub each_step: &'a [usize],
     pub bufs: &'a Buffers,
     pub frame: &'a Frame<'a>,
     pub shape: &'a (dyn Fn(ValueId) -> (usize, usize) + Sync),
@@ -63,11 +64,9 @@ impl StepLoop<'_> {
         };
         let parts = if units { (i, self.team.threads) } else { (0, 1) };
         let mut table: Vec<*mut f32> = Vec::new();
-        let each_step: Vec<&ReadyStage> =
-            self.stages.iter().filter(|s| s.placement() == Placement::EachStep).collect();
         for &s in steps {
-            for st in &each_step {
-                let done = match st {
+            for &k in self.each_step {
+                let done = match &self.stages[k] {
                     ReadyStage::Gemm { products, .. } => {
                         let rows = self.team.product_rows(i, s);
                         products.iter().try_for_each(|p| {

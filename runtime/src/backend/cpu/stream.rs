@@ -85,21 +85,19 @@ impl Cpu {
 impl LayerStep {
     fn new(code: Arc<LayerCode>, job: &StreamJob, k: usize) -> Result<LayerStep> {
         let (g, plan) = (&*code.fwd_graph, &*code.fwd_plan);
-        let (layer, batch, cell) = (&job.layers[k], job.batch, &job.cell.forward);
+        let (layer, batch) = (&job.layers[k], job.batch);
         let weights = job.prepared[k]
             .get_or_init(|| super::prepared::PreparedParams::new(job.params[k].len()))
             .ok_or_else(|| RuntimeError::Internal("another back end's weights in a cpu model".into()))?;
         let mut bufs = Buffers::new();
         constants(g, plan, &mut bufs);
-        leaf_locations(g, layer, Side::Forward, &mut bufs);
-        let mut stages: Vec<&ReadyStage> = code.forward.iter().collect();
+        let pass = layer.pass(Side::Forward, false);
+        leaf_locations(pass, plan, &mut bufs);
         // Hoisted stages read only inputs and parameters: on one step's rows
         // they run first, as over all rows before the loop.
-        stages.sort_by_key(|st| match st.placement() {
-            Placement::BeforeLoop => 0,
-            Placement::EachStep => 1,
-            Placement::AfterLoop => 2,
-        });
+        let order = [Placement::BeforeLoop, Placement::EachStep, Placement::AfterLoop];
+        let stages: Vec<&ReadyStage> =
+            order.iter().flat_map(|&at| pass.stages_at(at)).map(|&k| &code.forward[k]).collect();
         for st in &stages {
             for v in st.outputs() {
                 bufs.rank_buf(v, plan.elements(v), batch);
@@ -144,12 +142,14 @@ impl LayerStep {
                 }
             }
         }
+        let missing = |what: &str| RuntimeError::Internal(format!("a forward without {what}"));
+        let output = pass.output.ok_or_else(|| missing("an output"))?;
         let outputs = (0..batch)
-            .map(|b| locate(&bufs, &frame, cell.output, b, 0, b).map(|p| p as *const f32))
+            .map(|b| locate(&bufs, &frame, output, b, 0, b).map(|p| p as *const f32))
             .collect::<Result<_>>()?;
         let mut next_states = Vec::new();
         for (i, &n) in layer.state_sizes.iter().enumerate() {
-            let next = cell.next_states[i];
+            let next = pass.carried[i].ok_or_else(|| missing("a next state"))?;
             for b in 0..batch {
                 // SAFETY: state `i` holds `batch` rows of `n` floats.
                 let row = unsafe { state_rows[i].at(b * n) };

@@ -15,13 +15,15 @@
 use super::calls::Calls;
 use super::device::{Device, Module};
 use super::forward::params_on_device;
+use super::forward::tape_part;
 use super::storage::{error, tape_homes, Home, LayerRun};
 use crate::backend::{check_tape, BackwardJob, BackwardResult, RowsMut};
 use crate::cell::{CompiledCell, Layer};
 use crate::error::Result;
+use crate::plan::{Home as PlanHome, ParamGradient};
 use cellc::cuda::Kernel;
-use cellc::ir::{Graph, Type, ValueId};
-use cellc::program::{Kept, Side, Storage};
+use cellc::ir::Graph;
+use cellc::program::Side;
 use cellc::schedule::Placement;
 
 /// The memory of a layer's backward that is not the pass's own, on the
@@ -109,37 +111,16 @@ pub fn backward_on(
 ) -> Result<()> {
     let device = pass.device;
     let g: &Graph = &cell.backward.graph;
-    let grad = &cell.backward;
-    let plan = &layer.backward_shapes;
+    let plan = layer.pass(Side::Backward, true);
+    let shapes = &layer.backward_shapes;
     let stages = &layer.schedule.backward;
     let batch = pass.batch();
     let mut calls = Calls::new(device.block_size());
 
     // The input, the parameters, and what the tape keeps: states before
     // and after the step, the output and the saved values.
-    pass.place_input_and_constants(g, plan, io.input, &layer.input_slices)?;
+    pass.place_input_and_constants((g, shapes), plan, io.input, &layer.input_slices)?;
     let tape = tape_homes(layer, pass.layout_rows, io.tape);
-    let kept = |kept: Kept| {
-        let home = tape.iter().find(|(k, _)| *k == kept).map(|&(_, h)| h);
-        home.ok_or_else(|| error(format!("the backward reads {kept:?}, which the tape does not keep")))
-    };
-    for &(k, home) in &tape {
-        if let Kept::Saved(v) = k {
-            pass.place(v, home);
-        }
-    }
-    let storage = |v: ValueId| layer.storage(Side::Backward, v, true);
-    for v in g.values() {
-        match storage(v) {
-            Some(Storage::Param(i)) => {
-                pass.place(v, Home::Fixed(*io.params.get(i).ok_or_else(|| error("no parameter"))?))
-            }
-            Some(Storage::State(i)) => pass.place(v, kept(Kept::StateBefore(i))?),
-            Some(Storage::NextState(i)) => pass.place(v, kept(Kept::StateAfter(i))?),
-            Some(Storage::Output { .. }) => pass.place(v, kept(Kept::Output)?),
-            _ => {}
-        }
-    }
     // The output's adjoint, and the carried adjoints of the states (each
     // sequence's final-state adjoint in the slot after its last step).
     let lengths = pass.order.lengths();
@@ -147,27 +128,31 @@ pub fn backward_on(
     for (i, &m) in layer.state_sizes.iter().enumerate() {
         let carry = calls.scatter_sequences(pass, io.d_final[i], m, |b| lengths[b])?;
         carries.push(carry);
-        if let Some(v) = grad.d_states[i] {
-            if storage(v) != Some(Storage::StateAdjoint(i)) {
+        if let Some(v) = plan.carried[i] {
+            if plan.home(v) != Some(PlanHome::StateAdjoint(i)) {
                 return Err(error(format!("the adjoint of state {i} is not computed by a stage of its own")));
             }
             pass.place(v, carry);
         }
     }
-    for v in g.values() {
-        match storage(v) {
-            Some(Storage::OutputAdjoint) => pass.place(v, io.d_output),
-            Some(Storage::CarriedAdjoint(k)) => pass.place(v, carries[k].next_slot(batch)),
+    for (v, home) in plan.homes() {
+        match home {
+            PlanHome::Param(i) => {
+                pass.place(v, Home::Fixed(*io.params.get(i).ok_or_else(|| error("no parameter"))?))
+            }
+            PlanHome::Tape(kept) => pass.place(v, tape_part(&tape, kept)?),
+            PlanHome::OutputAdjoint => pass.place(v, io.d_output),
+            PlanHome::Carry(k) => pass.place(v, carries[k].next_slot(batch)),
             _ => {}
         }
     }
     // Per-step values read after the loop are kept for every step.
-    for st in stages.iter().filter(|s| s.placement == Placement::EachStep) {
-        for &v in &st.outputs {
+    for &k in plan.stages_at(Placement::EachStep) {
+        for &v in &stages[k].outputs {
             if !pass.has_home(v) {
-                let len = plan.elements(v);
-                match storage(v) {
-                    Some(Storage::Steps) => pass.place_steps(v, len)?,
+                let len = shapes.elements(v);
+                match plan.home(v) {
+                    Some(PlanHome::Steps) => pass.place_steps(v, len)?,
                     _ => pass.place_rank(v, len)?,
                 };
             }
@@ -175,30 +160,31 @@ pub fn backward_on(
     }
 
     // Before the loop: products that read no carried adjoint, over all rows.
-    calls.all_rows_stages(pass, (g, plan), kernels, stages, Placement::BeforeLoop)?;
-    calls.time_loop(pass, (g, plan), kernels, stages, true)?;
+    calls.all_rows_stages(pass, (g, shapes), kernels, stages, &plan.before_loop)?;
+    calls.time_loop(pass, (g, shapes), kernels, (stages, &plan.time_loop), true)?;
     // After the loop: products over all steps, then what is computed from them.
-    calls.all_rows_stages(pass, (g, plan), kernels, stages, Placement::AfterLoop)?;
+    calls.all_rows_stages(pass, (g, shapes), kernels, stages, &plan.after_loop)?;
     // Parameter gradients: weight products are matrices already; vectors are summed over rows.
-    for ((d, &(rows, cols)), &dst) in grad.d_params.iter().zip(&layer.param_shapes).zip(&io.d_params) {
+    for ((d, &(rows, cols)), &dst) in plan.d_params.iter().zip(&layer.param_shapes).zip(&io.d_params) {
         let len = rows * cols;
-        match d {
-            None => calls.zero(dst, len),
-            Some(v) => {
-                let at = match (g.ty(*v), pass.home(*v)?) {
-                    (Type::Matrix(..), Home::Fixed(at)) => at,
-                    (Type::Matrix(..), other) => {
-                        return Err(error(format!("the gradient of a matrix parameter is held as {other:?}")))
-                    }
-                    _ => calls.column_sum(pass, plan, *v)?,
-                };
-                calls.copy_floats(pass, dst, at, len)?;
+        let at = match *d {
+            None => {
+                calls.zero(dst, len);
+                continue;
             }
-        }
+            Some(ParamGradient::Matrix(v)) => match pass.home(v)? {
+                Home::Fixed(at) => at,
+                other => {
+                    return Err(error(format!("the gradient of a matrix parameter is held as {other:?}")))
+                }
+            },
+            Some(ParamGradient::SumOfRows(v)) => calls.column_sum(pass, shapes, v)?,
+        };
+        calls.copy_floats(pass, dst, at, len)?;
     }
     // The input's adjoint: each input's rows added into its features.
     let (layout, valid) = (pass.layout, pass.valid_rows());
-    for (d, &(offset, len)) in grad.d_inputs.iter().zip(&layer.input_slices) {
+    for (d, &(offset, len)) in plan.d_inputs.iter().zip(&layer.input_slices) {
         let Some(v) = d else { continue };
         let home = pass.home(*v)?;
         let pairs: Vec<(u64, u64)> = valid

@@ -8,9 +8,10 @@
 use super::device::{Arg, Call, Gemm};
 use super::storage::{error, Home, LayerRun, Order, Row};
 use crate::error::Result;
+use crate::plan::TimeLoop;
 use cellc::cuda::Kernel;
 use cellc::ir::{Graph, Op, ValueId};
-use cellc::schedule::{Placement, Stage, StageKind};
+use cellc::schedule::{Stage, StageKind};
 use cellc::shapes::Shapes;
 use std::collections::HashMap;
 
@@ -161,7 +162,7 @@ impl Calls {
         }
     }
 
-    /// The stages of `stages` placed at `placement` (before or after the
+    /// The stages `which` of `stages` (the plan's before or after the
     /// loop), over every row at once: products as GEMMs over all rows,
     /// kernels over every valid row (outputs with no home yet get a `Steps`
     /// one). Sums over steps are the caller's.
@@ -171,10 +172,10 @@ impl Calls {
         (graph, plan): (&Graph, &Shapes),
         kernels: &[(usize, Kernel)],
         stages: &[Stage],
-        placement: Placement,
+        which: &[usize],
     ) -> Result<()> {
         let valid = pass.valid_rows();
-        for (i, st) in stages.iter().enumerate().filter(|(_, s)| s.placement == placement) {
+        for (i, st) in which.iter().map(|&i| (i, &stages[i])) {
             match st.kind {
                 StageKind::Gemm => {
                     for &v in &st.values {
@@ -200,21 +201,20 @@ impl Calls {
         Ok(())
     }
 
-    /// The time loop of `stages` (a side's schedule): one whole-sequence
-    /// kernel walking each sequence, or the per-step stages step by step;
-    /// in reverse time when `backwards`.
+    /// The plan's time loop over `stages` (a side's schedule): one
+    /// whole-sequence kernel walking each sequence, or the per-step stages
+    /// step by step; in reverse time when `backwards`.
     pub fn time_loop(
         &mut self,
         pass: &mut LayerRun,
         (graph, plan): (&Graph, &Shapes),
         kernels: &[(usize, Kernel)],
-        stages: &[Stage],
+        (stages, time_loop): (&[Stage], &TimeLoop),
         backwards: bool,
     ) -> Result<()> {
-        let each_step: Vec<(usize, &Stage)> =
-            stages.iter().enumerate().filter(|(_, s)| s.placement == Placement::EachStep).collect();
-        if let [(i, st)] = each_step[..] {
-            if matches!(st.kind, StageKind::WholeSequence { .. }) {
+        let each_step: Vec<(usize, &Stage)> = match time_loop {
+            TimeLoop::Steps(each_step) => each_step.iter().map(|&i| (i, &stages[i])).collect(),
+            &TimeLoop::WholeSequence(i) => {
                 let sequences: Vec<Vec<Row>> = (0..pass.batch())
                     .map(|r| {
                         let mut rows = pass.sequence(r);
@@ -226,7 +226,7 @@ impl Calls {
                     .collect();
                 return self.sequences(pass, kernel_of(kernels, i)?, &sequences);
             }
-        }
+        };
         let mut steps: Vec<usize> = (0..pass.steps()).collect();
         if backwards {
             steps.reverse();

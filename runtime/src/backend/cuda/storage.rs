@@ -23,8 +23,9 @@ pub(super) use super::device::error;
 use super::device::{Buf, Device};
 use crate::cell::Layer;
 use crate::error::Result;
+use crate::plan::{Home as PlanHome, PassPlan};
 use crate::sequence::{BatchOrder, RowLayout};
-use cellc::ir::{Graph, Op, ValueId};
+use cellc::ir::{Graph, ValueId};
 use cellc::program::Kept;
 use cellc::shapes::Shapes;
 use std::collections::HashMap;
@@ -208,20 +209,20 @@ impl<'a> LayerRun<'a> {
         }
     }
 
-    /// Places the graph's input leaves (features of the layer input at
-    /// `input`) and its constants.
+    /// Places the pass's input leaves (features of the layer input at
+    /// `input`), as its plan says, and uploads the graph's constants.
     pub fn place_input_and_constants(
         &mut self,
-        graph: &Graph,
-        plan: &Shapes,
+        (graph, plan): (&Graph, &Shapes),
+        pass: &PassPlan,
         input: Home,
         input_slices: &[(usize, usize)],
     ) -> Result<()> {
         let Home::Layout { base, width } = input else {
             return Err(error("the layer input is not in the caller's layout"));
         };
-        for v in graph.values() {
-            if let Op::Input(i) = graph.node(v).op {
+        for (v, home) in pass.homes() {
+            if let PlanHome::Input(i) = home {
                 self.place(v, Home::Layout { base: base + 4 * input_slices[i].0 as u64, width });
             }
         }
