@@ -454,6 +454,9 @@ fn run_backend(
         out_tol,
     )?;
     states(&out.final_states, &format!("inference ({inference})"))?;
+    if !m.config().bidirectional {
+        stream(m, batch, &w.out, out_tol)?;
+    }
 
     let x = LaidOut::inputs(batch, training, features)?;
     let dy = batch.lay_out(training, &batch.d_out, outputs)?;
@@ -492,6 +495,38 @@ fn run_backend(
                 format!("{}{}", names[p], cellc_runtime::model::weight_suffix(slot / dirs, slot % dirs == 1));
             compare(&format!("backward ({training}) d_{name}"), g, &w.d_params[slot][p], grad_tol)?;
         }
+    }
+    Ok(())
+}
+
+/// The model as a stream ([`Model::stream`], a one-directional model):
+/// every sequence side by side over the steps they all have, from the
+/// batch's initial states, the first step in one call and the rest in a
+/// second (the states carried between calls), against the oracle's rows.
+fn stream(m: &Model, batch: &Batch, want: &[Vec<Vec<f64>>], tol: f64) -> Result<(), String> {
+    let steps = batch.lengths.iter().copied().min().unwrap_or(0);
+    let (b, o) = (batch.lengths.len(), m.output_size());
+    let mut stream = m.stream(b).map_err(|e| format!("stream: {e}"))?;
+    stream.set_states(&batch.h0).map_err(|e| format!("stream: {e}"))?;
+    let mut t = 0;
+    for chunk in [1, steps.saturating_sub(1)] {
+        let chunk = chunk.min(steps - t);
+        let x: Vec<f32> = (t..t + chunk)
+            .flat_map(|t| batch.xs.iter().flat_map(move |seq| seq[t].iter().copied()))
+            .collect();
+        let mut y = vec![0.0; chunk * b * o];
+        stream.run(&x, &mut y).map_err(|e| format!("stream: {e}"))?;
+        for (k, rows) in y.chunks(b * o.max(1)).enumerate() {
+            for (seq, row) in rows.chunks(o.max(1)).enumerate() {
+                compare(
+                    &format!("stream output (sequence {seq}, step {})", t + k),
+                    row,
+                    &want[seq][t + k],
+                    tol,
+                )?;
+            }
+        }
+        t += chunk;
     }
     Ok(())
 }
