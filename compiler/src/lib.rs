@@ -41,6 +41,7 @@ pub mod kernel;
 pub mod lower;
 pub mod passes;
 pub mod program;
+pub mod random;
 pub mod schedule;
 pub mod shapes;
 pub mod syntax;
