@@ -278,3 +278,57 @@ fn compile_output_with_quoted_source_lines_is_valid_cpp() {
     emu::gxx(&[cu], &["-fsyntax-only", "-Werror"], &dir.join("unused"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The prelude's Philox (`cellc_draw`), compiled as host C++ through the
+/// emulation header, draws exactly `cellc::random::draw`'s bits: the
+/// known answers, and every unit, step and sequence of a few keys.
+#[test]
+fn the_preludes_philox_draws_cellc_randoms_bits() {
+    use cellc::random::{draw, philox4x32_10, MaskStream, SHARED};
+    let dir = scratch_dir("philox");
+    let mut src = emu::emulation_source(&[]);
+    src.push_str(
+        "extern \"C\" unsigned cellc_test_draw(unsigned k0, unsigned k1, unsigned s, unsigned t, unsigned u) {\n\
+         \x20   return cellc_draw(k0, k1, s, t, u);\n}\n\
+         extern \"C\" void cellc_test_philox(unsigned* c, unsigned k0, unsigned k1) { cellc_philox(c, k0, k1); }\n",
+    );
+    let cu = dir.join("philox.cu");
+    std::fs::write(&cu, src).expect("source");
+    let so = dir.join("libphilox.so");
+    emu::gxx(&[cu], &["-shared"], &so);
+    // SAFETY: a library this test just built from the prelude.
+    let lib = unsafe { libloading::Library::new(&so) }.expect("dlopen");
+    type Draw = unsafe extern "C" fn(u32, u32, u32, u32, u32) -> u32;
+    type Philox = unsafe extern "C" fn(*mut u32, u32, u32);
+    // SAFETY: the symbols defined just above, with these signatures.
+    let (device_draw, device_philox) = unsafe {
+        (
+            lib.get::<Draw>(b"cellc_test_draw").expect("symbol"),
+            lib.get::<Philox>(b"cellc_test_philox").expect("symbol"),
+        )
+    };
+    let known = [([0u32; 4], [0u32; 2]), ([u32::MAX; 4], [u32::MAX; 2]), ([1, 2, 3, 4], [5, 6])];
+    for (counter, key) in known {
+        let mut c = counter;
+        // SAFETY: four words, as the function reads and writes.
+        unsafe { device_philox(c.as_mut_ptr(), key[0], key[1]) };
+        assert_eq!(c, philox4x32_10(counter, key), "counter {counter:x?} key {key:x?}");
+    }
+    for (seed, offset, layer) in [(0u64, 0u64, 0u32), (42, 7, 1), (u64::MAX, 1 << 40, 3)] {
+        let key = MaskStream { seed, offset, layer, direction: layer & 1, mask: 2 }.key();
+        for sequence in [0, 1, 5, SHARED] {
+            for step in [0, 1, 99, SHARED] {
+                for unit in 0..37 {
+                    // SAFETY: a pure function of its arguments.
+                    let got = unsafe { device_draw(key[0], key[1], sequence, step, unit) };
+                    assert_eq!(
+                        got,
+                        draw(key, sequence, step, unit),
+                        "seed {seed} sequence {sequence} step {step} unit {unit}"
+                    );
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

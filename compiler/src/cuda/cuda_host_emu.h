@@ -51,6 +51,9 @@ inline thread_local std::barrier<>* block_barrier = nullptr;
 inline void __syncthreads() {
     if (::cellc_emu::block_barrier) ::cellc_emu::block_barrier->arrive_and_wait();
 }
+inline unsigned __umulhi(unsigned a, unsigned b) {
+    return static_cast<unsigned>((static_cast<unsigned long long>(a) * b) >> 32);
+}
 inline float __int_as_float(unsigned x) {
     float f;
     std::memcpy(&f, &x, sizeof f);

@@ -16,6 +16,25 @@ __device__ __forceinline__ float cellc_min(float a, float b) { return isnan(a) |
 __device__ __forceinline__ float cellc_max(float a, float b) { return isnan(a) || isnan(b) ? a + b : fmaxf(a, b); }
 __device__ __forceinline__ float cellc_ge(float a, float b) { return isnan(a) || isnan(b) ? a + b : (a >= b ? 1.0f : 0.0f); }
 
+// Philox4x32-10 (cellc::random, the same rounds): counter c under key (k0, k1).
+__device__ __forceinline__ void cellc_philox(unsigned c[4], unsigned k0, unsigned k1) {
+    for (int round = 0; round < 10; ++round) {
+        if (round > 0) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
+        const unsigned lo0 = 0xD2511F53u * c[0], hi0 = __umulhi(0xD2511F53u, c[0]);
+        const unsigned lo1 = 0xCD9E8D57u * c[2], hi1 = __umulhi(0xCD9E8D57u, c[2]);
+        const unsigned c0 = hi1 ^ c[1] ^ k0, c2 = hi0 ^ c[3] ^ k1;
+        c[0] = c0; c[1] = lo1; c[2] = c2; c[3] = lo0;
+    }
+}
+// The 32 random bits of `unit` of the mask keyed (k0, k1), for `sequence`
+// at its `step` (cellc::random::draw). Selected, not indexed: c stays in registers.
+__device__ __forceinline__ unsigned cellc_draw(unsigned k0, unsigned k1, unsigned sequence, unsigned step, unsigned unit) {
+    unsigned c[4] = {unit / 4u, step, sequence, 0u};
+    cellc_philox(c, k0, k1);
+    const unsigned j = unit % 4u;
+    return j == 0u ? c[0] : (j == 1u ? c[1] : (j == 2u ? c[2] : c[3]));
+}
+
 // Sum of p[0..n) over the block: each thread adds its strided elements in
 // order, then a fixed tree over the shared slots (halving, the odd slot
 // out carried to the next level, so any block size works). Every thread
