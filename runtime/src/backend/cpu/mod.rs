@@ -18,6 +18,7 @@ pub mod codegen;
 mod driver;
 pub mod gemm;
 mod in_place;
+pub mod masks;
 pub mod native;
 pub(crate) mod openmp;
 pub mod panels;
