@@ -83,7 +83,14 @@ fn through_device_memory(
     let x = mem.put(data);
     let weights = put_weights(model, mem);
     let h0: Option<Vec<DeviceFloats>> = h0.map(|h| h.iter().map(|s| mem.put(s)).collect());
-    let call = DeviceCall { shape, input: x, weights: &weights, h0: h0.as_deref(), stream: mem.stream() };
+    let call = DeviceCall {
+        shape,
+        input: x,
+        weights: &weights,
+        h0: h0.as_deref(),
+        stream: mem.stream(),
+        masks: None,
+    };
     let nan = |n: usize| vec![f32::NAN; n];
     let out = DeviceForwardOut {
         output: mem.put(&nan(d_out.len())),
@@ -281,7 +288,7 @@ fn graphs_replay_over_device_memory(cuda: Cuda, mem: &mut dyn Memory) {
         d_h0: Vec::new(),
         d_params: weights.iter().map(|ps| ps.iter().map(|p| mem.put(&vec![0.0; p.len])).collect()).collect(),
     };
-    let call = DeviceCall { shape, input, weights: &weights, h0: None, stream: mem.stream() };
+    let call = DeviceCall { shape, input, weights: &weights, h0: None, stream: mem.stream(), masks: None };
     let reserve = mem.put(&vec![0.0; b * STEPS * model.reserve_floats_per_row()]);
     let mut first = None;
     for round in 0..5 {
@@ -340,7 +347,7 @@ fn bad_device_buffers_get_typed_errors() {
         RuntimeError::Shape { ref tensor, .. } if tensor == want => {}
         other => panic!("expected a shape error for `{want}`, got {other:?}"),
     };
-    let call = |weights| DeviceCall { shape, input, weights, h0: None, stream: 0 };
+    let call = |weights| DeviceCall { shape, input, weights, h0: None, stream: 0, masks: None };
 
     let short = DeviceForwardOut { output: DeviceFloats { len: 3, ..out.output }, ..out.clone() };
     shape_error(model.forward_into(&call(&weights), &short, None).unwrap_err(), "output");

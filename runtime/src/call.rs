@@ -11,6 +11,7 @@
 //! says which ([`CallerMemory`]), and both run through the one driver.
 
 use crate::driver::{BackwardSpans, ForwardSpans};
+use crate::dropout::MaskSeed;
 use crate::error::Result;
 use crate::exec::{BackwardOut, BatchShape, ForwardOut, Input};
 use crate::host_target::{HostTarget, PassParams};
@@ -28,6 +29,11 @@ pub struct Call<'a> {
     pub weights: Option<&'a [Vec<&'a [f32]>]>,
     /// Initial states, `[layers * directions, B, size]` each; `None`: zeros.
     pub h0: Option<&'a [&'a [f32]]>,
+    /// Training mode: where the call draws the masks of the model's
+    /// dropout ([`Model::with_dropout`]); give its backward the same.
+    /// `None`: evaluation mode, nothing dropped (as PyTorch's
+    /// `module.eval()`, with or without a reserve).
+    pub masks: Option<MaskSeed>,
 }
 
 pub(crate) mod sealed {
@@ -136,6 +142,7 @@ impl CallerMemory for Call<'_> {
             h0: self.h0_spans(),
             output: Span::of_mut(out.output),
             finals: out.final_states.into_iter().map(Span::of_mut).collect(),
+            dropout: model.caller_dropout(self.masks),
             reserve: reserve.map(Span::of_mut),
         };
         // SAFETY: every span is borrowed from the call, `out` or `reserve`
@@ -163,6 +170,7 @@ impl CallerMemory for Call<'_> {
             d_input: Span::of_mut(d_input),
             d_h0: (!d_h0.is_empty()).then(|| d_h0.into_iter().map(Span::of_mut).collect()),
             d_params: d_params.into_iter().map(|ps| ps.into_iter().map(Span::of_mut).collect()).collect(),
+            dropout: model.caller_dropout(self.masks),
         };
         // SAFETY: as in `forward`.
         let mut target = unsafe { HostTarget::new(model, &p, &params) };

@@ -15,6 +15,7 @@
 use crate::backend::DevicePasses;
 use crate::call::CallerMemory;
 use crate::driver::{BackwardSpans, ForwardSpans};
+use crate::dropout::MaskSeed;
 use crate::error::{Result, RuntimeError};
 use crate::exec::BatchShape;
 use crate::model::Model;
@@ -53,6 +54,11 @@ pub struct DeviceCall<'a> {
     /// The stream the pass is queued on (a `CUstream` handle; 0 is the
     /// legacy default stream). Ignored by a device without streams.
     pub stream: u64,
+    /// Training mode: where the call draws the masks of the model's
+    /// dropout ([`Model::with_dropout`]); give its backward the same.
+    /// `None`: evaluation mode, nothing dropped (as PyTorch's
+    /// `module.eval()`, with or without a reserve).
+    pub masks: Option<MaskSeed>,
 }
 
 /// Where a forward pass on the device writes: laid out as
@@ -119,6 +125,7 @@ impl CallerMemory for DeviceCall<'_> {
             output: span(out.output),
             finals: finals.iter().copied().map(span).collect(),
             reserve: reserve.map(span),
+            dropout: model.caller_dropout(self.masks),
         };
         let weights = self.weights.iter().map(|ps| ps.iter().copied().map(span).collect()).collect();
         let mut target = passes.target(&model.compiled, &model.layers, &p, weights, self.stream)?;
@@ -142,6 +149,7 @@ impl CallerMemory for DeviceCall<'_> {
             d_input: span(out.d_input),
             d_h0: (!out.d_h0.is_empty()).then(|| out.d_h0.iter().copied().map(span).collect()),
             d_params: out.d_params.iter().map(|ps| ps.iter().copied().map(span).collect()).collect(),
+            dropout: model.caller_dropout(self.masks),
         };
         let weights = self.weights.iter().map(|ps| ps.iter().copied().map(span).collect()).collect();
         let mut target = passes.target(&model.compiled, &model.layers, &p, weights, self.stream)?;

@@ -23,6 +23,7 @@
 //! - the backward's walk down the layers, each layer's input adjoint
 //!   becoming the adjoint of the output below.
 
+use crate::dropout::BetweenLayers;
 use crate::error::{Result, RuntimeError};
 use crate::model::Model;
 use crate::pass::{LayerBackward, LayerForward, PassTarget, RowSpan, Span};
@@ -39,6 +40,8 @@ pub struct ForwardSpans {
     pub finals: Vec<Span>,
     /// Training: [`Model::reserve_floats_per_row`] floats per layout row.
     pub reserve: Option<Span>,
+    /// Training mode: the dropout between layers, if any.
+    pub dropout: Option<BetweenLayers>,
 }
 
 /// The memory of a backward pass.
@@ -54,6 +57,8 @@ pub struct BackwardSpans {
     pub d_h0: Option<Vec<Span>>,
     /// `[layer * directions + direction][param]`.
     pub d_params: Vec<Vec<Span>>,
+    /// The dropout between layers of the forward, if any.
+    pub dropout: Option<BetweenLayers>,
 }
 
 /// One layer's part of a reserve: each direction's tape, then (but for the
@@ -213,6 +218,11 @@ impl Model {
                     tape: reserve.as_ref().map(|(r, parts)| r.part(parts[k].tape(d))),
                 })?;
             }
+            // In training mode, what the next layer reads (and what a
+            // reserve keeps for its backward) is dropped out.
+            if let (Some(dropout), false) = (&spans.dropout, k + 1 == self.layers.len()) {
+                target.drop_out(output, &dropout.after(k, dirs, layer.output_size))?;
+            }
             input = output;
         }
         Ok(())
@@ -275,6 +285,11 @@ impl Model {
                     d_h0: states(&d_h0),
                     d_params: spans.d_params[slot].clone(),
                 })?;
+            }
+            // The adjoint of the layer below's output, through the forward's dropout (drawn again).
+            if let (Some(dropout), Some(below)) = (&spans.dropout, k.checked_sub(1)) {
+                let rows = RowSpan { span: d_input, width: layer.input_size, offset: 0 };
+                target.drop_out(rows, &dropout.after(below, dirs, self.layers[below].output_size))?;
             }
             d_above = d_input;
         }

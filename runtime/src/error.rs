@@ -97,6 +97,13 @@ pub enum RuntimeError {
         /// What does not fit.
         message: String,
     },
+    /// A dropout rate out of range, or one the model does not have.
+    Rate {
+        /// The rate's name (`dropout`).
+        name: String,
+        /// What is wrong with it.
+        message: String,
+    },
     /// A model that cannot run step by step ([`crate::Model::stream`]).
     NotStreamable {
         /// Why not (e.g. a bidirectional model).
@@ -165,6 +172,7 @@ impl fmt::Display for RuntimeError {
                 write!(f, "size `{size}` has no value and cannot be inferred (bind it with -D {size}=N)")
             }
             RuntimeError::Layer { layer, message } => write!(f, "layer {layer}: {message}"),
+            RuntimeError::Rate { name, message } => write!(f, "rate `{name}` {message}"),
             RuntimeError::NotStreamable { reason } => write!(f, "this model cannot run step by step: {reason}"),
             RuntimeError::Backend { backend, message } => write!(f, "backend `{backend}`: {message}"),
             RuntimeError::Io { path, message } => write!(f, "{path}: {message}"),

@@ -6,6 +6,7 @@
 //! the crate's one driver.
 
 use crate::driver::{BackwardSpans, ForwardSpans};
+use crate::dropout::BetweenLayers;
 use crate::error::{Result, RuntimeError};
 use crate::host_target::HostTarget;
 use crate::model::Model;
@@ -114,6 +115,8 @@ pub struct Trace<'a> {
     input: Input<'a>,
     batch: LaidOutBatch,
     reserve: Vec<f32>,
+    /// The forward's dropout between layers, drawn again by the backward.
+    dropout: Option<BetweenLayers>,
 }
 
 impl Drop for Trace<'_> {
@@ -278,7 +281,7 @@ impl Model {
 
     /// Inference: runs every layer and direction over the batch.
     pub fn forward(&self, input: Input, h0: Option<&[Vec<f32>]>) -> Result<Output> {
-        let (out, ..) = self.forward_owned(input, h0, false)?;
+        let (out, ..) = self.forward_owned(input, h0, None, false)?;
         Ok(out)
     }
 
@@ -288,15 +291,18 @@ impl Model {
         input: Input<'a>,
         h0: Option<&[Vec<f32>]>,
     ) -> Result<(Output, Trace<'a>)> {
-        let (out, reserve, batch) = self.forward_owned(input, h0, true)?;
-        Ok((out, Trace { input, batch, reserve }))
+        let dropout = BetweenLayers::of(self.dropout, self.next_mask_seed());
+        let (out, reserve, batch) = self.forward_owned(input, h0, dropout, true)?;
+        Ok((out, Trace { input, batch, reserve, dropout }))
     }
 
-    /// A forward pass into buffers of its own (with `training`, a reserve too).
+    /// A forward pass into buffers of its own (with `training`, a reserve
+    /// too, and the dropout between layers `dropout`).
     fn forward_owned(
         &self,
         input: Input,
         h0: Option<&[Vec<f32>]>,
+        dropout: Option<BetweenLayers>,
         training: bool,
     ) -> Result<(Output, Vec<f32>, LaidOutBatch)> {
         let p = self.prepare(&input)?;
@@ -317,6 +323,7 @@ impl Model {
             output: Span::of_mut(&mut data),
             finals: final_states.iter_mut().map(|s| Span::of_mut(s)).collect(),
             reserve: training.then(|| Span::of_mut(&mut reserve)),
+            dropout,
         };
         // SAFETY: every span is a buffer of this function's or the caller's,
         // borrowed until the pass ends; those written are distinct buffers.
@@ -352,6 +359,7 @@ impl Model {
                 .iter_mut()
                 .map(|ps| ps.iter_mut().map(|s| Span::of_mut(s)).collect())
                 .collect(),
+            dropout: trace.dropout,
         };
         // SAFETY: as in `forward_owned`.
         let mut target = unsafe { HostTarget::new(self, p, &params) };

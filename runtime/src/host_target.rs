@@ -2,7 +2,9 @@
 //! [`PassTarget`] on which the model's back end runs each layer and
 //! direction the driver hands it, its spans read as slices.
 
+use crate::backend::cpu::masks::{fill, MaskRow};
 use crate::backend::{BackwardJob, ForwardJob, PreparedWeights, Rows, RowsMut};
+use crate::dropout::LayerMasks;
 use crate::error::Result;
 use crate::model::Model;
 use crate::pass::{LayerBackward, LayerForward, PassTarget, RowSpan, Span};
@@ -155,6 +157,26 @@ impl PassTarget for HostTarget<'_> {
     fn copy(&mut self, to: Span, from: Span) -> Result<()> {
         // SAFETY: per `new`'s contract (two spans of a pass never overlap).
         unsafe { floats_mut(to) }.copy_from_slice(unsafe { floats(from) });
+        Ok(())
+    }
+
+    fn drop_out(&mut self, rows: RowSpan, masks: &LayerMasks) -> Result<()> {
+        // SAFETY: per `new`'s contract; nothing else reads or writes `rows` meanwhile.
+        let data = unsafe { floats_mut(rows.span) };
+        let (order, layout, units) = (&self.batch.order, &self.batch.layout, masks.units);
+        let mut mask = vec![0.0f32; units];
+        for b in 0..order.batch() {
+            for t in 0..order.lengths()[b] {
+                let row = layout.row(b, t) * rows.width + rows.offset;
+                for (d, &key) in masks.keys.iter().enumerate() {
+                    let (sequence, step) = (b as u32, t as u32);
+                    let (threshold, scale) = (masks.threshold, masks.scale);
+                    fill(MaskRow { key, sequence, step, threshold, scale }, 0, &mut mask);
+                    let features = &mut data[row + d * units..row + (d + 1) * units];
+                    features.iter_mut().zip(&mask).for_each(|(x, m)| *x *= m);
+                }
+            }
+        }
         Ok(())
     }
 

@@ -43,6 +43,7 @@ pub mod call;
 pub mod cell;
 pub mod device_call;
 pub(crate) mod driver;
+pub mod dropout;
 pub mod error;
 pub mod exec;
 pub mod files;
@@ -59,6 +60,7 @@ pub mod weights;
 
 pub use call::{Call, CallerMemory};
 pub use device_call::{DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut};
+pub use dropout::MaskSeed;
 pub use error::{Result, RuntimeError};
 pub use exec::{BackwardOut, BatchShape, ForwardOut, Gradients, Input, Output, Trace};
 pub use files::write_atomically;

@@ -31,6 +31,12 @@ pub struct Model {
     /// False for a model made by [`Model::without_weights`]: `params` holds
     /// empty lists, and every pass must be given its weights.
     pub(crate) owns_weights: bool,
+    /// Dropout between layers in training ([`Model::with_dropout`]).
+    pub(crate) dropout: f32,
+    /// The seed the model's own training passes draw masks from, and how
+    /// many have drawn (each the next offset).
+    mask_seed: u64,
+    mask_calls: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Model {
@@ -65,6 +71,7 @@ impl Model {
             None => model.init_params(seed)?,
         };
         model.owns_weights = true;
+        model.mask_seed = seed;
         Ok(model)
     }
 
@@ -100,7 +107,42 @@ impl Model {
             prepared: (0..slots).map(|_| Default::default()).collect(),
             backend,
             owns_weights: false,
+            dropout: 0.0,
+            mask_seed: 0,
+            mask_calls: Default::default(),
         }
+    }
+
+    /// The model with dropout at `rate` between layers (PyTorch's
+    /// `nn.LSTM(dropout=rate)`): in training passes, every layer's output
+    /// but the last is dropped, unit by unit, with probability `rate`, and
+    /// kept ones scaled by `1 / (1 - rate)` (see [`crate::dropout`]).
+    /// Inference never drops. `rate` is in `[0, 1)`.
+    pub fn with_dropout(mut self, rate: f32) -> Result<Model> {
+        crate::dropout::check_rate("dropout", rate)?;
+        self.dropout = rate;
+        Ok(self)
+    }
+
+    /// Its dropout rate between layers ([`Model::with_dropout`]).
+    pub fn dropout(&self) -> f32 {
+        self.dropout
+    }
+
+    /// The dropout between layers of a caller's pass: a call in training
+    /// mode (one that gives its `masks`) drops, one in evaluation mode does not.
+    pub(crate) fn caller_dropout(
+        &self,
+        masks: Option<crate::dropout::MaskSeed>,
+    ) -> Option<crate::dropout::BetweenLayers> {
+        crate::dropout::BetweenLayers::of(self.dropout, masks?)
+    }
+
+    /// The masks of the model's next own training pass: its seed, and the
+    /// next offset.
+    pub(crate) fn next_mask_seed(&self) -> crate::dropout::MaskSeed {
+        let offset = self.mask_calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        crate::dropout::MaskSeed { seed: self.mask_seed, offset }
     }
 
     /// Whether the model keeps weights of its own (see [`Model::without_weights`]).

@@ -5,6 +5,7 @@
 //! executes it.
 
 use crate::cell::Layer;
+use crate::dropout::LayerMasks;
 use crate::error::Result;
 use std::ops::Range;
 
@@ -122,6 +123,11 @@ pub trait PassTarget {
 
     /// Copies `from` to `to` (the same length).
     fn copy(&mut self, to: Span, from: Span) -> Result<()>;
+
+    /// Multiplies every valid row of `rows` by its dropout masks
+    /// (direction `d`'s `masks.units` features from `rows.offset + d *
+    /// masks.units`), drawn for each row's sequence and step.
+    fn drop_out(&mut self, rows: RowSpan, masks: &LayerMasks) -> Result<()>;
 
     /// Runs one layer and direction forwards.
     fn forward(&mut self, job: LayerForward) -> Result<()>;

@@ -67,12 +67,31 @@ extern "C" __global__ void cellc_add_rows(float* const* __restrict__ pairs, int 
     for (int row = blockIdx.x; row < rows; row += gridDim.x)
         for (int j = threadIdx.x; j < n; j += blockDim.x) pairs[2 * row][j] += pairs[2 * row + 1][j];
 }
+
+// Dropout masks over rows for the runtime: rows[i] (a row's first feature)
+// belongs to the sequence at index where[2i] of the caller's batch, at its
+// step where[2i + 1]; its `directions` blocks of `units` features are each
+// multiplied by their unit's mask value (cellc::random's bits under the
+// direction's key (k0, k1) or (k2, k3)): scale where kept, else 0.
+extern "C" __global__ void cellc_drop_rows(float* const* __restrict__ rows, const int* __restrict__ where, int n,
+                                           int units, int directions, unsigned k0, unsigned k1, unsigned k2,
+                                           unsigned k3, unsigned threshold, unsigned scale_bits) {
+    const float scale = __int_as_float(scale_bits);
+    for (int row = blockIdx.x; row < n; row += gridDim.x)
+        for (int j = threadIdx.x; j < units * directions; j += blockDim.x) {
+            const int d = j / units;
+            const unsigned bits = cellc_draw(d ? k2 : k0, d ? k3 : k1, (unsigned)where[2 * row],
+                                             (unsigned)where[2 * row + 1], (unsigned)(j % units));
+            rows[row][j] *= (bits >> 8) >= threshold ? scale : 0.0f;
+        }
+}
 "#;
 
-/// The prelude's kernels for the runtime (each takes a table of
+/// The prelude's kernels for the runtime, in every module beside the
+/// generated ones: row copies and row sums (each takes a table of
 /// `(destination, source)` row pairs, the number of pairs and the floats
-/// per row), in every module beside the generated ones.
-pub const ROW_KERNELS: [&str; 2] = ["cellc_copy_rows", "cellc_add_rows"];
+/// per row), and dropout masks over rows (`cellc_drop_rows`).
+pub const ROW_KERNELS: [&str; 3] = ["cellc_copy_rows", "cellc_add_rows", "cellc_drop_rows"];
 
 /// `#include`d first when the generated source is compiled as host C++
 /// (`g++ -std=c++20 -pthread -include cuda_host_emu.h -x c++`): CUDA's

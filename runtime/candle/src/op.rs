@@ -170,6 +170,7 @@ impl Operands<'_> {
             input: batch.input(self.x),
             weights: Some(&self.weights),
             h0: (!self.h0.is_empty()).then_some(&self.h0[..]),
+            masks: None,
         }
     }
 }

@@ -19,6 +19,7 @@ fn class_name(e: &RuntimeError) -> &'static str {
             "LengthError"
         }
         RuntimeError::TooLarge { .. } => "TooLargeError",
+        RuntimeError::Rate { .. } => "RateError",
         RuntimeError::NotStreamable { .. } | RuntimeError::Backend { .. } | RuntimeError::Io { .. } => {
             "BackendError"
         }

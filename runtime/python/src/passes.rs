@@ -182,6 +182,7 @@ impl Inputs<'_> {
             input: self.batch.shape().with_data(self.data),
             weights: Some(&self.weights),
             h0: (!self.h0.is_empty()).then_some(&self.h0[..]),
+            masks: None,
         }
     }
 }
@@ -202,6 +203,7 @@ impl DeviceInputs {
             weights: &self.weights,
             h0: (!self.h0.is_empty()).then_some(&self.h0[..]),
             stream,
+            masks: None,
         }
     }
 }

@@ -15,6 +15,7 @@ from .errors import (
     DTypeError,
     InternalError,
     LengthError,
+    RateError,
     ShapeError,
     TooLargeError,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "DTypeError",
     "InternalError",
     "LengthError",
+    "RateError",
     "ShapeError",
     "TooLargeError",
 ]

@@ -22,6 +22,10 @@ class LengthError(CellcError, ValueError):
     """A sequence length (or a packed sequence's batch sizes or permutation) is invalid."""
 
 
+class RateError(CellcError, ValueError):
+    """A dropout rate is outside [0, 1), or a training call lacks what its masks are drawn from."""
+
+
 class DTypeError(CellcError, TypeError):
     """A tensor has a dtype cellc does not run (cellc computes in float32)."""
 

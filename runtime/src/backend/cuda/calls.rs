@@ -7,6 +7,7 @@
 
 use super::device::{Arg, Call, Gemm};
 use super::storage::{error, Home, LayerRun, Order, Row};
+use crate::dropout::LayerMasks;
 use crate::error::Result;
 use crate::plan::TimeLoop;
 use cellc::cuda::Kernel;
@@ -140,6 +141,47 @@ impl Calls {
             grid: pairs.len().clamp(1, 65_535) as u32,
             block: self.block,
             args: vec![Arg::Ptr(table), Arg::I32(int(pairs.len())?), Arg::I32(int(n)?)],
+        });
+        Ok(())
+    }
+
+    /// Multiplies each row of `rows` (`(address of its first feature,
+    /// sequence, step)`) by its dropout masks (the prelude's `cellc_drop_rows`).
+    pub fn drop_rows(
+        &mut self,
+        pass: &mut LayerRun,
+        rows: &[(u64, usize, usize)],
+        masks: &LayerMasks,
+    ) -> Result<()> {
+        if rows.is_empty() || masks.units == 0 {
+            return Ok(());
+        }
+        let (first, second) = match masks.keys[..] {
+            [one] => (one, one),
+            [forwards, backwards] => (forwards, backwards),
+            _ => return Err(error(format!("masks for {} directions", masks.keys.len()))),
+        };
+        let addresses: Vec<u64> = rows.iter().map(|r| r.0).collect();
+        let at: Vec<i32> = rows.iter().flat_map(|r| [r.1, r.2]).map(int).collect::<Result<_>>()?;
+        let (table, at) = (pass.upload_addresses(&addresses)?, pass.upload_i32(&at)?);
+        let bits = |x: u32| Arg::I32(x as i32);
+        self.list.push(Call::Launch {
+            kernel: "cellc_drop_rows".into(),
+            grid: rows.len().clamp(1, 65_535) as u32,
+            block: self.block,
+            args: vec![
+                Arg::Ptr(table),
+                Arg::Ptr(at),
+                Arg::I32(int(rows.len())?),
+                Arg::I32(int(masks.units)?),
+                Arg::I32(int(masks.keys.len())?),
+                bits(first[0]),
+                bits(first[1]),
+                bits(second[0]),
+                bits(second[1]),
+                bits(masks.threshold),
+                bits(masks.scale.to_bits()),
+            ],
         });
         Ok(())
     }

@@ -14,6 +14,7 @@ use super::storage::{Home, LayerRun};
 use super::Cuda;
 use crate::backend::DevicePasses;
 use crate::cell::{CompiledCell, Layer};
+use crate::dropout::LayerMasks;
 use crate::error::Result;
 use crate::pass::{LayerBackward, LayerForward, PassTarget, RowSpan, Span};
 use crate::sequence::LaidOutBatch;
@@ -85,6 +86,15 @@ impl PassTarget for DeviceTarget<'_> {
 
     fn copy(&mut self, to: Span, from: Span) -> Result<()> {
         self.run(|calls, pass| calls.copy_floats(pass, to.addr, from.addr, to.len.min(from.len)))
+    }
+
+    fn drop_out(&mut self, rows: RowSpan, masks: &LayerMasks) -> Result<()> {
+        let (order, layout) = (&self.batch.order, &self.batch.layout);
+        let valid: Vec<(u64, usize, usize)> = (0..order.batch())
+            .flat_map(|b| (0..order.lengths()[b]).map(move |t| (b, t)))
+            .map(|(b, t)| (rows.span.addr + 4 * (layout.row(b, t) * rows.width + rows.offset) as u64, b, t))
+            .collect();
+        self.run(|calls, pass| calls.drop_rows(pass, &valid, masks))
     }
 
     fn forward(&mut self, job: LayerForward) -> Result<()> {
