@@ -138,9 +138,10 @@ impl Model {
         crate::dropout::BetweenLayers::of(self.dropout, masks?)
     }
 
-    /// The masks of the model's next own training pass: its seed, and the
-    /// next offset.
-    pub(crate) fn next_mask_seed(&self) -> crate::dropout::MaskSeed {
+    /// The masks of the model's next training pass of its own (or of a
+    /// layer that calls it, as the candle layer): the seed the model was
+    /// made with, and the next offset (each call one more).
+    pub fn next_mask_seed(&self) -> crate::dropout::MaskSeed {
         let offset = self.mask_calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         crate::dropout::MaskSeed { seed: self.mask_seed, offset }
     }

@@ -98,8 +98,17 @@ impl Rnn {
     /// The output (`[B, T, output]` or `[T, B, output]`, as the input;
     /// zero at padding) of `x` (`[B, T, input]` or `[T, B, input]`),
     /// whose sequence `b` has `lengths[b]` real steps; states start at zero.
+    /// Evaluation mode: the model's dropout ([`Model::with_dropout`]) drops nothing.
     pub fn forward(&self, x: &Tensor, lengths: &[usize], padding: Padding) -> Result<Tensor> {
-        self.run(x, lengths, padding, None, false).map(|(out, _)| out)
+        self.run(x, lengths, padding, None, false, false).map(|(out, _)| out)
+    }
+
+    /// As [`Rnn::forward`], in training mode where `train` (candle's
+    /// `ModuleT::forward_t`): the model's dropout between layers drops,
+    /// each call drawing new masks ([`Model::next_mask_seed`]: the model's
+    /// seed, so a run is reproducible).
+    pub fn forward_t(&self, x: &Tensor, lengths: &[usize], padding: Padding, train: bool) -> Result<Tensor> {
+        self.run(x, lengths, padding, None, false, train).map(|(out, _)| out)
     }
 
     /// As [`Rnn::forward`], from the initial states `h0` (one tensor per
@@ -113,7 +122,19 @@ impl Rnn {
         padding: Padding,
         h0: Option<&[Tensor]>,
     ) -> Result<(Tensor, Vec<Tensor>)> {
-        self.run(x, lengths, padding, h0, true)
+        self.run(x, lengths, padding, h0, true, false)
+    }
+
+    /// As [`Rnn::forward_with_states`], in training mode where `train` (see [`Rnn::forward_t`]).
+    pub fn forward_with_states_t(
+        &self,
+        x: &Tensor,
+        lengths: &[usize],
+        padding: Padding,
+        h0: Option<&[Tensor]>,
+        train: bool,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        self.run(x, lengths, padding, h0, true, train)
     }
 
     /// The weights as one flat operand (the op takes three tensors).
@@ -133,6 +154,7 @@ impl Rnn {
         padding: Padding,
         h0: Option<&[Tensor]>,
         with_finals: bool,
+        train: bool,
     ) -> Result<(Tensor, Vec<Tensor>)> {
         if !x.device().is_cpu() {
             return Err(RuntimeError::Shape {
@@ -161,8 +183,9 @@ impl Rnn {
         let w = self.flat_weights(device)?;
         let x = x.contiguous()?;
         let keep = x.track_op() || w.track_op() || states.track_op();
-        let op =
-            RnnOp { model: self.model.clone(), batch, with_finals, keep, reserve: Mutex::new(Vec::new()) };
+        let masks = (train && self.model.dropout() > 0.0).then(|| self.model.next_mask_seed());
+        let (model, reserve) = (self.model.clone(), Mutex::new(Vec::new()));
+        let op = RnnOp { model, batch, with_finals, keep, masks, reserve };
         let output_len = op.output_len();
         let dims = op.batch.output_dims(self.model.output_size());
         let state_shapes = self.model.state_shapes(op.batch.batch);

@@ -10,7 +10,7 @@
 use crate::batch::Padded;
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
-use cellc_runtime::{BackwardOut, Call, ForwardOut, Model, RuntimeError};
+use cellc_runtime::{BackwardOut, Call, ForwardOut, MaskSeed, Model, RuntimeError};
 use std::sync::{Arc, Mutex};
 
 /// One forward pass of a model over one padded batch.
@@ -21,6 +21,9 @@ pub(crate) struct RnnOp {
     pub with_finals: bool,
     /// Keep what the backward reads (a training pass).
     pub keep: bool,
+    /// Training mode: where the model's dropout masks are drawn (the same
+    /// in the backward); `None`: evaluation mode.
+    pub masks: Option<MaskSeed>,
     /// What a training forward kept for its backward.
     pub reserve: Mutex<Vec<f32>>,
 }
@@ -209,7 +212,11 @@ impl CustomOp3 for RnnOp {
         let mut reserve = if self.keep { cellc_runtime::pool::take(self.reserve_len()?) } else { Vec::new() };
         let keep = self.keep.then_some(&mut reserve[..]);
         self.model
-            .forward_into(&operands.call(&self.batch), ForwardOut { output, final_states }, keep)
+            .forward_into(
+                &Call { masks: self.masks, ..operands.call(&self.batch) },
+                ForwardOut { output, final_states },
+                keep,
+            )
             .map_err(wrap)?;
         if self.keep {
             *self.reserve.lock().map_err(|_| poisoned())? = reserve;
@@ -245,7 +252,13 @@ impl CustomOp3 for RnnOp {
                 d_params: self.model.group_by_slot(split_mut(&mut d_w, &self.weight_lens())).map_err(wrap)?,
             };
             self.model
-                .backward_from(&operands.call(&self.batch), &reserve, d_output, d_final.as_deref(), out)
+                .backward_from(
+                    &Call { masks: self.masks, ..operands.call(&self.batch) },
+                    &reserve,
+                    d_output,
+                    d_final.as_deref(),
+                    out,
+                )
                 .map_err(wrap)?;
             Ok((d_x, d_w, d_h0))
         })?;

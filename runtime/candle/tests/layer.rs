@@ -304,3 +304,44 @@ fn bad_input_gets_typed_errors() {
     let e = runtime_error(rnn.forward(&double, &[3, 3], Padding::default()).expect_err("f64"));
     assert!(matches!(&e, RuntimeError::Shape { tensor, .. } if tensor == "input"), "{e}");
 }
+
+/// The model's dropout between layers: `forward` (evaluation) drops
+/// nothing; `forward_t(.., true)` drops as the runtime's own training pass
+/// of a model made alike (the same seed, its first call), and its gradient
+/// flows through the same masks; each training call draws new ones.
+#[test]
+fn forward_t_drops_between_layers_as_the_runtime_does() {
+    let cpu = || -> Box<dyn Backend> { Box::new(Cpu::new(2, Kernels::default()).expect("cpu")) };
+    let dropping = || model(cell("lstm"), 2, true, cpu()).with_dropout(0.4).expect("rate");
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let rnn = Rnn::new(dropping(), vb).expect("layer");
+    let twin = dropping();
+    let plain = model(cell("lstm"), 2, true, cpu());
+    let x_data = values(4 * STEPS * INPUT, 3);
+    let x = Var::from_vec(x_data.clone(), (4, STEPS, INPUT), &Device::Cpu).expect("x");
+    let padded = Input::Padded {
+        data: &x_data,
+        batch: 4,
+        steps: STEPS,
+        major: Major::BatchFirst,
+        align: Align::Left,
+        lengths: &LENGTHS,
+    };
+    let flat = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("floats");
+    let evaluation = rnn.forward(&x, &LENGTHS, Padding::default()).expect("forward");
+    assert_eq!(flat(&evaluation), plain.forward(padded, None).expect("forward").data);
+    let trained = rnn.forward_t(&x, &LENGTHS, Padding::default(), true).expect("forward_t");
+    let (want, trace) = twin.forward_train(padded, None).expect("forward_train");
+    assert_eq!(flat(&trained), want.data);
+    let d_out = values(want.data.len(), 4);
+    let grads = trained
+        .mul(&Tensor::from_vec(d_out.clone(), trained.dims(), &Device::Cpu).expect("d_out"))
+        .and_then(|t| t.sum_all())
+        .and_then(|t| t.backward())
+        .expect("backward");
+    let want_grads = twin.backward(&trace, &d_out, None).expect("backward");
+    assert_eq!(flat(grads.get(&x).expect("d_input")), want_grads.d_input);
+    let again = rnn.forward_t(&x, &LENGTHS, Padding::default(), true).expect("forward_t");
+    assert_ne!(flat(&again), flat(&trained), "a second call drew the first call's masks");
+}

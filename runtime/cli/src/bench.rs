@@ -41,6 +41,10 @@ pub struct BenchArgs {
     pub layers: usize,
     #[arg(long)]
     pub bidirectional: bool,
+    /// Dropout between layers (`--mode train` draws and applies its masks;
+    /// inference drops nothing).
+    #[arg(long, default_value_t = 0.0)]
+    pub dropout: f32,
     #[arg(long, value_enum, default_value_t = Lengths::Full)]
     pub lengths: Lengths,
     #[arg(long, value_enum, default_value_t = Mode::Infer)]
@@ -139,7 +143,8 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
     sizes.retain(|k, _| compiled.forward.sizes.contains(k));
     let backend = crate::run::make_backend(args.backend, args.threads, args.cuda_graphs, args.kernels)?;
     let config = ModelConfig { layers: args.layers, bidirectional: args.bidirectional };
-    let model = Model::new(compiled, config, &sizes, Some(input_size), None, 1, backend)?;
+    let model = Model::new(compiled, config, &sizes, Some(input_size), None, 1, backend)?
+        .with_dropout(args.dropout)?;
 
     let (b, t) = (args.batch as usize, args.steps as usize);
     let streaming = args.stream || (t == 1 && args.mode == Mode::Infer && !args.bidirectional);
@@ -230,12 +235,13 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
     });
     if args.json {
         println!(
-            "{{\"cell\": \"{}\", \"backend\": \"{}\", \"mode\": \"{}\", \"batch\": {b}, \"steps\": {t}, \"layers\": {}, \"bidirectional\": {}, \"route\": \"{}\", \"sizes\": \"{}\", \"tokens\": {tokens}, \"runs\": {}, \"median_s\": {median:.6e}, \"min_s\": {min:.6e}, \"compile_s\": {compile_s:.6e}, \"tokens_per_s\": {tokens_per_s:.6e}, \"gflops\": {gflops:.4}{gemm_only_json}}}",
+            "{{\"cell\": \"{}\", \"backend\": \"{}\", \"mode\": \"{}\", \"batch\": {b}, \"steps\": {t}, \"layers\": {}, \"bidirectional\": {}, \"dropout\": {}, \"route\": \"{}\", \"sizes\": \"{}\", \"tokens\": {tokens}, \"runs\": {}, \"median_s\": {median:.6e}, \"min_s\": {min:.6e}, \"compile_s\": {compile_s:.6e}, \"tokens_per_s\": {tokens_per_s:.6e}, \"gflops\": {gflops:.4}{gemm_only_json}}}",
             model.compiled().forward.name,
             model.backend_name(),
             if args.mode == Mode::Train { "train" } else { "infer" },
             args.layers,
             args.bidirectional,
+            args.dropout,
             if streaming { "stream" } else { "batch" },
             sizes_text.join(" "),
             times.len()

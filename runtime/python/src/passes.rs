@@ -8,7 +8,7 @@ use crate::tensors::{Tensor, TensorArg};
 use cellc_runtime::backend::cpu::threads;
 use cellc_runtime::{
     Align, BackwardOut, BatchShape, Call, DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut,
-    ForwardOut, Major, Model, PackedIndex, Result, RuntimeError,
+    ForwardOut, Major, MaskSeed, Model, PackedIndex, Result, RuntimeError,
 };
 use pyo3::prelude::*;
 
@@ -252,7 +252,9 @@ pub fn forward(
     output: TensorArg,
     finals: Vec<TensorArg>,
     reserve: Option<TensorArg>,
+    masks: Option<(u64, u64)>,
 ) -> PyResult<()> {
+    let masks = masks.map(|(seed, offset)| MaskSeed { seed, offset });
     let tensors = CallTensors::new(x, index, h0, weights);
     let (output, finals) = (Tensor::new("output", output), Tensor::each("final_states", finals));
     let reserve = reserve.map(|r| Tensor::new("reserve", r));
@@ -267,7 +269,8 @@ pub fn forward(
                 let inputs = tensors.read(&model, layout)?;
                 let out = ForwardOut { output: output.floats_mut()?, final_states: write_all(&finals)? };
                 let reserve = reserve.as_ref().map(|r| r.floats_mut()).transpose()?;
-                threads::with_limit(threads, || model.forward_into(&inputs.call(), out, reserve))
+                let call = Call { masks, ..inputs.call() };
+                threads::with_limit(threads, || model.forward_into(&call, out, reserve))
             },
             Memory::Device { stream, .. } => {
                 // SAFETY: the Python half checked the index tensors (contiguous i64 on the CPU) and
@@ -275,7 +278,7 @@ pub fn forward(
                 let inputs = unsafe { tensors.on_device(&model, layout)? };
                 let out = DeviceForwardOut { output: output.on_device(), final_states: on_device(&finals) };
                 let reserve = reserve.as_ref().map(Tensor::on_device);
-                model.forward_into(&inputs.call(stream), &out, reserve)
+                model.forward_into(&DeviceCall { masks, ..inputs.call(stream) }, &out, reserve)
             }
         }
     })
@@ -303,7 +306,9 @@ pub fn backward(
     grad_input: TensorArg,
     grad_h0: Vec<TensorArg>,
     grad_weights: Vec<TensorArg>,
+    masks: Option<(u64, u64)>,
 ) -> PyResult<()> {
+    let masks = masks.map(|(seed, offset)| MaskSeed { seed, offset });
     let tensors = CallTensors::new(x, index, h0, weights);
     let (reserve, grad_output) = (Tensor::new("reserve", reserve), Tensor::new("grad_output", grad_output));
     let grad_finals = Tensor::each("grad_final_states", grad_finals);
@@ -323,7 +328,7 @@ pub fn backward(
                 let d_final = (!grad_finals.is_empty()).then_some(&grad_finals[..]);
                 threads::with_limit(threads, || {
                     model.backward_from(
-                        &inputs.call(),
+                        &Call { masks, ..inputs.call() },
                         reserve.floats()?,
                         grad_output.floats()?,
                         d_final,
@@ -341,7 +346,7 @@ pub fn backward(
                     d_params: model.group_by_slot(on_device(&grad_weights))?,
                 };
                 let d_final = (!grad_finals.is_empty()).then_some(&grad_finals[..]);
-                let call = inputs.call(stream);
+                let call = DeviceCall { masks, ..inputs.call(stream) };
                 model.backward_from(&call, reserve.on_device(), grad_output.on_device(), d_final, &out)
             }
         }

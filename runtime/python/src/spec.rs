@@ -32,6 +32,9 @@ struct Spec {
     sizes: BTreeMap<String, usize>,
     layers: usize,
     bidirectional: bool,
+    /// Dropout between layers in training mode (`nn.LSTM`'s `dropout`).
+    #[serde(default)]
+    dropout: f32,
     /// `cpu`, `reference`, `cuda` or `cuda-emulated`.
     backend: String,
     /// The version of cellc that wrote it: a spec is a constant argument of
@@ -89,7 +92,8 @@ fn no_such_backend(name: &str) -> RuntimeError {
 
 /// The model `spec` describes on `backend`, keeping no weights (every call passes the module's).
 fn make(spec: &Spec, backend: Box<dyn Backend>) -> Result<Model> {
-    Model::without_weights(compiled(spec)?, config(spec)?, &spec.sizes, Some(spec.input_size), backend)
+    Model::without_weights(compiled(spec)?, config(spec)?, &spec.sizes, Some(spec.input_size), backend)?
+        .with_dropout(spec.dropout)
 }
 
 fn config(spec: &Spec) -> Result<ModelConfig> {

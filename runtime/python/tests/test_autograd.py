@@ -61,25 +61,32 @@ def op_samples(backend="cpu"):
     h0 = [torch.randn(4, 3, 5, requires_grad=True)]
     packed = pack_padded_sequence(x.detach(), lengths, enforce_sorted=False)
     index = [packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices]
+    dropping = cellc.RNN("gru", 3, {"H": 5}, num_layers=2, bidirectional=True, dropout=0.3, backend=backend)
+    masks = torch.tensor([5, 7])
     return [
-        (rnn.spec, "time_first/left", x, [lengths], h0, weights, True),
-        (rnn.spec, "time_first/right", x, [lengths], [], weights, True),
-        (rnn.spec, "packed", packed.data.clone().requires_grad_(), index, h0, weights, True),
-        (rnn.spec, "time_first/left", x.detach(), [lengths], [], [w.detach() for w in weights], False),
+        (rnn.spec, "time_first/left", x, [lengths], h0, weights, True, None),
+        (rnn.spec, "time_first/right", x, [lengths], [], weights, True, None),
+        (rnn.spec, "packed", packed.data.clone().requires_grad_(), index, h0, weights, True, None),
+        (rnn.spec, "time_first/left", x.detach(), [lengths], [], [w.detach() for w in weights], False, None),
+        (dropping.spec, "time_first/left", x, [lengths], h0, weights, True, masks),
     ]
 
 
+SAMPLES = ["padded", "right", "packed", "inference", "dropout"]
+
+
 @pytest.mark.parametrize("backend", ["cpu", EMULATED])
-@pytest.mark.parametrize("sample", range(4), ids=["padded", "right", "packed", "inference"])
+@pytest.mark.parametrize("sample", range(len(SAMPLES)), ids=SAMPLES)
 def test_opcheck_forward(sample, backend):
     torch.library.opcheck(torch.ops.cellc.rnn_forward.default, op_samples(backend)[sample])
 
 
 @pytest.mark.parametrize("backend", ["cpu", EMULATED])
-def test_opcheck_backward(backend):
-    spec, layout, x, index, h0, weights, _ = op_samples(backend)[0]
-    out, finals, reserve = torch.ops.cellc.rnn_forward(spec, layout, x, index, h0, weights, True)
+@pytest.mark.parametrize("sample", [0, 4], ids=["padded", "dropout"])
+def test_opcheck_backward(backend, sample):
+    spec, layout, x, index, h0, weights, _, masks = op_samples(backend)[sample]
+    out, finals, reserve = torch.ops.cellc.rnn_forward(spec, layout, x, index, h0, weights, True, masks)
     grads = (torch.randn_like(out), [torch.randn_like(f) for f in finals])
     detached = [h.detach() for h in h0], [w.detach() for w in weights], reserve.detach()
-    args = (spec, layout, x.detach(), index, *detached, *grads)
+    args = (spec, layout, x.detach(), index, *detached, *grads, masks)
     torch.library.opcheck(torch.ops.cellc.rnn_backward.default, args)

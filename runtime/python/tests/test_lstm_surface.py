@@ -69,7 +69,8 @@ def test_an_explicit_seed_leaves_torchs_generator_alone():
     ({"sizes": {"H": True}}, TypeError, r"must be an integer, not bool"),
     ({"hidden_size": 0}, ValueError, r"hidden_size must be"),
     ({"hidden_size": 8, "num_layers": 0}, ValueError, r"num_layers must be"),
-    ({"hidden_size": 8, "dropout": 0.2}, ValueError, r"dropout between layers is not supported"),
+    ({"hidden_size": 8, "dropout": 1.0}, ValueError, r"dropout must be a number in \[0, 1\)"),
+    ({"hidden_size": 8, "dropout": -0.1}, ValueError, r"dropout must be a number in \[0, 1\)"),
     ({"hidden_size": 8, "bias": False}, ValueError, r"bias=False"),
     ({"hidden_size": 8, "proj_size": 4}, ValueError, r"proj_size"),
 ])

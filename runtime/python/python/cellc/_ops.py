@@ -155,7 +155,22 @@ def _call_refs(x: Tensor, index: list[Tensor], h0: list[Tensor], weights: list[T
     return _ref(x), [_ref(t) for t in index], [_ref(t) for t in h0], [_ref(t) for t in weights]
 
 
-def _forward_impl(spec, layout, x, index, h0, weights, training, checked=False, reserve_tensor=True):
+def _seed(masks: Tensor | None):
+    """A masks tensor (``[seed, offset]``, int64 on the CPU) as the runtime takes it; ``None``:
+    evaluation mode, nothing dropped."""
+    if masks is None:
+        return None
+    seed, offset = masks.tolist()
+    return seed & (2**64 - 1), offset & (2**64 - 1)
+
+
+def draw_masks() -> Tensor:
+    """The ``[seed, offset]`` of a training-mode call's dropout masks, from PyTorch's default
+    generator: ``torch.manual_seed`` reproduces them, and each call draws new ones."""
+    return torch.randint(0, 2**62, (2,), dtype=torch.int64)
+
+
+def _forward_impl(spec, layout, x, index, h0, weights, training, masks=None, checked=False, reserve_tensor=True):
     """The forward operator's work (see ``rnn_forward``); ``checked``: the caller (cellc.RNN)
     has checked the tensors' devices; ``reserve_tensor``: an empty reserve is made when not
     training (the operator's schema returns one)."""
@@ -167,7 +182,7 @@ def _forward_impl(spec, layout, x, index, h0, weights, training, checked=False, 
     empty = x.new_empty if memory[1] is not None else _recycled
     out, finals, reserve = _forward_outputs(spec, layout, x, index, training, empty, reserve_tensor)
     outputs = _ref(out), [_ref(t) for t in finals]
-    _cellc.forward(spec, *memory, layout, *inputs, *outputs, _ref(reserve) if training else None)
+    _cellc.forward(spec, *memory, layout, *inputs, *outputs, _ref(reserve) if training else None, _seed(masks))
     return out, finals, reserve
 
 
@@ -180,17 +195,19 @@ def rnn_forward(
     h0: list[Tensor],
     weights: list[Tensor],
     training: bool,
+    masks: Tensor | None,
 ) -> tuple[Tensor, list[Tensor], Tensor]:
-    """Runs every layer and direction; with ``training``, fills the reserve the backward reads."""
-    return _forward_impl(spec, layout, x, index, h0, weights, training)
+    """Runs every layer and direction; with ``training``, fills the reserve the backward reads;
+    with ``masks`` (``[seed, offset]``), in training mode: dropout between layers."""
+    return _forward_impl(spec, layout, x, index, h0, weights, training, masks)
 
 
 @rnn_forward.register_fake
-def _(spec, layout, x, index, h0, weights, training):
+def _(spec, layout, x, index, h0, weights, training, masks):
     return _forward_outputs(spec, layout, x, index, training, x.new_empty)
 
 
-def _backward_impl(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals):
+def _backward_impl(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals, masks):
     """The backward operator's work (see ``rnn_backward``)."""
     _check_devices(spec, [x, *h0, *weights, grad_output, *grad_finals])
     inputs = _call_refs(x, index, h0, weights)
@@ -202,7 +219,7 @@ def _backward_impl(spec, layout, x, index, h0, weights, reserve, grad_output, gr
     grad_weights = [empty_like(w) for w in weights]
     grads = _ref(grad_output), [_ref(t) for t in grad_finals]
     outputs = _ref(grad_x), [_ref(t) for t in grad_h0], [_ref(t) for t in grad_weights]
-    _cellc.backward(spec, *memory, layout, *inputs, _ref(reserve), *grads, *outputs)
+    _cellc.backward(spec, *memory, layout, *inputs, _ref(reserve), *grads, *outputs, _seed(masks))
     return grad_x, grad_h0, grad_weights
 
 
@@ -217,20 +234,23 @@ def rnn_backward(
     reserve: Tensor,
     grad_output: Tensor,
     grad_finals: list[Tensor],
+    masks: Tensor | None,
 ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-    """The gradients of the input, the initial states (if given) and the weights."""
-    return _backward_impl(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals)
+    """The gradients of the input, the initial states (if given) and the weights (through the
+    forward's dropout masks, drawn again from ``masks``)."""
+    return _backward_impl(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals, masks)
 
 
 @rnn_backward.register_fake
-def _(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals):
+def _(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals, masks):
     return torch.empty_like(x), [torch.empty_like(h) for h in h0], [torch.empty_like(w) for w in weights]
 
 
 def _setup_context(ctx, inputs, output, eager=False):
-    spec, layout, x, index, h0, weights, training = inputs
+    spec, layout, x, index, h0, weights, training, masks = inputs
     _, finals, reserve = output
     ctx.spec, ctx.layout, ctx.eager = spec, layout, eager
+    ctx.has_masks = masks is not None
     ctx.counts = (len(index), len(h0), len(weights))
     ctx.final_shapes = [f.shape for f in finals]
     ctx.mark_non_differentiable(reserve)
@@ -238,7 +258,7 @@ def _setup_context(ctx, inputs, output, eager=False):
     # training detaches the final states, and filling their zero gradients cost more
     # than the gradients themselves.
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(x, *index, *h0, *weights, reserve)
+    ctx.save_for_backward(x, *index, *h0, *weights, reserve, *([masks] if masks is not None else []))
 
 
 def _backward(ctx, grad_output, grad_finals, _grad_reserve):
@@ -248,6 +268,7 @@ def _backward(ctx, grad_output, grad_finals, _grad_reserve):
     index = saved[1 : 1 + n_index]
     h0 = saved[1 + n_index : 1 + n_index + n_h0]
     weights = saved[1 + n_index + n_h0 : 1 + n_index + n_h0 + n_weights]
+    masks = saved.pop() if ctx.has_masks else None
     reserve = saved[-1]
     if grad_output is None:
         grad_output = x.new_zeros((*x.shape[:-1], describe(ctx.spec)["output_size"]))
@@ -258,14 +279,14 @@ def _backward(ctx, grad_output, grad_finals, _grad_reserve):
             (g if g is not None else x.new_zeros(s)).contiguous()
             for g, s in zip(grad_finals, ctx.final_shapes)
         ]
-    args = (ctx.spec, ctx.layout, x, index, h0, weights, reserve, grad_output.contiguous(), grad_finals)
+    args = (ctx.spec, ctx.layout, x, index, h0, weights, reserve, grad_output.contiguous(), grad_finals, masks)
     if ctx.eager and not torch.is_grad_enabled():
         grad_x, grad_h0, grad_weights = _backward_impl(*args)
     else:
         # Through the operator: under create_graph its gradients carry the refusal of a
         # second backward.
         grad_x, grad_h0, grad_weights = rnn_backward(*args)
-    return None, None, grad_x, [None] * n_index, grad_h0, grad_weights, None
+    return None, None, grad_x, [None] * n_index, grad_h0, grad_weights, None, None
 
 
 rnn_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -291,18 +312,19 @@ class _Eager(torch.autograd.Function):
     generation loop of one step per call pays on every word."""
 
     @staticmethod
-    def forward(ctx, spec, layout, n_index, n_h0, x, *tensors):
+    def forward(ctx, spec, layout, n_index, n_h0, masks, x, *tensors):
         index, h0 = list(tensors[:n_index]), list(tensors[n_index : n_index + n_h0])
         weights = list(tensors[n_index + n_h0 :])
         checked = x.device.type == "cpu"  # as in `run`
-        out, finals, reserve = _forward_impl(spec, layout, x, index, h0, weights, True, checked=checked)
-        _setup_context(ctx, (spec, layout, x, index, h0, weights, True), (out, finals, reserve), eager=True)
+        out, finals, reserve = _forward_impl(spec, layout, x, index, h0, weights, True, masks, checked=checked)
+        inputs = (spec, layout, x, index, h0, weights, True, masks)
+        _setup_context(ctx, inputs, (out, finals, reserve), eager=True)
         return out, reserve, *finals
 
     @staticmethod
     def backward(ctx, grad_output, _grad_reserve, *grad_finals):
-        _, _, grad_x, none_index, grad_h0, grad_weights, _ = _backward(ctx, grad_output, list(grad_finals), None)
-        return None, None, None, None, grad_x, *none_index, *grad_h0, *grad_weights
+        _, _, grad_x, none_index, grad_h0, grad_weights, _, _ = _backward(ctx, grad_output, list(grad_finals), None)
+        return None, None, None, None, None, grad_x, *none_index, *grad_h0, *grad_weights
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -318,8 +340,10 @@ def _eager(tensors) -> bool:
     return all(type(t) in _PLAIN for t in tensors)
 
 
-def run(spec: str, layout: str, x: Tensor, index: list[Tensor], h0: list[Tensor], weights: list[Tensor]):
-    """Output and final states of the model `spec` (the reserve only when autograd needs it)."""
+def run(spec: str, layout: str, x: Tensor, index: list[Tensor], h0: list[Tensor], weights: list[Tensor],
+        masks: Tensor | None = None):
+    """Output and final states of the model `spec` (the reserve only when autograd needs it);
+    ``masks``: a training-mode call's dropout seed (``draw_masks``), ``None`` in evaluation mode."""
     for name, t in [("input", x), *((f"h0[{i}]", h) for i, h in enumerate(h0))]:
         if t.dtype != torch.float32:
             raise DTypeError(f"`{name}` is {t.dtype}: cellc computes in float32 (call .float() on it)")
@@ -330,9 +354,9 @@ def run(spec: str, layout: str, x: Tensor, index: list[Tensor], h0: list[Tensor]
         if not training:
             # cellc.RNN has checked that every tensor is on x's device: on the CPU, nothing more to check.
             checked = x.device.type == "cpu"
-            out, finals, _ = _forward_impl(spec, layout, x, index, h0, weights, False, checked, False)
+            out, finals, _ = _forward_impl(spec, layout, x, index, h0, weights, False, masks, checked, False)
             return out, finals
-        out, _, *finals = _Eager.apply(spec, layout, len(index), len(h0), x, *index, *h0, *weights)
+        out, _, *finals = _Eager.apply(spec, layout, len(index), len(h0), masks, x, *index, *h0, *weights)
         return out, finals
-    out, finals, _ = torch.ops.cellc.rnn_forward(spec, layout, x, index, h0, weights, training)
+    out, finals, _ = torch.ops.cellc.rnn_forward(spec, layout, x, index, h0, weights, training, masks)
     return out, finals

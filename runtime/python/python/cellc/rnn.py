@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import torch
 from torch import Tensor, nn
@@ -86,8 +87,13 @@ class RNN(nn.Module):
             kernels compiled as host C++ by g++: for verification without a GPU).
         hidden_size: the size of the cell's first state (``H`` for the shipped cells), as
             ``nn.LSTM``'s; the same as ``sizes={"H": hidden_size}``.
-        bias, dropout, proj_size: ``nn.LSTM``'s, accepted at their defaults only (a cell's
-            biases are in its ``.cell`` source; dropout and projections are not supported yet).
+        dropout: ``nn.LSTM``'s: in training mode (``module.train()``), every layer's output but
+            the last is dropped unit by unit with this probability, kept units scaled by
+            ``1 / (1 - dropout)``; the masks come from PyTorch's default generator
+            (``torch.manual_seed`` reproduces them; each call draws new ones; the backward
+            draws the same again, storing nothing). Under DDP, ranks seeded alike draw alike.
+        bias, proj_size: ``nn.LSTM``'s, accepted at their defaults only (a cell's biases are in
+            its ``.cell`` source; projections are not supported).
         cell_name: which cell of a source that defines several.
 
     Parameters are named as PyTorch names them (``weight_ih_l0``, ``bias_hh_l1_reverse``), so
@@ -153,9 +159,13 @@ class RNN(nn.Module):
         if bias is not True:
             raise ValueError("bias=False is not supported: a cell's biases are parameters of its .cell source "
                              "(write a cell without them)")
-        if dropout != 0:
-            raise ValueError("dropout between layers is not supported yet: stack one-layer modules with "
-                             "nn.Dropout between them")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be a number in [0, 1), not {dropout!r}")
+        if dropout > 0 and num_layers == 1:
+            warnings.warn(
+                "dropout is applied between layers (to every layer's output but the last): with "
+                f"num_layers=1 it does nothing (dropout={dropout})"
+            )
         if proj_size != 0:
             raise ValueError("proj_size (LSTM projections) is not supported: write the projection into a .cell")
         if sizes is not None and not isinstance(sizes, dict):
@@ -189,6 +199,7 @@ class RNN(nn.Module):
             "sizes": sizes,
             "layers": num_layers,
             "bidirectional": bool(bidirectional),
+            "dropout": float(dropout),
             "backend": backend or "cpu",
             # torch.compile caches graphs by their constants: a new version's shapes are never
             # taken from an old version's graph.
@@ -211,7 +222,7 @@ class RNN(nn.Module):
         self.state_sizes = [size for _, size in info["states"]]
         self.state_names = [name for name, _ in info["states"]]
         self.hidden_size = self.state_sizes[0] if self.state_sizes else self.output_size
-        self.bias, self.dropout, self.proj_size = True, 0.0, 0
+        self.bias, self.dropout, self.proj_size = True, float(dropout), 0
         self._weight_names = [name for name, _ in info["weights"]]
         for name, shape in info["weights"]:
             self.register_parameter(name, nn.Parameter(torch.empty(shape, device=device)))
@@ -269,6 +280,8 @@ class RNN(nn.Module):
             parts.append("bidirectional=True")
         if self.batch_first:
             parts.append("batch_first=True")
+        if self.dropout:
+            parts.append(f"dropout={self.dropout}")
         if self.backend is not None:
             parts.append(f"backend={self.backend!r}")
         return ", ".join(parts)
@@ -312,7 +325,7 @@ class RNN(nn.Module):
         self._check_device(x, weights)
         h0 = self._initial_states(hx, batch, x, unbatched)
         layout = ("batch_first/" if self.batch_first else "time_first/") + align
-        out, finals = _ops.run(self._spec_for(x), layout, x.contiguous(), index, h0, weights)
+        out, finals = _ops.run(self._spec_for(x), layout, x.contiguous(), index, h0, weights, self._masks())
         if unbatched:
             out = out.squeeze(0 if self.batch_first else 1)
             finals = [f.squeeze(1) for f in finals]
@@ -335,7 +348,7 @@ class RNN(nn.Module):
             identity = torch.arange(batch)
             index = [batch_sizes_cpu, identity, identity]
             h0 = [h.index_select(1, sorted_indices) for h in h0]
-            out, finals = _ops.run(spec, "packed", data.contiguous(), index, h0, weights)
+            out, finals = _ops.run(spec, "packed", data.contiguous(), index, h0, weights, self._masks())
             finals = [f.index_select(1, unsorted_indices) for f in finals]
         else:
             if sorted_indices is None:
@@ -343,8 +356,14 @@ class RNN(nn.Module):
             index = [batch_sizes_cpu] + [
                 t.to(device="cpu", dtype=torch.int64).contiguous() for t in (sorted_indices, unsorted_indices)
             ]
-            out, finals = _ops.run(spec, "packed", data.contiguous(), index, h0, weights)
+            out, finals = _ops.run(spec, "packed", data.contiguous(), index, h0, weights, self._masks())
         return PackedSequence(out, batch_sizes, packed.sorted_indices, packed.unsorted_indices), self._states_out(finals)
+
+    def _masks(self) -> Tensor | None:
+        """The dropout seed of this call: drawn in training mode where there is dropout to do."""
+        if self.training and self.dropout > 0 and self.num_layers > 1:
+            return _ops.draw_masks()
+        return None
 
     def _spec_for(self, x: Tensor) -> str:
         """The spec a call on ``x`` runs: the CUDA back end's for CUDA tensors when no back end was named."""
