@@ -5,8 +5,8 @@
 //! gradient), on the reference, CPU and emulated CUDA back ends, by the
 //! model's own passes and over the caller's host and device memory;
 //! inference and calls in evaluation mode (no masks) never drop, a call in
-//! training mode drops with or without a reserve; bad rates are typed
-//! errors.
+//! training mode drops with or without a reserve; the masks a call used
+//! can be seen (`Model::dropout_masks`); bad rates are typed errors.
 
 mod support;
 
@@ -247,4 +247,22 @@ fn bad_rates_are_typed_errors_and_a_call_without_masks_drops_nothing() {
     m.forward_into(&training, ForwardOut { output: &mut output, final_states: finals }, None)
         .expect("training");
     assert_eq!(output, trained.data);
+}
+
+#[test]
+fn the_masks_a_call_used_can_be_seen() {
+    let m = model(3, I, Box::new(Reference)).with_dropout(RATE).expect("rate");
+    let x = data(4 * STEPS * I, 7);
+    let seed = MaskSeed { seed: SEED, offset: 0 };
+    let masks = m.dropout_masks(padded(&x), seed).expect("masks");
+    assert_eq!(masks.len(), 2, "one per layer boundary");
+    let mut want = vec![0.0f32; 4 * STEPS * 2 * H];
+    for (b, &len) in LENGTHS.iter().enumerate() {
+        want[b * STEPS * 2 * H..(b * STEPS + len) * 2 * H].fill(1.0);
+    }
+    apply_masks(&mut want, seed);
+    assert_eq!(masks[0], want, "layer 0's masks, as drawn by hand");
+    assert_ne!(masks[1], masks[0], "each layer draws its own");
+    let plain = model(3, I, Box::new(Reference));
+    assert!(plain.dropout_masks(padded(&x), seed).expect("masks").is_empty());
 }

@@ -2,8 +2,6 @@
 //! [`PassTarget`] on which the model's back end runs each layer and
 //! direction the driver hands it, its spans read as slices.
 
-use crate::backend::cpu::masks::{fill, MaskRow};
-use crate::backend::cpu::threads;
 use crate::backend::{BackwardJob, ForwardJob, PreparedWeights, Rows, RowsMut};
 use crate::dropout::LayerMasks;
 use crate::error::Result;
@@ -100,24 +98,6 @@ impl Drop for HostTarget<'_> {
     }
 }
 
-/// The first float of host rows that several threads write, each its own.
-struct Base(*mut f32);
-
-// SAFETY: a plain address; the threads that share it write disjoint rows.
-unsafe impl Send for Base {}
-unsafe impl Sync for Base {}
-
-impl Base {
-    /// The address `offset` floats on (a method: a closure then shares the whole `Base`).
-    ///
-    /// # Safety
-    /// The rows hold `offset` floats and more.
-    unsafe fn at(&self, offset: usize) -> *mut f32 {
-        // SAFETY: per the contract.
-        unsafe { self.0.add(offset) }
-    }
-}
-
 /// The floats of a host span.
 ///
 /// # Safety
@@ -179,28 +159,16 @@ impl PassTarget for HostTarget<'_> {
         Ok(())
     }
 
-    /// Sequences are shared out between the process's threads where the
-    /// masks are large enough to pay for waking them.
     fn drop_out(&mut self, rows: RowSpan, masks: &LayerMasks) -> Result<()> {
-        let (order, layout, units) = (&self.batch.order, &self.batch.layout, masks.units);
-        let (threshold, scale) = (masks.threshold, masks.scale);
-        let features = order.rows() * units * masks.keys.len();
-        let base = Base(rows.span.addr as *mut f32);
-        let sequence = |b: usize| {
-            let mut mask = vec![0.0f32; units];
-            for t in 0..order.lengths()[b] {
-                let row = layout.row(b, t) * rows.width + rows.offset;
-                for (d, &key) in masks.keys.iter().enumerate() {
-                    fill(MaskRow { key, sequence: b as u32, step: t as u32, threshold, scale }, 0, &mut mask);
-                    // SAFETY: per `new`'s contract, `rows` is this pass's alone; each
-                    // sequence's rows are its own, written by one task.
-                    let at = unsafe { std::slice::from_raw_parts_mut(base.at(row + d * units), units) };
-                    at.iter_mut().zip(&mask).for_each(|(x, m)| *x *= m);
-                }
-            }
+        // SAFETY: per `new`'s contract, `rows` is host memory of this pass's alone.
+        unsafe {
+            crate::dropout::apply_on_host(
+                rows.span.addr as *mut f32,
+                (rows.width, rows.offset),
+                self.batch,
+                masks,
+            )
         };
-        let threads = if features >= 1 << 16 { threads::usable_cores() } else { 1 };
-        threads::run_call(threads, |_| threads::for_each(order.batch(), &sequence));
         Ok(())
     }
 

@@ -353,3 +353,28 @@ pub fn backward(
     })
     .map_err(|e| to_python(py, e))
 }
+
+/// The dropout masks a call in training mode drawing from `masks` (`(seed,
+/// offset)`) multiplies each layer's output by, for the input `x` laid out
+/// as `layout` says (`Model::dropout_masks`): one flat buffer per layer
+/// boundary, laid out like the input with the layer's output features.
+#[pyfunction]
+pub fn dropout_masks(
+    py: Python<'_>,
+    spec: &str,
+    layout: &str,
+    x: TensorArg,
+    index: Vec<TensorArg>,
+    masks: (u64, u64),
+) -> PyResult<Vec<Vec<f32>>> {
+    let (x, index) = (Tensor::new("input", x), Tensor::each("index", index));
+    let (seed, offset) = masks;
+    py.detach(|| -> Result<Vec<Vec<f32>>> {
+        let model = Memory::Host { threads: 1 }.model(spec)?;
+        // SAFETY: the Python half checked the tensors (contiguous, on the CPU,
+        // f32 or i64) and holds them for the call.
+        let (batch, data) = unsafe { (Batch::read(layout, &x, &index)?, x.floats()?) };
+        model.dropout_masks(batch.shape().with_data(data), MaskSeed { seed, offset })
+    })
+    .map_err(|e| to_python(py, e))
+}

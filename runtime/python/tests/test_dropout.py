@@ -87,3 +87,30 @@ def test_torch_compile_fullgraph_drops_reproducibly():
     assert torch.equal(first, again)
     first.sum().backward()
     assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+def test_training_equals_nn_lstm_layers_given_the_same_masks():
+    """With the masks a call used (``dropout_masks``), two one-layer ``nn.LSTM``s with those
+    masks between them compute what the fused two-layer call computed: output and gradients."""
+    reference, rnn = pair(dropout=0.4)
+    rnn.train()
+    x = torch.randn(4, 6, 3, requires_grad=True)
+    torch.manual_seed(21)
+    out, _ = rnn(x)
+    torch.manual_seed(21)
+    masks = rnn.dropout_masks(x, cellc.draw_masks())
+    assert len(masks) == 1 and masks[0].shape == (4, 6, 10)
+    kept = (masks[0] != 0).float().mean().item()
+    assert 0.45 < kept < 0.75, kept
+    layers = [nn.LSTM(3, 5, batch_first=True, bidirectional=True), nn.LSTM(10, 5, batch_first=True, bidirectional=True)]
+    state = reference.state_dict()
+    for k, layer in enumerate(layers):
+        layer.load_state_dict({name.replace(f"_l{k}", "_l0"): v for name, v in state.items() if f"_l{k}" in name})
+    x2 = x.detach().clone().requires_grad_()
+    between, _ = layers[0](x2)
+    want, _ = layers[1](between * masks[0])
+    torch.testing.assert_close(out, want, rtol=2e-4, atol=2e-5)
+    probe = torch.randn_like(out)
+    (out * probe).sum().backward()
+    (want * probe).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, rtol=2e-4, atol=2e-5)

@@ -19,12 +19,13 @@ from .errors import (
     ShapeError,
     TooLargeError,
 )
-from ._ops import set_threading, threading
+from ._ops import draw_masks, set_threading, threading
 from .rnn import RNN
 
 __all__ = [
     "__version__",
     "RNN",
+    "draw_masks",
     "errors",
     "shipped_cells",
     "set_threading",

@@ -170,6 +170,11 @@ def draw_masks() -> Tensor:
     return torch.randint(0, 2**62, (2,), dtype=torch.int64)
 
 
+def dropout_masks(spec: str, layout: str, x: Tensor, index: list[Tensor], masks: Tensor) -> list[list[float]]:
+    """The dropout masks of a call (see ``cellc.RNN.dropout_masks``), flat, one per layer boundary."""
+    return _cellc.dropout_masks(spec, layout, _ref(x), [_ref(t) for t in index], _seed(masks))
+
+
 def _forward_impl(spec, layout, x, index, h0, weights, training, masks=None, checked=False, reserve_tensor=True):
     """The forward operator's work (see ``rnn_forward``); ``checked``: the caller (cellc.RNN)
     has checked the tensors' devices; ``reserve_tensor``: an empty reserve is made when not

@@ -359,6 +359,27 @@ class RNN(nn.Module):
             out, finals = _ops.run(spec, "packed", data.contiguous(), index, h0, weights, self._masks())
         return PackedSequence(out, batch_sizes, packed.sorted_indices, packed.unsorted_indices), self._states_out(finals)
 
+    def dropout_masks(self, input: Tensor, masks: Tensor, *, lengths=None, align: str = "left") -> list[Tensor]:
+        """The dropout masks a call on ``input`` in training mode multiplies each layer's output
+        by (every layer's but the last), to rebuild the same computation elsewhere: one tensor per
+        layer boundary, laid out as the call's output (``[B, T, features]`` or ``[T, B,
+        features]``), each value 0 (dropped) or ``1 / (1 - dropout)`` (kept), zeros at padding.
+
+        ``masks`` is the call's ``[seed, offset]``: a call draws it with
+        :func:`cellc.draw_masks` from PyTorch's default generator, so after
+        ``torch.manual_seed(s)``, ``cellc.draw_masks()`` gives the masks of the next call.
+        """
+        if input.dim() != 3:
+            raise ShapeError(f"`input` has shape {list(input.shape)}: a batched [B, T, F] or [T, B, F] tensor")
+        if align not in _ALIGNS:
+            raise ValueError(f"align must be 'left' or 'right', not {align!r}")
+        index = [] if lengths is None else [torch.as_tensor(lengths).to(device="cpu", dtype=torch.int64).contiguous()]
+        layout = ("batch_first/" if self.batch_first else "time_first/") + align
+        spec = json.dumps({**json.loads(self.spec), "backend": "reference"}, sort_keys=True)
+        x = input.detach().to("cpu").contiguous()
+        flat = _ops.dropout_masks(spec, layout, x, index, masks)
+        return [torch.tensor(m).view(*x.shape[:-1], -1) for m in flat]
+
     def _masks(self) -> Tensor | None:
         """The dropout seed of this call: drawn in training mode where there is dropout to do."""
         if self.training and self.dropout > 0 and self.num_layers > 1:
