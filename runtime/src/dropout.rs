@@ -15,6 +15,7 @@
 
 use crate::backend::cpu::masks::{fill, MaskRow};
 use crate::backend::cpu::threads;
+use crate::backend::cpu::SharedRows;
 use crate::error::{Result, RuntimeError};
 use crate::exec::Input;
 use crate::model::Model;
@@ -106,7 +107,7 @@ pub(crate) unsafe fn apply_on_host(
 ) {
     let (order, layout, units) = (&batch.order, &batch.layout, masks.units);
     let (threshold, scale) = (masks.threshold, masks.scale);
-    let base = Base(base);
+    let base = SharedRows(base);
     let sequence = |b: usize| {
         let mut mask = vec![0.0f32; units];
         for t in 0..order.lengths()[b] {
@@ -122,24 +123,6 @@ pub(crate) unsafe fn apply_on_host(
     let features = order.rows() * units * masks.keys.len();
     let threads = if features >= 1 << 16 { threads::usable_cores() } else { 1 };
     threads::run_call(threads, |_| threads::for_each(order.batch(), &sequence));
-}
-
-/// The first float of host rows that several threads write, each its own.
-struct Base(*mut f32);
-
-// SAFETY: a plain address; the threads that share it write disjoint rows.
-unsafe impl Send for Base {}
-unsafe impl Sync for Base {}
-
-impl Base {
-    /// The address `offset` floats on (a method: a closure then shares the whole `Base`).
-    ///
-    /// # Safety
-    /// The rows hold `offset` floats and more.
-    unsafe fn at(&self, offset: usize) -> *mut f32 {
-        // SAFETY: per the contract.
-        unsafe { self.0.add(offset) }
-    }
 }
 
 impl Model {

@@ -36,12 +36,13 @@ use crate::error::{Result, RuntimeError};
 use crate::plan::{Home, ParamGradient, PassPlan, TapeSource, TimeLoop};
 use crate::pool;
 use cellc::ir::{Graph, Op, ValueId};
-use cellc::program::{Kept, ProgramKernel, Side};
+use cellc::program::{Kept, ProgramKernel, Side, TapePart};
 use cellc::schedule::Placement;
 use cellc::shapes::Shapes;
+pub(crate) use driver::SharedRows;
 use driver::{
     constants, gemm_all_rows, locate, prepared_params, run_pointwise, Buffers, Frame, Loc, ReadyStage,
-    SendTable, SharedRows,
+    SendTable,
 };
 use prepared::PreparedParams;
 use stage::{Interpreted, StageExec};
@@ -312,7 +313,7 @@ fn jit_stage(
 /// A tape in the caller's memory, part by part as the layer's program
 /// lays it out ([`cellc::program::TapeLayout`]), in the reserve's order.
 struct CpuTape {
-    parts: Vec<(Kept, TapeBuf)>,
+    parts: Vec<(TapePart, TapeBuf)>,
 }
 
 /// One part of a tape: `len` floats of the caller's, borrowed for one call.
@@ -355,7 +356,7 @@ impl CpuTape {
             .ranges(rows)
             // SAFETY: the parts' ranges end at `len` (checked above).
             .map(|(part, floats)| {
-                (part.kept, TapeBuf { ptr: unsafe { memory.add(floats.start) }, len: floats.len() })
+                (part, TapeBuf { ptr: unsafe { memory.add(floats.start) }, len: floats.len() })
             })
             .collect();
         Ok(CpuTape { parts })
@@ -363,7 +364,7 @@ impl CpuTape {
 
     /// The part keeping `kept`.
     fn part(&self, kept: Kept) -> Result<&TapeBuf> {
-        self.parts.iter().find(|(k, _)| *k == kept).map(|(_, p)| p).ok_or_else(|| {
+        self.parts.iter().find(|(p, _)| p.kept == kept).map(|(_, rows)| rows).ok_or_else(|| {
             RuntimeError::Internal(format!("the backward reads {kept:?}, which the tape does not keep"))
         })
     }
@@ -375,9 +376,8 @@ impl CpuTape {
         if padding.is_empty() {
             return;
         }
-        for (_, part) in &mut self.parts {
-            let width = part.len() / rows.max(1);
-            crate::sequence::zero_rows(part, width, &padding);
+        for (part, data) in &mut self.parts {
+            crate::sequence::zero_rows(data, part.floats, &padding);
         }
     }
 }
@@ -572,7 +572,7 @@ fn forward(
             .iter()
             .zip(&mut t.parts)
             .filter(|(write, _)| !write.direct)
-            .map(|(write, (_, rows))| (write.source, SharedRows::of(rows), rows.len() / layout_rows.max(1)))
+            .map(|(write, (part, rows))| (write.source, SharedRows::of(rows), part.floats))
             .collect(),
     };
     let after = |s: usize, ranks: std::ops::Range<usize>| -> Result<()> {
@@ -721,9 +721,9 @@ fn forward_whole_sequence(
             copy(row_of(output_value, b, s)?, &mut output.data[out_row..out_row + o]);
             if let Some(tape) = tape.as_deref_mut() {
                 let row = job.input.layout.row(b, t);
-                for (write, (_, part)) in pass.tape.iter().zip(&mut tape.parts) {
-                    let width = part.len() / layout_rows.max(1);
-                    let dst = &mut part[row * width..(row + 1) * width];
+                for (write, (part, data)) in pass.tape.iter().zip(&mut tape.parts) {
+                    let width = part.floats;
+                    let dst = &mut data[row * width..(row + 1) * width];
                     match write.source {
                         _ if write.direct => {}
                         TapeSource::StateBefore(i) => copy(state_before(i, b, s)?, dst),
