@@ -90,6 +90,7 @@ fn through_device_memory(
         h0: h0.as_deref(),
         stream: mem.stream(),
         masks: None,
+        rates: None,
     };
     let nan = |n: usize| vec![f32::NAN; n];
     let out = DeviceForwardOut {
@@ -288,7 +289,15 @@ fn graphs_replay_over_device_memory(cuda: Cuda, mem: &mut dyn Memory) {
         d_h0: Vec::new(),
         d_params: weights.iter().map(|ps| ps.iter().map(|p| mem.put(&vec![0.0; p.len])).collect()).collect(),
     };
-    let call = DeviceCall { shape, input, weights: &weights, h0: None, stream: mem.stream(), masks: None };
+    let call = DeviceCall {
+        shape,
+        input,
+        weights: &weights,
+        h0: None,
+        stream: mem.stream(),
+        masks: None,
+        rates: None,
+    };
     let reserve = mem.put(&vec![0.0; b * STEPS * model.reserve_floats_per_row()]);
     let mut first = None;
     for round in 0..5 {
@@ -347,7 +356,7 @@ fn bad_device_buffers_get_typed_errors() {
         RuntimeError::Shape { ref tensor, .. } if tensor == want => {}
         other => panic!("expected a shape error for `{want}`, got {other:?}"),
     };
-    let call = |weights| DeviceCall { shape, input, weights, h0: None, stream: 0, masks: None };
+    let call = |weights| DeviceCall { shape, input, weights, h0: None, stream: 0, masks: None, rates: None };
 
     let short = DeviceForwardOut { output: DeviceFloats { len: 3, ..out.output }, ..out.clone() };
     shape_error(model.forward_into(&call(&weights), &short, None).unwrap_err(), "output");

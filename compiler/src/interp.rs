@@ -169,6 +169,8 @@ pub struct BoundCell<'c> {
     state_sizes: Vec<usize>,
     /// `(rows, cols)`; `cols == 1` for vectors.
     param_shapes: Vec<(usize, usize)>,
+    /// Elements of each mask (of a row, or of a DropConnect's parameter).
+    mask_sizes: Vec<usize>,
 }
 
 /// The values a graph's leaves take for one evaluation.
@@ -180,6 +182,8 @@ pub(crate) struct LeafValues<'a, T> {
     pub states: &'a [&'a [T]],
     pub params: &'a [Vec<T>],
     pub seeds: &'a [&'a [T]],
+    /// Each mask's values for this row ([`Op::Mask`]).
+    pub masks: &'a [&'a [T]],
 }
 
 /// Evaluates every value of `graph` in `plan`'s order. Parameters are read
@@ -195,6 +199,7 @@ pub(crate) fn evaluate<T: Float>(graph: &Graph, plan: &Shapes, leaves: &LeafValu
             Op::State(i) => leaves.states[*i].to_vec(),
             Op::Param(_) => Vec::new(),
             Op::Seed(i) => leaves.seeds[*i].to_vec(),
+            Op::Mask(i) => leaves.masks[*i].to_vec(),
             _ => {
                 let operands = graph.operands(v);
                 let args: Vec<&[T]> = operands.iter().map(|&o| value(graph, &vals, leaves, o)).collect();
@@ -218,7 +223,7 @@ impl Shapes {
             let operands = graph.operands(v);
             let constant = match graph.node(v).op {
                 Op::Const(_) | Op::DimValue(_) => true,
-                Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Seed(_) => false,
+                Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Mask(_) | Op::Seed(_) => false,
                 _ => operands.iter().all(|o| known[o.index()].is_some()),
             };
             if constant {
@@ -244,7 +249,7 @@ impl Shapes {
         let operand_cols = |i: usize| graph.operands(v).get(i).map_or(1, |o| self.shape[o.index()].1);
         match &graph.node(v).op {
             // Leaves have no operands; the caller supplies their values.
-            Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Seed(_) => Vec::new(),
+            Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Mask(_) | Op::Seed(_) => Vec::new(),
             Op::Const(c) => vec![T::from(*c).unwrap_or_else(T::nan)],
             Op::DimValue(_) => vec![T::from(self.extra[v.index()]).unwrap_or_else(T::nan)],
             Op::Unary(op) => args[0].iter().map(|&a| apply_unary(*op, a)).collect(),
@@ -370,8 +375,31 @@ impl<'c> BoundCell<'c> {
                 check_elements(&what, rows, cols).map(|()| (rows, cols))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let mask_sizes = cell
+            .masks
+            .iter()
+            .map(|m| match (&m.ty, m.param) {
+                (_, Some(p)) => Ok(param_shapes[p].0 * param_shapes[p].1),
+                (Type::Vector(d), None) => eval_dim(&cell.name, &sizes, "a mask", d),
+                (t, None) => Err(InterpError::Internal { message: format!("a mask of type {t}") }),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let plan = Shapes::new(cell, &sizes, &cell.name)?;
-        Ok(BoundCell { cell, sizes, plan, input_slices, input_size: offset, state_sizes, param_shapes })
+        Ok(BoundCell {
+            cell,
+            sizes,
+            plan,
+            input_slices,
+            input_size: offset,
+            state_sizes,
+            param_shapes,
+            mask_sizes,
+        })
+    }
+
+    /// Elements of each mask: of a row, or of a DropConnect mask's parameter.
+    pub fn mask_sizes(&self) -> &[usize] {
+        &self.mask_sizes
     }
 
     /// The cell this binds.
@@ -520,6 +548,27 @@ impl<'c> BoundCell<'c> {
         Ok(self.step_unchecked(x, states, params))
     }
 
+    /// The values every mask of the cell takes in evaluation (see
+    /// [`crate::ir::masks`]) at `rates`, one per `rate` of the cell; a
+    /// DropConnect mask's is its parameter's size. The interpreter's own
+    /// steps run in evaluation at the cell's default rates.
+    pub fn evaluation_masks<T: Float>(&self, rates: &[f32]) -> Vec<Vec<T>> {
+        self.cell
+            .masks
+            .iter()
+            .zip(&self.mask_sizes)
+            .map(|(m, &n)| {
+                let p = rates.get(m.rate).copied().unwrap_or(0.0);
+                vec![T::from(m.function.evaluation(p)).unwrap_or_else(T::nan); n]
+            })
+            .collect()
+    }
+
+    /// The cell's default rates.
+    pub fn default_rates(&self) -> Vec<f32> {
+        self.cell.rates.iter().map(|r| r.default as f32).collect()
+    }
+
     fn step_unchecked<T: Float, S: AsRef<[T]>>(
         &self,
         x: &[T],
@@ -527,7 +576,16 @@ impl<'c> BoundCell<'c> {
         params: &[Vec<T>],
     ) -> StepResult<T> {
         let states: Vec<&[T]> = states.iter().map(|s| s.as_ref()).collect();
-        let leaves = LeafValues { x, input_slices: &self.input_slices, states: &states, params, seeds: &[] };
+        let masks = self.evaluation_masks::<T>(&self.default_rates());
+        let masks: Vec<&[T]> = masks.iter().map(Vec::as_slice).collect();
+        let leaves = LeafValues {
+            x,
+            input_slices: &self.input_slices,
+            states: &states,
+            params,
+            seeds: &[],
+            masks: &masks,
+        };
         let vals = evaluate(self.cell, &self.plan, &leaves);
         let get = |v: ValueId| value(self.cell, &vals, &leaves, v).to_vec();
         StepResult {
@@ -608,6 +666,8 @@ impl BoundCell<'_> {
         let mut carry: Vec<Vec<T>> = d_final_states.iter().map(|s| s.as_ref().to_vec()).collect();
         let mut d_inputs = vec![T::zero(); xs.len()];
         let mut d_params: Vec<Vec<T>> = params.iter().map(|p| vec![T::zero(); p.len()]).collect();
+        let masks = self.evaluation_masks::<T>(&self.default_rates());
+        let masks: Vec<&[T]> = masks.iter().map(Vec::as_slice).collect();
         for t in (0..steps).rev() {
             let before: Vec<&[T]> = if t == 0 {
                 initial_states.iter().map(|s| s.as_ref()).collect()
@@ -617,8 +677,14 @@ impl BoundCell<'_> {
             let mut seeds: Vec<&[T]> = vec![&d_outputs[t * out..(t + 1) * out]];
             seeds.extend(carry.iter().map(|c| c.as_slice()));
             let x = &xs[t * self.input_size..(t + 1) * self.input_size];
-            let leaves =
-                LeafValues { x, input_slices: &self.input_slices, states: &before, params, seeds: &seeds };
+            let leaves = LeafValues {
+                x,
+                input_slices: &self.input_slices,
+                states: &before,
+                params,
+                seeds: &seeds,
+                masks: &masks,
+            };
             let vals = evaluate(&grad.graph, &plan, &leaves);
             let get = |v: ValueId| value(&grad.graph, &vals, &leaves, v);
 

@@ -34,6 +34,10 @@ pub struct Call<'a> {
     /// `None`: evaluation mode, nothing dropped (as PyTorch's
     /// `module.eval()`, with or without a reserve).
     pub masks: Option<MaskSeed>,
+    /// The rate of each of the cell's `rate`s for this call, in the order
+    /// of [`Model::rate_names`] ([`Model::rates_with`] makes one by name);
+    /// `None`: the model's ([`Model::rates`]). Give its backward the same.
+    pub rates: Option<&'a [f32]>,
 }
 
 pub(crate) mod sealed {
@@ -143,6 +147,7 @@ impl CallerMemory for Call<'_> {
             output: Span::of_mut(out.output),
             finals: out.final_states.into_iter().map(Span::of_mut).collect(),
             dropout: model.caller_dropout(self.masks),
+            masking: model.caller_masking(self.masks, self.rates)?,
             reserve: reserve.map(Span::of_mut),
         };
         // SAFETY: every span is borrowed from the call, `out` or `reserve`
@@ -171,6 +176,7 @@ impl CallerMemory for Call<'_> {
             d_h0: (!d_h0.is_empty()).then(|| d_h0.into_iter().map(Span::of_mut).collect()),
             d_params: d_params.into_iter().map(|ps| ps.into_iter().map(Span::of_mut).collect()).collect(),
             dropout: model.caller_dropout(self.masks),
+            masking: model.caller_masking(self.masks, self.rates)?,
         };
         // SAFETY: as in `forward`.
         let mut target = unsafe { HostTarget::new(model, &p, &params) };

@@ -59,6 +59,8 @@ pub struct DeviceCall<'a> {
     /// `None`: evaluation mode, nothing dropped (as PyTorch's
     /// `module.eval()`, with or without a reserve).
     pub masks: Option<MaskSeed>,
+    /// The call's rates, as [`crate::Call::rates`]; `None`: the model's.
+    pub rates: Option<&'a [f32]>,
 }
 
 /// Where a forward pass on the device writes: laid out as
@@ -126,6 +128,7 @@ impl CallerMemory for DeviceCall<'_> {
             finals: finals.iter().copied().map(span).collect(),
             reserve: reserve.map(span),
             dropout: model.caller_dropout(self.masks),
+            masking: model.caller_masking(self.masks, self.rates)?,
         };
         let weights = self.weights.iter().map(|ps| ps.iter().copied().map(span).collect()).collect();
         let mut target = passes.target(&model.compiled, &model.layers, &p, weights, self.stream)?;
@@ -150,6 +153,7 @@ impl CallerMemory for DeviceCall<'_> {
             d_h0: (!out.d_h0.is_empty()).then(|| out.d_h0.iter().copied().map(span).collect()),
             d_params: out.d_params.iter().map(|ps| ps.iter().copied().map(span).collect()).collect(),
             dropout: model.caller_dropout(self.masks),
+            masking: model.caller_masking(self.masks, self.rates)?,
         };
         let weights = self.weights.iter().map(|ps| ps.iter().copied().map(span).collect()).collect();
         let mut target = passes.target(&model.compiled, &model.layers, &p, weights, self.stream)?;

@@ -25,6 +25,7 @@
 
 use crate::dropout::BetweenLayers;
 use crate::error::{Result, RuntimeError};
+use crate::masks::CellMasking;
 use crate::model::Model;
 use crate::pass::{LayerBackward, LayerForward, PassTarget, RowSpan, Span};
 use crate::sequence::{check_len, LaidOutBatch};
@@ -42,6 +43,8 @@ pub struct ForwardSpans {
     pub reserve: Option<Span>,
     /// Training mode: the dropout between layers, if any.
     pub dropout: Option<BetweenLayers>,
+    /// Training or evaluation, and the rates, of the cell's own masks.
+    pub masking: CellMasking,
 }
 
 /// The memory of a backward pass.
@@ -59,6 +62,8 @@ pub struct BackwardSpans {
     pub d_params: Vec<Vec<Span>>,
     /// The dropout between layers of the forward, if any.
     pub dropout: Option<BetweenLayers>,
+    /// The cell's masks, as the forward drew them.
+    pub masking: CellMasking,
 }
 
 /// One layer's part of a reserve: each direction's tape, then (but for the
@@ -162,6 +167,34 @@ impl Model {
         }
     }
 
+    /// The masks of layer `k` in direction `d` (see [`crate::masks`]):
+    /// those its steps read, filled in `rows` (scratch memory of the pass,
+    /// made the first time and reused by every layer and direction), and
+    /// its DropConnect masks.
+    fn fill_masks(
+        &self,
+        p: &LaidOutBatch,
+        masking: &CellMasking,
+        (k, d): (usize, usize),
+        rows: &mut Option<Span>,
+        target: &mut dyn PassTarget,
+    ) -> Result<(Option<RowSpan>, crate::masks::DropConnect)> {
+        let layer = &self.layers[k];
+        let (step_masks, drop_connect) = masking.of_layer(&self.compiled.forward, layer, k, d);
+        let Some(step_masks) = step_masks else { return Ok((None, drop_connect)) };
+        let width = step_masks.width;
+        let span = match *rows {
+            Some(span) => span,
+            None => {
+                let widest = self.layers.iter().map(|l| l.mask_width).max().unwrap_or(0);
+                *rows.insert(target.scratch(p.rows * widest, false)?)
+            }
+        };
+        let masks = RowSpan { span: span.part(0..p.rows * width), width, offset: 0 };
+        target.fill_masks(masks, &step_masks)?;
+        Ok((Some(masks), drop_connect))
+    }
+
     /// Runs every layer and direction forwards over `spans` (checked by the
     /// caller), writing the output (padding rows zero), the final states
     /// and, training, the reserve.
@@ -187,6 +220,7 @@ impl Model {
         }
         let padding = crate::sequence::padding_rows(&p.order, &p.layout, p.rows);
         let dirs = self.directions();
+        let mut mask_rows = None;
         let mut input = RowSpan { span: spans.input, width: p.data_features, offset: 0 };
         for (k, layer) in self.layers.iter().enumerate() {
             let width = layer.output_size * dirs;
@@ -207,6 +241,8 @@ impl Model {
                 let states = |tensors: &[Span]| -> Vec<Span> {
                     tensors.iter().zip(&layer.state_sizes).map(|(s, &n)| s.slot(slot, batch, n)).collect()
                 };
+                let (masks, drop_connect) =
+                    self.fill_masks(p, &spans.masking, (k, d), &mut mask_rows, target)?;
                 target.forward(LayerForward {
                     layer,
                     slot,
@@ -216,6 +252,8 @@ impl Model {
                     h0: states(&h0),
                     finals: states(&spans.finals),
                     tape: reserve.as_ref().map(|(r, parts)| r.part(parts[k].tape(d))),
+                    masks,
+                    drop_connect,
                 })?;
             }
             // In training mode, what the next layer reads (and what a
@@ -249,6 +287,7 @@ impl Model {
         let parts = self.checked_reserve_layout(p.rows, spans.reserve.len)?;
         let d_final = self.states_or_scratch(spans.d_final, batch, target)?;
         let dirs = self.directions();
+        let mut mask_rows = None;
         let mut d_above = spans.d_output;
         for (k, layer) in self.layers.iter().enumerate().rev() {
             let input = match k {
@@ -273,6 +312,8 @@ impl Model {
                 let states = |tensors: &[Span]| -> Vec<Span> {
                     tensors.iter().zip(&layer.state_sizes).map(|(s, &n)| s.slot(slot, batch, n)).collect()
                 };
+                let (masks, drop_connect) =
+                    self.fill_masks(p, &spans.masking, (k, d), &mut mask_rows, target)?;
                 target.backward(LayerBackward {
                     layer,
                     slot,
@@ -284,6 +325,8 @@ impl Model {
                     d_input: RowSpan { span: d_input, width: layer.input_size, offset: 0 },
                     d_h0: states(&d_h0),
                     d_params: spans.d_params[slot].clone(),
+                    masks,
+                    drop_connect,
                 })?;
             }
             // The adjoint of the layer below's output, through the forward's dropout (drawn again).

@@ -9,6 +9,7 @@ use crate::driver::{BackwardSpans, ForwardSpans};
 use crate::dropout::BetweenLayers;
 use crate::error::{Result, RuntimeError};
 use crate::host_target::HostTarget;
+use crate::masks::CellMasking;
 use crate::model::Model;
 use crate::pass::Span;
 use crate::sequence::{
@@ -117,6 +118,8 @@ pub struct Trace<'a> {
     reserve: Vec<f32>,
     /// The forward's dropout between layers, drawn again by the backward.
     dropout: Option<BetweenLayers>,
+    /// The forward's cell masks, drawn again by the backward.
+    masking: CellMasking,
 }
 
 impl Drop for Trace<'_> {
@@ -281,7 +284,8 @@ impl Model {
 
     /// Inference: runs every layer and direction over the batch.
     pub fn forward(&self, input: Input, h0: Option<&[Vec<f32>]>) -> Result<Output> {
-        let (out, ..) = self.forward_owned(input, h0, None, false)?;
+        let evaluation = self.caller_masking(None, None)?;
+        let (out, ..) = self.forward_owned(input, h0, (None, evaluation), false)?;
         Ok(out)
     }
 
@@ -291,18 +295,20 @@ impl Model {
         input: Input<'a>,
         h0: Option<&[Vec<f32>]>,
     ) -> Result<(Output, Trace<'a>)> {
-        let dropout = BetweenLayers::of(self.dropout, self.next_mask_seed());
-        let (out, reserve, batch) = self.forward_owned(input, h0, dropout, true)?;
-        Ok((out, Trace { input, batch, reserve, dropout }))
+        let seed = self.next_mask_seed();
+        let dropout = BetweenLayers::of(self.dropout, seed);
+        let masking = self.caller_masking(Some(seed), None)?;
+        let (out, reserve, batch) = self.forward_owned(input, h0, (dropout, masking.clone()), true)?;
+        Ok((out, Trace { input, batch, reserve, dropout, masking }))
     }
 
     /// A forward pass into buffers of its own (with `training`, a reserve
-    /// too, and the dropout between layers `dropout`).
+    /// too), with the dropout between layers and the cell's masks given.
     fn forward_owned(
         &self,
         input: Input,
         h0: Option<&[Vec<f32>]>,
-        dropout: Option<BetweenLayers>,
+        (dropout, masking): (Option<BetweenLayers>, CellMasking),
         training: bool,
     ) -> Result<(Output, Vec<f32>, LaidOutBatch)> {
         let p = self.prepare(&input)?;
@@ -324,6 +330,7 @@ impl Model {
             finals: final_states.iter_mut().map(|s| Span::of_mut(s)).collect(),
             reserve: training.then(|| Span::of_mut(&mut reserve)),
             dropout,
+            masking,
         };
         // SAFETY: every span is a buffer of this function's or the caller's,
         // borrowed until the pass ends; those written are distinct buffers.
@@ -360,6 +367,7 @@ impl Model {
                 .map(|ps| ps.iter_mut().map(|s| Span::of_mut(s)).collect())
                 .collect(),
             dropout: trace.dropout,
+            masking: trace.masking.clone(),
         };
         // SAFETY: as in `forward_owned`.
         let mut target = unsafe { HostTarget::new(self, p, &params) };

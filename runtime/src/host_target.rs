@@ -5,6 +5,7 @@
 use crate::backend::{BackwardJob, ForwardJob, PreparedWeights, Rows, RowsMut};
 use crate::dropout::LayerMasks;
 use crate::error::Result;
+use crate::masks::{MaskFill, MaskRows};
 use crate::model::Model;
 use crate::pass::{LayerBackward, LayerForward, PassTarget, RowSpan, Span};
 use crate::sequence::LaidOutBatch;
@@ -51,6 +52,38 @@ impl Model {
             params: given.to_vec(),
             prepared: Prepared::Pass(given.iter().map(|_| PreparedWeights::for_one_pass()).collect()),
         })
+    }
+}
+
+/// A layer and direction's parameters with its DropConnect masks applied
+/// (copies, prepared afresh for the pass), where it has any.
+struct MaskedParams {
+    params: Vec<Vec<f32>>,
+    prepared: PreparedWeights,
+}
+
+impl MaskedParams {
+    fn new(params: &[&[f32]], drop_connect: &[(usize, MaskFill)]) -> Option<MaskedParams> {
+        if drop_connect.is_empty() {
+            return None;
+        }
+        let mut params: Vec<Vec<f32>> = params.iter().map(|p| p.to_vec()).collect();
+        for (param, fill) in drop_connect {
+            crate::masks::drop_connect(&mut params[*param], fill);
+        }
+        Some(MaskedParams { params, prepared: PreparedWeights::for_one_pass() })
+    }
+}
+
+/// The masked parameters if there are any, else `params` and `prepared`.
+fn masked_or<'s>(
+    masked: &'s Option<MaskedParams>,
+    params: &'s [&'s [f32]],
+    prepared: &'s PreparedWeights,
+) -> (Vec<&'s [f32]>, &'s PreparedWeights) {
+    match masked {
+        Some(m) => (m.params.iter().map(Vec::as_slice).collect(), &m.prepared),
+        None => (params.to_vec(), prepared),
     }
 }
 
@@ -172,8 +205,16 @@ impl PassTarget for HostTarget<'_> {
         Ok(())
     }
 
+    fn fill_masks(&mut self, rows: RowSpan, masks: &MaskRows) -> Result<()> {
+        // SAFETY: per `new`'s contract, `rows` is host memory of this pass's alone.
+        unsafe { crate::masks::fill_on_host(rows.span.addr as *mut f32, self.batch, masks) };
+        Ok(())
+    }
+
     fn forward(&mut self, job: LayerForward) -> Result<()> {
         let (params, prepared) = self.params.slot(job.slot);
+        let masked = MaskedParams::new(params, &job.drop_connect);
+        let (params, prepared) = masked_or(&masked, params, prepared);
         // SAFETY (block): per `new`'s contract; the output, the tape and the
         // final states are spans of their own, read by nothing else here.
         let (h0, mut output, tape) = unsafe {
@@ -183,12 +224,13 @@ impl PassTarget for HostTarget<'_> {
         let forward = ForwardJob {
             cell: &self.model.compiled,
             layer: job.layer,
-            params,
+            params: &params,
             order: &self.batch.order,
             reverse: job.reverse,
             input: self.rows(job.input),
             h0: &h0,
             prepared,
+            masks: job.masks.map(|m| self.rows(m)),
         };
         let finals = self.model.backend.forward(&forward, &mut output, tape)?;
         write_each(&job.finals, &finals, "final states")
@@ -196,6 +238,8 @@ impl PassTarget for HostTarget<'_> {
 
     fn backward(&mut self, job: LayerBackward) -> Result<()> {
         let (params, prepared) = self.params.slot(job.slot);
+        let masked = MaskedParams::new(params, &job.drop_connect);
+        let (params, prepared) = masked_or(&masked, params, prepared);
         // SAFETY (block): per `new`'s contract; the input's adjoint is a span of its own.
         let (d_final, tape, mut d_input) = unsafe {
             let d_final: Vec<&[f32]> = job.d_final.iter().map(|&s| floats(s)).collect();
@@ -204,15 +248,19 @@ impl PassTarget for HostTarget<'_> {
         let backward = BackwardJob {
             cell: &self.model.compiled,
             layer: job.layer,
-            params,
+            params: &params,
             order: &self.batch.order,
             reverse: job.reverse,
             input: self.rows(job.input),
             d_output: self.rows(job.d_output),
             d_final: &d_final,
             prepared,
+            masks: job.masks.map(|m| self.rows(m)),
         };
-        let r = self.model.backend.backward(&backward, tape, &mut d_input)?;
+        let mut r = self.model.backend.backward(&backward, tape, &mut d_input)?;
+        for (param, fill) in &job.drop_connect {
+            crate::masks::drop_connect(&mut r.d_params[*param], fill);
+        }
         write_each(&job.d_h0, &r.d_h0, "initial-state gradient")?;
         write_each(&job.d_params, &r.d_params, "parameter gradient")
     }

@@ -49,6 +49,7 @@ pub mod exec;
 pub mod files;
 mod host_target;
 pub mod layers;
+pub mod masks;
 pub(crate) mod memory;
 pub mod model;
 pub mod pass;

@@ -33,6 +33,8 @@ pub struct Model {
     pub(crate) owns_weights: bool,
     /// Dropout between layers in training ([`Model::with_dropout`]).
     pub(crate) dropout: f32,
+    /// The rate of each of the cell's `rate`s ([`Model::with_rates`]).
+    pub(crate) rates: Vec<f32>,
     /// The seed the model's own training passes draw masks from, and how
     /// many have drawn (each the next offset).
     mask_seed: u64,
@@ -99,6 +101,7 @@ impl Model {
     ) -> Model {
         let slots = layers.len() * if config.bidirectional { 2 } else { 1 };
         let per = compiled.forward.params.len();
+        let rates = compiled.forward.rates.iter().map(|r| r.default as f32).collect();
         Model {
             compiled,
             config,
@@ -108,6 +111,7 @@ impl Model {
             backend,
             owns_weights: false,
             dropout: 0.0,
+            rates,
             mask_seed: 0,
             mask_calls: Default::default(),
         }

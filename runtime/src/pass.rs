@@ -7,6 +7,7 @@
 use crate::cell::Layer;
 use crate::dropout::LayerMasks;
 use crate::error::Result;
+use crate::masks::{DropConnect, MaskRows};
 use std::ops::Range;
 
 /// Floats of a pass's memory, host or device: the address of the first
@@ -79,6 +80,10 @@ pub struct LayerForward<'a> {
     pub finals: Vec<Span>,
     /// Training: the tape (the layout's rows times the layer's tape floats per row), written.
     pub tape: Option<Span>,
+    /// The masks its steps read, filled ([`PassTarget::fill_masks`]); `None` for a cell without.
+    pub masks: Option<RowSpan>,
+    /// Its DropConnect masks, by parameter: the parameter is multiplied by its mask for the pass.
+    pub drop_connect: DropConnect,
 }
 
 /// One layer and direction backwards: where it reads and writes.
@@ -105,6 +110,11 @@ pub struct LayerBackward<'a> {
     pub d_h0: Vec<Span>,
     /// The parameters' gradients, in the cell's order, written.
     pub d_params: Vec<Span>,
+    /// The masks its forward's steps read, filled again; `None` for a cell without.
+    pub masks: Option<RowSpan>,
+    /// Its forward's DropConnect masks, by parameter: the gradient of each
+    /// such parameter is the masked parameter's times its mask.
+    pub drop_connect: DropConnect,
 }
 
 /// Where a pass runs: the memory its spans lie in, and the device that
@@ -128,6 +138,10 @@ pub trait PassTarget {
     /// (direction `d`'s `masks.units` features from `rows.offset + d *
     /// masks.units`), drawn for each row's sequence and step.
     fn drop_out(&mut self, rows: RowSpan, masks: &LayerMasks) -> Result<()>;
+
+    /// Fills every valid row of `rows` with the masks a layer and
+    /// direction's steps read (see [`crate::masks`]).
+    fn fill_masks(&mut self, rows: RowSpan, masks: &MaskRows) -> Result<()>;
 
     /// Runs one layer and direction forwards.
     fn forward(&mut self, job: LayerForward) -> Result<()>;

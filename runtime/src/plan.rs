@@ -37,6 +37,9 @@ pub enum Home {
     NextState(usize),
     /// Parameter `i`: the same for every row.
     Param(usize),
+    /// Mask `i`'s units of the row (the caller's layout), filled for the
+    /// pass ([`crate::masks::MaskRows`]).
+    Mask(usize),
     /// A value of constants only: the same for every row.
     Constant,
     /// The forward's output; `rank_order` when a per-step product reads or
@@ -313,6 +316,7 @@ fn common_home(storage: Storage) -> Option<Home> {
         Storage::State(i) => Home::State(i),
         Storage::NextState(i) => Home::NextState(i),
         Storage::Param(i) => Home::Param(i),
+        Storage::Mask(i) => Home::Mask(i),
         Storage::Constant => Home::Constant,
         Storage::Output { rank_order } => Home::Output { rank_order },
         Storage::Layout => Home::Layout,

@@ -86,6 +86,7 @@ impl Model {
                 .collect(),
             prepared: (0..self.layers.len()).map(|k| self.prepared(k, false)).collect(),
             batch,
+            masking: self.caller_masking(None, None)?,
         };
         let runner = match self.backend.stream(job)? {
             Some(runner) => runner,

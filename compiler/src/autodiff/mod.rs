@@ -94,9 +94,10 @@ impl Gradient {
         let states: Vec<Type> = cell.states.iter().map(|d| Type::Vector(d.dim.clone())).collect();
         let params: Vec<Type> = cell.params.iter().map(|p| p.ty.clone()).collect();
         let seeds: Vec<Type> = self.seeds.iter().map(|s| s.ty.clone()).collect();
+        let masks = cell.mask_types();
         let mut errors = verify_graph(
             &self.graph,
-            Leaves { inputs: &inputs, states: &states, params: &params, seeds: &seeds },
+            Leaves { inputs: &inputs, states: &states, params: &params, seeds: &seeds, masks: &masks },
         );
         for (results, types, what) in [
             (&self.d_inputs, &inputs, "input"),

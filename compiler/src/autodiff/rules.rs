@@ -13,7 +13,14 @@ pub(super) fn backprop(b: &mut Builder, v: ValueId, dv: ValueId) {
     let node = b.g.node(v).clone();
     let ops = b.g.operands(v);
     match node.op {
-        Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Const(_) | Op::DimValue(_) | Op::Seed(_) => {}
+        // A mask is drawn, not computed: nothing flows into it.
+        Op::Input(_)
+        | Op::State(_)
+        | Op::Param(_)
+        | Op::Mask(_)
+        | Op::Const(_)
+        | Op::DimValue(_)
+        | Op::Seed(_) => {}
         Op::Unary(op) => unary(b, op, v, ops[0], dv),
         Op::Binary(op) => binary(b, op, v, ops[0], ops[1], dv),
         Op::Broadcast => {

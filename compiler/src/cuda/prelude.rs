@@ -85,13 +85,38 @@ extern "C" __global__ void cellc_drop_rows(float* const* __restrict__ rows, cons
             rows[row][j] *= (bits >> 8) >= threshold ? scale : 0.0f;
         }
 }
+
+// One mask of a cell (cellc::ir::masks) over `n` rows: row `row` is
+// `units` floats at rows[row] (fewer where the mask's `limit` units end),
+// units from where[3 * row + 2] on, of the
+// sequence and step where[3 * row] and where[3 * row + 1] (either may be
+// cellc::random::SHARED). Each unit is `kept` where its bits reach
+// `threshold`, else 0; with `drawn` 0 (evaluation) every unit is
+// `evaluation`. With `multiply` the rows are multiplied by the mask
+// instead of set to it (DropConnect's parameter and its gradient).
+extern "C" __global__ void cellc_fill_mask(float* const* __restrict__ rows, const unsigned* __restrict__ where, int n,
+                                           int units, unsigned limit, unsigned k0, unsigned k1, unsigned threshold,
+                                           unsigned kept_bits, unsigned evaluation_bits, int drawn, int multiply) {
+    const float kept = __int_as_float(kept_bits), evaluation = __int_as_float(evaluation_bits);
+    for (int row = blockIdx.x; row < n; row += gridDim.x)
+        for (int j = threadIdx.x; j < units && where[3 * row + 2] + j < limit; j += blockDim.x) {
+            float m = evaluation;
+            if (drawn) {
+                const unsigned bits = cellc_draw(k0, k1, where[3 * row], where[3 * row + 1], where[3 * row + 2] + j);
+                m = (bits >> 8) >= threshold ? kept : 0.0f;
+            }
+            rows[row][j] = multiply ? rows[row][j] * m : m;
+        }
+}
 "#;
 
 /// The prelude's kernels for the runtime, in every module beside the
 /// generated ones: row copies and row sums (each takes a table of
 /// `(destination, source)` row pairs, the number of pairs and the floats
-/// per row), and dropout masks over rows (`cellc_drop_rows`).
-pub const ROW_KERNELS: [&str; 3] = ["cellc_copy_rows", "cellc_add_rows", "cellc_drop_rows"];
+/// per row), dropout masks over rows (`cellc_drop_rows`), and a cell's
+/// masks written into rows, or multiplied into them (`cellc_fill_mask`).
+pub const ROW_KERNELS: [&str; 4] =
+    ["cellc_copy_rows", "cellc_add_rows", "cellc_drop_rows", "cellc_fill_mask"];
 
 /// `#include`d first when the generated source is compiled as host C++
 /// (`g++ -std=c++20 -pthread -include cuda_host_emu.h -x c++`): CUDA's

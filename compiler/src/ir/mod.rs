@@ -10,11 +10,13 @@
 //! [`verify`] checks.
 
 pub mod graph;
+pub mod masks;
 pub mod op;
 pub mod print;
 pub mod verify;
 
 pub use graph::Graph;
+pub use masks::{MaskDecl, MaskFn, MaskPeriod, RateDecl};
 pub use op::{BinaryOp, Op, ReduceOp, UnaryOp};
 
 use crate::diag::Span;
@@ -248,6 +250,11 @@ pub struct Cell {
     pub states: Vec<VarDecl>,
     /// The `param` declarations, in order.
     pub params: Vec<ParamDecl>,
+    /// The `rate` declarations, in order.
+    pub rates: Vec<RateDecl>,
+    /// Each call of a mask function, in source order: mask `i` is the
+    /// stream [`Op::Mask`]`(i)` reads (see [`masks`]).
+    pub masks: Vec<MaskDecl>,
     /// The step's output value.
     pub output: ValueId,
     /// `next_states[i]` is the value of `states[i]` at the end of the step.
@@ -278,6 +285,8 @@ impl Cell {
             inputs: Vec::new(),
             states: Vec::new(),
             params: Vec::new(),
+            rates: Vec::new(),
+            masks: Vec::new(),
             output: ValueId(0),
             next_states: Vec::new(),
             graph: Graph::default(),
@@ -294,6 +303,16 @@ impl Cell {
     /// The index in [`Cell::states`] of the state called `name`.
     pub fn state_index(&self, name: &str) -> Option<usize> {
         self.states.iter().position(|s| s.name == name)
+    }
+
+    /// Each mask's type, by mask index.
+    pub fn mask_types(&self) -> Vec<Type> {
+        self.masks.iter().map(|m| m.ty.clone()).collect()
+    }
+
+    /// The index in [`Cell::rates`] of the rate called `name`.
+    pub fn rate_index(&self, name: &str) -> Option<usize> {
+        self.rates.iter().position(|r| r.name == name)
     }
 
     /// The index in [`Cell::params`] of the parameter called `name`.

@@ -20,6 +20,9 @@ pub enum Op {
     Const(f64),
     /// The value of a dimension, as a scalar (`mean`'s adjoint divides by it).
     DimValue(Dim),
+    /// Mask `i` of the cell ([`super::MaskDecl`]): a vector the runtime
+    /// fills for each row, random in training (see [`super::masks`]).
+    Mask(usize),
     /// `seeds[i]` of a backward step: the adjoint flowing in from outside
     /// (the output's, or a next state's).
     Seed(usize),
@@ -301,6 +304,7 @@ impl Op {
             Op::Param(_) => "param",
             Op::Const(_) => "const",
             Op::DimValue(_) => "dimvalue",
+            Op::Mask(_) => "mask",
             Op::Seed(_) => "seed",
             Op::Unary(u) => u.name(),
             Op::Binary(b) => b.name(),
@@ -318,9 +322,13 @@ impl Op {
     /// How many operands the op takes; `None` for any number of at least one.
     pub fn arity(&self) -> Option<usize> {
         match self {
-            Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Const(_) | Op::DimValue(_) | Op::Seed(_) => {
-                Some(0)
-            }
+            Op::Input(_)
+            | Op::State(_)
+            | Op::Param(_)
+            | Op::Mask(_)
+            | Op::Const(_)
+            | Op::DimValue(_)
+            | Op::Seed(_) => Some(0),
             Op::Unary(_) | Op::Broadcast | Op::Reduce(_) | Op::Slice { .. } | Op::Pad { .. } => Some(1),
             Op::Binary(_) | Op::MatVec | Op::MatVecT | Op::Outer => Some(2),
             Op::Concat => None,

@@ -51,6 +51,9 @@ pub struct LeafNames<'a> {
     pub params: Vec<&'a str>,
     /// The backward step's seeds' names (`d_output`, `d_h'`), by seed index; empty for a forward graph.
     pub seeds: Vec<&'a str>,
+    /// The cell's masks' names (`zoneout#1`: the function, and the mask's
+    /// index), by mask index.
+    pub masks: Vec<String>,
 }
 
 impl<'a> LeafNames<'a> {
@@ -61,6 +64,7 @@ impl<'a> LeafNames<'a> {
             states: cell.states.iter().map(|d| d.name.as_str()).collect(),
             params: cell.params.iter().map(|d| d.name.as_str()).collect(),
             seeds: seeds.iter().map(|d| d.name.as_str()).collect(),
+            masks: cell.masks.iter().enumerate().map(|(i, m)| format!("{}#{i}", m.function.name())).collect(),
         }
     }
 }
@@ -127,6 +131,7 @@ pub fn value_line(graph: &Graph, names: &LeafNames, v: ValueId) -> String {
         Op::State(i) => format!("state {}", name(&names.states, *i)),
         Op::Param(i) => format!("param {}", name(&names.params, *i)),
         Op::Seed(i) => format!("seed {}", name(&names.seeds, *i)),
+        Op::Mask(i) => format!("mask {}", names.masks.get(*i).map_or("?", String::as_str)),
         Op::Const(c) => format!("const {c}"),
         Op::DimValue(d) => format!("dimvalue {d}"),
         Op::Slice { offset } | Op::Pad { offset } => {
@@ -156,6 +161,7 @@ pub fn to_dot(cell: &Cell) -> String {
             Op::Input(i) => (format!("input {}", cell.inputs[*i].name), "invhouse"),
             Op::State(i) => (format!("state {}", cell.states[*i].name), "invhouse"),
             Op::Param(i) => (format!("param {}", cell.params[*i].name), "box3d"),
+            Op::Mask(i) => (format!("mask {}#{i}", cell.masks[*i].function.name()), "invhouse"),
             Op::Const(c) => (format!("{c}"), "plaintext"),
             Op::MatVec => ("matvec".to_string(), "box"),
             Op::Slice { offset } => (format!("slice @{offset}"), "ellipse"),

@@ -52,6 +52,7 @@ pub(crate) struct Leaves<'a> {
     pub(crate) states: &'a [Type],
     pub(crate) params: &'a [Type],
     pub(crate) seeds: &'a [Type],
+    pub(crate) masks: &'a [Type],
 }
 
 /// The types a graph's leaves have, by kind and index: what a pass must keep
@@ -63,6 +64,7 @@ pub(crate) struct LeafTypes {
     states: Vec<Type>,
     params: Vec<Type>,
     seeds: Vec<Type>,
+    masks: Vec<Type>,
 }
 
 impl LeafTypes {
@@ -77,6 +79,7 @@ impl LeafTypes {
                 Op::State(i) => (&mut t.states, i),
                 Op::Param(i) => (&mut t.params, i),
                 Op::Seed(i) => (&mut t.seeds, i),
+                Op::Mask(i) => (&mut t.masks, i),
                 _ => continue,
             };
             if list.len() <= i {
@@ -88,7 +91,13 @@ impl LeafTypes {
     }
 
     pub(crate) fn leaves(&self) -> Leaves<'_> {
-        Leaves { inputs: &self.inputs, states: &self.states, params: &self.params, seeds: &self.seeds }
+        Leaves {
+            inputs: &self.inputs,
+            states: &self.states,
+            params: &self.params,
+            seeds: &self.seeds,
+            masks: &self.masks,
+        }
     }
 }
 
@@ -97,8 +106,9 @@ pub fn verify(cell: &Cell) -> Result<(), Vec<VerifyError>> {
     let inputs: Vec<Type> = cell.inputs.iter().map(|d| Type::Vector(d.dim.clone())).collect();
     let states: Vec<Type> = cell.states.iter().map(|d| Type::Vector(d.dim.clone())).collect();
     let params: Vec<Type> = cell.params.iter().map(|p| p.ty.clone()).collect();
-    let mut errors =
-        verify_graph(cell, Leaves { inputs: &inputs, states: &states, params: &params, seeds: &[] });
+    let masks = cell.mask_types();
+    let leaves = Leaves { inputs: &inputs, states: &states, params: &params, seeds: &[], masks: &masks };
+    let mut errors = verify_graph(cell, leaves);
     let mut err = |value: Option<ValueId>, message: String| errors.push(VerifyError { value, message });
     if cell.next_states.len() != cell.states.len() {
         err(None, format!("{} states but {} next states", cell.states.len(), cell.next_states.len()));
@@ -169,6 +179,7 @@ pub(crate) fn verify_graph(graph: &Graph, leaves: Leaves) -> Vec<VerifyError> {
             Op::State(i) => leaf("state", *i, leaves.states),
             Op::Param(i) => leaf("param", *i, leaves.params),
             Op::Seed(i) => leaf("seed", *i, leaves.seeds),
+            Op::Mask(i) => leaf("mask", *i, leaves.masks),
             Op::Const(c) => {
                 (!c.is_finite() || node.ty != Type::Scalar).then(|| format!("bad constant {c}: {}", node.ty))
             }

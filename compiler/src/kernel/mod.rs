@@ -488,7 +488,7 @@ impl<'a> Builder<'a> {
         let ops = self.graph.operands(v);
         let first = || ops.first().copied().ok_or_else(|| KernelError(format!("{v} has no operand")));
         let (item, kind) = match &node.op {
-            Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Seed(_) => {
+            Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Mask(_) | Op::Seed(_) => {
                 return Err(KernelError(format!("leaf {v} is not among the stage's inputs")))
             }
             Op::Const(_) | Op::DimValue(_) => {

@@ -5,7 +5,7 @@ use super::names::did_you_mean;
 use super::{describe, dim_of, BindingKind, Call, CellLowerer, Frame, MAX_CALL_DEPTH};
 use crate::diag::{Diagnostic, Span};
 use crate::dims::Dim;
-use crate::ir::{BinaryOp, Op, ReduceOp, Type, UnaryOp, ValueId};
+use crate::ir::{BinaryOp, MaskFn, Op, ReduceOp, Type, UnaryOp, ValueId};
 use crate::syntax::ast::{self, BinOp, Expr, ExprKind};
 
 impl CellLowerer<'_> {
@@ -151,7 +151,22 @@ impl CellLowerer<'_> {
         let frame = self.frames.len() - 1;
         if let Some(b) = self.frames[frame].names.get_mut(&id.name) {
             b.used = true;
-            return b.value;
+            let (kind, value) = (b.kind, b.value);
+            if kind == BindingKind::Rate {
+                self.error(
+                    Diagnostic::error(id.span, format!("`{}` is a rate, not a value", id.name))
+                        .with_label("a rate is only a mask function's last argument")
+                        .with_note(format!(
+                            "write `dropout(v, {0})`, `zoneout(old, new, {0})` and the like",
+                            id.name
+                        )),
+                );
+                return None;
+            }
+            if let Some(Op::Param(i)) = value.map(|v| &self.cell.node(v).op) {
+                self.plain_param_reads.push((*i, id.span));
+            }
+            return value;
         }
         if let Some(c) = self.globals.consts.get(id.name.as_str()) {
             self.globals.mark_used(&id.name);
@@ -374,6 +389,9 @@ impl CellLowerer<'_> {
             }
             return self.add(Op::Reduce(op), Type::Scalar, &[v], span);
         }
+        if let Some(f) = MaskFn::from_builtin(name) {
+            return self.mask_call(f, callee, args, span);
+        }
         match name {
             "concat" => return self.concat(args, span),
             "chunk" => {
@@ -406,7 +424,7 @@ impl CellLowerer<'_> {
         self.inline(f, callee, args, span)
     }
 
-    fn args<'e, const N: usize>(
+    pub(super) fn args<'e, const N: usize>(
         &mut self,
         callee: &ast::Ident,
         args: &'e [Expr],
@@ -431,7 +449,7 @@ impl CellLowerer<'_> {
 
     /// Lowers the arguments of a call that failed, for their own errors
     /// and so that the names they read do not seem unused.
-    fn check_args(&mut self, args: &[Expr]) {
+    pub(super) fn check_args(&mut self, args: &[Expr]) {
         for a in args {
             self.expr(a);
         }

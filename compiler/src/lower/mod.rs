@@ -12,6 +12,7 @@
 
 mod decls;
 mod expr;
+mod masks;
 mod names;
 
 use crate::diag::{Diagnostic, Diagnostics, Label, Span};
@@ -50,6 +51,7 @@ pub(crate) fn builtin_names<'a>() -> impl Iterator<Item = &'a str> {
         .map(|op| op.name())
         .chain(ir::BinaryOp::BUILTINS.iter().map(|op| op.name()))
         .chain(ir::ReduceOp::ALL.iter().map(|op| op.name()))
+        .chain(ir::MaskFn::ALL.iter().map(|f| f.name()))
         .chain(SHAPE_BUILTINS)
 }
 
@@ -183,6 +185,8 @@ enum BindingKind {
     Param,
     Let,
     FnParam,
+    /// A `rate`: not a value, only a mask function's argument.
+    Rate,
 }
 
 impl BindingKind {
@@ -193,6 +197,7 @@ impl BindingKind {
             BindingKind::Param => "parameter",
             BindingKind::Let => "`let` binding",
             BindingKind::FnParam => "function parameter",
+            BindingKind::Rate => "rate",
         }
     }
 
@@ -253,6 +258,8 @@ struct CellLowerer<'a> {
     recovered: bool,
     /// Where `NAME'` of a state that is never assigned is first read.
     unassigned_reads: HashMap<String, Span>,
+    /// Each read of a parameter by its name, outside `dropconnect`.
+    plain_param_reads: Vec<(usize, Span)>,
 }
 
 impl<'a> CellLowerer<'a> {
@@ -269,6 +276,7 @@ impl<'a> CellLowerer<'a> {
             too_large: false,
             recovered: def.recovered,
             unassigned_reads: HashMap::new(),
+            plain_param_reads: Vec::new(),
         }
     }
 
@@ -366,6 +374,7 @@ impl<'a> CellLowerer<'a> {
     fn run(&mut self, def: &ast::CellDef) -> bool {
         let errors_before = self.diags.error_count();
         self.declarations(def);
+        self.rate_declarations(def);
         if !def.decls.iter().any(|d| d.kind == ast::DeclKind::Input) && !self.recovered {
             self.error(
                 Diagnostic::error(def.name.span, format!("cell `{}` has no `input`", def.name.name))
@@ -445,8 +454,10 @@ impl<'a> CellLowerer<'a> {
                     .with_note("add `output EXPR`, the value the step emits (usually `output h'`)"),
             ),
         }
+        self.check_dropconnect_reads();
         if !self.recovered {
             names::warn_unused_bindings(&self.frames[0], &mut self.diags);
+            self.warn_unused_rates();
         }
         self.diags.error_count() == errors_before && output.is_some_and(|(v, _)| v.is_some())
     }

@@ -34,6 +34,8 @@ pub(super) fn warn_unused_bindings(frame: &Frame, diags: &mut Diagnostics) {
             BindingKind::FnParam => {
                 (format!("unused function parameter `{name}`"), "remove it, or prefix the name with `_`")
             }
+            // Rates have no value; their own check warns.
+            BindingKind::Rate => continue,
         };
         diags.push(Diagnostic::warning(b.span, message).with_note(note));
     }

@@ -130,6 +130,13 @@ pub struct Program {
     pub state_sizes: Vec<usize>,
     /// `(rows, cols)` of each parameter; `cols == 1` for a vector.
     pub param_shapes: Vec<(usize, usize)>,
+    /// Where each mask a step reads lies in a row of the pass's masks,
+    /// `(offset, len)`, side by side in mask order; `None` for a
+    /// DropConnect mask, which masks its parameter instead (see
+    /// [`crate::ir::masks`]).
+    pub mask_slices: Vec<Option<(usize, usize)>>,
+    /// Floats of a row of the pass's masks: every mask a step reads.
+    pub mask_width: usize,
     /// Every forward value's shape, and the forward step's evaluation order.
     pub forward_shapes: Shapes,
     /// Every backward value's shape, and the backward step's evaluation order.
@@ -214,7 +221,21 @@ impl Program {
             bound.shapes(),
             &reads,
         );
+        let mut mask_width = 0;
+        let mask_slices = forward
+            .masks
+            .iter()
+            .zip(bound.mask_sizes())
+            .map(|(m, &len)| {
+                m.param.is_none().then(|| {
+                    mask_width += len;
+                    (mask_width - len, len)
+                })
+            })
+            .collect();
         Ok(Program {
+            mask_slices,
+            mask_width,
             storage,
             tape,
             cell: forward.name.clone(),

@@ -37,6 +37,9 @@ pub enum Storage {
     NextState(usize),
     /// Parameter `i`: the same for every row.
     Param(usize),
+    /// Mask `i`'s values of the row, which the runtime fills (see
+    /// [`crate::ir::masks`]).
+    Mask(usize),
     /// The cell's output; `rank_order` when a per-step product reads or
     /// writes it, so its rows must be a step's contiguous ranks.
     Output {
@@ -158,6 +161,7 @@ impl<'a> Classes<'a> {
                 Op::Input(i) => Storage::Input(i),
                 Op::State(i) => Storage::State(i),
                 Op::Param(i) => Storage::Param(i),
+                Op::Mask(i) => Storage::Mask(i),
                 Op::Seed(0) => Storage::OutputAdjoint,
                 Op::Seed(k) => Storage::CarriedAdjoint(k - 1),
                 _ => continue,

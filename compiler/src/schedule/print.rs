@@ -46,6 +46,7 @@ fn value_name(g: &Graph, names: &LeafNames, v: ValueId) -> String {
         Op::State(i) => pick(&names.states, i),
         Op::Param(i) => pick(&names.params, i),
         Op::Seed(i) => pick(&names.seeds, i),
+        Op::Mask(i) => names.masks.get(i).cloned().unwrap_or_else(|| "?".into()),
         _ => v.to_string(),
     }
 }

@@ -40,7 +40,7 @@ pub(crate) fn backward_values(graph: &Graph) -> HashSet<ValueId> {
 fn is_free(grad: &Gradient, v: ValueId) -> bool {
     matches!(
         grad.graph.node(v).op,
-        Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Const(_) | Op::DimValue(_)
+        Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Mask(_) | Op::Const(_) | Op::DimValue(_)
     ) || grad.primal_output == Some(v)
         || grad.primal_next_states.contains(&Some(v))
 }
@@ -49,7 +49,7 @@ fn is_free(grad: &Gradient, v: ValueId) -> bool {
 fn constant_only(graph: &Graph, v: ValueId) -> bool {
     match graph.node(v).op {
         Op::Const(_) | Op::DimValue(_) => true,
-        Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Seed(_) => false,
+        Op::Input(_) | Op::State(_) | Op::Param(_) | Op::Mask(_) | Op::Seed(_) => false,
         _ => graph.operands(v).iter().all(|o| constant_only(graph, *o)),
     }
 }

@@ -68,6 +68,8 @@ pub struct CellDef {
     pub name: Ident,
     /// The `input`, `state` and `param` declarations, one per declared name.
     pub decls: Vec<VarDecl>,
+    /// The `rate` declarations, one per declared name.
+    pub rates: Vec<RateDecl>,
     /// The statements after the declarations, in order.
     pub stmts: Vec<Stmt>,
     /// From `cell` to the closing `}`.
@@ -113,6 +115,17 @@ pub struct VarDecl {
     /// The `= init` clause, if any (only parameters may have one).
     pub init: Option<Init>,
     /// The span of `name[dims]`.
+    pub span: Span,
+}
+
+/// One declared rate: `zh = 0.1`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RateDecl {
+    /// The declared name.
+    pub name: Ident,
+    /// The default as written, with its span.
+    pub default: (f64, Span),
+    /// The span of `name = default`.
     pub span: Span,
 }
 

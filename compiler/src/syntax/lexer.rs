@@ -46,6 +46,9 @@ pub enum Token {
     /// The keyword `param`.
     #[token("param")]
     Param,
+    /// The keyword `rate`.
+    #[token("rate")]
+    Rate,
     /// The keyword `output`.
     #[token("output")]
     Output,
@@ -123,6 +126,7 @@ impl Token {
             Token::Input => "`input`",
             Token::State => "`state`",
             Token::Param => "`param`",
+            Token::Rate => "`rate`",
             Token::Output => "`output`",
             Token::Ident => "a name",
             Token::Number | Token::MalformedNumber => "a number",
@@ -146,7 +150,7 @@ impl Token {
         }
     }
 
-    /// Whether the token is one of the keywords `cell fn const let input state param output`.
+    /// Whether the token is one of the keywords `cell fn const let input state param rate output`.
     pub fn is_keyword(self) -> bool {
         matches!(
             self,
@@ -157,6 +161,7 @@ impl Token {
                 | Token::Input
                 | Token::State
                 | Token::Param
+                | Token::Rate
                 | Token::Output
         )
     }

@@ -238,7 +238,9 @@ impl Parser<'_> {
                 Token::RBrace if nesting == 0 => return,
                 Token::RBrace => nesting -= 1,
                 _ if nesting > 0 => {}
-                Token::Let | Token::Output | Token::Input | Token::State | Token::Param => return,
+                Token::Let | Token::Output | Token::Input | Token::State | Token::Param | Token::Rate => {
+                    return
+                }
                 Token::Cell | Token::Fn | Token::Const => return,
                 Token::Semi => {
                     self.bump();
@@ -349,7 +351,7 @@ impl Parser<'_> {
             Token::Let => d
                 .with_label("not allowed at the top level of a file")
                 .with_note("`let` belongs inside a cell or a function; a file-level constant is written `const NAME = 0.5`"),
-            Token::Input | Token::State | Token::Param | Token::Output => d
+            Token::Input | Token::State | Token::Param | Token::Rate | Token::Output => d
                 .with_label("not allowed at the top level of a file")
                 .with_note("declarations and statements belong inside `cell NAME { ... }`"),
             _ => d.with_label("not allowed at the top level of a file"),
@@ -415,7 +417,7 @@ impl Parser<'_> {
                     );
                     return Err(Failed);
                 }
-                Token::Output | Token::Input | Token::State | Token::Param => {
+                Token::Output | Token::Input | Token::State | Token::Param | Token::Rate => {
                     let l = self.peek();
                     let word = self.text(l.span).to_string();
                     self.diags.push(
@@ -486,6 +488,7 @@ impl Parser<'_> {
         let name = self.ident("a cell name")?;
         let open = self.expect(Token::LBrace)?;
         let mut decls = Vec::new();
+        let mut rates = Vec::new();
         let mut stmts: Vec<Stmt> = Vec::new();
         loop {
             let l = self.peek();
@@ -503,7 +506,8 @@ impl Parser<'_> {
                             .with_label("a new item starts here")
                             .with_secondary(open.span, "unclosed `{` opened here"),
                     );
-                    return Ok(CellDef { span: kw.span.to(l.span), name, decls, stmts, recovered: true });
+                    let span = kw.span.to(l.span);
+                    return Ok(CellDef { span, name, decls, rates, stmts, recovered: true });
                 }
                 Token::Input | Token::State | Token::Param => {
                     let first_stmt = stmts.first().map(stmt_span);
@@ -516,6 +520,19 @@ impl Parser<'_> {
                             );
                         }
                         decls.extend(vars)
+                    })
+                }
+                Token::Rate => {
+                    let first_stmt = stmts.first().map(stmt_span);
+                    self.rate_line().map(|line| {
+                        if let (Some(stmt), Some(r)) = (first_stmt, line.first()) {
+                            self.diags.push(
+                                Diagnostic::error(r.span, "declarations must come before statements")
+                                    .with_secondary(stmt, "first statement is here")
+                                    .with_note("move the declaration to the top of the cell"),
+                            );
+                        }
+                        rates.extend(line)
                     })
                 }
                 Token::Let => self.let_stmt().map(|l| stmts.push(Stmt::Let(l))),
@@ -547,7 +564,7 @@ impl Parser<'_> {
         }
         let close = self.expect(Token::RBrace)?;
         let recovered = self.diags.error_count() > errors_before;
-        Ok(CellDef { span: kw.span.to(close.span), name, decls, stmts, recovered })
+        Ok(CellDef { span: kw.span.to(close.span), name, decls, rates, stmts, recovered })
     }
 
     // ---- declarations ---------------------------------------------------
@@ -574,6 +591,39 @@ impl Parser<'_> {
             }
         }
         Ok(vars)
+    }
+
+    /// `rate NAME = number (, NAME = number)*`: each rate with its default.
+    fn rate_line(&mut self) -> PResult<Vec<RateDecl>> {
+        self.bump();
+        let mut rates = Vec::new();
+        loop {
+            let name = self.ident("a name for the rate")?;
+            if self.eat(Token::Eq).is_none() {
+                let found = self.found();
+                let l = self.peek();
+                self.diags.push(
+                    Diagnostic::error(
+                        l.span,
+                        format!("expected `=` and the default of `{}`, found {found}", name.name),
+                    )
+                    .with_label("expected `=`")
+                    .with_note(format!("every rate has a default, as in `rate {} = 0.1`", name.name)),
+                );
+                return Err(Failed);
+            }
+            let l = self.peek();
+            if l.token != Token::Number {
+                return Err(self.expected("a number: the rate's default, in [0, 1)"));
+            }
+            self.bump();
+            let value = self.number_value(l.span)?;
+            rates.push(RateDecl { span: name.span.to(l.span), name, default: (value, l.span) });
+            if self.eat(Token::Comma).is_none() {
+                break;
+            }
+        }
+        Ok(rates)
     }
 
     /// `NAME[dims] (= init)?`. Once the name is read the variable is
@@ -680,7 +730,9 @@ impl Parser<'_> {
         loop {
             match self.peek_token() {
                 Token::Eof | Token::RBrace => return,
-                Token::Input | Token::State | Token::Param | Token::Let | Token::Output => return,
+                Token::Input | Token::State | Token::Param | Token::Rate | Token::Let | Token::Output => {
+                    return
+                }
                 Token::Cell | Token::Fn | Token::Const => return,
                 Token::Ident if self.peek2().token == Token::Prime => return,
                 Token::Comma if *nesting == 0 => {
@@ -861,7 +913,7 @@ impl Parser<'_> {
             self.diags.push(
                 Diagnostic::error(l.span, format!("`{word}` is a keyword and cannot be used as a name"))
                     .with_label("choose another name")
-                    .with_note("the keywords are `cell fn const let input state param output`"),
+                    .with_note("the keywords are `cell fn const let input state param rate output`"),
             );
             self.bump();
             self.keyword_names.insert(word.clone());

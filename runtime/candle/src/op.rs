@@ -174,6 +174,7 @@ impl Operands<'_> {
             weights: Some(&self.weights),
             h0: (!self.h0.is_empty()).then_some(&self.h0[..]),
             masks: None,
+            rates: None,
         }
     }
 }

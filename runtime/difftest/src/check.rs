@@ -375,7 +375,7 @@ fn train(
             let w: Vec<Vec<&[f32]>> =
                 weights.iter().map(|ps| ps.iter().map(Vec::as_slice).collect()).collect();
             let h0: Vec<&[f32]> = h0.iter().map(Vec::as_slice).collect();
-            let call = Call { input, weights: Some(&w), h0: Some(&h0), masks: None };
+            let call = Call { input, weights: Some(&w), h0: Some(&h0), masks: None, rates: None };
             let out = ForwardOut {
                 output: &mut output,
                 final_states: finals.iter_mut().map(Vec::as_mut_slice).collect(),
@@ -400,8 +400,15 @@ fn train(
             let w: Vec<Vec<DeviceFloats>> =
                 weights.iter_mut().map(|ps| ps.iter_mut().map(|p| at_mut(p)).collect()).collect();
             let h0: Vec<DeviceFloats> = h0.iter().map(|s| at(s)).collect();
-            let call =
-                DeviceCall { shape, input: at(data), weights: &w, h0: Some(&h0), stream: 0, masks: None };
+            let call = DeviceCall {
+                shape,
+                input: at(data),
+                weights: &w,
+                h0: Some(&h0),
+                stream: 0,
+                masks: None,
+                rates: None,
+            };
             let out = DeviceForwardOut {
                 output: at_mut(&mut output),
                 final_states: finals.iter_mut().map(|s| at_mut(s)).collect(),

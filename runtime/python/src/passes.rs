@@ -183,6 +183,7 @@ impl Inputs<'_> {
             weights: Some(&self.weights),
             h0: (!self.h0.is_empty()).then_some(&self.h0[..]),
             masks: None,
+            rates: None,
         }
     }
 }
@@ -204,6 +205,7 @@ impl DeviceInputs {
             h0: (!self.h0.is_empty()).then_some(&self.h0[..]),
             stream,
             masks: None,
+            rates: None,
         }
     }
 }

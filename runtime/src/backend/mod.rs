@@ -118,6 +118,9 @@ pub struct ForwardJob<'a> {
     pub h0: &'a [&'a [f32]],
     /// The back end's own form of `params`, kept across calls.
     pub prepared: &'a PreparedWeights,
+    /// The masks the steps read, mask `i` at the layer's `mask_slices[i]`;
+    /// `None` for a cell without.
+    pub masks: Option<Rows<'a>>,
 }
 
 /// One layer, one direction, backwards.
@@ -141,6 +144,8 @@ pub struct BackwardJob<'a> {
     pub d_final: &'a [&'a [f32]],
     /// The back end's own form of `params`, kept across calls.
     pub prepared: &'a PreparedWeights,
+    /// The masks the forward's steps read, as in [`ForwardJob::masks`].
+    pub masks: Option<Rows<'a>>,
 }
 
 impl ForwardJob<'_> {
@@ -181,6 +186,8 @@ pub struct StreamJob<'a> {
     pub prepared: Vec<&'a PreparedWeights>,
     /// Sequences in the stream's batch, `B`.
     pub batch: usize,
+    /// The cell's masks, in evaluation (a stream never trains), at the model's rates.
+    pub masking: crate::masks::CellMasking,
 }
 
 /// A back end's workspace for a stream: made once, then each call runs a

@@ -70,6 +70,13 @@ fn keep_row(
     Ok(())
 }
 
+/// Mask `i`'s units of row `(b, t)`, from the masks the pass filled.
+fn mask_row(masks: Option<super::Rows>, layer: &Layer, i: usize, (b, t): (usize, usize)) -> Result<Vec<f32>> {
+    let missing = || RuntimeError::Internal(format!("the pass reads mask {i}, which it was not given"));
+    let (offset, len) = layer.mask_slices.get(i).copied().flatten().ok_or_else(missing)?;
+    Ok(masks.ok_or_else(missing)?.get(b, t, offset + len)[offset..].to_vec())
+}
+
 fn value<'s>(pass: &PassPlan, store: &'s Store, params: &'s [&'s [f32]], v: ValueId) -> Option<&'s [f32]> {
     match pass.home(v) {
         Some(Home::Param(i)) => params.get(i).copied(),
@@ -194,7 +201,7 @@ impl Backend for Reference {
         let mut forward_stages = Stages::new(g, layer, pass);
         let mut base: Store = vec![None; g.value_bound()];
         constants(g, &layer.forward_shapes, &mut base);
-        let fill = |store: &mut Store, b: usize, t: usize, states: Option<&[Vec<f32>]>| {
+        let fill = |store: &mut Store, b: usize, t: usize, states: Option<&[Vec<f32>]>| -> Result<()> {
             let x = job.input.get(b, t, layer.input_size);
             for (v, home) in pass.homes() {
                 let leaf = match home {
@@ -206,10 +213,12 @@ impl Backend for Reference {
                         Some(states) => states[i].clone(),
                         None => continue,
                     },
+                    Home::Mask(i) => mask_row(job.masks, layer, i, (b, t))?,
                     _ => continue,
                 };
                 store[v.index()] = Some(leaf);
             }
+            Ok(())
         };
 
         // Before the loop: every row of every sequence.
@@ -218,7 +227,7 @@ impl Backend for Reference {
             for t in 0..job.order.lengths()[b] {
                 // No states here: a before-loop stage that reads one is a schedule error.
                 let mut store = base.clone();
-                fill(&mut store, b, t, None);
+                fill(&mut store, b, t, None)?;
                 forward_stages.run_all(&pass.before_loop, stages, &mut store, job.params)?;
                 pre.insert((b, t), store);
             }
@@ -242,7 +251,7 @@ impl Backend for Reference {
             for &b in active {
                 let t = job.order.time(b, s, job.reverse);
                 let mut store = pre.remove(&(b, t)).unwrap_or_else(|| base.clone());
-                fill(&mut store, b, t, Some(&states[b]));
+                fill(&mut store, b, t, Some(&states[b]))?;
                 rows.push(store);
             }
             // Stage-major: each stage over every active row, then the next.
@@ -333,6 +342,7 @@ impl Backend for Reference {
                         }
                         Home::Tape(kept) => tape.get(kept, row)?.to_vec(),
                         Home::OutputAdjoint => d_out.to_vec(),
+                        Home::Mask(i) => mask_row(job.masks, layer, i, (b, t))?,
                         _ => continue,
                     };
                     store[v.index()] = Some(leaf);

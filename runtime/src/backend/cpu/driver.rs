@@ -104,6 +104,8 @@ pub enum Loc {
     /// The current state `i`, rank-ordered.
     State(usize),
     Param(usize),
+    /// Mask `i`'s units of the row `(b, t)` of the pass's masks.
+    Mask(usize),
     /// This direction's output adjoint (backward).
     DOutput,
     /// The carried adjoint of state `i`, rank-ordered (backward).
@@ -235,6 +237,9 @@ impl Buffers {
 pub struct Frame<'a> {
     pub input: Rows<'a>,
     pub input_slices: &'a [(usize, usize)],
+    /// The masks the steps read (mask `i` at `mask_slices[i]`), if any.
+    pub masks: Option<Rows<'a>>,
+    pub mask_slices: &'a [Option<(usize, usize)>],
     pub params: &'a [&'a [f32]],
     /// Matrix parameters prepared for the products that read them.
     pub weights: &'a PreparedParams,
@@ -246,10 +251,11 @@ pub struct Frame<'a> {
 }
 
 impl<'a> Frame<'a> {
-    /// A layer's frame over `input` (rows at its layout) with no states,
-    /// carried adjoints or output adjoint: callers add those they have.
+    /// A layer's frame over `input` (rows at its layout) and `masks`
+    /// (rows at the same layout) with no states, carried adjoints or
+    /// output adjoint: callers add those they have.
     pub fn new(
-        input: Rows<'a>,
+        (input, masks): (Rows<'a>, Option<Rows<'a>>),
         layer: &'a crate::cell::Layer,
         params: &'a [&'a [f32]],
         weights: &'a PreparedParams,
@@ -257,6 +263,8 @@ impl<'a> Frame<'a> {
         Frame {
             input,
             input_slices: &layer.input_slices,
+            masks,
+            mask_slices: &layer.mask_slices,
             params,
             weights,
             states: &[],
@@ -320,6 +328,10 @@ pub fn locate(bufs: &Buffers, f: &Frame, v: ValueId, b: usize, t: usize, r: usiz
         // SAFETY: state and carry buffers hold a row of their size for every rank.
         Loc::State(i) => unsafe { f.states.get(i).ok_or_else(missing)?.at(r * f.state_sizes[i]) },
         Loc::Param(i) => f.params[i].as_ptr() as *mut f32,
+        Loc::Mask(i) => {
+            let (o, l) = f.mask_slices.get(i).copied().flatten().ok_or_else(missing)?;
+            f.masks.ok_or_else(missing)?.get(b, t, o + l)[o..].as_ptr() as *mut f32
+        }
         // SAFETY: as for states.
         Loc::Carry(i) => unsafe { f.carry.get(i).ok_or_else(missing)?.at(r * f.state_sizes[i]) },
         Loc::DOutput => {
@@ -553,6 +565,7 @@ fn packed_all_rows(calls: &[ProductCall], threads: usize) {
 fn row_stride(bufs: &Buffers, f: &Frame, v: ValueId, step: usize) -> usize {
     match bufs.loc(v) {
         Some(Loc::Input(_)) => step * f.input.width,
+        Some(Loc::Mask(_)) => step * f.masks.map_or(0, |m| m.width),
         Some(Loc::DOutput) => step * f.d_output.map_or(0, |(r, _)| r.width),
         Some(Loc::Param(_) | Loc::Const) => 0,
         _ => step * bufs.len(v),

@@ -389,6 +389,7 @@ fn leaf_locations(pass: &PassPlan, shapes: &Shapes, bufs: &mut Buffers) {
             Home::Input(i) => Loc::Input(i),
             Home::State(i) => Loc::State(i),
             Home::Param(i) => Loc::Param(i),
+            Home::Mask(i) => Loc::Mask(i),
             Home::OutputAdjoint => Loc::DOutput,
             Home::Carry(k) => Loc::Carry(k),
             _ => continue,
@@ -534,7 +535,8 @@ fn forward(
     let weights =
         prepared_params(job.prepared, &mut local, g, &code.forward, job.params, &shape, job.order.rows());
     let state_rows = SharedRows::each(&mut states);
-    let frame = Frame { states: &state_rows, ..Frame::new(job.input, layer, job.params, weights) };
+    let frame =
+        Frame { states: &state_rows, ..Frame::new((job.input, job.masks), layer, job.params, weights) };
 
     // Before the loop: every valid row.
     let all_rows = valid_rows(job.order);
@@ -675,7 +677,7 @@ fn forward_whole_sequence(
             bufs.row_buf(v, layer.forward_shapes.elements(v), layout_rows);
         }
     }
-    let frame = Frame::new(job.input, layer, job.params, weights);
+    let frame = Frame::new((job.input, job.masks), layer, job.params, weights);
     let k = exec.inputs().len() + exec.outputs().len();
     let order = job.order.order();
     let chunks = walk.threads.clamp(1, order.len().max(1));
@@ -761,7 +763,7 @@ fn backward_whole_sequence(
     }
     let frame = Frame {
         d_output: Some((job.d_output, layer.output_size)),
-        ..Frame::new(job.input, layer, job.params, weights)
+        ..Frame::new((job.input, job.masks), layer, job.params, weights)
     };
     let zeros = vec![0.0f32; layer.state_sizes.iter().copied().max().unwrap_or(0)];
     let k = exec.inputs().len() + exec.outputs().len();
@@ -822,7 +824,7 @@ fn seeds_per_row(
     let m = layer.state_sizes[i];
     let mut data = pool::take_zeroed(layout_rows * m);
     let no_weights = PreparedParams::new(0);
-    let frame = Frame::new(job.input, layer, job.params, &no_weights);
+    let frame = Frame::new((job.input, job.masks), layer, job.params, &no_weights);
     for b in 0..job.order.batch() {
         let len = job.order.lengths()[b];
         for s in 0..len {
@@ -908,7 +910,8 @@ fn backward(
     // Before the loop: products that read no carried adjoint, over every valid row.
     let all_rows = valid_rows(job.order);
     {
-        let frame = Frame { d_output: d_out, ..Frame::new(job.input, layer, job.params, weights) };
+        let frame =
+            Frame { d_output: d_out, ..Frame::new((job.input, job.masks), layer, job.params, weights) };
         let mut none = HashMap::new();
         let all = AllRows { order: job.order, rows: &all_rows, shape: &shape, threads };
         run_all_rows(&code.backward, &pass.before_loop, &mut bufs, &frame, &all, &mut none)?;
@@ -934,7 +937,7 @@ fn backward(
         let frame = Frame {
             carry: &carry_rows,
             d_output: d_out,
-            ..Frame::new(job.input, layer, job.params, weights)
+            ..Frame::new((job.input, job.masks), layer, job.params, weights)
         };
         let after = |s: usize, ranks: std::ops::Range<usize>| -> Result<()> {
             for r in ranks {
@@ -978,8 +981,11 @@ fn backward(
         bufs.row_data(v, data);
     }
     let carry_rows = SharedRows::each(&mut carry);
-    let frame =
-        Frame { carry: &carry_rows, d_output: d_out, ..Frame::new(job.input, layer, job.params, weights) };
+    let frame = Frame {
+        carry: &carry_rows,
+        d_output: d_out,
+        ..Frame::new((job.input, job.masks), layer, job.params, weights)
+    };
     let mut matrices: HashMap<ValueId, Vec<f32>> = HashMap::new();
     let all = AllRows { order: job.order, rows: &all_rows, shape: &shape, threads };
     run_all_rows(&code.backward, &pass.after_loop, &mut bufs, &frame, &all, &mut matrices)?;

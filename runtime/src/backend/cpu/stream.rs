@@ -52,6 +52,8 @@ struct LayerStep {
     _code: Arc<LayerCode>,
     /// Every value's rows, which the calls' pointers point into.
     _bufs: Buffers,
+    /// The masks' rows (evaluation values), which the calls' pointers point into.
+    _masks: Vec<f32>,
     /// This step's input, `[B, I]`.
     input: Vec<f32>,
     /// The carried states, `[B * size]` each.
@@ -110,7 +112,13 @@ impl LayerStep {
         let layout = RowLayout::padded(&order, 1, Major::BatchFirst, Align::Left);
         let state_rows = super::driver::SharedRows::each(&mut states);
         let rows = Rows { data: &input, layout: &layout, width: layer.input_size, offset: 0 };
-        let frame = Frame { states: &state_rows, ..Frame::new(rows, layer, &job.params[k], weights) };
+        // A stream runs in evaluation: every mask is its evaluation value, set once.
+        let masks = job.masking.rows_of_step(&job.cell.forward, layer, k, batch);
+        let mask_rows = Rows { data: &masks, layout: &layout, width: layer.mask_width, offset: 0 };
+        let frame = Frame {
+            states: &state_rows,
+            ..Frame::new((rows, Some(mask_rows)), layer, &job.params[k], weights)
+        };
         let shape = shape_of(plan);
         let mut calls = Vec::new();
         for st in stages {
@@ -159,6 +167,7 @@ impl LayerStep {
         Ok(LayerStep {
             _code: code.clone(),
             _bufs: bufs,
+            _masks: masks,
             input,
             states,
             calls,

@@ -32,6 +32,8 @@ use cellc::schedule::Placement;
 pub struct BackwardIo {
     /// The layer input (a `Layout` home), as the forward read it.
     pub input: Home,
+    /// The masks the forward's steps read (a `Layout` home), if the cell has any.
+    pub masks: Option<Home>,
     pub params: Vec<u64>,
     /// The tape the training forward filled ([`tape_homes`]).
     pub tape: u64,
@@ -68,6 +70,7 @@ pub fn backward(
     let d_output = pass.upload(job.d_output.data)?;
     let io = BackwardIo {
         input: Home::Layout { base: pass.upload(job.input.data)?, width: job.input.width },
+        masks: job.masks.map(|m| super::forward::upload_rows(&mut pass, m)).transpose()?,
         params: pass.hold(params_on_device(device, job.params, job.prepared)?),
         tape: pass.upload(tape)?,
         d_output: Home::Layout { base: d_output + 4 * job.d_output.offset as u64, width: job.d_output.width },
@@ -119,7 +122,7 @@ pub fn backward_on(
 
     // The input, the parameters, and what the tape keeps: states before
     // and after the step, the output and the saved values.
-    pass.place_input_and_constants((g, shapes), plan, io.input, &layer.input_slices)?;
+    pass.place_leaves((g, shapes), plan, (io.input, io.masks), layer)?;
     let tape = tape_homes(layer, pass.layout_rows, io.tape);
     // The output's adjoint, and the carried adjoints of the states (each
     // sequence's final-state adjoint in the slot after its last step).

@@ -186,6 +186,46 @@ impl Calls {
         Ok(())
     }
 
+    /// Writes mask `fill` into `rows` (each `(address, sequence, step,
+    /// first unit)`, `units` floats, fewer where the mask's units end), or
+    /// with `multiply` multiplies the rows by it (the prelude's `cellc_fill_mask`).
+    pub fn fill_mask(
+        &mut self,
+        pass: &mut LayerRun,
+        rows: &[(u64, u32, u32, u32)],
+        units: usize,
+        (fill, multiply): (&crate::masks::MaskFill, bool),
+    ) -> Result<()> {
+        if rows.is_empty() || units == 0 {
+            return Ok(());
+        }
+        let addresses: Vec<u64> = rows.iter().map(|r| r.0).collect();
+        let at: Vec<i32> = rows.iter().flat_map(|r| [r.1, r.2, r.3]).map(|x| x as i32).collect();
+        let (table, at) = (pass.upload_addresses(&addresses)?, pass.upload_i32(&at)?);
+        let bits = |x: u32| Arg::I32(x as i32);
+        let drawn = fill.drawn.unwrap_or(crate::masks::Drawn { key: [0, 0], threshold: 0, kept: 0.0 });
+        self.list.push(Call::Launch {
+            kernel: "cellc_fill_mask".into(),
+            grid: rows.len().clamp(1, 65_535) as u32,
+            block: self.block,
+            args: vec![
+                Arg::Ptr(table),
+                Arg::Ptr(at),
+                Arg::I32(int(rows.len())?),
+                Arg::I32(int(units)?),
+                Arg::I32(int(fill.units)?),
+                bits(drawn.key[0]),
+                bits(drawn.key[1]),
+                bits(drawn.threshold),
+                bits(drawn.kept.to_bits()),
+                bits(fill.evaluation.to_bits()),
+                Arg::I32(fill.drawn.is_some() as i32),
+                Arg::I32(multiply as i32),
+            ],
+        });
+        Ok(())
+    }
+
     /// Copies `len` floats from `src` to `dst`, in rows of a block's width
     /// so that every block of the launch has a share.
     pub fn copy_floats(&mut self, pass: &mut LayerRun, dst: u64, src: u64, len: usize) -> Result<()> {

@@ -33,6 +33,8 @@ use std::sync::{Arc, Mutex};
 pub struct ForwardIo {
     /// The layer input (a `Layout` home).
     pub input: Home,
+    /// The masks the steps read (a `Layout` home), if the cell has any.
+    pub masks: Option<Home>,
     pub params: Vec<u64>,
     /// The initial states: `[batch, m]` rows each, in batch order.
     pub h0: Vec<u64>,
@@ -97,6 +99,7 @@ pub fn forward(
     let o = layer.output_size;
     let io = ForwardIo {
         input: Home::Layout { base: pass.upload(job.input.data)?, width: job.input.width },
+        masks: job.masks.map(|m| upload_rows(&mut pass, m)).transpose()?,
         params: pass.hold(params_on_device(device, job.params, job.prepared)?),
         h0: job.h0.iter().map(|h| pass.upload(h)).collect::<Result<_>>()?,
         output: Home::Layout { base: pass.zeros(layout_rows * o)?, width: o },
@@ -144,7 +147,7 @@ pub fn forward_on(
     };
 
     // Leaves, constants and the state histories (slot 0: the initial states).
-    pass.place_input_and_constants((g, shapes), plan, io.input, &layer.input_slices)?;
+    pass.place_leaves((g, shapes), plan, (io.input, io.masks), layer)?;
     let mut states = Vec::new();
     for (i, &m) in layer.state_sizes.iter().enumerate() {
         let history = calls.scatter_sequences(pass, io.h0[i], m, |_| 0)?;
@@ -228,4 +231,9 @@ pub fn forward_on(
 pub(super) fn tape_part(tape: &[(Kept, Home)], kept: Kept) -> Result<Home> {
     let home = tape.iter().find(|(k, _)| *k == kept).map(|&(_, h)| h);
     home.ok_or_else(|| error(format!("the pass reads or writes {kept:?}, which the tape does not keep")))
+}
+
+/// Host rows (every row of the layout) uploaded for the pass: a `Layout` home.
+pub(super) fn upload_rows(pass: &mut LayerRun, rows: crate::backend::Rows) -> Result<Home> {
+    Ok(Home::Layout { base: pass.upload(rows.data)? + 4 * rows.offset as u64, width: rows.width })
 }

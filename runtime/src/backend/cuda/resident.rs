@@ -16,6 +16,7 @@ use crate::backend::DevicePasses;
 use crate::cell::{CompiledCell, Layer};
 use crate::dropout::LayerMasks;
 use crate::error::Result;
+use crate::masks::{MaskFill, MaskRows};
 use crate::pass::{LayerBackward, LayerForward, PassTarget, RowSpan, Span};
 use crate::sequence::LaidOutBatch;
 
@@ -50,6 +51,22 @@ impl DeviceTarget<'_> {
         device.run(&kernels.module, &calls.list, false)
     }
 
+    /// Slot `slot`'s parameters, those with a DropConnect mask copied into
+    /// scratch memory of the pass and multiplied by it.
+    fn masked_params(&mut self, slot: usize, drop_connect: &[(usize, MaskFill)]) -> Result<Vec<u64>> {
+        let mut params = addrs(&self.weights[slot]);
+        for (param, fill) in drop_connect {
+            let from = self.weights[slot][*param];
+            let to = self.scratch(from.len, false)?;
+            self.run(|calls, pass| {
+                calls.copy_floats(pass, to.addr, from.addr, from.len)?;
+                calls.fill_mask(pass, &whole(to.addr, fill.units), CHUNK, (fill, true))
+            })?;
+            params[*param] = to.addr;
+        }
+        Ok(params)
+    }
+
     fn layer_run(&self, reverse: bool) -> LayerRun<'_> {
         LayerRun::new(self.device(), &self.batch.layout, self.batch.rows, &self.batch.order, reverse)
     }
@@ -58,6 +75,19 @@ impl DeviceTarget<'_> {
 /// Rows of a span as a `Layout` home based at the rows' first feature.
 fn layout_home(rows: RowSpan) -> Home {
     Home::Layout { base: rows.span.addr + 4 * rows.offset as u64, width: rows.width }
+}
+
+/// Units of a DropConnect mask per row of its launch.
+const CHUNK: usize = 4096;
+
+/// A parameter's `units` floats at `addr` as rows of [`CHUNK`] units for
+/// `cellc_fill_mask` (the last row may be shorter: the kernel is launched
+/// with [`CHUNK`] units a row, so the parameter is padded to a multiple).
+fn whole(addr: u64, units: usize) -> Vec<(u64, u32, u32, u32)> {
+    use cellc::random::SHARED;
+    (0..units.div_ceil(CHUNK))
+        .map(|i| (addr + 4 * (i * CHUNK) as u64, SHARED, SHARED, (i * CHUNK) as u32))
+        .collect()
 }
 
 fn addrs(spans: &[Span]) -> Vec<u64> {
@@ -97,11 +127,31 @@ impl PassTarget for DeviceTarget<'_> {
         self.run(|calls, pass| calls.drop_rows(pass, &valid, masks))
     }
 
+    fn fill_masks(&mut self, rows: RowSpan, masks: &MaskRows) -> Result<()> {
+        let (order, layout) = (&self.batch.order, &self.batch.layout);
+        self.run(|calls, pass| {
+            for fill in &masks.fills {
+                let at: Vec<(u64, u32, u32, u32)> = (0..order.batch())
+                    .flat_map(|b| (0..order.lengths()[b]).map(move |t| (b, t)))
+                    .map(|(b, t)| {
+                        let addr = rows.span.addr + 4 * (layout.row(b, t) * rows.width + fill.offset) as u64;
+                        let (sequence, step) = fill.coordinates(b, t);
+                        (addr, sequence, step, 0)
+                    })
+                    .collect();
+                calls.fill_mask(pass, &at, fill.units, (fill, false))?;
+            }
+            Ok(())
+        })
+    }
+
     fn forward(&mut self, job: LayerForward) -> Result<()> {
         let kernels = self.cuda.kernels(self.cell, job.layer)?;
+        let params = self.masked_params(job.slot, &job.drop_connect)?;
         let io = ForwardIo {
             input: layout_home(job.input),
-            params: addrs(&self.weights[job.slot]),
+            masks: job.masks.map(layout_home),
+            params,
             h0: addrs(&job.h0),
             output: layout_home(job.output),
             finals: addrs(&job.finals),
@@ -114,9 +164,11 @@ impl PassTarget for DeviceTarget<'_> {
 
     fn backward(&mut self, job: LayerBackward) -> Result<()> {
         let kernels = self.cuda.kernels(self.cell, job.layer)?;
+        let params = self.masked_params(job.slot, &job.drop_connect)?;
         let io = BackwardIo {
             input: layout_home(job.input),
-            params: addrs(&self.weights[job.slot]),
+            masks: job.masks.map(layout_home),
+            params,
             tape: job.tape.addr,
             d_output: layout_home(job.d_output),
             d_final: addrs(&job.d_final),
@@ -126,7 +178,15 @@ impl PassTarget for DeviceTarget<'_> {
         };
         let mut pass = self.layer_run(job.reverse);
         let cell = (self.cell, job.layer);
-        backward_on(&mut pass, &kernels.module, &kernels.backward, cell, &io, self.cuda.graphs)
+        backward_on(&mut pass, &kernels.module, &kernels.backward, cell, &io, self.cuda.graphs)?;
+        drop(pass);
+        // The masked parameter's gradient, times the mask: the parameter's.
+        self.run(|calls, pass| {
+            for (param, fill) in &job.drop_connect {
+                calls.fill_mask(pass, &whole(io.d_params[*param], fill.units), CHUNK, (fill, true))?;
+            }
+            Ok(())
+        })
     }
 }
 

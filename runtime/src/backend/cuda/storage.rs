@@ -210,20 +210,30 @@ impl<'a> LayerRun<'a> {
     }
 
     /// Places the pass's input leaves (features of the layer input at
-    /// `input`), as its plan says, and uploads the graph's constants.
-    pub fn place_input_and_constants(
+    /// `input`) and mask leaves (units of the masks at `masks`), as its
+    /// plan says, and uploads the graph's constants.
+    pub fn place_leaves(
         &mut self,
         (graph, plan): (&Graph, &Shapes),
         pass: &PassPlan,
-        input: Home,
-        input_slices: &[(usize, usize)],
+        (input, masks): (Home, Option<Home>),
+        layer: &crate::cell::Layer,
     ) -> Result<()> {
         let Home::Layout { base, width } = input else {
             return Err(error("the layer input is not in the caller's layout"));
         };
         for (v, home) in pass.homes() {
-            if let PlanHome::Input(i) = home {
-                self.place(v, Home::Layout { base: base + 4 * input_slices[i].0 as u64, width });
+            match home {
+                PlanHome::Input(i) => {
+                    self.place(v, Home::Layout { base: base + 4 * layer.input_slices[i].0 as u64, width })
+                }
+                PlanHome::Mask(i) => {
+                    let missing = || error(format!("the pass reads mask {i}, which it was not given"));
+                    let Some(Home::Layout { base, width }) = masks else { return Err(missing()) };
+                    let (offset, _) = layer.mask_slices.get(i).copied().flatten().ok_or_else(missing)?;
+                    self.place(v, Home::Layout { base: base + 4 * offset as u64, width });
+                }
+                _ => {}
             }
         }
         for (v, value) in plan.constant_values::<f32>(graph) {

@@ -1,0 +1,405 @@
+//! A cell's own masks (`dropout`, `variational_dropout`, `zoneout`,
+//! `dropconnect` with its `rate`s; see `cellc::ir::masks`):
+//!
+//! - every back end draws exactly the masks `cellc::random` says, in every
+//!   layout and at any thread count;
+//! - evaluation is the identity (zoneout: the expectation), so the shipped
+//!   cells with masks are their plain cells in evaluation, and at rates 0;
+//! - AWD-LSTM's training pass is an LSTM's over the input and recurrent
+//!   weight masked by hand, gradients included (through the masks);
+//! - the training gradient of a zoneout LSTM matches central differences
+//!   of the same call (same masks);
+//! - rates are set per model and per call, and bad ones are typed errors.
+
+mod support;
+
+use cellc::random::{draw, kept, threshold, MaskStream, SHARED};
+use cellc_runtime::backend::cpu::{Cpu, Kernels};
+use cellc_runtime::backend::cuda::Cuda;
+use cellc_runtime::backend::reference::Reference;
+use cellc_runtime::backend::Backend;
+use cellc_runtime::{
+    Align, BackwardOut, Call, CompiledCell, ForwardOut, Input, Major, MaskSeed, Model, ModelConfig,
+    RuntimeError,
+};
+use std::sync::Arc;
+
+const LENGTHS: [usize; 4] = [3, 5, 1, 4];
+const STEPS: usize = 5;
+const H: usize = 6;
+const I: usize = 3;
+const SEED: u64 = 23;
+
+type MakeBackend = fn() -> Box<dyn Backend>;
+
+fn backends() -> Vec<(&'static str, MakeBackend)> {
+    vec![
+        ("reference", || Box::new(Reference)),
+        ("cpu", || Box::new(Cpu::new(2, Kernels::default()).expect("cpu").split_every_step())),
+        ("cpu, one thread", || Box::new(Cpu::new(1, Kernels::default()).expect("cpu"))),
+        ("cuda (emulated device)", || Box::new(Cuda::emulated().expect("emulated device"))),
+    ]
+}
+
+fn compile(source: &str) -> Arc<CompiledCell> {
+    Arc::new(CompiledCell::from_source("test.cell", source, None).expect("compiles"))
+}
+
+fn shipped(name: &str) -> Arc<CompiledCell> {
+    let path = support::root().join(format!("cells/{name}.cell"));
+    Arc::new(CompiledCell::from_file(&path, None).expect("compiles"))
+}
+
+fn model(cell: Arc<CompiledCell>, input: usize, backend: Box<dyn Backend>) -> Model {
+    let sizes = [("H".to_string(), H)].into_iter().collect();
+    let config = ModelConfig { layers: 1, bidirectional: false };
+    Model::new(cell, config, &sizes, Some(input), None, SEED, backend).expect("model")
+}
+
+fn data(n: usize, seed: u64) -> Vec<f32> {
+    support::Rng::new(seed).vec(n, 1.0).iter().map(|&v| v as f32).collect()
+}
+
+/// `[B, T, width]` batch-first rows, `align`ed.
+fn padded(x: &[f32], align: Align) -> Input<'_> {
+    Input::Padded { data: x, batch: 4, steps: STEPS, major: Major::BatchFirst, align, lengths: &LENGTHS }
+}
+
+/// Row `(b, t)` of a batch-first batch aligned `align`.
+fn row(b: usize, t: usize, align: Align) -> usize {
+    let shift = if align == Align::Right { STEPS - LENGTHS[b] } else { 0 };
+    b * STEPS + t + shift
+}
+
+/// Unit `u` of mask `mask` of a first-layer forward pass at `seed`, for
+/// sequence `b` at step `t` (`None`: shared over steps).
+fn unit(seed: MaskSeed, mask: u32, rate: f32, (b, t, u): (usize, Option<usize>, usize)) -> bool {
+    let key = MaskStream { seed: seed.seed, offset: seed.offset, layer: 0, direction: 0, mask }.key();
+    kept(draw(key, b as u32, t.map_or(SHARED, |t| t as u32), u as u32), threshold(rate))
+}
+
+/// A call in training mode at `seed` over `x` (`[B, T, input]`), with its
+/// output; no reserve (a training call needs none to drop).
+fn training_output(m: &Model, x: &[f32], align: Align, seed: MaskSeed, rates: Option<&[f32]>) -> Vec<f32> {
+    let mut output = vec![f32::NAN; 4 * STEPS * m.output_size()];
+    let mut finals: Vec<Vec<f32>> = m.state_shapes(4).iter().map(|s| vec![0.0; s.iter().product()]).collect();
+    let call = Call { input: padded(x, align), weights: None, h0: None, masks: Some(seed), rates };
+    let out =
+        ForwardOut { output: &mut output, final_states: finals.iter_mut().map(Vec::as_mut_slice).collect() };
+    m.forward_into(&call, out, None).expect("forward_into");
+    output
+}
+
+const MASKER: &str = "
+cell masker {
+    input x[H]
+    state s[H]
+    rate p = 0.3, q = 0.25, z = 0.4
+    s' = zoneout(s, x, z)
+    output concat(dropout(x, p), variational_dropout(x, q), s')
+}";
+
+#[test]
+fn every_back_end_draws_the_masks_the_generator_says_in_every_layout() {
+    let seed = MaskSeed { seed: 99, offset: 7 };
+    let ones = vec![1.0f32; 4 * STEPS * H];
+    for (name, backend) in backends() {
+        let m = model(compile(MASKER), H, backend());
+        for align in [Align::Left, Align::Right] {
+            let got = training_output(&m, &ones, align, seed, None);
+            for (b, &len) in LENGTHS.iter().enumerate() {
+                let mut s = [0.0f32; H];
+                for t in 0..len {
+                    let out = &got[row(b, t, align) * 3 * H..][..3 * H];
+                    for u in 0..H {
+                        let scaled = |keep: bool, rate: f32| if keep { 1.0 / (1.0 - rate) } else { 0.0 };
+                        // Masks are numbered in the order the cell's statements call them.
+                        let dropout = scaled(unit(seed, 1, 0.3, (b, Some(t), u)), 0.3);
+                        let variational = scaled(unit(seed, 2, 0.25, (b, None, u)), 0.25);
+                        if unit(seed, 0, 0.4, (b, Some(t), u)) {
+                            s[u] = 1.0;
+                        }
+                        let want = [dropout, variational, s[u]];
+                        let have = [out[u], out[H + u], out[2 * H + u]];
+                        assert_eq!(have, want, "{name}, {align:?}: sequence {b}, step {t}, unit {u}");
+                    }
+                }
+            }
+        }
+        // A new offset, new masks; evaluation, none.
+        let other = training_output(&m, &ones, Align::Left, MaskSeed { offset: 8, ..seed }, None);
+        assert_ne!(other, training_output(&m, &ones, Align::Left, seed, None), "{name}");
+        let eval = m.forward(padded(&ones, Align::Left), None).expect("forward");
+        for (b, &len) in LENGTHS.iter().enumerate() {
+            for t in 0..len {
+                let out = &eval.data[row(b, t, Align::Left) * 3 * H..][..3 * H];
+                // s' = 0.4 s + 0.6 x from s = 0: 1 - 0.4^(t+1), as f32 computes it.
+                let mut s = 0.0f32;
+                for _ in 0..=t {
+                    s = (1.0 - 0.4f32) * 1.0 + 0.4 * s;
+                }
+                assert!(out[..2 * H].iter().all(|&v| v == 1.0), "{name}: evaluation dropped");
+                assert!(out[2 * H..].iter().all(|&v| (v - s).abs() < 1e-6), "{name}: {out:?} vs {s}");
+            }
+        }
+    }
+}
+
+#[test]
+fn cells_with_masks_are_their_plain_cells_in_evaluation_and_at_rate_zero() {
+    let x = data(4 * STEPS * I, 1);
+    let seed = MaskSeed { seed: SEED, offset: 3 };
+    for (masked, plain, zero) in [
+        ("awd_lstm", "lstm", &[("weight_drop", 0.0), ("dropout_input", 0.0)][..]),
+        ("gru_recurrent_dropout", "gru", &[("recurrent_dropout", 0.0)][..]),
+        ("zoneout_lstm", "lstm", &[("zh", 0.0), ("zc", 0.0)][..]),
+    ] {
+        for (name, backend) in backends() {
+            let with = model(shipped(masked), I, backend());
+            let without = model(shipped(plain), I, backend());
+            let want = without.forward(padded(&x, Align::Left), None).expect("forward");
+            if masked != "zoneout_lstm" {
+                let eval = with.forward(padded(&x, Align::Left), None).expect("forward");
+                assert_eq!(eval, want, "{masked} on {name}: evaluation is not the plain cell");
+            }
+            let at_zero = with.with_rates(zero).expect("rates");
+            assert_eq!(
+                training_output(&at_zero, &x, Align::Left, seed, None),
+                want.data,
+                "{masked} on {name}: training at rate 0 is not the plain cell"
+            );
+        }
+    }
+}
+
+#[test]
+fn zoneout_in_evaluation_is_the_expectation_the_interpreter_computes() {
+    let cell = shipped("zoneout_lstm");
+    let x = data(4 * STEPS * I, 2);
+    let reference = model(cell.clone(), I, Box::new(Reference));
+    let sizes = [("I".to_string(), I), ("H".to_string(), H)].into_iter().collect();
+    let bound = cell.forward.bind(&sizes).expect("binds");
+    let params: Vec<Vec<f64>> =
+        reference.params(0, false).iter().map(|p| p.iter().map(|&v| v as f64).collect()).collect();
+    for (name, backend) in backends() {
+        let m = model(cell.clone(), I, backend());
+        let got = m.forward(padded(&x, Align::Left), None).expect("forward");
+        for (b, &len) in LENGTHS.iter().enumerate() {
+            let xs: Vec<f64> =
+                (0..len).flat_map(|t| &x[row(b, t, Align::Left) * I..][..I]).map(|&v| v as f64).collect();
+            let want = bound.run(&xs, &[vec![0.0; H], vec![0.0; H]], &params).expect("runs");
+            for t in 0..len {
+                for u in 0..H {
+                    let (g, w) = (got.data[row(b, t, Align::Left) * H + u] as f64, want.outputs[t * H + u]);
+                    assert!((g - w).abs() < 1e-5, "{name}: sequence {b} step {t} unit {u}: {g} vs {w}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn awd_lstm_training_is_an_lstm_over_the_input_and_recurrent_weight_masked_by_hand() {
+    let (drop_w, drop_x) = (0.3f32, 0.4f32);
+    let rates = [("weight_drop", drop_w), ("dropout_input", drop_x)];
+    let seed = MaskSeed { seed: SEED, offset: 11 };
+    let x = data(4 * STEPS * I, 3);
+    let d_out = data(4 * STEPS * H, 4);
+    for (name, backend) in backends() {
+        let awd = model(shipped("awd_lstm"), I, backend()).with_rates(&rates).expect("rates");
+        let weights: Vec<Vec<f32>> = awd.params(0, false).to_vec();
+        // By hand: the recurrent weight (param 1) and each sequence's input masked.
+        let w_mask: Vec<f32> = (0..weights[1].len())
+            .map(|u| {
+                let key =
+                    MaskStream { seed: seed.seed, offset: seed.offset, layer: 0, direction: 0, mask: 1 }
+                        .key();
+                if kept(draw(key, SHARED, SHARED, u as u32), threshold(drop_w)) {
+                    1.0 / (1.0 - drop_w)
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let x_mask = |b: usize, u: usize| {
+            if unit(seed, 0, drop_x, (b, None, u)) {
+                1.0 / (1.0 - drop_x)
+            } else {
+                0.0
+            }
+        };
+        let mut lstm = model(shipped("lstm"), I, backend());
+        let mut masked_weights = weights.clone();
+        masked_weights[1].iter_mut().zip(&w_mask).for_each(|(w, m)| *w *= m);
+        lstm.params_mut()[0] = masked_weights;
+        let mut x_masked = x.clone();
+        for (b, &len) in LENGTHS.iter().enumerate() {
+            for t in 0..len {
+                for u in 0..I {
+                    x_masked[row(b, t, Align::Left) * I + u] *= x_mask(b, u);
+                }
+            }
+        }
+        let (want, trace) = lstm.forward_train(padded(&x_masked, Align::Left), None).expect("forward");
+        let want_g = lstm.backward(&trace, &d_out, None).expect("backward");
+
+        // The call: forward and backward through the caller's memory, the same seed.
+        let rows = 4 * STEPS;
+        let w: Vec<Vec<&[f32]>> = vec![weights.iter().map(Vec::as_slice).collect()];
+        let call = Call {
+            input: padded(&x, Align::Left),
+            weights: Some(&w),
+            h0: None,
+            masks: Some(seed),
+            rates: None,
+        };
+        let mut output = vec![f32::NAN; rows * H];
+        let mut finals: Vec<Vec<f32>> = (0..2).map(|_| vec![0.0; 4 * H]).collect();
+        let mut reserve = vec![f32::NAN; rows * awd.reserve_floats_per_row()];
+        let out = ForwardOut {
+            output: &mut output,
+            final_states: finals.iter_mut().map(Vec::as_mut_slice).collect(),
+        };
+        awd.forward_into(&call, out, Some(&mut reserve)).expect("forward_into");
+        let mut d_input = vec![f32::NAN; rows * I];
+        let mut d_params: Vec<Vec<f32>> = weights.iter().map(|p| vec![f32::NAN; p.len()]).collect();
+        let out = BackwardOut {
+            d_input: &mut d_input,
+            d_h0: Vec::new(),
+            d_params: vec![d_params.iter_mut().map(Vec::as_mut_slice).collect()],
+        };
+        awd.backward_from(&call, &reserve, &d_out, None, out).expect("backward_from");
+
+        let close = |a: &[f32], b: &[f32], what: &str| {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "{name}: {what}[{i}]: {x} vs {y}");
+            }
+        };
+        close(&output, &want.data, "output");
+        // Through the masks: d x = d x~ * m, d W_hh = d W~ * M.
+        let mut want_dx = want_g.d_input.clone();
+        for (b, &len) in LENGTHS.iter().enumerate() {
+            for t in 0..len {
+                for u in 0..I {
+                    want_dx[row(b, t, Align::Left) * I + u] *= x_mask(b, u);
+                }
+            }
+        }
+        close(&d_input, &want_dx, "d_input");
+        let mut want_dw = want_g.d_params[0][1].clone();
+        want_dw.iter_mut().zip(&w_mask).for_each(|(g, m)| *g *= m);
+        close(&d_params[1], &want_dw, "d_weight_hh");
+        for p in [0, 2, 3] {
+            close(&d_params[p], &want_g.d_params[0][p], "d_params");
+        }
+        assert!(w_mask.contains(&0.0) && output != training_output(&lstm, &x, Align::Left, seed, None));
+    }
+}
+
+#[test]
+fn a_zoneout_lstms_training_gradient_matches_central_differences_of_the_same_call() {
+    let seed = MaskSeed { seed: SEED, offset: 5 };
+    let x = data(4 * STEPS * I, 5);
+    let d_out = data(4 * STEPS * H, 6);
+    let rates = [("zh", 0.3), ("zc", 0.5)];
+    let m = model(shipped("zoneout_lstm"), I, Box::new(Reference)).with_rates(&rates).expect("rates");
+    let weights: Vec<Vec<f32>> = m.params(0, false).to_vec();
+    let loss = |w: &[Vec<f32>]| -> f64 {
+        let slices: Vec<Vec<&[f32]>> = vec![w.iter().map(Vec::as_slice).collect()];
+        let call = Call {
+            input: padded(&x, Align::Left),
+            weights: Some(&slices),
+            h0: None,
+            masks: Some(seed),
+            rates: None,
+        };
+        let mut output = vec![0.0; 4 * STEPS * H];
+        let mut finals: Vec<Vec<f32>> = (0..2).map(|_| vec![0.0; 4 * H]).collect();
+        let out = ForwardOut {
+            output: &mut output,
+            final_states: finals.iter_mut().map(Vec::as_mut_slice).collect(),
+        };
+        m.forward_into(&call, out, None).expect("forward");
+        output.iter().zip(&d_out).map(|(&y, &g)| y as f64 * g as f64).sum()
+    };
+    let slices: Vec<Vec<&[f32]>> = vec![weights.iter().map(Vec::as_slice).collect()];
+    let call = Call {
+        input: padded(&x, Align::Left),
+        weights: Some(&slices),
+        h0: None,
+        masks: Some(seed),
+        rates: None,
+    };
+    let mut output = vec![0.0; 4 * STEPS * H];
+    let mut finals: Vec<Vec<f32>> = (0..2).map(|_| vec![0.0; 4 * H]).collect();
+    let mut reserve = vec![0.0; 4 * STEPS * m.reserve_floats_per_row()];
+    let out =
+        ForwardOut { output: &mut output, final_states: finals.iter_mut().map(Vec::as_mut_slice).collect() };
+    m.forward_into(&call, out, Some(&mut reserve)).expect("forward");
+    let mut d_input = vec![0.0; 4 * STEPS * I];
+    let mut d_params: Vec<Vec<f32>> = weights.iter().map(|p| vec![0.0; p.len()]).collect();
+    let out = BackwardOut {
+        d_input: &mut d_input,
+        d_h0: Vec::new(),
+        d_params: vec![d_params.iter_mut().map(Vec::as_mut_slice).collect()],
+    };
+    m.backward_from(&call, &reserve, &d_out, None, out).expect("backward");
+    let eps = 1e-2f32;
+    let mut checked = 0;
+    for (p, grad) in d_params.iter().enumerate() {
+        for i in (0..grad.len()).step_by(7) {
+            let mut plus = weights.clone();
+            plus[p][i] += eps;
+            let mut minus = weights.clone();
+            minus[p][i] -= eps;
+            let fd = (loss(&plus) - loss(&minus)) / (2.0 * eps as f64);
+            let g = grad[i] as f64;
+            assert!(
+                (fd - g).abs() <= 2e-3 + 1e-2 * g.abs(),
+                "param {p}[{i}]: backward {g}, differences {fd}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 20);
+}
+
+#[test]
+fn rates_are_set_per_model_and_per_call_and_bad_ones_are_typed_errors() {
+    let m = model(shipped("zoneout_lstm"), I, Box::new(Reference));
+    assert_eq!(m.rate_names(), ["zh", "zc"]);
+    assert_eq!(m.rates(), [0.1, 0.1]);
+    let m = m.with_rates(&[("zc", 0.25)]).expect("rates");
+    assert_eq!(m.rates(), [0.1, 0.25]);
+    assert_eq!(m.rates_with(&[("zh", 0.5)]).expect("rates"), [0.5, 0.25]);
+    let e = model(shipped("zoneout_lstm"), I, Box::new(Reference)).with_rates(&[("zo", 0.1)]).unwrap_err();
+    assert!(matches!(e, RuntimeError::Rate { ref name, .. } if name == "zo"), "{e}");
+    assert!(e.to_string().contains("`zh`, `zc`"), "{e}");
+    for bad in [1.0, -0.5, f32::NAN] {
+        let e = m.rates_with(&[("zh", bad)]).unwrap_err();
+        assert!(e.to_string().contains("[0, 1)"), "{e}");
+    }
+    // A call's own rates: one per rate, checked; they change the masks.
+    let x = data(4 * STEPS * I, 7);
+    let seed = MaskSeed { seed: 1, offset: 0 };
+    let own = training_output(&m, &x, Align::Left, seed, None);
+    assert_eq!(training_output(&m, &x, Align::Left, seed, Some(&[0.1, 0.25])), own);
+    assert_ne!(training_output(&m, &x, Align::Left, seed, Some(&[0.6, 0.25])), own);
+    let mut output = vec![0.0; 4 * STEPS * H];
+    let mut finals: Vec<Vec<f32>> = (0..2).map(|_| vec![0.0; 4 * H]).collect();
+    for (rates, needle) in [(&[0.1f32][..], "rates"), (&[0.1, 1.5][..], "[0, 1)")] {
+        let call = Call {
+            input: padded(&x, Align::Left),
+            weights: None,
+            h0: None,
+            masks: Some(seed),
+            rates: Some(rates),
+        };
+        let out = ForwardOut {
+            output: &mut output,
+            final_states: finals.iter_mut().map(Vec::as_mut_slice).collect(),
+        };
+        let e = m.forward_into(&call, out, None).unwrap_err();
+        assert!(e.to_string().contains(needle), "{e}");
+    }
+}
