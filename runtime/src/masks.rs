@@ -241,7 +241,19 @@ impl Model {
     /// The model's rates with those named in `rates` changed, checked: a
     /// call's own rates ([`crate::Call::rates`]).
     pub fn rates_with(&self, rates: &[(&str, f32)]) -> Result<Vec<f32>> {
-        let mut out = self.rates.clone();
+        self.change_rates(&self.rates, rates)
+    }
+
+    /// Whether a training pass draws masks: the cell has mask calls of its
+    /// own, or the model drops out between layers.
+    pub fn draws_masks(&self) -> bool {
+        !self.compiled.forward.masks.is_empty() || (self.dropout > 0.0 && self.layers.len() > 1)
+    }
+
+    /// `base` (one rate per rate of the cell) with those named in `rates`
+    /// changed, checked.
+    pub fn change_rates(&self, base: &[f32], rates: &[(&str, f32)]) -> Result<Vec<f32>> {
+        let mut out = base.to_vec();
         for &(name, p) in rates {
             let Some(i) = self.compiled.forward.rate_index(name) else {
                 let known = self.rate_names().iter().map(|n| format!("`{n}`")).collect::<Vec<_>>();
@@ -289,5 +301,70 @@ impl Model {
             }
         };
         Ok(CellMasking { seed, rates })
+    }
+}
+
+/// The masks of one of a cell's mask calls in one layer and direction, as
+/// a call drew them ([`Model::cell_masks`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SeenMask {
+    /// `<function>#<mask>_l<layer>` (`_reverse` for the reverse
+    /// direction), as `zoneout#0_l0`.
+    pub name: String,
+    /// Its shape: `[rows of the input's layout, units]` for a mask a step
+    /// reads (laid out like the input, zeros at padding), the parameter's
+    /// shape for a DropConnect mask.
+    pub shape: Vec<usize>,
+    /// Its values: what each unit multiplies (see [`cellc::ir::masks`]).
+    pub values: Vec<f32>,
+}
+
+impl Model {
+    /// The masks of the cell's own mask calls that a call over `input` in
+    /// training mode drawing from `seed` (or in evaluation, `None`) at
+    /// `rates` (`None`: the model's) uses, in every layer and direction,
+    /// so that the same computation can be rebuilt elsewhere. With
+    /// [`Model::dropout_masks`], every random number a call uses.
+    pub fn cell_masks(
+        &self,
+        input: crate::exec::Input,
+        seed: Option<MaskSeed>,
+        rates: Option<&[f32]>,
+    ) -> Result<Vec<SeenMask>> {
+        let (shape, data) = input.split();
+        let batch = self.lay_out(&shape, data.len())?;
+        let masking = self.caller_masking(seed, rates)?;
+        let cell = &self.compiled.forward;
+        let mut out = Vec::new();
+        for (k, layer) in self.layers.iter().enumerate() {
+            for d in 0..self.directions() {
+                let suffix = format!("_l{k}{}", if d == 1 { "_reverse" } else { "" });
+                let name = |mask: usize| format!("{}#{mask}{suffix}", cell.masks[mask].function.name());
+                let (rows, connect) = masking.of_layer(cell, layer, k, d);
+                if let Some(rows) = rows {
+                    let mut all = vec![0.0f32; batch.rows * rows.width];
+                    // SAFETY: `all` is this function's, of the batch's layout rows of `rows.width` floats.
+                    unsafe { fill_on_host(all.as_mut_ptr(), &batch, &rows) };
+                    let valid = crate::sequence::padding_rows(&batch.order, &batch.layout, batch.rows);
+                    crate::sequence::zero_rows(&mut all, rows.width, &valid);
+                    for m in &rows.fills {
+                        let values = all
+                            .chunks(rows.width)
+                            .flat_map(|r| &r[m.offset..m.offset + m.units])
+                            .copied()
+                            .collect();
+                        out.push(SeenMask { name: name(m.mask), shape: vec![batch.rows, m.units], values });
+                    }
+                }
+                for (param, m) in connect {
+                    let (r, c) = layer.param_shapes[param];
+                    let mut values = vec![0.0f32; r * c];
+                    m.row(0, 0, &mut values);
+                    let shape = if c == 1 { vec![r] } else { vec![r, c] };
+                    out.push(SeenMask { name: name(m.mask), shape, values });
+                }
+            }
+        }
+        Ok(out)
     }
 }

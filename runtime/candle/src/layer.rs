@@ -32,6 +32,8 @@ pub struct Rnn {
     model: Arc<Model>,
     /// Every weight, in [`Model::weight_names`]' order, with its name.
     weights: Vec<(String, Tensor)>,
+    /// The cell's rates ([`Rnn::with_rates`]); `None`: the model's.
+    rates: Option<Vec<f32>>,
 }
 
 impl std::fmt::Debug for Rnn {
@@ -72,7 +74,7 @@ impl Rnn {
             }
             weights.push((name, t));
         }
-        Ok(Rnn { model: Arc::new(model), weights })
+        Ok(Rnn { model: Arc::new(model), weights, rates: None })
     }
 
     /// The runtime's model: its sizes, layers and back end (its own
@@ -92,12 +94,28 @@ impl Rnn {
         Rnn {
             model: self.model.clone(),
             weights: self.weights.iter().map(|(n, t)| (n.clone(), t.detach())).collect(),
+            rates: self.rates.clone(),
         }
     }
 
     /// The output (`[B, T, output]` or `[T, B, output]`, as the input;
     /// zero at padding) of `x` (`[B, T, input]` or `[T, B, input]`),
     /// whose sequence `b` has `lengths[b]` real steps; states start at zero.
+    /// The layer with the cell's rates named in `rates` set (the others
+    /// keep theirs): each a `rate` of the cell, in `[0, 1)`
+    /// ([`Model::rates_with`]). Training passes ([`Rnn::forward_t`]) draw
+    /// the cell's masks at these rates; evaluation uses them too (zoneout's
+    /// expectation).
+    pub fn with_rates(mut self, rates: &[(&str, f32)]) -> Result<Rnn> {
+        self.rates = Some(self.model.change_rates(self.rates(), rates)?);
+        Ok(self)
+    }
+
+    /// The cell's rates this layer runs at, in [`Model::rate_names`]' order.
+    pub fn rates(&self) -> &[f32] {
+        self.rates.as_deref().unwrap_or(self.model.rates())
+    }
+
     /// Evaluation mode: the model's dropout ([`Model::with_dropout`]) drops nothing.
     pub fn forward(&self, x: &Tensor, lengths: &[usize], padding: Padding) -> Result<Tensor> {
         self.run(x, lengths, padding, None, false, false).map(|(out, _)| out)
@@ -183,9 +201,9 @@ impl Rnn {
         let w = self.flat_weights(device)?;
         let x = x.contiguous()?;
         let keep = x.track_op() || w.track_op() || states.track_op();
-        let masks = (train && self.model.dropout() > 0.0).then(|| self.model.next_mask_seed());
-        let (model, reserve) = (self.model.clone(), Mutex::new(Vec::new()));
-        let op = RnnOp { model, batch, with_finals, keep, masks, reserve };
+        let masks = (train && self.model.draws_masks()).then(|| self.model.next_mask_seed());
+        let (model, reserve, rates) = (self.model.clone(), Mutex::new(Vec::new()), self.rates.clone());
+        let op = RnnOp { model, batch, with_finals, keep, masks, rates, reserve };
         let output_len = op.output_len();
         let dims = op.batch.output_dims(self.model.output_size());
         let state_shapes = self.model.state_shapes(op.batch.batch);

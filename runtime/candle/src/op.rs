@@ -24,6 +24,8 @@ pub(crate) struct RnnOp {
     /// Training mode: where the model's dropout masks are drawn (the same
     /// in the backward); `None`: evaluation mode.
     pub masks: Option<MaskSeed>,
+    /// The cell's rates for this pass (`None`: the model's).
+    pub rates: Option<Vec<f32>>,
     /// What a training forward kept for its backward.
     pub reserve: Mutex<Vec<f32>>,
 }
@@ -214,7 +216,7 @@ impl CustomOp3 for RnnOp {
         let keep = self.keep.then_some(&mut reserve[..]);
         self.model
             .forward_into(
-                &Call { masks: self.masks, ..operands.call(&self.batch) },
+                &Call { masks: self.masks, rates: self.rates.as_deref(), ..operands.call(&self.batch) },
                 ForwardOut { output, final_states },
                 keep,
             )
@@ -254,7 +256,7 @@ impl CustomOp3 for RnnOp {
             };
             self.model
                 .backward_from(
-                    &Call { masks: self.masks, ..operands.call(&self.batch) },
+                    &Call { masks: self.masks, rates: self.rates.as_deref(), ..operands.call(&self.batch) },
                     &reserve,
                     d_output,
                     d_final.as_deref(),

@@ -108,7 +108,10 @@ fn agrees_with_reference(name: &str, layers: usize, bidirectional: bool, padding
         })
         .collect();
     let h0_tensors: Vec<Tensor> = h0.iter().map(|v| v.as_tensor().clone()).collect();
-    let (out, finals) = rnn.forward_with_states(&x, &LENGTHS, padding, Some(&h0_tensors)).expect("forward");
+    // Training mode, as the oracle's `forward_train`: a cell with masks draws
+    // them alike in both (two models made with one seed, each its first call).
+    let (out, finals) =
+        rnn.forward_with_states_t(&x, &LENGTHS, padding, Some(&h0_tensors), true).expect("forward");
 
     // A loss that weighs every output and final state differently.
     let r_out = Tensor::from_vec(values(out.elem_count(), 3), out.shape(), &Device::Cpu).expect("r");
@@ -344,4 +347,39 @@ fn forward_t_drops_between_layers_as_the_runtime_does() {
     assert_eq!(flat(grads.get(&x).expect("d_input")), want_grads.d_input);
     let again = rnn.forward_t(&x, &LENGTHS, Padding::default(), true).expect("forward_t");
     assert_ne!(flat(&again), flat(&trained), "a second call drew the first call's masks");
+}
+
+/// A cell's own masks (`zoneout_lstm`): `forward_t(.., true)` draws them
+/// at the layer's rates ([`Rnn::with_rates`]) as the runtime's own training
+/// pass of the same model does; evaluation takes zoneout's expectation at
+/// those rates; bad rates are typed errors.
+#[test]
+fn forward_t_draws_the_cells_masks_at_the_layers_rates() {
+    let cpu = || -> Box<dyn Backend> { Box::new(Cpu::new(2, Kernels::default()).expect("cpu")) };
+    let rates = [("zh", 0.3), ("zc", 0.2)];
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let rnn = Rnn::new(model(cell("zoneout_lstm"), 1, false, cpu()), vb).expect("layer");
+    let rnn = rnn.with_rates(&rates).expect("rates");
+    assert_eq!(rnn.rates(), [0.3, 0.2]);
+    let twin = model(cell("zoneout_lstm"), 1, false, cpu()).with_rates(&rates).expect("rates");
+    let x_data = values(4 * STEPS * INPUT, 5);
+    let x = Var::from_vec(x_data.clone(), (4, STEPS, INPUT), &Device::Cpu).expect("x");
+    let padded = Input::Padded {
+        data: &x_data,
+        batch: 4,
+        steps: STEPS,
+        major: Major::BatchFirst,
+        align: Align::Left,
+        lengths: &LENGTHS,
+    };
+    let flat = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("floats");
+    let evaluation = rnn.forward(&x, &LENGTHS, Padding::default()).expect("forward");
+    assert_eq!(flat(&evaluation), twin.forward(padded, None).expect("forward").data);
+    let trained = rnn.forward_t(&x, &LENGTHS, Padding::default(), true).expect("forward_t");
+    let (want, _) = twin.forward_train(padded, None).expect("forward_train");
+    assert_eq!(flat(&trained), want.data);
+    assert_ne!(flat(&trained), flat(&evaluation));
+    let e = runtime_error(rnn.clone().with_rates(&[("zq", 0.1)]).expect_err("unknown rate"));
+    assert!(matches!(&e, RuntimeError::Rate { name, .. } if name == "zq"), "{e}");
 }

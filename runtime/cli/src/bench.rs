@@ -45,6 +45,10 @@ pub struct BenchArgs {
     /// inference drops nothing).
     #[arg(long, default_value_t = 0.0)]
     pub dropout: f32,
+    /// Set one of the cell's rates, e.g. -R zh=0.05 (`--mode train` draws
+    /// the cell's masks at its rates; inference is evaluation).
+    #[arg(short = 'R', value_name = "NAME=RATE", value_parser = crate::parse_rate)]
+    pub rates: Vec<(String, f32)>,
     #[arg(long, value_enum, default_value_t = Lengths::Full)]
     pub lengths: Lengths,
     #[arg(long, value_enum, default_value_t = Mode::Infer)]
@@ -144,7 +148,8 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
     let backend = crate::run::make_backend(args.backend, args.threads, args.cuda_graphs, args.kernels)?;
     let config = ModelConfig { layers: args.layers, bidirectional: args.bidirectional };
     let model = Model::new(compiled, config, &sizes, Some(input_size), None, 1, backend)?
-        .with_dropout(args.dropout)?;
+        .with_dropout(args.dropout)?
+        .with_rates(&args.rates.iter().map(|(n, r)| (n.as_str(), *r)).collect::<Vec<_>>())?;
 
     let (b, t) = (args.batch as usize, args.steps as usize);
     let streaming = args.stream || (t == 1 && args.mode == Mode::Infer && !args.bidirectional);

@@ -96,6 +96,18 @@ enum Command {
     },
 }
 
+/// `NAME=RATE`: one of a cell's rates (checked against the cell when the model is made).
+pub(crate) fn parse_rate(s: &str) -> Result<(String, f32), String> {
+    let (name, value) = s.split_once('=').ok_or_else(|| format!("expected NAME=RATE, found `{s}`"))?;
+    let name = name.trim();
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(format!("`{name}` is not a rate name"));
+    }
+    let v: f32 =
+        value.trim().parse().map_err(|_| format!("rate `{name}` must be a number, found `{value}`"))?;
+    Ok((name.to_string(), v))
+}
+
 pub(crate) fn parse_binding(s: &str) -> Result<(String, usize), String> {
     let (name, value) = s.split_once('=').ok_or_else(|| format!("expected NAME=VALUE, found `{s}`"))?;
     let name = name.trim();

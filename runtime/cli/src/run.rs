@@ -8,15 +8,22 @@
 //! - weights: `<param>_l<k>` and `<param>_l<k>_reverse`;
 //! - output:  `output` f32 [B, T, O*D] (zeros at padding),
 //!   `final.<state>` [L*D, B, size]; with `--grad` also `grad.input`,
-//!   `grad.<param>_l<k>[_reverse]` and `grad.h0.<state>`.
+//!   `grad.<param>_l<k>[_reverse]` and `grad.h0.<state>`; with `--masks`
+//!   every mask the call used: `mask.<function>#<i>_l<k>[_reverse]` (a
+//!   cell's masks, [B, T, units], or a DropConnect parameter's shape) and
+//!   `mask.dropout_l<k>` (dropout between layers `k` and `k + 1`, [B, T, O*D]).
+//!
+//! The pass runs in evaluation unless `--train` says training: then its
+//! masks (the cell's, `-R` sets their rates, and `--dropout` between
+//! layers) are drawn from `--seed` and `--offset`.
 
 use cellc::dims::Bindings;
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Backend;
 use cellc_runtime::{
-    read_tensors, write_tensors, Align, CompiledCell, Input, Major, Model, ModelConfig, RuntimeError, Tensor,
-    TensorData, Weights,
+    read_tensors, write_tensors, Align, BackwardOut, Call, CompiledCell, ForwardOut, Gradients, Input, Major,
+    MaskSeed, Model, ModelConfig, RuntimeError, Tensor, TensorData, Weights,
 };
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -104,6 +111,24 @@ pub struct RunArgs {
     /// CPU backend: how pointwise stages run.
     #[arg(long, value_enum, default_value_t = KernelsChoice::Fastest)]
     pub kernels: KernelsChoice,
+    /// Training mode: draw the masks of the cell and of --dropout (else evaluation: none).
+    #[arg(long)]
+    pub train: bool,
+    /// Training mode: the seed the masks are drawn from.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Training mode: the offset in the seed's stream (a framework's generator advances it call by call).
+    #[arg(long, default_value_t = 0)]
+    pub offset: u64,
+    /// Set one of the cell's rates, e.g. -R zh=0.05 (else its default).
+    #[arg(short = 'R', value_name = "NAME=RATE", value_parser = crate::parse_rate)]
+    pub rates: Vec<(String, f32)>,
+    /// Dropout between layers (training mode only), as nn.LSTM's.
+    #[arg(long, default_value_t = 0.0)]
+    pub dropout: f32,
+    /// Also write every mask the call used (`mask.*` tensors).
+    #[arg(long)]
+    pub masks: bool,
 }
 
 /// The backend asked for; by default the fastest available (the CPU).
@@ -195,7 +220,11 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
         Some(&weights),
         0,
         make_backend(args.backend, args.threads, args.cuda_graphs, args.kernels)?,
-    )?;
+    )?
+    .with_dropout(args.dropout)?;
+    let rates: Vec<(&str, f32)> = args.rates.iter().map(|(n, r)| (n.as_str(), *r)).collect();
+    let model = model.with_rates(&rates)?;
+    let seed = args.train.then_some(MaskSeed { seed: args.seed, offset: args.offset });
     let ld = model.layers().len() * model.directions();
     let state_sizes = model.layers()[0].state_sizes.clone();
 
@@ -234,8 +263,8 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
             })?;
         expect_shape("grad_output", &dy_shape, &[batch, steps, o])?;
         let d_final = read_states("grad_final", &mut x)?;
-        let (output, trace) = model.forward_train(input, h0.as_deref())?;
-        let grads = model.backward(&trace, &dy, d_final.as_deref())?;
+        let (output, grads) =
+            forward_backward(&model, input, (h0.as_deref(), seed, batch), &dy, d_final.as_deref())?;
         out.insert("grad.input".into(), Tensor::f32(vec![batch, steps, features], grads.d_input));
         for ((name, d), &n) in state_names.iter().zip(grads.d_h0).zip(&state_sizes) {
             out.insert(format!("grad.h0.{name}"), Tensor::f32(vec![ld, batch, n], d));
@@ -245,13 +274,73 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
         }
         insert_forward(&mut out, &state_names, &state_sizes, output, [batch, steps, o], ld);
     } else {
-        let output = model.forward(input, h0.as_deref())?;
+        let output = match seed {
+            None => model.forward(input, h0.as_deref())?,
+            Some(_) => forward_backward(&model, input, (h0.as_deref(), seed, batch), &[], None)?.0,
+        };
         insert_forward(&mut out, &state_names, &state_sizes, output, [batch, steps, o], ld);
+    }
+    if args.masks {
+        for m in model.cell_masks(input, seed, None)? {
+            let units = m.shape[1..].iter().product::<usize>();
+            let shape = if m.shape[0] == batch * steps && m.shape.len() == 2 {
+                vec![batch, steps, units]
+            } else {
+                m.shape
+            };
+            out.insert(format!("mask.{}", m.name), Tensor::f32(shape, m.values));
+        }
+        if let Some(seed) = seed {
+            for (k, rows) in model.dropout_masks(input, seed)?.into_iter().enumerate() {
+                let width = rows.len() / (batch * steps).max(1);
+                out.insert(format!("mask.dropout_l{k}"), Tensor::f32(vec![batch, steps, width], rows));
+            }
+        }
     }
     for unused in x.keys() {
         eprintln!("warning: {input_file}: tensor `{unused}` is not used");
     }
     write_tensors(&args.out, &out)
+}
+
+/// A pass over the caller's memory (the model's own weights): forwards
+/// with a reserve, in training mode if `seed` is given, then backwards
+/// from `dy` unless it is empty (a training forward alone).
+fn forward_backward(
+    model: &Model,
+    input: Input,
+    (h0, seed, batch): (Option<&[Vec<f32>]>, Option<MaskSeed>, usize),
+    dy: &[f32],
+    d_final: Option<&[Vec<f32>]>,
+) -> Result<(cellc_runtime::Output, Gradients), RuntimeError> {
+    let data = input.split().1;
+    let rows = data.len() / model.input_size().max(1);
+    let h0: Option<Vec<&[f32]>> = h0.map(|h| h.iter().map(Vec::as_slice).collect());
+    let call = Call { input, weights: None, h0: h0.as_deref(), masks: seed, rates: None };
+    let mut output = vec![0.0; rows * model.output_size()];
+    let mut finals: Vec<Vec<f32>> =
+        model.state_shapes(batch).iter().map(|s| vec![0.0; s.iter().product()]).collect();
+    let mut reserve = vec![0.0; rows * model.reserve_floats_per_row()];
+    let out =
+        ForwardOut { output: &mut output, final_states: finals.iter_mut().map(Vec::as_mut_slice).collect() };
+    model.forward_into(&call, out, Some(&mut reserve))?;
+    let mut grads =
+        Gradients { d_input: vec![0.0; data.len()], d_h0: Vec::new(), d_params: model.zeroed_params() };
+    if !dy.is_empty() {
+        grads.d_h0 = model.state_shapes(batch).iter().map(|s| vec![0.0; s.iter().product()]).collect();
+        let d_final: Option<Vec<&[f32]>> = d_final.map(|d| d.iter().map(Vec::as_slice).collect());
+        let out = BackwardOut {
+            d_input: &mut grads.d_input,
+            d_h0: grads.d_h0.iter_mut().map(Vec::as_mut_slice).collect(),
+            d_params: grads
+                .d_params
+                .iter_mut()
+                .map(|ps| ps.iter_mut().map(Vec::as_mut_slice).collect())
+                .collect(),
+        };
+        model.backward_from(&call, &reserve, dy, d_final.as_deref(), out)?;
+    }
+    Ok((cellc_runtime::Output { data: output, final_states: finals }, grads))
 }
 
 fn insert_forward(

@@ -127,6 +127,7 @@ fn _cellc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(passes::forward, m)?)?;
     m.add_function(wrap_pyfunction!(passes::backward, m)?)?;
     m.add_function(wrap_pyfunction!(passes::dropout_masks, m)?)?;
+    m.add_function(wrap_pyfunction!(passes::cell_masks, m)?)?;
     m.add_function(wrap_pyfunction!(recycled::recycled, m)?)?;
     Ok(())
 }

@@ -255,8 +255,10 @@ pub fn forward(
     finals: Vec<TensorArg>,
     reserve: Option<TensorArg>,
     masks: Option<(u64, u64)>,
+    rates: Option<Vec<f32>>,
 ) -> PyResult<()> {
     let masks = masks.map(|(seed, offset)| MaskSeed { seed, offset });
+    let rates = rates.as_deref();
     let tensors = CallTensors::new(x, index, h0, weights);
     let (output, finals) = (Tensor::new("output", output), Tensor::each("final_states", finals));
     let reserve = reserve.map(|r| Tensor::new("reserve", r));
@@ -271,7 +273,7 @@ pub fn forward(
                 let inputs = tensors.read(&model, layout)?;
                 let out = ForwardOut { output: output.floats_mut()?, final_states: write_all(&finals)? };
                 let reserve = reserve.as_ref().map(|r| r.floats_mut()).transpose()?;
-                let call = Call { masks, ..inputs.call() };
+                let call = Call { masks, rates, ..inputs.call() };
                 threads::with_limit(threads, || model.forward_into(&call, out, reserve))
             },
             Memory::Device { stream, .. } => {
@@ -280,7 +282,7 @@ pub fn forward(
                 let inputs = unsafe { tensors.on_device(&model, layout)? };
                 let out = DeviceForwardOut { output: output.on_device(), final_states: on_device(&finals) };
                 let reserve = reserve.as_ref().map(Tensor::on_device);
-                model.forward_into(&DeviceCall { masks, ..inputs.call(stream) }, &out, reserve)
+                model.forward_into(&DeviceCall { masks, rates, ..inputs.call(stream) }, &out, reserve)
             }
         }
     })
@@ -309,8 +311,10 @@ pub fn backward(
     grad_h0: Vec<TensorArg>,
     grad_weights: Vec<TensorArg>,
     masks: Option<(u64, u64)>,
+    rates: Option<Vec<f32>>,
 ) -> PyResult<()> {
     let masks = masks.map(|(seed, offset)| MaskSeed { seed, offset });
+    let rates = rates.as_deref();
     let tensors = CallTensors::new(x, index, h0, weights);
     let (reserve, grad_output) = (Tensor::new("reserve", reserve), Tensor::new("grad_output", grad_output));
     let grad_finals = Tensor::each("grad_final_states", grad_finals);
@@ -330,7 +334,7 @@ pub fn backward(
                 let d_final = (!grad_finals.is_empty()).then_some(&grad_finals[..]);
                 threads::with_limit(threads, || {
                     model.backward_from(
-                        &Call { masks, ..inputs.call() },
+                        &Call { masks, rates, ..inputs.call() },
                         reserve.floats()?,
                         grad_output.floats()?,
                         d_final,
@@ -348,10 +352,36 @@ pub fn backward(
                     d_params: model.group_by_slot(on_device(&grad_weights))?,
                 };
                 let d_final = (!grad_finals.is_empty()).then_some(&grad_finals[..]);
-                let call = DeviceCall { masks, ..inputs.call(stream) };
+                let call = DeviceCall { masks, rates, ..inputs.call(stream) };
                 model.backward_from(&call, reserve.on_device(), grad_output.on_device(), d_final, &out)
             }
         }
+    })
+    .map_err(|e| to_python(py, e))
+}
+
+/// The masks of the cell's own mask calls that a call over `x` (laid out
+/// as `layout` says) uses, in training mode drawing from `masks` or in
+/// evaluation, at `rates` (`Model::cell_masks`): `(name, shape, values)` each.
+#[pyfunction]
+pub fn cell_masks(
+    py: Python<'_>,
+    spec: &str,
+    layout: &str,
+    x: TensorArg,
+    index: Vec<TensorArg>,
+    masks: Option<(u64, u64)>,
+    rates: Option<Vec<f32>>,
+) -> PyResult<Vec<(String, Vec<usize>, Vec<f32>)>> {
+    let (x, index) = (Tensor::new("input", x), Tensor::each("index", index));
+    let seed = masks.map(|(seed, offset)| MaskSeed { seed, offset });
+    py.detach(|| -> Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
+        let model = Memory::Host { threads: 1 }.model(spec)?;
+        // SAFETY: the Python half checked the tensors (contiguous, on the CPU,
+        // f32 or i64) and holds them for the call.
+        let (batch, data) = unsafe { (Batch::read(layout, &x, &index)?, x.floats()?) };
+        let seen = model.cell_masks(batch.shape().with_data(data), seed, rates.as_deref())?;
+        Ok(seen.into_iter().map(|m| (m.name, m.shape, m.values)).collect())
     })
     .map_err(|e| to_python(py, e))
 }

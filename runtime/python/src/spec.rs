@@ -277,6 +277,10 @@ pub struct Description {
     input_size: usize,
     output_size: usize,
     reserve_per_row: usize,
+    /// The cell's rates and their defaults.
+    rates: Vec<(String, f64)>,
+    /// Whether the cell draws masks of its own (so a training call needs a seed).
+    has_masks: bool,
 }
 
 impl Description {
@@ -291,6 +295,8 @@ impl Description {
             input_size: model.input_size(),
             output_size: model.output_size(),
             reserve_per_row: model.reserve_floats_per_row(),
+            rates: forward.rates.iter().map(|r| (r.name.clone(), r.default)).collect(),
+            has_masks: !forward.masks.is_empty(),
         })
     }
 }
@@ -309,6 +315,8 @@ impl<'py> IntoPyObject<'py> for Description {
         d.set_item("input_size", self.input_size)?;
         d.set_item("output_size", self.output_size)?;
         d.set_item("reserve_per_row", self.reserve_per_row)?;
+        d.set_item("rates", self.rates)?;
+        d.set_item("has_masks", self.has_masks)?;
         Ok(d)
     }
 }

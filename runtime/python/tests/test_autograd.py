@@ -63,16 +63,20 @@ def op_samples(backend="cpu"):
     index = [packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices]
     dropping = cellc.RNN("gru", 3, {"H": 5}, num_layers=2, bidirectional=True, dropout=0.3, backend=backend)
     masks = torch.tensor([5, 7])
+    zoneout = cellc.RNN("zoneout_lstm", 3, {"H": 5}, backend=backend)
+    z_weights = [w.detach().clone().requires_grad_() for w in zoneout._weights()]
+    z_h0 = [torch.randn(1, 3, 5, requires_grad=True) for _ in range(2)]
     return [
-        (rnn.spec, "time_first/left", x, [lengths], h0, weights, True, None),
-        (rnn.spec, "time_first/right", x, [lengths], [], weights, True, None),
-        (rnn.spec, "packed", packed.data.clone().requires_grad_(), index, h0, weights, True, None),
-        (rnn.spec, "time_first/left", x.detach(), [lengths], [], [w.detach() for w in weights], False, None),
-        (dropping.spec, "time_first/left", x, [lengths], h0, weights, True, masks),
+        (rnn.spec, "time_first/left", x, [lengths], h0, weights, True, None, ""),
+        (rnn.spec, "time_first/right", x, [lengths], [], weights, True, None, ""),
+        (rnn.spec, "packed", packed.data.clone().requires_grad_(), index, h0, weights, True, None, ""),
+        (rnn.spec, "time_first/left", x.detach(), [lengths], [], [w.detach() for w in weights], False, None, ""),
+        (dropping.spec, "time_first/left", x, [lengths], h0, weights, True, masks, ""),
+        (zoneout.spec, "time_first/left", x, [lengths], z_h0, z_weights, True, masks, "0.2,0.4"),
     ]
 
 
-SAMPLES = ["padded", "right", "packed", "inference", "dropout"]
+SAMPLES = ["padded", "right", "packed", "inference", "dropout", "zoneout"]
 
 
 @pytest.mark.parametrize("backend", ["cpu", EMULATED])
@@ -82,11 +86,11 @@ def test_opcheck_forward(sample, backend):
 
 
 @pytest.mark.parametrize("backend", ["cpu", EMULATED])
-@pytest.mark.parametrize("sample", [0, 4], ids=["padded", "dropout"])
+@pytest.mark.parametrize("sample", [0, 4, 5], ids=["padded", "dropout", "zoneout"])
 def test_opcheck_backward(backend, sample):
-    spec, layout, x, index, h0, weights, _, masks = op_samples(backend)[sample]
-    out, finals, reserve = torch.ops.cellc.rnn_forward(spec, layout, x, index, h0, weights, True, masks)
+    spec, layout, x, index, h0, weights, _, masks, rates = op_samples(backend)[sample]
+    out, finals, reserve = torch.ops.cellc.rnn_forward(spec, layout, x, index, h0, weights, True, masks, rates)
     grads = (torch.randn_like(out), [torch.randn_like(f) for f in finals])
     detached = [h.detach() for h in h0], [w.detach() for w in weights], reserve.detach()
-    args = (spec, layout, x.detach(), index, *detached, *grads, masks)
+    args = (spec, layout, x.detach(), index, *detached, *grads, masks, rates)
     torch.library.opcheck(torch.ops.cellc.rnn_backward.default, args)

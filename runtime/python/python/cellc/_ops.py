@@ -175,7 +175,26 @@ def dropout_masks(spec: str, layout: str, x: Tensor, index: list[Tensor], masks:
     return _cellc.dropout_masks(spec, layout, _ref(x), [_ref(t) for t in index], _seed(masks))
 
 
-def _forward_impl(spec, layout, x, index, h0, weights, training, masks=None, checked=False, reserve_tensor=True):
+def rates_text(rates) -> str:
+    """A call's rates (one per rate of the cell, in its order) as the operators take them: a
+    constant of the graph, as the spec is (``torch.compile`` recompiles when they change)."""
+    return ",".join(repr(float(r)) for r in rates)
+
+
+def _rates(rates: str):
+    """The operators' rates text as the runtime takes them: one float per rate of the cell, or
+    ``None`` (empty): the cell's defaults."""
+    return [float(r) for r in rates.split(",")] if rates else None
+
+
+def cell_masks(spec: str, layout: str, x: Tensor, index: list[Tensor], masks: Tensor | None,
+               rates: str) -> list[tuple[str, list[int], list[float]]]:
+    """The masks of the cell's own mask calls in a call (see ``cellc.RNN.cell_masks``)."""
+    return _cellc.cell_masks(spec, layout, _ref(x), [_ref(t) for t in index], _seed(masks), _rates(rates))
+
+
+def _forward_impl(spec, layout, x, index, h0, weights, training, masks=None, rates="", checked=False,
+                  reserve_tensor=True):
     """The forward operator's work (see ``rnn_forward``); ``checked``: the caller (cellc.RNN)
     has checked the tensors' devices; ``reserve_tensor``: an empty reserve is made when not
     training (the operator's schema returns one)."""
@@ -187,7 +206,8 @@ def _forward_impl(spec, layout, x, index, h0, weights, training, masks=None, che
     empty = x.new_empty if memory[1] is not None else _recycled
     out, finals, reserve = _forward_outputs(spec, layout, x, index, training, empty, reserve_tensor)
     outputs = _ref(out), [_ref(t) for t in finals]
-    _cellc.forward(spec, *memory, layout, *inputs, *outputs, _ref(reserve) if training else None, _seed(masks))
+    reserve_ref = _ref(reserve) if training else None
+    _cellc.forward(spec, *memory, layout, *inputs, *outputs, reserve_ref, _seed(masks), _rates(rates))
     return out, finals, reserve
 
 
@@ -201,18 +221,20 @@ def rnn_forward(
     weights: list[Tensor],
     training: bool,
     masks: Tensor | None,
+    rates: str,
 ) -> tuple[Tensor, list[Tensor], Tensor]:
     """Runs every layer and direction; with ``training``, fills the reserve the backward reads;
-    with ``masks`` (``[seed, offset]``), in training mode: dropout between layers."""
-    return _forward_impl(spec, layout, x, index, h0, weights, training, masks)
+    with ``masks`` (``[seed, offset]``), in training mode: the cell's masks and dropout between
+    layers are drawn from it. ``rates``: :func:`rates_text` of one rate per rate of the cell (empty: its defaults)."""
+    return _forward_impl(spec, layout, x, index, h0, weights, training, masks, rates)
 
 
 @rnn_forward.register_fake
-def _(spec, layout, x, index, h0, weights, training, masks):
+def _(spec, layout, x, index, h0, weights, training, masks, rates):
     return _forward_outputs(spec, layout, x, index, training, x.new_empty)
 
 
-def _backward_impl(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals, masks):
+def _backward_impl(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals, masks, rates):
     """The backward operator's work (see ``rnn_backward``)."""
     _check_devices(spec, [x, *h0, *weights, grad_output, *grad_finals])
     inputs = _call_refs(x, index, h0, weights)
@@ -224,7 +246,7 @@ def _backward_impl(spec, layout, x, index, h0, weights, reserve, grad_output, gr
     grad_weights = [empty_like(w) for w in weights]
     grads = _ref(grad_output), [_ref(t) for t in grad_finals]
     outputs = _ref(grad_x), [_ref(t) for t in grad_h0], [_ref(t) for t in grad_weights]
-    _cellc.backward(spec, *memory, layout, *inputs, _ref(reserve), *grads, *outputs, _seed(masks))
+    _cellc.backward(spec, *memory, layout, *inputs, _ref(reserve), *grads, *outputs, _seed(masks), _rates(rates))
     return grad_x, grad_h0, grad_weights
 
 
@@ -240,21 +262,22 @@ def rnn_backward(
     grad_output: Tensor,
     grad_finals: list[Tensor],
     masks: Tensor | None,
+    rates: str,
 ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
     """The gradients of the input, the initial states (if given) and the weights (through the
-    forward's dropout masks, drawn again from ``masks``)."""
-    return _backward_impl(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals, masks)
+    forward's masks, drawn again from ``masks`` at ``rates``)."""
+    return _backward_impl(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals, masks, rates)
 
 
 @rnn_backward.register_fake
-def _(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals, masks):
+def _(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals, masks, rates):
     return torch.empty_like(x), [torch.empty_like(h) for h in h0], [torch.empty_like(w) for w in weights]
 
 
 def _setup_context(ctx, inputs, output, eager=False):
-    spec, layout, x, index, h0, weights, training, masks = inputs
+    spec, layout, x, index, h0, weights, training, masks, rates = inputs
     _, finals, reserve = output
-    ctx.spec, ctx.layout, ctx.eager = spec, layout, eager
+    ctx.spec, ctx.layout, ctx.eager, ctx.rates = spec, layout, eager, rates
     ctx.has_masks = masks is not None
     ctx.counts = (len(index), len(h0), len(weights))
     ctx.final_shapes = [f.shape for f in finals]
@@ -284,14 +307,15 @@ def _backward(ctx, grad_output, grad_finals, _grad_reserve):
             (g if g is not None else x.new_zeros(s)).contiguous()
             for g, s in zip(grad_finals, ctx.final_shapes)
         ]
-    args = (ctx.spec, ctx.layout, x, index, h0, weights, reserve, grad_output.contiguous(), grad_finals, masks)
+    args = (ctx.spec, ctx.layout, x, index, h0, weights, reserve, grad_output.contiguous(), grad_finals, masks,
+            ctx.rates)
     if ctx.eager and not torch.is_grad_enabled():
         grad_x, grad_h0, grad_weights = _backward_impl(*args)
     else:
         # Through the operator: under create_graph its gradients carry the refusal of a
         # second backward.
         grad_x, grad_h0, grad_weights = rnn_backward(*args)
-    return None, None, grad_x, [None] * n_index, grad_h0, grad_weights, None, None
+    return None, None, grad_x, [None] * n_index, grad_h0, grad_weights, None, None, None
 
 
 rnn_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -317,19 +341,19 @@ class _Eager(torch.autograd.Function):
     generation loop of one step per call pays on every word."""
 
     @staticmethod
-    def forward(ctx, spec, layout, n_index, n_h0, masks, x, *tensors):
+    def forward(ctx, spec, layout, n_index, n_h0, masks, rates, x, *tensors):
         index, h0 = list(tensors[:n_index]), list(tensors[n_index : n_index + n_h0])
         weights = list(tensors[n_index + n_h0 :])
         checked = x.device.type == "cpu"  # as in `run`
-        out, finals, reserve = _forward_impl(spec, layout, x, index, h0, weights, True, masks, checked=checked)
-        inputs = (spec, layout, x, index, h0, weights, True, masks)
+        out, finals, reserve = _forward_impl(spec, layout, x, index, h0, weights, True, masks, rates, checked)
+        inputs = (spec, layout, x, index, h0, weights, True, masks, rates)
         _setup_context(ctx, inputs, (out, finals, reserve), eager=True)
         return out, reserve, *finals
 
     @staticmethod
     def backward(ctx, grad_output, _grad_reserve, *grad_finals):
-        _, _, grad_x, none_index, grad_h0, grad_weights, _, _ = _backward(ctx, grad_output, list(grad_finals), None)
-        return None, None, None, None, None, grad_x, *none_index, *grad_h0, *grad_weights
+        _, _, grad_x, none_index, grad_h0, grad_weights, *_ = _backward(ctx, grad_output, list(grad_finals), None)
+        return None, None, None, None, None, None, grad_x, *none_index, *grad_h0, *grad_weights
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -346,9 +370,10 @@ def _eager(tensors) -> bool:
 
 
 def run(spec: str, layout: str, x: Tensor, index: list[Tensor], h0: list[Tensor], weights: list[Tensor],
-        masks: Tensor | None = None):
+        masks: Tensor | None = None, rates: str = ""):
     """Output and final states of the model `spec` (the reserve only when autograd needs it);
-    ``masks``: a training-mode call's dropout seed (``draw_masks``), ``None`` in evaluation mode."""
+    ``masks``: a training-mode call's seed (``draw_masks``), ``None`` in evaluation mode;
+    ``rates``: :func:`rates_text` of one rate per rate of the cell (empty: its defaults)."""
     for name, t in [("input", x), *((f"h0[{i}]", h) for i, h in enumerate(h0))]:
         if t.dtype != torch.float32:
             raise DTypeError(f"`{name}` is {t.dtype}: cellc computes in float32 (call .float() on it)")
@@ -359,9 +384,9 @@ def run(spec: str, layout: str, x: Tensor, index: list[Tensor], h0: list[Tensor]
         if not training:
             # cellc.RNN has checked that every tensor is on x's device: on the CPU, nothing more to check.
             checked = x.device.type == "cpu"
-            out, finals, _ = _forward_impl(spec, layout, x, index, h0, weights, False, masks, checked, False)
+            out, finals, _ = _forward_impl(spec, layout, x, index, h0, weights, False, masks, rates, checked, False)
             return out, finals
-        out, _, *finals = _Eager.apply(spec, layout, len(index), len(h0), masks, x, *index, *h0, *weights)
+        out, _, *finals = _Eager.apply(spec, layout, len(index), len(h0), masks, rates, x, *index, *h0, *weights)
         return out, finals
-    out, finals, _ = torch.ops.cellc.rnn_forward(spec, layout, x, index, h0, weights, training, masks)
+    out, finals, _ = torch.ops.cellc.rnn_forward(spec, layout, x, index, h0, weights, training, masks, rates)
     return out, finals

@@ -92,6 +92,12 @@ class RNN(nn.Module):
             ``1 / (1 - dropout)``; the masks come from PyTorch's default generator
             (``torch.manual_seed`` reproduces them; each call draws new ones; the backward
             draws the same again, storing nothing). Under DDP, ranks seeded alike draw alike.
+        rates: the cell's own rates (its ``rate`` declarations: the probabilities of its
+            ``dropout``, ``variational_dropout``, ``zoneout`` and ``dropconnect``), by name,
+            e.g. ``{"zh": 0.05}``; the others keep the cell's defaults. ``module.rates`` holds
+            them all and may be changed between calls. In training mode the cell's masks are
+            drawn as dropout's are (PyTorch's default generator, new each call, the same again
+            in the backward); in evaluation mode none are (zoneout takes its expectation).
         bias, proj_size: ``nn.LSTM``'s, accepted at their defaults only (a cell's biases are in
             its ``.cell`` source; projections are not supported).
         cell_name: which cell of a source that defines several.
@@ -130,6 +136,7 @@ class RNN(nn.Module):
         dropout: float = 0.0,
         proj_size: int = 0,
         cell_name: str | None = None,
+        rates: dict[str, float] | None = None,
         device=None,
         dtype=None,
     ):
@@ -223,6 +230,14 @@ class RNN(nn.Module):
         self.state_names = [name for name, _ in info["states"]]
         self.hidden_size = self.state_sizes[0] if self.state_sizes else self.output_size
         self.bias, self.dropout, self.proj_size = True, float(dropout), 0
+        self._has_masks = bool(info["has_masks"])
+        self.rates = {name: default for name, default in info["rates"]}
+        for name, rate in (rates or {}).items():
+            if name not in self.rates:
+                known = ", ".join(repr(n) for n in self.rates) or "none"
+                raise ValueError(f"rates has {name!r}, which is not a rate of cell `{self.cell}` (its rates: {known})")
+            self.rates[name] = rate
+        self._rates_list()
         self._weight_names = [name for name, _ in info["weights"]]
         for name, shape in info["weights"]:
             self.register_parameter(name, nn.Parameter(torch.empty(shape, device=device)))
@@ -282,6 +297,8 @@ class RNN(nn.Module):
             parts.append("batch_first=True")
         if self.dropout:
             parts.append(f"dropout={self.dropout}")
+        if self.rates:
+            parts.append(f"rates={self.rates}")
         if self.backend is not None:
             parts.append(f"backend={self.backend!r}")
         return ", ".join(parts)
@@ -325,7 +342,8 @@ class RNN(nn.Module):
         self._check_device(x, weights)
         h0 = self._initial_states(hx, batch, x, unbatched)
         layout = ("batch_first/" if self.batch_first else "time_first/") + align
-        out, finals = _ops.run(self._spec_for(x), layout, x.contiguous(), index, h0, weights, self._masks())
+        spec, masks, rates = self._spec_for(x), self._masks(), self._rates_list()
+        out, finals = _ops.run(spec, layout, x.contiguous(), index, h0, weights, masks, rates)
         if unbatched:
             out = out.squeeze(0 if self.batch_first else 1)
             finals = [f.squeeze(1) for f in finals]
@@ -348,7 +366,8 @@ class RNN(nn.Module):
             identity = torch.arange(batch)
             index = [batch_sizes_cpu, identity, identity]
             h0 = [h.index_select(1, sorted_indices) for h in h0]
-            out, finals = _ops.run(spec, "packed", data.contiguous(), index, h0, weights, self._masks())
+            masks, rates = self._masks(), self._rates_list()
+            out, finals = _ops.run(spec, "packed", data.contiguous(), index, h0, weights, masks, rates)
             finals = [f.index_select(1, unsorted_indices) for f in finals]
         else:
             if sorted_indices is None:
@@ -356,7 +375,8 @@ class RNN(nn.Module):
             index = [batch_sizes_cpu] + [
                 t.to(device="cpu", dtype=torch.int64).contiguous() for t in (sorted_indices, unsorted_indices)
             ]
-            out, finals = _ops.run(spec, "packed", data.contiguous(), index, h0, weights, self._masks())
+            masks, rates = self._masks(), self._rates_list()
+            out, finals = _ops.run(spec, "packed", data.contiguous(), index, h0, weights, masks, rates)
         return PackedSequence(out, batch_sizes, packed.sorted_indices, packed.unsorted_indices), self._states_out(finals)
 
     def dropout_masks(self, input: Tensor, masks: Tensor, *, lengths=None, align: str = "left") -> list[Tensor]:
@@ -380,9 +400,43 @@ class RNN(nn.Module):
         flat = _ops.dropout_masks(spec, layout, x, index, masks)
         return [torch.tensor(m).view(*x.shape[:-1], -1) for m in flat]
 
+    def cell_masks(self, input: Tensor, masks: Tensor | None = None, *, lengths=None,
+                   align: str = "left") -> dict[str, Tensor]:
+        """The masks of the cell's own mask calls that a call on ``input`` uses, to rebuild the
+        same computation elsewhere: with ``masks`` (the call's ``[seed, offset]``, see
+        :meth:`dropout_masks`) in training mode, without in evaluation mode, at
+        ``module.rates``. By name, ``<function>#<mask>_l<layer>`` (``_reverse`` for the
+        reverse direction): a mask a step reads laid out as the call's output (``[B, T, units]``
+        or ``[T, B, units]``, zeros at padding), a DropConnect mask shaped as its parameter.
+        Each value is what its unit multiplies (``cells`` language reference: rates and masks).
+        """
+        if input.dim() != 3:
+            raise ShapeError(f"`input` has shape {list(input.shape)}: a batched [B, T, F] or [T, B, F] tensor")
+        if align not in _ALIGNS:
+            raise ValueError(f"align must be 'left' or 'right', not {align!r}")
+        index = [] if lengths is None else [torch.as_tensor(lengths).to(device="cpu", dtype=torch.int64).contiguous()]
+        layout = ("batch_first/" if self.batch_first else "time_first/") + align
+        spec = json.dumps({**json.loads(self.spec), "backend": "reference"}, sort_keys=True)
+        x = input.detach().to("cpu").contiguous()
+        seen = _ops.cell_masks(spec, layout, x, index, masks, self._rates_list())
+        return {
+            name: torch.tensor(values).view(shape if name.startswith("dropconnect#") else (*x.shape[:-1], -1))
+            for name, shape, values in seen
+        }
+
+    def _rates_list(self) -> str:
+        """``module.rates`` in the cell's order, checked, as the operators take them."""
+        out = []
+        for name, rate in self.rates.items():
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+                raise ValueError(f"rate {name!r} must be a number in [0, 1), not {rate!r}")
+            out.append(float(rate))
+        return _ops.rates_text(out)
+
     def _masks(self) -> Tensor | None:
-        """The dropout seed of this call: drawn in training mode where there is dropout to do."""
-        if self.training and self.dropout > 0 and self.num_layers > 1:
+        """The seed of this call's masks: drawn in training mode where there are masks to draw
+        (the cell's own, or dropout between layers)."""
+        if self.training and (self._has_masks or (self.dropout > 0 and self.num_layers > 1)):
             return _ops.draw_masks()
         return None
 
