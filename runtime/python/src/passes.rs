@@ -360,6 +360,9 @@ pub fn backward(
     .map_err(|e| to_python(py, e))
 }
 
+/// One mask a call used: its name, shape and values (`cellc_runtime::masks::SeenMask`).
+type SeenMask = (String, Vec<usize>, Vec<f32>);
+
 /// The masks of the cell's own mask calls that a call over `x` (laid out
 /// as `layout` says) uses, in training mode drawing from `masks` or in
 /// evaluation, at `rates` (`Model::cell_masks`): `(name, shape, values)` each.
@@ -372,10 +375,10 @@ pub fn cell_masks(
     index: Vec<TensorArg>,
     masks: Option<(u64, u64)>,
     rates: Option<Vec<f32>>,
-) -> PyResult<Vec<(String, Vec<usize>, Vec<f32>)>> {
+) -> PyResult<Vec<SeenMask>> {
     let (x, index) = (Tensor::new("input", x), Tensor::each("index", index));
     let seed = masks.map(|(seed, offset)| MaskSeed { seed, offset });
-    py.detach(|| -> Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
+    py.detach(|| -> Result<Vec<SeenMask>> {
         let model = Memory::Host { threads: 1 }.model(spec)?;
         // SAFETY: the Python half checked the tensors (contiguous, on the CPU,
         // f32 or i64) and holds them for the call.
