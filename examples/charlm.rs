@@ -45,6 +45,9 @@ struct Args {
     /// Another size variable of the cell, e.g. `-D P=64` for lstmp.
     #[arg(short = 'D', value_name = "NAME=VALUE")]
     sizes: Vec<String>,
+    /// Set one of the cell's rates (zoneout, dropout: its `rate`s), e.g. `-R zh=0.1`.
+    #[arg(short = 'R', value_name = "NAME=RATE")]
+    rates: Vec<String>,
     /// Width of the character embedding (the cell's input size).
     #[arg(long, default_value_t = 64)]
     embedding: usize,
@@ -125,7 +128,13 @@ fn run(args: &Args, cpu: &Arc<Cpu>) -> Result<(), Box<dyn Error + Send + Sync>> 
                     .ok_or_else(|| format!("expected NAME=VALUE, found `{binding}`"))?;
                 sizes.insert(name.trim().to_string(), value.trim().parse()?);
             }
-            let spec = LmSpec { embedding: args.embedding, layers: args.layers, sizes };
+            let mut rates = Vec::new();
+            for binding in &args.rates {
+                let (name, value) =
+                    binding.split_once('=').ok_or_else(|| format!("expected NAME=RATE, found `{binding}`"))?;
+                rates.push((name.trim().to_string(), value.trim().parse()?));
+            }
+            let spec = LmSpec { embedding: args.embedding, layers: args.layers, sizes, rates };
             let lm = CharLm::new(cell, corpus.vocab.clone(), &spec, args.seed, backend)?;
             (lm, corpus)
         }

@@ -74,9 +74,10 @@ fn through_caller_memory(model: &Model, input: Input, h0: &[Vec<f32>], d_out: &[
     Results { output, finals, d_input, d_h0, d_params }
 }
 
-/// The model's own passes, for the same batch.
+/// The model's own passes, for the same batch, in evaluation mode as the
+/// calls (no masks: a cell's own are compared in `tests/cell_masks.rs`).
 fn through_model(model: &Model, input: Input, h0: &[Vec<f32>], d_out: &[f32]) -> Results {
-    let (out, trace) = model.forward_train(input, Some(h0)).expect("forward_train");
+    let (out, trace) = model.forward_traced(input, Some(h0), None).expect("forward_traced");
     let d_final: Vec<Vec<f32>> =
         out.final_states.iter().enumerate().map(|(k, s)| data(s.len(), 70 + k as u64)).collect();
     let g = model.backward(&trace, d_out, Some(&d_final)).expect("backward");

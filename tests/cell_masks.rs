@@ -403,3 +403,54 @@ fn rates_are_set_per_model_and_per_call_and_bad_ones_are_typed_errors() {
         assert!(e.to_string().contains(needle), "{e}");
     }
 }
+
+#[test]
+fn kept_fractions_match_the_rates_and_masks_are_uncorrelated_across_sequences_steps_and_calls() {
+    // 64 sequences of 50 steps, H = 64: enough units for tight bounds.
+    let sizes = [("H".to_string(), 64)].into_iter().collect();
+    let config = ModelConfig { layers: 1, bidirectional: false };
+    let m = Model::new(compile(MASKER), config, &sizes, Some(64), None, SEED, Box::new(Reference)).expect("model");
+    let (batch, steps) = (64, 50);
+    let x = vec![0.0f32; batch * steps * 64];
+    let lengths = vec![steps; batch];
+    let input = Input::Padded { data: &x, batch, steps, major: Major::BatchFirst, align: Align::Left, lengths: &lengths };
+    let seen = |offset: u64| m.cell_masks(input, Some(MaskSeed { seed: 5, offset }), None).expect("masks");
+    let (first, second) = (seen(0), seen(1));
+    let rates = [("zoneout#0_l0", 0.4), ("dropout#1_l0", 0.3), ("variational_dropout#2_l0", 0.25)];
+    for (name, rate) in rates {
+        let mask = &first.iter().find(|s| s.name == name).expect("mask").values;
+        let kept = mask.iter().filter(|&&v| v != 0.0).count() as f64;
+        // A per-sequence mask has batch * units independent units; the others every one.
+        let n = if name.starts_with("variational") { (batch * 64) as f64 } else { mask.len() as f64 };
+        let fraction = if name.starts_with("variational") { kept / steps as f64 / n } else { kept / n };
+        let sigma = (rate * (1.0 - rate) / n).sqrt();
+        assert!((fraction - (1.0 - rate)).abs() < 5.0 * sigma, "{name}: kept {fraction}, expected {}", 1.0 - rate);
+    }
+    // Pearson correlation of the keep indicators of two slices of a mask.
+    let correlation = |a: &[f32], b: &[f32]| {
+        let (a, b): (Vec<f64>, Vec<f64>) =
+            a.iter().zip(b).map(|(&x, &y)| ((x != 0.0) as u8 as f64, (y != 0.0) as u8 as f64)).unzip();
+        let n = a.len() as f64;
+        let (ma, mb) = (a.iter().sum::<f64>() / n, b.iter().sum::<f64>() / n);
+        let cov: f64 = a.iter().zip(&b).map(|(x, y)| (x - ma) * (y - mb)).sum::<f64>() / n;
+        let sd = |v: &[f64], m: f64| (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / n).sqrt();
+        cov / (sd(&a, ma) * sd(&b, mb))
+    };
+    let dropout = &first.iter().find(|s| s.name == "dropout#1_l0").expect("mask").values;
+    let other_call = &second.iter().find(|s| s.name == "dropout#1_l0").expect("mask").values;
+    let row = |b: usize, t: usize| &dropout[(b * steps + t) * 64..][..64];
+    let across_sequences: Vec<f32> = (0..batch / 2).flat_map(|b| row(2 * b, 3).to_vec()).collect();
+    let next_sequences: Vec<f32> = (0..batch / 2).flat_map(|b| row(2 * b + 1, 3).to_vec()).collect();
+    let this_step: Vec<f32> = (0..steps - 1).flat_map(|t| row(7, t).to_vec()).collect();
+    let next_step: Vec<f32> = (1..steps).flat_map(|t| row(7, t).to_vec()).collect();
+    // Bound: 5 / sqrt(n) for n pairs, far above chance for independent draws.
+    for (what, a, b) in [
+        ("neighbouring sequences", &across_sequences[..], &next_sequences[..]),
+        ("consecutive steps", &this_step[..], &next_step[..]),
+        ("consecutive calls", &dropout[..], &other_call[..]),
+    ] {
+        let r = correlation(a, b);
+        assert!(r.abs() < 5.0 / (a.len() as f64).sqrt(), "{what}: correlation {r}");
+    }
+    assert_ne!(dropout, other_call);
+}

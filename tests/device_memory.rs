@@ -133,7 +133,8 @@ fn through_model(
     d_out: &[f32],
     d_final: &[Vec<f32>],
 ) -> Results {
-    let (out, trace) = model.forward_train(input, h0).expect("forward_train");
+    // Evaluation mode, as the calls (a cell's own masks: `tests/cell_masks.rs`).
+    let (out, trace) = model.forward_traced(input, h0, None).expect("forward_traced");
     let g = model.backward(&trace, d_out, Some(d_final)).expect("backward");
     Results {
         output: bits(&out.data),

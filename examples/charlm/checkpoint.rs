@@ -45,6 +45,9 @@ pub fn save(lm: &CharLm, path: &Path, extra: &Metadata) -> Result<()> {
     metadata.insert("vocab".into(), lm.vocab.as_string());
     metadata.insert("cell".into(), lm.cell.text.clone());
     metadata.insert("cell_file".into(), lm.cell.name.clone());
+    let model = lm.rnn.model();
+    let rates: Vec<String> = model.rate_names().iter().zip(model.rates()).map(|(n, r)| format!("{n}={r}")).collect();
+    metadata.insert("rates".into(), rates.join(","));
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
@@ -103,8 +106,20 @@ pub fn load(path: &Path, cell: Option<CellSource>, backend: Box<dyn Backend>) ->
     let embedding_dim = weights.get(EMBEDDING).and_then(|t| t.shape.get(1).copied()).unwrap_or(0);
     let compiled = Arc::new(cell.compile()?);
     let config = ModelConfig { layers, bidirectional: false };
-    let model =
-        Model::new(compiled, config, &Bindings::new(), Some(embedding_dim), Some(&rnn_weights), 0, backend)?;
+    let rates = match metadata.get("rates").filter(|r| !r.is_empty()) {
+        None => Vec::new(),
+        Some(text) => text
+            .split(',')
+            .map(|pair| {
+                let (name, rate) = pair.split_once('=').ok_or_else(|| invalid(format!("rates: `{pair}` is not NAME=RATE")))?;
+                let rate: f32 = rate.parse().map_err(|_| invalid(format!("rates: `{pair}` is not NAME=RATE")))?;
+                Ok((name.to_string(), rate))
+            })
+            .collect::<Result<Vec<_>>>()?,
+    };
+    let rates: Vec<(&str, f32)> = rates.iter().map(|(n, r)| (n.as_str(), *r)).collect();
+    let model = Model::new(compiled, config, &Bindings::new(), Some(embedding_dim), Some(&rnn_weights), 0, backend)?
+        .with_rates(&rates)?;
     let lm = CharLm::assemble(vocab, vars, model, cell).map_err(|e| invalid(e.to_string()))?;
     Ok(Checkpoint { lm, metadata })
 }

@@ -51,6 +51,8 @@ pub struct LmSpec {
     pub embedding: usize,
     pub layers: usize,
     pub sizes: cellc::dims::Bindings,
+    /// The cell's rates set by name (`zh = 0.1`); the others keep their defaults.
+    pub rates: Vec<(String, f32)>,
 }
 
 /// A character-level language model.
@@ -88,7 +90,9 @@ impl CharLm {
     ) -> Result<CharLm> {
         let compiled = Arc::new(cell.compile()?);
         let config = ModelConfig { layers: spec.layers, bidirectional: false };
-        let model = Model::new(compiled, config, &spec.sizes, Some(spec.embedding), None, seed, backend)?;
+        let rates: Vec<(&str, f32)> = spec.rates.iter().map(|(n, r)| (n.as_str(), *r)).collect();
+        let model = Model::new(compiled, config, &spec.sizes, Some(spec.embedding), None, seed, backend)?
+            .with_rates(&rates)?;
         let (v, e, h) = (vocab.len(), spec.embedding, model.output_size());
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let embedding: Vec<f32> = (0..v * e).map(|_| standard_normal(&mut rng)).collect();
@@ -149,7 +153,8 @@ impl CharLm {
             )
         };
         let x = embedding.forward(&ids)?;
-        let out = rnn.forward(&x, &batch.lengths, Padding::default())?;
+        // Training draws the cell's own masks (zoneout, dropout), if it has any.
+        let out = rnn.forward_t(&x, &batch.lengths, Padding::default(), train)?;
         // The head runs on every row, padding too (a few rows more of a
         // small product), and the real rows are picked from its logits:
         // a quarter of the floats gathered, and scattered back in the
@@ -217,8 +222,10 @@ impl CharLm {
             .collect::<Vec<_>>()
             .join(" ");
         let layers = model.layers().len();
+        let rates: String =
+            model.rate_names().iter().zip(model.rates()).map(|(n, r)| format!(", {n}={r}")).collect();
         format!(
-            "{} ({}), {sizes}, embedding {}, {layers} layer{}",
+            "{} ({}), {sizes}, embedding {}, {layers} layer{}{rates}",
             cell.name,
             self.cell.name,
             model.input_size(),

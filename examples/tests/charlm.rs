@@ -30,7 +30,7 @@ fn corpus() -> Corpus {
 }
 
 fn small_lm(corpus: &Corpus, cell_name: &str, hidden: usize, embedding: usize, seed: u64) -> CharLm {
-    let spec = LmSpec { embedding, layers: 1, sizes: [("H".to_string(), hidden)].into() };
+    let spec = LmSpec { embedding, layers: 1, sizes: [("H".to_string(), hidden)].into(), rates: Vec::new() };
     CharLm::new(cell(cell_name), corpus.vocab.clone(), &spec, seed, cpu()).expect("model")
 }
 

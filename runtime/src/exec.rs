@@ -6,7 +6,7 @@
 //! the crate's one driver.
 
 use crate::driver::{BackwardSpans, ForwardSpans};
-use crate::dropout::BetweenLayers;
+use crate::dropout::{BetweenLayers, MaskSeed};
 use crate::error::{Result, RuntimeError};
 use crate::host_target::HostTarget;
 use crate::masks::CellMasking;
@@ -289,15 +289,29 @@ impl Model {
         Ok(out)
     }
 
-    /// A forward pass that keeps what [`Model::backward`] needs.
+    /// A forward pass in training mode that keeps what [`Model::backward`]
+    /// needs: its masks (the cell's, and dropout between layers) are drawn
+    /// from the model's next seed ([`Model::next_mask_seed`]).
     pub fn forward_train<'a>(
         &self,
         input: Input<'a>,
         h0: Option<&[Vec<f32>]>,
     ) -> Result<(Output, Trace<'a>)> {
-        let seed = self.next_mask_seed();
-        let dropout = BetweenLayers::of(self.dropout, seed);
-        let masking = self.caller_masking(Some(seed), None)?;
+        self.forward_traced(input, h0, Some(self.next_mask_seed()))
+    }
+
+    /// A forward pass that keeps what [`Model::backward`] needs, in
+    /// training mode drawing its masks from `masks`, or with `None` in
+    /// evaluation mode (no masks: the gradients of the function inference
+    /// computes, as a gradient check needs).
+    pub fn forward_traced<'a>(
+        &self,
+        input: Input<'a>,
+        h0: Option<&[Vec<f32>]>,
+        masks: Option<MaskSeed>,
+    ) -> Result<(Output, Trace<'a>)> {
+        let dropout = masks.and_then(|seed| BetweenLayers::of(self.dropout, seed));
+        let masking = self.caller_masking(masks, None)?;
         let (out, reserve, batch) = self.forward_owned(input, h0, (dropout, masking.clone()), true)?;
         Ok((out, Trace { input, batch, reserve, dropout, masking }))
     }

@@ -59,7 +59,8 @@ impl CellLowerer<'_> {
                         "its rate is declared by the cell, and a function sees only its own parameters",
                     ),
             );
-            self.check_args(args);
+            // The values, for their own errors; the rate is the cell's, unknown here.
+            self.check_args(&args[..args.len().saturating_sub(1)]);
             return None;
         }
         let (operands, rate_arg) = match f {

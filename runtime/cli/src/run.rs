@@ -264,7 +264,7 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
         expect_shape("grad_output", &dy_shape, &[batch, steps, o])?;
         let d_final = read_states("grad_final", &mut x)?;
         let (output, grads) =
-            forward_backward(&model, input, (h0.as_deref(), seed, batch), &dy, d_final.as_deref())?;
+            forward_backward(&model, input, (h0.as_deref(), seed, batch), Some(&dy), d_final.as_deref())?;
         out.insert("grad.input".into(), Tensor::f32(vec![batch, steps, features], grads.d_input));
         for ((name, d), &n) in state_names.iter().zip(grads.d_h0).zip(&state_sizes) {
             out.insert(format!("grad.h0.{name}"), Tensor::f32(vec![ld, batch, n], d));
@@ -276,7 +276,7 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
     } else {
         let output = match seed {
             None => model.forward(input, h0.as_deref())?,
-            Some(_) => forward_backward(&model, input, (h0.as_deref(), seed, batch), &[], None)?.0,
+            Some(_) => forward_backward(&model, input, (h0.as_deref(), seed, batch), None, None)?.0,
         };
         insert_forward(&mut out, &state_names, &state_sizes, output, [batch, steps, o], ld);
     }
@@ -305,12 +305,12 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
 
 /// A pass over the caller's memory (the model's own weights): forwards
 /// with a reserve, in training mode if `seed` is given, then backwards
-/// from `dy` unless it is empty (a training forward alone).
+/// from `dy` if given.
 fn forward_backward(
     model: &Model,
     input: Input,
     (h0, seed, batch): (Option<&[Vec<f32>]>, Option<MaskSeed>, usize),
-    dy: &[f32],
+    dy: Option<&[f32]>,
     d_final: Option<&[Vec<f32>]>,
 ) -> Result<(cellc_runtime::Output, Gradients), RuntimeError> {
     let data = input.split().1;
@@ -326,7 +326,7 @@ fn forward_backward(
     model.forward_into(&call, out, Some(&mut reserve))?;
     let mut grads =
         Gradients { d_input: vec![0.0; data.len()], d_h0: Vec::new(), d_params: model.zeroed_params() };
-    if !dy.is_empty() {
+    if let Some(dy) = dy {
         grads.d_h0 = model.state_shapes(batch).iter().map(|s| vec![0.0; s.iter().product()]).collect();
         let d_final: Option<Vec<&[f32]>> = d_final.map(|d| d.iter().map(Vec::as_slice).collect());
         let out = BackwardOut {

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{cellc, temp_file, RNN};
+use common::{arg, cellc, temp_file, RNN};
 
 #[test]
 fn check_clean_file_exits_zero() {
@@ -406,4 +406,54 @@ fn cuda_backend_without_a_driver_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("the CUDA driver (libcuda) not found"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// `cellc run` of a cell with masks: evaluation by default, training with
+/// `--train` (masks from `--seed`/`--offset` at the `-R` rates), every
+/// mask written with `--masks`; an unknown rate is a clear error.
+#[test]
+fn run_trains_with_the_cells_masks_and_writes_them() {
+    use cellc_runtime::{read_tensors, write_tensors, Tensor};
+    let cell = temp_file(
+        "masked.cell",
+        b"cell masked {\n    input x[I]\n    state h[H]\n    param w[H, I], u[H, H], b[H] = zeros\n    rate p = 0.5\n    h' = tanh(w @ dropout(x, p) + u @ h + b)\n    output h'\n}\n",
+    );
+    let weights = temp_file("masked_w.safetensors", b"");
+    let tensors = [
+        ("w_l0".to_string(), Tensor::f32(vec![4, 3], vec![0.3; 12])),
+        ("u_l0".to_string(), Tensor::f32(vec![4, 4], vec![0.1; 16])),
+        ("b_l0".to_string(), Tensor::f32(vec![4], vec![0.0; 4])),
+    ];
+    write_tensors(&weights, &tensors.into_iter().collect()).expect("weights");
+    let input = temp_file("masked_x.safetensors", b"");
+    let x = [("input".to_string(), Tensor::f32(vec![2, 5, 3], vec![1.0; 30]))];
+    write_tensors(&input, &x.into_iter().collect()).expect("input");
+    let run = |name: &str, extra: &[&str]| {
+        let out = temp_file(name, b"");
+        let mut args =
+            vec!["run", arg(&cell), "--weights", arg(&weights), "--input", arg(&input), "--out", arg(&out)];
+        args.extend(extra);
+        let result = cellc(&args);
+        (result, out)
+    };
+    let (result, out) = run("masked_eval.safetensors", &["--masks"]);
+    assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
+    let eval = read_tensors(&out).expect("output");
+    assert!(eval["mask.dropout#0_l0"].data == cellc_runtime::TensorData::F32(vec![1.0; 30]));
+    let (result, out) =
+        run("masked_train.safetensors", &["--train", "--seed", "5", "-R", "p=0.25", "--masks"]);
+    assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
+    let train = read_tensors(&out).expect("output");
+    let mask = &train["mask.dropout#0_l0"];
+    assert_eq!(mask.shape, vec![2, 5, 3]);
+    let cellc_runtime::TensorData::F32(values) = &mask.data else { panic!("f32 mask") };
+    assert!(values.iter().all(|&v| v == 0.0 || v == 1.0 / 0.75), "{values:?}");
+    assert!(values.contains(&0.0) && values.contains(&(1.0 / 0.75)));
+    assert_ne!(train["output"].data, eval["output"].data);
+    let (again, out) = run("masked_again.safetensors", &["--train", "--seed", "5", "-R", "p=0.25"]);
+    assert!(again.status.success());
+    assert_eq!(read_tensors(&out).expect("output")["output"].data, train["output"].data);
+    let (bad, _) = run("masked_bad.safetensors", &["-R", "q=0.1"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("rate `q` is not a rate of cell `masked`"));
 }
