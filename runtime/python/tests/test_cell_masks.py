@@ -147,3 +147,78 @@ def test_torch_compile_fullgraph_trains_a_zoneout_lstm():
     assert torch.equal(first, again)
     first.sum().backward()
     assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+def zoneout_stack(rnn, x, lengths, masks, align):
+    """A stack of zoneout LSTM layers in PyTorch, sequence by sequence, step by step: the
+    masks ``cell_masks`` reported, each applied at its sequence's row of the padded layout."""
+    batch, steps, _ = x.shape
+    state = rnn.state_dict()
+    layer_input = x
+    for k in range(rnn.num_layers):
+        outputs = []
+        for d in range(2 if rnn.bidirectional else 1):
+            suffix = f"_l{k}" + ("_reverse" if d else "")
+            cell = nn.LSTMCell(layer_input.shape[-1], rnn.hidden_size)
+            cell.load_state_dict({name: state[name + suffix] for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")})
+            zc, zh = masks[f"zoneout#0{suffix}"], masks[f"zoneout#1{suffix}"]
+            rows = []
+            for b in range(batch):
+                n = lengths[b]
+                positions = list(range(steps - n, steps) if align == "right" else range(n))
+                h = c = x.new_zeros(1, rnn.hidden_size)
+                out = [x.new_zeros(rnn.hidden_size) for _ in range(steps)]
+                for t in reversed(positions) if d else positions:
+                    h_new, c_new = cell(layer_input[b : b + 1, t], (h, c))
+                    c = zc[b : b + 1, t] * c_new + (1 - zc[b : b + 1, t]) * c
+                    h = zh[b : b + 1, t] * h_new + (1 - zh[b : b + 1, t]) * h
+                    out[t] = h[0]
+                rows.append(torch.stack(out))
+            outputs.append(torch.stack(rows))
+        layer_input = torch.cat(outputs, -1)
+    return layer_input
+
+
+@pytest.mark.parametrize("align", ["left", "right"])
+def test_two_bidirectional_zoneout_layers_are_a_pytorch_loop_with_the_reported_masks(align):
+    """The exact check: 2 layers, bidirectional, variable lengths in either alignment; outputs
+    and the input's gradient within 2e-4 of PyTorch's given the masks the call reports."""
+    torch.manual_seed(0)
+    rnn = cellc.RNN("zoneout_lstm", 3, {"H": 4}, num_layers=2, bidirectional=True, batch_first=True,
+                    rates={"zh": 0.3, "zc": 0.4})
+    rnn.train()
+    x = torch.randn(3, 5, 3, requires_grad=True)
+    torch.manual_seed(8)
+    got, _ = rnn(x, lengths=LENGTHS, align=align)
+    torch.manual_seed(8)
+    masks = rnn.cell_masks(x, cellc.draw_masks(), lengths=LENGTHS, align=align)
+    assert sorted(masks) == sorted(f"zoneout#{i}_l{k}{r}" for i in (0, 1) for k in (0, 1) for r in ("", "_reverse"))
+    x2 = x.detach().clone().requires_grad_()
+    want = zoneout_stack(rnn, x2, LENGTHS, masks, align)
+    torch.testing.assert_close(got, want, rtol=2e-4, atol=2e-5)
+    probe = torch.randn_like(got)
+    (got * probe).sum().backward()
+    (want * probe).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, rtol=2e-4, atol=2e-4)
+
+
+def test_masks_do_not_depend_on_alignment_or_packing():
+    """The same sequences padded left, padded right and packed draw the same masks (each
+    unit a function of the sequence's index in the batch and its own step)."""
+    _, rnn = lstm_and("zoneout_lstm", rates={"zh": 0.3, "zc": 0.3})
+    rnn.train()
+    x = torch.randn(3, 5, 3)
+    torch.manual_seed(4)
+    left, _ = rnn(x, lengths=LENGTHS)
+    right_x = torch.zeros_like(x)
+    for b, n in enumerate(LENGTHS):
+        right_x[b, 5 - n :] = x[b, :n]
+    torch.manual_seed(4)
+    right, _ = rnn(right_x, lengths=LENGTHS, align="right")
+    packed = nn.utils.rnn.pack_padded_sequence(x, LENGTHS, batch_first=True, enforce_sorted=False)
+    torch.manual_seed(4)
+    out, _ = rnn(packed)
+    unpacked, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=5)
+    for b, n in enumerate(LENGTHS):
+        assert torch.equal(right[b, 5 - n :], left[b, :n])
+        assert torch.equal(unpacked[b, :n], left[b, :n])
