@@ -130,8 +130,9 @@ fn run(args: &Args, cpu: &Arc<Cpu>) -> Result<(), Box<dyn Error + Send + Sync>> 
             }
             let mut rates = Vec::new();
             for binding in &args.rates {
-                let (name, value) =
-                    binding.split_once('=').ok_or_else(|| format!("expected NAME=RATE, found `{binding}`"))?;
+                let (name, value) = binding
+                    .split_once('=')
+                    .ok_or_else(|| format!("expected NAME=RATE, found `{binding}`"))?;
                 rates.push((name.trim().to_string(), value.trim().parse()?));
             }
             let spec = LmSpec { embedding: args.embedding, layers: args.layers, sizes, rates };

@@ -11,7 +11,7 @@ use cellc_difftest::check::{check, Case, Checks};
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Backend;
-use cellc_runtime::{Align, CompiledCell, Input, MaskSeed, Major, Model, ModelConfig};
+use cellc_runtime::{Align, CompiledCell, Input, Major, MaskSeed, Model, ModelConfig};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};

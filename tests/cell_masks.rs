@@ -409,11 +409,19 @@ fn kept_fractions_match_the_rates_and_masks_are_uncorrelated_across_sequences_st
     // 64 sequences of 50 steps, H = 64: enough units for tight bounds.
     let sizes = [("H".to_string(), 64)].into_iter().collect();
     let config = ModelConfig { layers: 1, bidirectional: false };
-    let m = Model::new(compile(MASKER), config, &sizes, Some(64), None, SEED, Box::new(Reference)).expect("model");
+    let m = Model::new(compile(MASKER), config, &sizes, Some(64), None, SEED, Box::new(Reference))
+        .expect("model");
     let (batch, steps) = (64, 50);
     let x = vec![0.0f32; batch * steps * 64];
     let lengths = vec![steps; batch];
-    let input = Input::Padded { data: &x, batch, steps, major: Major::BatchFirst, align: Align::Left, lengths: &lengths };
+    let input = Input::Padded {
+        data: &x,
+        batch,
+        steps,
+        major: Major::BatchFirst,
+        align: Align::Left,
+        lengths: &lengths,
+    };
     let seen = |offset: u64| m.cell_masks(input, Some(MaskSeed { seed: 5, offset }), None).expect("masks");
     let (first, second) = (seen(0), seen(1));
     let rates = [("zoneout#0_l0", 0.4), ("dropout#1_l0", 0.3), ("variational_dropout#2_l0", 0.25)];
@@ -424,7 +432,11 @@ fn kept_fractions_match_the_rates_and_masks_are_uncorrelated_across_sequences_st
         let n = if name.starts_with("variational") { (batch * 64) as f64 } else { mask.len() as f64 };
         let fraction = if name.starts_with("variational") { kept / steps as f64 / n } else { kept / n };
         let sigma = (rate * (1.0 - rate) / n).sqrt();
-        assert!((fraction - (1.0 - rate)).abs() < 5.0 * sigma, "{name}: kept {fraction}, expected {}", 1.0 - rate);
+        assert!(
+            (fraction - (1.0 - rate)).abs() < 5.0 * sigma,
+            "{name}: kept {fraction}, expected {}",
+            1.0 - rate
+        );
     }
     // Pearson correlation of the keep indicators of two slices of a mask.
     let correlation = |a: &[f32], b: &[f32]| {
@@ -453,4 +465,91 @@ fn kept_fractions_match_the_rates_and_masks_are_uncorrelated_across_sequences_st
         assert!(r.abs() < 5.0 / (a.len() as f64).sqrt(), "{what}: correlation {r}");
     }
     assert_ne!(dropout, other_call);
+}
+
+/// The caller's device memory (the emulated device, whose memory is the
+/// host's) draws the masks its call's seed says, as host memory does:
+/// every shipped cell with masks (DropConnect's parameter and gradient
+/// masked on the device), training, forward and backward.
+#[test]
+fn device_memory_draws_what_host_memory_draws() {
+    use cellc_runtime::{DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut};
+    let seed = MaskSeed { seed: 3, offset: 9 };
+    for name in ["zoneout_lstm", "awd_lstm", "gru_recurrent_dropout"] {
+        let m = model(shipped(name), I, Box::new(Cuda::emulated().expect("emulated device")));
+        let host = model(shipped(name), I, Box::new(Cpu::new(2, Kernels::default()).expect("cpu")));
+        let x = data(4 * STEPS * I, 8);
+        let d_out = data(4 * STEPS * H, 9);
+        let mut weights: Vec<Vec<f32>> = m.params(0, false).to_vec();
+        let rows = 4 * STEPS;
+        let states = m.state_shapes(4);
+        let run_host = || {
+            let w: Vec<Vec<&[f32]>> = vec![weights.iter().map(Vec::as_slice).collect()];
+            let call = Call {
+                input: padded(&x, Align::Right),
+                weights: Some(&w),
+                h0: None,
+                masks: Some(seed),
+                rates: None,
+            };
+            let mut output = vec![0.0; rows * H];
+            let mut finals: Vec<Vec<f32>> = states.iter().map(|s| vec![0.0; s.iter().product()]).collect();
+            let mut reserve = vec![0.0; rows * host.reserve_floats_per_row()];
+            let out = ForwardOut {
+                output: &mut output,
+                final_states: finals.iter_mut().map(Vec::as_mut_slice).collect(),
+            };
+            host.forward_into(&call, out, Some(&mut reserve)).expect("host forward");
+            let mut d_input = vec![0.0; rows * I];
+            let mut d_params: Vec<Vec<f32>> = weights.iter().map(|p| vec![0.0; p.len()]).collect();
+            let out = BackwardOut {
+                d_input: &mut d_input,
+                d_h0: Vec::new(),
+                d_params: vec![d_params.iter_mut().map(Vec::as_mut_slice).collect()],
+            };
+            host.backward_from(&call, &reserve, &d_out, None, out).expect("host backward");
+            (output, d_input, d_params)
+        };
+        let want = run_host();
+        let at = |v: &[f32]| DeviceFloats { addr: v.as_ptr() as u64, len: v.len() };
+        let at_mut = |v: &mut [f32]| DeviceFloats { addr: v.as_mut_ptr() as u64, len: v.len() };
+        let (shape, input) = padded(&x, Align::Right).split();
+        let w: Vec<Vec<DeviceFloats>> = vec![weights.iter_mut().map(|p| at_mut(p)).collect()];
+        let call = DeviceCall {
+            shape,
+            input: at(input),
+            weights: &w,
+            h0: None,
+            stream: 0,
+            masks: Some(seed),
+            rates: None,
+        };
+        let mut output = vec![f32::NAN; rows * H];
+        let mut finals: Vec<Vec<f32>> = states.iter().map(|s| vec![0.0; s.iter().product()]).collect();
+        let mut reserve = vec![f32::NAN; rows * m.reserve_floats_per_row()];
+        let out = DeviceForwardOut {
+            output: at_mut(&mut output),
+            final_states: finals.iter_mut().map(|s| at_mut(s)).collect(),
+        };
+        let reserve = at_mut(&mut reserve);
+        m.forward_into(&call, &out, Some(reserve)).expect("device forward");
+        let mut d_input = vec![f32::NAN; rows * I];
+        let mut d_params: Vec<Vec<f32>> = want.2.iter().map(|p| vec![f32::NAN; p.len()]).collect();
+        let out = DeviceBackwardOut {
+            d_input: at_mut(&mut d_input),
+            d_h0: Vec::new(),
+            d_params: vec![d_params.iter_mut().map(|p| at_mut(p)).collect()],
+        };
+        m.backward_from(&call, reserve, at(&d_out), None, &out).expect("device backward");
+        let close = |a: &[f32], b: &[f32], what: &str| {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                assert!((x - y).abs() <= 2e-5 * (1.0 + y.abs()), "{name}: {what}[{i}]: {x} vs {y}");
+            }
+        };
+        close(&output, &want.0, "output");
+        close(&d_input, &want.1, "d_input");
+        for (p, (g, w)) in d_params.iter().zip(&want.2).enumerate() {
+            close(g, w, &format!("d_param {p}"));
+        }
+    }
 }

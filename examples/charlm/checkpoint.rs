@@ -46,7 +46,8 @@ pub fn save(lm: &CharLm, path: &Path, extra: &Metadata) -> Result<()> {
     metadata.insert("cell".into(), lm.cell.text.clone());
     metadata.insert("cell_file".into(), lm.cell.name.clone());
     let model = lm.rnn.model();
-    let rates: Vec<String> = model.rate_names().iter().zip(model.rates()).map(|(n, r)| format!("{n}={r}")).collect();
+    let rates: Vec<String> =
+        model.rate_names().iter().zip(model.rates()).map(|(n, r)| format!("{n}={r}")).collect();
     metadata.insert("rates".into(), rates.join(","));
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
@@ -111,15 +112,19 @@ pub fn load(path: &Path, cell: Option<CellSource>, backend: Box<dyn Backend>) ->
         Some(text) => text
             .split(',')
             .map(|pair| {
-                let (name, rate) = pair.split_once('=').ok_or_else(|| invalid(format!("rates: `{pair}` is not NAME=RATE")))?;
-                let rate: f32 = rate.parse().map_err(|_| invalid(format!("rates: `{pair}` is not NAME=RATE")))?;
+                let (name, rate) = pair
+                    .split_once('=')
+                    .ok_or_else(|| invalid(format!("rates: `{pair}` is not NAME=RATE")))?;
+                let rate: f32 =
+                    rate.parse().map_err(|_| invalid(format!("rates: `{pair}` is not NAME=RATE")))?;
                 Ok((name.to_string(), rate))
             })
             .collect::<Result<Vec<_>>>()?,
     };
     let rates: Vec<(&str, f32)> = rates.iter().map(|(n, r)| (n.as_str(), *r)).collect();
-    let model = Model::new(compiled, config, &Bindings::new(), Some(embedding_dim), Some(&rnn_weights), 0, backend)?
-        .with_rates(&rates)?;
+    let model =
+        Model::new(compiled, config, &Bindings::new(), Some(embedding_dim), Some(&rnn_weights), 0, backend)?
+            .with_rates(&rates)?;
     let lm = CharLm::assemble(vocab, vars, model, cell).map_err(|e| invalid(e.to_string()))?;
     Ok(Checkpoint { lm, metadata })
 }

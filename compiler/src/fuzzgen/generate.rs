@@ -18,10 +18,17 @@
 //! `softplus(e) + 0.5`, `exp` sees `tanh(e)`; state updates are mostly
 //! bounded (`tanh`, gates, LayerNorm), as in real cells, so that f32 back
 //! ends and an f64 oracle can be compared at a fixed tolerance.
+//!
+//! Once a cell is written, three cells in ten get masks: one or two
+//! `rate`s, and mask calls wrapped around values the cell computes
+//! (`dropout`/`variational_dropout` of vectors, `zoneout` of a state's
+//! update, `dropconnect` of matrix parameters no function is given). The
+//! masks are drawn last, so the rest of a seed's cell does not depend on them.
 
 use super::spec::{guard_for, BinOp, CellSpec, Expr, FnDef, Guard, Init, Param, Scale, Size, Stmt, Ty};
 use super::Entropy;
 use crate::ir::UnaryOp;
+use std::collections::BTreeMap;
 
 /// A value visible to the expression being generated.
 #[derive(Clone, Debug)]
@@ -47,6 +54,9 @@ struct Gen<'a, 'e> {
 
 const NUMBERS: [f64; 7] = [0.5, 1.0, 2.0, 0.25, 1.5, 3.0, 0.1];
 
+/// Defaults of generated rates.
+const RATES: [f64; 5] = [0.1, 0.2, 0.25, 0.3, 0.5];
+
 /// Writes a random valid cell named `name`.
 pub fn generate(rng: &mut Entropy, name: &str) -> CellSpec {
     let spec = CellSpec {
@@ -56,6 +66,7 @@ pub fn generate(rng: &mut Entropy, name: &str) -> CellSpec {
         inputs: Vec::new(),
         states: Vec::new(),
         params: Vec::new(),
+        rates: Vec::new(),
         stmts: Vec::new(),
     };
     let mut g =
@@ -148,6 +159,99 @@ impl Gen<'_, '_> {
         }
         let output = self.output();
         self.spec.stmts.push(Stmt::Output(output));
+        self.masks();
+    }
+
+    /// In three cells of ten (never once a fuzzer's bytes run out), one
+    /// or two rates and masks at them: some matrix parameters applied
+    /// through `dropconnect`, maybe a state's update zoned out, and one to
+    /// three vectors dropped out.
+    fn masks(&mut self) {
+        if self.rng.below(10) < 7 {
+            return;
+        }
+        let rates: Vec<String> = (0..1 + self.rng.below(2)).map(|_| self.rate()).collect();
+        self.dropconnect(&rates);
+        if self.rng.chance(1, 2) {
+            self.zoneout(&rates);
+        }
+        for _ in 0..1 + self.rng.below(3) {
+            self.dropout(&rates);
+        }
+    }
+
+    /// A new `rate` with a default drawn from [`RATES`].
+    fn rate(&mut self) -> String {
+        let name = self.fresh("r");
+        let default = *self.rng.pick(&RATES);
+        self.spec.rates.push((name.clone(), default));
+        name
+    }
+
+    /// Each matrix parameter that only products read (none is given to a
+    /// function, where masks may not be) goes through `dropconnect` at one
+    /// rate, in every product, with probability 1/3.
+    fn dropconnect(&mut self, rates: &[String]) {
+        let passed =
+            |spec: &CellSpec, w: &str| spec.stmt_values().any(|e| e.nodes().contains(&&Expr::name(w)));
+        let matrices: Vec<String> = self
+            .spec
+            .params
+            .iter()
+            .filter(|p| p.cols.is_some() && !passed(&self.spec, &p.name))
+            .map(|p| p.name.clone())
+            .collect();
+        for w in matrices {
+            if !self.rng.chance(1, 3) {
+                continue;
+            }
+            let rate = self.rng.pick(rates).clone();
+            for st in &mut self.spec.stmts {
+                mask_products(st.value_mut(), &w, &rate);
+            }
+        }
+    }
+
+    /// One state's update `s' = e` becomes `s' = zoneout(s, e, p)`.
+    fn zoneout(&mut self, rates: &[String]) {
+        let updates: Vec<usize> = (0..self.spec.stmts.len())
+            .filter(|&i| matches!(self.spec.stmts[i], Stmt::Assign { .. }))
+            .collect();
+        if updates.is_empty() {
+            return;
+        }
+        let i = *self.rng.pick(&updates);
+        let rate = self.rng.pick(rates).clone();
+        if let Stmt::Assign { state, value } = &mut self.spec.stmts[i] {
+            let new = Box::new(std::mem::replace(value, Expr::Number(0.0)));
+            *value = Expr::Zoneout { old: Box::new(Expr::name(state)), new, rate };
+        }
+    }
+
+    /// One vector the cell computes (not a guard, which must stay
+    /// outermost to keep its domain) wrapped in `dropout` or
+    /// `variational_dropout`.
+    fn dropout(&mut self, rates: &[String]) {
+        let mut sites = Vec::new();
+        for i in 0..self.spec.stmts.len() {
+            let lets = self.spec.lets_before(i);
+            let nodes = self.spec.stmts[i].value().nodes();
+            for (k, node) in nodes.iter().enumerate() {
+                if droppable(&self.spec, node, &lets) {
+                    sites.push((i, k));
+                }
+            }
+        }
+        if sites.is_empty() {
+            return;
+        }
+        let (i, k) = *self.rng.pick(&sites);
+        let variational = self.rng.chance(1, 2);
+        let rate = self.rng.pick(rates).clone();
+        if let Some(node) = self.spec.stmts[i].value_mut().node_mut(k) {
+            let value = Box::new(std::mem::replace(node, Expr::Number(0.0)));
+            *node = Expr::Dropout { variational, value, rate };
+        }
     }
 
     /// A file function: elementwise over its arguments, or `g(W, v, a)`
@@ -532,6 +636,24 @@ impl Gen<'_, '_> {
         self.spec.params.push(Param { name: name.clone(), rows: size.clone(), cols: None, init });
         self.bind(Expr::name(&name), Ty::Vector(size.clone()), false);
         name
+    }
+}
+
+/// Whether `node` may be wrapped in `dropout`: a vector, and not a guard.
+fn droppable(spec: &CellSpec, node: &Expr, lets: &BTreeMap<String, Ty>) -> bool {
+    !matches!(node, Expr::Guarded(..)) && matches!(spec.type_of(node, lets), Some(Ty::Vector(_)))
+}
+
+/// Every `w @ v` in `e` made `dropconnect(w, rate) @ v`.
+fn mask_products(e: &mut Expr, w: &str, rate: &str) {
+    if let Expr::MatVec(param, arg) = e {
+        if param.as_str() == w {
+            let arg = std::mem::replace(arg, Box::new(Expr::Number(0.0)));
+            *e = Expr::DropConnect { param: w.to_string(), rate: rate.to_string(), arg };
+        }
+    }
+    for c in e.children_mut() {
+        mask_products(c, w, rate);
     }
 }
 

@@ -89,6 +89,7 @@ impl Entropy<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::spec::Expr;
     use super::*;
 
     #[test]
@@ -132,13 +133,42 @@ mod tests {
                 " - ",
                 "(-",
                 "' = ",
+                "rate ",
+                "dropout(",
+                "variational_dropout(",
+                "zoneout(",
+                "dropconnect(",
             ] {
                 if text.contains(word) {
                     seen.insert(word);
                 }
             }
         }
-        assert_eq!(seen.len(), 27, "{seen:?}");
+        assert_eq!(seen.len(), 32, "{seen:?}");
+    }
+
+    #[test]
+    fn about_three_cells_in_ten_have_masks_and_their_parameters_stay_masked() {
+        let mut masked = 0;
+        for seed in 0..300 {
+            let spec = generate(&mut Entropy::seeded(seed), &format!("c{seed}"));
+            if spec.rates.is_empty() {
+                continue;
+            }
+            masked += 1;
+            let compiled = crate::compile("c.cell", &spec.to_string());
+            let module = compiled.module.as_ref().expect("compiles");
+            assert!(!module.cells[0].masks.is_empty(), "seed {seed}: rates but no masks\n{spec}");
+            // A parameter given to `dropconnect` is applied through it only (and never given to a function).
+            for (param, _) in spec.dropconnected() {
+                let plain = spec.stmt_values().flat_map(Expr::nodes).any(|e| match e {
+                    Expr::MatVec(w, _) | Expr::Name(w) => *w == param,
+                    _ => false,
+                });
+                assert!(!plain, "seed {seed}: `{param}` read without its mask\n{spec}");
+            }
+        }
+        assert!((60..=120).contains(&masked), "{masked} of 300 cells have masks");
     }
 
     #[test]

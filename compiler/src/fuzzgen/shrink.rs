@@ -4,7 +4,11 @@
 //! Every variant is valid when the original is: a removed state or input
 //! becomes a vector parameter of its size, an expression is replaced by a
 //! subexpression or a name of its own type, and only unused declarations
-//! are dropped. Guards stay with the nodes they protect.
+//! are dropped. Guards stay with the nodes they protect. A mask call is
+//! replaced by the value it masks; a parameter applied through
+//! `dropconnect` loses its mask in every product at once, never in one
+//! (which would read it unmasked beside its masked reads); a rate whose
+//! last mask is gone is left, unused (a warning), until it is dropped.
 
 use super::spec::{CellSpec, Expr, FnDef, Init, Param, Scale, Stmt, Ty};
 use std::collections::BTreeMap;
@@ -44,10 +48,11 @@ pub fn candidates(spec: &CellSpec) -> Vec<CellSpec> {
         }
     }
     out.extend(unused_removed(spec));
+    out.extend(dropconnect_removed(spec));
     // Expressions: each node replaced by something of its type, roots first.
     for i in 0..spec.stmts.len() {
         let lets = spec.lets_before(i);
-        let value = stmt_value(&spec.stmts[i]);
+        let value = spec.stmts[i].value();
         let nodes = value.nodes().len();
         for k in 0..nodes {
             let Some(node) = value.nodes().get(k).map(|n| (*n).clone()) else { continue };
@@ -56,7 +61,7 @@ pub fn candidates(spec: &CellSpec) -> Vec<CellSpec> {
             }
             for replacement in replacements(spec, &node, &lets) {
                 let mut c = spec.clone();
-                if let Some(slot) = stmt_value_mut(&mut c.stmts[i]).node_mut(k) {
+                if let Some(slot) = c.stmts[i].value_mut().node_mut(k) {
                     *slot = replacement;
                 }
                 out.push(c);
@@ -83,18 +88,6 @@ pub fn candidates(spec: &CellSpec) -> Vec<CellSpec> {
         }
     }
     out
-}
-
-fn stmt_value(st: &Stmt) -> &Expr {
-    match st {
-        Stmt::Let { value, .. } | Stmt::Assign { value, .. } | Stmt::Output(value) => value,
-    }
-}
-
-fn stmt_value_mut(st: &mut Stmt) -> &mut Expr {
-    match st {
-        Stmt::Let { value, .. } | Stmt::Assign { value, .. } | Stmt::Output(value) => value,
-    }
 }
 
 /// What `node` may become: a subexpression of the
@@ -150,7 +143,7 @@ fn without_state(spec: &CellSpec, i: usize) -> CellSpec {
     c.params.push(Param { name: z.clone(), rows: size, cols: None, init: Init::Default });
     c.stmts.retain(|st| !matches!(st, Stmt::Assign { state, .. } if *state == name));
     for st in &mut c.stmts {
-        let e = stmt_value_mut(st);
+        let e = st.value_mut();
         e.replace_name(&name, false, &Expr::name(&z));
         e.replace_name(&name, true, &Expr::name(&z));
     }
@@ -164,7 +157,7 @@ fn without_input(spec: &CellSpec, i: usize) -> CellSpec {
     let z = fresh_param(&c, &format!("z_{name}"));
     c.params.push(Param { name: z.clone(), rows: size, cols: None, init: Init::Default });
     for st in &mut c.stmts {
-        stmt_value_mut(st).replace_name(&name, false, &Expr::name(&z));
+        st.value_mut().replace_name(&name, false, &Expr::name(&z));
     }
     c
 }
@@ -177,7 +170,20 @@ fn fresh_param(spec: &CellSpec, base: &str) -> String {
     name
 }
 
-/// Variants with one unused `let`, parameter, function or constant removed.
+/// Variants with one parameter's `dropconnect` removed from all its products.
+fn dropconnect_removed(spec: &CellSpec) -> Vec<CellSpec> {
+    let mut out = Vec::new();
+    for (param, _) in spec.dropconnected() {
+        let mut c = spec.clone();
+        for st in &mut c.stmts {
+            st.value_mut().without_dropconnect(&param);
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Variants with one unused `let`, parameter, function, rate or constant removed.
 fn unused_removed(spec: &CellSpec) -> Vec<CellSpec> {
     let mut out = Vec::new();
     for (k, st) in spec.stmts.iter().enumerate() {
@@ -203,12 +209,19 @@ fn unused_removed(spec: &CellSpec) -> Vec<CellSpec> {
             out.push(c);
         }
     }
+    for (k, (name, _)) in spec.rates.iter().enumerate() {
+        if !spec.uses(name) {
+            let mut c = spec.clone();
+            c.rates.remove(k);
+            out.push(c);
+        }
+    }
     for (k, (name, value)) in spec.consts.iter().enumerate() {
         let mut c = spec.clone();
         c.consts.remove(k);
         let number = Expr::Number(*value);
         for st in &mut c.stmts {
-            stmt_value_mut(st).replace_name(name, false, &number);
+            st.value_mut().replace_name(name, false, &number);
         }
         for f in &mut c.fns {
             f.body.replace_name(name, false, &number);
@@ -247,6 +260,38 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn every_candidate_of_cells_with_masks_compiles() {
+        let masked =
+            (0..).map(|seed| generate(&mut Entropy::seeded(seed), "c")).filter(|s| !s.rates.is_empty());
+        for (n, spec) in masked.take(6).enumerate() {
+            for (k, c) in candidates(&spec).into_iter().enumerate() {
+                let text = c.to_string();
+                let compiled = crate::compile("c.cell", &text);
+                assert!(
+                    compiled.diagnostics.error_count() == 0,
+                    "cell {n} with masks, candidate {k}:\n{text}\n{}",
+                    compiled.render(false)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn shrinking_a_cell_with_masks_keeps_it_valid() {
+        let spec = (0..)
+            .map(|seed| generate(&mut Entropy::seeded(seed), "c"))
+            .find(|s| !s.dropconnected().is_empty())
+            .expect("some cell applies a parameter through dropconnect");
+        // "Fails" while the cell still masks a parameter with `dropconnect`.
+        let small = shrink(&spec, 2_000, &mut |c| {
+            crate::compile("c.cell", &c.to_string()).diagnostics.error_count() == 0
+                && !c.dropconnected().is_empty()
+        });
+        assert!(!small.dropconnected().is_empty());
+        assert!(small.to_string().len() < spec.to_string().len(), "{small}");
     }
 
     #[test]

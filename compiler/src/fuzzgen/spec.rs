@@ -4,6 +4,12 @@
 //! Expressions carry their own numeric guards ([`Guard`]) so that a rewrite
 //! never strips the `+ 0.5` that keeps a `log` in its domain: a guard is
 //! removed only with the node it protects.
+//!
+//! Mask calls ([`Expr::Dropout`], [`Expr::Zoneout`], [`Expr::DropConnect`])
+//! read the cell's rates ([`CellSpec::rates`]). A matrix parameter applied
+//! through `dropconnect` is applied only so, at one rate: the generator
+//! decides it per parameter, and no rewrite turns one of its products into
+//! a plain `W @ v` (only [`CellSpec::without_dropconnect`], every one at once).
 
 use crate::ir::UnaryOp;
 pub use crate::syntax::ast::BinOp;
@@ -154,6 +160,35 @@ pub enum Expr {
     Call(String, Vec<Expr>),
     /// A subexpression wrapped in its numeric guard (see [`Guard`]).
     Guarded(Guard, Box<Expr>),
+    /// `dropout(value, rate)`, or `variational_dropout(value, rate)` when
+    /// `variational`: a vector masked by a rate of the cell.
+    Dropout {
+        /// One mask per sequence (`variational_dropout`) rather than per step.
+        variational: bool,
+        /// The vector masked.
+        value: Box<Expr>,
+        /// The cell's rate it is masked at.
+        rate: String,
+    },
+    /// `zoneout(old, new, rate)`: each unit `new`, or `old` with probability `rate`.
+    Zoneout {
+        /// The value a zoned-out unit keeps (a state, as generated).
+        old: Box<Expr>,
+        /// The value a kept unit takes.
+        new: Box<Expr>,
+        /// The cell's rate of zoning out.
+        rate: String,
+    },
+    /// `(dropconnect(param, rate) @ arg)`: a product with a matrix
+    /// parameter that every product of the cell masks at `rate`.
+    DropConnect {
+        /// The matrix parameter masked.
+        param: String,
+        /// The cell's rate it is masked at.
+        rate: String,
+        /// The vector it multiplies.
+        arg: Box<Expr>,
+    },
 }
 
 impl Expr {
@@ -170,10 +205,14 @@ impl Expr {
             | Expr::Unary(_, a)
             | Expr::Reduce(_, a)
             | Expr::MatVec(_, a)
-            | Expr::Guarded(_, a) => {
+            | Expr::Guarded(_, a)
+            | Expr::Dropout { value: a, .. }
+            | Expr::DropConnect { arg: a, .. } => {
                 vec![a]
             }
-            Expr::Binary(_, a, b) | Expr::MinMax(_, a, b) => vec![a, b],
+            Expr::Binary(_, a, b) | Expr::MinMax(_, a, b) | Expr::Zoneout { old: a, new: b, .. } => {
+                vec![a, b]
+            }
             Expr::Concat(xs) | Expr::Call(_, xs) => xs.iter().collect(),
         }
     }
@@ -186,10 +225,14 @@ impl Expr {
             | Expr::Unary(_, a)
             | Expr::Reduce(_, a)
             | Expr::MatVec(_, a)
-            | Expr::Guarded(_, a) => {
+            | Expr::Guarded(_, a)
+            | Expr::Dropout { value: a, .. }
+            | Expr::DropConnect { arg: a, .. } => {
                 vec![a]
             }
-            Expr::Binary(_, a, b) | Expr::MinMax(_, a, b) => vec![a, b],
+            Expr::Binary(_, a, b) | Expr::MinMax(_, a, b) | Expr::Zoneout { old: a, new: b, .. } => {
+                vec![a, b]
+            }
             Expr::Concat(xs) | Expr::Call(_, xs) => xs.iter_mut().collect(),
         }
     }
@@ -221,12 +264,27 @@ impl Expr {
         walk(self, &mut k)
     }
 
-    /// Names read (unprimed), parameters applied by `@` included, functions called.
+    /// Names read (unprimed), parameters applied by `@` included,
+    /// functions called and rates masks read.
     pub fn mentions(&self, name: &str) -> bool {
         self.nodes().iter().any(|e| match e {
             Expr::Name(n) | Expr::MatVec(n, _) | Expr::Call(n, _) => n == name,
+            Expr::Dropout { rate, .. } | Expr::Zoneout { rate, .. } => rate == name,
+            Expr::DropConnect { param, rate, .. } => param == name || rate == name,
             _ => false,
         })
+    }
+
+    /// Every product of `param` through `dropconnect` made a plain `param @ v`.
+    pub fn without_dropconnect(&mut self, param: &str) {
+        if let Expr::DropConnect { param: p, arg, .. } = self {
+            if p == param {
+                *self = Expr::MatVec(p.clone(), arg.clone());
+            }
+        }
+        for c in self.children_mut() {
+            c.without_dropconnect(param);
+        }
     }
 
     /// Whether the expression reads `state'`, the state's value at the end of the step.
@@ -276,6 +334,12 @@ impl fmt::Display for Expr {
             Expr::Call(name, xs) => write!(f, "{name}({})", list(xs)),
             Expr::Guarded(Guard::Positive, a) => write!(f, "(softplus({a}) + 0.5)"),
             Expr::Guarded(Guard::Bounded, a) => write!(f, "tanh({a})"),
+            Expr::Dropout { variational, value, rate } => {
+                let function = if *variational { "variational_dropout" } else { "dropout" };
+                write!(f, "{function}({value}, {rate})")
+            }
+            Expr::Zoneout { old, new, rate } => write!(f, "zoneout({old}, {new}, {rate})"),
+            Expr::DropConnect { param, rate, arg } => write!(f, "(dropconnect({param}, {rate}) @ {arg})"),
         }
     }
 }
@@ -380,6 +444,22 @@ pub enum Stmt {
     Output(Expr),
 }
 
+impl Stmt {
+    /// The statement's value: what it binds, assigns or outputs.
+    pub fn value(&self) -> &Expr {
+        match self {
+            Stmt::Let { value, .. } | Stmt::Assign { value, .. } | Stmt::Output(value) => value,
+        }
+    }
+
+    /// The statement's value, mutably.
+    pub fn value_mut(&mut self) -> &mut Expr {
+        match self {
+            Stmt::Let { value, .. } | Stmt::Assign { value, .. } | Stmt::Output(value) => value,
+        }
+    }
+}
+
 /// A whole `.cell` file with one cell.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CellSpec {
@@ -395,6 +475,8 @@ pub struct CellSpec {
     pub states: Vec<(String, Size)>,
     /// `param` declarations.
     pub params: Vec<Param>,
+    /// `rate` declarations: name and default (in `[0, 1)`).
+    pub rates: Vec<(String, f64)>,
     /// The body's statements, in order.
     pub stmts: Vec<Stmt>,
 }
@@ -438,7 +520,16 @@ impl CellSpec {
                 self.params.iter().find(|p| &p.name == n && p.cols.is_none()).and_then(|p| vector(&p.rows))
             }
             Expr::Primed(n) => self.states.iter().find(|(m, _)| m == n).and_then(|(_, s)| vector(s)),
-            Expr::Neg(a) | Expr::Unary(_, a) | Expr::Guarded(_, a) => self.type_of(a, lets),
+            Expr::Neg(a) | Expr::Unary(_, a) | Expr::Guarded(_, a) | Expr::Dropout { value: a, .. } => {
+                self.type_of(a, lets)
+            }
+            Expr::Zoneout { old, new, .. } => {
+                let ty = self.type_of(new, lets)?;
+                (self.type_of(old, lets)? == ty).then_some(ty)
+            }
+            Expr::DropConnect { param, .. } => {
+                self.params.iter().find(|p| &p.name == param).and_then(|p| vector(&p.rows))
+            }
             Expr::Binary(_, a, b) | Expr::MinMax(_, a, b) => {
                 match (self.type_of(a, lets)?, self.type_of(b, lets)?) {
                     (Ty::Scalar, t) | (t, Ty::Scalar) => Some(t),
@@ -520,6 +611,24 @@ impl CellSpec {
         }) || self.fns.iter().any(|f| f.body.mentions(name) || f.lets.iter().any(|(_, e)| e.mentions(name)))
     }
 
+    /// The values of the statements of the cell's body, in order.
+    pub fn stmt_values(&self) -> impl Iterator<Item = &Expr> {
+        self.stmts.iter().map(Stmt::value)
+    }
+
+    /// The matrix parameters applied through `dropconnect`, each with its rate.
+    pub fn dropconnected(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        for e in self.stmt_values().flat_map(Expr::nodes) {
+            if let Expr::DropConnect { param, rate, .. } = e {
+                if !out.iter().any(|(p, _)| p == param) {
+                    out.push((param.clone(), rate.clone()));
+                }
+            }
+        }
+        out
+    }
+
     /// Whether the cell uses relu, abs, min or max, whose derivatives jump.
     pub fn has_kinks(&self) -> bool {
         let kinked = |e: &Expr| {
@@ -571,6 +680,11 @@ impl fmt::Display for CellSpec {
             };
             writeln!(f, "    param {}[{shape}]{init}", p.name)?;
         }
+        if !self.rates.is_empty() {
+            let rates: Vec<String> =
+                self.rates.iter().map(|(name, default)| format!("{name} = {}", number(*default))).collect();
+            writeln!(f, "    rate {}", rates.join(", "))?;
+        }
         for st in &self.stmts {
             match st {
                 Stmt::Let { names, value } if names.len() > 1 => {
@@ -607,5 +721,21 @@ mod tests {
         assert_eq!(e.to_string(), "log((softplus(h) + 0.5))");
         assert_eq!(Expr::Number(0.25).to_string(), "0.25");
         assert_eq!(Expr::Number(2.0).to_string(), "2");
+    }
+
+    #[test]
+    fn masks_print_as_calls_and_dropconnect_comes_off_every_product_at_once() {
+        let product = |v: &str| Expr::DropConnect {
+            param: "w1".into(),
+            rate: "r1".into(),
+            arg: Box::new(Expr::name(v)),
+        };
+        let dropped = Expr::Dropout { variational: true, value: Box::new(product("x")), rate: "r2".into() };
+        let mut e =
+            Expr::Zoneout { old: Box::new(Expr::name("h")), new: Box::new(dropped), rate: "r1".into() };
+        assert_eq!(e.to_string(), "zoneout(h, variational_dropout((dropconnect(w1, r1) @ x), r2), r1)");
+        assert!(e.mentions("r1") && e.mentions("r2") && e.mentions("w1"));
+        e.without_dropconnect("w1");
+        assert_eq!(e.to_string(), "zoneout(h, variational_dropout((w1 @ x), r2), r1)");
     }
 }

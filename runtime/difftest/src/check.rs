@@ -6,15 +6,24 @@
 //! take ([`Route`]): the model's own passes, or the caller-memory pair
 //! that the Python package and the candle layer use, over host memory or
 //! (on the emulated device) device memory.
+//!
+//! The interpreter runs a cell's masks (`dropout`, `zoneout`, ...) in
+//! evaluation, so a cell with masks is held to it in evaluation-mode passes
+//! (inference, and a training pass with no mask seed); its training-mode
+//! passes, which draw masks, are held to the reference back end's pass at
+//! the same seed ([`TrainingReference`]). The masks themselves must be
+//! the same when drawn again and in every layout, and a training pass at
+//! every rate 0 must be exactly the evaluation pass.
 
 use crate::backends::{self, BackendKind};
 use crate::batch::{Batch, LaidOut, Layout};
 use crate::oracle::{noise, oracle, Oracle};
 use cellc::dims::Bindings;
 use cellc::fuzzgen::Entropy;
+use cellc_runtime::masks::SeenMask;
 use cellc_runtime::{
     BackwardOut, Call, CompiledCell, DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut,
-    ForwardOut, Gradients, Input, Model, ModelConfig, RuntimeError,
+    ForwardOut, Gradients, Input, MaskSeed, Model, ModelConfig, RowLayout, RuntimeError,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -156,17 +165,35 @@ impl Checks {
 /// What a passing check ran.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Passed {
-    /// Forward and backward passes run (each back end runs two forwards and a backward).
+    /// Forward and backward passes run (each back end runs two forwards
+    /// and a backward; for a cell with masks, three forwards and
+    /// backwards more).
     pub passes: usize,
     /// The case as run: one layer where the cell cannot be stacked.
     pub layers: usize,
 }
 
-/// `f32` results against `f64` ones: `|a - b| / max(1, |b|)` within `tol`
-/// (NaN only where the oracle has NaN).
-fn compare(what: &str, got: &[f32], want: &[f64], tol: f64) -> Result<(), String> {
+/// What a pass's values are held to: whose values they are (for
+/// messages), and within what tolerance ([`compare`]).
+#[derive(Clone, Copy, Debug)]
+struct Against<'a> {
+    source: &'a str,
+    tol: f64,
+}
+
+impl Against<'_> {
+    /// The interpreter's values, within `tol`.
+    fn interpreter(tol: f64) -> Against<'static> {
+        Against { source: "the interpreter", tol }
+    }
+}
+
+/// `f32` results against `f64` ones: `|a - b| / max(1, |b|)` within the
+/// tolerance (NaN only where the values held to have NaN).
+fn compare(what: &str, got: &[f32], want: &[f64], against: Against) -> Result<(), String> {
+    let Against { source, tol } = against;
     if got.len() != want.len() {
-        return Err(format!("{what}: {} values, the interpreter has {}", got.len(), want.len()));
+        return Err(format!("{what}: {} values, {source} has {}", got.len(), want.len()));
     }
     for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
         let a = a as f64;
@@ -178,7 +205,7 @@ fn compare(what: &str, got: &[f32], want: &[f64], tol: f64) -> Result<(), String
             (a - b).abs() / b.abs().max(1.0) <= tol
         };
         if !ok {
-            return Err(format!("{what}[{i}] is {a:e}, the interpreter gives {b:e}"));
+            return Err(format!("{what}[{i}] is {a:e}, {source} gives {b:e}"));
         }
     }
     Ok(())
@@ -229,6 +256,12 @@ fn tolerance(noise: f64, kind: BackendKind) -> f64 {
     BASE_TOLERANCE.max(NOISE_FACTOR * kind.math_ulp() * noise)
 }
 
+/// Back end `kind`'s tolerances against the oracle: (forward, backward).
+fn tolerances(want: &Expected, kind: BackendKind) -> (f64, f64) {
+    let (forward_noise, backward_noise) = pass_noise(want);
+    (tolerance(forward_noise, kind), tolerance(backward_noise, kind))
+}
+
 /// Checks `source` (a `.cell` file whose first cell is checked) on `case`.
 pub fn check(source: &str, case: &Case, plan: &Checks) -> Result<Passed, Failure> {
     let fail = |check: Check| move |message: String| Failure { check, message };
@@ -269,30 +302,42 @@ pub fn check(source: &str, case: &Case, plan: &Checks) -> Result<Passed, Failure
     let batch = Batch::random(&mut rng, &case.lengths, case.steps, shape, &states, ld);
     let (f64_run, f32_run) = oracle(&reference, &batch).map_err(fail(Check::Oracle))?;
     let want = Expected { f64: &f64_run, f32: &f32_run };
+    let masked = match cell.forward.masks.is_empty() {
+        true => None,
+        false => {
+            let layout = Layout::ALL[(case.seed as usize + 3) % Layout::ALL.len()];
+            let pass = caught(|| training_reference(&reference, &batch, &want, layout));
+            Some(pass.map_err(fail(Check::Backend(BackendKind::Reference)))?)
+        }
+    };
     let mut passes = 0;
     for (k, &kind) in plan.backends.iter().enumerate() {
         // Each back end in two layouts of its own: one for inference, one for training.
         let inference = Layout::ALL[(k * 2 + case.seed as usize) % Layout::ALL.len()];
         let training = Layout::ALL[(k * 2 + 1 + case.seed as usize) % Layout::ALL.len()];
         let route = Route::of(case.seed as usize + k, kind);
-        let run = || -> Result<(), String> {
+        let run = || -> Result<usize, String> {
             let m = model(kind, layers).map_err(|e| e.to_string())?;
-            run_backend(&m, kind, &batch, &want, (inference, training), route)
+            run_backend(m, kind, &batch, &want, (inference, training), route, masked.as_ref())
         };
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
-            Ok(Ok(())) => passes += 3,
-            Ok(Err(message)) => return Err(Failure { check: Check::Backend(kind), message }),
-            Err(panic) => {
-                let text = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
-                return Err(Failure { check: Check::Backend(kind), message: format!("panicked: {text}") });
-            }
-        }
+        passes += caught(run).map_err(fail(Check::Backend(kind)))?;
     }
     Ok(Passed { passes, layers })
+}
+
+/// What `f` returns; a panic in it, an error with the panic's message.
+fn caught<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(result) => result,
+        Err(panic) => {
+            let text = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(format!("panicked: {text}"))
+        }
+    }
 }
 
 /// The derived backward against central finite differences (f64), on the
@@ -334,6 +379,16 @@ impl Route {
             _ => Route::CallerHost,
         }
     }
+
+    /// The route of an evaluation-mode pass of a cell with masks: the
+    /// model's own training pass always draws them, so the caller's pair
+    /// over host memory stands in for it.
+    fn evaluating(self) -> Route {
+        match self {
+            Route::Owned => Route::CallerHost,
+            other => other,
+        }
+    }
 }
 
 /// What a training forward and its backward give.
@@ -344,11 +399,14 @@ struct Trained {
 }
 
 /// A training forward from `h0`, then its backward with `d_out` and
-/// `d_final`, by `route`; every buffer the caller provides holds NaN
-/// beforehand, so a pass that reads what it did not write shows.
+/// `d_final`, by `route`, drawing the cell's masks from `masks` (`None`:
+/// evaluation mode). [`Route::Owned`] draws from the model's next seed
+/// ([`Model::next_mask_seed`]) whatever `masks` says: a fresh model's
+/// first is [`TrainingReference::seed`]. Every buffer the caller provides
+/// holds NaN beforehand, so a pass that reads what it did not write shows.
 fn train(
     m: &Model,
-    route: Route,
+    (route, masks): (Route, Option<MaskSeed>),
     input: Input,
     h0: &[Vec<f32>],
     (d_out, d_final): (&[f32], &[Vec<f32>]),
@@ -375,7 +433,7 @@ fn train(
             let w: Vec<Vec<&[f32]>> =
                 weights.iter().map(|ps| ps.iter().map(Vec::as_slice).collect()).collect();
             let h0: Vec<&[f32]> = h0.iter().map(Vec::as_slice).collect();
-            let call = Call { input, weights: Some(&w), h0: Some(&h0), masks: None, rates: None };
+            let call = Call { input, weights: Some(&w), h0: Some(&h0), masks, rates: None };
             let out = ForwardOut {
                 output: &mut output,
                 final_states: finals.iter_mut().map(Vec::as_mut_slice).collect(),
@@ -406,7 +464,7 @@ fn train(
                 weights: &w,
                 h0: Some(&h0),
                 stream: 0,
-                masks: None,
+                masks,
                 rates: None,
             };
             let out = DeviceForwardOut {
@@ -427,73 +485,203 @@ fn train(
     Ok(Trained { output, finals, grads: Gradients { d_input, d_h0, d_params } })
 }
 
-/// One back end: inference in one layout, training (forward, then
-/// backward with output and final-state adjoints) in another, by `route`.
-fn run_backend(
+/// [`train`] on `batch` laid out in `layout` (inputs and output
+/// adjoints alike); errors name the pass by `label`.
+fn train_in(
     m: &Model,
+    how: (Route, Option<MaskSeed>),
+    batch: &Batch,
+    layout: Layout,
+    label: &str,
+) -> Result<Trained, String> {
+    let x = LaidOut::inputs(batch, layout, m.input_size())?;
+    let dy = batch.lay_out(layout, &batch.d_out, m.output_size())?;
+    train(m, how, x.input(batch), &batch.h0, (&dy, &batch.d_final))
+        .map_err(|e| format!("training ({label}): {e}"))
+}
+
+/// A cell with masks in training mode: the reference back end's pass,
+/// which every back end's pass at the same seed is held to.
+struct TrainingReference {
+    /// The seed of a fresh model's first training pass of its own
+    /// ([`Model::next_mask_seed`]), which every training pass draws from.
+    seed: MaskSeed,
+    /// The pass's values, per sequence as the interpreter's are.
+    pass: Oracle,
+    /// The reference back end's own tolerances against the oracle
+    /// (forward, backward): a back end's add to them.
+    tolerances: (f64, f64),
+}
+
+/// The reference back end's training pass in `layout` at a fresh
+/// model's first seed, once that seed's masks are seen to be the same
+/// when drawn again and in another layout.
+fn training_reference(
+    reference: &Model,
+    batch: &Batch,
+    want: &Expected,
+    layout: Layout,
+) -> Result<TrainingReference, String> {
+    let seed = reference.next_mask_seed();
+    masks_are_deterministic(reference, batch, seed)?;
+    let label = format!("reference back end, {layout}, masks at {seed:?}");
+    let trained = train_in(reference, (Route::CallerHost, Some(seed)), batch, layout, &label)?;
+    let pass = per_sequence(reference, &trained, &batch.row_layout(layout)?, batch);
+    Ok(TrainingReference { seed, pass, tolerances: tolerances(want, BackendKind::Reference) })
+}
+
+/// The masks a training call at `seed` draws ([`Model::cell_masks`]) are
+/// the same drawn twice, and the same for every sequence and step (and
+/// every DropConnect mask) in another layout of the batch.
+fn masks_are_deterministic(m: &Model, batch: &Batch, seed: MaskSeed) -> Result<(), String> {
+    let drawn = |layout: Layout| -> Result<Vec<SeenMask>, String> {
+        let x = LaidOut::inputs(batch, layout, m.input_size())?;
+        m.cell_masks(x.input(batch), Some(seed), None).map_err(|e| format!("cell_masks ({layout}): {e}"))
+    };
+    let (one, other) = (Layout::ALL[0], Layout::Packed);
+    let first = drawn(one)?;
+    if drawn(one)? != first {
+        return Err(format!("cell_masks ({one}): two calls at {seed:?} draw different masks"));
+    }
+    let second = drawn(other)?;
+    let names = |masks: &[SeenMask]| masks.iter().map(|s| s.name.clone()).collect::<Vec<_>>();
+    if names(&first) != names(&second) {
+        return Err(format!(
+            "cell_masks: masks {:?} in {one}, {:?} in {other}",
+            names(&first),
+            names(&second)
+        ));
+    }
+    let (at_one, at_other) = (batch.row_layout(one)?, batch.row_layout(other)?);
+    for (a, b) in first.iter().zip(&second) {
+        let same = match a.name.starts_with("dropconnect#") {
+            true => a.values == b.values,
+            false => same_rows(a, &at_one, b, &at_other, batch),
+        };
+        if !same {
+            return Err(format!("cell_masks at {seed:?}: mask {} differs between {one} and {other}", a.name));
+        }
+    }
+    Ok(())
+}
+
+/// Whether two step masks (`[rows, units]`, laid out like the input in
+/// `at_a` and `at_b`) hold the same units for every sequence and step.
+fn same_rows(a: &SeenMask, at_a: &RowLayout, b: &SeenMask, at_b: &RowLayout, batch: &Batch) -> bool {
+    let units = a.shape.get(1).copied().unwrap_or(0);
+    let row = |m: &SeenMask, at: &RowLayout, s: usize, t: usize| {
+        let r = at.row(s, t);
+        m.values.get(r * units..(r + 1) * units).map(<[f32]>::to_vec)
+    };
+    batch
+        .lengths
+        .iter()
+        .enumerate()
+        .all(|(s, &len)| (0..len).all(|t| row(a, at_a, s, t) == row(b, at_b, s, t)))
+}
+
+/// A training pass's values in f64, per sequence as the interpreter's
+/// are (rows laid out in `at`).
+fn per_sequence(m: &Model, trained: &Trained, at: &RowLayout, batch: &Batch) -> Oracle {
+    let wide = |v: &[f32]| -> Vec<f64> { v.iter().map(|&x| x as f64).collect() };
+    let rows = |data: &[f32], width: usize| -> Vec<Vec<Vec<f64>>> {
+        let row = |r: usize| data.get(r * width..(r + 1) * width).map(wide).unwrap_or_default();
+        batch
+            .lengths
+            .iter()
+            .enumerate()
+            .map(|(b, &len)| (0..len).map(|t| row(at.row(b, t))).collect())
+            .collect()
+    };
+    Oracle {
+        out: rows(&trained.output, m.output_size()),
+        finals: trained.finals.iter().map(|f| wide(f)).collect(),
+        d_in: rows(&trained.grads.d_input, m.input_size()),
+        d_h0: trained.grads.d_h0.iter().map(|f| wide(f)).collect(),
+        d_params: trained.grads.d_params.iter().map(|ps| ps.iter().map(|p| wide(p)).collect()).collect(),
+    }
+}
+
+/// One back end: inference in one layout, training (forward, then
+/// backward with output and final-state adjoints) in another, by `route`,
+/// against the interpreter; for a cell with masks (`masked`), the
+/// training pass in evaluation mode, then in training mode against the
+/// reference back end's, then at rates 0 against evaluation. Returns the
+/// passes run.
+fn run_backend(
+    m: Model,
     kind: BackendKind,
     batch: &Batch,
     want: &Expected,
     (inference, training): (Layout, Layout),
     route: Route,
-) -> Result<(), String> {
-    let (features, outputs) = (m.input_size(), m.output_size());
-    let w = want.f64;
-    let (forward_noise, backward_noise) = pass_noise(want);
-    let (out_tol, grad_tol) = (tolerance(forward_noise, kind), tolerance(backward_noise, kind));
-    let states = |got: &[Vec<f32>], what: &str| -> Result<(), String> {
-        for (i, g) in got.iter().enumerate() {
-            compare(&format!("{what} final state {i}"), g, &w.finals[i], out_tol)?;
-        }
-        Ok(())
+    masked: Option<&TrainingReference>,
+) -> Result<usize, String> {
+    let (out_tol, grad_tol) = tolerances(want, kind);
+    infer(&m, batch, want.f64, inference, out_tol)?;
+    let oracle = (Against::interpreter(out_tol), Against::interpreter(grad_tol));
+    let Some(reference) = masked else {
+        let label = format!("{training}, {route:?}");
+        let trained = train_in(&m, (route, None), batch, training, &label)?;
+        compare_pass(&m, &label, &trained, batch, training, want.f64, oracle)?;
+        return Ok(3);
     };
+    let label = format!("{training}, {:?}, evaluation", route.evaluating());
+    let evaluated = train_in(&m, (route.evaluating(), None), batch, training, &label)?;
+    compare_pass(&m, &label, &evaluated, batch, training, want.f64, oracle)?;
 
-    let x = LaidOut::inputs(batch, inference, features)?;
-    let out =
-        m.forward(x.input(batch), Some(&batch.h0)).map_err(|e| format!("inference ({inference}): {e}"))?;
-    let at = batch.row_layout(inference)?;
-    compare_rows(
-        &format!("inference ({inference}) output"),
-        &out.data,
-        outputs,
-        &at,
-        batch,
-        &w.out,
-        out_tol,
-    )?;
-    states(&out.final_states, &format!("inference ({inference})"))?;
-    if !m.config().bidirectional {
-        stream(m, batch, &w.out, out_tol)?;
+    let seed = reference.seed;
+    let label = format!("{training}, {route:?}, masks at {seed:?}");
+    let trained = train_in(&m, (route, Some(seed)), batch, training, &label)?;
+    let (ref_out, ref_grad) = reference.tolerances;
+    let source = "the reference back end";
+    let against = (Against { source, tol: out_tol + ref_out }, Against { source, tol: grad_tol + ref_grad });
+    compare_pass(&m, &label, &trained, batch, training, &reference.pass, against)?;
+    rates_zero_is_evaluation(m, route, batch, training)?;
+    Ok(9)
+}
+
+/// Inference in `layout` (and, for a one-directional model, as a stream)
+/// against the interpreter's rows.
+fn infer(m: &Model, batch: &Batch, w: &Oracle, layout: Layout, tol: f64) -> Result<(), String> {
+    let x = LaidOut::inputs(batch, layout, m.input_size())?;
+    let out = m.forward(x.input(batch), Some(&batch.h0)).map_err(|e| format!("inference ({layout}): {e}"))?;
+    let at = batch.row_layout(layout)?;
+    let against = Against::interpreter(tol);
+    let what = format!("inference ({layout}) output");
+    compare_rows(&what, &out.data, m.output_size(), (&at, batch), &w.out, against)?;
+    for (i, g) in out.final_states.iter().enumerate() {
+        compare(&format!("inference ({layout}) final state {i}"), g, &w.finals[i], against)?;
     }
+    if !m.config().bidirectional {
+        stream(m, batch, &w.out, against)?;
+    }
+    Ok(())
+}
 
-    let x = LaidOut::inputs(batch, training, features)?;
-    let dy = batch.lay_out(training, &batch.d_out, outputs)?;
-    let trained = train(m, route, x.input(batch), &batch.h0, (&dy, &batch.d_final))
-        .map_err(|e| format!("training ({training}, {route:?}): {e}"))?;
-    let at = batch.row_layout(training)?;
-    let training = format!("{training}, {route:?}");
-    compare_rows(
-        &format!("training ({training}) output"),
-        &trained.output,
-        outputs,
-        &at,
-        batch,
-        &w.out,
-        out_tol,
-    )?;
-    states(&trained.finals, &format!("training ({training})"))?;
-    let grads = trained.grads;
-    compare_rows(
-        &format!("backward ({training}) d_input"),
-        &grads.d_input,
-        features,
-        &at,
-        batch,
-        &w.d_in,
-        grad_tol,
-    )?;
-    for (i, got) in grads.d_h0.iter().enumerate() {
-        compare(&format!("backward ({training}) d_h0 of state {i}"), got, &w.d_h0[i], grad_tol)?;
+/// A training pass (laid out in `layout`, named by `label`) against
+/// `want`'s values: output and final states within the first tolerance,
+/// gradients within the second.
+fn compare_pass(
+    m: &Model,
+    label: &str,
+    got: &Trained,
+    batch: &Batch,
+    layout: Layout,
+    want: &Oracle,
+    (out, grad): (Against, Against),
+) -> Result<(), String> {
+    let at = batch.row_layout(layout)?;
+    let what = format!("training ({label}) output");
+    compare_rows(&what, &got.output, m.output_size(), (&at, batch), &want.out, out)?;
+    for (i, g) in got.finals.iter().enumerate() {
+        compare(&format!("training ({label}) final state {i}"), g, &want.finals[i], out)?;
+    }
+    let grads = &got.grads;
+    let what = format!("backward ({label}) d_input");
+    compare_rows(&what, &grads.d_input, m.input_size(), (&at, batch), &want.d_in, grad)?;
+    for (i, g) in grads.d_h0.iter().enumerate() {
+        compare(&format!("backward ({label}) d_h0 of state {i}"), g, &want.d_h0[i], grad)?;
     }
     let names = m.compiled().param_names();
     let dirs = m.directions();
@@ -501,17 +689,58 @@ fn run_backend(
         for (p, g) in got.iter().enumerate() {
             let name =
                 format!("{}{}", names[p], cellc_runtime::model::weight_suffix(slot / dirs, slot % dirs == 1));
-            compare(&format!("backward ({training}) d_{name}"), g, &w.d_params[slot][p], grad_tol)?;
+            compare(&format!("backward ({label}) d_{name}"), g, &want.d_params[slot][p], grad)?;
         }
     }
     Ok(())
+}
+
+/// At every rate 0 ([`Model::with_rates`]) a training pass (masks drawn,
+/// every unit kept, at scale 1) is bit for bit the evaluation pass on the
+/// same back end, forwards and backwards.
+fn rates_zero_is_evaluation(m: Model, route: Route, batch: &Batch, layout: Layout) -> Result<(), String> {
+    let names: Vec<String> = m.rate_names().iter().map(|n| n.to_string()).collect();
+    let zeros: Vec<(&str, f32)> = names.iter().map(|n| (n.as_str(), 0.0)).collect();
+    let m = m.with_rates(&zeros).map_err(|e| format!("rates 0: {e}"))?;
+    let seed = MaskSeed { seed: 1, offset: 0 };
+    let label = format!("{layout}, rates 0");
+    let trained = train_in(&m, (route, Some(seed)), batch, layout, &format!("{label}, {route:?}, masks"))?;
+    let evaluated = train_in(&m, (route.evaluating(), None), batch, layout, &format!("{label}, evaluation"))?;
+    let what = |part: &str| format!("{label}: {part} of the training pass ({route:?})");
+    identical(&what("output"), &trained.output, &evaluated.output)?;
+    for (i, (a, b)) in trained.finals.iter().zip(&evaluated.finals).enumerate() {
+        identical(&what(&format!("final state {i}")), a, b)?;
+    }
+    let (a, b) = (&trained.grads, &evaluated.grads);
+    identical(&what("d_input"), &a.d_input, &b.d_input)?;
+    for (i, (x, y)) in a.d_h0.iter().zip(&b.d_h0).enumerate() {
+        identical(&what(&format!("d_h0 of state {i}")), x, y)?;
+    }
+    for (slot, (xs, ys)) in a.d_params.iter().zip(&b.d_params).enumerate() {
+        for (p, (x, y)) in xs.iter().zip(ys).enumerate() {
+            identical(&what(&format!("d_params[{slot}][{p}]")), x, y)?;
+        }
+    }
+    Ok(())
+}
+
+/// `got` (a training pass's) is bit for bit `want` (the evaluation pass's), NaN for NaN.
+fn identical(what: &str, got: &[f32], want: &[f32]) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!("{what}: {} values, the evaluation pass has {}", got.len(), want.len()));
+    }
+    let same = |(a, b): (&f32, &f32)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+    match got.iter().zip(want).position(|pair| !same(pair)) {
+        Some(i) => Err(format!("{what}[{i}] is {:e}, the evaluation pass gives {:e}", got[i], want[i])),
+        None => Ok(()),
+    }
 }
 
 /// The model as a stream ([`Model::stream`], a one-directional model):
 /// every sequence side by side over the steps they all have, from the
 /// batch's initial states, the first step in one call and the rest in a
 /// second (the states carried between calls), against the oracle's rows.
-fn stream(m: &Model, batch: &Batch, want: &[Vec<Vec<f64>>], tol: f64) -> Result<(), String> {
+fn stream(m: &Model, batch: &Batch, want: &[Vec<Vec<f64>>], against: Against) -> Result<(), String> {
     let steps = batch.lengths.iter().copied().min().unwrap_or(0);
     let (b, o) = (batch.lengths.len(), m.output_size());
     let mut stream = m.stream(b).map_err(|e| format!("stream: {e}"))?;
@@ -530,7 +759,7 @@ fn stream(m: &Model, batch: &Batch, want: &[Vec<Vec<f64>>], tol: f64) -> Result<
                     &format!("stream output (sequence {seq}, step {})", t + k),
                     row,
                     &want[seq][t + k],
-                    tol,
+                    against,
                 )?;
             }
         }
@@ -539,16 +768,15 @@ fn stream(m: &Model, batch: &Batch, want: &[Vec<Vec<f64>>], tol: f64) -> Result<
     Ok(())
 }
 
-/// Compares every valid row with the oracle's `[b][t]` rows, and checks
-/// that padding rows hold zeros.
+/// Compares every valid row (laid out in `layout`) with `want`'s `[b][t]`
+/// rows, and checks that padding rows hold zeros.
 fn compare_rows(
     what: &str,
     data: &[f32],
     width: usize,
-    layout: &cellc_runtime::RowLayout,
-    batch: &Batch,
+    (layout, batch): (&RowLayout, &Batch),
     want: &[Vec<Vec<f64>>],
-    tol: f64,
+    against: Against,
 ) -> Result<(), String> {
     let rows = data.len() / width.max(1);
     let mut valid = vec![false; rows];
@@ -560,7 +788,7 @@ fn compare_rows(
                 &format!("{what} (sequence {b}, step {t})"),
                 &data[r * width..(r + 1) * width],
                 row,
-                tol,
+                against,
             )?;
         }
     }
