@@ -183,14 +183,20 @@ impl Model {
         let (step_masks, drop_connect) = masking.of_layer(&self.compiled.forward, layer, k, d);
         let Some(step_masks) = step_masks else { return Ok((None, drop_connect)) };
         let width = step_masks.width;
+        // In evaluation every row's masks are the same: one row, read by
+        // every row of the layout (rows 0 floats apart).
+        let (filled_rows, stride) = match masking.seed {
+            Some(_) => (p.rows, width),
+            None => (1, 0),
+        };
         let span = match *rows {
             Some(span) => span,
             None => {
                 let widest = self.layers.iter().map(|l| l.mask_width).max().unwrap_or(0);
-                *rows.insert(target.scratch(p.rows * widest, false)?)
+                *rows.insert(target.scratch(filled_rows * widest, false)?)
             }
         };
-        let masks = RowSpan { span: span.part(0..p.rows * width), width, offset: 0 };
+        let masks = RowSpan { span: span.part(0..filled_rows * width), width: stride, offset: 0 };
         target.fill_masks(masks, &step_masks)?;
         Ok((Some(masks), drop_connect))
     }

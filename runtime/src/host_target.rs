@@ -206,6 +206,11 @@ impl PassTarget for HostTarget<'_> {
     }
 
     fn fill_masks(&mut self, rows: RowSpan, masks: &MaskRows) -> Result<()> {
+        if rows.width == 0 {
+            // SAFETY: per `new`'s contract.
+            crate::masks::fill_shared_row(unsafe { floats_mut(rows.span) }, masks);
+            return Ok(());
+        }
         // SAFETY: per `new`'s contract, `rows` is host memory of this pass's alone.
         unsafe { crate::masks::fill_on_host(rows.span.addr as *mut f32, self.batch, masks) };
         Ok(())

@@ -174,6 +174,14 @@ impl CellMasking {
     }
 }
 
+/// Fills `row` (`rows.width` floats) with the masks of every row where
+/// they are the same for every row (evaluation).
+pub(crate) fn fill_shared_row(row: &mut [f32], rows: &MaskRows) {
+    for m in &rows.fills {
+        m.row(0, 0, &mut row[m.offset..m.offset + m.units]);
+    }
+}
+
 /// Fills every valid row of `batch` in host rows at `base` (`rows.width`
 /// floats a row) with its masks. Sequences are shared out between the
 /// process's threads where the masks are large enough to pay for waking them.

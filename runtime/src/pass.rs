@@ -140,7 +140,9 @@ pub trait PassTarget {
     fn drop_out(&mut self, rows: RowSpan, masks: &LayerMasks) -> Result<()>;
 
     /// Fills every valid row of `rows` with the masks a layer and
-    /// direction's steps read (see [`crate::masks`]).
+    /// direction's steps read (see [`crate::masks`]); rows 0 floats apart
+    /// (`rows.width == 0`, evaluation: the same masks for every row) are
+    /// one row, filled once.
     fn fill_masks(&mut self, rows: RowSpan, masks: &MaskRows) -> Result<()>;
 
     /// Runs one layer and direction forwards.

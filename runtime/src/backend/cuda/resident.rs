@@ -131,6 +131,12 @@ impl PassTarget for DeviceTarget<'_> {
         let (order, layout) = (&self.batch.order, &self.batch.layout);
         self.run(|calls, pass| {
             for fill in &masks.fills {
+                if rows.width == 0 {
+                    // One row, read by every row (evaluation).
+                    let at = [(rows.span.addr + 4 * fill.offset as u64, 0, 0, 0)];
+                    calls.fill_mask(pass, &at, fill.units, (fill, false))?;
+                    continue;
+                }
                 let at: Vec<(u64, u32, u32, u32)> = (0..order.batch())
                     .flat_map(|b| (0..order.lengths()[b]).map(move |t| (b, t)))
                     .map(|(b, t)| {
