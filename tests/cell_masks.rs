@@ -90,6 +90,28 @@ fn training_output(m: &Model, x: &[f32], align: Align, seed: MaskSeed, rates: Op
     output
 }
 
+/// A one-layer, one-direction call over host memory with a reserve, then
+/// its backward from `d_out`: the output, the input's gradient and the
+/// parameters' gradients.
+fn forward_backward(m: &Model, call: &Call, d_out: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<Vec<f32>>) {
+    let rows = 4 * STEPS;
+    let mut output = vec![f32::NAN; rows * m.output_size()];
+    let mut finals: Vec<Vec<f32>> = m.state_shapes(4).iter().map(|s| vec![0.0; s.iter().product()]).collect();
+    let mut reserve = vec![f32::NAN; rows * m.reserve_floats_per_row()];
+    let out =
+        ForwardOut { output: &mut output, final_states: finals.iter_mut().map(Vec::as_mut_slice).collect() };
+    m.forward_into(call, out, Some(&mut reserve)).expect("forward_into");
+    let mut d_input = vec![f32::NAN; rows * m.input_size()];
+    let mut d_params: Vec<Vec<f32>> = m.params(0, false).iter().map(|p| vec![f32::NAN; p.len()]).collect();
+    let out = BackwardOut {
+        d_input: &mut d_input,
+        d_h0: Vec::new(),
+        d_params: vec![d_params.iter_mut().map(Vec::as_mut_slice).collect()],
+    };
+    m.backward_from(call, &reserve, d_out, None, out).expect("backward_from");
+    (output, d_input, d_params)
+}
+
 const MASKER: &str = "
 cell masker {
     input x[H]
@@ -253,22 +275,7 @@ fn awd_lstm_training_is_an_lstm_over_the_input_and_recurrent_weight_masked_by_ha
             masks: Some(seed),
             rates: None,
         };
-        let mut output = vec![f32::NAN; rows * H];
-        let mut finals: Vec<Vec<f32>> = (0..2).map(|_| vec![0.0; 4 * H]).collect();
-        let mut reserve = vec![f32::NAN; rows * awd.reserve_floats_per_row()];
-        let out = ForwardOut {
-            output: &mut output,
-            final_states: finals.iter_mut().map(Vec::as_mut_slice).collect(),
-        };
-        awd.forward_into(&call, out, Some(&mut reserve)).expect("forward_into");
-        let mut d_input = vec![f32::NAN; rows * I];
-        let mut d_params: Vec<Vec<f32>> = weights.iter().map(|p| vec![f32::NAN; p.len()]).collect();
-        let out = BackwardOut {
-            d_input: &mut d_input,
-            d_h0: Vec::new(),
-            d_params: vec![d_params.iter_mut().map(Vec::as_mut_slice).collect()],
-        };
-        awd.backward_from(&call, &reserve, &d_out, None, out).expect("backward_from");
+        let (output, d_input, d_params) = forward_backward(&awd, &call, &d_out);
 
         let close = |a: &[f32], b: &[f32], what: &str| {
             for (i, (x, y)) in a.iter().zip(b).enumerate() {
@@ -330,20 +337,7 @@ fn a_zoneout_lstms_training_gradient_matches_central_differences_of_the_same_cal
         masks: Some(seed),
         rates: None,
     };
-    let mut output = vec![0.0; 4 * STEPS * H];
-    let mut finals: Vec<Vec<f32>> = (0..2).map(|_| vec![0.0; 4 * H]).collect();
-    let mut reserve = vec![0.0; 4 * STEPS * m.reserve_floats_per_row()];
-    let out =
-        ForwardOut { output: &mut output, final_states: finals.iter_mut().map(Vec::as_mut_slice).collect() };
-    m.forward_into(&call, out, Some(&mut reserve)).expect("forward");
-    let mut d_input = vec![0.0; 4 * STEPS * I];
-    let mut d_params: Vec<Vec<f32>> = weights.iter().map(|p| vec![0.0; p.len()]).collect();
-    let out = BackwardOut {
-        d_input: &mut d_input,
-        d_h0: Vec::new(),
-        d_params: vec![d_params.iter_mut().map(Vec::as_mut_slice).collect()],
-    };
-    m.backward_from(&call, &reserve, &d_out, None, out).expect("backward");
+    let (_, _, d_params) = forward_backward(&m, &call, &d_out);
     let eps = 1e-2f32;
     let mut checked = 0;
     for (p, grad) in d_params.iter().enumerate() {
@@ -483,7 +477,7 @@ fn device_memory_draws_what_host_memory_draws() {
         let mut weights: Vec<Vec<f32>> = m.params(0, false).to_vec();
         let rows = 4 * STEPS;
         let states = m.state_shapes(4);
-        let run_host = || {
+        let want = {
             let w: Vec<Vec<&[f32]>> = vec![weights.iter().map(Vec::as_slice).collect()];
             let call = Call {
                 input: padded(&x, Align::Right),
@@ -492,25 +486,8 @@ fn device_memory_draws_what_host_memory_draws() {
                 masks: Some(seed),
                 rates: None,
             };
-            let mut output = vec![0.0; rows * H];
-            let mut finals: Vec<Vec<f32>> = states.iter().map(|s| vec![0.0; s.iter().product()]).collect();
-            let mut reserve = vec![0.0; rows * host.reserve_floats_per_row()];
-            let out = ForwardOut {
-                output: &mut output,
-                final_states: finals.iter_mut().map(Vec::as_mut_slice).collect(),
-            };
-            host.forward_into(&call, out, Some(&mut reserve)).expect("host forward");
-            let mut d_input = vec![0.0; rows * I];
-            let mut d_params: Vec<Vec<f32>> = weights.iter().map(|p| vec![0.0; p.len()]).collect();
-            let out = BackwardOut {
-                d_input: &mut d_input,
-                d_h0: Vec::new(),
-                d_params: vec![d_params.iter_mut().map(Vec::as_mut_slice).collect()],
-            };
-            host.backward_from(&call, &reserve, &d_out, None, out).expect("host backward");
-            (output, d_input, d_params)
+            forward_backward(&host, &call, &d_out)
         };
-        let want = run_host();
         let at = |v: &[f32]| DeviceFloats { addr: v.as_ptr() as u64, len: v.len() };
         let at_mut = |v: &mut [f32]| DeviceFloats { addr: v.as_mut_ptr() as u64, len: v.len() };
         let (shape, input) = padded(&x, Align::Right).split();

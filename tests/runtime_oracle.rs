@@ -122,8 +122,10 @@ fn conformance(backend: &dyn Fn() -> Box<dyn Backend>) {
             }
             let input = Input::Padded { data: &x, batch, steps: STEPS, major, align, lengths: &LENGTHS };
             let name = format!("{} {major:?} {align:?}", m.compiled().forward.name);
-            let (out, trace) =
-                m.forward_train(input, Some(&case.h0)).unwrap_or_else(|e| panic!("{name}: forward: {e}"));
+            // Evaluation mode, as the interpreter runs (a cell's own masks: tests/cell_masks.rs).
+            let (out, trace) = m
+                .forward_traced(input, Some(&case.h0), None)
+                .unwrap_or_else(|e| panic!("{name}: forward: {e}"));
             let grads = m
                 .backward(&trace, &dy, Some(&case.d_final))
                 .unwrap_or_else(|e| panic!("{name}: backward: {e}"));

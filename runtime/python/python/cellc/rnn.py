@@ -389,14 +389,7 @@ class RNN(nn.Module):
         :func:`cellc.draw_masks` from PyTorch's default generator, so after
         ``torch.manual_seed(s)``, ``cellc.draw_masks()`` gives the masks of the next call.
         """
-        if input.dim() != 3:
-            raise ShapeError(f"`input` has shape {list(input.shape)}: a batched [B, T, F] or [T, B, F] tensor")
-        if align not in _ALIGNS:
-            raise ValueError(f"align must be 'left' or 'right', not {align!r}")
-        index = [] if lengths is None else [torch.as_tensor(lengths).to(device="cpu", dtype=torch.int64).contiguous()]
-        layout = ("batch_first/" if self.batch_first else "time_first/") + align
-        spec = json.dumps({**json.loads(self.spec), "backend": "reference"}, sort_keys=True)
-        x = input.detach().to("cpu").contiguous()
+        spec, layout, x, index = self._masks_call(input, lengths, align)
         flat = _ops.dropout_masks(spec, layout, x, index, masks)
         return [torch.tensor(m).view(*x.shape[:-1], -1) for m in flat]
 
@@ -410,6 +403,16 @@ class RNN(nn.Module):
         or ``[T, B, units]``, zeros at padding), a DropConnect mask shaped as its parameter.
         Each value is what its unit multiplies (``cells`` language reference: rates and masks).
         """
+        spec, layout, x, index = self._masks_call(input, lengths, align)
+        seen = _ops.cell_masks(spec, layout, x, index, masks, self._rates_list())
+        return {
+            name: torch.tensor(values).view(shape if name.startswith("dropconnect#") else (*x.shape[:-1], -1))
+            for name, shape, values in seen
+        }
+
+    def _masks_call(self, input: Tensor, lengths, align: str):
+        """What the runtime reads to draw a call's masks on the host (the reference back end's
+        model, which starts no threads): spec, layout, input and index, checked."""
         if input.dim() != 3:
             raise ShapeError(f"`input` has shape {list(input.shape)}: a batched [B, T, F] or [T, B, F] tensor")
         if align not in _ALIGNS:
@@ -417,12 +420,7 @@ class RNN(nn.Module):
         index = [] if lengths is None else [torch.as_tensor(lengths).to(device="cpu", dtype=torch.int64).contiguous()]
         layout = ("batch_first/" if self.batch_first else "time_first/") + align
         spec = json.dumps({**json.loads(self.spec), "backend": "reference"}, sort_keys=True)
-        x = input.detach().to("cpu").contiguous()
-        seen = _ops.cell_masks(spec, layout, x, index, masks, self._rates_list())
-        return {
-            name: torch.tensor(values).view(shape if name.startswith("dropconnect#") else (*x.shape[:-1], -1))
-            for name, shape, values in seen
-        }
+        return spec, layout, input.detach().to("cpu").contiguous(), index
 
     def _rates_list(self) -> str:
         """``module.rates`` in the cell's order, checked, as the operators take them."""

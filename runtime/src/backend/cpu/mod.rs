@@ -995,11 +995,16 @@ fn backward(
         let len = job.params[i].len();
         match *d {
             None => d_params.push(vec![0.0; len]),
-            Some(ParamGradient::Matrix(v)) => d_params.push(
-                matrices
-                    .remove(&v)
-                    .ok_or_else(|| RuntimeError::Internal(format!("weight gradient {v} is not computed")))?,
-            ),
+            Some(ParamGradient::Matrix(v)) => {
+                // Two parameters may share one gradient (`w @ x + u @ x`): the last takes it.
+                let shared = pass.d_params[i + 1..].iter().flatten().any(|g| g.value() == v);
+                let matrix = if shared { matrices.get(&v).cloned() } else { matrices.remove(&v) };
+                d_params.push(
+                    matrix.ok_or_else(|| {
+                        RuntimeError::Internal(format!("weight gradient {v} is not computed"))
+                    })?,
+                )
+            }
             Some(ParamGradient::SumOfRows(v)) => {
                 let rows: Vec<*const f32> = all_rows
                     .iter()

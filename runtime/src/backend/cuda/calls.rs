@@ -163,25 +163,39 @@ impl Calls {
         };
         let addresses: Vec<u64> = rows.iter().map(|r| r.0).collect();
         let at: Vec<i32> = rows.iter().flat_map(|r| [r.1, r.2]).map(int).collect::<Result<_>>()?;
-        let (table, at) = (pass.upload_addresses(&addresses)?, pass.upload_i32(&at)?);
         let bits = |x: u32| Arg::I32(x as i32);
+        let args = vec![
+            Arg::I32(int(masks.units)?),
+            Arg::I32(int(masks.keys.len())?),
+            bits(first[0]),
+            bits(first[1]),
+            bits(second[0]),
+            bits(second[1]),
+            bits(masks.threshold),
+            bits(masks.scale.to_bits()),
+        ];
+        self.launch_over_rows(pass, "cellc_drop_rows", (&addresses, &at), args)?;
+        Ok(())
+    }
+
+    /// Launches one of the prelude's row kernels over `rows`: its
+    /// arguments are the table of the rows' addresses, their integers
+    /// (`ints`, a fixed number per row), the number of rows, then `args`.
+    fn launch_over_rows(
+        &mut self,
+        pass: &mut LayerRun,
+        kernel: &str,
+        (addresses, ints): (&[u64], &[i32]),
+        args: Vec<Arg>,
+    ) -> Result<()> {
+        let (table, at) = (pass.upload_addresses(addresses)?, pass.upload_i32(ints)?);
+        let mut all = vec![Arg::Ptr(table), Arg::Ptr(at), Arg::I32(int(addresses.len())?)];
+        all.extend(args);
         self.list.push(Call::Launch {
-            kernel: "cellc_drop_rows".into(),
-            grid: rows.len().clamp(1, 65_535) as u32,
+            kernel: kernel.into(),
+            grid: addresses.len().clamp(1, 65_535) as u32,
             block: self.block,
-            args: vec![
-                Arg::Ptr(table),
-                Arg::Ptr(at),
-                Arg::I32(int(rows.len())?),
-                Arg::I32(int(masks.units)?),
-                Arg::I32(int(masks.keys.len())?),
-                bits(first[0]),
-                bits(first[1]),
-                bits(second[0]),
-                bits(second[1]),
-                bits(masks.threshold),
-                bits(masks.scale.to_bits()),
-            ],
+            args: all,
         });
         Ok(())
     }
@@ -201,28 +215,20 @@ impl Calls {
         }
         let addresses: Vec<u64> = rows.iter().map(|r| r.0).collect();
         let at: Vec<i32> = rows.iter().flat_map(|r| [r.1, r.2, r.3]).map(|x| x as i32).collect();
-        let (table, at) = (pass.upload_addresses(&addresses)?, pass.upload_i32(&at)?);
         let bits = |x: u32| Arg::I32(x as i32);
         let drawn = fill.drawn.unwrap_or(crate::masks::Drawn { key: [0, 0], threshold: 0, kept: 0.0 });
-        self.list.push(Call::Launch {
-            kernel: "cellc_fill_mask".into(),
-            grid: rows.len().clamp(1, 65_535) as u32,
-            block: self.block,
-            args: vec![
-                Arg::Ptr(table),
-                Arg::Ptr(at),
-                Arg::I32(int(rows.len())?),
-                Arg::I32(int(units)?),
-                Arg::I32(int(fill.units)?),
-                bits(drawn.key[0]),
-                bits(drawn.key[1]),
-                bits(drawn.threshold),
-                bits(drawn.kept.to_bits()),
-                bits(fill.evaluation.to_bits()),
-                Arg::I32(fill.drawn.is_some() as i32),
-                Arg::I32(multiply as i32),
-            ],
-        });
+        let args = vec![
+            Arg::I32(int(units)?),
+            Arg::I32(int(fill.units)?),
+            bits(drawn.key[0]),
+            bits(drawn.key[1]),
+            bits(drawn.threshold),
+            bits(drawn.kept.to_bits()),
+            bits(fill.evaluation.to_bits()),
+            Arg::I32(fill.drawn.is_some() as i32),
+            Arg::I32(multiply as i32),
+        ];
+        self.launch_over_rows(pass, "cellc_fill_mask", (&addresses, &at), args)?;
         Ok(())
     }
 
