@@ -266,7 +266,6 @@ fn awd_lstm_training_is_an_lstm_over_the_input_and_recurrent_weight_masked_by_ha
         let want_g = lstm.backward(&trace, &d_out, None).expect("backward");
 
         // The call: forward and backward through the caller's memory, the same seed.
-        let rows = 4 * STEPS;
         let w: Vec<Vec<&[f32]>> = vec![weights.iter().map(Vec::as_slice).collect()];
         let call = Call {
             input: padded(&x, Align::Left),
