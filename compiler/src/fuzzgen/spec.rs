@@ -9,7 +9,7 @@
 //! read the cell's rates ([`CellSpec::rates`]). A matrix parameter applied
 //! through `dropconnect` is applied only so, at one rate: the generator
 //! decides it per parameter, and no rewrite turns one of its products into
-//! a plain `W @ v` (only [`CellSpec::without_dropconnect`], every one at once).
+//! a plain `W @ v` (only [`Expr::without_dropconnect`], every one at once).
 
 use crate::ir::UnaryOp;
 pub use crate::syntax::ast::BinOp;
