@@ -98,7 +98,7 @@ pub type DropConnect = Vec<(usize, MaskFill)>;
 
 /// The masks a layer and direction's steps read, one row per layout row
 /// of the batch: `width` floats, each mask's units from its
-/// [`MaskFill::offset`] (the layer's [`Layer::mask_slices`]).
+/// [`MaskFill::offset`] (the layer's [`cellc::program::Program::mask_slices`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct MaskRows {
     /// Each mask a step reads (none of DropConnect's).
