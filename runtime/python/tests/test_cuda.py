@@ -113,3 +113,20 @@ def test_a_cpu_back_end_refuses_cuda_tensors():
     rnn = cellc.RNN("gru", INPUT, {"H": HIDDEN}, backend="cpu").cuda()
     with pytest.raises(cellc.DeviceError, match="runs CPU tensors"):
         rnn(torch.randn(STEPS, 2, INPUT, device="cuda"))
+
+
+def test_a_cells_masks_on_cuda_are_the_cpus():
+    """Zoneout and DropConnect drawn on the GPU (the prelude's kernel, in training mode) give
+    what the CPU gives with the same seed: outputs and every gradient."""
+    for cell, rates in (("zoneout_lstm", {"zh": 0.3, "zc": 0.2}), ("awd_lstm", {"weight_drop": 0.4})):
+        torch.manual_seed(0)
+        cpu = cellc.RNN(cell, INPUT, {"H": HIDDEN}, num_layers=2, bidirectional=True, batch_first=True, rates=rates)
+        gpu = cellc.RNN(cell, INPUT, {"H": HIDDEN}, num_layers=2, bidirectional=True, batch_first=True, rates=rates)
+        gpu.load_state_dict(cpu.state_dict())
+        gpu = gpu.cuda()
+        x = torch.randn(len(LENGTHS), STEPS, INPUT)
+        torch.manual_seed(5)
+        want = run(cpu, x, None, lengths=LENGTHS)
+        torch.manual_seed(5)
+        got = run(gpu, x.cuda(), None, lengths=LENGTHS)
+        assert_close([t.cpu() if isinstance(t, torch.Tensor) else [u.cpu() for u in t] for t in got], want)
