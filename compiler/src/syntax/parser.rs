@@ -512,26 +512,14 @@ impl Parser<'_> {
                 Token::Input | Token::State | Token::Param => {
                     let first_stmt = stmts.first().map(stmt_span);
                     self.decl_line().map(|vars| {
-                        if let (Some(stmt), Some(v)) = (first_stmt, vars.first()) {
-                            self.diags.push(
-                                Diagnostic::error(v.span, "declarations must come before statements")
-                                    .with_secondary(stmt, "first statement is here")
-                                    .with_note("move the declaration to the top of the cell"),
-                            );
-                        }
+                        self.declared_after(first_stmt, vars.first().map(|v| v.span));
                         decls.extend(vars)
                     })
                 }
                 Token::Rate => {
                     let first_stmt = stmts.first().map(stmt_span);
                     self.rate_line().map(|line| {
-                        if let (Some(stmt), Some(r)) = (first_stmt, line.first()) {
-                            self.diags.push(
-                                Diagnostic::error(r.span, "declarations must come before statements")
-                                    .with_secondary(stmt, "first statement is here")
-                                    .with_note("move the declaration to the top of the cell"),
-                            );
-                        }
+                        self.declared_after(first_stmt, line.first().map(|r| r.span));
                         rates.extend(line)
                     })
                 }
@@ -591,6 +579,17 @@ impl Parser<'_> {
             }
         }
         Ok(vars)
+    }
+
+    /// Reports a declaration (at `decl`) made after the cell's first statement (at `first_stmt`).
+    fn declared_after(&mut self, first_stmt: Option<Span>, decl: Option<Span>) {
+        if let (Some(stmt), Some(decl)) = (first_stmt, decl) {
+            self.diags.push(
+                Diagnostic::error(decl, "declarations must come before statements")
+                    .with_secondary(stmt, "first statement is here")
+                    .with_note("move the declaration to the top of the cell"),
+            );
+        }
     }
 
     /// `rate NAME = number (, NAME = number)*`: each rate with its default.
