@@ -564,11 +564,6 @@ impl<'c> BoundCell<'c> {
             .collect()
     }
 
-    /// The cell's default rates.
-    pub fn default_rates(&self) -> Vec<f32> {
-        self.cell.rates.iter().map(|r| r.default as f32).collect()
-    }
-
     fn step_unchecked<T: Float, S: AsRef<[T]>>(
         &self,
         x: &[T],
@@ -576,7 +571,7 @@ impl<'c> BoundCell<'c> {
         params: &[Vec<T>],
     ) -> StepResult<T> {
         let states: Vec<&[T]> = states.iter().map(|s| s.as_ref()).collect();
-        let masks = self.evaluation_masks::<T>(&self.default_rates());
+        let masks = self.evaluation_masks::<T>(&self.cell.default_rates());
         let masks: Vec<&[T]> = masks.iter().map(Vec::as_slice).collect();
         let leaves = LeafValues {
             x,
@@ -666,7 +661,7 @@ impl BoundCell<'_> {
         let mut carry: Vec<Vec<T>> = d_final_states.iter().map(|s| s.as_ref().to_vec()).collect();
         let mut d_inputs = vec![T::zero(); xs.len()];
         let mut d_params: Vec<Vec<T>> = params.iter().map(|p| vec![T::zero(); p.len()]).collect();
-        let masks = self.evaluation_masks::<T>(&self.default_rates());
+        let masks = self.evaluation_masks::<T>(&self.cell.default_rates());
         let masks: Vec<&[T]> = masks.iter().map(Vec::as_slice).collect();
         for t in (0..steps).rev() {
             let before: Vec<&[T]> = if t == 0 {

@@ -260,7 +260,7 @@ impl Model {
     }
 
     /// Zeroed buffers shaped like the model's parameters.
-    pub fn zeroed_params(&self) -> Vec<Vec<Vec<f32>>> {
+    pub(crate) fn zeroed_params(&self) -> Vec<Vec<Vec<f32>>> {
         self.param_lens().iter().map(|ps| ps.iter().map(|&n| vec![0.0; n]).collect()).collect()
     }
 

@@ -71,9 +71,9 @@ pub struct MaskFill {
 }
 
 impl MaskFill {
-    /// Units `first..first + out.len()` of the mask of the sequence at
-    /// index `sequence` of the caller's batch at its step `step` (either
-    /// ignored where the mask is shared over it).
+    /// Units `0..out.len()` of the mask of the sequence at index
+    /// `sequence` of the caller's batch at its step `step` (either ignored
+    /// where the mask is shared over it).
     pub fn row(&self, sequence: usize, step: usize, out: &mut [f32]) {
         let Some(d) = self.drawn else { return out.fill(self.evaluation) };
         let (sequence, step) = self.coordinates(sequence, step);
@@ -153,24 +153,6 @@ impl CellMasking {
         }
         let rows = (!steps.is_empty()).then(|| MaskRows { fills: steps, width: layer.mask_width });
         (rows, connect)
-    }
-}
-
-impl CellMasking {
-    /// The masks layer `index` (forwards) reads in every one of `batch`
-    /// rows, `layer.mask_width` floats a row, as this masking fills them
-    /// for a step of sequences `0..batch`.
-    pub(crate) fn rows_of_step(&self, cell: &Cell, layer: &Layer, index: usize, batch: usize) -> Vec<f32> {
-        let width = layer.mask_width;
-        let mut out = vec![0.0f32; batch * width];
-        if let (Some(rows), _) = self.of_layer(cell, layer, index, 0) {
-            for (b, row) in out.chunks_mut(width.max(1)).enumerate().take(batch) {
-                for m in &rows.fills {
-                    m.row(b, 0, &mut row[m.offset..m.offset + m.units]);
-                }
-            }
-        }
-        out
     }
 }
 

@@ -101,7 +101,7 @@ impl Model {
     ) -> Model {
         let slots = layers.len() * if config.bidirectional { 2 } else { 1 };
         let per = compiled.forward.params.len();
-        let rates = compiled.forward.rates.iter().map(|r| r.default as f32).collect();
+        let rates = compiled.forward.default_rates();
         Model {
             compiled,
             config,

@@ -310,6 +310,11 @@ impl Cell {
         self.masks.iter().map(|m| m.ty.clone()).collect()
     }
 
+    /// Each rate's default, in declaration order (f32, as every back end runs).
+    pub fn default_rates(&self) -> Vec<f32> {
+        self.rates.iter().map(|r| r.default as f32).collect()
+    }
+
     /// The index in [`Cell::rates`] of the rate called `name`.
     pub fn rate_index(&self, name: &str) -> Option<usize> {
         self.rates.iter().position(|r| r.name == name)

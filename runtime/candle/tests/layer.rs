@@ -63,6 +63,18 @@ fn close(what: &str, a: &[f32], b: &[f32], tol: f32) {
     }
 }
 
+/// `x` as the 4-sequence batch of [`LENGTHS`], batch-first, left aligned.
+fn padded(x: &[f32]) -> Input<'_> {
+    Input::Padded {
+        data: x,
+        batch: 4,
+        steps: STEPS,
+        major: Major::BatchFirst,
+        align: Align::Left,
+        lengths: &LENGTHS,
+    }
+}
+
 fn flat(t: &Tensor) -> Vec<f32> {
     t.flatten_all().and_then(|t| t.to_vec1()).expect("f32 values")
 }
@@ -323,15 +335,7 @@ fn forward_t_drops_between_layers_as_the_runtime_does() {
     let plain = model(cell("lstm"), 2, true, cpu());
     let x_data = values(4 * STEPS * INPUT, 3);
     let x = Var::from_vec(x_data.clone(), (4, STEPS, INPUT), &Device::Cpu).expect("x");
-    let padded = Input::Padded {
-        data: &x_data,
-        batch: 4,
-        steps: STEPS,
-        major: Major::BatchFirst,
-        align: Align::Left,
-        lengths: &LENGTHS,
-    };
-    let flat = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("floats");
+    let padded = padded(&x_data);
     let evaluation = rnn.forward(&x, &LENGTHS, Padding::default()).expect("forward");
     assert_eq!(flat(&evaluation), plain.forward(padded, None).expect("forward").data);
     let trained = rnn.forward_t(&x, &LENGTHS, Padding::default(), true).expect("forward_t");
@@ -365,15 +369,7 @@ fn forward_t_draws_the_cells_masks_at_the_layers_rates() {
     let twin = model(cell("zoneout_lstm"), 1, false, cpu()).with_rates(&rates).expect("rates");
     let x_data = values(4 * STEPS * INPUT, 5);
     let x = Var::from_vec(x_data.clone(), (4, STEPS, INPUT), &Device::Cpu).expect("x");
-    let padded = Input::Padded {
-        data: &x_data,
-        batch: 4,
-        steps: STEPS,
-        major: Major::BatchFirst,
-        align: Align::Left,
-        lengths: &LENGTHS,
-    };
-    let flat = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("floats");
+    let padded = padded(&x_data);
     let evaluation = rnn.forward(&x, &LENGTHS, Padding::default()).expect("forward");
     assert_eq!(flat(&evaluation), twin.forward(padded, None).expect("forward").data);
     let trained = rnn.forward_t(&x, &LENGTHS, Padding::default(), true).expect("forward_t");

@@ -22,8 +22,8 @@ use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Backend;
 use cellc_runtime::{
-    read_tensors, write_tensors, Align, BackwardOut, Call, CompiledCell, ForwardOut, Gradients, Input, Major,
-    MaskSeed, Model, ModelConfig, RuntimeError, Tensor, TensorData, Weights,
+    read_tensors, write_tensors, Align, CompiledCell, Input, Major, MaskSeed, Model, ModelConfig,
+    RuntimeError, Tensor, TensorData, Weights,
 };
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -263,8 +263,8 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
             })?;
         expect_shape("grad_output", &dy_shape, &[batch, steps, o])?;
         let d_final = read_states("grad_final", &mut x)?;
-        let (output, grads) =
-            forward_backward(&model, input, (h0.as_deref(), seed, batch), Some(&dy), d_final.as_deref())?;
+        let (output, trace) = model.forward_traced(input, h0.as_deref(), seed)?;
+        let grads = model.backward(&trace, &dy, d_final.as_deref())?;
         out.insert("grad.input".into(), Tensor::f32(vec![batch, steps, features], grads.d_input));
         for ((name, d), &n) in state_names.iter().zip(grads.d_h0).zip(&state_sizes) {
             out.insert(format!("grad.h0.{name}"), Tensor::f32(vec![ld, batch, n], d));
@@ -276,7 +276,7 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
     } else {
         let output = match seed {
             None => model.forward(input, h0.as_deref())?,
-            Some(_) => forward_backward(&model, input, (h0.as_deref(), seed, batch), None, None)?.0,
+            Some(_) => model.forward_traced(input, h0.as_deref(), seed)?.0,
         };
         insert_forward(&mut out, &state_names, &state_sizes, output, [batch, steps, o], ld);
     }
@@ -301,46 +301,6 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
         eprintln!("warning: {input_file}: tensor `{unused}` is not used");
     }
     write_tensors(&args.out, &out)
-}
-
-/// A pass over the caller's memory (the model's own weights): forwards
-/// with a reserve, in training mode if `seed` is given, then backwards
-/// from `dy` if given.
-fn forward_backward(
-    model: &Model,
-    input: Input,
-    (h0, seed, batch): (Option<&[Vec<f32>]>, Option<MaskSeed>, usize),
-    dy: Option<&[f32]>,
-    d_final: Option<&[Vec<f32>]>,
-) -> Result<(cellc_runtime::Output, Gradients), RuntimeError> {
-    let data = input.split().1;
-    let rows = data.len() / model.input_size().max(1);
-    let h0: Option<Vec<&[f32]>> = h0.map(|h| h.iter().map(Vec::as_slice).collect());
-    let call = Call { input, weights: None, h0: h0.as_deref(), masks: seed, rates: None };
-    let mut output = vec![0.0; rows * model.output_size()];
-    let mut finals: Vec<Vec<f32>> =
-        model.state_shapes(batch).iter().map(|s| vec![0.0; s.iter().product()]).collect();
-    let mut reserve = vec![0.0; rows * model.reserve_floats_per_row()];
-    let out =
-        ForwardOut { output: &mut output, final_states: finals.iter_mut().map(Vec::as_mut_slice).collect() };
-    model.forward_into(&call, out, Some(&mut reserve))?;
-    let mut grads =
-        Gradients { d_input: vec![0.0; data.len()], d_h0: Vec::new(), d_params: model.zeroed_params() };
-    if let Some(dy) = dy {
-        grads.d_h0 = model.state_shapes(batch).iter().map(|s| vec![0.0; s.iter().product()]).collect();
-        let d_final: Option<Vec<&[f32]>> = d_final.map(|d| d.iter().map(Vec::as_slice).collect());
-        let out = BackwardOut {
-            d_input: &mut grads.d_input,
-            d_h0: grads.d_h0.iter_mut().map(Vec::as_mut_slice).collect(),
-            d_params: grads
-                .d_params
-                .iter_mut()
-                .map(|ps| ps.iter_mut().map(Vec::as_mut_slice).collect())
-                .collect(),
-        };
-        model.backward_from(&call, &reserve, dy, d_final.as_deref(), out)?;
-    }
-    Ok((cellc_runtime::Output { data: output, final_states: finals }, grads))
 }
 
 fn insert_forward(

@@ -112,9 +112,13 @@ impl LayerStep {
         let layout = RowLayout::padded(&order, 1, Major::BatchFirst, Align::Left);
         let state_rows = super::driver::SharedRows::each(&mut states);
         let rows = Rows { data: &input, layout: &layout, width: layer.input_size, offset: 0 };
-        // A stream runs in evaluation: every mask is its evaluation value, set once.
-        let masks = job.masking.rows_of_step(&job.cell.forward, layer, k, batch);
-        let mask_rows = Rows { data: &masks, layout: &layout, width: layer.mask_width, offset: 0 };
+        // A stream runs in evaluation: every row reads one row of masks
+        // (rows 0 floats apart), set once, as an evaluation pass's.
+        let mut masks = vec![0.0f32; layer.mask_width];
+        if let (Some(rows), _) = job.masking.of_layer(&job.cell.forward, layer, k, 0) {
+            crate::masks::fill_shared_row(&mut masks, &rows);
+        }
+        let mask_rows = Rows { data: &masks, layout: &layout, width: 0, offset: 0 };
         let frame = Frame {
             states: &state_rows,
             ..Frame::new((rows, Some(mask_rows)), layer, &job.params[k], weights)
