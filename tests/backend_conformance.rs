@@ -76,12 +76,13 @@ proptest! {
         bidirectional in any::<bool>(),
         lengths in prop::collection::vec(1usize..7, 1..12),
         padded_beyond in any::<bool>(),
+        resets in prop::collection::vec((0usize..12, 0usize..7), 0..4),
         seed in any::<u64>(),
     ) {
         let cells = cells();
         let (source, c) = &cells[cell % cells.len()];
         let steps = lengths.iter().copied().max().unwrap_or(1) + usize::from(padded_beyond);
-        let case = Case { seed, sizes: case_sizes(c, h, i), layers, bidirectional, lengths, steps };
+        let case = Case { seed, sizes: case_sizes(c, h, i), layers, bidirectional, lengths, steps, resets };
         let plan = Checks { gradcheck: false, backends: vec![BackendKind::Reference, BackendKind::CpuJit] };
         let name = &c.forward.name;
         check(source, &case, &plan).map_err(|f| TestCaseError::fail(format!("{name}: {f}")))?;

@@ -47,7 +47,14 @@ fn through_caller_memory(model: &Model, input: Input, h0: &[Vec<f32>], d_out: &[
     let weight_slices: Vec<Vec<&[f32]>> =
         weights.iter().map(|ps| ps.iter().map(Vec::as_slice).collect()).collect();
     let h0_slices: Vec<&[f32]> = h0.iter().map(Vec::as_slice).collect();
-    let call = Call { input, weights: Some(&weight_slices), h0: Some(&h0_slices), masks: None, rates: None };
+    let call = Call {
+        input,
+        weights: Some(&weight_slices),
+        h0: Some(&h0_slices),
+        masks: None,
+        rates: None,
+        resets: None,
+    };
     let rows = d_out.len() / model.output_size();
     let per_row = model.reserve_floats_per_row();
     // Garbage where nothing should be read: NaN.
@@ -209,7 +216,11 @@ fn the_weights_of_each_call_are_the_ones_read() {
     let out =
         ForwardOut { output: &mut output, final_states: finals.iter_mut().map(Vec::as_mut_slice).collect() };
     model
-        .forward_into(&Call { input, weights: Some(&slices), h0: None, masks: None, rates: None }, out, None)
+        .forward_into(
+            &Call { input, weights: Some(&slices), h0: None, masks: None, rates: None, resets: None },
+            out,
+            None,
+        )
         .expect("forward_into");
     for (mine, given) in model.params_mut().iter_mut().zip(&halved) {
         mine.clone_from(given);
@@ -240,7 +251,7 @@ fn bad_caller_buffers_get_typed_errors() {
     shape_error(
         model
             .forward_into(
-                &Call { input, weights: None, h0: None, masks: None, rates: None },
+                &Call { input, weights: None, h0: None, masks: None, rates: None, resets: None },
                 out,
                 Some(&mut short),
             )
@@ -256,7 +267,7 @@ fn bad_caller_buffers_get_typed_errors() {
     shape_error(
         model
             .forward_into(
-                &Call { input, weights: Some(&slices), h0: None, masks: None, rates: None },
+                &Call { input, weights: Some(&slices), h0: None, masks: None, rates: None, resets: None },
                 out,
                 None,
             )
@@ -269,7 +280,11 @@ fn bad_caller_buffers_get_typed_errors() {
         ForwardOut { output: &mut small, final_states: finals.iter_mut().map(Vec::as_mut_slice).collect() };
     shape_error(
         model
-            .forward_into(&Call { input, weights: None, h0: None, masks: None, rates: None }, out, None)
+            .forward_into(
+                &Call { input, weights: None, h0: None, masks: None, rates: None, resets: None },
+                out,
+                None,
+            )
             .unwrap_err(),
         "output",
     );

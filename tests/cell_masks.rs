@@ -83,7 +83,8 @@ fn unit(seed: MaskSeed, mask: u32, rate: f32, (b, t, u): (usize, Option<usize>, 
 fn training_output(m: &Model, x: &[f32], align: Align, seed: MaskSeed, rates: Option<&[f32]>) -> Vec<f32> {
     let mut output = vec![f32::NAN; 4 * STEPS * m.output_size()];
     let mut finals: Vec<Vec<f32>> = m.state_shapes(4).iter().map(|s| vec![0.0; s.iter().product()]).collect();
-    let call = Call { input: padded(x, align), weights: None, h0: None, masks: Some(seed), rates };
+    let call =
+        Call { input: padded(x, align), weights: None, h0: None, masks: Some(seed), rates, resets: None };
     let out =
         ForwardOut { output: &mut output, final_states: finals.iter_mut().map(Vec::as_mut_slice).collect() };
     m.forward_into(&call, out, None).expect("forward_into");
@@ -273,6 +274,7 @@ fn awd_lstm_training_is_an_lstm_over_the_input_and_recurrent_weight_masked_by_ha
             h0: None,
             masks: Some(seed),
             rates: None,
+            resets: None,
         };
         let (output, d_input, d_params) = forward_backward(&awd, &call, &d_out);
 
@@ -318,6 +320,7 @@ fn a_zoneout_lstms_training_gradient_matches_central_differences_of_the_same_cal
             h0: None,
             masks: Some(seed),
             rates: None,
+            resets: None,
         };
         let mut output = vec![0.0; 4 * STEPS * H];
         let mut finals: Vec<Vec<f32>> = (0..2).map(|_| vec![0.0; 4 * H]).collect();
@@ -335,6 +338,7 @@ fn a_zoneout_lstms_training_gradient_matches_central_differences_of_the_same_cal
         h0: None,
         masks: Some(seed),
         rates: None,
+        resets: None,
     };
     let (_, _, d_params) = forward_backward(&m, &call, &d_out);
     let eps = 1e-2f32;
@@ -387,6 +391,7 @@ fn rates_are_set_per_model_and_per_call_and_bad_ones_are_typed_errors() {
             h0: None,
             masks: Some(seed),
             rates: Some(rates),
+            resets: None,
         };
         let out = ForwardOut {
             output: &mut output,
@@ -484,6 +489,7 @@ fn device_memory_draws_what_host_memory_draws() {
                 h0: None,
                 masks: Some(seed),
                 rates: None,
+                resets: None,
             };
             forward_backward(&host, &call, &d_out)
         };
@@ -499,6 +505,7 @@ fn device_memory_draws_what_host_memory_draws() {
             stream: 0,
             masks: Some(seed),
             rates: None,
+            resets: None,
         };
         let mut output = vec![f32::NAN; rows * H];
         let mut finals: Vec<Vec<f32>> = states.iter().map(|s| vec![0.0; s.iter().product()]).collect();

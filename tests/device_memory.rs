@@ -91,6 +91,7 @@ fn through_device_memory(
         stream: mem.stream(),
         masks: None,
         rates: None,
+        resets: None,
     };
     let nan = |n: usize| vec![f32::NAN; n];
     let out = DeviceForwardOut {
@@ -298,6 +299,7 @@ fn graphs_replay_over_device_memory(cuda: Cuda, mem: &mut dyn Memory) {
         stream: mem.stream(),
         masks: None,
         rates: None,
+        resets: None,
     };
     let reserve = mem.put(&vec![0.0; b * STEPS * model.reserve_floats_per_row()]);
     let mut first = None;
@@ -357,7 +359,16 @@ fn bad_device_buffers_get_typed_errors() {
         RuntimeError::Shape { ref tensor, .. } if tensor == want => {}
         other => panic!("expected a shape error for `{want}`, got {other:?}"),
     };
-    let call = |weights| DeviceCall { shape, input, weights, h0: None, stream: 0, masks: None, rates: None };
+    let call = |weights| DeviceCall {
+        shape,
+        input,
+        weights,
+        h0: None,
+        stream: 0,
+        masks: None,
+        rates: None,
+        resets: None,
+    };
 
     let short = DeviceForwardOut { output: DeviceFloats { len: 3, ..out.output }, ..out.clone() };
     shape_error(model.forward_into(&call(&weights), &short, None).unwrap_err(), "output");

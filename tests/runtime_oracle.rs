@@ -99,6 +99,7 @@ fn conformance(backend: &dyn Fn() -> Box<dyn Backend>) {
             d_out: d_out.clone(),
             h0: case.h0.clone(),
             d_final: case.d_final.clone(),
+            resets: Vec::new(),
         };
         let (want, _) = oracle(m, &sequences).expect("the interpreter runs every sequence");
 

@@ -38,6 +38,13 @@ pub struct Call<'a> {
     /// of [`Model::rate_names`] ([`Model::rates_with`] makes one by name);
     /// `None`: the model's ([`Model::rates`]). Give its backward the same.
     pub rates: Option<&'a [f32]>,
+    /// Per-step resets: one flag per row of the input's layout (a padded
+    /// batch's `[B, T]` or `[T, B]`, as its input; a packed batch's `[N]`),
+    /// `true` where the state restarts from the initial state before that
+    /// step is computed; flags at padding and at a sequence's first step
+    /// change nothing. Give its backward the same. The initial states'
+    /// gradients sum every segment's (see [`crate::resets`]).
+    pub resets: Option<&'a [bool]>,
 }
 
 pub(crate) mod sealed {
@@ -118,7 +125,7 @@ impl<'a> Call<'a> {
     /// The call's batch laid out and checked to fit in memory, its weights
     /// checked, and its initial states' lengths.
     fn laid_out(&self, model: &'a Model, training: bool) -> Result<(LaidOutBatch, PassParams<'a>)> {
-        let p = model.prepare(&self.input)?;
+        let p = model.prepare(&self.input)?.with_resets(self.resets)?;
         model.ensure_pass_fits(&p, training)?;
         let params = match self.weights {
             Some(w) => model.caller_params(w)?,

@@ -61,6 +61,8 @@ pub struct DeviceCall<'a> {
     pub masks: Option<MaskSeed>,
     /// The call's rates, as [`crate::Call::rates`]; `None`: the model's.
     pub rates: Option<&'a [f32]>,
+    /// Per-step resets, on the host, as [`crate::Call::resets`].
+    pub resets: Option<&'a [bool]>,
 }
 
 /// Where a forward pass on the device writes: laid out as
@@ -100,7 +102,7 @@ impl DeviceCall<'_> {
             backend: model.backend.name().into(),
             message: "this back end runs on host memory: device memory needs the cuda back end".into(),
         })?;
-        let p = model.lay_out(&self.shape, self.input.len)?;
+        let p = model.lay_out(&self.shape, self.input.len)?.with_resets(self.resets)?;
         model.ensure_pass_fits(&p, training)?;
         model.check_weights(self.weights)?;
         Ok((passes, p))

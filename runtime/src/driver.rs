@@ -21,7 +21,9 @@
 //!   `[layers * directions, B, size]` state tensors) each direction reads
 //!   and writes;
 //! - the backward's walk down the layers, each layer's input adjoint
-//!   becoming the adjoint of the output below.
+//!   becoming the adjoint of the output below;
+//! - with per-step resets, the layers run the batch's segments, and the
+//!   states map between segments and sequences ([`crate::resets`]).
 
 use crate::dropout::BetweenLayers;
 use crate::error::{Result, RuntimeError};
@@ -225,6 +227,7 @@ impl Model {
             return Ok(());
         }
         let padding = crate::sequence::padding_rows(&p.order, &p.layout, p.rows);
+        let segments = p.segments.as_deref();
         let dirs = self.directions();
         let mut mask_rows = None;
         let mut input = RowSpan { span: spans.input, width: p.data_features, offset: 0 };
@@ -249,18 +252,27 @@ impl Model {
                 };
                 let (masks, drop_connect) =
                     self.fill_masks(p, &spans.masking, (k, d), &mut mask_rows, target)?;
+                // With resets, the layer runs the batch's segments (see crate::resets).
+                let sizes = &layer.state_sizes;
+                let (job_h0, job_finals) = match segments {
+                    None => (states(&h0), states(&spans.finals)),
+                    Some(s) => (s.initial(target, &states(&h0), sizes)?, s.scratch(target, sizes)?),
+                };
                 target.forward(LayerForward {
                     layer,
                     slot,
                     reverse: d == 1,
                     input,
                     output: RowSpan { offset: d * layer.output_size, ..output },
-                    h0: states(&h0),
-                    finals: states(&spans.finals),
+                    h0: job_h0,
+                    finals: job_finals.clone(),
                     tape: reserve.as_ref().map(|(r, parts)| r.part(parts[k].tape(d))),
                     masks,
                     drop_connect,
                 })?;
+                if let Some(s) = segments {
+                    s.finals(target, &job_finals, &states(&spans.finals), sizes)?;
+                }
             }
             // In training mode, what the next layer reads (and what a
             // reserve keeps for its backward) is dropped out.
@@ -292,6 +304,7 @@ impl Model {
         }
         let parts = self.checked_reserve_layout(p.rows, spans.reserve.len)?;
         let d_final = self.states_or_scratch(spans.d_final, batch, target)?;
+        let segments = p.segments.as_deref();
         let dirs = self.directions();
         let mut mask_rows = None;
         let mut d_above = spans.d_output;
@@ -320,6 +333,13 @@ impl Model {
                 };
                 let (masks, drop_connect) =
                     self.fill_masks(p, &spans.masking, (k, d), &mut mask_rows, target)?;
+                let sizes = &layer.state_sizes;
+                let (job_d_final, job_d_h0) = match segments {
+                    None => (states(&d_final), states(&d_h0)),
+                    Some(s) => {
+                        (s.final_adjoints(target, &states(&d_final), sizes)?, s.scratch(target, sizes)?)
+                    }
+                };
                 target.backward(LayerBackward {
                     layer,
                     slot,
@@ -327,13 +347,16 @@ impl Model {
                     input,
                     tape: spans.reserve.part(parts[k].tape(d)),
                     d_output: RowSpan { span: d_above, width, offset: d * layer.output_size },
-                    d_final: states(&d_final),
+                    d_final: job_d_final,
                     d_input: RowSpan { span: d_input, width: layer.input_size, offset: 0 },
-                    d_h0: states(&d_h0),
+                    d_h0: job_d_h0.clone(),
                     d_params: spans.d_params[slot].clone(),
                     masks,
                     drop_connect,
                 })?;
+                if let Some(s) = segments {
+                    s.initial_adjoints(target, &job_d_h0, &states(&d_h0), sizes)?;
+                }
             }
             // The adjoint of the layer below's output, through the forward's dropout (drawn again).
             if let (Some(dropout), Some(below)) = (&spans.dropout, k.checked_sub(1)) {

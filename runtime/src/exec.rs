@@ -171,7 +171,13 @@ impl Model {
                 check_len("input", data_len, &[batch, steps, self.input_size()])?;
                 let order = BatchOrder::new(lengths, steps)?;
                 let layout = RowLayout::padded(&order, steps, major, align);
-                Ok(LaidOutBatch { order, layout, rows: batch * steps, data_features: self.input_size() })
+                Ok(LaidOutBatch {
+                    order,
+                    layout,
+                    rows: batch * steps,
+                    data_features: self.input_size(),
+                    segments: None,
+                })
             }
             BatchShape::Packed(p) => {
                 if p.features != self.input_size() {
@@ -183,7 +189,13 @@ impl Model {
                 }
                 let order = p.order(data_len)?;
                 let layout = RowLayout::packed(&order);
-                Ok(LaidOutBatch { rows: order.rows(), order, layout, data_features: p.features })
+                Ok(LaidOutBatch {
+                    rows: order.rows(),
+                    order,
+                    layout,
+                    data_features: p.features,
+                    segments: None,
+                })
             }
         }
     }
@@ -284,8 +296,19 @@ impl Model {
 
     /// Inference: runs every layer and direction over the batch.
     pub fn forward(&self, input: Input, h0: Option<&[Vec<f32>]>) -> Result<Output> {
+        self.forward_with_resets(input, h0, None)
+    }
+
+    /// Inference with per-step resets ([`crate::Call::resets`]: one flag
+    /// per row of the input's layout; `None`: none).
+    pub fn forward_with_resets(
+        &self,
+        input: Input,
+        h0: Option<&[Vec<f32>]>,
+        resets: Option<&[bool]>,
+    ) -> Result<Output> {
         let evaluation = self.caller_masking(None, None)?;
-        let (out, ..) = self.forward_owned(input, h0, (None, evaluation), false)?;
+        let (out, ..) = self.forward_owned((input, resets), h0, (None, evaluation), false)?;
         Ok(out)
     }
 
@@ -310,9 +333,22 @@ impl Model {
         h0: Option<&[Vec<f32>]>,
         masks: Option<MaskSeed>,
     ) -> Result<(Output, Trace<'a>)> {
+        self.forward_traced_with_resets(input, h0, None, masks)
+    }
+
+    /// [`Model::forward_traced`] with per-step resets
+    /// ([`crate::Call::resets`]); its [`Model::backward`] follows them.
+    pub fn forward_traced_with_resets<'a>(
+        &self,
+        input: Input<'a>,
+        h0: Option<&[Vec<f32>]>,
+        resets: Option<&[bool]>,
+        masks: Option<MaskSeed>,
+    ) -> Result<(Output, Trace<'a>)> {
         let dropout = masks.and_then(|seed| BetweenLayers::of(self.dropout, seed));
         let masking = self.caller_masking(masks, None)?;
-        let (out, reserve, batch) = self.forward_owned(input, h0, (dropout, masking.clone()), true)?;
+        let (out, reserve, batch) =
+            self.forward_owned((input, resets), h0, (dropout, masking.clone()), true)?;
         Ok((out, Trace { input, batch, reserve, dropout, masking }))
     }
 
@@ -320,12 +356,12 @@ impl Model {
     /// too), with the dropout between layers and the cell's masks given.
     fn forward_owned(
         &self,
-        input: Input,
+        (input, resets): (Input, Option<&[bool]>),
         h0: Option<&[Vec<f32>]>,
         (dropout, masking): (Option<BetweenLayers>, CellMasking),
         training: bool,
     ) -> Result<(Output, Vec<f32>, LaidOutBatch)> {
-        let p = self.prepare(&input)?;
+        let p = self.prepare(&input)?.with_resets(resets)?;
         self.ensure_pass_fits(&p, training)?;
         let batch = p.order.batch();
         let mut data = vec![0.0f32; p.rows * self.output_size()];

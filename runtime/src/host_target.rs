@@ -105,10 +105,11 @@ impl<'a> HostTarget<'a> {
         HostTarget { model, batch, params, scratch: Vec::new() }
     }
 
+    /// Rows as the layers read them (laid out as the batch they run).
     fn rows(&self, rows: RowSpan) -> Rows<'a> {
         // SAFETY: per `new`'s contract.
         let data = unsafe { floats(rows.span) };
-        let layout: &'a crate::sequence::RowLayout = &self.batch.layout;
+        let layout: &'a crate::sequence::RowLayout = &self.batch.running().layout;
         Rows { data, layout, width: rows.width, offset: rows.offset }
     }
 
@@ -120,7 +121,7 @@ impl<'a> HostTarget<'a> {
     unsafe fn rows_mut(&self, rows: RowSpan) -> RowsMut<'a> {
         // SAFETY: per the contract.
         let data = unsafe { floats_mut(rows.span) };
-        let layout: &'a crate::sequence::RowLayout = &self.batch.layout;
+        let layout: &'a crate::sequence::RowLayout = &self.batch.running().layout;
         RowsMut { data, layout, width: rows.width, offset: rows.offset }
     }
 }
@@ -192,6 +193,25 @@ impl PassTarget for HostTarget<'_> {
         Ok(())
     }
 
+    fn copy_rows(&mut self, to: Span, from: Span, width: usize, pairs: &[(usize, usize)]) -> Result<()> {
+        // SAFETY: per `new`'s contract (two spans of a pass never overlap).
+        let (to, from) = unsafe { (floats_mut(to), floats(from)) };
+        for &(i, j) in pairs {
+            to[i * width..(i + 1) * width].copy_from_slice(&from[j * width..(j + 1) * width]);
+        }
+        Ok(())
+    }
+
+    fn add_rows(&mut self, to: Span, from: Span, width: usize, pairs: &[(usize, usize)]) -> Result<()> {
+        // SAFETY: as in `copy_rows`.
+        let (to, from) = unsafe { (floats_mut(to), floats(from)) };
+        for &(i, j) in pairs {
+            let row = &from[j * width..(j + 1) * width];
+            to[i * width..(i + 1) * width].iter_mut().zip(row).for_each(|(t, f)| *t += f);
+        }
+        Ok(())
+    }
+
     fn drop_out(&mut self, rows: RowSpan, masks: &LayerMasks) -> Result<()> {
         // SAFETY: per `new`'s contract, `rows` is host memory of this pass's alone.
         unsafe {
@@ -230,7 +250,7 @@ impl PassTarget for HostTarget<'_> {
             cell: &self.model.compiled,
             layer: job.layer,
             params: &params,
-            order: &self.batch.order,
+            order: &self.batch.running().order,
             reverse: job.reverse,
             input: self.rows(job.input),
             h0: &h0,
@@ -254,7 +274,7 @@ impl PassTarget for HostTarget<'_> {
             cell: &self.model.compiled,
             layer: job.layer,
             params: &params,
-            order: &self.batch.order,
+            order: &self.batch.running().order,
             reverse: job.reverse,
             input: self.rows(job.input),
             d_output: self.rows(job.d_output),

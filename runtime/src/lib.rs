@@ -55,6 +55,7 @@ pub mod model;
 pub mod pass;
 pub mod plan;
 pub mod pool;
+pub mod resets;
 pub mod sequence;
 pub mod stream;
 pub mod weights;

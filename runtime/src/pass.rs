@@ -134,6 +134,14 @@ pub trait PassTarget {
     /// Copies `from` to `to` (the same length).
     fn copy(&mut self, to: Span, from: Span) -> Result<()>;
 
+    /// Copies rows of `width` floats: for each `(i, j)` of `pairs`, row
+    /// `j` of `from` to row `i` of `to` (no two pairs write one row).
+    fn copy_rows(&mut self, to: Span, from: Span, width: usize, pairs: &[(usize, usize)]) -> Result<()>;
+
+    /// Adds rows of `width` floats: for each `(i, j)` of `pairs`, row `j`
+    /// of `from` into row `i` of `to` (no two pairs write one row).
+    fn add_rows(&mut self, to: Span, from: Span, width: usize, pairs: &[(usize, usize)]) -> Result<()>;
+
     /// Multiplies every valid row of `rows` by its dropout masks
     /// (direction `d`'s `masks.units` features from `rows.offset + d *
     /// masks.units`), drawn for each row's sequence and step.

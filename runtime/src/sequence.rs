@@ -129,6 +129,15 @@ pub enum RowLayout {
         /// Per sequence: its position among each step's rows (its rank by decreasing length).
         rank: Vec<usize>,
     },
+    /// The segments of another layout's sequences, each a sequence of its
+    /// own (a batch with per-step resets, [`crate::resets`]): segment `j`'s
+    /// step `t` is step `start[j].1 + t` of sequence `start[j].0` below.
+    Segments {
+        /// Per segment: its sequence and its first step, in `within`.
+        start: Vec<(usize, usize)>,
+        /// The caller's layout.
+        within: Box<RowLayout>,
+    },
 }
 
 impl RowLayout {
@@ -156,6 +165,10 @@ impl RowLayout {
             RowLayout::Padded { steps, major: Major::BatchFirst, shift, .. } => b * steps + t + shift[b],
             RowLayout::Padded { batch, major: Major::TimeFirst, shift, .. } => (t + shift[b]) * batch + b,
             RowLayout::Packed { step_offsets, rank } => step_offsets[t] + rank[b],
+            RowLayout::Segments { start, within } => {
+                let (sequence, first) = start[b];
+                within.row(sequence, first + t)
+            }
         }
     }
 }
@@ -170,6 +183,15 @@ pub struct LaidOutBatch {
     pub(crate) rows: usize,
     /// Features of the batch's input rows.
     pub(crate) data_features: usize,
+    /// With per-step resets: the batch's segments, which the layers run.
+    pub(crate) segments: Option<Box<crate::resets::Segments>>,
+}
+
+impl LaidOutBatch {
+    /// The batch the layers run: its segments where it has resets, else itself.
+    pub(crate) fn running(&self) -> &LaidOutBatch {
+        self.segments.as_ref().map_or(self, |s| &s.batch)
+    }
 }
 
 /// A packed batch exactly as PyTorch's `PackedSequence`: rows time-major,

@@ -52,6 +52,10 @@ pub struct Batch {
     /// One buffer per state, `[layers * directions, B, size]`.
     pub h0: Vec<Vec<f32>>,
     pub d_final: Vec<Vec<f32>>,
+    /// `(sequence, step)`s at which the state restarts from the initial
+    /// states (per-step resets); those at a first step or past a
+    /// sequence's end change nothing.
+    pub resets: Vec<(usize, usize)>,
 }
 
 fn uniform(rng: &mut Entropy, n: usize, scale: f32) -> Vec<f32> {
@@ -78,7 +82,40 @@ impl Batch {
         let batch = lengths.len();
         let h0 = states.iter().map(|&n| uniform(rng, ld * batch * n, 0.5)).collect();
         let d_final = states.iter().map(|&n| uniform(rng, ld * batch * n, 1.0)).collect();
-        Batch { lengths: lengths.to_vec(), steps, xs, d_out, h0, d_final }
+        Batch { lengths: lengths.to_vec(), steps, xs, d_out, h0, d_final, resets: Vec::new() }
+    }
+
+    /// Sequence `b`'s segments, `(first step, end)`: its steps split at its resets.
+    pub fn segments(&self, b: usize) -> Vec<(usize, usize)> {
+        let len = self.lengths[b];
+        let mut cuts: Vec<usize> =
+            self.resets.iter().filter(|&&(s, t)| s == b && t > 0 && t < len).map(|&(_, t)| t).collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        let starts = std::iter::once(0).chain(cuts.iter().copied());
+        let ends = cuts.iter().copied().chain(std::iter::once(len));
+        starts.zip(ends).collect()
+    }
+
+    /// The resets as the runtime takes them, one flag per row of
+    /// `layout`; `None` without resets. Padding rows are flagged, which
+    /// must change nothing.
+    pub fn reset_flags(&self, layout: Layout) -> Result<Option<Vec<bool>>, String> {
+        if self.resets.is_empty() {
+            return Ok(None);
+        }
+        let rows = match layout {
+            Layout::Packed => self.lengths.iter().sum(),
+            Layout::Padded { .. } => self.lengths.len() * self.steps,
+        };
+        let at = self.row_layout(layout)?;
+        let mut flags = vec![true; rows];
+        for (b, &len) in self.lengths.iter().enumerate() {
+            for t in 0..len {
+                flags[at.row(b, t)] = self.resets.contains(&(b, t));
+            }
+        }
+        Ok(Some(flags))
     }
 
     pub fn order(&self) -> Result<BatchOrder, String> {

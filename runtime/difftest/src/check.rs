@@ -39,6 +39,9 @@ pub struct Case {
     pub bidirectional: bool,
     pub lengths: Vec<usize>,
     pub steps: usize,
+    /// Per-step resets, `(sequence, step)` ([`Batch::resets`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resets: Vec<(usize, usize)>,
 }
 
 impl Case {
@@ -51,14 +54,25 @@ impl Case {
         let batch = 1 + rng.below(5);
         let lengths: Vec<usize> = (0..batch).map(|_| 1 + rng.below(6)).collect();
         let longest = lengths.iter().copied().max().unwrap_or(1);
-        Case {
+        let mut case = Case {
             seed: rng.next_u64(),
             sizes,
             layers: 1 + rng.below(2),
             bidirectional: rng.chance(1, 2),
             steps: longest + usize::from(rng.chance(1, 4)),
             lengths,
+            resets: Vec::new(),
+        };
+        // A third of the cases reset some sequences at a step or two (a
+        // first step among them now and then, which changes nothing).
+        if rng.chance(1, 3) {
+            for (b, &len) in case.lengths.iter().enumerate() {
+                for _ in 0..rng.below(3) {
+                    case.resets.push((b, rng.below(len)));
+                }
+            }
         }
+        case
     }
 
     /// Smaller variants: one layer, one direction, fewer or shorter sequences, smaller sizes.
@@ -70,12 +84,21 @@ impl Case {
         if self.bidirectional {
             out.push(Case { bidirectional: false, ..self.clone() });
         }
+        if !self.resets.is_empty() {
+            out.push(Case { resets: Vec::new(), ..self.clone() });
+        }
         for b in 0..self.lengths.len() {
             if self.lengths.len() > 1 {
                 let mut lengths = self.lengths.clone();
                 lengths.remove(b);
                 let steps = self.steps.min(lengths.iter().copied().max().unwrap_or(1) + 1);
-                out.push(Case { lengths, steps, ..self.clone() });
+                let resets = self
+                    .resets
+                    .iter()
+                    .filter(|&&(s, _)| s != b)
+                    .map(|&(s, t)| (if s > b { s - 1 } else { s }, t))
+                    .collect();
+                out.push(Case { lengths, steps, resets, ..self.clone() });
             }
         }
         if self.steps > self.lengths.iter().copied().max().unwrap_or(1) {
@@ -299,7 +322,8 @@ pub fn check(source: &str, case: &Case, plan: &Checks) -> Result<Passed, Failure
     let ld = layers * reference.directions();
     let states = reference.layers()[0].state_sizes.clone();
     let shape = (reference.input_size(), reference.output_size());
-    let batch = Batch::random(&mut rng, &case.lengths, case.steps, shape, &states, ld);
+    let mut batch = Batch::random(&mut rng, &case.lengths, case.steps, shape, &states, ld);
+    batch.resets = case.resets.clone();
     let (f64_run, f32_run) = oracle(&reference, &batch).map_err(fail(Check::Oracle))?;
     let want = Expected { f64: &f64_run, f32: &f32_run };
     let masked = match cell.forward.masks.is_empty() {
@@ -407,7 +431,7 @@ struct Trained {
 fn train(
     m: &Model,
     (route, masks): (Route, Option<MaskSeed>),
-    input: Input,
+    (input, resets): (Input, Option<&[bool]>),
     h0: &[Vec<f32>],
     (d_out, d_final): (&[f32], &[Vec<f32>]),
 ) -> Result<Trained, RuntimeError> {
@@ -425,7 +449,8 @@ fn train(
         weights.iter().map(|ps| ps.iter().map(|p| nan(p.len())).collect()).collect();
     match route {
         Route::Owned => {
-            let (out, trace) = m.forward_train(input, Some(h0))?;
+            let (out, trace) =
+                m.forward_traced_with_resets(input, Some(h0), resets, Some(m.next_mask_seed()))?;
             let grads = m.backward(&trace, d_out, Some(d_final))?;
             return Ok(Trained { output: out.data, finals: out.final_states, grads });
         }
@@ -433,7 +458,7 @@ fn train(
             let w: Vec<Vec<&[f32]>> =
                 weights.iter().map(|ps| ps.iter().map(Vec::as_slice).collect()).collect();
             let h0: Vec<&[f32]> = h0.iter().map(Vec::as_slice).collect();
-            let call = Call { input, weights: Some(&w), h0: Some(&h0), masks, rates: None };
+            let call = Call { input, weights: Some(&w), h0: Some(&h0), masks, rates: None, resets };
             let out = ForwardOut {
                 output: &mut output,
                 final_states: finals.iter_mut().map(Vec::as_mut_slice).collect(),
@@ -466,6 +491,7 @@ fn train(
                 stream: 0,
                 masks,
                 rates: None,
+                resets,
             };
             let out = DeviceForwardOut {
                 output: at_mut(&mut output),
@@ -496,7 +522,8 @@ fn train_in(
 ) -> Result<Trained, String> {
     let x = LaidOut::inputs(batch, layout, m.input_size())?;
     let dy = batch.lay_out(layout, &batch.d_out, m.output_size())?;
-    train(m, how, x.input(batch), &batch.h0, (&dy, &batch.d_final))
+    let resets = batch.reset_flags(layout)?;
+    train(m, how, (x.input(batch), resets.as_deref()), &batch.h0, (&dy, &batch.d_final))
         .map_err(|e| format!("training ({label}): {e}"))
 }
 
@@ -645,7 +672,10 @@ fn run_backend(
 /// against the interpreter's rows.
 fn infer(m: &Model, batch: &Batch, w: &Oracle, layout: Layout, tol: f64) -> Result<(), String> {
     let x = LaidOut::inputs(batch, layout, m.input_size())?;
-    let out = m.forward(x.input(batch), Some(&batch.h0)).map_err(|e| format!("inference ({layout}): {e}"))?;
+    let resets = batch.reset_flags(layout)?;
+    let out = m
+        .forward_with_resets(x.input(batch), Some(&batch.h0), resets.as_deref())
+        .map_err(|e| format!("inference ({layout}): {e}"))?;
     let at = batch.row_layout(layout)?;
     let against = Against::interpreter(tol);
     let what = format!("inference ({layout}) output");
@@ -653,7 +683,7 @@ fn infer(m: &Model, batch: &Batch, w: &Oracle, layout: Layout, tol: f64) -> Resu
     for (i, g) in out.final_states.iter().enumerate() {
         compare(&format!("inference ({layout}) final state {i}"), g, &w.finals[i], against)?;
     }
-    if !m.config().bidirectional {
+    if !m.config().bidirectional && batch.resets.is_empty() {
         stream(m, batch, &w.out, against)?;
     }
     Ok(())

@@ -1,5 +1,6 @@
-//! The oracle: the interpreter run on each sequence alone, layer by layer
-//! and direction by direction, forwards and backwards: the plainest
+//! The oracle: the interpreter run on each sequence alone (each segment
+//! between its per-step resets alone, from the initial states), layer by
+//! layer and direction by direction, forwards and backwards: the plainest
 //! possible statement of what a model computes.
 //!
 //! It runs twice, in f64 (the values back ends must match) and in f32
@@ -51,6 +52,7 @@ fn run<T: Float>(model: &Model, batch: &Batch) -> Result<Oracle, String> {
     let err = |e: cellc::InterpError| e.to_string();
     for b in 0..n_seq {
         let len = batch.lengths[b];
+        let segments = batch.segments(b);
         let state_of = |buf: &[Vec<f32>], i: usize, slot: usize, n: usize| {
             ts(&buf[i][(slot * n_seq + b) * n..(slot * n_seq + b + 1) * n])
         };
@@ -64,18 +66,21 @@ fn run<T: Float>(model: &Model, batch: &Batch) -> Result<Oracle, String> {
                 let params: Vec<Vec<T>> = model.params(k, d == 1).iter().map(|p| ts(p)).collect();
                 let h0: Vec<Vec<T>> =
                     (0..nstates).map(|i| state_of(&batch.h0, i, slot, layer.state_sizes[i])).collect();
-                let mut seq: Vec<Vec<T>> = layer_in[k].clone();
-                if d == 1 {
-                    seq.reverse();
-                }
-                let run = bound.run(&seq.concat(), &h0, &params).map_err(err)?;
-                let o = layer.output_size;
-                for s in 0..len {
-                    let t = if d == 1 { len - 1 - s } else { s };
-                    next[t].extend_from_slice(&run.outputs[s * o..(s + 1) * o]);
-                }
-                for ((dst, src), &n) in finals.iter_mut().zip(&run.final_states).zip(&layer.state_sizes) {
-                    dst[(slot * n_seq + b) * n..(slot * n_seq + b + 1) * n].copy_from_slice(src);
+                // Each segment (resets split a sequence) from the initial states.
+                for &(first, end) in &segments {
+                    let mut seq: Vec<Vec<T>> = layer_in[k][first..end].to_vec();
+                    if d == 1 {
+                        seq.reverse();
+                    }
+                    let run = bound.run(&seq.concat(), &h0, &params).map_err(err)?;
+                    let o = layer.output_size;
+                    for s in 0..end - first {
+                        let t = if d == 1 { end - 1 - s } else { first + s };
+                        next[t].extend_from_slice(&run.outputs[s * o..(s + 1) * o]);
+                    }
+                    for ((dst, src), &n) in finals.iter_mut().zip(&run.final_states).zip(&layer.state_sizes) {
+                        dst[(slot * n_seq + b) * n..(slot * n_seq + b + 1) * n].copy_from_slice(src);
+                    }
                 }
             }
             layer_in.push(next);
@@ -93,21 +98,29 @@ fn run<T: Float>(model: &Model, batch: &Batch) -> Result<Oracle, String> {
                     (0..nstates).map(|i| state_of(&batch.h0, i, slot, layer.state_sizes[i])).collect();
                 let df: Vec<Vec<T>> =
                     (0..nstates).map(|i| state_of(&batch.d_final, i, slot, layer.state_sizes[i])).collect();
+                let no_df: Vec<Vec<T>> = df.iter().map(|d| vec![T::zero(); d.len()]).collect();
                 let o = layer.output_size;
-                let order: Vec<usize> = if d == 1 { (0..len).rev().collect() } else { (0..len).collect() };
-                let seq: Vec<T> = order.iter().flat_map(|&t| layer_in[k][t].iter().copied()).collect();
-                let dseq: Vec<T> =
-                    order.iter().flat_map(|&t| d_above[t][d * o..(d + 1) * o].iter().copied()).collect();
-                let g = bound.backward(grad, &seq, &h0, &params, &dseq, &df).map_err(err)?;
-                for (s, &t) in order.iter().enumerate() {
-                    let row = &g.d_inputs[s * layer.input_size..(s + 1) * layer.input_size];
-                    d_below[t].iter_mut().zip(row).for_each(|(acc, &v)| *acc = *acc + v);
-                }
-                for ((dst, src), &n) in d_h0.iter_mut().zip(&g.d_initial_states).zip(&layer.state_sizes) {
-                    dst[(slot * n_seq + b) * n..(slot * n_seq + b + 1) * n].copy_from_slice(src);
-                }
-                for (acc, gp) in d_params[slot].iter_mut().zip(&g.d_params) {
-                    acc.iter_mut().zip(gp).for_each(|(a, &v)| *a = *a + v);
+                // Each segment backwards; the final states' adjoints are the
+                // last segment's; the initial states' sum every segment's.
+                for (j, &(first, end)) in segments.iter().enumerate() {
+                    let order: Vec<usize> =
+                        if d == 1 { (first..end).rev().collect() } else { (first..end).collect() };
+                    let seq: Vec<T> = order.iter().flat_map(|&t| layer_in[k][t].iter().copied()).collect();
+                    let dseq: Vec<T> =
+                        order.iter().flat_map(|&t| d_above[t][d * o..(d + 1) * o].iter().copied()).collect();
+                    let df = if j + 1 == segments.len() { &df } else { &no_df };
+                    let g = bound.backward(grad, &seq, &h0, &params, &dseq, df).map_err(err)?;
+                    for (s, &t) in order.iter().enumerate() {
+                        let row = &g.d_inputs[s * layer.input_size..(s + 1) * layer.input_size];
+                        d_below[t].iter_mut().zip(row).for_each(|(acc, &v)| *acc = *acc + v);
+                    }
+                    for ((dst, src), &n) in d_h0.iter_mut().zip(&g.d_initial_states).zip(&layer.state_sizes) {
+                        let row = &mut dst[(slot * n_seq + b) * n..(slot * n_seq + b + 1) * n];
+                        row.iter_mut().zip(src).for_each(|(a, &v)| *a = *a + v);
+                    }
+                    for (acc, gp) in d_params[slot].iter_mut().zip(&g.d_params) {
+                        acc.iter_mut().zip(gp).for_each(|(a, &v)| *a = *a + v);
+                    }
                 }
             }
             d_above = d_below;

@@ -21,6 +21,8 @@ struct Batch {
     /// Padded: `(B, T)`; packed: `(N, 0)`.
     dims: (usize, usize),
     features: usize,
+    /// Per-step resets, one flag per layout row (`Call::resets`).
+    resets: Option<Vec<bool>>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -43,8 +45,18 @@ fn layout(name: &str) -> Result<Layout> {
 impl Batch {
     /// # Safety
     /// `index` per [`Tensor::indices`] (`x` is only measured).
+    /// A layout name ending in `+resets` has the resets as the last index
+    /// tensor (i64, nonzero where the state restarts).
     unsafe fn read(layout_name: &str, x: &Tensor, index: &[Tensor]) -> Result<Batch> {
-        let layout = layout(layout_name)?;
+        let (index, resets) = match (layout_name.strip_suffix("+resets"), index.split_last()) {
+            (Some(_), Some((flags, index))) => {
+                // SAFETY: per the contract.
+                let flags = unsafe { flags.indices(false, 0)? };
+                (index, Some(flags.into_iter().map(|v| v != 0).collect()))
+            }
+            _ => (index, None),
+        };
+        let layout = layout(layout_name.trim_end_matches("+resets"))?;
         let rank = match layout {
             Layout::Padded(..) => 3,
             Layout::Packed => 2,
@@ -64,7 +76,7 @@ impl Batch {
         let expected = if matches!(layout, Layout::Packed) { 3 } else { 1 };
         if index.is_empty() && expected == 1 {
             // A padded batch without lengths: every sequence runs all the steps.
-            return Ok(Batch { layout, index: vec![vec![dims.1; dims.0]], dims, features });
+            return Ok(Batch { layout, index: vec![vec![dims.1; dims.0]], dims, features, resets });
         }
         if index.len() != expected {
             return Err(RuntimeError::Internal(format!(
@@ -78,7 +90,7 @@ impl Batch {
             // SAFETY: per the contract.
             .map(|(i, t)| unsafe { t.indices(i == 0 && expected == 1, dims.1) })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Batch { layout, index, dims, features })
+        Ok(Batch { layout, index, dims, features, resets })
     }
 
     fn shape(&self) -> BatchShape<'_> {
@@ -184,6 +196,7 @@ impl Inputs<'_> {
             h0: (!self.h0.is_empty()).then_some(&self.h0[..]),
             masks: None,
             rates: None,
+            resets: self.batch.resets.as_deref(),
         }
     }
 }
@@ -206,6 +219,7 @@ impl DeviceInputs {
             stream,
             masks: None,
             rates: None,
+            resets: self.batch.resets.as_deref(),
         }
     }
 }

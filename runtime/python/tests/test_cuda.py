@@ -130,3 +130,36 @@ def test_a_cells_masks_on_cuda_are_the_cpus():
         torch.manual_seed(5)
         got = run(gpu, x.cuda(), None, lengths=LENGTHS)
         assert_close([t.cpu() if isinstance(t, torch.Tensor) else [u.cpu() for u in t] for t in got], want)
+
+
+def test_resets_on_cuda_are_the_cpus():
+    """Per-step resets on CUDA tensors (padded both alignments, and packed) give what the CPU
+    back end gives: outputs, final states and every gradient, the initial states' included."""
+    torch.manual_seed(0)
+    cpu = cellc.RNN("lstm", INPUT, {"H": HIDDEN}, num_layers=2, bidirectional=True, batch_first=True)
+    gpu = cellc.RNN("lstm", INPUT, {"H": HIDDEN}, num_layers=2, bidirectional=True, batch_first=True)
+    gpu.load_state_dict(cpu.state_dict())
+    gpu = gpu.cuda()
+    x = torch.randn(len(LENGTHS), STEPS, INPUT)
+    resets = torch.rand(len(LENGTHS), STEPS) < 0.3
+    hx = tuple(torch.randn(4, len(LENGTHS), HIDDEN) for _ in range(2))
+
+    def with_hx(module, x, hx, **kwargs):
+        leaves = [h.clone().requires_grad_() for h in hx]
+        data, finals, x_grad, grads = run(module, x, tuple(leaves), **kwargs)
+        return data, finals, x_grad, grads, [h.grad for h in leaves]
+
+    def on_cpu(t):
+        return t.cpu() if isinstance(t, torch.Tensor) else [u.cpu() for u in t]
+
+    for align in ("left", "right"):
+        want = with_hx(cpu, x, hx, lengths=LENGTHS, align=align, resets=resets)
+        got = with_hx(gpu, x.cuda(), tuple(h.cuda() for h in hx), lengths=LENGTHS, align=align,
+                      resets=resets.cuda())
+        assert_close([on_cpu(t) for t in got], want)
+    packed = pack_padded_sequence(x, torch.tensor(LENGTHS), batch_first=True, enforce_sorted=False)
+    flags = pack_padded_sequence(resets, torch.tensor(LENGTHS), batch_first=True, enforce_sorted=False)
+    want = with_hx(cpu, packed, hx, resets=flags)
+    packed_gpu = pack_padded_sequence(x.cuda(), torch.tensor(LENGTHS), batch_first=True, enforce_sorted=False)
+    got = with_hx(gpu, packed_gpu, tuple(h.cuda() for h in hx), resets=flags)
+    assert_close([on_cpu(t) for t in got], want)

@@ -70,13 +70,13 @@ def _ref(t: Tensor) -> tuple[int, torch.Size]:
 
 
 def _batch(layout: str, x: Tensor, index: list[Tensor]):
-    if layout == "packed":
+    if layout.startswith("packed"):
         return index[1].shape[0]
     return x.shape[0] if layout.startswith("batch_first") else x.shape[1]
 
 
 def _rows(layout: str, x: Tensor):
-    return x.shape[0] if layout == "packed" else x.shape[0] * x.shape[1]
+    return x.shape[0] if layout.startswith("packed") else x.shape[0] * x.shape[1]
 
 
 def _forward_outputs(spec: str, layout: str, x: Tensor, index: list[Tensor], training: bool, empty,

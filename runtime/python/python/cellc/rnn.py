@@ -63,6 +63,17 @@ def _size(name: str, value, *, least: int = 1) -> int:
 _MAX_SIZE = 1 << 31
 
 
+def _reset_flags(resets, shape: tuple, layout: str) -> Tensor:
+    """A call's per-step resets as the operators take them: int64 on the CPU (1 where the state
+    restarts), checked to be booleans (or integers) shaped as the input's rows."""
+    resets = torch.as_tensor(resets)
+    if resets.dtype.is_floating_point or resets.dtype.is_complex:
+        raise DTypeError(f"`resets` is {resets.dtype}: one bool per sequence and step expected")
+    if tuple(resets.shape) != tuple(shape):
+        raise ShapeError(f"`resets` has shape {list(resets.shape)}, expected {list(shape)}: {layout}, as the input")
+    return (resets != 0).to(device="cpu", dtype=torch.int64).contiguous()
+
+
 class RNN(nn.Module):
     """A stack of layers of a ``.cell`` cell, run by cellc's fused kernels.
 
@@ -109,12 +120,21 @@ class RNN(nn.Module):
     has ``nn.LSTM(I, H)``'s weights. cellc computes in float32: ``.double()`` is refused at
     the first call.
 
-    ``forward(input, hx=None, *, lengths=None, align="left")`` takes a padded batch with each
-    sequence's length (padding at the end, or at the start with ``align="right"``; nothing is
-    sorted or copied) or a ``PackedSequence``, and returns ``(output, finals)`` as ``nn.LSTM``
-    does: ``finals`` is a tensor for a one-state cell, else a tuple (``(h_n, c_n)`` for an LSTM),
-    each ``[num_layers * directions, B, size]``; ``hx`` is given the same way. Padding rows of
-    the output are zeros.
+    ``forward(input, hx=None, *, lengths=None, align="left", resets=None)`` takes a padded batch
+    with each sequence's length (padding at the end, or at the start with ``align="right"``;
+    nothing is sorted or copied) or a ``PackedSequence``, and returns ``(output, finals)`` as
+    ``nn.LSTM`` does: ``finals`` is a tensor for a one-state cell, else a tuple (``(h_n, c_n)``
+    for an LSTM), each ``[num_layers * directions, B, size]``; ``hx`` is given the same way.
+    Padding rows of the output are zeros.
+
+    ``resets`` (optional, bool, shaped as the input without its features: ``[B, T]`` or
+    ``[T, B]``, ``[N]`` or a ``PackedSequence`` of flags for a packed input) restarts the state
+    of a sequence at each flagged step: the step is computed from ``hx`` (zeros without one), as
+    if a new sequence began there (an episode's end in reinforcement learning, TorchRL's
+    ``is_init``), in every layer, and the reverse direction of a bidirectional layer runs each
+    stretch between resets on its own. Flags at padding or at a sequence's first step change
+    nothing. The gradient of ``hx`` is the sum over the stretches that start from it: the first
+    and one per reset. Masks do not change with resets (they are drawn per sequence and step).
 
     On CUDA tensors (``module.cuda()``), every pass is queued on PyTorch's current stream and
     nothing waits on the host, provided ``lengths`` is a CPU tensor or a list (PyTorch's own
@@ -303,7 +323,7 @@ class RNN(nn.Module):
             parts.append(f"backend={self.backend!r}")
         return ", ".join(parts)
 
-    def forward(self, input, hx=None, *, lengths=None, align: str = "left"):
+    def forward(self, input, hx=None, *, lengths=None, align: str = "left", resets=None):
         weights = self._weights()
         for i, w in enumerate(weights):
             if w.dtype != torch.float32:
@@ -314,7 +334,7 @@ class RNN(nn.Module):
         if isinstance(input, PackedSequence):
             if lengths is not None:
                 raise ValueError("`lengths` is for a padded input: a PackedSequence carries its own")
-            return self._forward_packed(input, hx, weights)
+            return self._forward_packed(input, hx, weights, resets)
         x = input
         if not isinstance(x, Tensor):
             raise TypeError(f"input must be a Tensor or a PackedSequence, not {type(x).__name__}")
@@ -342,6 +362,11 @@ class RNN(nn.Module):
         self._check_device(x, weights)
         h0 = self._initial_states(hx, batch, x, unbatched)
         layout = ("batch_first/" if self.batch_first else "time_first/") + align
+        if resets is not None:
+            shape = tuple(input.shape[:-1])
+            flags = _reset_flags(resets, shape, "[B, T]" if self.batch_first else "[T, B]")
+            index.append(flags.reshape(x.shape[:-1]))
+            layout += "+resets"
         spec, masks, rates = self._spec_for(x), self._masks(), self._rates_list()
         out, finals = _ops.run(spec, layout, x.contiguous(), index, h0, weights, masks, rates)
         if unbatched:
@@ -349,12 +374,17 @@ class RNN(nn.Module):
             finals = [f.squeeze(1) for f in finals]
         return out, self._states_out(finals)
 
-    def _forward_packed(self, packed: PackedSequence, hx, weights):
+    def _forward_packed(self, packed: PackedSequence, hx, weights, resets):
         data, batch_sizes, sorted_indices, unsorted_indices = packed
         if data.dim() != 2 or data.shape[-1] != self.input_size:
             raise ShapeError(
                 f"`input.data` has shape {list(data.shape)}, expected [N, {self.input_size}]"
             )
+        layout, flags = "packed", []
+        if resets is not None:
+            if isinstance(resets, PackedSequence):
+                resets = resets.data
+            flags, layout = [_reset_flags(resets, (data.shape[0],), "[N] (one per row of input.data)")], "packed+resets"
         batch = int(batch_sizes[0]) if batch_sizes.numel() > 0 else 0
         self._check_device(data, weights)
         h0 = self._initial_states(hx, batch, data, False)
@@ -364,19 +394,19 @@ class RNN(nn.Module):
             # As nn.LSTM does on a GPU: the states are put in the packing's
             # order on the device, so its permutations are never read on the host.
             identity = torch.arange(batch)
-            index = [batch_sizes_cpu, identity, identity]
+            index = [batch_sizes_cpu, identity, identity, *flags]
             h0 = [h.index_select(1, sorted_indices) for h in h0]
             masks, rates = self._masks(), self._rates_list()
-            out, finals = _ops.run(spec, "packed", data.contiguous(), index, h0, weights, masks, rates)
+            out, finals = _ops.run(spec, layout, data.contiguous(), index, h0, weights, masks, rates)
             finals = [f.index_select(1, unsorted_indices) for f in finals]
         else:
             if sorted_indices is None:
                 sorted_indices = unsorted_indices = torch.arange(batch)
             index = [batch_sizes_cpu] + [
                 t.to(device="cpu", dtype=torch.int64).contiguous() for t in (sorted_indices, unsorted_indices)
-            ]
+            ] + flags
             masks, rates = self._masks(), self._rates_list()
-            out, finals = _ops.run(spec, "packed", data.contiguous(), index, h0, weights, masks, rates)
+            out, finals = _ops.run(spec, layout, data.contiguous(), index, h0, weights, masks, rates)
         return PackedSequence(out, batch_sizes, packed.sorted_indices, packed.unsorted_indices), self._states_out(finals)
 
     def dropout_masks(self, input: Tensor, masks: Tensor, *, lengths=None, align: str = "left") -> list[Tensor]:

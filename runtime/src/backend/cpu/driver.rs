@@ -407,15 +407,21 @@ impl SendTable {
 /// `(b, t)` of the run's first row, its length, and the layout-row step.
 pub fn runs(order: &BatchOrder, layout: &RowLayout) -> Vec<(usize, usize, usize, usize)> {
     match layout {
-        RowLayout::Padded { .. } => (0..order.batch())
+        // Packed rows are all valid and contiguous: one run, from the
+        // sequence (or segment) whose first step is row 0.
+        RowLayout::Packed { .. } => vec![(order.order()[0], 0, order.rows(), 1)],
+        RowLayout::Segments { within, .. } if matches!(**within, RowLayout::Packed { .. }) => {
+            let first = (0..order.batch()).find(|&j| layout.row(j, 0) == 0).unwrap_or(0);
+            vec![(first, 0, order.rows(), 1)]
+        }
+        // Padded rows: one evenly strided run per sequence (or segment).
+        RowLayout::Padded { .. } | RowLayout::Segments { .. } => (0..order.batch())
             .map(|b| {
                 let first = layout.row(b, 0);
                 let step = if order.lengths()[b] > 1 { layout.row(b, 1) - first } else { 1 };
                 (b, 0, order.lengths()[b], step)
             })
             .collect(),
-        // Packed rows are all valid and contiguous: one run.
-        RowLayout::Packed { .. } => vec![(order.order()[0], 0, order.rows(), 1)],
     }
 }
 

@@ -67,8 +67,16 @@ impl DeviceTarget<'_> {
         Ok(params)
     }
 
+    /// A layer's run over the batch the layers run (its segments, where it has resets).
     fn layer_run(&self, reverse: bool) -> LayerRun<'_> {
-        LayerRun::new(self.device(), &self.batch.layout, self.batch.rows, &self.batch.order, reverse)
+        let run = self.batch.running();
+        LayerRun::new(self.device(), &run.layout, run.rows, &run.order, reverse)
+    }
+
+    /// Row pairs `(i, j)` of `to` and `from` as address pairs.
+    fn row_addrs(to: Span, from: Span, width: usize, pairs: &[(usize, usize)]) -> Vec<(u64, u64)> {
+        let row = |s: Span, i: usize| s.addr + 4 * (i * width) as u64;
+        pairs.iter().map(|&(i, j)| (row(to, i), row(from, j))).collect()
     }
 }
 
@@ -116,6 +124,16 @@ impl PassTarget for DeviceTarget<'_> {
 
     fn copy(&mut self, to: Span, from: Span) -> Result<()> {
         self.run(|calls, pass| calls.copy_floats(pass, to.addr, from.addr, to.len.min(from.len)))
+    }
+
+    fn copy_rows(&mut self, to: Span, from: Span, width: usize, pairs: &[(usize, usize)]) -> Result<()> {
+        let pairs = Self::row_addrs(to, from, width, pairs);
+        self.run(|calls, pass| calls.copy_rows(pass, &pairs, width))
+    }
+
+    fn add_rows(&mut self, to: Span, from: Span, width: usize, pairs: &[(usize, usize)]) -> Result<()> {
+        let pairs = Self::row_addrs(to, from, width, pairs);
+        self.run(|calls, pass| calls.add_rows(pass, &pairs, width))
     }
 
     fn drop_out(&mut self, rows: RowSpan, masks: &LayerMasks) -> Result<()> {
