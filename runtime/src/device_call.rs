@@ -133,7 +133,7 @@ impl CallerMemory for DeviceCall<'_> {
             masking: model.caller_masking(self.masks, self.rates)?,
         };
         let weights = self.weights.iter().map(|ps| ps.iter().copied().map(span).collect()).collect();
-        let mut target = passes.target(&model.compiled, &model.layers, &p, weights, self.stream)?;
+        let mut target = passes.target(&model.compiled, &model.layers, &p, weights, Some(self.stream))?;
         model.drive_forward(&p, spans, target.as_mut())
     }
 
@@ -158,7 +158,7 @@ impl CallerMemory for DeviceCall<'_> {
             masking: model.caller_masking(self.masks, self.rates)?,
         };
         let weights = self.weights.iter().map(|ps| ps.iter().copied().map(span).collect()).collect();
-        let mut target = passes.target(&model.compiled, &model.layers, &p, weights, self.stream)?;
+        let mut target = passes.target(&model.compiled, &model.layers, &p, weights, Some(self.stream))?;
         model.drive_backward(&p, spans, target.as_mut())
     }
 }

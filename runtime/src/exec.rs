@@ -15,6 +15,7 @@ use crate::pass::Span;
 use crate::sequence::{
     check_len, Align, BatchOrder, Floats, LaidOutBatch, Major, PackedIndex, PackedView, RowLayout,
 };
+use crate::staged::DeviceReserve;
 
 /// A batch in the caller's own layout.
 #[derive(Clone, Copy, Debug)]
@@ -115,16 +116,26 @@ pub struct Gradients {
 pub struct Trace<'a> {
     input: Input<'a>,
     batch: LaidOutBatch,
-    reserve: Vec<f32>,
+    reserve: KeptReserve,
     /// The forward's dropout between layers, drawn again by the backward.
     dropout: Option<BetweenLayers>,
     /// The forward's cell masks, drawn again by the backward.
     masking: CellMasking,
 }
 
+/// Where a training forward keeps its reserve: in host memory, or in the
+/// device memory its pass ran in ([`crate::staged`]).
+#[derive(Debug)]
+enum KeptReserve {
+    Host(Vec<f32>),
+    Device(DeviceReserve),
+}
+
 impl Drop for Trace<'_> {
     fn drop(&mut self) {
-        crate::pool::give(std::mem::take(&mut self.reserve));
+        if let KeptReserve::Host(reserve) = &mut self.reserve {
+            crate::pool::give(std::mem::take(reserve));
+        }
     }
 }
 
@@ -360,9 +371,15 @@ impl Model {
         h0: Option<&[Vec<f32>]>,
         (dropout, masking): (Option<BetweenLayers>, CellMasking),
         training: bool,
-    ) -> Result<(Output, Vec<f32>, LaidOutBatch)> {
+    ) -> Result<(Output, KeptReserve, LaidOutBatch)> {
         let p = self.prepare(&input)?.with_resets(resets)?;
         self.ensure_pass_fits(&p, training)?;
+        if let Some(passes) = self.backend.device_passes() {
+            let data = (Self::input_data(&input), h0);
+            let (out, kept) = self.forward_staged(passes, &p, data, (dropout, masking), training)?;
+            let kept = kept.map_or(KeptReserve::Host(Vec::new()), KeptReserve::Device);
+            return Ok((out, kept, p));
+        }
         let batch = p.order.batch();
         let mut data = vec![0.0f32; p.rows * self.output_size()];
         let mut final_states: Vec<Vec<f32>> =
@@ -387,7 +404,7 @@ impl Model {
         let mut target = unsafe { HostTarget::new(self, &p, &params) };
         self.drive_forward(&p, spans, &mut target)?;
         drop(target);
-        Ok((Output { data, final_states }, reserve, p))
+        Ok((Output { data, final_states }, KeptReserve::Host(reserve), p))
     }
 
     /// Backpropagation through the whole model: `d_output` is laid out like
@@ -399,6 +416,16 @@ impl Model {
         d_final: Option<&[Vec<f32>]>,
     ) -> Result<Gradients> {
         let p = &trace.batch;
+        let reserve = match (&trace.reserve, self.backend.device_passes()) {
+            (KeptReserve::Host(reserve), _) => reserve,
+            (KeptReserve::Device(kept), Some(passes)) => {
+                let how = (trace.dropout, trace.masking.clone());
+                return self.backward_staged(passes, p, kept, (d_output, d_final), how);
+            }
+            (KeptReserve::Device(_), None) => {
+                return Err(RuntimeError::Internal("a trace kept on a device, a model without one".into()))
+            }
+        };
         let batch = p.order.batch();
         let mut d_input = vec![0.0f32; p.rows * self.input_size()];
         let mut d_h0: Vec<Vec<f32>> =
@@ -407,7 +434,7 @@ impl Model {
         let params = self.own_params()?;
         let spans = BackwardSpans {
             input: Span::of(Self::input_data(&trace.input)),
-            reserve: Span::of(&trace.reserve),
+            reserve: Span::of(reserve),
             d_output: Span::of(d_output),
             d_final: d_final.map(|d| d.iter().map(|s| Span::of(s)).collect()),
             d_input: Span::of_mut(&mut d_input),

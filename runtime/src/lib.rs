@@ -57,6 +57,7 @@ pub mod plan;
 pub mod pool;
 pub mod resets;
 pub mod sequence;
+pub(crate) mod staged;
 pub mod stream;
 pub mod weights;
 

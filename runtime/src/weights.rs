@@ -152,8 +152,12 @@ fn read_file(path: &Path) -> Result<(BTreeMap<String, Tensor>, Metadata)> {
             Dtype::I32 => TensorData::I64(
                 raw.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect(),
             ),
+            // Flags (per-step resets): one byte each.
+            Dtype::BOOL | Dtype::U8 => TensorData::I64(raw.iter().map(|&b| i64::from(b)).collect()),
             other => {
-                return Err(io(format!("tensor `{name}` has dtype {other:?}; f32, f64, i32 or i64 expected")))
+                return Err(io(format!(
+                    "tensor `{name}` has dtype {other:?}; f32, f64, i32, i64, u8 or bool expected"
+                )))
             }
         };
         out.insert(name, Tensor { shape: view.shape().to_vec(), data });
@@ -297,6 +301,19 @@ mod tests {
         w.save(&path).expect("saves");
         assert!(read_metadata(&path).expect("reads").is_empty());
         assert_eq!(Weights::load(&path).expect("loads"), w);
+        std::fs::remove_file(&path).ok();
+    }
+
+    #[test]
+    fn flags_read_as_integers() {
+        let path =
+            std::env::temp_dir().join(format!("cellc_weights_flags_{}.safetensors", std::process::id()));
+        let bytes = [1u8, 0, 0, 1, 1, 0];
+        let views = [("resets", TensorView::new(Dtype::BOOL, vec![2, 3], &bytes).expect("a view"))];
+        std::fs::write(&path, safetensors::serialize(views, None).expect("serialises")).expect("writes");
+        let read = read_tensors(&path).expect("reads");
+        assert_eq!(read["resets"].shape, vec![2, 3]);
+        assert_eq!(read["resets"].data, TensorData::I64(vec![1, 0, 0, 1, 1, 0]));
         std::fs::remove_file(&path).ok();
     }
 }

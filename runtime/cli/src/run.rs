@@ -3,6 +3,8 @@
 //!
 //! Files (batch-first, padded, aligned as `--align` says):
 //! - input:   `input` f32 [B, T, I], `lengths` i64 [B] (optional: all T),
+//!   `resets` bool (or integers) [B, T] (optional: per-step resets, the
+//!   state restarting from `h0` at each nonzero step),
 //!   `h0.<state>` f32 [L*D, B, size] (optional), and with `--grad`
 //!   `grad_output` f32 [B, T, O*D] and optionally `grad_final.<state>`;
 //! - weights: `<param>_l<k>` and `<param>_l<k>_reverse`;
@@ -208,6 +210,21 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
         }
     };
 
+    let resets: Option<Vec<bool>> = match x.remove("resets") {
+        None => None,
+        Some(Tensor { shape, data: TensorData::I64(flags) }) => {
+            expect_shape("resets", &shape, &[batch, steps])?;
+            Some(flags.iter().map(|&f| f != 0).collect())
+        }
+        Some(_) => {
+            return Err(RuntimeError::Io {
+                path: input_file,
+                message: "`resets` must hold bools or integers".into(),
+            })
+        }
+    };
+    let resets = resets.as_deref();
+
     let weights = Weights::load(&args.weights)?;
     let sizes: Bindings = args.define.iter().cloned().collect();
     crate::warn_unused_defines(&args.define, &[&compiled.forward], &args.cell_file.display().to_string());
@@ -263,7 +280,7 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
             })?;
         expect_shape("grad_output", &dy_shape, &[batch, steps, o])?;
         let d_final = read_states("grad_final", &mut x)?;
-        let (output, trace) = model.forward_traced(input, h0.as_deref(), seed)?;
+        let (output, trace) = model.forward_traced_with_resets(input, h0.as_deref(), resets, seed)?;
         let grads = model.backward(&trace, &dy, d_final.as_deref())?;
         out.insert("grad.input".into(), Tensor::f32(vec![batch, steps, features], grads.d_input));
         for ((name, d), &n) in state_names.iter().zip(grads.d_h0).zip(&state_sizes) {
@@ -275,8 +292,8 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
         insert_forward(&mut out, &state_names, &state_sizes, output, [batch, steps, o], ld);
     } else {
         let output = match seed {
-            None => model.forward(input, h0.as_deref())?,
-            Some(_) => model.forward_traced(input, h0.as_deref(), seed)?.0,
+            None => model.forward_with_resets(input, h0.as_deref(), resets)?,
+            Some(_) => model.forward_traced_with_resets(input, h0.as_deref(), resets, seed)?.0,
         };
         insert_forward(&mut out, &state_names, &state_sizes, output, [batch, steps, o], ld);
     }

@@ -457,3 +457,62 @@ fn run_trains_with_the_cells_masks_and_writes_them() {
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("rate `q` is not a rate of cell `masked`"));
 }
+
+#[test]
+fn run_restarts_the_state_where_the_input_resets_it() {
+    // A reset at step 3 of sequence 0: its steps 3..6 give what the same
+    // steps give as a sequence of their own (sequence 1, from the same h0).
+    use cellc_runtime::{read_tensors, write_tensors, Tensor, TensorData};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let cell = root.join("cells/gru.cell");
+    let (h, i, steps) = (4usize, 3usize, 6usize);
+    let weights = temp_file("resets_w.safetensors", b"");
+    let values = |n: usize, k: f32| (0..n).map(|j| ((j as f32 * 0.37 + k).sin()) * 0.5).collect::<Vec<f32>>();
+    let tensors = [
+        ("weight_ih_l0".to_string(), Tensor::f32(vec![3 * h, i], values(3 * h * i, 1.0))),
+        ("weight_hh_l0".to_string(), Tensor::f32(vec![3 * h, h], values(3 * h * h, 2.0))),
+        ("bias_ih_l0".to_string(), Tensor::f32(vec![3 * h], values(3 * h, 3.0))),
+        ("bias_hh_l0".to_string(), Tensor::f32(vec![3 * h], values(3 * h, 4.0))),
+    ];
+    write_tensors(&weights, &tensors.into_iter().collect()).expect("weights");
+    let seq = values(steps * i, 5.0);
+    let mut x = seq.clone();
+    x.extend_from_slice(&seq[3 * i..]);
+    x.extend(std::iter::repeat_n(0.0, 3 * i));
+    let mut resets = vec![0i64; 2 * steps];
+    resets[3] = 1;
+    let input = temp_file("resets_x.safetensors", b"");
+    let h0 = values(2 * h, 6.0);
+    let h0 = [h0[..h].to_vec(), h0[..h].to_vec()].concat();
+    let batch = [
+        ("input".to_string(), Tensor::f32(vec![2, steps, i], x)),
+        ("lengths".to_string(), Tensor { shape: vec![2], data: TensorData::I64(vec![6, 3]) }),
+        ("resets".to_string(), Tensor { shape: vec![2, steps], data: TensorData::I64(resets) }),
+        ("h0.h".to_string(), Tensor::f32(vec![1, 2, h], h0)),
+    ];
+    write_tensors(&input, &batch.into_iter().collect()).expect("input");
+    let out = temp_file("resets_out.safetensors", b"");
+    let args = [
+        "run",
+        arg(&cell),
+        "-D",
+        "H=4",
+        "--weights",
+        arg(&weights),
+        "--input",
+        arg(&input),
+        "--out",
+        arg(&out),
+    ];
+    let result = cellc(&args);
+    assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
+    let got = read_tensors(&out).expect("output");
+    let TensorData::F32(y) = &got["output"].data else { panic!("f32 output") };
+    let row = |b: usize, t: usize| &y[(b * steps + t) * h..(b * steps + t + 1) * h];
+    let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-6);
+    for t in 0..3 {
+        assert!(close(row(0, 3 + t), row(1, t)), "step {}: {:?} vs {:?}", 3 + t, row(0, 3 + t), row(1, t));
+    }
+    let TensorData::F32(finals) = &got["final.h"].data else { panic!("f32 finals") };
+    assert!(close(&finals[..h], &finals[h..]), "{finals:?}");
+}

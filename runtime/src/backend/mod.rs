@@ -273,20 +273,38 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     }
 }
 
-/// Passes over device memory the caller owns ([`crate::device_call`]).
+/// Passes in a device's memory: the caller's ([`crate::device_call`]), or
+/// the model's own passes over host data, staged there.
 pub trait DevicePasses {
     /// The target a pass of `cell` (at its `layers`' sizes) over `batch`
-    /// runs on: this device, its work queued on `stream`, reading the
-    /// caller's `weights` (`[layer * directions + direction][param]`,
-    /// checked).
+    /// runs on: this device, its work queued on `stream` (`None`: the
+    /// device's own), reading `weights` (`[layer * directions +
+    /// direction][param]`, checked).
     fn target<'a>(
         &'a self,
         cell: &'a CompiledCell,
         layers: &'a [Layer],
         batch: &'a LaidOutBatch,
         weights: Vec<Vec<Span>>,
-        stream: u64,
+        stream: Option<u64>,
     ) -> Result<Box<dyn PassTarget + 'a>>;
+
+    /// `data` copied into new device memory, queued on the device's own stream.
+    fn upload(&self, data: &[f32]) -> Result<cuda::device::Buf>;
+
+    /// New device memory of `len` floats, zeroed.
+    fn zeros(&self, len: usize) -> Result<cuda::device::Buf>;
+
+    /// A buffer's floats, once the work queued on the device's own stream is done.
+    fn download(&self, buf: &cuda::device::Buf) -> Result<Vec<f32>>;
+
+    /// A layer-direction's parameters on the device: uploaded once and
+    /// kept in `prepared` (for the model's own), or for this pass only.
+    fn params(
+        &self,
+        params: &[&[f32]],
+        prepared: &PreparedWeights,
+    ) -> Result<std::sync::Arc<Vec<cuda::device::Buf>>>;
 }
 
 /// Checks that a tape has the floats the layer's program lays out for `rows` layout rows.

@@ -18,8 +18,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// Device memory: its address, its length in elements, and what owns it.
-pub(crate) struct Buf {
+pub struct Buf {
+    /// The address of its first element.
     pub addr: u64,
+    /// Its elements.
     pub len: usize,
     _owner: Box<dyn Any + Send + Sync>,
 }

@@ -13,12 +13,14 @@ use super::forward::{forward_on, ForwardIo};
 use super::storage::{Home, LayerRun};
 use super::Cuda;
 use crate::backend::DevicePasses;
+use crate::backend::PreparedWeights;
 use crate::cell::{CompiledCell, Layer};
 use crate::dropout::LayerMasks;
 use crate::error::Result;
 use crate::masks::{MaskFill, MaskRows};
 use crate::pass::{LayerBackward, LayerForward, PassTarget, RowSpan, Span};
 use crate::sequence::LaidOutBatch;
+use std::sync::Arc;
 
 /// A pass of a cell on one device (the caller's stream, or the device itself).
 struct DeviceTarget<'a> {
@@ -221,10 +223,29 @@ impl DevicePasses for Cuda {
         layers: &'a [Layer],
         batch: &'a LaidOutBatch,
         weights: Vec<Vec<Span>>,
-        stream: u64,
+        stream: Option<u64>,
     ) -> Result<Box<dyn PassTarget + 'a>> {
-        let on_stream = self.device.on_stream(stream)?;
+        let on_stream = match stream {
+            Some(stream) => self.device.on_stream(stream)?,
+            None => None,
+        };
         let scratch = Vec::new();
         Ok(Box::new(DeviceTarget { cuda: self, on_stream, cell, batch, weights, layers, scratch }))
+    }
+
+    fn upload(&self, data: &[f32]) -> Result<Buf> {
+        self.device.upload(data)
+    }
+
+    fn zeros(&self, len: usize) -> Result<Buf> {
+        self.device.zeros(len)
+    }
+
+    fn download(&self, buf: &Buf) -> Result<Vec<f32>> {
+        self.device.download(buf, 0, buf.len)
+    }
+
+    fn params(&self, params: &[&[f32]], prepared: &PreparedWeights) -> Result<Arc<Vec<Buf>>> {
+        super::forward::params_on_device(self.device.as_ref(), params, prepared)
     }
 }
