@@ -101,12 +101,24 @@ impl Segments {
         sizes: &[usize],
     ) -> Result<Vec<Span>> {
         let pairs: Vec<(usize, usize)> = self.sequence.iter().copied().enumerate().collect();
-        states
-            .iter()
+        self.per_segment(target, states, sizes, (&pairs, false))
+    }
+
+    /// `[segments, size]` rows in scratch memory (zeroed where `zeroed`)
+    /// for each of `from`'s `[B, size]`, row `j` of `from`'s copied to
+    /// row `i` for each `(i, j)` of `pairs`.
+    fn per_segment(
+        &self,
+        target: &mut dyn PassTarget,
+        from: &[Span],
+        sizes: &[usize],
+        (pairs, zeroed): (&[(usize, usize)], bool),
+    ) -> Result<Vec<Span>> {
+        from.iter()
             .zip(sizes)
             .map(|(&from, &n)| {
-                let to = target.scratch(self.count() * n, false)?;
-                target.copy_rows(to, from, n, &pairs)?;
+                let to = target.scratch(self.count() * n, zeroed)?;
+                target.copy_rows(to, from, n, pairs)?;
                 Ok(to)
             })
             .collect()
@@ -142,15 +154,7 @@ impl Segments {
         sizes: &[usize],
     ) -> Result<Vec<Span>> {
         let pairs: Vec<(usize, usize)> = self.last.iter().enumerate().map(|(b, &j)| (j, b)).collect();
-        d_final
-            .iter()
-            .zip(sizes)
-            .map(|(&from, &n)| {
-                let to = target.scratch(self.count() * n, true)?;
-                target.copy_rows(to, from, n, &pairs)?;
-                Ok(to)
-            })
-            .collect()
+        self.per_segment(target, d_final, sizes, (&pairs, true))
     }
 
     /// Each sequence's initial-state adjoints, `[B, size]` each into `to`:

@@ -58,6 +58,18 @@ impl Model {
             .collect()
     }
 
+    /// The device's target for a staged pass over `p`, on the device's own
+    /// stream, reading the parameters at `params`.
+    fn staged_target<'a>(
+        &'a self,
+        passes: &'a dyn DevicePasses,
+        p: &'a LaidOutBatch,
+        params: &[Arc<Vec<Buf>>],
+    ) -> Result<Box<dyn crate::pass::PassTarget + 'a>> {
+        let weights = params.iter().map(|ps| ps.iter().map(span).collect()).collect();
+        passes.target(&self.compiled, &self.layers, p, weights, None)
+    }
+
     /// A forward pass over host data in `passes`' device memory; with
     /// `training`, the reserve it keeps there for [`Model::backward_staged`].
     pub(crate) fn forward_staged(
@@ -87,8 +99,7 @@ impl Model {
             dropout,
             masking,
         };
-        let weights = params.iter().map(|ps| ps.iter().map(span).collect()).collect();
-        let mut target = passes.target(&self.compiled, &self.layers, p, weights, None)?;
+        let mut target = self.staged_target(passes, p, &params)?;
         self.drive_forward(p, spans, target.as_mut())?;
         drop(target);
         let out = Output { data: passes.download(&output)?, final_states: download_each(passes, &finals)? };
@@ -127,8 +138,7 @@ impl Model {
             dropout,
             masking,
         };
-        let weights = params.iter().map(|ps| ps.iter().map(span).collect()).collect();
-        let mut target = passes.target(&self.compiled, &self.layers, p, weights, None)?;
+        let mut target = self.staged_target(passes, p, &params)?;
         self.drive_backward(p, spans, target.as_mut())?;
         drop(target);
         Ok(Gradients {

@@ -12,6 +12,8 @@ pub(crate) struct Padded {
     pub major: Major,
     pub align: Align,
     pub lengths: Vec<usize>,
+    /// Per-step resets, one flag per row of the input (`Call::resets`).
+    pub resets: Option<Vec<bool>>,
 }
 
 impl Padded {
@@ -36,7 +38,7 @@ impl Padded {
             Major::BatchFirst => (a, b),
             Major::TimeFirst => (b, a),
         };
-        Ok(Padded { batch, steps, major, align, lengths: lengths.to_vec() })
+        Ok(Padded { batch, steps, major, align, lengths: lengths.to_vec(), resets: None })
     }
 
     /// The runtime's description of the batch.

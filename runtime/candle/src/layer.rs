@@ -118,7 +118,7 @@ impl Rnn {
 
     /// Evaluation mode: the model's dropout ([`Model::with_dropout`]) drops nothing.
     pub fn forward(&self, x: &Tensor, lengths: &[usize], padding: Padding) -> Result<Tensor> {
-        self.run(x, lengths, padding, None, false, false).map(|(out, _)| out)
+        self.run((x, None), lengths, padding, None, false, false).map(|(out, _)| out)
     }
 
     /// As [`Rnn::forward`], in training mode where `train` (candle's
@@ -126,7 +126,7 @@ impl Rnn {
     /// each call drawing new masks ([`Model::next_mask_seed`]: the model's
     /// seed, so a run is reproducible).
     pub fn forward_t(&self, x: &Tensor, lengths: &[usize], padding: Padding, train: bool) -> Result<Tensor> {
-        self.run(x, lengths, padding, None, false, train).map(|(out, _)| out)
+        self.run((x, None), lengths, padding, None, false, train).map(|(out, _)| out)
     }
 
     /// As [`Rnn::forward`], from the initial states `h0` (one tensor per
@@ -140,7 +140,7 @@ impl Rnn {
         padding: Padding,
         h0: Option<&[Tensor]>,
     ) -> Result<(Tensor, Vec<Tensor>)> {
-        self.run(x, lengths, padding, h0, true, false)
+        self.run((x, None), lengths, padding, h0, true, false)
     }
 
     /// As [`Rnn::forward_with_states`], in training mode where `train` (see [`Rnn::forward_t`]).
@@ -152,7 +152,25 @@ impl Rnn {
         h0: Option<&[Tensor]>,
         train: bool,
     ) -> Result<(Tensor, Vec<Tensor>)> {
-        self.run(x, lengths, padding, h0, true, train)
+        self.run((x, None), lengths, padding, h0, true, train)
+    }
+
+    /// As [`Rnn::forward_with_states_t`], with per-step resets: one flag
+    /// per row of `x` (`[B, T]` batch-first, `[T, B]` time-first,
+    /// row-major), `true` where a sequence's state restarts from `h0`
+    /// before that step (an episode's first step). The gradient of `h0`
+    /// sums every stretch's that starts from it
+    /// ([`cellc_runtime::Call::resets`]).
+    pub fn forward_with_resets_t(
+        &self,
+        x: &Tensor,
+        lengths: &[usize],
+        padding: Padding,
+        h0: Option<&[Tensor]>,
+        resets: &[bool],
+        train: bool,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        self.run((x, Some(resets)), lengths, padding, h0, true, train)
     }
 
     /// The weights as one flat operand (the op takes three tensors).
@@ -167,7 +185,7 @@ impl Rnn {
 
     fn run(
         &self,
-        x: &Tensor,
+        (x, resets): (&Tensor, Option<&[bool]>),
         lengths: &[usize],
         padding: Padding,
         h0: Option<&[Tensor]>,
@@ -190,7 +208,19 @@ impl Rnn {
             }
             .into());
         }
-        let batch = Padded::of(x.dims(), padding.major, padding.align, lengths)?;
+        let mut batch = Padded::of(x.dims(), padding.major, padding.align, lengths)?;
+        if let Some(resets) = resets {
+            if resets.len() != batch.batch * batch.steps {
+                let [rows, columns, _] = batch.output_dims(0);
+                return Err(RuntimeError::Shape {
+                    tensor: "resets".into(),
+                    expected: format!("[{rows}, {columns}] (one flag per row of the input)"),
+                    found: format!("{} flags", resets.len()),
+                }
+                .into());
+            }
+            batch.resets = Some(resets.to_vec());
+        }
         // The errors of bad input, typed, before candle wraps the op's.
         self.model.check_batch(&batch.shape(), x.elem_count())?;
         let device = x.device();

@@ -81,7 +81,9 @@ fn flat(t: &Tensor) -> Vec<f32> {
 
 /// The layer on the CPU back end, driven by candle's autograd, against
 /// the reference back end's own passes with the same weights.
-fn agrees_with_reference(name: &str, layers: usize, bidirectional: bool, padding: Padding) {
+/// With `resets`, some steps restart their sequence's state (and the
+/// oracle is given the same flags).
+fn agrees_with_reference(name: &str, layers: usize, bidirectional: bool, padding: Padding, resets: bool) {
     let compiled = cell(name);
     let oracle = model(compiled.clone(), layers, bidirectional, Box::new(Reference));
     let cpu = model(
@@ -122,8 +124,12 @@ fn agrees_with_reference(name: &str, layers: usize, bidirectional: bool, padding
     let h0_tensors: Vec<Tensor> = h0.iter().map(|v| v.as_tensor().clone()).collect();
     // Training mode, as the oracle's `forward_train`: a cell with masks draws
     // them alike in both (two models made with one seed, each its first call).
-    let (out, finals) =
-        rnn.forward_with_states_t(&x, &LENGTHS, padding, Some(&h0_tensors), true).expect("forward");
+    let flags: Vec<bool> = (0..batch * STEPS).map(|r| resets && r % 5 == 2).collect();
+    let (out, finals) = match resets {
+        true => rnn.forward_with_resets_t(&x, &LENGTHS, padding, Some(&h0_tensors), &flags, true),
+        false => rnn.forward_with_states_t(&x, &LENGTHS, padding, Some(&h0_tensors), true),
+    }
+    .expect("forward");
 
     // A loss that weighs every output and final state differently.
     let r_out = Tensor::from_vec(values(out.elem_count(), 3), out.shape(), &Device::Cpu).expect("r");
@@ -148,7 +154,10 @@ fn agrees_with_reference(name: &str, layers: usize, bidirectional: bool, padding
         align: padding.align,
         lengths: &LENGTHS,
     };
-    let (expected, trace) = oracle.forward_train(input, Some(&h0_data)).expect("oracle forward");
+    let seed = Some(oracle.next_mask_seed());
+    let flags = resets.then_some(&flags[..]);
+    let (expected, trace) =
+        oracle.forward_traced_with_resets(input, Some(&h0_data), flags, seed).expect("oracle forward");
     close(&format!("{name} output"), &flat(&out), &expected.data, 1e-5);
     for (i, (f, e)) in finals.iter().zip(&expected.final_states).enumerate() {
         close(&format!("{name} final state {i}"), &flat(f), e, 1e-5);
@@ -177,16 +186,24 @@ fn every_shipped_cell_agrees_with_the_reference_back_end() {
     cells.sort();
     assert!(cells.len() >= 10, "{cells:?}");
     for name in &cells {
-        agrees_with_reference(name, 1, false, Padding::default());
+        agrees_with_reference(name, 1, false, Padding::default(), false);
     }
 }
 
 #[test]
-fn layers_directions_and_both_paddings_agree_with_the_reference_back_end() {
+fn layers_directions_paddings_and_resets_agree_with_the_reference_back_end() {
     for name in ["lstm", "gru", "layernorm_lstm"] {
-        agrees_with_reference(name, 2, true, Padding { major: Major::TimeFirst, align: Align::Right });
-        agrees_with_reference(name, 2, false, Padding { major: Major::BatchFirst, align: Align::Right });
-        agrees_with_reference(name, 1, true, Padding { major: Major::TimeFirst, align: Align::Left });
+        agrees_with_reference(name, 2, true, Padding { major: Major::TimeFirst, align: Align::Right }, false);
+        agrees_with_reference(
+            name,
+            2,
+            false,
+            Padding { major: Major::BatchFirst, align: Align::Right },
+            false,
+        );
+        agrees_with_reference(name, 1, true, Padding { major: Major::TimeFirst, align: Align::Left }, false);
+        // Per-step resets, through candle's autograd.
+        agrees_with_reference(name, 2, true, Padding { major: Major::BatchFirst, align: Align::Right }, true);
     }
 }
 
