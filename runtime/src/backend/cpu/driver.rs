@@ -414,8 +414,22 @@ pub fn runs(order: &BatchOrder, layout: &RowLayout) -> Vec<(usize, usize, usize,
             let first = (0..order.batch()).find(|&j| layout.row(j, 0) == 0).unwrap_or(0);
             vec![(first, 0, order.rows(), 1)]
         }
-        // Padded rows: one evenly strided run per sequence (or segment).
-        RowLayout::Padded { .. } | RowLayout::Segments { .. } => (0..order.batch())
+        // Segments of padded sequences: a product over rows does not see
+        // where a sequence restarts, so one run per sequence of the
+        // caller's, from its first segment, as for the padded batch.
+        RowLayout::Segments { start, within } => {
+            let mut lengths = vec![0; start.iter().map(|&(b, _)| b + 1).max().unwrap_or(0)];
+            for (&(b, _), &len) in start.iter().zip(order.lengths()) {
+                lengths[b] += len;
+            }
+            let strided = |b: usize| if lengths[b] > 1 { within.row(b, 1) - within.row(b, 0) } else { 1 };
+            (start.iter().enumerate())
+                .filter(|(_, &(_, first))| first == 0)
+                .map(|(j, &(b, _))| (j, 0, lengths[b], strided(b)))
+                .collect()
+        }
+        // Padded rows: one evenly strided run per sequence.
+        RowLayout::Padded { .. } => (0..order.batch())
             .map(|b| {
                 let first = layout.row(b, 0);
                 let step = if order.lengths()[b] > 1 { layout.row(b, 1) - first } else { 1 };
