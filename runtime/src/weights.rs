@@ -16,7 +16,7 @@ use std::path::Path;
 /// The element data of a tensor.
 #[derive(Clone, Debug, PartialEq)]
 pub enum TensorData {
-    /// Floats (a file's f32 or f64 tensors).
+    /// Floats (a file's f32, f64, bf16 or f16 tensors).
     F32(Vec<f32>),
     /// Integers (a file's integer tensors, of any width).
     I64(Vec<i64>),
@@ -152,11 +152,18 @@ fn read_file(path: &Path) -> Result<(BTreeMap<String, Tensor>, Metadata)> {
             Dtype::I32 => TensorData::I64(
                 raw.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect(),
             ),
+            // Half-precision checkpoints (a bf16 or fp16 model's state_dict): exact in f32.
+            Dtype::BF16 => TensorData::F32(
+                raw.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            ),
+            Dtype::F16 => TensorData::F32(
+                raw.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            ),
             // Flags (per-step resets): one byte each.
             Dtype::BOOL | Dtype::U8 => TensorData::I64(raw.iter().map(|&b| i64::from(b)).collect()),
             other => {
                 return Err(io(format!(
-                    "tensor `{name}` has dtype {other:?}; f32, f64, i32, i64, u8 or bool expected"
+                    "tensor `{name}` has dtype {other:?}; f32, f64, bf16, f16, i32, i64, u8 or bool expected"
                 )))
             }
         };
@@ -314,6 +321,25 @@ mod tests {
         let read = read_tensors(&path).expect("reads");
         assert_eq!(read["resets"].shape, vec![2, 3]);
         assert_eq!(read["resets"].data, TensorData::I64(vec![1, 0, 0, 1, 1, 0]));
+        std::fs::remove_file(&path).ok();
+    }
+
+    #[test]
+    fn half_precision_tensors_read_as_their_exact_floats() {
+        let path =
+            std::env::temp_dir().join(format!("cellc_weights_half_{}.safetensors", std::process::id()));
+        let values = [1.0f32, -0.5, 3.140625, 65504.0];
+        let bf16: Vec<u8> = values.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect();
+        let f16: Vec<u8> = values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
+        let views = [
+            ("weight_ih_l0", TensorView::new(Dtype::BF16, vec![2, 2], &bf16).expect("a view")),
+            ("weight_hh_l0", TensorView::new(Dtype::F16, vec![4], &f16).expect("a view")),
+        ];
+        std::fs::write(&path, safetensors::serialize(views, None).expect("serialises")).expect("writes");
+        let w = Weights::load(&path).expect("loads");
+        let rounded: Vec<f32> = values.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect();
+        assert_eq!(w.get("weight_ih_l0").expect("bf16").data, rounded);
+        assert_eq!(w.get("weight_hh_l0").expect("f16").data, values.to_vec());
         std::fs::remove_file(&path).ok();
     }
 }

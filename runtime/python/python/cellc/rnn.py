@@ -63,6 +63,18 @@ def _size(name: str, value, *, least: int = 1) -> int:
 _MAX_SIZE = 1 << 31
 
 
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _result_dtype(x: Tensor):
+    """The dtype a call returns where it is not float32: autocast's where autocast is on for the
+    input's device (as ``nn.LSTM`` under autocast returns it), else a bf16 or fp16 input's own;
+    ``None``: float32 in, float32 out."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype if x.dtype in _HALF else None
+
+
 def _reset_flags(resets, shape: tuple, layout: str) -> Tensor:
     """A call's per-step resets as the operators take them: int64 on the CPU (1 where the state
     restarts), checked to be booleans (or integers) shaped as the input's rows."""
@@ -117,8 +129,14 @@ class RNN(nn.Module):
     ``load_state_dict(nn_lstm.state_dict())`` works for ``cells/lstm.cell`` (and ``gru``,
     ``rnn_tanh``), and they are initialised by the cell's ``init`` clauses from torch's random
     generator as ``nn.LSTM`` draws them: after ``torch.manual_seed(s)``, ``cellc.RNN("lstm", I, H)``
-    has ``nn.LSTM(I, H)``'s weights. cellc computes in float32: ``.double()`` is refused at
-    the first call.
+    has ``nn.LSTM(I, H)``'s weights.
+
+    Mixed precision: under ``torch.autocast`` a call returns its output and final states in
+    autocast's dtype, as ``nn.LSTM`` does; bf16 or fp16 inputs give outputs in their own dtype,
+    and a module's parameters may be bf16 or fp16 (``.to(torch.bfloat16)``, ``dtype=``), their
+    gradients in their dtype. The arithmetic is float32 for now (bf16 operands with float32
+    accumulation are to come): the results are float32's, rounded at the end. ``.double()``
+    is refused at the first call.
 
     ``forward(input, hx=None, *, lengths=None, align="left", resets=None)`` takes a padded batch
     with each sequence's length (padding at the end, or at the start with ``align="right"``;
@@ -177,8 +195,8 @@ class RNN(nn.Module):
         options.update(zip(order, args))
         bias, batch_first, dropout = options["bias"], options["batch_first"], options["dropout"]
         bidirectional, proj_size, backend = options["bidirectional"], options["proj_size"], options["backend"]
-        if dtype is not None and dtype != torch.float32:
-            raise DTypeError(f"cellc computes in float32, not {dtype}")
+        if dtype is not None and dtype not in (torch.float32, *_HALF):
+            raise DTypeError(f"cellc computes in float32 (bf16 and fp16 parameters are kept as given), not {dtype}")
         if backend not in (None, "cpu", "cuda", "reference", "cuda-emulated"):
             raise ValueError(
                 f"backend must be None, 'cpu', 'cuda', 'reference' or 'cuda-emulated', not {backend!r}"
@@ -262,6 +280,8 @@ class RNN(nn.Module):
         for name, shape in info["weights"]:
             self.register_parameter(name, nn.Parameter(torch.empty(shape, device=device)))
         self.reset_parameters()
+        if dtype is not None and dtype != torch.float32:
+            self.to(dtype)  # initialised in float32 (nn.LSTM's draws), then kept in `dtype`
 
     def reset_parameters(self, seed: int | None = None) -> None:
         """Initialises the weights by the cell's ``init`` clauses.
@@ -324,8 +344,31 @@ class RNN(nn.Module):
         return ", ".join(parts)
 
     def forward(self, input, hx=None, *, lengths=None, align: str = "left", resets=None):
+        data = input.data if isinstance(input, PackedSequence) else input
+        result = _result_dtype(data) if isinstance(data, Tensor) else None
+        if result is None:
+            return self._forward(input, hx, lengths, align, resets)
+        # Mixed precision: computed in float32 from float32 copies (differentiable casts, so
+        # gradients reach bf16/fp16 inputs and states in their own dtype), returned in `result`.
+        if isinstance(input, PackedSequence):
+            input = input._replace(data=input.data.float())
+        else:
+            input = input.float()
+        if hx is not None:
+            hx = hx.float() if isinstance(hx, Tensor) else tuple(h.float() for h in hx)
+        out, finals = self._forward(input, hx, lengths, align, resets)
+        if isinstance(out, PackedSequence):
+            out = out._replace(data=out.data.to(result))
+        else:
+            out = out.to(result)
+        finals = finals.to(result) if isinstance(finals, Tensor) else tuple(f.to(result) for f in finals)
+        return out, finals
+
+    def _forward(self, input, hx, lengths, align: str, resets):
         weights = self._weights()
         for i, w in enumerate(weights):
+            if w.dtype in _HALF:
+                weights[i] = w = w.float()  # a .to(torch.bfloat16) module: float32 for the call
             if w.dtype != torch.float32:
                 name = self._weight_names[i]
                 raise DTypeError(f"parameter `{name}` is {w.dtype}: cellc computes in float32 (call .float())")
