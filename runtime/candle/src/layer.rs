@@ -180,7 +180,8 @@ impl Rnn {
         }
         let flat =
             self.weights.iter().map(|(_, t)| t.flatten_all()).collect::<candle_core::Result<Vec<_>>>()?;
-        Ok(Tensor::cat(&flat, 0)?)
+        // Half-precision weights are read in f32 (their gradients come back in their dtype).
+        Ok(Tensor::cat(&flat, 0)?.to_dtype(DType::F32)?)
     }
 
     fn run(
@@ -200,10 +201,23 @@ impl Rnn {
             }
             .into());
         }
+        if matches!(x.dtype(), DType::BF16 | DType::F16) {
+            // Half precision: computed in f32 from f32 copies (differentiable casts, so
+            // gradients reach x and h0 in their dtype), returned in x's dtype.
+            let dtype = x.dtype();
+            let x32 = x.to_dtype(DType::F32)?;
+            let h32 =
+                h0.map(|h| h.iter().map(|t| t.to_dtype(DType::F32)).collect::<candle_core::Result<Vec<_>>>());
+            let h32 = h32.transpose()?;
+            let (out, finals) =
+                self.run((&x32, resets), lengths, padding, h32.as_deref(), with_finals, train)?;
+            let finals = finals.iter().map(|f| f.to_dtype(dtype)).collect::<candle_core::Result<_>>()?;
+            return Ok((out.to_dtype(dtype)?, finals));
+        }
         if x.dtype() != DType::F32 {
             return Err(RuntimeError::Shape {
                 tensor: "input".into(),
-                expected: "f32 values".into(),
+                expected: "f32, bf16 or f16 values".into(),
                 found: format!("{:?}", x.dtype()),
             }
             .into());

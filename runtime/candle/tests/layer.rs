@@ -396,3 +396,24 @@ fn forward_t_draws_the_cells_masks_at_the_layers_rates() {
     let e = runtime_error(rnn.clone().with_rates(&[("zq", 0.1)]).expect_err("unknown rate"));
     assert!(matches!(&e, RuntimeError::Rate { name, .. } if name == "zq"), "{e}");
 }
+
+#[test]
+fn half_precision_inputs_run_in_f32_and_come_back_in_their_dtype() {
+    let compiled = cell("lstm");
+    let cpu = model(compiled, 1, false, Box::new(Cpu::new(1, Kernels::Jit).expect("cpu")));
+    let varmap = VarMap::new();
+    let rnn = Rnn::new(cpu, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu)).expect("layer");
+    let x32 = Tensor::from_vec(values(4 * STEPS * INPUT, 5), (4, STEPS, INPUT), &Device::Cpu).expect("x");
+    for dtype in [DType::BF16, DType::F16] {
+        let x = Var::from_tensor(&x32.to_dtype(dtype).expect("cast")).expect("var");
+        let out = rnn.forward(&x, &LENGTHS, Padding::default()).expect("forward");
+        assert_eq!(out.dtype(), dtype);
+        let exact =
+            rnn.forward(&x.to_dtype(DType::F32).expect("f32"), &LENGTHS, Padding::default()).expect("f32");
+        let got = flat(&out.to_dtype(DType::F32).expect("f32"));
+        close("half output", &got, &flat(&exact), 1e-2);
+        let grads =
+            out.to_dtype(DType::F32).and_then(|o| o.sum_all()).and_then(|l| l.backward()).expect("backward");
+        assert_eq!(grads.get(&x).expect("input gradient").dtype(), dtype);
+    }
+}
