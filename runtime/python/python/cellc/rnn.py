@@ -70,8 +70,11 @@ def _result_dtype(x: Tensor):
     """The dtype a call returns where it is not float32: autocast's where autocast is on for the
     input's device (as ``nn.LSTM`` under autocast returns it), else a bf16 or fp16 input's own;
     ``None``: float32 in, float32 out."""
-    if torch.is_autocast_enabled(x.device.type):
-        return torch.get_autocast_dtype(x.device.type)
+    try:
+        if torch.is_autocast_enabled(x.device.type):
+            return torch.get_autocast_dtype(x.device.type)
+    except RuntimeError:
+        pass  # a device autocast does not know (meta): the checks below name it
     return x.dtype if x.dtype in _HALF else None
 
 
