@@ -163,3 +163,19 @@ def test_resets_on_cuda_are_the_cpus():
     packed_gpu = pack_padded_sequence(x.cuda(), torch.tensor(LENGTHS), batch_first=True, enforce_sorted=False)
     got = with_hx(gpu, packed_gpu, tuple(h.cuda() for h in hx), resets=flags)
     assert_close([on_cpu(t) for t in got], want)
+
+
+def test_autocast_on_cuda_returns_autocasts_dtype():
+    """Under CUDA autocast (bf16 and fp16) a call on CUDA tensors returns its output and final
+    states in autocast's dtype, as nn.LSTM does, close to the float32 call; gradients reach the
+    float32 input and weights."""
+    _, rnn = pair()
+    x = torch.randn(len(LENGTHS), STEPS, INPUT, device="cuda", requires_grad=True)
+    exact, _ = rnn(x, lengths=LENGTHS)
+    for dtype in (torch.bfloat16, torch.float16):
+        with torch.autocast("cuda", dtype=dtype):
+            out, (h, c) = rnn(x, lengths=LENGTHS)
+        assert out.dtype == h.dtype == c.dtype == dtype
+        torch.testing.assert_close(out.float(), exact, atol=1e-2, rtol=1e-2)
+        out.float().sum().backward()
+        assert x.grad.dtype == torch.float32 and torch.isfinite(x.grad).all()
