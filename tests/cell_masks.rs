@@ -493,8 +493,7 @@ fn device_memory_draws_what_host_memory_draws() {
             };
             forward_backward(&host, &call, &d_out)
         };
-        let at = |v: &[f32]| DeviceFloats { addr: v.as_ptr() as u64, len: v.len() };
-        let at_mut = |v: &mut [f32]| DeviceFloats { addr: v.as_mut_ptr() as u64, len: v.len() };
+        let (at, at_mut) = (DeviceFloats::emulated, DeviceFloats::emulated_mut);
         let (shape, input) = padded(&x, Align::Right).split();
         let w: Vec<Vec<DeviceFloats>> = vec![weights.iter_mut().map(|p| at_mut(p)).collect()];
         let call = DeviceCall {

@@ -177,8 +177,7 @@ fn the_callers_memory_draws_the_masks_its_seed_says_on_host_and_device() {
             weights.iter().map(|ps| ps.iter().map(|p| vec![f32::NAN; p.len()]).collect()).collect();
         if name.starts_with("cuda") {
             // The emulated device's memory is the host's: its addresses are pointers.
-            let at = |v: &[f32]| DeviceFloats { addr: v.as_ptr() as u64, len: v.len() };
-            let at_mut = |v: &mut [f32]| DeviceFloats { addr: v.as_mut_ptr() as u64, len: v.len() };
+            let (at, at_mut) = (DeviceFloats::emulated, DeviceFloats::emulated_mut);
             let (shape, data) = padded(&x).split();
             let w: Vec<Vec<DeviceFloats>> =
                 weights.iter_mut().map(|ps| ps.iter_mut().map(|p| at_mut(p)).collect()).collect();

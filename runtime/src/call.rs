@@ -88,10 +88,11 @@ pub trait CallerMemory: sealed::Sealed {
 }
 
 impl Model {
-    /// Checks a batch of `shape` with `data_len` floats of input against
-    /// the model without running it: the errors a pass would give.
-    pub fn check_batch(&self, shape: &BatchShape, data_len: usize) -> Result<()> {
-        self.lay_out(shape, data_len).map(|_| ())
+    /// Checks a batch of `shape` with `data_len` floats of input, and its
+    /// per-step resets if any ([`Call::resets`]), against the model
+    /// without running it: the errors a pass would give.
+    pub fn check_batch(&self, shape: &BatchShape, data_len: usize, resets: Option<&[bool]>) -> Result<()> {
+        self.lay_out(shape, data_len)?.with_resets(resets).map(|_| ())
     }
 
     /// A forward pass over the caller's memory, writing `out`. With a

@@ -32,6 +32,19 @@ pub struct DeviceFloats {
     pub len: usize,
 }
 
+impl DeviceFloats {
+    /// A host slice as the emulated device's memory (which is the host's), to read.
+    pub fn emulated(data: &[f32]) -> DeviceFloats {
+        DeviceFloats { addr: data.as_ptr() as u64, len: data.len() }
+    }
+
+    /// A host slice as the emulated device's memory, to write (its address
+    /// taken from the mutable borrow).
+    pub fn emulated_mut(data: &mut [f32]) -> DeviceFloats {
+        DeviceFloats { addr: data.as_mut_ptr() as u64, len: data.len() }
+    }
+}
+
 impl Floats for DeviceFloats {
     fn floats(&self) -> usize {
         self.len

@@ -36,8 +36,9 @@ pub(crate) struct Segments {
     sequence: Vec<usize>,
     /// Each sequence's last segment.
     last: Vec<usize>,
-    /// Each segment's index among its sequence's (0 for the first).
-    nth: Vec<usize>,
+    /// Round `k`: each sequence's `k`-th segment, as `(sequence, segment)`
+    /// (the initial-state adjoints are summed a round at a time).
+    rounds: Vec<Vec<(usize, usize)>>,
 }
 
 impl LaidOutBatch {
@@ -52,14 +53,17 @@ impl LaidOutBatch {
             _ => vec![self.rows],
         };
         check_len("resets", resets.len(), &shape)?;
-        let (mut start, mut lengths, mut sequence, mut nth) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut start, mut lengths, mut sequence) = (Vec::new(), Vec::new(), Vec::new());
+        let mut rounds: Vec<Vec<(usize, usize)>> = Vec::new();
         let mut last = Vec::with_capacity(self.order.batch());
         for (b, &len) in self.order.lengths().iter().enumerate() {
             let (mut first, mut k) = (0, 0);
             for t in 1..=len {
                 if t == len || resets[self.layout.row(b, t)] {
-                    nth.push(k);
+                    if rounds.len() == k {
+                        rounds.push(Vec::new());
+                    }
+                    rounds[k].push((b, start.len()));
                     k += 1;
                     start.push((b, first));
                     lengths.push(t - first);
@@ -81,7 +85,7 @@ impl LaidOutBatch {
             data_features: self.data_features,
             segments: None,
         };
-        self.segments = Some(Box::new(Segments { batch, sequence, last, nth }));
+        self.segments = Some(Box::new(Segments { batch, sequence, last, rounds }));
         Ok(self)
     }
 }
@@ -168,13 +172,10 @@ impl Segments {
         to: &[Span],
         sizes: &[usize],
     ) -> Result<()> {
-        let rounds = self.nth.iter().max().map_or(0, |&k| k + 1);
         for ((&from, &to), &n) in segments.iter().zip(to).zip(sizes) {
             target.zero(to)?;
-            for k in 0..rounds {
-                let pairs: Vec<(usize, usize)> =
-                    (0..self.count()).filter(|&j| self.nth[j] == k).map(|j| (self.sequence[j], j)).collect();
-                target.add_rows(to, from, n, &pairs)?;
+            for pairs in &self.rounds {
+                target.add_rows(to, from, n, pairs)?;
             }
         }
         Ok(())
@@ -210,10 +211,8 @@ mod tests {
             let p = p.with_resets(Some(&resets)).unwrap();
             let s = p.segments.as_deref().unwrap();
             assert_eq!(s.batch.order.lengths(), &[2, 1, 1, 2]);
-            assert_eq!(
-                (s.sequence.as_slice(), s.last.as_slice(), s.nth.as_slice()),
-                (&[0, 0, 0, 1][..], &[2, 3][..], &[0, 1, 2, 0][..])
-            );
+            assert_eq!((s.sequence.as_slice(), s.last.as_slice()), (&[0, 0, 0, 1][..], &[2, 3][..]));
+            assert_eq!(s.rounds, vec![vec![(0, 0), (1, 3)], vec![(0, 1)], vec![(0, 2)]]);
             assert_eq!(s.batch.layout.row(1, 0), within.row(0, 2));
             assert_eq!(s.batch.layout.row(3, 1), within.row(1, 1));
         }

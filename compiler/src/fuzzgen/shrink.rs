@@ -246,19 +246,23 @@ mod tests {
     use super::*;
     use crate::fuzzgen::{generate, Entropy};
 
+    /// Every `step`-th shrinking candidate of `spec` compiles (`what` names the cell).
+    fn candidates_compile(spec: &CellSpec, step: usize, what: &str) {
+        for (k, c) in candidates(spec).into_iter().enumerate().step_by(step) {
+            let text = c.to_string();
+            let compiled = crate::compile("c.cell", &text);
+            assert!(
+                compiled.diagnostics.error_count() == 0,
+                "{what}, candidate {k}:\n{text}\n{}",
+                compiled.render(false)
+            );
+        }
+    }
+
     #[test]
     fn every_candidate_of_generated_cells_compiles() {
         for seed in 0..40 {
-            let spec = generate(&mut Entropy::seeded(seed), "c");
-            for (k, c) in candidates(&spec).into_iter().enumerate().step_by(7) {
-                let text = c.to_string();
-                let compiled = crate::compile("c.cell", &text);
-                assert!(
-                    compiled.diagnostics.error_count() == 0,
-                    "seed {seed}, candidate {k}:\n{text}\n{}",
-                    compiled.render(false)
-                );
-            }
+            candidates_compile(&generate(&mut Entropy::seeded(seed), "c"), 7, &format!("seed {seed}"));
         }
     }
 
@@ -267,15 +271,7 @@ mod tests {
         let masked =
             (0..).map(|seed| generate(&mut Entropy::seeded(seed), "c")).filter(|s| !s.rates.is_empty());
         for (n, spec) in masked.take(6).enumerate() {
-            for (k, c) in candidates(&spec).into_iter().enumerate() {
-                let text = c.to_string();
-                let compiled = crate::compile("c.cell", &text);
-                assert!(
-                    compiled.diagnostics.error_count() == 0,
-                    "cell {n} with masks, candidate {k}:\n{text}\n{}",
-                    compiled.render(false)
-                );
-            }
+            candidates_compile(&spec, 1, &format!("cell {n} with masks"));
         }
     }
 

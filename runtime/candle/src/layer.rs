@@ -223,20 +223,9 @@ impl Rnn {
             .into());
         }
         let mut batch = Padded::of(x.dims(), padding.major, padding.align, lengths)?;
-        if let Some(resets) = resets {
-            if resets.len() != batch.batch * batch.steps {
-                let [rows, columns, _] = batch.output_dims(0);
-                return Err(RuntimeError::Shape {
-                    tensor: "resets".into(),
-                    expected: format!("[{rows}, {columns}] (one flag per row of the input)"),
-                    found: format!("{} flags", resets.len()),
-                }
-                .into());
-            }
-            batch.resets = Some(resets.to_vec());
-        }
         // The errors of bad input, typed, before candle wraps the op's.
-        self.model.check_batch(&batch.shape(), x.elem_count())?;
+        self.model.check_batch(&batch.shape(), x.elem_count(), resets)?;
+        batch.resets = resets.map(<[bool]>::to_vec);
         let device = x.device();
         let states = match h0 {
             Some(h) => self.flat_states(h, batch.batch)?,

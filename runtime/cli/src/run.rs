@@ -169,6 +169,25 @@ fn take_f32(
     }
 }
 
+/// An integer tensor (a file's integers of any width, or bools) of shape `want`.
+fn take_integers(
+    tensors: &mut BTreeMap<String, Tensor>,
+    name: &str,
+    want: &[usize],
+    file: &str,
+) -> Result<Option<Vec<i64>>, RuntimeError> {
+    match tensors.remove(name) {
+        None => Ok(None),
+        Some(Tensor { shape, data: TensorData::I64(values) }) => {
+            expect_shape(name, &shape, want)?;
+            Ok(Some(values))
+        }
+        Some(Tensor { .. }) => {
+            Err(RuntimeError::Io { path: file.into(), message: format!("`{name}` must hold integers") })
+        }
+    }
+}
+
 fn expect_shape(name: &str, shape: &[usize], want: &[usize]) -> Result<(), RuntimeError> {
     if shape != want {
         let text =
@@ -194,35 +213,18 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
             found: format!("{shape:?}"),
         });
     };
-    let lengths: Vec<usize> = match x.remove("lengths") {
+    let lengths: Vec<usize> = match take_integers(&mut x, "lengths", &[batch], &input_file)? {
         None => vec![steps; batch],
-        Some(Tensor { shape, data: TensorData::I64(l) }) => {
-            expect_shape("lengths", &shape, &[batch])?;
-            l.iter()
-                .enumerate()
-                .map(|(b, &v)| {
-                    usize::try_from(v).map_err(|_| RuntimeError::Length { sequence: b, length: v, steps })
-                })
-                .collect::<Result<_, _>>()?
-        }
-        Some(_) => {
-            return Err(RuntimeError::Io { path: input_file, message: "`lengths` must hold integers".into() })
-        }
-    };
-
-    let resets: Option<Vec<bool>> = match x.remove("resets") {
-        None => None,
-        Some(Tensor { shape, data: TensorData::I64(flags) }) => {
-            expect_shape("resets", &shape, &[batch, steps])?;
-            Some(flags.iter().map(|&f| f != 0).collect())
-        }
-        Some(_) => {
-            return Err(RuntimeError::Io {
-                path: input_file,
-                message: "`resets` must hold bools or integers".into(),
+        Some(l) => l
+            .iter()
+            .enumerate()
+            .map(|(b, &v)| {
+                usize::try_from(v).map_err(|_| RuntimeError::Length { sequence: b, length: v, steps })
             })
-        }
+            .collect::<Result<_, _>>()?,
     };
+    let resets: Option<Vec<bool>> = take_integers(&mut x, "resets", &[batch, steps], &input_file)?
+        .map(|flags| flags.iter().map(|&f| f != 0).collect());
     let resets = resets.as_deref();
 
     let weights = Weights::load(&args.weights)?;

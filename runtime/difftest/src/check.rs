@@ -477,8 +477,7 @@ fn train(
         }
         Route::CallerDevice => {
             // The emulated device's memory is the host's: its addresses are pointers.
-            let at = |v: &[f32]| DeviceFloats { addr: v.as_ptr() as u64, len: v.len() };
-            let at_mut = |v: &mut [f32]| DeviceFloats { addr: v.as_mut_ptr() as u64, len: v.len() };
+            let (at, at_mut) = (DeviceFloats::emulated, DeviceFloats::emulated_mut);
             let (shape, data) = input.split();
             let w: Vec<Vec<DeviceFloats>> =
                 weights.iter_mut().map(|ps| ps.iter_mut().map(|p| at_mut(p)).collect()).collect();

@@ -43,20 +43,24 @@ fn layout(name: &str) -> Result<Layout> {
 }
 
 impl Batch {
-    /// # Safety
-    /// `index` per [`Tensor::indices`] (`x` is only measured).
     /// A layout name ending in `+resets` has the resets as the last index
     /// tensor (i64, nonzero where the state restarts).
+    ///
+    /// # Safety
+    /// `index` per [`Tensor::indices`] (`x` is only measured).
     unsafe fn read(layout_name: &str, x: &Tensor, index: &[Tensor]) -> Result<Batch> {
-        let (index, resets) = match (layout_name.strip_suffix("+resets"), index.split_last()) {
-            (Some(_), Some((flags, index))) => {
+        let (layout_name, index, resets) = match layout_name.strip_suffix("+resets") {
+            None => (layout_name, index, None),
+            Some(name) => {
+                let (flags, index) = index
+                    .split_last()
+                    .ok_or_else(|| RuntimeError::Internal("a `+resets` layout without its resets".into()))?;
                 // SAFETY: per the contract.
                 let flags = unsafe { flags.indices(false, 0)? };
-                (index, Some(flags.into_iter().map(|v| v != 0).collect()))
+                (name, index, Some(flags.into_iter().map(|v| v != 0).collect()))
             }
-            _ => (index, None),
         };
-        let layout = layout(layout_name.trim_end_matches("+resets"))?;
+        let layout = layout(layout_name)?;
         let rank = match layout {
             Layout::Padded(..) => 3,
             Layout::Packed => 2,
