@@ -2,6 +2,7 @@
 """cellc.RNN against nn.LSTM / nn.GRU where PyTorch users call it: from Python, same run, alternating.
 
     python benches/python_vs_nn.py [--cells lstm gru] [--quick] [--json benches/results/python_vs_nn.json]
+    python benches/python_vs_nn.py --shape 64 256 --layers 2 --dropout 0.3 --threads 2   # nn.LSTM(dropout=)
     python benches/python_vs_nn.py --markdown-from benches/results/python_vs_nn.json
 
 Needs a Python with torch and the cellc package (`pip install ./runtime/python`), and a release
@@ -36,10 +37,12 @@ import cellc  # noqa: E402
 TORCH = {"lstm": nn.LSTM, "gru": nn.GRU}
 
 
-def pair(cell, b, t, h, lengths, device="cpu"):
-    """nn.LSTM/nn.GRU and cellc.RNN with the same weights, on `device`."""
-    mod = TORCH[cell](h, h, batch_first=True)
-    rnn = cellc.RNN(cell, h, h, batch_first=True)
+def pair(cell, b, t, h, lengths, device="cpu", stack=(1, 0.0)):
+    """nn.LSTM/nn.GRU and cellc.RNN with the same weights, on `device`; `stack`: layers and
+    the dropout between them (training mode, as modules are made: both draw masks)."""
+    layers, dropout = stack
+    mod = TORCH[cell](h, h, num_layers=layers, dropout=dropout, batch_first=True)
+    rnn = cellc.RNN(cell, h, h, num_layers=layers, dropout=dropout, batch_first=True)
     rnn.load_state_dict(mod.state_dict())
     return mod.to(device), rnn.to(device)
 
@@ -54,10 +57,10 @@ def step(fn, mode, x):
         x.grad = None
 
 
-def times(cell, b, t, h, mode, lengths, min_time, device="cpu"):
+def times(cell, b, t, h, mode, lengths, min_time, device="cpu", stack=(1, 0.0)):
     """Seconds per call: cellc.RNN, nn's padded route, nn's packed route (None at full length).
     On "cuda" every tensor lives on the GPU (the lengths stay on the host, as PyTorch keeps them)."""
-    mod, rnn = pair(cell, b, t, h, lengths, device)
+    mod, rnn = pair(cell, b, t, h, lengths, device, stack)
     x = torch.randn(b, t, h, device=device, requires_grad=(mode == "train"))
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     full = all(n == t for n in lengths)
@@ -110,6 +113,10 @@ def main():
     ap.add_argument("--min-time", type=float, default=0.4)
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--json", help="write all measurements here")
+    ap.add_argument("--layers", type=int, default=1, help="layers of both models")
+    ap.add_argument("--dropout", type=float, default=0.0, help="dropout between layers (both in training mode)")
+    ap.add_argument("--shape", nargs=2, type=int, metavar=("B", "H"),
+                    help="this batch and size only, lengths varying (T=100), no other measurement")
     ap.add_argument("--markdown-from", metavar="JSON", help="print the tables of an earlier --json run")
     args = ap.parse_args()
     if args.markdown_from:
@@ -117,19 +124,24 @@ def main():
             print(markdown(json.load(f)))
         return
     batches, hiddens = ([16], [256]) if args.quick else ([1, 16, 64], [128, 256, 512])
+    if args.shape:
+        batches, hiddens = [args.shape[0]], [args.shape[1]]
+    stack = (args.layers, args.dropout)
     rows = []
     meta = {"torch": torch.__version__, "machine": platform.processor() or platform.machine(),
-            "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), "threading": cellc.threading()}
+            "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), "threading": cellc.threading(),
+            "layers": args.layers, "dropout": args.dropout}
     print(meta, flush=True)
     for threads in args.threads:
         torch.set_num_threads(threads)
         for cell in args.cells:
             for mode in ("infer", "train"):
                 configs = [("varlen", 100, b, h) for b in batches for h in hiddens]
-                configs += [("full", t, b, h) for t in (35, 100) for b in batches for h in hiddens]
+                if not args.shape:
+                    configs += [("full", t, b, h) for t in (35, 100) for b in batches for h in hiddens]
                 for kind, t, b, h in configs:
                     lengths = lengths_uniform(b, t) if kind == "varlen" else [t] * b
-                    s = times(cell, b, t, h, mode, lengths, args.min_time)
+                    s = times(cell, b, t, h, mode, lengths, args.min_time, stack=stack)
                     nn_best = min(v for k, v in s.items() if k != "cellc")
                     row = dict(kind=kind, cell=cell, mode=mode, threads=threads, batch=b, hidden=h, steps=t,
                                cellc_s=s["cellc"], nn_padded_s=s["padded"], nn_packed_s=s.get("packed"),
@@ -138,11 +150,15 @@ def main():
                     print(f"{kind:<7}{cell:<5}{mode:<6}{threads}t B={b:<3} T={t:<4} H={h:<4} cellc "
                           f"{s['cellc'] * 1e3:8.3f} ms  nn padded {s['padded'] * 1e3:8.3f}  packed "
                           f"{(s.get('packed') or float('nan')) * 1e3:8.3f}  ratio {row['ratio']:.2f}", flush=True)
+            if args.shape:
+                continue
             g = generate_time(cell, 256, 2000, threads)
             rows.append(dict(kind="generate", cell=cell, mode="infer", threads=threads, batch=1, hidden=256, steps=1,
                              cellc_s=g["cellc"], nn_s=g["nn"], ratio=g["nn"] / g["cellc"]))
             print(f"generate {cell} {threads}t B=1 T=1 H=256: cellc {g['cellc'] * 1e6:.1f} us/step, nn "
                   f"{g['nn'] * 1e6:.1f}, ratio {g['nn'] / g['cellc']:.2f}", flush=True)
+        if args.shape:
+            continue
         # The Python layer's fixed cost over the runtime alone.
         rnn = cellc.RNN("lstm", 64, 64, batch_first=True)
         x = torch.randn(1, 4, 64)
