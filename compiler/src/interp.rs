@@ -10,6 +10,7 @@
 use crate::dims::Bindings;
 use crate::ir::op::{apply_binary, apply_unary};
 use crate::ir::{Cell, Graph, Init, Op, ReduceOp, Type, ValueId};
+use crate::precision::{round_bf16, Precision};
 use crate::shapes::Shapes;
 use crate::shapes::{check_elements, eval_dim};
 use num_traits::Float;
@@ -171,6 +172,8 @@ pub struct BoundCell<'c> {
     param_shapes: Vec<(usize, usize)>,
     /// Elements of each mask (of a row, or of a DropConnect's parameter).
     mask_sizes: Vec<usize>,
+    /// The precision of the products of matrix parameters ([`BoundCell::with_precision`]).
+    precision: Precision,
 }
 
 /// The values a graph's leaves take for one evaluation.
@@ -188,7 +191,12 @@ pub(crate) struct LeafValues<'a, T> {
 
 /// Evaluates every value of `graph` in `plan`'s order. Parameters are read
 /// in place, so their slots in the result stay empty: use [`value`].
-pub(crate) fn evaluate<T: Float>(graph: &Graph, plan: &Shapes, leaves: &LeafValues<T>) -> Vec<Vec<T>> {
+pub(crate) fn evaluate<T: Float>(
+    graph: &Graph,
+    plan: &Shapes,
+    leaves: &LeafValues<T>,
+    precision: Precision,
+) -> Vec<Vec<T>> {
     let mut vals: Vec<Vec<T>> = vec![Vec::new(); graph.value_bound()];
     for &v in &plan.order {
         let out = match &graph.node(v).op {
@@ -203,7 +211,7 @@ pub(crate) fn evaluate<T: Float>(graph: &Graph, plan: &Shapes, leaves: &LeafValu
             _ => {
                 let operands = graph.operands(v);
                 let args: Vec<&[T]> = operands.iter().map(|&o| value(graph, &vals, leaves, o)).collect();
-                plan.compute(graph, v, &args)
+                plan.compute_in(precision, graph, v, &args)
             }
         };
         vals[v.index()] = out;
@@ -244,6 +252,26 @@ impl Shapes {
     /// Computes a non-leaf value from its operands' values (in slot order).
     /// This is the semantics of every op; back ends are tested against it.
     pub fn compute<T: Float>(&self, graph: &Graph, v: ValueId, args: &[&[T]]) -> Vec<T> {
+        self.compute_in(Precision::F32, graph, v, args)
+    }
+
+    /// [`Shapes::compute`] with the products of matrix parameters in
+    /// `precision`: at [`Precision::Bf16`], both operands of such a product
+    /// are rounded to bf16 first (the sums stay in `T`).
+    pub fn compute_in<T: Float>(
+        &self,
+        precision: Precision,
+        graph: &Graph,
+        v: ValueId,
+        args: &[&[T]],
+    ) -> Vec<T> {
+        let product_of_param = matches!(graph.node(v).op, Op::MatVec | Op::MatVecT)
+            && matches!(graph.node(graph.operands(v)[0]).op, Op::Param(_));
+        if precision == Precision::Bf16 && product_of_param {
+            let rounded: Vec<Vec<T>> = args.iter().map(|a| a.iter().map(|&x| bf16_of(x)).collect()).collect();
+            let rounded: Vec<&[T]> = rounded.iter().map(Vec::as_slice).collect();
+            return self.compute(graph, v, &rounded);
+        }
         let (rows, cols) = self.shape[v.index()];
         let n = rows * cols;
         let operand_cols = |i: usize| graph.operands(v).get(i).map_or(1, |o| self.shape[o.index()].1);
@@ -303,6 +331,12 @@ pub(crate) fn value<'a, T>(
         Op::Param(i) => &leaves.params[i],
         _ => &vals[v.index()],
     }
+}
+
+/// `x` rounded to the nearest bf16 (through f32, whose range bf16 shares).
+fn bf16_of<T: Float>(x: T) -> T {
+    let rounded = round_bf16(x.to_f32().unwrap_or(f32::NAN));
+    T::from(rounded).unwrap_or_else(T::nan)
 }
 
 fn dot<T: Float>(a: &[T], b: &[T]) -> T {
@@ -394,7 +428,16 @@ impl<'c> BoundCell<'c> {
             state_sizes,
             param_shapes,
             mask_sizes,
+            precision: Precision::F32,
         })
+    }
+
+    /// This cell computing the products of its matrix parameters in
+    /// `precision`, forwards and backwards, as a back end in that precision
+    /// does (see [`Precision`]): at [`Precision::Bf16`], the oracle of bf16
+    /// arithmetic, every other value still in the caller's float type.
+    pub fn with_precision(self, precision: Precision) -> Self {
+        BoundCell { precision, ..self }
     }
 
     /// Elements of each mask: of a row, or of a DropConnect mask's parameter.
@@ -581,7 +624,7 @@ impl<'c> BoundCell<'c> {
             seeds: &[],
             masks: &masks,
         };
-        let vals = evaluate(self.cell, &self.plan, &leaves);
+        let vals = evaluate(self.cell, &self.plan, &leaves, self.precision);
         let get = |v: ValueId| value(self.cell, &vals, &leaves, v).to_vec();
         StepResult {
             output: get(self.cell.output),
@@ -680,7 +723,7 @@ impl BoundCell<'_> {
                 seeds: &seeds,
                 masks: &masks,
             };
-            let vals = evaluate(&grad.graph, &plan, &leaves);
+            let vals = evaluate(&grad.graph, &plan, &leaves, self.precision);
             let get = |v: ValueId| value(&grad.graph, &vals, &leaves, v);
 
             let dx = &mut d_inputs[t * self.input_size..(t + 1) * self.input_size];

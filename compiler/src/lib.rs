@@ -40,6 +40,7 @@ pub mod ir;
 pub mod kernel;
 pub mod lower;
 pub mod passes;
+pub mod precision;
 pub mod program;
 pub mod random;
 pub mod schedule;

@@ -62,6 +62,7 @@ pub mod stream;
 pub mod weights;
 
 pub use call::{Call, CallerMemory};
+pub use cellc::precision::Precision;
 pub use device_call::{DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut};
 pub use dropout::MaskSeed;
 pub use error::{Result, RuntimeError};

@@ -9,7 +9,7 @@
 //! cannot be told apart, see [`Oracle::noise`]).
 
 use crate::batch::Batch;
-use cellc_runtime::Model;
+use cellc_runtime::{Model, Precision};
 use num_traits::Float;
 
 /// Per-sequence results (in f64), indexed like the batch.
@@ -29,10 +29,18 @@ pub struct Oracle {
 /// What `model` should compute on `batch`, forwards and backwards, and
 /// the same computed in f32: `(f64 results, f32 results)`.
 pub fn oracle(model: &Model, batch: &Batch) -> Result<(Oracle, Oracle), String> {
-    Ok((run::<f64>(model, batch)?, run::<f32>(model, batch)?))
+    Ok((run::<f64>(model, batch, Precision::F32)?, run::<f32>(model, batch, Precision::F32)?))
 }
 
-fn run<T: Float>(model: &Model, batch: &Batch) -> Result<Oracle, String> {
+/// What `model` computes on `batch` with the products of its matrix
+/// parameters in `precision` ([`cellc::interp::BoundCell::with_precision`]),
+/// everything else in f64: with [`Precision::Bf16`], what bf16 arithmetic
+/// itself gives, against which a bf16 back end's error is judged.
+pub fn oracle_in(model: &Model, batch: &Batch, precision: Precision) -> Result<Oracle, String> {
+    run::<f64>(model, batch, precision)
+}
+
+fn run<T: Float>(model: &Model, batch: &Batch, precision: Precision) -> Result<Oracle, String> {
     let f64s = |v: &[T]| -> Vec<f64> { v.iter().map(|x| x.to_f64().unwrap_or(f64::NAN)).collect() };
     let ts = |v: &[f32]| -> Vec<T> { v.iter().map(|&x| T::from(x).unwrap_or_else(T::nan)).collect() };
     let cell = &model.compiled().forward;
@@ -59,7 +67,7 @@ fn run<T: Float>(model: &Model, batch: &Batch) -> Result<Oracle, String> {
         // Forward, keeping each layer's input for the backward.
         let mut layer_in: Vec<Vec<Vec<T>>> = vec![batch.xs[b].iter().map(|r| ts(r)).collect()];
         for (k, layer) in model.layers().iter().enumerate() {
-            let bound = cell.bind(&layer.sizes).map_err(err)?;
+            let bound = cell.bind(&layer.sizes).map_err(err)?.with_precision(precision);
             let mut next = vec![Vec::new(); len];
             for d in 0..dirs {
                 let slot = k * dirs + d;
@@ -89,7 +97,7 @@ fn run<T: Float>(model: &Model, batch: &Batch) -> Result<Oracle, String> {
         // Backward, last layer first.
         let mut d_above: Vec<Vec<T>> = batch.d_out[b].iter().map(|r| ts(r)).collect();
         for (k, layer) in model.layers().iter().enumerate().rev() {
-            let bound = cell.bind(&layer.sizes).map_err(err)?;
+            let bound = cell.bind(&layer.sizes).map_err(err)?.with_precision(precision);
             let mut d_below = vec![vec![T::zero(); layer.input_size]; len];
             for d in 0..dirs {
                 let slot = k * dirs + d;

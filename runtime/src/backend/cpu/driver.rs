@@ -600,8 +600,9 @@ fn weight_t(bufs: &Buffers, f: &Frame, m: ValueId, rows_w: usize, cols_w: usize)
 }
 
 /// This layer-direction's prepared weights for a pass over `rows` valid
-/// rows, from the model's slot (or, if another back end's form is there,
-/// `local`), with the forms that `steps`
+/// rows whose products compute in `precision`, from the model's slot (or,
+/// if another back end's or precision's form is there, `local`), with the
+/// forms that `steps`
 /// read made before any thread needs them (see [`super::prepared`]): every
 /// product of a parameter, per step or over all rows, reads it packed into
 /// panels (`Wᵀ` for `X · Wᵀ`, `W` for `D · W`).
@@ -612,18 +613,20 @@ pub fn prepared_params<'a>(
     steps: &[ReadyStage],
     params: &[&[f32]],
     shape: &dyn Fn(ValueId) -> (usize, usize),
-    rows: usize,
+    (rows, precision): (usize, crate::Precision),
 ) -> &'a PreparedParams {
-    if slot.is_for_one_pass() && rows <= super::in_place::ROWS {
+    if slot.is_for_one_pass() && rows <= super::in_place::ROWS && precision == crate::Precision::F32 {
         // Weights for this pass alone, met by a few rows in all (a step
         // or two of a few sequences): packing them would cost more than
         // the products. Longer passes pack: read in place, `X · Wᵀ`
-        // transposes the weight at every step (see `in_place`).
+        // transposes the weight at every step (see `in_place`). bf16
+        // products always read bf16 panels, so that a pass's results do not
+        // depend on how many rows it has.
         return local.insert(PreparedParams::in_place());
     }
-    let weights = match slot.get_or_init(|| PreparedParams::new(params.len())) {
-        Some(w) => w,
-        None => local.insert(PreparedParams::new(params.len())),
+    let weights = match slot.get_or_init(|| PreparedParams::new(params.len(), precision)) {
+        Some(w) if w.precision() == precision => w,
+        _ => local.insert(PreparedParams::new(params.len(), precision)),
     };
     for st in steps {
         let ReadyStage::Gemm { products, .. } = st else { continue };

@@ -13,6 +13,7 @@
 pub mod aot;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
+pub mod bf16;
 #[cfg(feature = "codegen")]
 pub mod codegen;
 mod driver;
@@ -35,6 +36,7 @@ use crate::cell::{CompiledCell, Layer};
 use crate::error::{Result, RuntimeError};
 use crate::plan::{Home, ParamGradient, PassPlan, TapeSource, TimeLoop};
 use crate::pool;
+use crate::Precision;
 use cellc::ir::{Graph, Op, ValueId};
 use cellc::program::{Kept, ProgramKernel, Side, TapePart};
 use cellc::schedule::Placement;
@@ -82,6 +84,8 @@ pub struct Cpu {
     /// threads ([`STEP_FMAS_PER_THREAD`]; 0: every step is split).
     step_fmas_per_thread: usize,
     kernels: Kernels,
+    /// The precision of the products of matrix parameters.
+    precision: Precision,
     /// The compiled layers this back end has run, kept while it lives.
     code: Mutex<HashMap<String, Arc<LayerCode>>>,
 }
@@ -97,7 +101,11 @@ fn program_cache() -> &'static Mutex<HashMap<String, Weak<LayerCode>>> {
 
 impl std::fmt::Debug for Cpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cpu").field("threads", &self.threads).field("kernels", &self.kernels).finish()
+        f.debug_struct("Cpu")
+            .field("threads", &self.threads)
+            .field("kernels", &self.kernels)
+            .field("precision", &self.precision)
+            .finish()
     }
 }
 
@@ -135,7 +143,13 @@ impl Cpu {
             other => other,
         };
         let step_fmas_per_thread = STEP_FMAS_PER_THREAD;
-        Ok(Cpu { threads, step_fmas_per_thread, kernels, code: Mutex::new(HashMap::new()) })
+        Ok(Cpu {
+            threads,
+            step_fmas_per_thread,
+            kernels,
+            precision: Precision::F32,
+            code: Mutex::new(HashMap::new()),
+        })
     }
 
     /// This back end with every step split between its threads, however
@@ -144,6 +158,18 @@ impl Cpu {
     /// small sizes, and for timing the split itself.
     pub fn split_every_step(self) -> Cpu {
         Cpu { step_fmas_per_thread: 0, ..self }
+    }
+
+    /// This back end computing the products of the cell's matrix parameters
+    /// in `precision` ([`Precision::Bf16`]: bf16 operands, f32 sums, with the
+    /// kernel this processor runs fastest, see [`bf16`]).
+    pub fn with_precision(self, precision: Precision) -> Cpu {
+        Cpu { precision, ..self }
+    }
+
+    /// The precision of its products ([`Cpu::with_precision`]).
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     /// The most threads one of its calls uses ([`Cpu::new`]'s `threads`,
@@ -429,7 +455,7 @@ impl Backend for Cpu {
     ) -> Result<Vec<Vec<f32>>> {
         let code = self.code(job.cell, job.layer)?;
         self.alone(code.fwd_step_fmas, job.order.batch(), |threads| {
-            forward(threads, &code, job, output, tape)
+            forward((threads, self.precision), &code, job, output, tape)
         })
     }
 
@@ -440,7 +466,7 @@ impl Backend for Cpu {
             CpuTape::in_caller(job.layer, job.layout_rows(), tape.as_ptr() as *mut f32, tape.len())?
         };
         self.alone(code.bwd_step_fmas, job.order.batch(), |threads| {
-            backward(threads, &code, job, &tape, d_input)
+            backward((threads, self.precision), &code, job, &tape, d_input)
         })
     }
 
@@ -475,7 +501,7 @@ fn step_fmas_per_row(stages: &[ReadyStage], pass: &PassPlan, plan: &Shapes) -> u
 }
 
 fn forward(
-    threads: usize,
+    (threads, precision): (usize, Precision),
     code: &LayerCode,
     job: &ForwardJob,
     output: &mut RowsMut,
@@ -532,8 +558,15 @@ fn forward(
     let mut finals: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&n| vec![0.0; batch * n]).collect();
     let shape = shape_of(plan);
     let mut local = None;
-    let weights =
-        prepared_params(job.prepared, &mut local, g, &code.forward, job.params, &shape, job.order.rows());
+    let weights = prepared_params(
+        job.prepared,
+        &mut local,
+        g,
+        &code.forward,
+        job.params,
+        &shape,
+        (job.order.rows(), precision),
+    );
     let state_rows = SharedRows::each(&mut states);
     let frame =
         Frame { states: &state_rows, ..Frame::new((job.input, job.masks), layer, job.params, weights) };
@@ -823,7 +856,7 @@ fn seeds_per_row(
     let layer = job.layer;
     let m = layer.state_sizes[i];
     let mut data = pool::take_zeroed(layout_rows * m);
-    let no_weights = PreparedParams::new(0);
+    let no_weights = PreparedParams::new(0, Precision::F32);
     let frame = Frame::new((job.input, job.masks), layer, job.params, &no_weights);
     for b in 0..job.order.batch() {
         let len = job.order.lengths()[b];
@@ -854,7 +887,7 @@ fn run_tables(exec: &dyn StageExec, tables: Vec<Vec<*mut f32>>, k: usize) {
 }
 
 fn backward(
-    threads: usize,
+    (threads, precision): (usize, Precision),
     code: &LayerCode,
     job: &BackwardJob,
     tape: &CpuTape,
@@ -904,8 +937,15 @@ fn backward(
         .collect();
     let shape = shape_of(plan);
     let mut local = None;
-    let weights =
-        prepared_params(job.prepared, &mut local, g, &code.backward, job.params, &shape, job.order.rows());
+    let weights = prepared_params(
+        job.prepared,
+        &mut local,
+        g,
+        &code.backward,
+        job.params,
+        &shape,
+        (job.order.rows(), precision),
+    );
     let d_out = Some((job.d_output, layer.output_size));
     // Before the loop: products that read no carried adjoint, over every valid row.
     let all_rows = valid_rows(job.order);

@@ -16,6 +16,7 @@
 //! the `k` products of an output in the same order, whatever the rows, the
 //! panels or the thread count, so results are bitwise reproducible.
 
+use super::bf16::Bf16Kernel;
 use super::prepared::AlignedBuf;
 use std::ops::Range;
 
@@ -26,7 +27,7 @@ pub const PANEL: usize = 32;
 const MR: usize = 8;
 
 /// Rows per block whose `A` rows stay in L2 while every panel passes over them.
-const ROW_BLOCK: usize = 192;
+pub(super) const ROW_BLOCK: usize = 192;
 
 /// Writes `panel[kk * PANEL + c] = src[c * cols + kk]` for whole blocks
 /// transposed in registers (16x16 on AVX-512, 8x8 on AVX2), `c < done.0`,
@@ -187,11 +188,14 @@ pub(super) unsafe fn transposed16(src: *const f32, ld: usize) -> [std::arch::x86
     })
 }
 
-/// `B: [k, n]` in column panels.
+/// `B: [k, n]` in column panels, of f32 or of bf16 pairs.
 #[derive(Debug)]
 pub struct PackedB {
     k: usize,
     n: usize,
+    /// Panels of bf16 pairs ([`super::bf16`]): `k.div_ceil(2)` rows of
+    /// [`PANEL`] 32-bit words each, held in `data`'s float slots.
+    bf16: bool,
     data: AlignedBuf,
 }
 
@@ -211,7 +215,7 @@ impl PackedB {
             }
             fill(p, panel);
         });
-        PackedB { k, n, data }
+        PackedB { k, n, bf16: false, data }
     }
 
     /// `B = Wᵀ` for a row-major `W: [rows, cols]`: the right operand of `X · Wᵀ`.
@@ -246,6 +250,26 @@ impl PackedB {
         })
     }
 
+    /// The same matrix rounded to bf16 (ties to even), in pair panels: the
+    /// right operand of a product with bf16 operands and f32 accumulation.
+    pub fn to_bf16(&self) -> PackedB {
+        assert!(!self.bf16, "bf16 panels packed again as bf16");
+        let (k, kp) = (self.k, self.k.div_ceil(2));
+        let mut data = AlignedBuf::recycled(self.panels() * kp * PANEL);
+        let floats = self.data.as_slice();
+        super::threads::for_each_chunk_mut(data.as_mut_slice(), (kp * PANEL).max(1), &|p, dst| {
+            // SAFETY: u32 and f32 have one size and alignment; the slots hold bits only.
+            let words = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u32>(), dst.len()) };
+            super::bf16::pair_rows(&floats[p * k * PANEL..][..k * PANEL], k, words);
+        });
+        PackedB { k, n: self.n, bf16: true, data }
+    }
+
+    /// Whether the panels hold bf16 pairs ([`PackedB::to_bf16`]).
+    pub fn is_bf16(&self) -> bool {
+        self.bf16
+    }
+
     /// The inner dimension.
     pub fn k(&self) -> usize {
         self.k
@@ -269,8 +293,9 @@ impl PackedB {
     }
 
     fn panel(&self, p: usize) -> *const f32 {
+        let rows = if self.bf16 { self.k.div_ceil(2) } else { self.k };
         // SAFETY: p < panels, so the offset is inside the buffer.
-        unsafe { self.data.as_ptr().add(p * self.k * PANEL) }
+        unsafe { self.data.as_ptr().add(p * rows * PANEL) }
     }
 
     /// Floats of output column panel `p` that exist.
@@ -341,7 +366,31 @@ pub struct Rows {
 /// `a` or `b`.
 pub unsafe fn multiply(rows: Rows, b: &PackedB, panels: Range<usize>, accumulate: bool) {
     // SAFETY: forwarded from the caller.
-    unsafe { multiply_with(Isa::detect(), rows, b, panels, accumulate) }
+    unsafe {
+        if b.bf16 {
+            multiply_bf16_with(Bf16Kernel::detect(), rows, b, panels, accumulate)
+        } else {
+            multiply_with(Isa::detect(), rows, b, panels, accumulate)
+        }
+    }
+}
+
+/// [`multiply`] by bf16 panels with a chosen kernel (the tests run every
+/// one the host has): `A` is rounded to bf16, the products summed in f32.
+///
+/// # Safety
+/// As [`multiply`]; `b` holds bf16 pairs; `kernel` runs on this processor.
+pub(crate) unsafe fn multiply_bf16_with(
+    kernel: Bf16Kernel,
+    rows: Rows,
+    b: &PackedB,
+    panels: Range<usize>,
+    accumulate: bool,
+) {
+    assert!(b.bf16, "f32 panels given to a bf16 kernel");
+    let panel = |p: usize| (b.panel(p).cast::<u32>(), b.width(p));
+    // SAFETY: forwarded; the panels are pair panels of b.k() rows.
+    unsafe { super::bf16::multiply_with(kernel, rows, b.k, &panel, panels, accumulate) }
 }
 
 /// [`multiply`] with a chosen microkernel (the tests run every one the host has).
@@ -355,6 +404,7 @@ pub(crate) unsafe fn multiply_with(
     panels: Range<usize>,
     accumulate: bool,
 ) {
+    assert!(!b.bf16, "bf16 panels given to an f32 kernel");
     let Rows { y, ldy, a, lda, m } = rows;
     let k = b.k;
     let tile_rows = isa.tile_rows();
@@ -702,6 +752,117 @@ mod tests {
             for (i, &x) in lanes.iter().enumerate() {
                 assert_eq!(x, src[i * ld + j], "row {i}, column {j}");
             }
+        }
+    }
+
+    /// The bf16 kernels against a loop over the rounded operands in f64, at
+    /// ragged sizes, every split and accumulation; the kernels that add in
+    /// `vdpbf16ps`'s order (portable, AVX2) give the same bits, and
+    /// AVX512-BF16 (where the host has it) the same within its flushing of
+    /// subnormals and its own rounding.
+    #[test]
+    fn bf16_products_match_the_rounded_operands_on_every_kernel() {
+        use super::super::bf16::Bf16Kernel;
+        use cellc::precision::round_bf16;
+        for &(m, k, n) in
+            &[(1, 1, 1), (3, 5, 7), (8, 64, 32), (9, 17, 33), (20, 31, 100), (200, 40, 65), (5, 257, 64)]
+        {
+            let a = data(m * k, 1.0);
+            let w = data(n * k, 2.0); // [n, k]: X · Wᵀ
+            let bound = |e: usize| -> (f64, f64) {
+                let terms =
+                    (0..k).map(|p| round_bf16(a[e / n * k + p]) as f64 * round_bf16(w[e % n * k + p]) as f64);
+                let magnitude: f64 = terms.clone().map(f64::abs).sum();
+                (terms.sum(), magnitude)
+            };
+            let packed = PackedB::of_transpose(&w, n, k).to_bf16();
+            let plain = PackedB::of(&transpose(&w, n, k), k, n).to_bf16();
+            let mut first: Option<Vec<f32>> = None;
+            for kernel in Bf16Kernel::available() {
+                for b in [&packed, &plain] {
+                    for parts in [1, 2, 3] {
+                        let mut y = vec![f32::NAN; m * n];
+                        for part in 0..parts {
+                            // SAFETY: y is [m, n], a is [m, k], b is [k, n].
+                            unsafe {
+                                multiply_bf16_with(
+                                    kernel,
+                                    rows(&mut y, &a, m, k, n),
+                                    b,
+                                    b.share(part, parts),
+                                    false,
+                                )
+                            };
+                        }
+                        for (e, &x) in y.iter().enumerate() {
+                            let (want, magnitude) = bound(e);
+                            let slack = 1e-6 * magnitude + 1e-30;
+                            assert!(
+                                (x as f64 - want).abs() <= slack,
+                                "{kernel:?} {m}x{k}x{n} [{e}]: {x} vs {want}"
+                            );
+                        }
+                        match (&first, kernel) {
+                            (None, _) => first = Some(y.clone()),
+                            (Some(bits), Bf16Kernel::Portable | Bf16Kernel::Avx2) => {
+                                assert_eq!(bits, &y, "{kernel:?} {m}x{k}x{n}: not the portable kernel's bits")
+                            }
+                            _ => {}
+                        }
+                        // SAFETY: as above.
+                        unsafe {
+                            multiply_bf16_with(kernel, rows(&mut y, &a, m, k, n), b, 0..b.panels(), true)
+                        };
+                        for (e, &x) in y.iter().enumerate() {
+                            let (want, magnitude) = bound(e);
+                            assert!(
+                                (x as f64 - 2.0 * want).abs() <= 4e-6 * magnitude + 1e-30,
+                                "{kernel:?} accumulate"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// bf16 products stay within bf16's rounding of the f32 ones (the
+    /// operands' relative error 2^-9 each), and NaN and infinity pass through.
+    #[test]
+    fn bf16_products_are_near_the_f32_ones_and_keep_nan_and_infinity() {
+        use super::super::bf16::Bf16Kernel;
+        let (m, k, n) = (6, 300, 70);
+        let mut a = data(m * k, 5.0);
+        let w = data(n * k, 6.0);
+        let f32_panels = PackedB::of_transpose(&w, n, k);
+        let bf16_panels = f32_panels.to_bf16();
+        let mut exact = vec![0.0; m * n];
+        // SAFETY: shapes as declared.
+        unsafe { multiply(rows(&mut exact, &a, m, k, n), &f32_panels, 0..f32_panels.panels(), false) };
+        a[k + 3] = f32::NAN;
+        a[2 * k + 7] = f32::INFINITY;
+        for kernel in Bf16Kernel::available() {
+            let mut y = vec![0.0; m * n];
+            // SAFETY: shapes as declared.
+            unsafe {
+                multiply_bf16_with(
+                    kernel,
+                    rows(&mut y, &a, m, k, n),
+                    &bf16_panels,
+                    0..bf16_panels.panels(),
+                    false,
+                )
+            };
+            for i in [0, 3, 4, 5] {
+                for j in 0..n {
+                    let magnitude: f32 = (0..k).map(|p| (a[i * k + p] * w[j * k + p]).abs()).sum();
+                    let (x, e) = (y[i * n + j], exact[i * n + j]);
+                    assert!((x - e).abs() <= 2.0 * magnitude / 256.0, "{kernel:?} [{i}, {j}]: {x} vs {e}");
+                }
+            }
+            assert!(y[n..2 * n].iter().all(|x| x.is_nan()), "{kernel:?}: a NaN operand");
+            // Infinity times weights of both signs: some infinite, some NaN, none finite.
+            assert!(y[2 * n..3 * n].iter().all(|x| !x.is_finite()), "{kernel:?}: an infinite operand");
         }
     }
 

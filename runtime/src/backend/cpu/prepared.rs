@@ -11,6 +11,7 @@
 //! contiguous share evenly onto the sets.
 
 use super::panels::PackedB;
+use crate::Precision;
 use std::alloc::{alloc, dealloc, Layout};
 use std::sync::{Mutex, OnceLock};
 
@@ -80,7 +81,6 @@ impl AlignedBuf {
         self.ptr
     }
 
-    #[cfg(test)]
     pub fn as_slice(&self) -> &[f32] {
         // SAFETY: `len` initialised floats.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
@@ -136,6 +136,8 @@ pub struct PreparedParams {
     forms: Vec<Forms>,
     /// The products read the weights where they lie ([`super::in_place`]).
     in_place: bool,
+    /// bf16 panels ([`PackedB::to_bf16`]) or f32.
+    precision: Precision,
 }
 
 #[derive(Debug, Default)]
@@ -147,14 +149,27 @@ struct Forms {
 }
 
 impl PreparedParams {
-    /// Room for `count` parameters, nothing made yet.
-    pub fn new(count: usize) -> PreparedParams {
-        PreparedParams { forms: (0..count).map(|_| Forms::default()).collect(), in_place: false }
+    /// Room for `count` parameters packed for products in `precision`, nothing made yet.
+    pub fn new(count: usize, precision: Precision) -> PreparedParams {
+        PreparedParams { forms: (0..count).map(|_| Forms::default()).collect(), in_place: false, precision }
     }
 
-    /// Nothing to prepare: the products read the weights in place.
+    /// Nothing to prepare: the products read the weights in place (f32 only).
     pub fn in_place() -> PreparedParams {
-        PreparedParams { forms: Vec::new(), in_place: true }
+        PreparedParams { forms: Vec::new(), in_place: true, precision: Precision::F32 }
+    }
+
+    /// The precision of the products that read these weights.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// `packed` as the products in this precision read it.
+    fn in_precision(&self, packed: PackedB) -> PackedB {
+        match self.precision {
+            Precision::F32 => packed,
+            Precision::Bf16 => packed.to_bf16(),
+        }
     }
 
     /// Whether the products read the weights in place.
@@ -168,14 +183,15 @@ impl PreparedParams {
 
     /// Parameter `i` as the packed right operand of `X · Wᵀ`.
     pub fn t_panels(&self, i: usize, w: &[f32], rows: usize, cols: usize) -> &PackedB {
-        let p = self.forms(i).t_panels.get_or_init(|| PackedB::of_transpose(w, rows, cols));
+        let p =
+            self.forms(i).t_panels.get_or_init(|| self.in_precision(PackedB::of_transpose(w, rows, cols)));
         debug_assert_eq!((p.k(), p.n()), (cols, rows));
         p
     }
 
     /// Parameter `i` as the packed right operand of `D · W`.
     pub fn panels(&self, i: usize, w: &[f32], rows: usize, cols: usize) -> &PackedB {
-        let p = self.forms(i).panels.get_or_init(|| PackedB::of(w, rows, cols));
+        let p = self.forms(i).panels.get_or_init(|| self.in_precision(PackedB::of(w, rows, cols)));
         debug_assert_eq!((p.k(), p.n()), (rows, cols));
         p
     }

@@ -74,7 +74,7 @@ impl Cpu {
         let mut layers = Vec::with_capacity(job.layers.len());
         for (k, layer) in job.layers.iter().enumerate() {
             let code = self.code(job.cell, layer)?;
-            layers.push(LayerStep::new(code, &job, k)?);
+            layers.push(LayerStep::new(code, &job, k, self.precision)?);
         }
         let between = layers[..layers.len().saturating_sub(1)]
             .iter()
@@ -85,11 +85,17 @@ impl Cpu {
 }
 
 impl LayerStep {
-    fn new(code: Arc<LayerCode>, job: &StreamJob, k: usize) -> Result<LayerStep> {
+    fn new(
+        code: Arc<LayerCode>,
+        job: &StreamJob,
+        k: usize,
+        precision: crate::Precision,
+    ) -> Result<LayerStep> {
         let (g, plan) = (&*code.fwd_graph, &*code.fwd_plan);
         let (layer, batch) = (&job.layers[k], job.batch);
         let weights = job.prepared[k]
-            .get_or_init(|| super::prepared::PreparedParams::new(job.params[k].len()))
+            .get_or_init(|| super::prepared::PreparedParams::new(job.params[k].len(), precision))
+            .filter(|w| w.precision() == precision)
             .ok_or_else(|| RuntimeError::Internal("another back end's weights in a cpu model".into()))?;
         let mut bufs = Buffers::new();
         constants(g, plan, &mut bufs);

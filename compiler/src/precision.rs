@@ -1,0 +1,107 @@
+//! The precision a back end computes its products in, and rounding to bf16.
+//!
+//! [`Precision::Bf16`] is the mixed precision of `torch.autocast` with
+//! bfloat16 and of oneDNN's bf16 RNN: the products of the cell's matrix
+//! parameters (hoisted over all steps, per step, and the backward's data
+//! products `D · W`) take bf16 operands, both the weight and the vector
+//! rounded to nearest even, and sum in f32. Everything else stays f32: the
+//! states, every pointwise stage, the products of matrices the cell
+//! computes, and the weight gradients `dW += Dᵀ · X`, which accumulate in
+//! f32 against the f32 master weights. A bf16 product is within bf16's
+//! rounding (a relative 2⁻⁸ of the sum of the products' magnitudes) of the
+//! f32 one; NaN and infinity propagate as in f32.
+
+/// The precision of a back end's products.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// f32 operands, f32 sums.
+    #[default]
+    F32,
+    /// bf16 operands, f32 sums (see the module documentation).
+    Bf16,
+}
+
+impl Precision {
+    /// The name `cellc` and the Python package use: `f32` or `bf16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+
+    /// `f32`/`float32` or `bf16`/`bfloat16`; anything else is a message naming both.
+    fn from_str(s: &str) -> Result<Precision, String> {
+        match s {
+            "f32" | "float32" => Ok(Precision::F32),
+            "bf16" | "bfloat16" => Ok(Precision::Bf16),
+            other => {
+                Err(format!("no precision `{other}`: there are `f32` and `bf16` (bf16 operands, f32 sums)"))
+            }
+        }
+    }
+}
+
+/// The bf16 nearest `x` (ties to even), as its 16 bits; a NaN stays a (quiet) NaN.
+pub fn bf16_bits(x: f32) -> u16 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return ((bits >> 16) | 0x40) as u16;
+    }
+    // Adding just under half a unit of the 16 dropped bits, plus the kept
+    // part's lowest bit, rounds ties to even; the carry may reach the
+    // exponent (rounding up to the next binade, or to infinity).
+    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+}
+
+/// The f32 value of bf16 `bits`.
+pub fn bf16_value(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// `x` rounded to the nearest bf16 (ties to even).
+pub fn round_bf16(x: f32) -> f32 {
+    bf16_value(bf16_bits(x))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for p in [Precision::F32, Precision::Bf16] {
+            assert_eq!(p.name().parse::<Precision>().unwrap(), p);
+        }
+        assert_eq!("bfloat16".parse::<Precision>().unwrap(), Precision::Bf16);
+        let e = "fp16".parse::<Precision>().unwrap_err();
+        assert!(e.contains("fp16") && e.contains("bf16"), "{e}");
+    }
+
+    #[test]
+    fn rounding_is_to_nearest_even_and_keeps_specials() {
+        assert_eq!(round_bf16(1.0), 1.0);
+        // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: ties go to the even 1.
+        assert_eq!(round_bf16(1.0 + 1.0 / 256.0), 1.0);
+        // 1 + 3·2^-8 lies halfway between 1 + 2^-7 and 1 + 2^-6: to the even one.
+        assert_eq!(round_bf16(1.0 + 3.0 / 256.0), 1.0 + 1.0 / 64.0);
+        assert_eq!(round_bf16(1.0 + 1.0 / 256.0 + 1e-6), 1.0 + 1.0 / 128.0);
+        assert_eq!(round_bf16(-2.5), -2.5);
+        assert!(round_bf16(f32::NAN).is_nan());
+        assert_eq!(round_bf16(f32::INFINITY), f32::INFINITY);
+        assert_eq!(round_bf16(f32::NEG_INFINITY), f32::NEG_INFINITY);
+        // The largest f32 rounds past bf16's largest finite value.
+        assert_eq!(round_bf16(f32::MAX), f32::INFINITY);
+        assert_eq!(round_bf16(-0.0).to_bits(), (-0.0f32).to_bits());
+    }
+}

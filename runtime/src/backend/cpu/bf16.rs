@@ -1,0 +1,422 @@
+//! Products with bf16 operands and f32 accumulation ([`crate::Precision::Bf16`]).
+//!
+//! A weight is packed once into *pair panels*: the [`PANEL`] columns of
+//! [`super::panels`], but each 32-bit word of a panel row holds two bf16
+//! values of one column, rows `2q` (low half) and `2q + 1` (high half) of
+//! `B`: the operand layout of `vdpbf16ps`, which sums two products into
+//! each f32 lane. The left operand's rows are rounded to bf16 pairs once per
+//! call. Each output then adds, for `q = 0, 1, ...`, first the product of
+//! the odd elements and then that of the even ones, each rounded to f32 once
+//! (a product of two bf16 values is exact in f32): `vdpbf16ps`'s order,
+//! which every kernel here follows, so that the portable and AVX2 kernels
+//! give the same bits, and AVX512-BF16 the same up to its flushing of
+//! subnormals to zero.
+//!
+//! The kernel is chosen once per process from what the processor has:
+//! AVX512-BF16 (`vdpbf16ps`: AMD Zen 4 and later, Intel Cooper Lake and
+//! Sapphire Rapids and later), else AVX2 + FMA (the pairs widened to f32 in
+//! registers: half the weight's memory traffic, the f32 path's arithmetic),
+//! else portable Rust. Rounding to bf16 is round-to-nearest-even; NaN stays
+//! NaN and infinities stay infinite.
+
+use super::panels::{Rows, PANEL, ROW_BLOCK};
+use cellc::precision::bf16_bits;
+use std::cell::RefCell;
+use std::ops::Range;
+
+/// One 32-bit word of a pair panel: `even` in the low half, `odd` in the high.
+pub fn pair(even: f32, odd: f32) -> u32 {
+    (bf16_bits(odd) as u32) << 16 | bf16_bits(even) as u32
+}
+
+/// The even (low) element of a pair word, as f32.
+fn even(word: u32) -> f32 {
+    f32::from_bits(word << 16)
+}
+
+/// The odd (high) element of a pair word, as f32.
+fn odd(word: u32) -> f32 {
+    f32::from_bits(word & 0xffff_0000)
+}
+
+/// Which microkernel multiplies by pair panels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bf16Kernel {
+    /// `vdpbf16ps`, eight rows by a 32-column panel in registers.
+    Avx512Bf16,
+    /// Pairs widened to f32 in registers; the products by FMA.
+    Avx2,
+    /// Plain Rust.
+    Portable,
+}
+
+/// The processor features the choice of [`Bf16Kernel`] depends on.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Features {
+    /// AVX512-BF16 with AVX-512F.
+    pub avx512_bf16: bool,
+    /// AVX2 with FMA.
+    pub avx2_fma: bool,
+}
+
+impl Features {
+    /// This processor's.
+    pub fn host() -> Features {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            Features {
+                avx512_bf16: has!("avx512f") && has!("avx512bf16"),
+                avx2_fma: has!("avx2") && has!("fma"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Features::default()
+    }
+}
+
+impl Bf16Kernel {
+    /// The fastest kernel `features` allow.
+    pub fn choose(features: Features) -> Bf16Kernel {
+        if features.avx512_bf16 {
+            Bf16Kernel::Avx512Bf16
+        } else if features.avx2_fma {
+            Bf16Kernel::Avx2
+        } else {
+            Bf16Kernel::Portable
+        }
+    }
+
+    /// This processor's, chosen once.
+    pub fn detect() -> Bf16Kernel {
+        static KERNEL: std::sync::OnceLock<Bf16Kernel> = std::sync::OnceLock::new();
+        *KERNEL.get_or_init(|| Bf16Kernel::choose(Features::host()))
+    }
+
+    /// Every kernel this processor can run (the tests compare them).
+    pub fn available() -> Vec<Bf16Kernel> {
+        let f = Features::host();
+        let mut all = vec![Bf16Kernel::Portable];
+        if f.avx2_fma {
+            all.push(Bf16Kernel::Avx2);
+        }
+        if f.avx512_bf16 {
+            all.push(Bf16Kernel::Avx512Bf16);
+        }
+        all
+    }
+
+    /// Rows per register tile.
+    fn tile_rows(self) -> usize {
+        match self {
+            Bf16Kernel::Avx512Bf16 | Bf16Kernel::Portable => 8,
+            // Half a panel for two accumulators a row, two more for the
+            // row's broadcast pair, four for the panel: 14 of 16 registers.
+            Bf16Kernel::Avx2 => 4,
+        }
+    }
+}
+
+/// Pair panels from f32 panels: `k` rows of [`PANEL`] floats per panel in
+/// `f32_panels`, `k.div_ceil(2)` rows of [`PANEL`] words per panel in the
+/// result (an odd `k`'s last pair has a zero high half).
+pub fn pair_rows(f32_panel: &[f32], k: usize, out: &mut [u32]) {
+    for (q, dst) in out.chunks_mut(PANEL).enumerate().take(k.div_ceil(2)) {
+        let lo = &f32_panel[2 * q * PANEL..][..PANEL];
+        let hi = f32_panel.get((2 * q + 1) * PANEL..).filter(|_| 2 * q + 1 < k);
+        for (c, w) in dst.iter_mut().enumerate() {
+            *w = pair(lo[c], hi.map_or(0.0, |h| h[c]));
+        }
+    }
+}
+
+thread_local! {
+    /// The left operand's rows as bf16 pairs, per thread, reused.
+    static LEFT_PAIRS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `Y[i, j] (+)= Σ_kk A[i, kk] · B[kk, j]` with `A` rounded to bf16, for
+/// rows `i < m` and the columns of `panels` of the pair panels at `b`
+/// (`panel(p)`: panel `p`'s first word, `k.div_ceil(2)` rows of [`PANEL`]
+/// words; `width(p)`: its columns that exist).
+///
+/// # Safety
+/// `a` holds `m` rows of `k` floats, `lda` apart; `y` holds `m` rows, `ldy`
+/// apart, with every column of `panels` writable; every panel of `panels`
+/// is a pair panel of `k` rows; `kernel` runs on this processor.
+pub(super) unsafe fn multiply_with(
+    kernel: Bf16Kernel,
+    rows: Rows,
+    k: usize,
+    panel: &dyn Fn(usize) -> (*const u32, usize),
+    panels: Range<usize>,
+    accumulate: bool,
+) {
+    let Rows { y, ldy, a, lda, m } = rows;
+    let kp = k.div_ceil(2);
+    if m == 0 || panels.is_empty() {
+        return;
+    }
+    let tile_rows = kernel.tile_rows();
+    LEFT_PAIRS.with_borrow_mut(|left| {
+        // A block of rows, in pairs, stays in L2 while every panel passes over it.
+        for r0 in (0..m).step_by(ROW_BLOCK) {
+            let block = (m - r0).min(ROW_BLOCK);
+            left.clear();
+            left.resize(block * kp, 0);
+            for (i, dst) in left.chunks_mut(kp.max(1)).enumerate() {
+                // SAFETY: row r0 + i < m of a has k floats (the caller's contract).
+                let row = unsafe { std::slice::from_raw_parts(a.add((r0 + i) * lda), k) };
+                let (pairs, rest) = row.split_at(k / 2 * 2);
+                for (w, p) in dst.iter_mut().zip(pairs.chunks_exact(2)) {
+                    *w = pair(p[0], p[1]);
+                }
+                if let Some(&last) = rest.first() {
+                    dst[kp - 1] = pair(last, 0.0);
+                }
+            }
+            for p in panels.clone() {
+                let (words, width) = panel(p);
+                for i0 in (0..block).step_by(tile_rows) {
+                    let t = Tile {
+                        // SAFETY: row r0 + i0 < m of y, column p*PANEL within its row.
+                        y: unsafe { y.add((r0 + i0) * ldy + p * PANEL) },
+                        ldy,
+                        a: left[i0 * kp..].as_ptr(),
+                        kp,
+                        panel: words,
+                        width,
+                        accumulate,
+                    };
+                    // SAFETY: the tile's rows and columns exist (the caller's contract).
+                    unsafe { t.run(kernel, (block - i0).min(tile_rows)) };
+                }
+            }
+        }
+    });
+}
+
+/// Up to eight rows of bf16 pairs times one pair panel.
+struct Tile {
+    y: *mut f32,
+    ldy: usize,
+    /// The rows' pairs, `kp` words a row.
+    a: *const u32,
+    kp: usize,
+    panel: *const u32,
+    width: usize,
+    accumulate: bool,
+}
+
+impl Tile {
+    /// # Safety
+    /// `mr` rows of `a` and `y` exist, `panel` holds `kp` rows of
+    /// [`PANEL`] words (64-byte aligned), `width` of `y`'s columns are the
+    /// tile's, and `kernel` runs on this processor.
+    unsafe fn run(&self, kernel: Bf16Kernel, mr: usize) {
+        macro_rules! rows {
+            ($f:ident) => {
+                match mr {
+                    1 => self.$f::<1>(),
+                    2 => self.$f::<2>(),
+                    3 => self.$f::<3>(),
+                    4 => self.$f::<4>(),
+                    5 => self.$f::<5>(),
+                    6 => self.$f::<6>(),
+                    7 => self.$f::<7>(),
+                    _ => self.$f::<8>(),
+                }
+            };
+        }
+        // SAFETY: per the contract.
+        unsafe {
+            match kernel {
+                #[cfg(target_arch = "x86_64")]
+                Bf16Kernel::Avx512Bf16 => rows!(avx512_bf16),
+                #[cfg(target_arch = "x86_64")]
+                Bf16Kernel::Avx2 => match mr {
+                    1 => self.avx2::<1, 4>(),
+                    2 => self.avx2::<2, 4>(),
+                    3 => self.avx2::<3, 2>(),
+                    _ => self.avx2::<4, 2>(),
+                },
+                _ => rows!(portable),
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`Tile::run`].
+    unsafe fn portable<const R: usize>(&self) {
+        let mut acc = [[0.0f32; PANEL]; R];
+        for q in 0..self.kp {
+            // SAFETY: panel row q exists; a's rows < R have kp words.
+            let b = unsafe { std::slice::from_raw_parts(self.panel.add(q * PANEL), PANEL) };
+            for (i, row) in acc.iter_mut().enumerate() {
+                let w = unsafe { *self.a.add(i * self.kp + q) };
+                let (ae, ao) = (even(w), odd(w));
+                for (x, &bw) in row.iter_mut().zip(b) {
+                    // Exact products, so each addition is vdpbf16ps's one rounding.
+                    *x += ao * odd(bw);
+                    *x += ae * even(bw);
+                }
+            }
+        }
+        for (i, row) in acc.iter().enumerate() {
+            // SAFETY: the tile's row i, columns 0..width.
+            unsafe { self.write(i, 0, &row[..self.width]) };
+        }
+    }
+
+    /// Writes (or adds, when accumulating) `values` to row `i` of the
+    /// tile's output from column `from` on.
+    ///
+    /// # Safety
+    /// Row `i` and columns `from..from + values.len()` are the tile's.
+    unsafe fn write(&self, i: usize, from: usize, values: &[f32]) {
+        for (c, &x) in values.iter().enumerate() {
+            // SAFETY: per the contract.
+            unsafe {
+                let out = self.y.add(i * self.ldy + from + c);
+                *out = if self.accumulate { *out + x } else { x };
+            }
+        }
+    }
+
+    /// `V` vectors of eight columns (a whole panel at 4, half at 2) at a
+    /// time, for `R` rows.
+    ///
+    /// # Safety
+    /// As [`Tile::run`]; the processor has AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn avx2<const R: usize, const V: usize>(&self) {
+        use std::arch::x86_64::*;
+        let high = _mm256_set1_epi32(0xffff_0000u32 as i32);
+        for part in 0..PANEL / (8 * V) {
+            let first = part * 8 * V;
+            let cols = self.width.saturating_sub(first).min(8 * V);
+            if cols == 0 {
+                break;
+            }
+            let mut acc = [[_mm256_setzero_ps(); V]; R];
+            let (mut b, mut a) = (self.panel.wrapping_add(first), self.a);
+            for _ in 0..self.kp {
+                // SAFETY: panel rows are PANEL words, 32-byte aligned (the
+                // buffer is 64-byte aligned, a row 128 bytes); a's rows have kp words.
+                unsafe {
+                    let words: [__m256i; V] = std::array::from_fn(|v| _mm256_load_si256(b.add(v * 8).cast()));
+                    let bo: [__m256; V] =
+                        std::array::from_fn(|v| _mm256_castsi256_ps(_mm256_and_si256(words[v], high)));
+                    let be: [__m256; V] =
+                        std::array::from_fn(|v| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(words[v])));
+                    for (i, acc) in acc.iter_mut().enumerate() {
+                        let w = *a.add(i * self.kp);
+                        let (ao, ae) = (_mm256_set1_ps(odd(w)), _mm256_set1_ps(even(w)));
+                        for v in 0..V {
+                            acc[v] = _mm256_fmadd_ps(ao, bo[v], acc[v]);
+                            acc[v] = _mm256_fmadd_ps(ae, be[v], acc[v]);
+                        }
+                    }
+                    b = b.add(PANEL);
+                    a = a.add(1);
+                }
+            }
+            for (i, acc) in acc.iter().enumerate() {
+                let mut lanes = [0.0f32; PANEL];
+                // SAFETY: a local array of PANEL >= 8 * V floats.
+                unsafe {
+                    for (v, &x) in acc.iter().enumerate() {
+                        _mm256_storeu_ps(lanes.as_mut_ptr().add(v * 8), x);
+                    }
+                }
+                // SAFETY: row i, columns first..first + cols <= width.
+                unsafe { self.write(i, first, &lanes[..cols]) };
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`Tile::run`]; the processor has AVX-512F and AVX512-BF16.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn avx512_bf16<const R: usize>(&self) {
+        use std::arch::x86_64::*;
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        let (mut b, mut a) = (self.panel, self.a);
+        for _ in 0..self.kp {
+            // SAFETY: panel rows are PANEL words, 64-byte aligned; a's rows have kp words.
+            unsafe {
+                let b0: __m512bh = std::mem::transmute(_mm512_load_si512(b.cast()));
+                let b1: __m512bh = std::mem::transmute(_mm512_load_si512(b.add(16).cast()));
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a.add(i * self.kp) as i32));
+                    acc[0] = _mm512_dpbf16_ps(acc[0], av, b0);
+                    acc[1] = _mm512_dpbf16_ps(acc[1], av, b1);
+                }
+                b = b.add(PANEL);
+                a = a.add(1);
+            }
+        }
+        let w = self.width;
+        let masks = [mask16(w.min(16)), mask16(w.saturating_sub(16))];
+        for (i, acc) in acc.iter().enumerate() {
+            for (h, (&v, &m)) in acc.iter().zip(&masks).enumerate() {
+                // SAFETY: masked to the tile's existing columns of row i.
+                unsafe {
+                    let out = self.y.add(i * self.ldy + h * 16);
+                    let v = if self.accumulate { _mm512_add_ps(_mm512_maskz_loadu_ps(m, out), v) } else { v };
+                    _mm512_mask_storeu_ps(out, m, v);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn mask16(n: usize) -> u16 {
+    ((1u32 << n.min(16)) - 1) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cellc::precision::round_bf16;
+
+    /// The compiler's rounding (which the kernels use) is the `half` crate's.
+    #[test]
+    fn rounding_is_the_half_crates() {
+        // The same as the `half` crate's conversion, over a sweep of values.
+        for i in 0..100_000u32 {
+            let x = f32::from_bits(i.wrapping_mul(2_654_435_761));
+            let want = half::bf16::from_f32(x);
+            if x.is_nan() {
+                assert!(round_bf16(x).is_nan());
+            } else {
+                assert_eq!(bf16_bits(x), want.to_bits(), "{x:e}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_kernel_choice_follows_the_features() {
+        let pick = |avx512_bf16, avx2_fma| Bf16Kernel::choose(Features { avx512_bf16, avx2_fma });
+        assert_eq!(pick(true, true), Bf16Kernel::Avx512Bf16);
+        assert_eq!(pick(true, false), Bf16Kernel::Avx512Bf16);
+        assert_eq!(pick(false, true), Bf16Kernel::Avx2);
+        assert_eq!(pick(false, false), Bf16Kernel::Portable);
+        assert_eq!(Bf16Kernel::detect(), Bf16Kernel::choose(Features::host()));
+        assert!(Bf16Kernel::available().contains(&Bf16Kernel::detect()));
+    }
+
+    #[test]
+    fn pairs_put_the_even_row_low() {
+        let w = pair(1.5, -2.0);
+        assert_eq!((even(w), odd(w)), (1.5, -2.0));
+        let panel: Vec<f32> = (0..3 * PANEL).map(|i| i as f32).collect();
+        let mut out = vec![0u32; 2 * PANEL];
+        pair_rows(&panel, 3, &mut out);
+        assert_eq!((even(out[5]), odd(out[5])), (5.0, (PANEL + 5) as f32));
+        assert_eq!((even(out[PANEL + 5]), odd(out[PANEL + 5])), ((2 * PANEL + 5) as f32, 0.0));
+    }
+}

@@ -1,0 +1,158 @@
+//! bf16 products ([`Precision::Bf16`]) on every shipped cell: outputs,
+//! final states and every gradient of a 2-layer (bidirectional where the
+//! cell allows) model over an unsorted variable-length batch, against the
+//! f64 interpreter run on each sequence alone.
+//!
+//! Each tensor's norm-wise relative error `‖x − x₆₄‖ / ‖x₆₄‖` must be within
+//! 1e-2, or within four times the error of bf16 arithmetic itself: the
+//! interpreter in f64 with only the same products' operands rounded to bf16
+//! ([`oracle_in`]). Two kinds of cell exceed 1e-2 there whoever computes
+//! them: a recurrence that amplifies every perturbation (layernorm_lstm,
+//! whose normalised cell state is carried: its f32 error grows with the
+//! length too), and ReLU cells' gradients (rounding moves pre-activations
+//! near zero across the kink, and with them whole terms of the gradient).
+//! The table of errors (the back end's in bf16, bf16 arithmetic's, the
+//! f32 back end's) is printed and kept in the verification log.
+
+mod support;
+
+use cellc::fuzzgen::Entropy;
+use cellc_difftest::batch::{Batch, LaidOut, Layout};
+use cellc_difftest::oracle::{oracle, oracle_in, Oracle};
+use cellc_runtime::backend::cpu::{Cpu, Kernels};
+use cellc_runtime::{Model, Precision};
+
+const LENGTHS: [usize; 4] = [24, 7, 40, 1];
+const STEPS: usize = 40;
+const TOLERANCE: f64 = 1e-2;
+
+/// `‖a − b‖₂ / ‖b‖₂` (0 for two zero tensors).
+fn relative(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let diff: f64 = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y).powi(2)).sum();
+    let norm: f64 = b.iter().map(|y| y * y).sum();
+    if norm == 0.0 {
+        diff.sqrt()
+    } else {
+        (diff / norm).sqrt()
+    }
+}
+
+/// Each tensor's relative error of `model`'s forward and backward on `batch`, by name.
+fn errors(model: &Model, batch: &Batch, want: &Oracle) -> Vec<(String, f64)> {
+    let layout = Layout::Padded { batch_first: true, right_aligned: true };
+    let (fin, fout) = (model.input_size(), model.output_size());
+    let x = LaidOut::inputs(batch, layout, fin).expect("lays out");
+    let dy: Vec<f32> = batch
+        .lay_out(layout, &batch.d_out, fout)
+        .expect("lays out")
+        .iter()
+        .map(|v| if v.is_nan() { 0.0 } else { *v })
+        .collect();
+    let (out, trace) = model.forward_traced(x.input(batch), Some(&batch.h0), None).expect("forward");
+    let grads = model.backward(&trace, &dy, Some(&batch.d_final)).expect("backward");
+    let at = batch.row_layout(layout).expect("layout");
+    let gather = |data: &[f32], width: usize| -> Vec<f32> {
+        (0..batch.lengths.len())
+            .flat_map(|b| (0..batch.lengths[b]).map(move |t| (b, t)))
+            .flat_map(|(b, t)| data[at.row(b, t) * width..][..width].to_vec())
+            .collect()
+    };
+    let flat = |rows: &[Vec<Vec<f64>>]| -> Vec<f64> { rows.iter().flatten().flatten().copied().collect() };
+    let mut all = vec![
+        ("output".to_string(), relative(&gather(&out.data, fout), &flat(&want.out))),
+        ("d_input".to_string(), relative(&gather(&grads.d_input, fin), &flat(&want.d_in))),
+    ];
+    for (i, (got, w)) in out.final_states.iter().zip(&want.finals).enumerate() {
+        all.push((format!("final state {i}"), relative(got, w)));
+    }
+    for (i, (got, w)) in grads.d_h0.iter().zip(&want.d_h0).enumerate() {
+        all.push((format!("d_h0 {i}"), relative(got, w)));
+    }
+    let names = model.compiled().forward.params.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
+    for (slot, (got, w)) in grads.d_params.iter().zip(&want.d_params).enumerate() {
+        for (p, (a, b)) in got.iter().zip(w).enumerate() {
+            all.push((
+                format!(
+                    "d_{} (layer {}, direction {})",
+                    names[p],
+                    slot / model.directions(),
+                    slot % model.directions()
+                ),
+                relative(a, b),
+            ));
+        }
+    }
+    all
+}
+
+/// The relative error of each tensor of `ideal` against `want`, in [`errors`]' order.
+fn ideal_errors(ideal: &Oracle, want: &Oracle) -> Vec<(String, f64)> {
+    let flat = |rows: &[Vec<Vec<f64>>]| -> Vec<f64> { rows.iter().flatten().flatten().copied().collect() };
+    let rel = |a: &[f64], b: &[f64]| relative(&a.iter().map(|&x| x as f32).collect::<Vec<_>>(), b);
+    let mut all = vec![
+        ("output".to_string(), rel(&flat(&ideal.out), &flat(&want.out))),
+        ("d_input".to_string(), rel(&flat(&ideal.d_in), &flat(&want.d_in))),
+    ];
+    all.extend(ideal.finals.iter().zip(&want.finals).map(|(a, b)| ("final state".to_string(), rel(a, b))));
+    all.extend(ideal.d_h0.iter().zip(&want.d_h0).map(|(a, b)| ("d_h0".to_string(), rel(a, b))));
+    for (got, w) in ideal.d_params.iter().zip(&want.d_params) {
+        all.extend(got.iter().zip(w).map(|(a, b)| ("d_param".to_string(), rel(a, b))));
+    }
+    all
+}
+
+#[test]
+fn bf16_products_are_as_accurate_as_bf16_arithmetic_on_every_shipped_cell() {
+    let cpu = |precision| {
+        move || -> Box<dyn cellc_runtime::backend::Backend> {
+            Box::new(Cpu::new(2, Kernels::Fastest).expect("cpu").with_precision(precision))
+        }
+    };
+    let kernel = cellc_runtime::backend::cpu::bf16::Bf16Kernel::detect();
+    support::report(&format!(
+        "bf16 accuracy (norm-wise relative error against the f64 interpreter; H=64, input 48, 2 layers, \
+         lengths {LENGTHS:?}; bf16 kernel {kernel:?}):"
+    ));
+    support::report(
+        "| cell | bf16 outputs | bf16 gradients (worst) | bf16 arithmetic: outputs | gradients | f32 outputs | f32 gradients |",
+    );
+    support::report("|---|---|---|---|---|---|---|");
+    let mut failures = Vec::new();
+    for cell in support::compiled_cells() {
+        let bf16 = support::two_layer_model(&cell, (64, 32, 48), 5, &cpu(Precision::Bf16));
+        let f32 = support::two_layer_model(&cell, (64, 32, 48), 5, &cpu(Precision::F32));
+        let ld = bf16.layers().len() * bf16.directions();
+        let states = bf16.layers()[0].state_sizes.clone();
+        let mut rng = Entropy::seeded(17);
+        let batch =
+            Batch::random(&mut rng, &LENGTHS, STEPS, (bf16.input_size(), bf16.output_size()), &states, ld);
+        let (want, _) = oracle(&bf16, &batch).expect("the interpreter runs every sequence");
+        let ideal = oracle_in(&bf16, &batch, Precision::Bf16).expect("the interpreter runs every sequence");
+        let (low, full) = (errors(&bf16, &batch, &want), errors(&f32, &batch, &want));
+        let arithmetic = ideal_errors(&ideal, &want);
+        let split = |e: &[(String, f64)]| -> (f64, (String, f64)) {
+            let forward = e
+                .iter()
+                .filter(|(n, _)| n == "output" || n.starts_with("final"))
+                .map(|e| e.1)
+                .fold(0.0, f64::max);
+            let backward =
+                e.iter().filter(|(n, _)| n.starts_with("d_")).max_by(|a, b| a.1.total_cmp(&b.1)).cloned();
+            (forward, backward.unwrap_or_default())
+        };
+        let ((lf, lb), (af, ab), (ff, fb)) = (split(&low), split(&arithmetic), split(&full));
+        support::report(&format!(
+            "| {} | {lf:.1e} | {:.1e} ({}) | {af:.1e} | {:.1e} | {ff:.1e} | {:.1e} |",
+            cell.forward.name, lb.1, lb.0, ab.1, fb.1
+        ));
+        for ((name, e), (_, bound)) in low.iter().zip(&arithmetic) {
+            // A NaN error fails too.
+            if e.is_nan() || *e > TOLERANCE.max(4.0 * bound) {
+                failures
+                    .push(format!("{}: {name}: {e:.3e} (bf16 arithmetic: {bound:.3e})", cell.forward.name));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "bf16 errors over {TOLERANCE}: {failures:#?}");
+}
