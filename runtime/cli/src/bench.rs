@@ -2,7 +2,7 @@
 //! the model and its kernels, one warm-up run) is timed apart from the
 //! measured runs.
 
-use crate::run::{BackendChoice, KernelsChoice};
+use crate::run::{BackendChoice, DtypeChoice, KernelsChoice};
 use cellc::dims::Bindings;
 use cellc_runtime::{Align, CompiledCell, Input, Major, Model, ModelConfig, RuntimeError};
 use std::path::PathBuf;
@@ -63,6 +63,10 @@ pub struct BenchArgs {
     /// CPU backend: how pointwise stages run.
     #[arg(long, value_enum, default_value_t = KernelsChoice::Fastest)]
     pub kernels: KernelsChoice,
+    /// The precision of the products of the cell's matrix parameters
+    /// (`bf16`: bf16 operands, f32 sums; the CPU back end).
+    #[arg(long, value_enum, default_value_t = DtypeChoice::F32)]
+    pub dtype: DtypeChoice,
     /// Inference through the streaming call (`Model::stream`): the state
     /// carried, all steps in one call on the calling thread. The default
     /// for one-step inference of a one-directional model.
@@ -145,7 +149,8 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
         }
     };
     sizes.retain(|k, _| compiled.forward.sizes.contains(k));
-    let backend = crate::run::make_backend(args.backend, args.threads, args.cuda_graphs, args.kernels)?;
+    let backend =
+        crate::run::make_backend(args.backend, args.threads, args.cuda_graphs, (args.kernels, args.dtype))?;
     let config = ModelConfig { layers: args.layers, bidirectional: args.bidirectional };
     let model = Model::new(compiled, config, &sizes, Some(input_size), None, 1, backend)?
         .with_dropout(args.dropout)?
@@ -219,9 +224,9 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
     let tokens_per_s = tokens as f64 / median;
     let gflops = gemm_flops(&model, tokens as f64, args.mode == Mode::Train) / median / 1e9;
     let sizes_text: Vec<String> = model.layers()[0].sizes.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    // The same products timed alone (CPU inference): the bound the model is measured against.
+    // The same products timed alone (CPU inference, f32): the bound the model is measured against.
     let gemm_only = match (args.mode, model.backend_name()) {
-        (Mode::Infer, "cpu") if !streaming => {
+        (Mode::Infer, "cpu") if !streaming && args.dtype == DtypeChoice::F32 => {
             let threads = args
                 .threads
                 .map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), |n| n as usize);
@@ -240,9 +245,10 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
     });
     if args.json {
         println!(
-            "{{\"cell\": \"{}\", \"backend\": \"{}\", \"mode\": \"{}\", \"batch\": {b}, \"steps\": {t}, \"layers\": {}, \"bidirectional\": {}, \"dropout\": {}, \"route\": \"{}\", \"sizes\": \"{}\", \"tokens\": {tokens}, \"runs\": {}, \"median_s\": {median:.6e}, \"min_s\": {min:.6e}, \"compile_s\": {compile_s:.6e}, \"tokens_per_s\": {tokens_per_s:.6e}, \"gflops\": {gflops:.4}{gemm_only_json}}}",
+            "{{\"cell\": \"{}\", \"backend\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"batch\": {b}, \"steps\": {t}, \"layers\": {}, \"bidirectional\": {}, \"dropout\": {}, \"route\": \"{}\", \"sizes\": \"{}\", \"tokens\": {tokens}, \"runs\": {}, \"median_s\": {median:.6e}, \"min_s\": {min:.6e}, \"compile_s\": {compile_s:.6e}, \"tokens_per_s\": {tokens_per_s:.6e}, \"gflops\": {gflops:.4}{gemm_only_json}}}",
             model.compiled().forward.name,
             model.backend_name(),
+            args.dtype.precision(),
             if args.mode == Mode::Train { "train" } else { "infer" },
             args.layers,
             args.bidirectional,
@@ -255,11 +261,12 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
         // Short calls in µs, the rest in ms.
         let (scale, unit) = if median < 1e-3 { (1e6, "µs") } else { (1e3, "ms") };
         println!(
-            "{} ({}) {} on {}{}: B={b} T={t} tokens={tokens}: median {:.3} {unit}, min {:.3} {unit} over {} runs; {:.0} tokens/s; {:.2} GFLOP/s (matrix products); compile {:.3} s",
+            "{} ({}) {} on {}{}{}: B={b} T={t} tokens={tokens}: median {:.3} {unit}, min {:.3} {unit} over {} runs; {:.0} tokens/s; {:.2} GFLOP/s (matrix products); compile {:.3} s",
             model.compiled().forward.name,
             sizes_text.join(" "),
             if args.mode == Mode::Train { "train" } else { "infer" },
             model.backend_name(),
+            if args.dtype == DtypeChoice::F32 { "" } else { " with bf16 products" },
             if streaming { " through the streaming call" } else { "" },
             median * scale,
             min * scale,

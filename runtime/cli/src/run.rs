@@ -24,7 +24,7 @@ use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Backend;
 use cellc_runtime::{
-    read_tensors, write_tensors, Align, CompiledCell, Input, Major, MaskSeed, Model, ModelConfig,
+    read_tensors, write_tensors, Align, CompiledCell, Input, Major, MaskSeed, Model, ModelConfig, Precision,
     RuntimeError, Tensor, TensorData, Weights,
 };
 use std::collections::BTreeMap;
@@ -62,6 +62,25 @@ impl KernelsChoice {
             KernelsChoice::Jit => Kernels::Jit,
             KernelsChoice::Avx512 => Kernels::Avx512,
             KernelsChoice::Interpreted => Kernels::Interpreted,
+        }
+    }
+}
+
+/// The precision of the products of the cell's matrix parameters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum DtypeChoice {
+    /// f32 operands, f32 sums.
+    #[default]
+    F32,
+    /// bf16 operands, f32 sums; everything else f32 (the CPU back end).
+    Bf16,
+}
+
+impl DtypeChoice {
+    pub fn precision(self) -> Precision {
+        match self {
+            DtypeChoice::F32 => Precision::F32,
+            DtypeChoice::Bf16 => Precision::Bf16,
         }
     }
 }
@@ -113,6 +132,10 @@ pub struct RunArgs {
     /// CPU backend: how pointwise stages run.
     #[arg(long, value_enum, default_value_t = KernelsChoice::Fastest)]
     pub kernels: KernelsChoice,
+    /// The precision of the products of the cell's matrix parameters
+    /// (`bf16`: bf16 operands, f32 sums; the CPU back end).
+    #[arg(long, value_enum, default_value_t = DtypeChoice::F32)]
+    pub dtype: DtypeChoice,
     /// Training mode: draw the masks of the cell and of --dropout (else evaluation: none).
     #[arg(long)]
     pub train: bool,
@@ -138,11 +161,23 @@ pub fn make_backend(
     choice: Option<BackendChoice>,
     threads: Option<u64>,
     cuda_graphs: bool,
-    kernels: KernelsChoice,
+    (kernels, dtype): (KernelsChoice, DtypeChoice),
 ) -> Result<Box<dyn Backend>, RuntimeError> {
-    match choice.unwrap_or(BackendChoice::Cpu) {
+    let choice = choice.unwrap_or(BackendChoice::Cpu);
+    if dtype != DtypeChoice::F32 && choice != BackendChoice::Cpu {
+        return Err(RuntimeError::Backend {
+            backend: format!("{choice:?}").to_lowercase(),
+            message: format!(
+                "computes in f32 only: `--dtype {}` runs on the cpu back end",
+                dtype.precision()
+            ),
+        });
+    }
+    match choice {
         BackendChoice::Reference => Ok(Box::new(Reference)),
-        BackendChoice::Cpu => Ok(Box::new(Cpu::new(threads.unwrap_or(0) as usize, kernels.kernels())?)),
+        BackendChoice::Cpu => Ok(Box::new(
+            Cpu::new(threads.unwrap_or(0) as usize, kernels.kernels())?.with_precision(dtype.precision()),
+        )),
         BackendChoice::Cuda => {
             Ok(Box::new(cellc_runtime::backend::cuda::Cuda::gpu(0)?.with_graphs(cuda_graphs)))
         }
@@ -238,7 +273,7 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
         Some(features),
         Some(&weights),
         0,
-        make_backend(args.backend, args.threads, args.cuda_graphs, args.kernels)?,
+        make_backend(args.backend, args.threads, args.cuda_graphs, (args.kernels, args.dtype))?,
     )?
     .with_dropout(args.dropout)?;
     let rates: Vec<(&str, f32)> = args.rates.iter().map(|(n, r)| (n.as_str(), *r)).collect();

@@ -106,13 +106,38 @@ impl Bf16Kernel {
         all
     }
 
+    /// 32-bit words of the left operand per pair of its elements: one
+    /// bf16 pair for `vdpbf16ps`, two rounded f32 (ready to broadcast from
+    /// memory) for the kernels that widen to f32.
+    fn left_words(self) -> usize {
+        match self {
+            Bf16Kernel::Avx512Bf16 => 1,
+            Bf16Kernel::Avx2 | Bf16Kernel::Portable => 2,
+        }
+    }
+
+    /// A row of the left operand, rounded to bf16, as this kernel reads it
+    /// ([`Bf16Kernel::left_words`] per pair; an odd length's last pair padded with 0).
+    fn write_left(self, row: &[f32], dst: &mut [u32]) {
+        let (pairs, rest) = row.split_at(row.len() / 2 * 2);
+        let last = rest.first().map(|&x| [x, 0.0]);
+        let all = pairs.chunks_exact(2).map(|p| [p[0], p[1]]).chain(last);
+        match self.left_words() {
+            1 => dst.iter_mut().zip(all).for_each(|(w, [e, o])| *w = pair(e, o)),
+            _ => dst.chunks_exact_mut(2).zip(all).for_each(|(w, [e, o])| {
+                let word = pair(e, o);
+                (w[0], w[1]) = (even(word).to_bits(), odd(word).to_bits());
+            }),
+        }
+    }
+
     /// Rows per register tile.
     fn tile_rows(self) -> usize {
         match self {
             Bf16Kernel::Avx512Bf16 | Bf16Kernel::Portable => 8,
-            // Half a panel for two accumulators a row, two more for the
-            // row's broadcast pair, four for the panel: 14 of 16 registers.
-            Bf16Kernel::Avx2 => 4,
+            // Half a panel: two accumulators a row, two for the row's
+            // broadcast pair, four for the panel's widened halves: 16 registers.
+            Bf16Kernel::Avx2 => 5,
         }
     }
 }
@@ -157,23 +182,17 @@ pub(super) unsafe fn multiply_with(
     if m == 0 || panels.is_empty() {
         return;
     }
-    let tile_rows = kernel.tile_rows();
+    let (tile_rows, per_pair) = (kernel.tile_rows(), kernel.left_words());
     LEFT_PAIRS.with_borrow_mut(|left| {
         // A block of rows, in pairs, stays in L2 while every panel passes over it.
         for r0 in (0..m).step_by(ROW_BLOCK) {
             let block = (m - r0).min(ROW_BLOCK);
             left.clear();
-            left.resize(block * kp, 0);
-            for (i, dst) in left.chunks_mut(kp.max(1)).enumerate() {
+            left.resize(block * kp * per_pair, 0);
+            for (i, dst) in left.chunks_mut((kp * per_pair).max(1)).enumerate() {
                 // SAFETY: row r0 + i < m of a has k floats (the caller's contract).
                 let row = unsafe { std::slice::from_raw_parts(a.add((r0 + i) * lda), k) };
-                let (pairs, rest) = row.split_at(k / 2 * 2);
-                for (w, p) in dst.iter_mut().zip(pairs.chunks_exact(2)) {
-                    *w = pair(p[0], p[1]);
-                }
-                if let Some(&last) = rest.first() {
-                    dst[kp - 1] = pair(last, 0.0);
-                }
+                kernel.write_left(row, dst);
             }
             for p in panels.clone() {
                 let (words, width) = panel(p);
@@ -182,7 +201,7 @@ pub(super) unsafe fn multiply_with(
                         // SAFETY: row r0 + i0 < m of y, column p*PANEL within its row.
                         y: unsafe { y.add((r0 + i0) * ldy + p * PANEL) },
                         ldy,
-                        a: left[i0 * kp..].as_ptr(),
+                        a: left[i0 * kp * per_pair..].as_ptr(),
                         kp,
                         panel: words,
                         width,
@@ -200,7 +219,7 @@ pub(super) unsafe fn multiply_with(
 struct Tile {
     y: *mut f32,
     ldy: usize,
-    /// The rows' pairs, `kp` words a row.
+    /// The rows' pairs, `kp` of [`Bf16Kernel::left_words`] words a row.
     a: *const u32,
     kp: usize,
     panel: *const u32,
@@ -238,7 +257,8 @@ impl Tile {
                     1 => self.avx2::<1, 4>(),
                     2 => self.avx2::<2, 4>(),
                     3 => self.avx2::<3, 2>(),
-                    _ => self.avx2::<4, 2>(),
+                    4 => self.avx2::<4, 2>(),
+                    _ => self.avx2::<5, 2>(),
                 },
                 _ => rows!(portable),
             }
@@ -253,8 +273,11 @@ impl Tile {
             // SAFETY: panel row q exists; a's rows < R have kp words.
             let b = unsafe { std::slice::from_raw_parts(self.panel.add(q * PANEL), PANEL) };
             for (i, row) in acc.iter_mut().enumerate() {
-                let w = unsafe { *self.a.add(i * self.kp + q) };
-                let (ae, ao) = (even(w), odd(w));
+                // SAFETY: the pair's two rounded floats.
+                let (ae, ao) = unsafe {
+                    let at = self.a.add(2 * (i * self.kp + q));
+                    (f32::from_bits(*at), f32::from_bits(*at.add(1)))
+                };
                 for (x, &bw) in row.iter_mut().zip(b) {
                     // Exact products, so each addition is vdpbf16ps's one rounding.
                     *x += ao * odd(bw);
@@ -311,15 +334,15 @@ impl Tile {
                     let be: [__m256; V] =
                         std::array::from_fn(|v| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(words[v])));
                     for (i, acc) in acc.iter_mut().enumerate() {
-                        let w = *a.add(i * self.kp);
-                        let (ao, ae) = (_mm256_set1_ps(odd(w)), _mm256_set1_ps(even(w)));
+                        let at = a.add(2 * i * self.kp).cast::<f32>();
+                        let (ae, ao) = (_mm256_broadcast_ss(&*at), _mm256_broadcast_ss(&*at.add(1)));
                         for v in 0..V {
                             acc[v] = _mm256_fmadd_ps(ao, bo[v], acc[v]);
                             acc[v] = _mm256_fmadd_ps(ae, be[v], acc[v]);
                         }
                     }
                     b = b.add(PANEL);
-                    a = a.add(1);
+                    a = a.add(2);
                 }
             }
             for (i, acc) in acc.iter().enumerate() {
