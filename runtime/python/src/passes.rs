@@ -8,7 +8,7 @@ use crate::tensors::{Tensor, TensorArg};
 use cellc_runtime::backend::cpu::threads;
 use cellc_runtime::{
     Align, BackwardOut, BatchShape, Call, DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut,
-    ForwardOut, Major, MaskSeed, Model, PackedIndex, Result, RuntimeError,
+    ForwardOut, Major, MaskSeed, Model, PackedIndex, Precision, Result, RuntimeError,
 };
 use pyo3::prelude::*;
 
@@ -245,12 +245,23 @@ impl Memory {
         }
     }
 
-    /// The model of `spec`, on this memory's device.
-    fn model(self, spec: &str) -> Result<std::sync::Arc<Model>> {
+    /// The model of `spec`, on this memory's device, with its products in
+    /// `precision` on the CPU (a device's are f32).
+    fn model(self, spec: &str, precision: Precision) -> Result<std::sync::Arc<Model>> {
         match self {
-            Memory::Host { .. } => spec::model(spec, 0),
-            Memory::Device { ordinal, .. } => spec::model(spec, ordinal),
+            Memory::Host { .. } => spec::model(spec, 0, precision),
+            Memory::Device { ordinal, .. } => spec::model(spec, ordinal, Precision::F32),
         }
+    }
+}
+
+/// A call's layout name without its precision suffix, and the precision:
+/// `+bf16` last asks for bf16 products ([`Precision::Bf16`]; what
+/// `cellc.RNN` asks under bf16 autocast and for bf16 tensors).
+fn precision_of(layout: &str) -> (&str, Precision) {
+    match layout.strip_suffix("+bf16") {
+        Some(rest) => (rest, Precision::Bf16),
+        None => (layout, Precision::F32),
     }
 }
 
@@ -281,8 +292,9 @@ pub fn forward(
     let (output, finals) = (Tensor::new("output", output), Tensor::each("final_states", finals));
     let reserve = reserve.map(|r| Tensor::new("reserve", r));
     let memory = Memory::new(threads, device);
+    let (layout, precision) = precision_of(layout);
     py.detach(|| -> Result<()> {
-        let model = memory.model(spec)?;
+        let model = memory.model(spec, precision)?;
         match memory {
             // SAFETY (block): the Python half checked every tensor (contiguous,
             // on the CPU, f32 or i64) and holds them for the call; the outputs
@@ -339,8 +351,9 @@ pub fn backward(
     let (grad_input, grad_h0) = (Tensor::new("grad_input", grad_input), Tensor::each("grad_h0", grad_h0));
     let grad_weights = Tensor::each("grad_weights", grad_weights);
     let memory = Memory::new(threads, device);
+    let (layout, precision) = precision_of(layout);
     py.detach(|| -> Result<()> {
-        let model = memory.model(spec)?;
+        let model = memory.model(spec, precision)?;
         match memory {
             // SAFETY (block): as in `forward`.
             Memory::Host { threads } => unsafe {
@@ -397,7 +410,7 @@ pub fn cell_masks(
     let (x, index) = (Tensor::new("input", x), Tensor::each("index", index));
     let seed = masks.map(|(seed, offset)| MaskSeed { seed, offset });
     py.detach(|| -> Result<Vec<SeenMask>> {
-        let model = Memory::Host { threads: 1 }.model(spec)?;
+        let model = Memory::Host { threads: 1 }.model(spec, Precision::F32)?;
         // SAFETY: the Python half checked the tensors (contiguous, on the CPU,
         // f32 or i64) and holds them for the call.
         let (batch, data) = unsafe { (Batch::read(layout, &x, &index)?, x.floats()?) };
@@ -423,7 +436,7 @@ pub fn dropout_masks(
     let (x, index) = (Tensor::new("input", x), Tensor::each("index", index));
     let (seed, offset) = masks;
     py.detach(|| -> Result<Vec<Vec<f32>>> {
-        let model = Memory::Host { threads: 1 }.model(spec)?;
+        let model = Memory::Host { threads: 1 }.model(spec, Precision::F32)?;
         // SAFETY: the Python half checked the tensors (contiguous, on the CPU,
         // f32 or i64) and holds them for the call.
         let (batch, data) = unsafe { (Batch::read(layout, &x, &index)?, x.floats()?) };

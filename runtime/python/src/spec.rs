@@ -12,7 +12,7 @@ use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::cuda::Cuda;
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Backend;
-use cellc_runtime::{CompiledCell, Model, ModelConfig, Result, RuntimeError};
+use cellc_runtime::{CompiledCell, Model, ModelConfig, Precision, Result, RuntimeError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::collections::{BTreeMap, HashMap};
@@ -51,10 +51,11 @@ fn parse(spec: &str) -> Result<Spec> {
 }
 
 /// The back end `name` (the CPU's: every usable core, each call capped by
-/// its caller's thread count) or CUDA device `device`.
-fn backend(name: &str, device: usize) -> Result<Box<dyn Backend>> {
+/// its caller's thread count, its products in `precision`) or CUDA device
+/// `device` (whose products are f32 whatever the precision asked).
+fn backend(name: &str, device: usize, precision: Precision) -> Result<Box<dyn Backend>> {
     match name {
-        "cpu" => Ok(Box::new(Cpu::new(0, Kernels::Fastest)?)),
+        "cpu" => Ok(Box::new(Cpu::new(0, Kernels::Fastest)?.with_precision(precision))),
         "reference" => Ok(Box::new(Reference)),
         "cuda" => Ok(Box::new(cuda(Some(device))?)),
         "cuda-emulated" => Ok(Box::new(cuda(None)?)),
@@ -126,7 +127,7 @@ fn poisoned() -> RuntimeError {
 /// [`Handle`]s hold it and its model per device (the CPU's at 0).
 struct Held {
     handles: usize,
-    models: HashMap<usize, Arc<Model>>,
+    models: HashMap<(usize, Precision), Arc<Model>>,
 }
 
 fn held() -> std::sync::MutexGuard<'static, HashMap<String, Held>> {
@@ -134,23 +135,24 @@ fn held() -> std::sync::MutexGuard<'static, HashMap<String, Held>> {
     HELD.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The model for `spec` on CUDA device `device` (0 for the CPU), made on
-/// first use and kept while a module holds the spec; without one (an
-/// operator called directly), made for the call alone.
-pub fn model(spec: &str, device: usize) -> Result<Arc<Model>> {
+/// The model for `spec` on CUDA device `device` (0 for the CPU) with its
+/// products in `precision`, made on first use and kept while a module
+/// holds the spec; without one (an operator called directly), made for
+/// the call alone.
+pub fn model(spec: &str, device: usize, precision: Precision) -> Result<Arc<Model>> {
     let mut held = held();
     if let Some(entry) = held.get_mut(spec) {
-        if let Some(m) = entry.models.get(&device) {
+        if let Some(m) = entry.models.get(&(device, precision)) {
             return Ok(m.clone());
         }
         let parsed = parse(spec)?;
-        let model = Arc::new(make(&parsed, backend(&parsed.backend, device)?)?);
-        entry.models.insert(device, model.clone());
+        let model = Arc::new(make(&parsed, backend(&parsed.backend, device, precision)?)?);
+        entry.models.insert((device, precision), model.clone());
         return Ok(model);
     }
     drop(held);
     let parsed = parse(spec)?;
-    Ok(Arc::new(make(&parsed, backend(&parsed.backend, device)?)?))
+    Ok(Arc::new(make(&parsed, backend(&parsed.backend, device, precision)?)?))
 }
 
 /// A module's hold on its spec's models: they live while some handle of
@@ -211,7 +213,7 @@ pub fn held_counts() -> (usize, usize) {
 pub fn describe(text: &str) -> Result<Description> {
     let spec = parse(text)?;
     match spec.backend.as_str() {
-        "cpu" => Description::of(&*model(text, 0)?),
+        "cpu" => Description::of(&*model(text, 0, Precision::F32)?),
         "reference" | "cuda" | "cuda-emulated" => Description::of(&make(&spec, Box::new(Reference))?),
         other => Err(no_such_backend(other)),
     }

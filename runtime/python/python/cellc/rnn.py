@@ -137,9 +137,13 @@ class RNN(nn.Module):
     Mixed precision: under ``torch.autocast`` a call returns its output and final states in
     autocast's dtype, as ``nn.LSTM`` does; bf16 or fp16 inputs give outputs in their own dtype,
     and a module's parameters may be bf16 or fp16 (``.to(torch.bfloat16)``, ``dtype=``), their
-    gradients in their dtype. The arithmetic is float32 for now (bf16 operands with float32
-    accumulation are to come): the results are float32's, rounded at the end. ``.double()``
-    is refused at the first call.
+    gradients in their dtype. Where the result is bf16 (bf16 autocast, bf16 inputs), a call on
+    the CPU computes as autocast does: the products of the weights take bf16 operands (weights
+    and vectors rounded to nearest even) and sum in float32, with the processor's bf16
+    instructions where it has them; the states, the cell's pointwise math and the weight
+    gradients stay float32 (against float32 master weights). Elsewhere (fp16, CUDA, the
+    reference back end) the arithmetic is float32, rounded at the end. ``.double()`` is refused
+    at the first call.
 
     ``forward(input, hx=None, *, lengths=None, align="left", resets=None)`` takes a padded batch
     with each sequence's length (padding at the end, or at the start with ``align="right"``;
@@ -350,7 +354,7 @@ class RNN(nn.Module):
         data = input.data if isinstance(input, PackedSequence) else input
         result = _result_dtype(data) if isinstance(data, Tensor) else None
         if result is None:
-            return self._forward(input, hx, lengths, align, resets)
+            return self._forward(input, hx, lengths, align, resets, "")
         # Mixed precision: computed in float32 from float32 copies (differentiable casts, so
         # gradients reach bf16/fp16 inputs and states in their own dtype), returned in `result`.
         if isinstance(input, PackedSequence):
@@ -359,7 +363,9 @@ class RNN(nn.Module):
             input = input.float()
         if hx is not None:
             hx = hx.float() if isinstance(hx, Tensor) else tuple(h.float() for h in hx)
-        out, finals = self._forward(input, hx, lengths, align, resets)
+        # bf16 products where the result is bf16 (the layout's suffix asks the CPU back end).
+        precision = "+bf16" if result == torch.bfloat16 else ""
+        out, finals = self._forward(input, hx, lengths, align, resets, precision)
         if isinstance(out, PackedSequence):
             out = out._replace(data=out.data.to(result))
         else:
@@ -367,7 +373,7 @@ class RNN(nn.Module):
         finals = finals.to(result) if isinstance(finals, Tensor) else tuple(f.to(result) for f in finals)
         return out, finals
 
-    def _forward(self, input, hx, lengths, align: str, resets):
+    def _forward(self, input, hx, lengths, align: str, resets, precision: str):
         weights = self._weights()
         for i, w in enumerate(weights):
             if w.dtype in _HALF:
@@ -380,7 +386,7 @@ class RNN(nn.Module):
         if isinstance(input, PackedSequence):
             if lengths is not None:
                 raise ValueError("`lengths` is for a padded input: a PackedSequence carries its own")
-            return self._forward_packed(input, hx, weights, resets)
+            return self._forward_packed(input, hx, weights, resets, precision)
         x = input
         if not isinstance(x, Tensor):
             raise TypeError(f"input must be a Tensor or a PackedSequence, not {type(x).__name__}")
@@ -413,6 +419,7 @@ class RNN(nn.Module):
             flags = _reset_flags(resets, shape, "[B, T]" if self.batch_first else "[T, B]")
             index.append(flags.reshape(x.shape[:-1]))
             layout += "+resets"
+        layout += precision
         spec, masks, rates = self._spec_for(x), self._masks(), self._rates_list()
         out, finals = _ops.run(spec, layout, x.contiguous(), index, h0, weights, masks, rates)
         if unbatched:
@@ -420,7 +427,7 @@ class RNN(nn.Module):
             finals = [f.squeeze(1) for f in finals]
         return out, self._states_out(finals)
 
-    def _forward_packed(self, packed: PackedSequence, hx, weights, resets):
+    def _forward_packed(self, packed: PackedSequence, hx, weights, resets, precision: str):
         data, batch_sizes, sorted_indices, unsorted_indices = packed
         if data.dim() != 2 or data.shape[-1] != self.input_size:
             raise ShapeError(
@@ -431,6 +438,7 @@ class RNN(nn.Module):
             if isinstance(resets, PackedSequence):
                 resets = resets.data
             flags, layout = [_reset_flags(resets, (data.shape[0],), "[N] (one per row of input.data)")], "packed+resets"
+        layout += precision
         batch = int(batch_sizes[0]) if batch_sizes.numel() > 0 else 0
         self._check_device(data, weights)
         h0 = self._initial_states(hx, batch, data, False)
