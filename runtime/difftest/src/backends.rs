@@ -2,8 +2,9 @@
 //! the reference back end, the CPU back end with JIT-compiled and with
 //! interpreted kernels, the CPU back end with kernels compiled ahead of
 //! time (an object file, linked by the system linker into a shared library
-//! and loaded, as `cellc-build` links it into a program), and the CUDA back
-//! end on the emulated device (the generated CUDA C++ compiled by g++).
+//! and loaded, as `cellc-build` links it into a program), the CUDA back
+//! end on the emulated device (the generated CUDA C++ compiled by g++), and
+//! the CPU back end with bf16 products.
 
 use cellc_runtime::backend::cpu::aot::LinkedKernels;
 use cellc_runtime::backend::cpu::codegen::object::compile_object;
@@ -12,7 +13,7 @@ use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::cuda::Cuda;
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Backend;
-use cellc_runtime::{CompiledCell, Layer};
+use cellc_runtime::{CompiledCell, Layer, Precision};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -26,16 +27,20 @@ pub enum BackendKind {
     CpuInterpreted,
     CpuLinked,
     CudaEmulated,
+    /// The CPU back end with bf16 products ([`cellc_runtime::Precision::Bf16`]),
+    /// held to its own noise rule (see `check::tolerances`).
+    CpuBf16,
 }
 
 impl BackendKind {
-    pub const ALL: [BackendKind; 6] = [
+    pub const ALL: [BackendKind; 7] = [
         BackendKind::Reference,
         BackendKind::CpuJit,
         BackendKind::CpuAvx512,
         BackendKind::CpuInterpreted,
         BackendKind::CpuLinked,
         BackendKind::CudaEmulated,
+        BackendKind::CpuBf16,
     ];
 
     /// How many ulp from the exact value this back end's elementary
@@ -46,7 +51,7 @@ impl BackendKind {
             // The interpreter's op semantics: the host's libm.
             BackendKind::Reference | BackendKind::CpuInterpreted => 1.0,
             // Cranelift's range-reduced polynomials (the AVX-512 kernels compute the same bits).
-            BackendKind::CpuJit | BackendKind::CpuAvx512 | BackendKind::CpuLinked => {
+            BackendKind::CpuJit | BackendKind::CpuAvx512 | BackendKind::CpuLinked | BackendKind::CpuBf16 => {
                 cellc_runtime::backend::cpu::codegen::math::MAX_ULP
             }
             // CUDA's expf, tanhf, logf: 2 ulp (CUDA's math guide); the
@@ -63,6 +68,7 @@ impl BackendKind {
             BackendKind::CpuInterpreted => "cpu (interpreted kernels)",
             BackendKind::CpuLinked => "cpu (kernels linked ahead of time)",
             BackendKind::CudaEmulated => "cuda (emulated device)",
+            BackendKind::CpuBf16 => "cpu (bf16 products)",
         }
     }
 }
@@ -74,17 +80,19 @@ pub fn cuda_emulation_available() -> bool {
 
 /// Makes back end `kind` for a model of `cell` whose layers are `layers`.
 pub fn make(kind: BackendKind, cell: &CompiledCell, layers: &[Layer]) -> Result<Box<dyn Backend>, String> {
-    let cpu = |kernels| {
+    let cpu_in = |kernels, precision| {
         Cpu::new(2, kernels)
-            .map(|c| Box::new(c.split_every_step()) as Box<dyn Backend>)
+            .map(|c| Box::new(c.with_precision(precision).split_every_step()) as Box<dyn Backend>)
             .map_err(|e| e.to_string())
     };
+    let cpu = |kernels| cpu_in(kernels, Precision::F32);
     match kind {
         BackendKind::Reference => Ok(Box::new(Reference)),
         BackendKind::CpuJit => cpu(Kernels::Jit),
         BackendKind::CpuAvx512 => cpu(Kernels::Avx512),
         BackendKind::CpuInterpreted => cpu(Kernels::Interpreted),
         BackendKind::CpuLinked => cpu(Kernels::Linked(linked(cell, layers)?)),
+        BackendKind::CpuBf16 => cpu_in(Kernels::Fastest, Precision::Bf16),
         BackendKind::CudaEmulated => {
             Cuda::emulated().map(|c| Box::new(c) as Box<dyn Backend>).map_err(|e| e.to_string())
         }

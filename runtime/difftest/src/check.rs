@@ -17,13 +17,13 @@
 
 use crate::backends::{self, BackendKind};
 use crate::batch::{Batch, LaidOut, Layout};
-use crate::oracle::{noise, oracle, Oracle};
+use crate::oracle::{noise, oracle, oracle_in, Oracle};
 use cellc::dims::Bindings;
 use cellc::fuzzgen::Entropy;
 use cellc_runtime::masks::SeenMask;
 use cellc_runtime::{
     BackwardOut, Call, CompiledCell, DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut,
-    ForwardOut, Gradients, Input, MaskSeed, Model, ModelConfig, RowLayout, RuntimeError,
+    ForwardOut, Gradients, Input, MaskSeed, Model, ModelConfig, Precision, RowLayout, RuntimeError,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -253,20 +253,22 @@ fn compare(what: &str, got: &[f32], want: &[f64], against: Against) -> Result<()
 pub const BASE_TOLERANCE: f64 = 1e-4;
 pub const NOISE_FACTOR: f64 = 16.0;
 
-/// The oracle's values and its f32 twin, for tolerances.
+/// The oracle's values and its f32 twin, for tolerances; and, where a
+/// back end computes bf16 products, the oracle with those products' operands
+/// rounded to bf16 (the twin of bf16 arithmetic).
 struct Expected<'a> {
     f64: &'a Oracle,
     f32: &'a Oracle,
+    bf16: Option<&'a Oracle>,
 }
 
 fn flat(rows: &[Vec<Vec<f64>>]) -> Vec<f64> {
     rows.iter().flatten().flatten().copied().collect()
 }
 
-/// The oracle's rounding noise over a forward pass and over a backward
-/// pass (which includes its forward's).
-fn pass_noise(want: &Expected) -> (f64, f64) {
-    let (w, w32) = (want.f64, want.f32);
+/// A twin's rounding noise (its distance from the f64 oracle `w`) over a
+/// forward pass and over a backward pass (which includes its forward's).
+fn pass_noise(w: &Oracle, w32: &Oracle) -> (f64, f64) {
     let finals = w32.finals.iter().zip(&w.finals).map(|(a, b)| noise(a, b));
     let forward = finals.fold(noise(&flat(&w32.out), &flat(&w.out)), f64::max);
     let d_h0 = w32.d_h0.iter().zip(&w.d_h0).map(|(a, b)| noise(a, b));
@@ -280,8 +282,18 @@ fn tolerance(noise: f64, kind: BackendKind) -> f64 {
 }
 
 /// Back end `kind`'s tolerances against the oracle: (forward, backward).
+///
+/// bf16 products follow the same rule with the bf16 twin's noise in place
+/// of the f32 twin's (and no factor for the elementary functions, whose
+/// f32 error is far below bf16's): the distance bf16 arithmetic itself
+/// puts between this cell's values and the exact ones, on this data.
 fn tolerances(want: &Expected, kind: BackendKind) -> (f64, f64) {
-    let (forward_noise, backward_noise) = pass_noise(want);
+    if let (BackendKind::CpuBf16, Some(bf16)) = (kind, want.bf16) {
+        let (forward, backward) = pass_noise(want.f64, bf16);
+        let rule = |noise: f64| BASE_TOLERANCE.max(NOISE_FACTOR * noise);
+        return (rule(forward), rule(backward));
+    }
+    let (forward_noise, backward_noise) = pass_noise(want.f64, want.f32);
     (tolerance(forward_noise, kind), tolerance(backward_noise, kind))
 }
 
@@ -325,7 +337,11 @@ pub fn check(source: &str, case: &Case, plan: &Checks) -> Result<Passed, Failure
     let mut batch = Batch::random(&mut rng, &case.lengths, case.steps, shape, &states, ld);
     batch.resets = case.resets.clone();
     let (f64_run, f32_run) = oracle(&reference, &batch).map_err(fail(Check::Oracle))?;
-    let want = Expected { f64: &f64_run, f32: &f32_run };
+    let bf16_run = match plan.backends.contains(&BackendKind::CpuBf16) {
+        true => Some(oracle_in(&reference, &batch, Precision::Bf16).map_err(fail(Check::Oracle))?),
+        false => None,
+    };
+    let want = Expected { f64: &f64_run, f32: &f32_run, bf16: bf16_run.as_ref() };
     let masked = match cell.forward.masks.is_empty() {
         true => None,
         false => {
