@@ -174,6 +174,9 @@ pub struct BoundCell<'c> {
     mask_sizes: Vec<usize>,
     /// The precision of the products of matrix parameters ([`BoundCell::with_precision`]).
     precision: Precision,
+    /// The rate of each of the cell's `rate`s, whose evaluation masks the
+    /// steps read ([`BoundCell::with_rates`]; the cell's defaults).
+    rates: Vec<f32>,
 }
 
 /// The values a graph's leaves take for one evaluation.
@@ -429,7 +432,15 @@ impl<'c> BoundCell<'c> {
             param_shapes,
             mask_sizes,
             precision: Precision::F32,
+            rates: cell.default_rates(),
         })
+    }
+
+    /// This cell with its masks evaluated at `rates` (one per `rate` of the
+    /// cell, in order) instead of its defaults: a zoneout's expectation
+    /// depends on its rate.
+    pub fn with_rates(self, rates: &[f32]) -> Self {
+        BoundCell { rates: rates.to_vec(), ..self }
     }
 
     /// This cell computing the products of its matrix parameters in
@@ -594,7 +605,8 @@ impl<'c> BoundCell<'c> {
     /// The values every mask of the cell takes in evaluation (see
     /// [`crate::ir::masks`]) at `rates`, one per `rate` of the cell; a
     /// DropConnect mask's is its parameter's size. The interpreter's own
-    /// steps run in evaluation at the cell's default rates.
+    /// steps run in evaluation at the cell's default rates, or those of
+    /// [`BoundCell::with_rates`].
     pub fn evaluation_masks<T: Float>(&self, rates: &[f32]) -> Vec<Vec<T>> {
         self.cell
             .masks
@@ -614,7 +626,7 @@ impl<'c> BoundCell<'c> {
         params: &[Vec<T>],
     ) -> StepResult<T> {
         let states: Vec<&[T]> = states.iter().map(|s| s.as_ref()).collect();
-        let masks = self.evaluation_masks::<T>(&self.cell.default_rates());
+        let masks = self.evaluation_masks::<T>(&self.rates);
         let masks: Vec<&[T]> = masks.iter().map(Vec::as_slice).collect();
         let leaves = LeafValues {
             x,
@@ -704,7 +716,7 @@ impl BoundCell<'_> {
         let mut carry: Vec<Vec<T>> = d_final_states.iter().map(|s| s.as_ref().to_vec()).collect();
         let mut d_inputs = vec![T::zero(); xs.len()];
         let mut d_params: Vec<Vec<T>> = params.iter().map(|p| vec![T::zero(); p.len()]).collect();
-        let masks = self.evaluation_masks::<T>(&self.cell.default_rates());
+        let masks = self.evaluation_masks::<T>(&self.rates);
         let masks: Vec<&[T]> = masks.iter().map(Vec::as_slice).collect();
         for t in (0..steps).rev() {
             let before: Vec<&[T]> = if t == 0 {

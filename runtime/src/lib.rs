@@ -45,6 +45,7 @@ pub mod device_call;
 pub(crate) mod driver;
 pub mod dropout;
 pub mod error;
+pub mod exact;
 pub mod exec;
 pub mod files;
 mod host_target;

@@ -314,7 +314,7 @@ pub trait Floats: Copy {
     fn floats(&self) -> usize;
 }
 
-impl Floats for &[f32] {
+impl<T: Copy> Floats for &[T] {
     fn floats(&self) -> usize {
         self.len()
     }

@@ -85,18 +85,6 @@ impl Batch {
         Batch { lengths: lengths.to_vec(), steps, xs, d_out, h0, d_final, resets: Vec::new() }
     }
 
-    /// Sequence `b`'s segments, `(first step, end)`: its steps split at its resets.
-    pub fn segments(&self, b: usize) -> Vec<(usize, usize)> {
-        let len = self.lengths[b];
-        let mut cuts: Vec<usize> =
-            self.resets.iter().filter(|&&(s, t)| s == b && t > 0 && t < len).map(|&(_, t)| t).collect();
-        cuts.sort_unstable();
-        cuts.dedup();
-        let starts = std::iter::once(0).chain(cuts.iter().copied());
-        let ends = cuts.iter().copied().chain(std::iter::once(len));
-        starts.zip(ends).collect()
-    }
-
     /// The resets as the runtime takes them, one flag per row of
     /// `layout`; `None` without resets. Padding rows are flagged, which
     /// must change nothing.

@@ -1,7 +1,7 @@
 //! The oracle: the interpreter run on each sequence alone (each segment
 //! between its per-step resets alone, from the initial states), layer by
 //! layer and direction by direction, forwards and backwards: the plainest
-//! possible statement of what a model computes.
+//! possible statement of what a model computes ([`cellc_runtime::exact`]).
 //!
 //! It runs twice, in f64 (the values back ends must match) and in f32
 //! (whose distance from the f64 values measures how much this cell, on
@@ -9,6 +9,7 @@
 //! cannot be told apart, see [`Oracle::noise`]).
 
 use crate::batch::Batch;
+use cellc_runtime::exact::{self, Adjoints, Sequences};
 use cellc_runtime::{Model, Precision};
 use num_traits::Float;
 
@@ -41,109 +42,31 @@ pub fn oracle_in(model: &Model, batch: &Batch, precision: Precision) -> Result<O
 }
 
 fn run<T: Float>(model: &Model, batch: &Batch, precision: Precision) -> Result<Oracle, String> {
-    let f64s = |v: &[T]| -> Vec<f64> { v.iter().map(|x| x.to_f64().unwrap_or(f64::NAN)).collect() };
     let ts = |v: &[f32]| -> Vec<T> { v.iter().map(|&x| T::from(x).unwrap_or_else(T::nan)).collect() };
-    let cell = &model.compiled().forward;
-    let grad = &model.compiled().backward;
-    let dirs = model.directions();
-    let n_seq = batch.lengths.len();
-    let nstates = cell.states.len();
-    let mut finals: Vec<Vec<T>> = batch.h0.iter().map(|h| vec![T::zero(); h.len()]).collect();
-    let mut d_h0: Vec<Vec<T>> = batch.h0.iter().map(|h| vec![T::zero(); h.len()]).collect();
-    let mut d_params: Vec<Vec<Vec<T>>> = (0..model.layers().len() * dirs)
-        .map(|slot| {
-            model.params(slot / dirs, slot % dirs == 1).iter().map(|p| vec![T::zero(); p.len()]).collect()
-        })
-        .collect();
-    let mut out = Vec::with_capacity(n_seq);
-    let mut d_in_all = Vec::with_capacity(n_seq);
-    let err = |e: cellc::InterpError| e.to_string();
-    for b in 0..n_seq {
-        let len = batch.lengths[b];
-        let segments = batch.segments(b);
-        let state_of = |buf: &[Vec<f32>], i: usize, slot: usize, n: usize| {
-            ts(&buf[i][(slot * n_seq + b) * n..(slot * n_seq + b + 1) * n])
-        };
-        // Forward, keeping each layer's input for the backward.
-        let mut layer_in: Vec<Vec<Vec<T>>> = vec![batch.xs[b].iter().map(|r| ts(r)).collect()];
-        for (k, layer) in model.layers().iter().enumerate() {
-            let bound = cell.bind(&layer.sizes).map_err(err)?.with_precision(precision);
-            let mut next = vec![Vec::new(); len];
-            for d in 0..dirs {
-                let slot = k * dirs + d;
-                let params: Vec<Vec<T>> = model.params(k, d == 1).iter().map(|p| ts(p)).collect();
-                let h0: Vec<Vec<T>> =
-                    (0..nstates).map(|i| state_of(&batch.h0, i, slot, layer.state_sizes[i])).collect();
-                // Each segment (resets split a sequence) from the initial states.
-                for &(first, end) in &segments {
-                    let mut seq: Vec<Vec<T>> = layer_in[k][first..end].to_vec();
-                    if d == 1 {
-                        seq.reverse();
-                    }
-                    let run = bound.run(&seq.concat(), &h0, &params).map_err(err)?;
-                    let o = layer.output_size;
-                    for s in 0..end - first {
-                        let t = if d == 1 { end - 1 - s } else { first + s };
-                        next[t].extend_from_slice(&run.outputs[s * o..(s + 1) * o]);
-                    }
-                    for ((dst, src), &n) in finals.iter_mut().zip(&run.final_states).zip(&layer.state_sizes) {
-                        dst[(slot * n_seq + b) * n..(slot * n_seq + b + 1) * n].copy_from_slice(src);
-                    }
-                }
-            }
-            layer_in.push(next);
-        }
-        out.push(layer_in.last().cloned().unwrap_or_default());
-        // Backward, last layer first.
-        let mut d_above: Vec<Vec<T>> = batch.d_out[b].iter().map(|r| ts(r)).collect();
-        for (k, layer) in model.layers().iter().enumerate().rev() {
-            let bound = cell.bind(&layer.sizes).map_err(err)?.with_precision(precision);
-            let mut d_below = vec![vec![T::zero(); layer.input_size]; len];
-            for d in 0..dirs {
-                let slot = k * dirs + d;
-                let params: Vec<Vec<T>> = model.params(k, d == 1).iter().map(|p| ts(p)).collect();
-                let h0: Vec<Vec<T>> =
-                    (0..nstates).map(|i| state_of(&batch.h0, i, slot, layer.state_sizes[i])).collect();
-                let df: Vec<Vec<T>> =
-                    (0..nstates).map(|i| state_of(&batch.d_final, i, slot, layer.state_sizes[i])).collect();
-                let no_df: Vec<Vec<T>> = df.iter().map(|d| vec![T::zero(); d.len()]).collect();
-                let o = layer.output_size;
-                // Each segment backwards; the final states' adjoints are the
-                // last segment's; the initial states' sum every segment's.
-                for (j, &(first, end)) in segments.iter().enumerate() {
-                    let order: Vec<usize> =
-                        if d == 1 { (first..end).rev().collect() } else { (first..end).collect() };
-                    let seq: Vec<T> = order.iter().flat_map(|&t| layer_in[k][t].iter().copied()).collect();
-                    let dseq: Vec<T> =
-                        order.iter().flat_map(|&t| d_above[t][d * o..(d + 1) * o].iter().copied()).collect();
-                    let df = if j + 1 == segments.len() { &df } else { &no_df };
-                    let g = bound.backward(grad, &seq, &h0, &params, &dseq, df).map_err(err)?;
-                    for (s, &t) in order.iter().enumerate() {
-                        let row = &g.d_inputs[s * layer.input_size..(s + 1) * layer.input_size];
-                        d_below[t].iter_mut().zip(row).for_each(|(acc, &v)| *acc = *acc + v);
-                    }
-                    for ((dst, src), &n) in d_h0.iter_mut().zip(&g.d_initial_states).zip(&layer.state_sizes) {
-                        let row = &mut dst[(slot * n_seq + b) * n..(slot * n_seq + b + 1) * n];
-                        row.iter_mut().zip(src).for_each(|(a, &v)| *a = *a + v);
-                    }
-                    for (acc, gp) in d_params[slot].iter_mut().zip(&g.d_params) {
-                        acc.iter_mut().zip(gp).for_each(|(a, &v)| *a = *a + v);
-                    }
-                }
-            }
-            d_above = d_below;
-        }
-        d_in_all.push(d_above);
-    }
-    let rows = |x: Vec<Vec<Vec<T>>>| -> Vec<Vec<Vec<f64>>> {
+    let f64s = |v: &[T]| -> Vec<f64> { v.iter().map(|x| x.to_f64().unwrap_or(f64::NAN)).collect() };
+    let rows_in = |x: &[Vec<Vec<f32>>]| -> Vec<Vec<Vec<T>>> {
+        x.iter().map(|s| s.iter().map(|r| ts(r)).collect()).collect()
+    };
+    let rows_out = |x: Vec<Vec<Vec<T>>>| -> Vec<Vec<Vec<f64>>> {
         x.into_iter().map(|seq| seq.iter().map(|r| f64s(r)).collect()).collect()
     };
+    let dirs = model.directions();
+    let weights: Vec<Vec<Vec<T>>> = (0..model.layers().len() * dirs)
+        .map(|slot| model.params(slot / dirs, slot % dirs == 1).iter().map(|p| ts(p)).collect())
+        .collect();
+    let (xs, d_out) = (rows_in(&batch.xs), rows_in(&batch.d_out));
+    let h0: Vec<Vec<T>> = batch.h0.iter().map(|h| ts(h)).collect();
+    let d_final: Vec<Vec<T>> = batch.d_final.iter().map(|h| ts(h)).collect();
+    let sequences = Sequences { xs: &xs, h0: Some(&h0), resets: &batch.resets };
+    let adjoints = Adjoints { d_out: &d_out, d_final: Some(&d_final) };
+    let pass = exact::run(model, &weights, sequences, Some(adjoints), (precision, None))
+        .map_err(|e| e.to_string())?;
     Ok(Oracle {
-        out: rows(out),
-        finals: finals.iter().map(|f| f64s(f)).collect(),
-        d_in: rows(d_in_all),
-        d_h0: d_h0.iter().map(|f| f64s(f)).collect(),
-        d_params: d_params.iter().map(|ps| ps.iter().map(|p| f64s(p)).collect()).collect(),
+        out: rows_out(pass.out),
+        finals: pass.finals.iter().map(|f| f64s(f)).collect(),
+        d_in: rows_out(pass.d_in),
+        d_h0: pass.d_h0.iter().map(|f| f64s(f)).collect(),
+        d_params: pass.d_params.iter().map(|ps| ps.iter().map(|p| f64s(p)).collect()).collect(),
     })
 }
 

@@ -11,6 +11,7 @@
 //! reserve the backward reads travel as tensors.
 
 mod errors;
+mod exact;
 mod passes;
 mod recycled;
 mod spec;
@@ -129,5 +130,6 @@ fn _cellc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(passes::dropout_masks, m)?)?;
     m.add_function(wrap_pyfunction!(passes::cell_masks, m)?)?;
     m.add_function(wrap_pyfunction!(recycled::recycled, m)?)?;
+    m.add_function(wrap_pyfunction!(exact::exact_pass, m)?)?;
     Ok(())
 }

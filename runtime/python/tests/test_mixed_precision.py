@@ -118,14 +118,6 @@ def test_a_bf16_module_trains_its_bf16_parameters():
     assert all(p.dtype == torch.bfloat16 for p in made.parameters())
 
 
-def test_float64_is_refused_with_its_reason():
-    with pytest.raises(DTypeError, match="float32"):
-        cellc.RNN("lstm", 6, {"H": 8}, dtype=torch.float64)
-    _, rnn = pair()
-    with pytest.raises(DTypeError, match="float32"):
-        rnn.double()(torch.randn(3, 5, 6, dtype=torch.float64))
-
-
 def test_compiled_under_autocast_is_eager_under_autocast():
     _, rnn = pair()
     x = torch.randn(3, 5, 6)

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from . import _cellc, _ops
+from . import _cellc, _float64, _ops
 from .errors import DeviceError, DTypeError, ShapeError
 
 _ALIGNS = ("left", "right")
@@ -142,8 +142,13 @@ class RNN(nn.Module):
     and vectors rounded to nearest even) and sum in float32, with the processor's bf16
     instructions where it has them; the states, the cell's pointwise math and the weight
     gradients stay float32 (against float32 master weights). Elsewhere (fp16, CUDA, the
-    reference back end) the arithmetic is float32, rounded at the end. ``.double()`` is refused
-    at the first call.
+    reference back end) the arithmetic is float32, rounded at the end.
+
+    float64, for checking: a ``.double()`` module (or ``dtype=torch.float64``) called on float64
+    tensors on the CPU runs cellc's interpreter in f64, one sequence at a time, forwards and
+    backwards, so ``torch.autograd.gradcheck`` applies to any cell. It is the oracle the back
+    ends are tested against, not a fast route; it runs in evaluation (``module.eval()``: masks
+    and dropout are not drawn in float64).
 
     ``forward(input, hx=None, *, lengths=None, align="left", resets=None)`` takes a padded batch
     with each sequence's length (padding at the end, or at the start with ``align="right"``;
@@ -202,8 +207,8 @@ class RNN(nn.Module):
         options.update(zip(order, args))
         bias, batch_first, dropout = options["bias"], options["batch_first"], options["dropout"]
         bidirectional, proj_size, backend = options["bidirectional"], options["proj_size"], options["backend"]
-        if dtype is not None and dtype not in (torch.float32, *_HALF):
-            raise DTypeError(f"cellc computes in float32 (bf16 and fp16 parameters are kept as given), not {dtype}")
+        if dtype is not None and dtype not in (torch.float32, torch.float64, *_HALF):
+            raise DTypeError(f"cellc's parameters are float32, bf16, fp16 or float64 (for checking), not {dtype}")
         if backend not in (None, "cpu", "cuda", "reference", "cuda-emulated"):
             raise ValueError(
                 f"backend must be None, 'cpu', 'cuda', 'reference' or 'cuda-emulated', not {backend!r}"
@@ -352,6 +357,9 @@ class RNN(nn.Module):
 
     def forward(self, input, hx=None, *, lengths=None, align: str = "left", resets=None):
         data = input.data if isinstance(input, PackedSequence) else input
+        float64 = isinstance(data, Tensor) and data.dtype == torch.float64
+        if float64 or any(w.dtype == torch.float64 for w in self._weights()):
+            return _float64.forward(self, input, hx, lengths, align, resets)
         result = _result_dtype(data) if isinstance(data, Tensor) else None
         if result is None:
             return self._forward(input, hx, lengths, align, resets, "")
