@@ -250,22 +250,53 @@ impl PackedB {
         })
     }
 
-    /// The same matrix rounded to bf16 (ties to even), in pair panels: the
-    /// right operand of a product with bf16 operands and f32 accumulation.
-    pub fn to_bf16(&self) -> PackedB {
-        assert!(!self.bf16, "bf16 panels packed again as bf16");
-        let (k, kp) = (self.k, self.k.div_ceil(2));
-        let mut data = AlignedBuf::recycled(self.panels() * kp * PANEL);
-        let floats = self.data.as_slice();
-        super::threads::for_each_chunk_mut(data.as_mut_slice(), (kp * PANEL).max(1), &|p, dst| {
+    /// Pair panels ([`super::bf16`]) written by `fill(p, words)`, each
+    /// panel `k.div_ceil(2)` rows of [`PANEL`] words; the columns past `n`
+    /// in the last panel are zeros, and so is an odd `k`'s last high half.
+    fn build_pairs(k: usize, n: usize, fill: impl Fn(usize, &mut [u32]) + Sync) -> PackedB {
+        let (panels, kp) = (n.div_ceil(PANEL), k.div_ceil(2));
+        let mut data = AlignedBuf::recycled(panels * kp * PANEL);
+        super::threads::for_each_chunk_mut(data.as_mut_slice(), (kp * PANEL).max(1), &|p, panel| {
             // SAFETY: u32 and f32 have one size and alignment; the slots hold bits only.
-            let words = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u32>(), dst.len()) };
-            super::bf16::pair_rows(&floats[p * k * PANEL..][..k * PANEL], k, words);
+            let words =
+                unsafe { std::slice::from_raw_parts_mut(panel.as_mut_ptr().cast::<u32>(), panel.len()) };
+            words.fill(0);
+            fill(p, words);
         });
-        PackedB { k, n: self.n, bf16: true, data }
+        PackedB { k, n, bf16: true, data }
     }
 
-    /// Whether the panels hold bf16 pairs ([`PackedB::to_bf16`]).
+    /// [`PackedB::of_transpose`] rounded to bf16 (ties to even), in pair
+    /// panels: the two elements of a word are neighbours in a row of `W`.
+    pub fn of_transpose_bf16(w: &[f32], rows: usize, cols: usize) -> PackedB {
+        assert!(w.len() >= rows * cols, "weight of {} floats packed as [{rows}, {cols}]", w.len());
+        PackedB::build_pairs(cols, rows, |p, words| {
+            for c in 0..PANEL.min(rows - p * PANEL) {
+                let row = &w[(p * PANEL + c) * cols..][..cols];
+                for (q, two) in row.chunks(2).enumerate() {
+                    words[q * PANEL + c] = super::bf16::pair(two[0], two.get(1).copied().unwrap_or(0.0));
+                }
+            }
+        })
+    }
+
+    /// [`PackedB::of`] rounded to bf16 (ties to even), in pair panels: a
+    /// word holds an element of `W` and the one below it.
+    pub fn of_bf16(w: &[f32], rows: usize, cols: usize) -> PackedB {
+        assert!(w.len() >= rows * cols, "weight of {} floats packed as [{rows}, {cols}]", w.len());
+        PackedB::build_pairs(rows, cols, |p, words| {
+            let (from, width) = (p * PANEL, PANEL.min(cols - p * PANEL));
+            for (q, dst) in words.chunks_mut(PANEL).enumerate().take(rows.div_ceil(2)) {
+                let even = &w[2 * q * cols + from..][..width];
+                let odd = (2 * q + 1 < rows).then(|| &w[(2 * q + 1) * cols + from..][..width]);
+                for (c, word) in dst[..width].iter_mut().enumerate() {
+                    *word = super::bf16::pair(even[c], odd.map_or(0.0, |o| o[c]));
+                }
+            }
+        })
+    }
+
+    /// Whether the panels hold bf16 pairs ([`PackedB::of_transpose_bf16`], [`PackedB::of_bf16`]).
     pub fn is_bf16(&self) -> bool {
         self.bf16
     }
@@ -775,8 +806,9 @@ mod tests {
                 let magnitude: f64 = terms.clone().map(f64::abs).sum();
                 (terms.sum(), magnitude)
             };
-            let packed = PackedB::of_transpose(&w, n, k).to_bf16();
-            let plain = PackedB::of(&transpose(&w, n, k), k, n).to_bf16();
+            let packed = PackedB::of_transpose_bf16(&w, n, k);
+            let plain = PackedB::of_bf16(&transpose(&w, n, k), k, n);
+            assert_eq!(packed.data.as_slice(), plain.data.as_slice(), "{n}x{k}: the two packings differ");
             let mut first: Option<Vec<f32>> = None;
             for kernel in Bf16Kernel::available() {
                 for b in [&packed, &plain] {
@@ -835,7 +867,7 @@ mod tests {
         let mut a = data(m * k, 5.0);
         let w = data(n * k, 6.0);
         let f32_panels = PackedB::of_transpose(&w, n, k);
-        let bf16_panels = f32_panels.to_bf16();
+        let bf16_panels = PackedB::of_transpose_bf16(&w, n, k);
         let mut exact = vec![0.0; m * n];
         // SAFETY: shapes as declared.
         unsafe { multiply(rows(&mut exact, &a, m, k, n), &f32_panels, 0..f32_panels.panels(), false) };

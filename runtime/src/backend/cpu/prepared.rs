@@ -136,7 +136,7 @@ pub struct PreparedParams {
     forms: Vec<Forms>,
     /// The products read the weights where they lie ([`super::in_place`]).
     in_place: bool,
-    /// bf16 panels ([`PackedB::to_bf16`]) or f32.
+    /// bf16 pair panels ([`PackedB::of_bf16`]) or f32 panels.
     precision: Precision,
 }
 
@@ -164,14 +164,6 @@ impl PreparedParams {
         self.precision
     }
 
-    /// `packed` as the products in this precision read it.
-    fn in_precision(&self, packed: PackedB) -> PackedB {
-        match self.precision {
-            Precision::F32 => packed,
-            Precision::Bf16 => packed.to_bf16(),
-        }
-    }
-
     /// Whether the products read the weights in place.
     pub fn reads_in_place(&self) -> bool {
         self.in_place
@@ -183,15 +175,20 @@ impl PreparedParams {
 
     /// Parameter `i` as the packed right operand of `X · Wᵀ`.
     pub fn t_panels(&self, i: usize, w: &[f32], rows: usize, cols: usize) -> &PackedB {
-        let p =
-            self.forms(i).t_panels.get_or_init(|| self.in_precision(PackedB::of_transpose(w, rows, cols)));
+        let p = self.forms(i).t_panels.get_or_init(|| match self.precision {
+            Precision::F32 => PackedB::of_transpose(w, rows, cols),
+            Precision::Bf16 => PackedB::of_transpose_bf16(w, rows, cols),
+        });
         debug_assert_eq!((p.k(), p.n()), (cols, rows));
         p
     }
 
     /// Parameter `i` as the packed right operand of `D · W`.
     pub fn panels(&self, i: usize, w: &[f32], rows: usize, cols: usize) -> &PackedB {
-        let p = self.forms(i).panels.get_or_init(|| self.in_precision(PackedB::of(w, rows, cols)));
+        let p = self.forms(i).panels.get_or_init(|| match self.precision {
+            Precision::F32 => PackedB::of(w, rows, cols),
+            Precision::Bf16 => PackedB::of_bf16(w, rows, cols),
+        });
         debug_assert_eq!((p.k(), p.n()), (rows, cols));
         p
     }
