@@ -202,8 +202,10 @@ impl Rnn {
             .into());
         }
         if matches!(x.dtype(), DType::BF16 | DType::F16) {
-            // Half precision: computed in f32 from f32 copies (differentiable casts, so
-            // gradients reach x and h0 in their dtype), returned in x's dtype.
+            // Half precision: computed from f32 copies (differentiable casts, so gradients
+            // reach x and h0 in their dtype), returned in x's dtype. The products are the
+            // model's back end's: bf16 operands with f32 sums where it was made with
+            // `Cpu::with_precision(Precision::Bf16)`, f32 otherwise.
             let dtype = x.dtype();
             let x32 = x.to_dtype(DType::F32)?;
             let h32 =

@@ -240,15 +240,56 @@ mod run {
 fn run_reproduces_pytorch_on_the_right_aligned_fixture() {
     // Every back end this machine can run, the CUDA kernels on the emulated device.
     for backend in ["cpu", "reference", "cuda-emulated"] {
-        run_matches_the_fixture(backend);
+        run_matches_the_fixture(backend, "f32", 1e-5);
     }
 }
 
-fn run_matches_the_fixture(backend: &str) {
+/// `--dtype bf16`: the CPU's bf16 products, within bf16's rounding of
+/// PyTorch's float32 values; other back ends refuse it by name.
+#[test]
+fn run_with_bf16_products_is_near_the_fixture_and_only_on_the_cpu() {
+    run_matches_the_fixture("cpu", "bf16", 3e-2);
+    let out = cellc(&[
+        "bench",
+        "../../cells/lstm.cell",
+        "-D",
+        "H=8",
+        "--batch",
+        "1",
+        "--steps",
+        "3",
+        "--backend",
+        "reference",
+        "--dtype",
+        "bf16",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("computes in f32 only") && err.contains("--dtype bf16"), "{err}");
+    let out = cellc(&[
+        "bench",
+        "../../cells/lstm.cell",
+        "-D",
+        "H=8",
+        "--batch",
+        "2",
+        "--steps",
+        "3",
+        "--dtype",
+        "bf16",
+        "--json",
+        "--min-time",
+        "0.01",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"dtype\": \"bf16\""));
+}
+
+fn run_matches_the_fixture(backend: &str, dtype: &str, tolerance: f32) {
     use cellc_runtime::{read_tensors, TensorData};
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let fx = root.join("tests/fixtures/runtime");
-    let out = temp_file(&format!("fixture_out_{backend}.safetensors"), b"");
+    let out = temp_file(&format!("fixture_out_{backend}_{dtype}.safetensors"), b"");
     let s = |p: std::path::PathBuf| p.to_str().expect("utf-8").to_string();
     let (cell, w, x, o) = (
         s(root.join("cells/lstm.cell")),
@@ -273,6 +314,8 @@ fn run_matches_the_fixture(backend: &str) {
         "--grad",
         "--backend",
         backend,
+        "--dtype",
+        dtype,
     ];
     let result = cellc(&args);
     assert!(result.status.success(), "{backend}: {}", String::from_utf8_lossy(&result.stderr));
@@ -288,7 +331,7 @@ fn run_matches_the_fixture(backend: &str) {
         let Some(g) = g else { continue };
         assert_eq!(g.shape, t.shape, "{name}");
         for (a, b) in f32s(&g.data).iter().zip(f32s(&t.data)) {
-            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{backend}: {name}: {a} vs {b}");
+            assert!((a - b).abs() <= tolerance * b.abs().max(1.0), "{backend} {dtype}: {name}: {a} vs {b}");
         }
     }
 }

@@ -19,7 +19,7 @@
 //! else portable Rust. Rounding to bf16 is round-to-nearest-even; NaN stays
 //! NaN and infinities stay infinite.
 
-use super::panels::{Rows, PANEL, ROW_BLOCK};
+use super::panels::{by_rows, Rows, TileOut, PANEL, ROW_BLOCK};
 use cellc::precision::bf16_bits;
 use std::cell::RefCell;
 use std::ops::Range;
@@ -184,15 +184,13 @@ pub(super) unsafe fn multiply_with(
             for p in panels.clone() {
                 let (words, width) = panel(p);
                 for i0 in (0..block).step_by(tile_rows) {
+                    // SAFETY: row r0 + i0 < m of y, column p*PANEL within its row.
+                    let y = unsafe { y.add((r0 + i0) * ldy + p * PANEL) };
                     let t = Tile {
-                        // SAFETY: row r0 + i0 < m of y, column p*PANEL within its row.
-                        y: unsafe { y.add((r0 + i0) * ldy + p * PANEL) },
-                        ldy,
+                        out: TileOut { y, ldy, width, accumulate },
                         a: left[i0 * kp * per_pair..].as_ptr(),
                         kp,
                         panel: words,
-                        width,
-                        accumulate,
                     };
                     // SAFETY: the tile's rows and columns exist (the caller's contract).
                     unsafe { t.run(kernel, (block - i0).min(tile_rows)) };
@@ -204,14 +202,11 @@ pub(super) unsafe fn multiply_with(
 
 /// Up to eight rows of bf16 pairs times one pair panel.
 struct Tile {
-    y: *mut f32,
-    ldy: usize,
+    out: TileOut,
     /// The rows' pairs, `kp` of [`Bf16Kernel::left_words`] words a row.
     a: *const u32,
     kp: usize,
     panel: *const u32,
-    width: usize,
-    accumulate: bool,
 }
 
 impl Tile {
@@ -220,25 +215,11 @@ impl Tile {
     /// [`PANEL`] words (64-byte aligned), `width` of `y`'s columns are the
     /// tile's, and `kernel` runs on this processor.
     unsafe fn run(&self, kernel: Bf16Kernel, mr: usize) {
-        macro_rules! rows {
-            ($f:ident) => {
-                match mr {
-                    1 => self.$f::<1>(),
-                    2 => self.$f::<2>(),
-                    3 => self.$f::<3>(),
-                    4 => self.$f::<4>(),
-                    5 => self.$f::<5>(),
-                    6 => self.$f::<6>(),
-                    7 => self.$f::<7>(),
-                    _ => self.$f::<8>(),
-                }
-            };
-        }
         // SAFETY: per the contract.
         unsafe {
             match kernel {
                 #[cfg(target_arch = "x86_64")]
-                Bf16Kernel::Avx512Bf16 => rows!(avx512_bf16),
+                Bf16Kernel::Avx512Bf16 => by_rows!(self, mr, avx512_bf16),
                 #[cfg(target_arch = "x86_64")]
                 Bf16Kernel::Avx2 => match mr {
                     1 => self.avx2::<1, 4>(),
@@ -247,7 +228,7 @@ impl Tile {
                     4 => self.avx2::<4, 2>(),
                     _ => self.avx2::<5, 2>(),
                 },
-                _ => rows!(portable),
+                _ => by_rows!(self, mr, portable),
             }
         }
     }
@@ -274,22 +255,7 @@ impl Tile {
         }
         for (i, row) in acc.iter().enumerate() {
             // SAFETY: the tile's row i, columns 0..width.
-            unsafe { self.write(i, 0, &row[..self.width]) };
-        }
-    }
-
-    /// Writes (or adds, when accumulating) `values` to row `i` of the
-    /// tile's output from column `from` on.
-    ///
-    /// # Safety
-    /// Row `i` and columns `from..from + values.len()` are the tile's.
-    unsafe fn write(&self, i: usize, from: usize, values: &[f32]) {
-        for (c, &x) in values.iter().enumerate() {
-            // SAFETY: per the contract.
-            unsafe {
-                let out = self.y.add(i * self.ldy + from + c);
-                *out = if self.accumulate { *out + x } else { x };
-            }
+            unsafe { self.out.write(i, 0, &row[..self.out.width]) };
         }
     }
 
@@ -305,7 +271,7 @@ impl Tile {
         let high = _mm256_set1_epi32(0xffff_0000u32 as i32);
         for part in 0..PANEL / (8 * V) {
             let first = part * 8 * V;
-            let cols = self.width.saturating_sub(first).min(8 * V);
+            let cols = self.out.width.saturating_sub(first).min(8 * V);
             if cols == 0 {
                 break;
             }
@@ -341,7 +307,7 @@ impl Tile {
                     }
                 }
                 // SAFETY: row i, columns first..first + cols <= width.
-                unsafe { self.write(i, first, &lanes[..cols]) };
+                unsafe { self.out.write(i, first, &lanes[..cols]) };
             }
         }
     }
@@ -368,24 +334,11 @@ impl Tile {
                 a = a.add(1);
             }
         }
-        let w = self.width;
-        let masks = [mask16(w.min(16)), mask16(w.saturating_sub(16))];
-        for (i, acc) in acc.iter().enumerate() {
-            for (h, (&v, &m)) in acc.iter().zip(&masks).enumerate() {
-                // SAFETY: masked to the tile's existing columns of row i.
-                unsafe {
-                    let out = self.y.add(i * self.ldy + h * 16);
-                    let v = if self.accumulate { _mm512_add_ps(_mm512_maskz_loadu_ps(m, out), v) } else { v };
-                    _mm512_mask_storeu_ps(out, m, v);
-                }
-            }
+        for (i, &acc) in acc.iter().enumerate() {
+            // SAFETY: row i is the tile's; the processor has AVX-512F (which AVX512-BF16 implies here).
+            unsafe { self.out.write_avx512(i, acc) };
         }
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn mask16(n: usize) -> u16 {
-    ((1u32 << n.min(16)) - 1) as u16
 }
 
 #[cfg(test)]

@@ -449,14 +449,11 @@ pub(crate) unsafe fn multiply_with(
                 // columns p*PANEL..+width are in y's rows (the caller's contract).
                 unsafe {
                     let t = Tile {
-                        y: y.add(i0 * ldy + p * PANEL),
-                        ldy,
+                        out: TileOut { y: y.add(i0 * ldy + p * PANEL), ldy, width, accumulate },
                         a: a.add(i0 * lda),
                         lda,
                         k,
                         panel,
-                        width,
-                        accumulate,
                     };
                     t.run(isa, mr)
                 }
@@ -465,41 +462,87 @@ pub(crate) unsafe fn multiply_with(
     }
 }
 
+/// Where a register tile's results go: `width` columns of rows `ldy`
+/// floats apart from `y`, added to what is there when `accumulate`.
+#[derive(Clone, Copy)]
+pub(super) struct TileOut {
+    pub y: *mut f32,
+    pub ldy: usize,
+    pub width: usize,
+    pub accumulate: bool,
+}
+
+impl TileOut {
+    /// Writes (or adds, when accumulating) `values` to row `i` from column `from` on.
+    ///
+    /// # Safety
+    /// Row `i` and columns `from..from + values.len()` are the tile's.
+    pub(super) unsafe fn write(&self, i: usize, from: usize, values: &[f32]) {
+        for (c, &x) in values.iter().enumerate() {
+            // SAFETY: per the contract.
+            unsafe {
+                let out = self.y.add(i * self.ldy + from + c);
+                *out = if self.accumulate { *out + x } else { x };
+            }
+        }
+    }
+
+    /// Writes (or adds) row `i`'s two registers of a 32-column panel, masked to `width`.
+    ///
+    /// # Safety
+    /// Row `i` is the tile's; the processor has AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn write_avx512(&self, i: usize, acc: [std::arch::x86_64::__m512; 2]) {
+        use std::arch::x86_64::*;
+        let w = self.width;
+        let masks = [mask16(w.min(16)), mask16(w.saturating_sub(16))];
+        for (h, (&v, &m)) in acc.iter().zip(&masks).enumerate() {
+            // SAFETY: masked to the tile's existing columns of row i.
+            unsafe {
+                let out = self.y.add(i * self.ldy + h * 16);
+                let v = if self.accumulate { _mm512_add_ps(_mm512_maskz_loadu_ps(m, out), v) } else { v };
+                _mm512_mask_storeu_ps(out, m, v);
+            }
+        }
+    }
+}
+
+/// `$tile.$kernel::<R>()` with the tile's `$rows` rows (1 to 8) as a constant.
+macro_rules! by_rows {
+    ($tile:expr, $rows:expr, $kernel:ident) => {
+        match $rows {
+            1 => $tile.$kernel::<1>(),
+            2 => $tile.$kernel::<2>(),
+            3 => $tile.$kernel::<3>(),
+            4 => $tile.$kernel::<4>(),
+            5 => $tile.$kernel::<5>(),
+            6 => $tile.$kernel::<6>(),
+            7 => $tile.$kernel::<7>(),
+            _ => $tile.$kernel::<8>(),
+        }
+    };
+}
+pub(super) use by_rows;
+
 /// One register tile: up to [`MR`] rows of `A` times one panel.
 struct Tile {
-    y: *mut f32,
-    ldy: usize,
+    out: TileOut,
     a: *const f32,
     lda: usize,
     k: usize,
     panel: *const f32,
-    width: usize,
-    accumulate: bool,
 }
 
 impl Tile {
     /// # Safety
     /// As [`multiply_with`], for this tile's `mr` rows.
     unsafe fn run(&self, isa: Isa, mr: usize) {
-        macro_rules! rows {
-            ($f:ident) => {
-                match mr {
-                    1 => self.$f::<1>(),
-                    2 => self.$f::<2>(),
-                    3 => self.$f::<3>(),
-                    4 => self.$f::<4>(),
-                    5 => self.$f::<5>(),
-                    6 => self.$f::<6>(),
-                    7 => self.$f::<7>(),
-                    _ => self.$f::<8>(),
-                }
-            };
-        }
         // SAFETY: the ISA was detected on this processor (or chosen by a test that checked it).
         unsafe {
             match isa {
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => rows!(avx512),
+                Isa::Avx512 => by_rows!(self, mr, avx512),
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx2 => {
                     // Half a panel at a time for three to six rows (twelve accumulators of
@@ -515,7 +558,7 @@ impl Tile {
                         _ => self.avx2::<6>(),
                     }
                 }
-                _ => rows!(portable),
+                _ => by_rows!(self, mr, portable),
             }
         }
     }
@@ -536,22 +579,7 @@ impl Tile {
         }
         for (i, row) in acc.iter().enumerate() {
             // SAFETY: the tile's row i, columns 0..width.
-            unsafe { self.write(i, 0, &row[..self.width]) };
-        }
-    }
-
-    /// Writes (or adds, when accumulating) `values` to row `i` of the
-    /// tile's output from column `from` on.
-    ///
-    /// # Safety
-    /// Row `i` and columns `from..from + values.len()` are the tile's.
-    unsafe fn write(&self, i: usize, from: usize, values: &[f32]) {
-        for (c, &x) in values.iter().enumerate() {
-            // SAFETY: per the contract.
-            unsafe {
-                let out = self.y.add(i * self.ldy + from + c);
-                *out = if self.accumulate { *out + x } else { x };
-            }
+            unsafe { self.out.write(i, 0, &row[..self.out.width]) };
         }
     }
 
@@ -578,17 +606,9 @@ impl Tile {
                 a = a.add(1);
             }
         }
-        let w = self.width;
-        let masks = [mask16(w.min(16)), mask16(w.saturating_sub(16))];
-        for (i, acc) in acc.iter().enumerate() {
-            for (h, (&v, &m)) in acc.iter().zip(&masks).enumerate() {
-                // SAFETY: masked to the tile's existing columns of row i.
-                unsafe {
-                    let out = self.y.add(i * self.ldy + h * 16);
-                    let v = if self.accumulate { _mm512_add_ps(_mm512_maskz_loadu_ps(m, out), v) } else { v };
-                    _mm512_mask_storeu_ps(out, m, v);
-                }
-            }
+        for (i, &acc) in acc.iter().enumerate() {
+            // SAFETY: row i is the tile's; the processor has AVX-512F.
+            unsafe { self.out.write_avx512(i, acc) };
         }
     }
 
@@ -599,7 +619,7 @@ impl Tile {
     unsafe fn avx2<const R: usize>(&self) {
         use std::arch::x86_64::*;
         for half in 0..2 {
-            let cols = self.width.saturating_sub(half * 16).min(16);
+            let cols = self.out.width.saturating_sub(half * 16).min(16);
             if cols == 0 {
                 break;
             }
@@ -627,7 +647,7 @@ impl Tile {
                     _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[1]);
                 }
                 // SAFETY: row i, columns half*16 .. half*16 + cols <= width.
-                unsafe { self.write(i, half * 16, &lanes[..cols]) };
+                unsafe { self.out.write(i, half * 16, &lanes[..cols]) };
             }
         }
     }
@@ -666,7 +686,7 @@ impl Tile {
                 }
             }
             // SAFETY: the tile's row i, columns 0..width.
-            unsafe { self.write(i, 0, &lanes[..self.width]) };
+            unsafe { self.out.write(i, 0, &lanes[..self.out.width]) };
         }
     }
 }

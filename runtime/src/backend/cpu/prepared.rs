@@ -81,6 +81,7 @@ impl AlignedBuf {
         self.ptr
     }
 
+    #[cfg(test)]
     pub fn as_slice(&self) -> &[f32] {
         // SAFETY: `len` initialised floats.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
