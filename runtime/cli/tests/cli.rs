@@ -249,20 +249,7 @@ fn run_reproduces_pytorch_on_the_right_aligned_fixture() {
 #[test]
 fn run_with_bf16_products_is_near_the_fixture_and_only_on_the_cpu() {
     run_matches_the_fixture("cpu", "bf16", 3e-2);
-    let out = cellc(&[
-        "bench",
-        "../../cells/lstm.cell",
-        "-D",
-        "H=8",
-        "--batch",
-        "1",
-        "--steps",
-        "3",
-        "--backend",
-        "reference",
-        "--dtype",
-        "bf16",
-    ]);
+    let out = tiny_bench(&["--backend", "reference", "--dtype", "bf16"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("computes in f32 only") && err.contains("--dtype bf16"), "{err}");
@@ -283,6 +270,13 @@ fn run_with_bf16_products_is_near_the_fixture_and_only_on_the_cpu() {
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"dtype\": \"bf16\""));
+}
+
+/// `cellc bench` of a one-step LSTM (H=8, B=1, T=3) with `extra` arguments.
+fn tiny_bench(extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["bench", "../../cells/lstm.cell", "-D", "H=8", "--batch", "1", "--steps", "3"];
+    args.extend_from_slice(extra);
+    cellc(&args)
 }
 
 fn run_matches_the_fixture(backend: &str, dtype: &str, tolerance: f32) {
@@ -433,18 +427,7 @@ fn cuda_backend_without_a_driver_is_a_clear_error() {
         eprintln!("SKIPPED: a CUDA driver is present, the no-driver path cannot be exercised here");
         return;
     }
-    let out = cellc(&[
-        "bench",
-        "../../cells/lstm.cell",
-        "-D",
-        "H=8",
-        "--batch",
-        "1",
-        "--steps",
-        "3",
-        "--backend",
-        "cuda",
-    ]);
+    let out = tiny_bench(&["--backend", "cuda"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("the CUDA driver (libcuda) not found"), "{err}");
