@@ -156,3 +156,52 @@ fn bf16_products_are_as_accurate_as_bf16_arithmetic_on_every_shipped_cell() {
     }
     assert!(failures.is_empty(), "bf16 errors over {TOLERANCE}: {failures:#?}");
 }
+
+/// A NaN in one sequence's input reaches that sequence's outputs from its
+/// step on (a 2-layer model one way), in bf16 as in f32, and no other
+/// sequence's; an infinity saturates the gates in both alike.
+#[test]
+fn nan_and_infinity_propagate_in_bf16_as_in_f32() {
+    use cellc_runtime::{Align, Input, Major};
+    let cell = support::compiled_cells().into_iter().find(|c| c.forward.name == "lstm").expect("lstm ships");
+    let cpu = |precision| {
+        move || -> Box<dyn cellc_runtime::backend::Backend> {
+            Box::new(Cpu::new(2, Kernels::Fastest).expect("cpu").with_precision(precision))
+        }
+    };
+    let (batch, steps, features) = (3, 5, 48);
+    let lengths = [5, 4, 5];
+    for poison in [f32::NAN, f32::INFINITY] {
+        let mut finite_by_precision = Vec::new();
+        for precision in [Precision::F32, Precision::Bf16] {
+            let config = cellc_runtime::ModelConfig { layers: 2, bidirectional: false };
+            let model =
+                support::try_model(&cell, (16, 8, features), &config, 3, cpu(precision)()).expect("stacks");
+            let mut x: Vec<f32> = (0..batch * steps * features).map(|i| (i as f32 * 0.37).sin()).collect();
+            x[(5 + 2) * features + 7] = poison; // sequence 1, step 2 (batch-first)
+            let input = Input::Padded {
+                data: &x,
+                batch,
+                steps,
+                major: Major::BatchFirst,
+                align: Align::Left,
+                lengths: &lengths,
+            };
+            let out = model.forward(input, None).expect("forward");
+            let o = model.output_size();
+            let finite: Vec<bool> = out.data.chunks(o).map(|row| row.iter().all(|v| v.is_finite())).collect();
+            finite_by_precision.push(finite);
+        }
+        assert_eq!(finite_by_precision[0], finite_by_precision[1], "{poison}: bf16 and f32 differ");
+        let finite = &finite_by_precision[0];
+        // Sequence 1 (rows 5..10): steps 0 and 1 finite. A NaN makes its steps from 2
+        // on NaN (step 4 is padding, zeros); an infinity saturates the gates, and
+        // every output stays finite. Every other sequence stays finite.
+        let poisoned = poison.is_nan();
+        assert!(
+            finite[5] && finite[6] && finite[7] != poisoned && finite[8] != poisoned,
+            "{poison}: {finite:?}"
+        );
+        assert!(finite[..5].iter().chain(&finite[10..]).all(|&f| f), "{poison}: {finite:?}");
+    }
+}
