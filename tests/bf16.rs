@@ -205,3 +205,47 @@ fn nan_and_infinity_propagate_in_bf16_as_in_f32() {
         assert!(finite[..5].iter().chain(&finite[10..]).all(|&f| f), "{poison}: {finite:?}");
     }
 }
+
+/// The CUDA back end's bf16 products (cuBLAS's `CUBLAS_COMPUTE_32F_FAST_16BF`
+/// on a GPU; here the emulated device, which rounds the same operands) are
+/// as accurate as bf16 arithmetic, through the passes in device memory, and
+/// are bf16's, not f32's.
+#[test]
+fn cuda_bf16_products_on_the_emulated_device_are_bf16_arithmetic() {
+    use cellc_runtime::backend::cuda::Cuda;
+    if !cellc_runtime::backend::cuda::device::gxx_available() {
+        eprintln!("skipped: no g++ for the emulated device");
+        return;
+    }
+    let cuda = |precision| {
+        move || -> Box<dyn cellc_runtime::backend::Backend> {
+            Box::new(Cuda::emulated().expect("emulated device").with_precision(precision))
+        }
+    };
+    let lengths = [6, 2, 5];
+    for cell in
+        support::compiled_cells().into_iter().filter(|c| ["lstm", "gru"].contains(&c.forward.name.as_str()))
+    {
+        let bf16 = support::two_layer_model(&cell, (16, 8, 12), 5, &cuda(Precision::Bf16));
+        let f32 = support::two_layer_model(&cell, (16, 8, 12), 5, &cuda(Precision::F32));
+        let ld = bf16.layers().len() * bf16.directions();
+        let states = bf16.layers()[0].state_sizes.clone();
+        let mut rng = Entropy::seeded(23);
+        let shape = (bf16.input_size(), bf16.output_size());
+        let batch = Batch::random(&mut rng, &lengths, 6, shape, &states, ld);
+        let (want, _) = oracle(&bf16, &batch).expect("the interpreter runs every sequence");
+        let ideal = oracle_in(&bf16, &batch, Precision::Bf16).expect("the interpreter runs every sequence");
+        let (low, full) = (errors(&bf16, &batch, &want), errors(&f32, &batch, &want));
+        for (((name, e), (_, bound)), (_, e32)) in low.iter().zip(&ideal_errors(&ideal, &want)).zip(&full) {
+            let cell = &cell.forward.name;
+            assert!(
+                !e.is_nan() && *e <= TOLERANCE.max(4.0 * bound),
+                "{cell}: {name}: {e:.3e} (bf16: {bound:.3e})"
+            );
+            assert!(
+                *e > 10.0 * e32 || *bound == 0.0,
+                "{cell}: {name}: {e:.3e}, f32's {e32:.3e}: not bf16 products"
+            );
+        }
+    }
+}

@@ -64,7 +64,7 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = KernelsChoice::Fastest)]
     pub kernels: KernelsChoice,
     /// The precision of the products of the cell's matrix parameters
-    /// (`bf16`: bf16 operands, f32 sums; the CPU back end).
+    /// (`bf16`: bf16 operands, f32 sums; the CPU and CUDA back ends).
     #[arg(long, value_enum, default_value_t = DtypeChoice::F32)]
     pub dtype: DtypeChoice,
     /// Inference through the streaming call (`Model::stream`): the state

@@ -72,7 +72,7 @@ pub enum DtypeChoice {
     /// f32 operands, f32 sums.
     #[default]
     F32,
-    /// bf16 operands, f32 sums; everything else f32 (the CPU back end).
+    /// bf16 operands, f32 sums; everything else f32 (the CPU and CUDA back ends).
     Bf16,
 }
 
@@ -133,7 +133,7 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = KernelsChoice::Fastest)]
     pub kernels: KernelsChoice,
     /// The precision of the products of the cell's matrix parameters
-    /// (`bf16`: bf16 operands, f32 sums; the CPU back end).
+    /// (`bf16`: bf16 operands, f32 sums; the CPU and CUDA back ends).
     #[arg(long, value_enum, default_value_t = DtypeChoice::F32)]
     pub dtype: DtypeChoice,
     /// Training mode: draw the masks of the cell and of --dropout (else evaluation: none).
@@ -164,26 +164,28 @@ pub fn make_backend(
     (kernels, dtype): (KernelsChoice, DtypeChoice),
 ) -> Result<Box<dyn Backend>, RuntimeError> {
     let choice = choice.unwrap_or(BackendChoice::Cpu);
-    if dtype != DtypeChoice::F32 && choice != BackendChoice::Cpu {
+    let precision = dtype.precision();
+    if dtype != DtypeChoice::F32 && choice == BackendChoice::Reference {
         return Err(RuntimeError::Backend {
-            backend: format!("{choice:?}").to_lowercase(),
+            backend: "reference".into(),
             message: format!(
-                "computes in f32 only: `--dtype {}` runs on the cpu back end",
-                dtype.precision()
+                "computes in f32 only: `--dtype {precision}` runs on the cpu and cuda back ends"
             ),
         });
     }
     match choice {
         BackendChoice::Reference => Ok(Box::new(Reference)),
         BackendChoice::Cpu => Ok(Box::new(
-            Cpu::new(threads.unwrap_or(0) as usize, kernels.kernels())?.with_precision(dtype.precision()),
+            Cpu::new(threads.unwrap_or(0) as usize, kernels.kernels())?.with_precision(precision),
         )),
-        BackendChoice::Cuda => {
-            Ok(Box::new(cellc_runtime::backend::cuda::Cuda::gpu(0)?.with_graphs(cuda_graphs)))
-        }
-        BackendChoice::CudaEmulated => {
-            Ok(Box::new(cellc_runtime::backend::cuda::Cuda::emulated()?.with_graphs(cuda_graphs)))
-        }
+        BackendChoice::Cuda => Ok(Box::new(
+            cellc_runtime::backend::cuda::Cuda::gpu(0)?.with_graphs(cuda_graphs).with_precision(precision),
+        )),
+        BackendChoice::CudaEmulated => Ok(Box::new(
+            cellc_runtime::backend::cuda::Cuda::emulated()?
+                .with_graphs(cuda_graphs)
+                .with_precision(precision),
+        )),
     }
 }
 

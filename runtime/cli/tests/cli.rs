@@ -244,11 +244,13 @@ fn run_reproduces_pytorch_on_the_right_aligned_fixture() {
     }
 }
 
-/// `--dtype bf16`: the CPU's bf16 products, within bf16's rounding of
-/// PyTorch's float32 values; other back ends refuse it by name.
+/// `--dtype bf16`: the CPU's and the (emulated) CUDA device's bf16
+/// products, within bf16's rounding of PyTorch's float32 values; the
+/// reference back end refuses it by name.
 #[test]
-fn run_with_bf16_products_is_near_the_fixture_and_only_on_the_cpu() {
+fn run_with_bf16_products_is_near_the_fixture_on_cpu_and_cuda() {
     run_matches_the_fixture("cpu", "bf16", 3e-2);
+    run_matches_the_fixture("cuda-emulated", "bf16", 3e-2);
     let out = tiny_bench(&["--backend", "reference", "--dtype", "bf16"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);

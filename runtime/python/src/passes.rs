@@ -245,12 +245,11 @@ impl Memory {
         }
     }
 
-    /// The model of `spec`, on this memory's device, with its products in
-    /// `precision` on the CPU (a device's are f32).
+    /// The model of `spec`, on this memory's device, with its products in `precision`.
     fn model(self, spec: &str, precision: Precision) -> Result<std::sync::Arc<Model>> {
         match self {
             Memory::Host { .. } => spec::model(spec, 0, precision),
-            Memory::Device { ordinal, .. } => spec::model(spec, ordinal, Precision::F32),
+            Memory::Device { ordinal, .. } => spec::model(spec, ordinal, precision),
         }
     }
 }

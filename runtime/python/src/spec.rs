@@ -51,36 +51,41 @@ fn parse(spec: &str) -> Result<Spec> {
 }
 
 /// The back end `name` (the CPU's: every usable core, each call capped by
-/// its caller's thread count, its products in `precision`) or CUDA device
-/// `device` (whose products are f32 whatever the precision asked).
+/// its caller's thread count) or CUDA device `device`, its products in
+/// `precision` (the reference back end's are f32).
 fn backend(name: &str, device: usize, precision: Precision) -> Result<Box<dyn Backend>> {
     match name {
         "cpu" => Ok(Box::new(Cpu::new(0, Kernels::Fastest)?.with_precision(precision))),
         "reference" => Ok(Box::new(Reference)),
-        "cuda" => Ok(Box::new(cuda(Some(device))?)),
-        "cuda-emulated" => Ok(Box::new(cuda(None)?)),
+        "cuda" => Ok(Box::new(cuda(Some(device), precision)?)),
+        "cuda-emulated" => Ok(Box::new(cuda(None, precision)?)),
         other => Err(no_such_backend(other)),
     }
 }
 
-/// The CUDA back end on `device` (`None`: the emulated device), one per
-/// device for every model of the process: they share its stream, its
-/// compiled kernels and its memory pools (kept for the process's life).
+/// The CUDA back end on `device` (`None`: the emulated device) with its
+/// products in `precision`, one per device and precision for every model
+/// of the process: they share its stream, its compiled kernels and its
+/// memory pools (kept for the process's life).
 /// On a GPU, passes run as CUDA graphs (launched on PyTorch's stream;
 /// see `Cuda::with_graphs`) unless `CELLC_CUDA_GRAPHS=0`.
-fn cuda(device: Option<usize>) -> Result<Arc<Cuda>> {
-    static DEVICES: OnceLock<Mutex<HashMap<Option<usize>, Arc<Cuda>>>> = OnceLock::new();
+fn cuda(device: Option<usize>, precision: Precision) -> Result<Arc<Cuda>> {
+    type Devices = Mutex<HashMap<(Option<usize>, Precision), Arc<Cuda>>>;
+    static DEVICES: OnceLock<Devices> = OnceLock::new();
     let mut devices = DEVICES.get_or_init(Default::default).lock().map_err(|_| poisoned())?;
-    if let Some(d) = devices.get(&device) {
+    if let Some(d) = devices.get(&(device, precision)) {
         return Ok(d.clone());
     }
-    let made = Arc::new(match device {
-        Some(ordinal) => {
-            Cuda::gpu(ordinal)?.with_graphs(std::env::var("CELLC_CUDA_GRAPHS").as_deref() != Ok("0"))
+    let made = Arc::new(
+        match device {
+            Some(ordinal) => {
+                Cuda::gpu(ordinal)?.with_graphs(std::env::var("CELLC_CUDA_GRAPHS").as_deref() != Ok("0"))
+            }
+            None => Cuda::emulated()?,
         }
-        None => Cuda::emulated()?,
-    });
-    devices.insert(device, made.clone());
+        .with_precision(precision),
+    );
+    devices.insert((device, precision), made.clone());
     Ok(made)
 }
 

@@ -167,8 +167,8 @@ def test_resets_on_cuda_are_the_cpus():
 
 def test_autocast_on_cuda_returns_autocasts_dtype():
     """Under CUDA autocast (bf16 and fp16) a call on CUDA tensors returns its output and final
-    states in autocast's dtype, as nn.LSTM does, close to the float32 call; gradients reach the
-    float32 input and weights."""
+    states in autocast's dtype, as nn.LSTM does, close to the float32 call (bf16: with bf16
+    products on the tensor cores); gradients reach the float32 input and weights."""
     _, rnn = pair()
     x = torch.randn(len(LENGTHS), STEPS, INPUT, device="cuda", requires_grad=True)
     exact, _ = rnn(x, lengths=LENGTHS)
@@ -176,6 +176,6 @@ def test_autocast_on_cuda_returns_autocasts_dtype():
         with torch.autocast("cuda", dtype=dtype):
             out, (h, c) = rnn(x, lengths=LENGTHS)
         assert out.dtype == h.dtype == c.dtype == dtype
-        torch.testing.assert_close(out.float(), exact, atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(out.float(), exact, atol=2e-2, rtol=2e-2)
         out.float().sum().backward()
         assert x.grad.dtype == torch.float32 and torch.isfinite(x.grad).all()

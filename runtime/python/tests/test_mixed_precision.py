@@ -63,6 +63,22 @@ def test_bf16_results_come_from_bf16_products_with_float32_sums():
     assert torch.equal(rnn(x.half())[0], rnn(x.half().float())[0].half())
 
 
+@torch.no_grad()
+def test_bf16_on_the_emulated_cuda_device_is_bf16_arithmetic():
+    torch.manual_seed(0)
+    ref = nn.LSTM(16, 32, batch_first=True)
+    rnn = cellc.RNN("lstm", 16, {"H": 32}, batch_first=True, backend="cuda-emulated")
+    rnn.load_state_dict(ref.state_dict())
+    x = torch.randn(3, 6, 16) * 2
+    bf16 = lstm_loop(ref, x, lambda t: t.bfloat16().float())
+    got, _ = rnn._forward(x, None, None, "left", None, "+bf16")
+    exact, _ = rnn._forward(x, None, None, "left", None, "")
+    assert (got - bf16).abs().max() < 1e-5
+    assert (exact - bf16).abs().max() > 1e-3
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(rnn(x)[0], got.bfloat16())
+
+
 def lstm_like_bf16(rnn, x):
     out, _ = rnn._forward(x.float(), None, None, "left", None, "+bf16")
     return out.bfloat16()

@@ -137,11 +137,11 @@ class RNN(nn.Module):
     Mixed precision: under ``torch.autocast`` a call returns its output and final states in
     autocast's dtype, as ``nn.LSTM`` does; bf16 or fp16 inputs give outputs in their own dtype,
     and a module's parameters may be bf16 or fp16 (``.to(torch.bfloat16)``, ``dtype=``), their
-    gradients in their dtype. Where the result is bf16 (bf16 autocast, bf16 inputs), a call on
-    the CPU computes as autocast does: the products of the weights take bf16 operands (weights
-    and vectors rounded to nearest even) and sum in float32, with the processor's bf16
-    instructions where it has them; the states, the cell's pointwise math and the weight
-    gradients stay float32 (against float32 master weights). Elsewhere (fp16, CUDA, the
+    gradients in their dtype. Where the result is bf16 (bf16 autocast, bf16 inputs), a call
+    computes as autocast does: the products of the weights take bf16 operands (weights and
+    vectors rounded to nearest even) and sum in float32, with the CPU's bf16 instructions where
+    it has them, and on CUDA cuBLAS's tensor cores; the states, the cell's pointwise math and
+    the weight gradients stay float32 (against float32 master weights). Elsewhere (fp16, the
     reference back end) the arithmetic is float32, rounded at the end.
 
     float64, for checking: a ``.double()`` module (or ``dtype=torch.float64``) called on float64
@@ -371,7 +371,7 @@ class RNN(nn.Module):
             input = input.float()
         if hx is not None:
             hx = hx.float() if isinstance(hx, Tensor) else tuple(h.float() for h in hx)
-        # bf16 products where the result is bf16 (the layout's suffix asks the CPU back end).
+        # bf16 products where the result is bf16 (the layout's suffix asks the back end).
         precision = "+bf16" if result == torch.bfloat16 else ""
         out, finals = self._forward(input, hx, lengths, align, resets, precision)
         if isinstance(out, PackedSequence):

@@ -60,12 +60,13 @@ pub fn backward(
     job: &BackwardJob,
     tape: &[f32],
     d_input: &mut RowsMut,
-    graph_capture: bool,
+    (graph_capture, precision): (bool, crate::Precision),
 ) -> Result<BackwardResult> {
     let layer = job.layer;
     let layout_rows = job.layout_rows();
     check_tape(layer, layout_rows, tape.len())?;
-    let mut pass = LayerRun::new(device, job.input.layout, layout_rows, job.order, job.reverse);
+    let mut pass =
+        LayerRun::new(device, job.input.layout, layout_rows, job.order, job.reverse).in_precision(precision);
     let batch = pass.batch();
     let d_output = pass.upload(job.d_output.data)?;
     let io = BackwardIo {
@@ -118,7 +119,7 @@ pub fn backward_on(
     let shapes = &layer.backward_shapes;
     let stages = &layer.schedule.backward;
     let batch = pass.batch();
-    let mut calls = Calls::new(device.block_size());
+    let mut calls = Calls::new(device.block_size(), pass.precision);
 
     // The input, the parameters, and what the tape keeps: states before
     // and after the step, the output and the saved values.

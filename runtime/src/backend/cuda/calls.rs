@@ -10,6 +10,7 @@ use super::storage::{error, Home, LayerRun, Order, Row};
 use crate::dropout::LayerMasks;
 use crate::error::Result;
 use crate::plan::TimeLoop;
+use crate::Precision;
 use cellc::cuda::Kernel;
 use cellc::ir::{Graph, Op, ValueId};
 use cellc::schedule::{Stage, StageKind};
@@ -27,11 +28,20 @@ pub struct Calls {
     gathered: HashMap<ValueId, Home>,
     /// `ones[steps * batch]`, for column sums.
     ones: Option<u64>,
+    /// The precision of the products of matrix parameters.
+    precision: Precision,
 }
 
 impl Calls {
-    pub fn new(block: u32) -> Calls {
-        Calls { list: Vec::new(), block, scratch: (0, 0), gathered: HashMap::new(), ones: None }
+    pub fn new(block: u32, precision: Precision) -> Calls {
+        Calls { list: Vec::new(), block, scratch: (0, 0), gathered: HashMap::new(), ones: None, precision }
+    }
+
+    /// `g`, a product by matrix `w`, its operands bf16 where the products
+    /// of parameters are ([`Precision::Bf16`]).
+    fn by_matrix(&self, graph: &Graph, w: ValueId, mut g: Gemm) -> Gemm {
+        g.bf16 = self.precision == Precision::Bf16 && matches!(graph.node(w).op, Op::Param(_));
+        g
     }
 
     /// The pointer table of kernel `k` over `rows`: each row's inputs,
@@ -428,11 +438,12 @@ impl Calls {
                 .ok_or_else(|| error(format!("per-step product {v}: {u} is not held per rank")))
         };
         let ((xa, xs), (ya, ys)) = (rows(x)?, rows(v)?);
-        self.gemm(match graph.node(v).op {
+        let g = match graph.node(v).op {
             Op::MatVec => product(n, rows_w, cols_w, (xa, xs), (weight, cols_w, true), (ya, ys)),
             Op::MatVecT => product(n, cols_w, rows_w, (xa, xs), (weight, cols_w, false), (ya, ys)),
             ref other => return Err(error(format!("{v}: {other:?} in a per-step GEMM"))),
-        });
+        };
+        self.gemm(self.by_matrix(graph, w, g));
         Ok(())
     }
 
@@ -456,11 +467,12 @@ impl Calls {
                 let len = plan.elements(v);
                 let once = pass.zeros(len)?;
                 let (xs, ws) = (plan.elements(x), cols_w);
-                self.gemm(if graph.node(v).op == Op::MatVec {
+                let g = if graph.node(v).op == Op::MatVec {
                     product(1, rows_w, cols_w, (xa, xs), (w, ws, true), (once, len))
                 } else {
                     product(1, cols_w, rows_w, (xa, xs), (w, ws, false), (once, len))
-                });
+                };
+                self.gemm(self.by_matrix(graph, m, g));
                 if pass.has_home(v) {
                     let home = pass.home(v)?;
                     let (layout, batch) = (pass.layout, pass.batch());
@@ -492,11 +504,12 @@ impl Calls {
                 if out_order != order {
                     return Err(error(format!("{v} is stored in another row order than {x}")));
                 }
-                self.gemm(if graph.node(v).op == Op::MatVec {
+                let g = if graph.node(v).op == Op::MatVec {
                     product(rows, rows_w, cols_w, (xa, xs), (w, cols_w, true), (ya, ys))
                 } else {
                     product(rows, cols_w, rows_w, (xa, xs), (w, cols_w, false), (ya, ys))
-                });
+                };
+                self.gemm(self.by_matrix(graph, m, g));
             }
             (Op::Outer, _) => {
                 let (rows_d, cols) = plan.shape(v);
@@ -517,6 +530,7 @@ impl Calls {
                     c: out,
                     ldc: cols,
                     accumulate: false,
+                    bf16: false,
                 });
             }
             (other, _) => return Err(error(format!("{v}: {other:?} in a GEMM stage"))),
@@ -581,6 +595,7 @@ impl Calls {
                 c: out,
                 ldc: len,
                 accumulate,
+                bf16: false,
             });
         }
         pass.place(v, Home::Fixed(out));
@@ -620,6 +635,7 @@ impl Calls {
             c: out,
             ldc: len,
             accumulate: false,
+            bf16: false,
         });
         Ok(out)
     }
@@ -641,6 +657,7 @@ fn product(rows: usize, n: usize, k: usize, x: (u64, usize), w: (u64, usize, boo
         c: y.0,
         ldc: y.1,
         accumulate: false,
+        bf16: false,
     }
 }
 

@@ -72,6 +72,9 @@ pub(crate) struct Gemm {
     pub c: u64,
     pub ldc: usize,
     pub accumulate: bool,
+    /// The operands rounded to bf16, the sums f32 ([`crate::Precision::Bf16`]:
+    /// on a GPU, cuBLAS's tensor cores with `CUBLAS_COMPUTE_32F_FAST_16BF`).
+    pub bf16: bool,
 }
 
 /// One operation of a run: a kernel launch or a GEMM. A forward or
@@ -444,7 +447,7 @@ impl Primitives for Emulated {
     }
 
     fn gemm(&self, p: &Gemm) -> Result<()> {
-        let Gemm { m, n, k, a, lda, trans_a, b, ldb, trans_b, c, ldc, accumulate } = *p;
+        let Gemm { m, n, k, a, lda, trans_a, b, ldb, trans_b, c, ldc, accumulate, bf16 } = *p;
         let a = if trans_a {
             View::rows(a as *const f32, k, m, lda).t()
         } else {
@@ -455,8 +458,16 @@ impl Primitives for Emulated {
         } else {
             View::rows(b as *const f32, k, n, ldb)
         };
-        // SAFETY: the caller passes addresses of this device's buffers with these shapes.
-        unsafe { matmul(View::rows(c as *const f32, m, n, ldc), a, b, accumulate) };
+        let c = View::rows(c as *const f32, m, n, ldc);
+        if !bf16 {
+            // SAFETY: the caller passes addresses of this device's buffers with these shapes.
+            unsafe { matmul(c, a, b, accumulate) };
+            return Ok(());
+        }
+        // bf16 operands: rounded copies, row-major, then the same product.
+        // SAFETY: as above; the copies are the operands' shapes.
+        let (a, b) = unsafe { (rounded_bf16(a), rounded_bf16(b)) };
+        unsafe { matmul(c, View::rows(a.as_ptr(), m, k, k), View::rows(b.as_ptr(), k, n, n), accumulate) };
         Ok(())
     }
 
@@ -465,6 +476,20 @@ impl Primitives for Emulated {
         unsafe { std::ptr::write_bytes(addr as *mut f32, 0, floats) };
         Ok(())
     }
+}
+
+/// A row-major copy of `v`, each element rounded to the nearest bf16.
+///
+/// # Safety
+/// `v` describes valid memory.
+unsafe fn rounded_bf16(v: View) -> Vec<f32> {
+    (0..v.rows * v.cols)
+        .map(|e| {
+            let (i, j) = ((e / v.cols) as isize, (e % v.cols) as isize);
+            // SAFETY: inside the view, per the contract.
+            cellc::precision::round_bf16(unsafe { *v.ptr.offset(i * v.rs + j * v.cs) })
+        })
+        .collect()
 }
 
 impl Device for Emulated {

@@ -87,14 +87,15 @@ pub fn forward(
     job: &ForwardJob,
     output: &mut RowsMut,
     tape: Option<&mut [f32]>,
-    graph_capture: bool,
+    (graph_capture, precision): (bool, crate::Precision),
 ) -> Result<Vec<Vec<f32>>> {
     let layer = job.layer;
     let layout_rows = job.layout_rows();
     if let Some(t) = tape.as_deref() {
         check_tape(layer, layout_rows, t.len())?;
     }
-    let mut pass = LayerRun::new(device, job.input.layout, layout_rows, job.order, job.reverse);
+    let mut pass =
+        LayerRun::new(device, job.input.layout, layout_rows, job.order, job.reverse).in_precision(precision);
     let batch = pass.batch();
     let o = layer.output_size;
     let io = ForwardIo {
@@ -135,7 +136,7 @@ pub fn forward_on(
     let shapes = &layer.forward_shapes;
     let stages = &layer.schedule.forward;
     let batch = pass.batch();
-    let mut calls = Calls::new(pass.device.block_size());
+    let mut calls = Calls::new(pass.device.block_size(), pass.precision);
     // The tape: padding rows zero, each part's valid rows written during
     // the pass (straight by the stage the plan says, else copied after).
     let tape = match io.tape {

@@ -449,7 +449,7 @@ impl Primitives for On<'_> {
     }
 
     fn gemm(&self, p: &Gemm) -> Result<()> {
-        let Gemm { m, n, k, a, lda, trans_a, b, ldb, trans_b, c, ldc, accumulate } = *p;
+        let Gemm { m, n, k, a, lda, trans_a, b, ldb, trans_b, c, ldc, accumulate, bf16 } = *p;
         if m == 0 || n == 0 {
             return Ok(());
         }
@@ -467,6 +467,36 @@ impl Primitives for On<'_> {
         let int = |x: usize| {
             i32::try_from(x).map_err(|_| error(format!("GEMM dimension {x} too large for cuBLAS")))
         };
+        if bf16 {
+            // bf16 operands, f32 sums: the tensor cores round f32 inputs to bf16
+            // themselves (the same products, the same layout as sgemm's below).
+            let f32_type = blas_sys::cudaDataType::CUDA_R_32F;
+            // SAFETY: as for sgemm below.
+            return unsafe {
+                blas::gemm_ex(
+                    self.gpu.blas.0,
+                    op(trans_b),
+                    op(trans_a),
+                    int(n)?,
+                    int(m)?,
+                    int(k)?,
+                    (&alpha as *const f32).cast(),
+                    b as *const c_void,
+                    f32_type,
+                    int(ldb)?,
+                    a as *const c_void,
+                    f32_type,
+                    int(lda)?,
+                    (&beta as *const f32).cast(),
+                    c as *mut c_void,
+                    f32_type,
+                    int(ldc)?,
+                    blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
+                    blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+                )
+            }
+            .map_err(|e| error(format!("cublasGemmEx (bf16 operands): {e:?}")));
+        }
         // SAFETY: device pointers of this context with the described shapes; alpha and beta on the host.
         unsafe {
             blas::sgemm(

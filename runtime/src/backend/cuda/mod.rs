@@ -36,6 +36,8 @@ pub struct Cuda {
     /// Compiled layers by the cell's identity and the layer's sizes: a model compiles once.
     loaded: Mutex<HashMap<String, Arc<LoadedKernels>>>,
     graphs: bool,
+    /// The precision of the products of matrix parameters ([`Cuda::with_precision`]).
+    precision: crate::Precision,
 }
 
 /// A layer's kernels, forward and backward, loaded as one module.
@@ -65,7 +67,7 @@ impl Cuda {
     }
 
     fn on(device: Box<dyn Device>) -> Cuda {
-        Cuda { device, loaded: Mutex::new(HashMap::new()), graphs: false }
+        Cuda { device, loaded: Mutex::new(HashMap::new()), graphs: false, precision: crate::Precision::F32 }
     }
 
     /// Runs every pass as a CUDA graph: its calls run as they are the
@@ -77,6 +79,16 @@ impl Cuda {
     /// device's own stream), unless that stream is being captured itself.
     pub fn with_graphs(mut self, graphs: bool) -> Cuda {
         self.graphs = graphs;
+        self
+    }
+
+    /// This back end computing the products of the cell's matrix parameters
+    /// in `precision`: at [`crate::Precision::Bf16`], cuBLAS rounds their
+    /// operands to bf16 and sums in f32 on the tensor cores
+    /// (`CUBLAS_COMPUTE_32F_FAST_16BF`); the emulated device rounds them the
+    /// same way. Everything else stays f32, as on the CPU.
+    pub fn with_precision(mut self, precision: crate::Precision) -> Cuda {
+        self.precision = precision;
         self
     }
 
@@ -138,12 +150,28 @@ impl Backend for Cuda {
         tape: Option<&mut [f32]>,
     ) -> Result<Vec<Vec<f32>>> {
         let p = self.kernels(job.cell, job.layer)?;
-        forward::forward(self.device.as_ref(), &p.module, &p.forward, job, output, tape, self.graphs)
+        forward::forward(
+            self.device.as_ref(),
+            &p.module,
+            &p.forward,
+            job,
+            output,
+            tape,
+            (self.graphs, self.precision),
+        )
     }
 
     fn backward(&self, job: &BackwardJob, tape: &[f32], d_input: &mut RowsMut) -> Result<BackwardResult> {
         let p = self.kernels(job.cell, job.layer)?;
-        backward::backward(self.device.as_ref(), &p.module, &p.backward, job, tape, d_input, self.graphs)
+        backward::backward(
+            self.device.as_ref(),
+            &p.module,
+            &p.backward,
+            job,
+            tape,
+            d_input,
+            (self.graphs, self.precision),
+        )
     }
 }
 

@@ -48,7 +48,7 @@ impl DeviceTarget<'_> {
         let kernels = self.cuda.kernels(self.cell, layer)?;
         let device = self.device();
         let mut pass = LayerRun::new(device, &self.batch.layout, self.batch.rows, &self.batch.order, false);
-        let mut calls = Calls::new(device.block_size());
+        let mut calls = Calls::new(device.block_size(), self.cuda.precision);
         make(&mut calls, &mut pass)?;
         device.run(&kernels.module, &calls.list, false)
     }
@@ -73,6 +73,7 @@ impl DeviceTarget<'_> {
     fn layer_run(&self, reverse: bool) -> LayerRun<'_> {
         let run = self.batch.running();
         LayerRun::new(self.device(), &run.layout, run.rows, &run.order, reverse)
+            .in_precision(self.cuda.precision)
     }
 
     /// Row pairs `(i, j)` of `to` and `from` as address pairs.

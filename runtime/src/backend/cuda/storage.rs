@@ -176,6 +176,8 @@ pub struct LayerRun<'a> {
     pub reverse: bool,
     /// Rows of the caller's layout (padding included).
     pub layout_rows: usize,
+    /// The precision of the products of matrix parameters ([`LayerRun::in_precision`]).
+    pub precision: crate::Precision,
     homes: HashMap<ValueId, Home>,
     arena: Arena,
 }
@@ -204,9 +206,15 @@ impl<'a> LayerRun<'a> {
             order,
             reverse,
             layout_rows,
+            precision: crate::Precision::F32,
             homes: HashMap::new(),
             arena: Arena::default(),
         }
+    }
+
+    /// This pass with the products of matrix parameters in `precision`.
+    pub fn in_precision(self, precision: crate::Precision) -> LayerRun<'a> {
+        LayerRun { precision, ..self }
     }
 
     /// Places the pass's input leaves (features of the layer input at
