@@ -11,9 +11,9 @@ The pack (made by tests/gpu/pack.sh on a machine with Rust) holds the `cellc` bi
 GPU test binaries, the Python wheel, and the cells, fixtures and scripts they read. Steps:
 
   env        the GPU, driver, PyTorch, and where cellc finds CUDA's libraries (`cellc devices`)
-  smoke      `cellc run` (2-layer bidirectional LSTM, forward and backward, both alignments)
-             against PyTorch's values; `cellc bench` inference and training, with and
-             without CUDA graphs
+  smoke      `cellc run` (2-layer bidirectional LSTM, forward and backward, both alignments,
+             and with bf16 products on the tensor cores) against PyTorch's values; `cellc
+             bench` inference and training, with and without CUDA graphs, and in bf16
   gpu-tests  tests/cuda_backend.rs and tests/device_memory.rs, one thread, failing if
              anything is skipped (CELLC_REQUIRE_GPU)
   pytest     runtime/python/tests/test_cuda.py (TF32 off for the reference), no skips
@@ -155,31 +155,32 @@ class Check:
     def step_smoke(self):
         fixtures = os.path.join(self.pack, "tests", "fixtures", "runtime")
         notes = []
-        for align in ("left", "right"):
-            out = os.path.join(self.work, f"run-{align}.safetensors")
+        # float32 in both alignments; bf16 products (cuBLAS's FAST_16BF) within bf16's rounding.
+        for align, dtype, bound in (("left", "f32", 1e-4), ("right", "f32", 1e-4), ("left", "bf16", 3e-2)):
+            out = os.path.join(self.work, f"run-{align}-{dtype}.safetensors")
             rc, text = self.run("smoke", [self.cellc, "run", os.path.join(self.pack, "cells", "lstm.cell"),
                                           "--weights", os.path.join(fixtures, "lstm_weights.safetensors"),
                                           "--input", os.path.join(fixtures, f"lstm_{align}_input.safetensors"),
                                           "--out", out, "--layers", "2", "--bidirectional", "--grad",
-                                          "--align", align, "--backend", self.backend], 60)
+                                          "--align", align, "--backend", self.backend, "--dtype", dtype], 60)
             if rc != 0:
-                return "failed", f"cellc run ({align}): {last_line(text)}"
+                return "failed", f"cellc run ({align}, {dtype}): {last_line(text)}"
             worst = compare_safetensors(out, os.path.join(fixtures, f"lstm_{align}_expected.safetensors"))
-            notes.append(f"run {align}: max err {worst:.1e}")
-            if worst > 1e-4:
-                return "failed", f"cellc run ({align}) differs from PyTorch by {worst:.2e}"
+            notes.append(f"run {align} {dtype}: max err {worst:.1e}")
+            if worst > bound:
+                return "failed", f"cellc run ({align}, {dtype}) differs from PyTorch by {worst:.2e}"
         h, b, t = ("16", "3", "10") if self.emulated else ("256", "64", "100")
         timings = {}
         for mode in ("infer", "train"):
-            for graphs in (False, True):
+            for graphs, dtype in ((False, "f32"), (True, "f32"), (True, "bf16")):
                 cmd = [self.cellc, "bench", os.path.join(self.pack, "cells", "lstm.cell"), "-D", f"H={h}",
                        "--batch", b, "--steps", t, "--lengths", "uniform", "--mode", mode, "--min-time", "0.3",
-                       "--json", "--backend", self.backend] + (["--cuda-graphs"] if graphs else [])
+                       "--json", "--backend", self.backend, "--dtype", dtype] + (["--cuda-graphs"] if graphs else [])
+                label = f"{mode}{'+graphs' if graphs else ''}{'+bf16' if dtype == 'bf16' else ''}"
                 rc, text = self.run("smoke", cmd, 60)
                 if rc != 0:
-                    return "failed", f"cellc bench {mode}{' graphs' if graphs else ''}: {last_line(text)}"
-                ms = json.loads(text.strip().splitlines()[-1])["median_s"] * 1e3
-                timings[f"{mode}{'+graphs' if graphs else ''}"] = ms
+                    return "failed", f"cellc bench {label}: {last_line(text)}"
+                timings[label] = json.loads(text.strip().splitlines()[-1])["median_s"] * 1e3
         self.results["smoke_bench_ms"] = dict(timings, shape=f"lstm H={h} B={b} T={t}")
         notes.append(" ".join(f"{k} {v:.2f} ms" for k, v in timings.items()))
         return "passed", "; ".join(notes)
