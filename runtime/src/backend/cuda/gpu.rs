@@ -467,30 +467,33 @@ impl Primitives for On<'_> {
         let int = |x: usize| {
             i32::try_from(x).map_err(|_| error(format!("GEMM dimension {x} too large for cuBLAS")))
         };
+        let (n, m, k, lda, ldb, ldc) = (int(n)?, int(m)?, int(k)?, int(lda)?, int(ldb)?, int(ldc)?);
+        let (a, b) = (a as *const f32, b as *const f32);
         if bf16 {
             // bf16 operands, f32 sums: the tensor cores round f32 inputs to bf16
             // themselves (the same products, the same layout as sgemm's below).
             let f32_type = blas_sys::cudaDataType::CUDA_R_32F;
+            let scalar = |x: &f32| (x as *const f32).cast::<c_void>();
             // SAFETY: as for sgemm below.
             return unsafe {
                 blas::gemm_ex(
                     self.gpu.blas.0,
                     op(trans_b),
                     op(trans_a),
-                    int(n)?,
-                    int(m)?,
-                    int(k)?,
-                    (&alpha as *const f32).cast(),
-                    b as *const c_void,
+                    n,
+                    m,
+                    k,
+                    scalar(&alpha),
+                    b.cast(),
                     f32_type,
-                    int(ldb)?,
-                    a as *const c_void,
+                    ldb,
+                    a.cast(),
                     f32_type,
-                    int(lda)?,
-                    (&beta as *const f32).cast(),
+                    lda,
+                    scalar(&beta),
                     c as *mut c_void,
                     f32_type,
-                    int(ldc)?,
+                    ldc,
                     blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
                     blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
                 )
@@ -503,17 +506,17 @@ impl Primitives for On<'_> {
                 self.gpu.blas.0,
                 op(trans_b),
                 op(trans_a),
-                int(n)?,
-                int(m)?,
-                int(k)?,
+                n,
+                m,
+                k,
                 &alpha,
-                b as *const f32,
-                int(ldb)?,
-                a as *const f32,
-                int(lda)?,
+                b,
+                ldb,
+                a,
+                lda,
                 &beta,
                 c as *mut f32,
-                int(ldc)?,
+                ldc,
             )
         }
         .map_err(|e| error(format!("cublasSgemm: {e:?}")))
