@@ -27,7 +27,8 @@ class RateError(CellcError, ValueError):
 
 
 class DTypeError(CellcError, TypeError):
-    """A tensor has a dtype cellc does not run (cellc computes in float32)."""
+    """A tensor has a dtype cellc does not take here: float32 (and bf16/fp16, cast around it) is
+    computed by the back ends, float64 (for checking) on the CPU by the interpreter."""
 
 
 class DeviceError(CellcError, RuntimeError):
