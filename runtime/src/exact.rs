@@ -180,60 +180,39 @@ fn check<T: Copy>(
     batch: &Sequences<T>,
     adjoints: Option<&Adjoints<T>>,
 ) -> Result<()> {
-    let shape = |tensor: String, expected: String, found: String| {
-        Err(RuntimeError::Shape { tensor, expected, found })
-    };
     let views: Vec<Vec<&[T]>> = weights.iter().map(|ps| ps.iter().map(Vec::as_slice).collect()).collect();
     model.check_weights(&views)?;
-    let layers = model.layers();
-    let ld = layers.len() * model.directions();
-    let (features, outputs) = (model.input_size(), model.output_size());
-    for (b, seq) in batch.xs.iter().enumerate() {
-        if let Some(row) = seq.iter().find(|r| r.len() != features) {
-            return shape(
-                format!("input (sequence {b})"),
-                format!("[{features}] a step"),
-                format!("[{}]", row.len()),
-            );
-        }
-    }
     let n_seq = batch.xs.len();
-    let state_buffers = |what: &str, bufs: Option<&[Vec<T>]>| -> Result<()> {
-        for (i, (buf, &n)) in bufs.unwrap_or(&[]).iter().zip(&layers[0].state_sizes).enumerate() {
-            if buf.len() != ld * n_seq * n {
-                return shape(
-                    format!("{what} {i}"),
-                    format!("[{ld}, {n_seq}, {n}]"),
-                    format!("{} elements", buf.len()),
-                );
-            }
-        }
-        match bufs {
-            Some(b) if b.len() != layers[0].state_sizes.len() => {
-                shape(what.into(), format!("{} states", layers[0].state_sizes.len()), format!("{}", b.len()))
-            }
-            _ => Ok(()),
-        }
+    let states = |what: &str, bufs: Option<&[Vec<T>]>| match bufs {
+        Some(b) => model.check_states(b.len(), |i| b[i].len(), n_seq, what),
+        None => Ok(()),
     };
-    state_buffers("h0", batch.h0)?;
+    rows_of("input", batch.xs, model.input_size())?;
+    states("h0", batch.h0)?;
     if let Some(a) = adjoints {
-        state_buffers("d_final", a.d_final)?;
+        states("d_final", a.d_final)?;
         let lengths = |v: &[Vec<Vec<T>>]| v.iter().map(Vec::len).collect::<Vec<_>>();
         if lengths(a.d_out) != lengths(batch.xs) {
-            return shape(
-                "d_output".into(),
-                format!("steps {:?}", lengths(batch.xs)),
-                format!("{:?}", lengths(a.d_out)),
-            );
+            return Err(RuntimeError::Shape {
+                tensor: "d_output".into(),
+                expected: format!("steps {:?}", lengths(batch.xs)),
+                found: format!("{:?}", lengths(a.d_out)),
+            });
         }
-        for (b, seq) in a.d_out.iter().enumerate() {
-            if let Some(row) = seq.iter().find(|r| r.len() != outputs) {
-                return shape(
-                    format!("d_output (sequence {b})"),
-                    format!("[{outputs}] a step"),
-                    format!("[{}]", row.len()),
-                );
-            }
+        rows_of("d_output", a.d_out, model.output_size())?;
+    }
+    Ok(())
+}
+
+/// Every step of every sequence of `tensor` has `width` values.
+fn rows_of<T>(tensor: &str, sequences: &[Vec<Vec<T>>], width: usize) -> Result<()> {
+    for (b, seq) in sequences.iter().enumerate() {
+        if let Some(row) = seq.iter().find(|r| r.len() != width) {
+            return Err(RuntimeError::Shape {
+                tensor: format!("{tensor} (sequence {b})"),
+                expected: format!("[{width}] a step"),
+                found: format!("[{}]", row.len()),
+            });
         }
     }
     Ok(())

@@ -4,8 +4,8 @@
 //! [`super::panels`], but each 32-bit word of a panel row holds two bf16
 //! values of one column, rows `2q` (low half) and `2q + 1` (high half) of
 //! `B`: the operand layout of `vdpbf16ps`, which sums two products into
-//! each f32 lane. The left operand's rows are rounded to bf16 pairs once per
-//! call. Each output then adds, for `q = 0, 1, ...`, first the product of
+//! each f32 lane. The left operand's rows are rounded to bf16 once per call
+//! (as pairs for `vdpbf16ps`, as rounded floats for the kernels that widen). Each output then adds, for `q = 0, 1, ...`, first the product of
 //! the odd elements and then that of the even ones, each rounded to f32 once
 //! (a product of two bf16 values is exact in f32): `vdpbf16ps`'s order,
 //! which every kernel here follows, so that the portable and AVX2 kernels
@@ -19,7 +19,7 @@
 //! else portable Rust. Rounding to bf16 is round-to-nearest-even; NaN stays
 //! NaN and infinities stay infinite.
 
-use super::panels::{by_rows, Rows, TileOut, PANEL, ROW_BLOCK};
+use super::panels::{by_rows, PackedB, Rows, TileOut, PANEL, ROW_BLOCK};
 use cellc::precision::bf16_bits;
 use std::cell::RefCell;
 use std::ops::Range;
@@ -143,28 +143,27 @@ impl Bf16Kernel {
 }
 
 thread_local! {
-    /// The left operand's rows as bf16 pairs, per thread, reused.
+    /// The left operand's rows rounded to bf16, as the kernel reads them
+    /// ([`Bf16Kernel::left_words`]), per thread, reused.
     static LEFT_PAIRS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `Y[i, j] (+)= Σ_kk A[i, kk] · B[kk, j]` with `A` rounded to bf16, for
-/// rows `i < m` and the columns of `panels` of the pair panels at `b`
-/// (`panel(p)`: panel `p`'s first word, `k.div_ceil(2)` rows of [`PANEL`]
-/// words; `width(p)`: its columns that exist).
+/// rows `i < m` and the columns of `panels` of `b`'s pair panels, on the
+/// calling thread with `kernel` (the tests run every one the host has).
 ///
 /// # Safety
-/// `a` holds `m` rows of `k` floats, `lda` apart; `y` holds `m` rows, `ldy`
-/// apart, with every column of `panels` writable; every panel of `panels`
-/// is a pair panel of `k` rows; `kernel` runs on this processor.
-pub(super) unsafe fn multiply_with(
+/// As [`super::panels::multiply`]; `b` holds bf16 pairs; `kernel` runs on this processor.
+pub(crate) unsafe fn multiply_with(
     kernel: Bf16Kernel,
     rows: Rows,
-    k: usize,
-    panel: &dyn Fn(usize) -> (*const u32, usize),
+    b: &PackedB,
     panels: Range<usize>,
     accumulate: bool,
 ) {
+    assert!(b.is_bf16(), "f32 panels given to a bf16 kernel");
     let Rows { y, ldy, a, lda, m } = rows;
+    let k = b.k();
     let kp = k.div_ceil(2);
     if m == 0 || panels.is_empty() {
         return;
@@ -182,7 +181,7 @@ pub(super) unsafe fn multiply_with(
                 kernel.write_left(row, dst);
             }
             for p in panels.clone() {
-                let (words, width) = panel(p);
+                let (words, width) = (b.panel(p).cast::<u32>(), b.width(p));
                 for i0 in (0..block).step_by(tile_rows) {
                     // SAFETY: row r0 + i0 < m of y, column p*PANEL within its row.
                     let y = unsafe { y.add((r0 + i0) * ldy + p * PANEL) };

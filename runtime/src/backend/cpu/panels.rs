@@ -323,14 +323,15 @@ impl PackedB {
         p * part / parts..p * (part + 1) / parts
     }
 
-    fn panel(&self, p: usize) -> *const f32 {
+    /// Panel `p`'s first float (or, for bf16 panels, word).
+    pub(super) fn panel(&self, p: usize) -> *const f32 {
         let rows = if self.bf16 { self.k.div_ceil(2) } else { self.k };
         // SAFETY: p < panels, so the offset is inside the buffer.
         unsafe { self.data.as_ptr().add(p * rows * PANEL) }
     }
 
     /// Floats of output column panel `p` that exist.
-    fn width(&self, p: usize) -> usize {
+    pub(super) fn width(&self, p: usize) -> usize {
         (self.n - p * PANEL).min(PANEL)
     }
 }
@@ -399,29 +400,11 @@ pub unsafe fn multiply(rows: Rows, b: &PackedB, panels: Range<usize>, accumulate
     // SAFETY: forwarded from the caller.
     unsafe {
         if b.bf16 {
-            multiply_bf16_with(Bf16Kernel::detect(), rows, b, panels, accumulate)
+            super::bf16::multiply_with(Bf16Kernel::detect(), rows, b, panels, accumulate)
         } else {
             multiply_with(Isa::detect(), rows, b, panels, accumulate)
         }
     }
-}
-
-/// [`multiply`] by bf16 panels with a chosen kernel (the tests run every
-/// one the host has): `A` is rounded to bf16, the products summed in f32.
-///
-/// # Safety
-/// As [`multiply`]; `b` holds bf16 pairs; `kernel` runs on this processor.
-pub(crate) unsafe fn multiply_bf16_with(
-    kernel: Bf16Kernel,
-    rows: Rows,
-    b: &PackedB,
-    panels: Range<usize>,
-    accumulate: bool,
-) {
-    assert!(b.bf16, "f32 panels given to a bf16 kernel");
-    let panel = |p: usize| (b.panel(p).cast::<u32>(), b.width(p));
-    // SAFETY: forwarded; the panels are pair panels of b.k() rows.
-    unsafe { super::bf16::multiply_with(kernel, rows, b.k, &panel, panels, accumulate) }
 }
 
 /// [`multiply`] with a chosen microkernel (the tests run every one the host has).
@@ -813,7 +796,7 @@ mod tests {
     /// within that error (its flushing of subnormals, its own rounding).
     #[test]
     fn bf16_products_match_the_rounded_operands_on_every_kernel() {
-        use super::super::bf16::Bf16Kernel;
+        use super::super::bf16::{multiply_with as multiply_bf16_with, Bf16Kernel};
         use cellc::precision::round_bf16;
         for &(m, k, n) in
             &[(1, 1, 1), (3, 5, 7), (8, 64, 32), (9, 17, 33), (20, 31, 100), (200, 40, 65), (5, 257, 64)]
@@ -886,7 +869,7 @@ mod tests {
     /// operands' relative error 2^-9 each), and NaN and infinity pass through.
     #[test]
     fn bf16_products_are_near_the_f32_ones_and_keep_nan_and_infinity() {
-        use super::super::bf16::Bf16Kernel;
+        use super::super::bf16::{multiply_with as multiply_bf16_with, Bf16Kernel};
         let (m, k, n) = (6, 300, 70);
         let mut a = data(m * k, 5.0);
         let w = data(n * k, 6.0);
