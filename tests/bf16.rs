@@ -106,7 +106,7 @@ fn ideal_errors(ideal: &Oracle, want: &Oracle) -> Vec<(String, f64)> {
 fn bf16_products_are_as_accurate_as_bf16_arithmetic_on_every_shipped_cell() {
     let cpu = |precision| {
         move || -> Box<dyn cellc_runtime::backend::Backend> {
-            Box::new(Cpu::new(2, Kernels::Fastest).expect("cpu").with_precision(precision))
+            Box::new(Cpu::new(2, Kernels::Fastest).and_then(|c| c.with_precision(precision)).expect("cpu"))
         }
     };
     let kernel = cellc_runtime::backend::cpu::bf16::Bf16Kernel::detect();
@@ -166,7 +166,7 @@ fn nan_and_infinity_propagate_in_bf16_as_in_f32() {
     let cell = support::compiled_cells().into_iter().find(|c| c.forward.name == "lstm").expect("lstm ships");
     let cpu = |precision| {
         move || -> Box<dyn cellc_runtime::backend::Backend> {
-            Box::new(Cpu::new(2, Kernels::Fastest).expect("cpu").with_precision(precision))
+            Box::new(Cpu::new(2, Kernels::Fastest).and_then(|c| c.with_precision(precision)).expect("cpu"))
         }
     };
     let (batch, steps, features) = (3, 5, 48);
@@ -206,12 +206,13 @@ fn nan_and_infinity_propagate_in_bf16_as_in_f32() {
     }
 }
 
-/// The CUDA back end's bf16 products (cuBLAS's `CUBLAS_COMPUTE_32F_FAST_16BF`
-/// on a GPU; here the emulated device, which rounds the same operands) are
-/// as accurate as bf16 arithmetic, through the passes in device memory, and
-/// are bf16's, not f32's.
+/// The CUDA back end's bf16 and fp16 products (cuBLAS's
+/// `CUBLAS_COMPUTE_32F_FAST_16BF` and `_16F` on a GPU; here the emulated
+/// device, which rounds the same operands) are as accurate as bf16 or fp16
+/// arithmetic, through the passes in device memory, and are theirs, not
+/// f32's.
 #[test]
-fn cuda_bf16_products_on_the_emulated_device_are_bf16_arithmetic() {
+fn cuda_half_precision_products_on_the_emulated_device_are_that_arithmetic() {
     use cellc_runtime::backend::cuda::Cuda;
     if !cellc_runtime::backend::cuda::device::gxx_available() {
         eprintln!("skipped: no g++ for the emulated device");
@@ -223,29 +224,46 @@ fn cuda_bf16_products_on_the_emulated_device_are_bf16_arithmetic() {
         }
     };
     let lengths = [6, 2, 5];
-    for cell in
-        support::compiled_cells().into_iter().filter(|c| ["lstm", "gru"].contains(&c.forward.name.as_str()))
-    {
-        let bf16 = support::two_layer_model(&cell, (16, 8, 12), 5, &cuda(Precision::Bf16));
-        let f32 = support::two_layer_model(&cell, (16, 8, 12), 5, &cuda(Precision::F32));
-        let ld = bf16.layers().len() * bf16.directions();
-        let states = bf16.layers()[0].state_sizes.clone();
+    let cells = support::compiled_cells();
+    let cells = cells.iter().filter(|c| ["lstm", "gru"].contains(&c.forward.name.as_str()));
+    for (cell, precision) in cells.flat_map(|c| [(c, Precision::Bf16), (c, Precision::F16)]) {
+        let half = support::two_layer_model(cell, (16, 8, 12), 5, &cuda(precision));
+        let f32 = support::two_layer_model(cell, (16, 8, 12), 5, &cuda(Precision::F32));
+        let ld = half.layers().len() * half.directions();
+        let states = half.layers()[0].state_sizes.clone();
         let mut rng = Entropy::seeded(23);
-        let shape = (bf16.input_size(), bf16.output_size());
+        let shape = (half.input_size(), half.output_size());
         let batch = Batch::random(&mut rng, &lengths, 6, shape, &states, ld);
-        let (want, _) = oracle(&bf16, &batch).expect("the interpreter runs every sequence");
-        let ideal = oracle_in(&bf16, &batch, Precision::Bf16).expect("the interpreter runs every sequence");
-        let (low, full) = (errors(&bf16, &batch, &want), errors(&f32, &batch, &want));
+        let (want, _) = oracle(&half, &batch).expect("the interpreter runs every sequence");
+        let ideal = oracle_in(&half, &batch, precision).expect("the interpreter runs every sequence");
+        let (low, full) = (errors(&half, &batch, &want), errors(&f32, &batch, &want));
+        let worst = |errors: &[(String, f64)]| errors.iter().map(|(_, e)| *e).fold(0.0, f64::max);
+        eprintln!(
+            "emulated CUDA, {} in {precision}: worst relative error {:.1e} ({precision} arithmetic {:.1e}, f32 {:.1e})",
+            cell.forward.name,
+            worst(&low),
+            worst(&ideal_errors(&ideal, &want)),
+            worst(&full)
+        );
         for (((name, e), (_, bound)), (_, e32)) in low.iter().zip(&ideal_errors(&ideal, &want)).zip(&full) {
             let cell = &cell.forward.name;
             assert!(
                 !e.is_nan() && *e <= TOLERANCE.max(4.0 * bound),
-                "{cell}: {name}: {e:.3e} (bf16: {bound:.3e})"
+                "{cell} in {precision}: {name}: {e:.3e} ({precision} arithmetic: {bound:.3e})"
             );
             assert!(
                 *e > 10.0 * e32 || *bound == 0.0,
-                "{cell}: {name}: {e:.3e}, f32's {e32:.3e}: not bf16 products"
+                "{cell}: {name}: {e:.3e}, f32's {e32:.3e}: not {precision} products"
             );
         }
     }
+}
+
+/// fp16 products are the CUDA back end's: the CPU, which has no unit that
+/// multiplies fp16 pairs into f32 sums, refuses them by name.
+#[test]
+fn the_cpu_refuses_fp16_products_by_name() {
+    let e = Cpu::new(1, Kernels::Fastest).and_then(|c| c.with_precision(Precision::F16)).unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("fp16") && text.contains("cuda"), "{text}");
 }

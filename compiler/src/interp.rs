@@ -10,7 +10,7 @@
 use crate::dims::Bindings;
 use crate::ir::op::{apply_binary, apply_unary};
 use crate::ir::{Cell, Graph, Init, Op, ReduceOp, Type, ValueId};
-use crate::precision::{round_bf16, Precision};
+use crate::precision::Precision;
 use crate::shapes::Shapes;
 use crate::shapes::{check_elements, eval_dim};
 use num_traits::Float;
@@ -259,8 +259,9 @@ impl Shapes {
     }
 
     /// [`Shapes::compute`] with the products of matrix parameters in
-    /// `precision`: at [`Precision::Bf16`], both operands of such a product
-    /// are rounded to bf16 first (the sums stay in `T`).
+    /// `precision`: at [`Precision::Bf16`] or [`Precision::F16`], both
+    /// operands of such a product are rounded to it first (the sums stay in
+    /// `T`).
     pub fn compute_in<T: Float>(
         &self,
         precision: Precision,
@@ -270,8 +271,9 @@ impl Shapes {
     ) -> Vec<T> {
         let product_of_param = matches!(graph.node(v).op, Op::MatVec | Op::MatVecT)
             && matches!(graph.node(graph.operands(v)[0]).op, Op::Param(_));
-        if precision == Precision::Bf16 && product_of_param {
-            let rounded: Vec<Vec<T>> = args.iter().map(|a| a.iter().map(|&x| bf16_of(x)).collect()).collect();
+        if precision != Precision::F32 && product_of_param {
+            let rounded: Vec<Vec<T>> =
+                args.iter().map(|a| a.iter().map(|&x| rounded_to(precision, x)).collect()).collect();
             let rounded: Vec<&[T]> = rounded.iter().map(Vec::as_slice).collect();
             return self.compute(graph, v, &rounded);
         }
@@ -336,9 +338,10 @@ pub(crate) fn value<'a, T>(
     }
 }
 
-/// `x` rounded to the nearest bf16 (through f32, whose range bf16 shares).
-fn bf16_of<T: Float>(x: T) -> T {
-    let rounded = round_bf16(x.to_f32().unwrap_or(f32::NAN));
+/// `x` rounded to `precision` (through f32, whose range bf16 shares and
+/// fp16's lies within).
+fn rounded_to<T: Float>(precision: Precision, x: T) -> T {
+    let rounded = precision.round(x.to_f32().unwrap_or(f32::NAN));
     T::from(rounded).unwrap_or_else(T::nan)
 }
 

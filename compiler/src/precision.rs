@@ -1,4 +1,5 @@
-//! The precision a back end computes its products in, and rounding to bf16.
+//! The precision a back end computes its products in, and rounding to bf16
+//! and fp16.
 //!
 //! [`Precision::Bf16`] is the mixed precision of `torch.autocast` with
 //! bfloat16 and of oneDNN's bf16 RNN: the products of the cell's matrix
@@ -10,6 +11,12 @@
 //! f32 against the f32 master weights. A bf16 product is within bf16's
 //! rounding (a relative 2⁻⁸ of the sum of the products' magnitudes) of the
 //! f32 one; NaN and infinity propagate as in f32.
+//!
+//! [`Precision::F16`] is the same with IEEE binary16 operands (fp16, the
+//! default of `torch.autocast` on CUDA): a relative 2⁻¹¹ rounding, but a
+//! range that ends at 65504, past which an operand becomes infinite, as
+//! under autocast (where a gradient scaler keeps the backward in range).
+//! The CUDA back end computes it on the tensor cores; the CPU refuses it.
 
 /// The precision of a back end's products.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -19,14 +26,27 @@ pub enum Precision {
     F32,
     /// bf16 operands, f32 sums (see the module documentation).
     Bf16,
+    /// fp16 operands, f32 sums (see the module documentation).
+    F16,
 }
 
 impl Precision {
-    /// The name `cellc` and the Python package use: `f32` or `bf16`.
+    /// The name `cellc` and the Python package use: `f32`, `bf16` or `f16`.
     pub fn name(self) -> &'static str {
         match self {
             Precision::F32 => "f32",
             Precision::Bf16 => "bf16",
+            Precision::F16 => "f16",
+        }
+    }
+
+    /// `x` as a product's operand in this precision: itself in f32, else
+    /// rounded to the nearest bf16 or fp16 (ties to even).
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            Precision::F32 => x,
+            Precision::Bf16 => round_bf16(x),
+            Precision::F16 => round_f16(x),
         }
     }
 }
@@ -40,14 +60,16 @@ impl std::fmt::Display for Precision {
 impl std::str::FromStr for Precision {
     type Err = String;
 
-    /// `f32`/`float32` or `bf16`/`bfloat16`; anything else is a message naming both.
+    /// `f32`/`float32`, `bf16`/`bfloat16` or `f16`/`fp16`/`float16`;
+    /// anything else is a message naming them.
     fn from_str(s: &str) -> Result<Precision, String> {
         match s {
             "f32" | "float32" => Ok(Precision::F32),
             "bf16" | "bfloat16" => Ok(Precision::Bf16),
-            other => {
-                Err(format!("no precision `{other}`: there are `f32` and `bf16` (bf16 operands, f32 sums)"))
-            }
+            "f16" | "fp16" | "float16" => Ok(Precision::F16),
+            other => Err(format!(
+                "no precision `{other}`: there are `f32`, `bf16` and `f16` (bf16 or fp16 operands, f32 sums)"
+            )),
         }
     }
 }
@@ -74,18 +96,25 @@ pub fn round_bf16(x: f32) -> f32 {
     bf16_value(bf16_bits(x))
 }
 
+/// `x` rounded to the nearest IEEE binary16 (ties to even, subnormals kept,
+/// past 65504 infinite); a NaN stays a NaN.
+pub fn round_f16(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn names_round_trip() {
-        for p in [Precision::F32, Precision::Bf16] {
+        for p in [Precision::F32, Precision::Bf16, Precision::F16] {
             assert_eq!(p.name().parse::<Precision>().unwrap(), p);
         }
         assert_eq!("bfloat16".parse::<Precision>().unwrap(), Precision::Bf16);
-        let e = "fp16".parse::<Precision>().unwrap_err();
-        assert!(e.contains("fp16") && e.contains("bf16"), "{e}");
+        assert_eq!("fp16".parse::<Precision>().unwrap(), Precision::F16);
+        let e = "fp8".parse::<Precision>().unwrap_err();
+        assert!(e.contains("fp8") && e.contains("bf16") && e.contains("f16"), "{e}");
     }
 
     #[test]
@@ -103,5 +132,21 @@ mod tests {
         // The largest f32 rounds past bf16's largest finite value.
         assert_eq!(round_bf16(f32::MAX), f32::INFINITY);
         assert_eq!(round_bf16(-0.0).to_bits(), (-0.0f32).to_bits());
+    }
+
+    #[test]
+    fn fp16_rounding_is_to_nearest_even_with_its_range() {
+        // 1 + 2^-11 lies halfway between 1 and 1 + 2^-10: ties go to the even 1.
+        assert_eq!(round_f16(1.0 + 1.0 / 2048.0), 1.0);
+        assert_eq!(round_f16(1.0 + 3.0 / 2048.0), 1.0 + 1.0 / 512.0);
+        assert_eq!(round_f16(65504.0), 65504.0);
+        assert_eq!(round_f16(65520.0), f32::INFINITY);
+        // The smallest subnormal, 2^-24, is kept; half of it rounds to zero.
+        assert_eq!(round_f16(2f32.powi(-24)), 2f32.powi(-24));
+        assert_eq!(round_f16(2f32.powi(-26)), 0.0);
+        assert!(round_f16(f32::NAN).is_nan());
+        assert_eq!(Precision::F32.round(0.1), 0.1);
+        assert_eq!(Precision::Bf16.round(0.1), round_bf16(0.1));
+        assert_eq!(Precision::F16.round(0.1), round_f16(0.1));
     }
 }

@@ -12,8 +12,8 @@ GPU test binaries, the Python wheel, and the cells, fixtures and scripts they re
 
   env        the GPU, driver, PyTorch, and where cellc finds CUDA's libraries (`cellc devices`)
   smoke      `cellc run` (2-layer bidirectional LSTM, forward and backward, both alignments,
-             and with bf16 products on the tensor cores) against PyTorch's values; `cellc
-             bench` inference and training, with and without CUDA graphs, and in bf16
+             and with bf16 and fp16 products on the tensor cores) against PyTorch's values; `cellc
+             bench` inference and training, with and without CUDA graphs, and in bf16 and fp16
   gpu-tests  tests/cuda_backend.rs and tests/device_memory.rs, one thread, failing if
              anything is skipped (CELLC_REQUIRE_GPU)
   pytest     runtime/python/tests/test_cuda.py (TF32 off for the reference), no skips
@@ -155,8 +155,10 @@ class Check:
     def step_smoke(self):
         fixtures = os.path.join(self.pack, "tests", "fixtures", "runtime")
         notes = []
-        # float32 in both alignments; bf16 products (cuBLAS's FAST_16BF) within bf16's rounding.
-        for align, dtype, bound in (("left", "f32", 1e-4), ("right", "f32", 1e-4), ("left", "bf16", 3e-2)):
+        # float32 in both alignments; bf16 and fp16 products (cuBLAS's FAST_16BF, FAST_16F)
+        # within their rounding.
+        for align, dtype, bound in (("left", "f32", 1e-4), ("right", "f32", 1e-4), ("left", "bf16", 3e-2),
+                                    ("left", "f16", 5e-3)):
             out = os.path.join(self.work, f"run-{align}-{dtype}.safetensors")
             rc, text = self.run("smoke", [self.cellc, "run", os.path.join(self.pack, "cells", "lstm.cell"),
                                           "--weights", os.path.join(fixtures, "lstm_weights.safetensors"),
@@ -172,11 +174,11 @@ class Check:
         h, b, t = ("16", "3", "10") if self.emulated else ("256", "64", "100")
         timings = {}
         for mode in ("infer", "train"):
-            for graphs, dtype in ((False, "f32"), (True, "f32"), (True, "bf16")):
+            for graphs, dtype in ((False, "f32"), (True, "f32"), (True, "bf16"), (True, "f16")):
                 cmd = [self.cellc, "bench", os.path.join(self.pack, "cells", "lstm.cell"), "-D", f"H={h}",
                        "--batch", b, "--steps", t, "--lengths", "uniform", "--mode", mode, "--min-time", "0.3",
                        "--json", "--backend", self.backend, "--dtype", dtype] + (["--cuda-graphs"] if graphs else [])
-                label = f"{mode}{'+graphs' if graphs else ''}{'+bf16' if dtype == 'bf16' else ''}"
+                label = f"{mode}{'+graphs' if graphs else ''}{'' if dtype == 'f32' else '+' + dtype}"
                 rc, text = self.run("smoke", cmd, 60)
                 if rc != 0:
                     return "failed", f"cellc bench {label}: {last_line(text)}"

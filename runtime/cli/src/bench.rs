@@ -4,7 +4,7 @@
 
 use crate::run::{BackendChoice, DtypeChoice, KernelsChoice};
 use cellc::dims::Bindings;
-use cellc_runtime::{Align, CompiledCell, Input, Major, Model, ModelConfig, RuntimeError};
+use cellc_runtime::{Align, CompiledCell, Input, Major, Model, ModelConfig, Precision, RuntimeError};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -64,7 +64,8 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = KernelsChoice::Fastest)]
     pub kernels: KernelsChoice,
     /// The precision of the products of the cell's matrix parameters
-    /// (`bf16`: bf16 operands, f32 sums; the CPU and CUDA back ends).
+    /// (`bf16`: bf16 operands, f32 sums, on the CPU and CUDA back ends;
+    /// `f16`: fp16 operands, f32 sums, on the CUDA back end).
     #[arg(long, value_enum, default_value_t = DtypeChoice::F32)]
     pub dtype: DtypeChoice,
     /// Inference through the streaming call (`Model::stream`): the state
@@ -266,7 +267,10 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
             sizes_text.join(" "),
             if args.mode == Mode::Train { "train" } else { "infer" },
             model.backend_name(),
-            if args.dtype == DtypeChoice::F32 { "" } else { " with bf16 products" },
+            match args.dtype.precision() {
+                Precision::F32 => String::new(),
+                low => format!(" with {low} products"),
+            },
             if streaming { " through the streaming call" } else { "" },
             median * scale,
             min * scale,

@@ -74,6 +74,8 @@ pub enum DtypeChoice {
     F32,
     /// bf16 operands, f32 sums; everything else f32 (the CPU and CUDA back ends).
     Bf16,
+    /// fp16 operands, f32 sums; everything else f32 (the CUDA back end).
+    F16,
 }
 
 impl DtypeChoice {
@@ -81,6 +83,7 @@ impl DtypeChoice {
         match self {
             DtypeChoice::F32 => Precision::F32,
             DtypeChoice::Bf16 => Precision::Bf16,
+            DtypeChoice::F16 => Precision::F16,
         }
     }
 }
@@ -133,7 +136,8 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = KernelsChoice::Fastest)]
     pub kernels: KernelsChoice,
     /// The precision of the products of the cell's matrix parameters
-    /// (`bf16`: bf16 operands, f32 sums; the CPU and CUDA back ends).
+    /// (`bf16`: bf16 operands, f32 sums, on the CPU and CUDA back ends;
+    /// `f16`: fp16 operands, f32 sums, on the CUDA back end).
     #[arg(long, value_enum, default_value_t = DtypeChoice::F32)]
     pub dtype: DtypeChoice,
     /// Training mode: draw the masks of the cell and of --dropout (else evaluation: none).
@@ -169,14 +173,15 @@ pub fn make_backend(
         return Err(RuntimeError::Backend {
             backend: "reference".into(),
             message: format!(
-                "computes in f32 only: `--dtype {precision}` runs on the cpu and cuda back ends"
+                "computes in f32 only: `--dtype {precision}` runs on the {}",
+                if precision == Precision::F16 { "cuda back end" } else { "cpu and cuda back ends" }
             ),
         });
     }
     match choice {
         BackendChoice::Reference => Ok(Box::new(Reference)),
         BackendChoice::Cpu => Ok(Box::new(
-            Cpu::new(threads.unwrap_or(0) as usize, kernels.kernels())?.with_precision(precision),
+            Cpu::new(threads.unwrap_or(0) as usize, kernels.kernels())?.with_precision(precision)?,
         )),
         BackendChoice::Cuda => Ok(Box::new(
             cellc_runtime::backend::cuda::Cuda::gpu(0)?.with_graphs(cuda_graphs).with_precision(precision),

@@ -274,6 +274,17 @@ fn run_with_bf16_products_is_near_the_fixture_on_cpu_and_cuda() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"dtype\": \"bf16\""));
 }
 
+/// `--dtype f16`: the (emulated) CUDA device's fp16 products, within fp16's
+/// rounding of PyTorch's float32 values; the CPU, which has none, refuses it.
+#[test]
+fn run_with_fp16_products_is_near_the_fixture_on_cuda() {
+    run_matches_the_fixture("cuda-emulated", "f16", 5e-3);
+    let out = tiny_bench(&["--backend", "cpu", "--dtype", "f16"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("fp16") && err.contains("cuda"), "{err}");
+}
+
 /// `cellc bench` of a one-step LSTM (H=8, B=1, T=3) with `extra` arguments.
 fn tiny_bench(extra: &[&str]) -> std::process::Output {
     let mut args = vec!["bench", "../../cells/lstm.cell", "-D", "H=8", "--batch", "1", "--steps", "3"];

@@ -82,7 +82,8 @@ pub fn cuda_emulation_available() -> bool {
 pub fn make(kind: BackendKind, cell: &CompiledCell, layers: &[Layer]) -> Result<Box<dyn Backend>, String> {
     let cpu_in = |kernels, precision| {
         Cpu::new(2, kernels)
-            .map(|c| Box::new(c.with_precision(precision).split_every_step()) as Box<dyn Backend>)
+            .and_then(|c| c.with_precision(precision))
+            .map(|c| Box::new(c.split_every_step()) as Box<dyn Backend>)
             .map_err(|e| e.to_string())
     };
     let cpu = |kernels| cpu_in(kernels, Precision::F32);

@@ -255,13 +255,14 @@ impl Memory {
 }
 
 /// A call's layout name without its precision suffix, and the precision:
-/// `+bf16` last asks for bf16 products ([`Precision::Bf16`]; what
-/// `cellc.RNN` asks under bf16 autocast and for bf16 tensors).
+/// `+bf16` or `+f16` last asks for bf16 or fp16 products
+/// ([`Precision::Bf16`], [`Precision::F16`]; what `cellc.RNN` asks under
+/// autocast and for half-precision tensors).
 fn precision_of(layout: &str) -> (&str, Precision) {
-    match layout.strip_suffix("+bf16") {
-        Some(rest) => (rest, Precision::Bf16),
-        None => (layout, Precision::F32),
-    }
+    [("+bf16", Precision::Bf16), ("+f16", Precision::F16)]
+        .into_iter()
+        .find_map(|(suffix, precision)| Some((layout.strip_suffix(suffix)?, precision)))
+        .unwrap_or((layout, Precision::F32))
 }
 
 /// A forward pass over the caller's tensors, in host or device memory

@@ -52,10 +52,14 @@ fn parse(spec: &str) -> Result<Spec> {
 
 /// The back end `name` (the CPU's: every usable core, each call capped by
 /// its caller's thread count) or CUDA device `device`, its products in
-/// `precision` (the reference back end's are f32).
+/// `precision` (the reference back end's are f32, and so are the CPU's
+/// where fp16 is asked: it has no fp16 products, see `Cpu::with_precision`).
 fn backend(name: &str, device: usize, precision: Precision) -> Result<Box<dyn Backend>> {
     match name {
-        "cpu" => Ok(Box::new(Cpu::new(0, Kernels::Fastest)?.with_precision(precision))),
+        "cpu" => {
+            let precision = if precision == Precision::F16 { Precision::F32 } else { precision };
+            Ok(Box::new(Cpu::new(0, Kernels::Fastest)?.with_precision(precision)?))
+        }
         "reference" => Ok(Box::new(Reference)),
         "cuda" => Ok(Box::new(cuda(Some(device), precision)?)),
         "cuda-emulated" => Ok(Box::new(cuda(None, precision)?)),

@@ -1,8 +1,9 @@
 """Mixed precision from PyTorch: ``cellc.RNN`` under ``torch.autocast``, with bf16/fp16 inputs,
 and with bf16/fp16 parameters: AMP scripts run and get ``nn.LSTM``'s dtypes, with gradients
 reaching every tensor in its own dtype; where the result is bf16, the weights' products take
-bf16 operands and sum in float32, as autocast computes them (fp16 is float32's arithmetic,
-rounded at the end)."""
+bf16 operands and sum in float32, as autocast computes them; where it is fp16, so do they on
+CUDA with fp16 operands (the CPU, without fp16 products, computes float32 and rounds at the
+end)."""
 
 import pytest
 import torch
@@ -61,8 +62,28 @@ def test_bf16_results_come_from_bf16_products_with_float32_sums(backend):
     assert torch.equal(autocast, got.bfloat16())
     assert torch.equal(packed.data, pack_padded_sequence(autocast, torch.tensor([6, 6, 6]), batch_first=True).data)
     assert torch.equal(rnn(x.bfloat16())[0], lstm_like_bf16(rnn, x.bfloat16()))
-    # fp16 keeps float32's arithmetic.
-    assert torch.equal(rnn(x.half())[0], rnn(x.half().float())[0].half())
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("backend", [None, "cuda-emulated"])
+def test_fp16_results_come_from_fp16_products_on_cuda_and_float32_ones_on_the_cpu(backend):
+    torch.manual_seed(0)
+    ref = nn.LSTM(16, 32, batch_first=True)
+    rnn = cellc.RNN("lstm", 16, {"H": 32}, batch_first=True, backend=backend)
+    rnn.load_state_dict(ref.state_dict())
+    x = torch.randn(3, 6, 16) * 2
+    fp16 = lstm_loop(ref, x, lambda t: t.half().float())
+    got, _ = rnn._forward(x, None, None, "left", None, "+f16")
+    exact, _ = rnn._forward(x, None, None, "left", None, "")
+    if backend == "cuda-emulated":
+        # The loop's values to float32's rounding, and away from float32's products (fp16's
+        # 11-bit operands).
+        assert (got - fp16).abs().max() < 1e-5
+        assert (exact - fp16).abs().max() > 1e-4
+    else:
+        assert torch.equal(got, exact)
+    # fp16 inputs take that route, and return it rounded to fp16.
+    assert torch.equal(rnn(x.half())[0], rnn._forward(x.half().float(), None, None, "left", None, "+f16")[0].half())
 
 
 def lstm_like_bf16(rnn, x):

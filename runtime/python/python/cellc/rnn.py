@@ -141,8 +141,10 @@ class RNN(nn.Module):
     computes as autocast does: the products of the weights take bf16 operands (weights and
     vectors rounded to nearest even) and sum in float32, with the CPU's bf16 instructions where
     it has them, and on CUDA cuBLAS's tensor cores; the states, the cell's pointwise math and
-    the weight gradients stay float32 (against float32 master weights). Elsewhere (fp16, the
-    reference back end) the arithmetic is float32, rounded at the end.
+    the weight gradients stay float32 (against float32 master weights). Where it is fp16 (CUDA's
+    default autocast), the products on CUDA take fp16 operands the same way. Elsewhere (fp16 on
+    the CPU, which has no fp16 products; the reference back end) the arithmetic is float32,
+    rounded at the end.
 
     float64, for checking: a ``.double()`` module (or ``dtype=torch.float64``) called on float64
     tensors on the CPU runs cellc's interpreter in f64, one sequence at a time, forwards and
@@ -371,8 +373,9 @@ class RNN(nn.Module):
             input = input.float()
         if hx is not None:
             hx = hx.float() if isinstance(hx, Tensor) else tuple(h.float() for h in hx)
-        # bf16 products where the result is bf16 (the layout's suffix asks the back end).
-        precision = "+bf16" if result == torch.bfloat16 else ""
+        # bf16 or fp16 products where the result is (the layout's suffix asks the back end;
+        # the CPU has no fp16 products and computes those in float32).
+        precision = {torch.bfloat16: "+bf16", torch.float16: "+f16"}.get(result, "")
         out, finals = self._forward(input, hx, lengths, align, resets, precision)
         if isinstance(out, PackedSequence):
             out = out._replace(data=out.data.to(result))

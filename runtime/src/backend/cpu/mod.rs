@@ -163,8 +163,18 @@ impl Cpu {
     /// This back end computing the products of the cell's matrix parameters
     /// in `precision` ([`Precision::Bf16`]: bf16 operands, f32 sums, with the
     /// kernel this processor runs fastest, see [`bf16`]).
-    pub fn with_precision(self, precision: Precision) -> Cpu {
-        Cpu { precision, ..self }
+    /// [`Precision::F16`] is an error: no x86 unit multiplies fp16 pairs into
+    /// f32 sums, so fp16 products would only be slower f32 ones (they run
+    /// on the CUDA back end).
+    pub fn with_precision(self, precision: Precision) -> Result<Cpu> {
+        if precision == Precision::F16 {
+            return Err(RuntimeError::Backend {
+                backend: "cpu".into(),
+                message: "computes f32 and bf16 products; fp16 products (f16) run on the cuda back end"
+                    .into(),
+            });
+        }
+        Ok(Cpu { precision, ..self })
     }
 
     /// The precision of its products ([`Cpu::with_precision`]).

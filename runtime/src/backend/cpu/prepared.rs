@@ -176,8 +176,9 @@ impl PreparedParams {
 
     /// Parameter `i` as the packed right operand of `X · Wᵀ`.
     pub fn t_panels(&self, i: usize, w: &[f32], rows: usize, cols: usize) -> &PackedB {
+        // fp16 never reaches the CPU (`Cpu::with_precision` refuses it).
         let p = self.forms(i).t_panels.get_or_init(|| match self.precision {
-            Precision::F32 => PackedB::of_transpose(w, rows, cols),
+            Precision::F32 | Precision::F16 => PackedB::of_transpose(w, rows, cols),
             Precision::Bf16 => PackedB::of_transpose_bf16(w, rows, cols),
         });
         debug_assert_eq!((p.k(), p.n()), (cols, rows));
@@ -187,7 +188,7 @@ impl PreparedParams {
     /// Parameter `i` as the packed right operand of `D · W`.
     pub fn panels(&self, i: usize, w: &[f32], rows: usize, cols: usize) -> &PackedB {
         let p = self.forms(i).panels.get_or_init(|| match self.precision {
-            Precision::F32 => PackedB::of(w, rows, cols),
+            Precision::F32 | Precision::F16 => PackedB::of(w, rows, cols),
             Precision::Bf16 => PackedB::of_bf16(w, rows, cols),
         });
         debug_assert_eq!((p.k(), p.n()), (rows, cols));

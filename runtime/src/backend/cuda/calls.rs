@@ -37,10 +37,12 @@ impl Calls {
         Calls { list: Vec::new(), block, scratch: (0, 0), gathered: HashMap::new(), ones: None, precision }
     }
 
-    /// `g`, a product by matrix `w`, its operands bf16 where the products
-    /// of parameters are ([`Precision::Bf16`]).
+    /// `g`, a product by matrix `w`, its operands in the pass's precision
+    /// where `w` is a parameter (f32 otherwise: see [`Precision`]).
     fn by_matrix(&self, graph: &Graph, w: ValueId, mut g: Gemm) -> Gemm {
-        g.bf16 = self.precision == Precision::Bf16 && matches!(graph.node(w).op, Op::Param(_));
+        if matches!(graph.node(w).op, Op::Param(_)) {
+            g.operands = self.precision;
+        }
         g
     }
 
@@ -530,7 +532,7 @@ impl Calls {
                     c: out,
                     ldc: cols,
                     accumulate: false,
-                    bf16: false,
+                    operands: Precision::F32,
                 });
             }
             (other, _) => return Err(error(format!("{v}: {other:?} in a GEMM stage"))),
@@ -595,7 +597,7 @@ impl Calls {
                 c: out,
                 ldc: len,
                 accumulate,
-                bf16: false,
+                operands: Precision::F32,
             });
         }
         pass.place(v, Home::Fixed(out));
@@ -635,7 +637,7 @@ impl Calls {
             c: out,
             ldc: len,
             accumulate: false,
-            bf16: false,
+            operands: Precision::F32,
         });
         Ok(out)
     }
@@ -657,7 +659,7 @@ fn product(rows: usize, n: usize, k: usize, x: (u64, usize), w: (u64, usize, boo
         c: y.0,
         ldc: y.1,
         accumulate: false,
-        bf16: false,
+        operands: Precision::F32,
     }
 }
 

@@ -72,9 +72,10 @@ pub(crate) struct Gemm {
     pub c: u64,
     pub ldc: usize,
     pub accumulate: bool,
-    /// The operands rounded to bf16, the sums f32 ([`crate::Precision::Bf16`]:
-    /// on a GPU, cuBLAS's tensor cores with `CUBLAS_COMPUTE_32F_FAST_16BF`).
-    pub bf16: bool,
+    /// The operands' precision, the sums f32 ([`crate::Precision`]: bf16 or
+    /// fp16 on a GPU's tensor cores, with `CUBLAS_COMPUTE_32F_FAST_16BF` or
+    /// `_16F`).
+    pub operands: crate::Precision,
 }
 
 /// One operation of a run: a kernel launch or a GEMM. A forward or
@@ -447,7 +448,7 @@ impl Primitives for Emulated {
     }
 
     fn gemm(&self, p: &Gemm) -> Result<()> {
-        let Gemm { m, n, k, a, lda, trans_a, b, ldb, trans_b, c, ldc, accumulate, bf16 } = *p;
+        let Gemm { m, n, k, a, lda, trans_a, b, ldb, trans_b, c, ldc, accumulate, operands } = *p;
         let a = if trans_a {
             View::rows(a as *const f32, k, m, lda).t()
         } else {
@@ -459,14 +460,14 @@ impl Primitives for Emulated {
             View::rows(b as *const f32, k, n, ldb)
         };
         let c = View::rows(c as *const f32, m, n, ldc);
-        if !bf16 {
+        if operands == crate::Precision::F32 {
             // SAFETY: the caller passes addresses of this device's buffers with these shapes.
             unsafe { matmul(c, a, b, accumulate) };
             return Ok(());
         }
-        // bf16 operands: rounded copies, row-major, then the same product.
+        // bf16 or fp16 operands: rounded copies, row-major, then the same product.
         // SAFETY: as above; the copies are the operands' shapes.
-        let (a, b) = unsafe { (rounded_bf16(a), rounded_bf16(b)) };
+        let (a, b) = unsafe { (rounded(a, operands), rounded(b, operands)) };
         unsafe { matmul(c, View::rows(a.as_ptr(), m, k, k), View::rows(b.as_ptr(), k, n, n), accumulate) };
         Ok(())
     }
@@ -478,16 +479,16 @@ impl Primitives for Emulated {
     }
 }
 
-/// A row-major copy of `v`, each element rounded to the nearest bf16.
+/// A row-major copy of `v`, each element rounded to `precision`.
 ///
 /// # Safety
 /// `v` describes valid memory.
-unsafe fn rounded_bf16(v: View) -> Vec<f32> {
+unsafe fn rounded(v: View, precision: crate::Precision) -> Vec<f32> {
     (0..v.rows * v.cols)
         .map(|e| {
             let (i, j) = ((e / v.cols) as isize, (e % v.cols) as isize);
             // SAFETY: inside the view, per the contract.
-            cellc::precision::round_bf16(unsafe { *v.ptr.offset(i * v.rs + j * v.cs) })
+            precision.round(unsafe { *v.ptr.offset(i * v.rs + j * v.cs) })
         })
         .collect()
 }

@@ -449,7 +449,7 @@ impl Primitives for On<'_> {
     }
 
     fn gemm(&self, p: &Gemm) -> Result<()> {
-        let Gemm { m, n, k, a, lda, trans_a, b, ldb, trans_b, c, ldc, accumulate, bf16 } = *p;
+        let Gemm { m, n, k, a, lda, trans_a, b, ldb, trans_b, c, ldc, accumulate, operands } = *p;
         if m == 0 || n == 0 {
             return Ok(());
         }
@@ -469,8 +469,13 @@ impl Primitives for On<'_> {
         };
         let (n, m, k, lda, ldb, ldc) = (int(n)?, int(m)?, int(k)?, int(lda)?, int(ldb)?, int(ldc)?);
         let (a, b) = (a as *const f32, b as *const f32);
-        if bf16 {
-            // bf16 operands, f32 sums: the tensor cores round f32 inputs to bf16
+        let tensor_cores = match operands {
+            crate::Precision::F32 => None,
+            crate::Precision::Bf16 => Some(blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF),
+            crate::Precision::F16 => Some(blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16F),
+        };
+        if let Some(compute) = tensor_cores {
+            // bf16 or fp16 operands, f32 sums: the tensor cores round f32 inputs
             // themselves (the same products, the same layout as sgemm's below).
             let f32_type = blas_sys::cudaDataType::CUDA_R_32F;
             let scalar = |x: &f32| (x as *const f32).cast::<c_void>();
@@ -494,11 +499,11 @@ impl Primitives for On<'_> {
                     c as *mut c_void,
                     f32_type,
                     ldc,
-                    blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
+                    compute,
                     blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
                 )
             }
-            .map_err(|e| error(format!("cublasGemmEx (bf16 operands): {e:?}")));
+            .map_err(|e| error(format!("cublasGemmEx ({operands} operands): {e:?}")));
         }
         // SAFETY: device pointers of this context with the described shapes; alpha and beta on the host.
         unsafe {
