@@ -5,7 +5,9 @@
 //! and `f`, so every output and final state carries gradient. Every input
 //! element, initial state element and parameter element is perturbed by
 //! `±eps`; the analytic gradient from backpropagation through time must
-//! agree with `(L(θ+eps) − L(θ−eps)) / 2 eps`.
+//! agree with `(L(θ+eps) − L(θ−eps)) / 2 eps`, where the perturbed runs
+//! hold every `stop_gradient` at its unperturbed value (the function whose
+//! gradient the backward step computes).
 
 use crate::autodiff::Gradient;
 use crate::dims::Bindings;
@@ -111,8 +113,11 @@ pub fn gradcheck_with(
     let g_final: Vec<Vec<f64>> = bound.state_sizes().iter().map(|&n| rng.vec(n, 1.0)).collect();
 
     let analytic = bound.backward(grad, &xs, &h0, &params, &g_out, &g_final)?;
+    // `stop_gradient` values are constants to the backward step: the
+    // perturbed runs hold them at the unperturbed run's values.
+    let (_, stops) = bound.run_with_stops(&xs, &h0, &params, None)?;
     let loss = |xs: &[f64], h0: &[Vec<f64>], params: &[Vec<f64>]| -> Result<f64, InterpError> {
-        let r = bound.run(xs, h0, params)?;
+        let (r, _) = bound.run_with_stops(xs, h0, params, Some(&stops))?;
         let mut l: f64 = r.outputs.iter().zip(&g_out).map(|(a, b)| a * b).sum();
         for (s, g) in r.final_states.iter().zip(&g_final) {
             l += s.iter().zip(g).map(|(a, b)| a * b).sum::<f64>();

@@ -8,8 +8,8 @@
 //! it is given and says which tensor is wrong.
 
 use crate::dims::Bindings;
-use crate::ir::op::{apply_binary, apply_unary};
-use crate::ir::{Cell, Graph, Init, Op, ReduceOp, Type, ValueId};
+use crate::ir::op::{apply_binary, apply_select, apply_unary};
+use crate::ir::{Cell, Graph, Init, Op, ReduceOp, Type, UnaryOp, ValueId};
 use crate::precision::Precision;
 use crate::shapes::Shapes;
 use crate::shapes::{check_elements, eval_dim};
@@ -190,6 +190,10 @@ pub(crate) struct LeafValues<'a, T> {
     pub seeds: &'a [&'a [T]],
     /// Each mask's values for this row ([`Op::Mask`]).
     pub masks: &'a [&'a [T]],
+    /// Values that `stop_gradient` nodes take instead of their operand's
+    /// (a gradient check's finite differences hold them where the
+    /// unperturbed run put them: see [`BoundCell::run_with_stops`]).
+    pub pinned: &'a [(ValueId, Vec<T>)],
 }
 
 /// Evaluates every value of `graph` in `plan`'s order. Parameters are read
@@ -202,6 +206,10 @@ pub(crate) fn evaluate<T: Float>(
 ) -> Vec<Vec<T>> {
     let mut vals: Vec<Vec<T>> = vec![Vec::new(); graph.value_bound()];
     for &v in &plan.order {
+        if let Some((_, pinned)) = leaves.pinned.iter().find(|(p, _)| *p == v) {
+            vals[v.index()] = pinned.clone();
+            continue;
+        }
         let out = match &graph.node(v).op {
             Op::Input(i) => {
                 let (o, l) = leaves.input_slices[*i];
@@ -287,6 +295,7 @@ impl Shapes {
             Op::DimValue(_) => vec![T::from(self.extra[v.index()]).unwrap_or_else(T::nan)],
             Op::Unary(op) => args[0].iter().map(|&a| apply_unary(*op, a)).collect(),
             Op::Binary(op) => args[0].iter().zip(args[1]).map(|(&a, &b)| apply_binary(*op, a, b)).collect(),
+            Op::Select => (0..n).map(|i| apply_select(args[0][i], args[1][i], args[2][i])).collect(),
             Op::Broadcast => vec![args[0][0]; n],
             Op::MatVec => {
                 let (w, x, k) = (args[0], args[1], operand_cols(0));
@@ -324,6 +333,9 @@ impl Shapes {
         }
     }
 }
+
+/// The values of a cell's `stop_gradient` nodes, per step of a sequence.
+pub type StopValues<T> = Vec<Vec<(ValueId, Vec<T>)>>;
 
 /// A value after [`evaluate`]: parameters come from the leaves.
 pub(crate) fn value<'a, T>(
@@ -602,7 +614,7 @@ impl<'c> BoundCell<'c> {
         }
         self.check_states(states)?;
         self.check_params(params)?;
-        Ok(self.step_unchecked(x, states, params))
+        Ok(self.step_unchecked(x, states, params, &[]).0)
     }
 
     /// The values every mask of the cell takes in evaluation (see
@@ -622,12 +634,15 @@ impl<'c> BoundCell<'c> {
             .collect()
     }
 
+    /// One step, its `stop_gradient` nodes taking the `pinned` values
+    /// where given; returns the values they took, too.
     fn step_unchecked<T: Float, S: AsRef<[T]>>(
         &self,
         x: &[T],
         states: &[S],
         params: &[Vec<T>],
-    ) -> StepResult<T> {
+        pinned: &[(ValueId, Vec<T>)],
+    ) -> (StepResult<T>, Vec<(ValueId, Vec<T>)>) {
         let states: Vec<&[T]> = states.iter().map(|s| s.as_ref()).collect();
         let masks = self.evaluation_masks::<T>(&self.rates);
         let masks: Vec<&[T]> = masks.iter().map(Vec::as_slice).collect();
@@ -638,13 +653,22 @@ impl<'c> BoundCell<'c> {
             params,
             seeds: &[],
             masks: &masks,
+            pinned,
         };
         let vals = evaluate(self.cell, &self.plan, &leaves, self.precision);
         let get = |v: ValueId| value(self.cell, &vals, &leaves, v).to_vec();
-        StepResult {
+        let stops = self
+            .plan
+            .order
+            .iter()
+            .filter(|&&v| self.cell.node(v).op == Op::Unary(UnaryOp::StopGradient))
+            .map(|&v| (v, get(v)))
+            .collect();
+        let result = StepResult {
             output: get(self.cell.output),
             next_states: self.cell.next_states.iter().map(|&v| get(v)).collect(),
-        }
+        };
+        (result, stops)
     }
 
     /// Runs `steps = xs.len() / input_size` steps from `initial_states`
@@ -655,6 +679,20 @@ impl<'c> BoundCell<'c> {
         initial_states: &[S],
         params: &[Vec<T>],
     ) -> Result<SequenceResult<T>, InterpError> {
+        self.run_with_stops(xs, initial_states, params, None).map(|(r, _)| r)
+    }
+
+    /// [`BoundCell::run`], with the values of the `stop_gradient` nodes at
+    /// each step: taken from `pinned` (one list per step, as this returns
+    /// them) where given, so that a finite difference sees them as the
+    /// constants the backward step takes them for.
+    pub fn run_with_stops<T: Float, S: AsRef<[T]>>(
+        &self,
+        xs: &[T],
+        initial_states: &[S],
+        params: &[Vec<T>],
+        pinned: Option<&StopValues<T>>,
+    ) -> Result<(SequenceResult<T>, StopValues<T>), InterpError> {
         if self.input_size == 0 || !xs.len().is_multiple_of(self.input_size) {
             return Err(InterpError::Shape {
                 tensor: "input".into(),
@@ -667,13 +705,16 @@ impl<'c> BoundCell<'c> {
         let mut states: Vec<Vec<T>> = initial_states.iter().map(|s| s.as_ref().to_vec()).collect();
         let mut outputs = Vec::new();
         let mut history = Vec::new();
-        for x in xs.chunks(self.input_size) {
-            let r = self.step_unchecked(x, &states, params);
+        let mut stops = Vec::new();
+        for (t, x) in xs.chunks(self.input_size).enumerate() {
+            let pins = pinned.and_then(|p| p.get(t)).map_or(&[][..], Vec::as_slice);
+            let (r, taken) = self.step_unchecked(x, &states, params, pins);
             outputs.extend_from_slice(&r.output);
             states = r.next_states;
             history.push(states.clone());
+            stops.push(taken);
         }
-        Ok(SequenceResult { outputs, states: history, final_states: states })
+        Ok((SequenceResult { outputs, states: history, final_states: states }, stops))
     }
 }
 
@@ -737,6 +778,7 @@ impl BoundCell<'_> {
                 params,
                 seeds: &seeds,
                 masks: &masks,
+                pinned: &[],
             };
             let vals = evaluate(&grad.graph, &plan, &leaves, self.precision);
             let get = |v: ValueId| value(&grad.graph, &vals, &leaves, v);

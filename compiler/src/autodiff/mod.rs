@@ -271,6 +271,6 @@ impl Node {
     /// Whether the op is elementwise (the result's element `i` depends on
     /// element `i` of each operand only).
     pub fn is_elementwise(&self) -> bool {
-        matches!(self.op, Op::Unary(_) | Op::Binary(_) | Op::Broadcast)
+        self.op.is_elementwise() || self.op == Op::Broadcast
     }
 }

@@ -3,8 +3,9 @@
 //!
 //! Rules read forward values where that is cheaper than recomputing:
 //! `sigmoid' = y (1 - y)` and `tanh' = 1 - y²` from the saved output `y`,
-//! `exp' = y`. Ops that are piecewise constant (`step`, `sign`, `ge`)
-//! contribute nothing.
+//! `exp' = y`. Ops that are piecewise constant (`step`, `sign`, `ge`,
+//! `gt`) contribute nothing, and neither does `stop_gradient`, by
+//! definition, nor a `select`'s condition.
 
 use super::Builder;
 use crate::ir::{BinaryOp, Op, ReduceOp, Type, UnaryOp, ValueId};
@@ -23,6 +24,15 @@ pub(super) fn backprop(b: &mut Builder, v: ValueId, dv: ValueId) {
         | Op::Seed(_) => {}
         Op::Unary(op) => unary(b, op, v, ops[0], dv),
         Op::Binary(op) => binary(b, op, v, ops[0], ops[1], dv),
+        Op::Select => {
+            // The adjoint goes to the operand chosen; a NaN condition makes it NaN.
+            let (cond, x, y) = (ops[0], ops[1], ops[2]);
+            let zero = b.constant_like(0.0, &node.ty);
+            let dx = b.add(Op::Select, node.ty.clone(), &[cond, dv, zero]);
+            b.contribute(x, dx);
+            let dy = b.add(Op::Select, node.ty.clone(), &[cond, zero, dv]);
+            b.contribute(y, dy);
+        }
         Op::Broadcast => {
             let s = b.add(Op::Reduce(ReduceOp::Sum), Type::Scalar, &[dv]);
             b.contribute(ops[0], s);
@@ -151,7 +161,7 @@ fn unary(b: &mut Builder, op: UnaryOp, y: ValueId, a: ValueId, dy: ValueId) {
             let deriv = b.binary(Mul, s, t);
             b.binary(Mul, dy, deriv)
         }
-        UnaryOp::Step | UnaryOp::Sign => return,
+        UnaryOp::Step | UnaryOp::Sign | UnaryOp::StopGradient => return,
     };
     b.contribute(a, d);
 }
@@ -195,6 +205,6 @@ fn binary(b: &mut Builder, op: BinaryOp, y: ValueId, a: ValueId, c: ValueId, dy:
             let dc = b.binary(Mul, dy, inv);
             b.contribute(c, dc);
         }
-        Ge => {}
+        Ge | BinaryOp::Gt => {}
     }
 }

@@ -451,7 +451,7 @@ impl Gen<'_, '_> {
                 let x = a[0];
                 match u {
                     UnaryOp::Neg => b.ins().fneg(x),
-                    UnaryOp::Copy => x,
+                    UnaryOp::Copy | UnaryOp::StopGradient => x,
                     UnaryOp::Sigmoid => math::sigmoid(b, ty, x),
                     UnaryOp::Tanh => math::tanh(b, ty, x),
                     UnaryOp::Relu => {
@@ -508,7 +508,17 @@ impl Gen<'_, '_> {
                     BinaryOp::Min => math::min(b, ty, x, y),
                     BinaryOp::Max => math::max(b, ty, x, y),
                     BinaryOp::Ge => math::indicator(b, ty, FloatCC::GreaterThanOrEqual, x, y),
+                    BinaryOp::Gt => math::indicator(b, ty, FloatCC::GreaterThan, x, y),
                 }
+            }
+            Op::Select => {
+                // `NotEqual` is unordered-or-not-equal: a NaN condition picks
+                // `x`, and `keep_nan` then makes the result that NaN.
+                let (cond, x, y) = (a[0], a[1], a[2]);
+                let z = fc(b, ty, 0.0);
+                let nonzero = b.ins().fcmp(FloatCC::NotEqual, cond, z);
+                let r = math::choose(b, ty, nonzero, x, y);
+                math::keep_nan(b, ty, cond, cond, r)
             }
             // Only elementwise ops reach here.
             _ => a[0],

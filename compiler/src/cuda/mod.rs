@@ -762,6 +762,7 @@ fn op_expr(v: ValueId, op: &Op, a: &[String]) -> Result<String, EmitError> {
     let arity = match op {
         Op::Unary(_) | Op::Broadcast => 1,
         Op::Binary(_) => 2,
+        Op::Select => 3,
         other => return Err(EmitError(format!("{v}: {other:?} is not an elementwise operation"))),
     };
     if a.len() != arity {
@@ -771,7 +772,7 @@ fn op_expr(v: ValueId, op: &Op, a: &[String]) -> Result<String, EmitError> {
     Ok(match op {
         Op::Unary(u) => match u {
             UnaryOp::Neg => format!("-({x})"),
-            UnaryOp::Copy => format!("({x})"),
+            UnaryOp::Copy | UnaryOp::StopGradient => format!("({x})"),
             UnaryOp::Sigmoid => format!("cellc_sigmoid({x})"),
             UnaryOp::Tanh => format!("tanhf({x})"),
             UnaryOp::Relu => format!("cellc_relu({x})"),
@@ -793,7 +794,9 @@ fn op_expr(v: ValueId, op: &Op, a: &[String]) -> Result<String, EmitError> {
             BinaryOp::Min => format!("cellc_min({x}, {y})"),
             BinaryOp::Max => format!("cellc_max({x}, {y})"),
             BinaryOp::Ge => format!("cellc_ge({x}, {y})"),
+            BinaryOp::Gt => format!("cellc_gt({x}, {y})"),
         },
+        Op::Select => format!("cellc_select({x}, {y}, {})", a[2]),
         // A broadcast's value is its scalar operand's.
         _ => x.to_string(),
     })

@@ -15,6 +15,8 @@ __device__ __forceinline__ float cellc_softplus(float x) { return fmaxf(x, 0.0f)
 __device__ __forceinline__ float cellc_min(float a, float b) { return isnan(a) || isnan(b) ? a + b : fminf(a, b); }
 __device__ __forceinline__ float cellc_max(float a, float b) { return isnan(a) || isnan(b) ? a + b : fmaxf(a, b); }
 __device__ __forceinline__ float cellc_ge(float a, float b) { return isnan(a) || isnan(b) ? a + b : (a >= b ? 1.0f : 0.0f); }
+__device__ __forceinline__ float cellc_gt(float a, float b) { return isnan(a) || isnan(b) ? a + b : (a > b ? 1.0f : 0.0f); }
+__device__ __forceinline__ float cellc_select(float c, float a, float b) { return isnan(c) ? c : (c != 0.0f ? a : b); }
 
 // Philox4x32-10 (cellc::random, the same rounds): counter c under key (k0, k1).
 __device__ __forceinline__ void cellc_philox(unsigned c[4], unsigned k0, unsigned k1) {

@@ -497,7 +497,7 @@ impl Gen<'_, '_> {
         let d = depth - 1;
         let products_ok = !self.in_fn;
         loop {
-            match self.rng.below(24) {
+            match self.rng.below(26) {
                 0..=4 => return self.vector_leaf(size, dynamic_ok),
                 5..=7 => {
                     let u = *self.rng.pick(&UnaryOp::BUILTINS);
@@ -560,6 +560,21 @@ impl Gen<'_, '_> {
                     let v = self.vector(size, d, dynamic_ok);
                     return self.layernorm(v, size);
                 }
+                23 => {
+                    // `where(p cmp q, a, b)`, q a vector or a number.
+                    let cmp =
+                        *self.rng.pick(&[BinOp::Lt, BinOp::Le, BinOp::Gt, BinOp::Ge, BinOp::Eq, BinOp::Ne]);
+                    let p = self.vector(size, d, dynamic_ok);
+                    let q = if self.rng.chance(1, 2) {
+                        self.vector(size, d, dynamic_ok)
+                    } else {
+                        Expr::Number(*self.rng.pick(&NUMBERS))
+                    };
+                    let cond = binary(cmp, p, q);
+                    let (a, b) = (self.vector(size, d, dynamic_ok), self.vector(size, d, dynamic_ok));
+                    return Expr::Call("where".into(), vec![cond, a, b]);
+                }
+                24 => return Expr::Call("logsigmoid".into(), vec![self.vector(size, d, dynamic_ok)]),
                 _ => {}
             }
         }

@@ -138,13 +138,22 @@ mod tests {
                 "variational_dropout(",
                 "zoneout(",
                 "dropconnect(",
+                "where(",
+                "logsigmoid(",
+                "stop_gradient(",
+                " < ",
+                " <= ",
+                " > ",
+                " >= ",
+                " == ",
+                " != ",
             ] {
                 if text.contains(word) {
                     seen.insert(word);
                 }
             }
         }
-        assert_eq!(seen.len(), 32, "{seen:?}");
+        assert_eq!(seen.len(), 41, "{seen:?}");
     }
 
     #[test]

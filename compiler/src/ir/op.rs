@@ -49,6 +49,9 @@ pub enum Op {
     },
     /// Operands joined end to end.
     Concat,
+    /// `where(cond, a, b)`, elementwise: `a` where `cond` is nonzero, `b`
+    /// where it is zero, NaN where it is NaN. Three operands of one type.
+    Select,
     /// The operand placed at `offset` in a zero vector of the node's dimension
     /// (the adjoint of `slice`).
     Pad {
@@ -91,6 +94,9 @@ pub enum UnaryOp {
     /// The operand itself, as a value of its own (internal: a next state
     /// or state adjoint computed in the step; see `passes::materialize`).
     Copy,
+    /// `stop_gradient(x) = x`, through which no adjoint flows: the
+    /// backward step treats it as a constant (`torch.no_grad`'s `detach`).
+    StopGradient,
 }
 
 /// An elementwise operation of two operands: an infix operator (`a + b`), a
@@ -109,8 +115,11 @@ pub enum BinaryOp {
     Min,
     /// `max(a, b)`.
     Max,
-    /// 1 where `a >= b`, else 0; NaN if either is (internal: `min`/`max`'s adjoints).
+    /// 1 where `a >= b`, else 0; NaN if either is (`min`/`max`'s adjoints,
+    /// and the comparisons `>=`, `<=`, `==`, `!=`).
     Ge,
+    /// 1 where `a > b`, else 0; NaN if either is (the comparisons `>` and `<`).
+    Gt,
 }
 
 /// A reduction of a vector to a scalar, written as a built-in call.
@@ -124,7 +133,7 @@ pub enum ReduceOp {
 
 impl UnaryOp {
     /// The built-in functions of this kind, by their source names.
-    pub const BUILTINS: [UnaryOp; 10] = [
+    pub const BUILTINS: [UnaryOp; 11] = [
         UnaryOp::Sigmoid,
         UnaryOp::Tanh,
         UnaryOp::Relu,
@@ -135,6 +144,7 @@ impl UnaryOp {
         UnaryOp::Abs,
         UnaryOp::Softplus,
         UnaryOp::Silu,
+        UnaryOp::StopGradient,
     ];
 
     /// The op's source name for a built-in (`tanh`), else its IR mnemonic (`neg`, `step`).
@@ -154,6 +164,7 @@ impl UnaryOp {
             UnaryOp::Step => "step",
             UnaryOp::Sign => "sign",
             UnaryOp::Copy => "copy",
+            UnaryOp::StopGradient => "stop_gradient",
         }
     }
 
@@ -212,7 +223,7 @@ pub fn apply_unary<T: num_traits::Float>(op: UnaryOp, x: T) -> T {
                 x
             }
         }
-        UnaryOp::Copy => x,
+        UnaryOp::Copy | UnaryOp::StopGradient => x,
     }
 }
 
@@ -225,16 +236,32 @@ pub fn apply_binary<T: num_traits::Float>(op: BinaryOp, a: T, b: T) -> T {
         BinaryOp::Sub => a - b,
         BinaryOp::Mul => a * b,
         BinaryOp::Div => a / b,
-        BinaryOp::Min | BinaryOp::Max | BinaryOp::Ge if either_nan => a + b,
+        BinaryOp::Min | BinaryOp::Max | BinaryOp::Ge | BinaryOp::Gt if either_nan => a + b,
         BinaryOp::Min => a.min(b),
         BinaryOp::Max => a.max(b),
-        BinaryOp::Ge => {
-            if a >= b {
-                T::one()
-            } else {
-                T::zero()
-            }
-        }
+        BinaryOp::Ge => indicator(a >= b),
+        BinaryOp::Gt => indicator(a > b),
+    }
+}
+
+fn indicator<T: num_traits::Float>(holds: bool) -> T {
+    if holds {
+        T::one()
+    } else {
+        T::zero()
+    }
+}
+
+/// The semantics of [`Op::Select`], for any float type: `a` where `cond`
+/// is nonzero, `b` where it is zero, and a NaN `cond` stays NaN (a NaN is
+/// never hidden behind a finite value, as for the other ops).
+pub fn apply_select<T: num_traits::Float>(cond: T, a: T, b: T) -> T {
+    if cond.is_nan() {
+        cond
+    } else if cond != T::zero() {
+        a
+    } else {
+        b
     }
 }
 
@@ -249,6 +276,7 @@ impl BinaryOp {
             BinaryOp::Min => "min",
             BinaryOp::Max => "max",
             BinaryOp::Ge => "ge",
+            BinaryOp::Gt => "gt",
         }
     }
 
@@ -259,7 +287,7 @@ impl BinaryOp {
             BinaryOp::Sub => Some("-"),
             BinaryOp::Mul => Some("*"),
             BinaryOp::Div => Some("/"),
-            BinaryOp::Min | BinaryOp::Max | BinaryOp::Ge => None,
+            BinaryOp::Min | BinaryOp::Max | BinaryOp::Ge | BinaryOp::Gt => None,
         }
     }
 
@@ -296,6 +324,12 @@ impl ReduceOp {
 }
 
 impl Op {
+    /// Whether the op computes each element from the same element of its
+    /// operands, all of the result's type: what pointwise kernels fuse.
+    pub fn is_elementwise(&self) -> bool {
+        matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Select)
+    }
+
     /// The op's mnemonic in IR dumps.
     pub fn mnemonic(&self) -> &'static str {
         match self {
@@ -316,6 +350,7 @@ impl Op {
             Op::Slice { .. } => "slice",
             Op::Concat => "concat",
             Op::Pad { .. } => "pad",
+            Op::Select => "select",
         }
     }
 
@@ -331,6 +366,7 @@ impl Op {
             | Op::Seed(_) => Some(0),
             Op::Unary(_) | Op::Broadcast | Op::Reduce(_) | Op::Slice { .. } | Op::Pad { .. } => Some(1),
             Op::Binary(_) | Op::MatVec | Op::MatVecT | Op::Outer => Some(2),
+            Op::Select => Some(3),
             Op::Concat => None,
         }
     }

@@ -189,6 +189,8 @@ pub(crate) fn verify_graph(graph: &Graph, leaves: Leaves) -> Vec<VerifyError> {
             }
             Op::Binary(op) => (ty(0) != &node.ty || ty(1) != &node.ty || (is_matrix && *op != BinaryOp::Add))
                 .then(|| format!("{} on {} and {} gives {}", op.name(), ty(0), ty(1), node.ty)),
+            Op::Select => (ty(0) != &node.ty || ty(1) != &node.ty || ty(2) != &node.ty || is_matrix)
+                .then(|| format!("select on {}, {} and {} gives {}", ty(0), ty(1), ty(2), node.ty)),
             Op::Broadcast => (ty(0) != &Type::Scalar || !matches!(node.ty, Type::Vector(_)))
                 .then(|| format!("broadcast of {} to {}", ty(0), node.ty)),
             Op::MatVec => match (ty(0), ty(1), &node.ty) {

@@ -6,7 +6,7 @@
 //! that does not fit sends the stage to the block form.
 
 use super::{Chain, Item, KernelPlan, Kind};
-use crate::ir::{Graph, Op, ValueId};
+use crate::ir::{Graph, ValueId};
 use crate::schedule::{Stage, StageKind};
 use crate::shapes::Shapes;
 use std::collections::HashMap;
@@ -95,9 +95,8 @@ fn unit(graph: &Graph, shapes: &Shapes, stage: &Stage) -> Option<usize> {
     if stage.kind == (StageKind::WholeSequence { reductions: true }) {
         return None;
     }
-    let elementwise = |v: &&ValueId| {
-        matches!(graph.node(**v).op, Op::Unary(_) | Op::Binary(_)) && graph.ty(**v).vector_dim().is_some()
-    };
+    let elementwise =
+        |v: &&ValueId| graph.node(**v).op.is_elementwise() && graph.ty(**v).vector_dim().is_some();
     let units = stage.values.iter().filter(elementwise).map(|&v| shapes.elements(v)).min()?;
     let longest = stage.values.iter().map(|&v| shapes.elements(v)).max().unwrap_or(0);
     (units > 0 && longest <= units * MAX_PIECES).then_some(units)

@@ -424,9 +424,7 @@ impl<'a> Builder<'a> {
     /// open loop: at least one operand is in the loop or is a vector held
     /// in memory, so there is a loop to run at all.
     fn fusable(&self, v: ValueId) -> bool {
-        if !matches!(self.graph.node(v).op, Op::Unary(_) | Op::Binary(_))
-            || self.graph.ty(v).vector_dim().is_none()
-        {
+        if !self.graph.node(v).op.is_elementwise() || self.graph.ty(v).vector_dim().is_none() {
             return false;
         }
         self.graph
@@ -512,7 +510,7 @@ impl<'a> Builder<'a> {
                 (Item::Reduce { value: v, src, op: *op, len: self.len(src) }, Kind::Scalar)
             }
             // A vector op reaches here only when every operand is a scalar or a splat.
-            Op::Unary(_) | Op::Binary(_) => {
+            Op::Unary(_) | Op::Binary(_) | Op::Select => {
                 let splat = self.graph.ty(v).vector_dim().is_some();
                 let item = Item::Scalar { value: v, op: node.op.clone(), args: ops.clone(), splat };
                 (item, if splat { Kind::Splat } else { Kind::Scalar })

@@ -277,6 +277,16 @@ impl CellLowerer<'_> {
                         self.error(Diagnostic::error(e.span, "`@` cannot be used in an initialiser"));
                         return None;
                     }
+                    comparison => {
+                        self.error(Diagnostic::error(
+                            e.span,
+                            format!(
+                                "a comparison (`{}`) cannot be used in an initialiser",
+                                comparison.symbol()
+                            ),
+                        ));
+                        return None;
+                    }
                 };
                 let (a, b) = (self.const_expr(lhs), self.const_expr(rhs));
                 Some(ConstExpr::Binary(op, Box::new(a?), Box::new(b?)))

@@ -132,6 +132,10 @@ impl CellLowerer<'_> {
                 let (a, b) = (self.expr(lhs), self.expr(rhs));
                 self.matvec(a?, b?, lhs.span, rhs.span, e.span)
             }
+            ExprKind::Binary { op, lhs, rhs } if op.is_comparison() => {
+                let (a, b) = (self.expr(lhs), self.expr(rhs));
+                self.comparison(*op, (a?, lhs.span), (b?, rhs.span), e.span)
+            }
             ExprKind::Binary { op, lhs, rhs } => {
                 let op = match op {
                     BinOp::Add => BinaryOp::Add,
@@ -304,7 +308,7 @@ impl CellLowerer<'_> {
                     BinaryOp::Div => "divide",
                     BinaryOp::Min => "take the minimum of",
                     BinaryOp::Max => "take the maximum of",
-                    BinaryOp::Ge => "compare",
+                    BinaryOp::Ge | BinaryOp::Gt => "compare",
                 };
                 self.error(
                     Diagnostic::error(
@@ -318,6 +322,87 @@ impl CellLowerer<'_> {
                 None
             }
         }
+    }
+
+    /// `a op b` for a comparison `op`: 1 where it holds, 0 where not, NaN
+    /// where either operand is NaN. `<` and `<=` are `gt` and `ge` with
+    /// the operands swapped; `==` is `ge` both ways, `!=` one minus that.
+    fn comparison(
+        &mut self,
+        op: BinOp,
+        (a, sa): (ValueId, Span),
+        (b, sb): (ValueId, Span),
+        span: Span,
+    ) -> Option<ValueId> {
+        let compare = |this: &mut Self, op, (x, sx): (ValueId, Span), (y, sy): (ValueId, Span)| {
+            this.binary(op, x, y, (sx, sy), span)
+        };
+        match op {
+            BinOp::Gt => compare(self, BinaryOp::Gt, (a, sa), (b, sb)),
+            BinOp::Lt => compare(self, BinaryOp::Gt, (b, sb), (a, sa)),
+            BinOp::Ge => compare(self, BinaryOp::Ge, (a, sa), (b, sb)),
+            BinOp::Le => compare(self, BinaryOp::Ge, (b, sb), (a, sa)),
+            _ => {
+                let ge = compare(self, BinaryOp::Ge, (a, sa), (b, sb))?;
+                let le = compare(self, BinaryOp::Ge, (b, sb), (a, sa))?;
+                let equal = self.binary(BinaryOp::Mul, ge, le, (span, span), span)?;
+                if op == BinOp::Eq {
+                    return Some(equal);
+                }
+                let one = self.constant(1.0, span)?;
+                self.binary(BinaryOp::Sub, one, equal, (span, span), span)
+            }
+        }
+    }
+
+    /// `where(cond, a, b)`: `a` where `cond` is nonzero, `b` where it is
+    /// zero (NaN where it is NaN); scalars are broadcast to the vectors'
+    /// size, which must agree.
+    fn select(&mut self, callee: &ast::Ident, args: &[Expr], span: Span) -> Option<ValueId> {
+        let [c, a, b] = self.args::<3>(callee, args, span)?;
+        let operands = [self.expr(c), self.expr(a), self.expr(b)];
+        let [vc, va, vb] = operands;
+        let operands = [(vc?, c.span), (va?, a.span), (vb?, b.span)];
+        let mut vector: Option<(Dim, Span)> = None;
+        for &(v, s) in &operands {
+            match self.cell.ty(v).clone() {
+                Type::Matrix(..) => return self.matrix_misuse(v, s),
+                Type::Vector(d) => match &vector {
+                    Some((seen, at)) if *seen != d => {
+                        self.error(
+                            Diagnostic::error(
+                                s,
+                                format!("`where` of vectors of different sizes [{seen}] and [{d}]"),
+                            )
+                            .with_label(format!("this is [{d}]"))
+                            .with_secondary(*at, format!("this is [{seen}]"))
+                            .with_note("the condition and both values must have equal sizes (or be scalars)"),
+                        );
+                        return None;
+                    }
+                    Some(_) => {}
+                    None => vector = Some((d, s)),
+                },
+                Type::Scalar => {}
+            }
+        }
+        let ty = vector.map_or(Type::Scalar, |(d, _)| Type::Vector(d));
+        let mut values = Vec::with_capacity(3);
+        for (v, s) in operands {
+            let scalar_in_vector = *self.cell.ty(v) == Type::Scalar && ty != Type::Scalar;
+            values.push(if scalar_in_vector { self.add(Op::Broadcast, ty.clone(), &[v], s)? } else { v });
+        }
+        self.add(Op::Select, ty, &values, span)
+    }
+
+    /// `logsigmoid(x) = log(sigmoid(x)) = -softplus(-x)`, as stable as
+    /// softplus (no overflow, no `log(0)`), its adjoint `sigmoid(-x)`.
+    fn logsigmoid(&mut self, callee: &ast::Ident, args: &[Expr], span: Span) -> Option<ValueId> {
+        let [a] = self.args::<1>(callee, args, span)?;
+        let v = self.expr(a)?;
+        let negated = self.unary(UnaryOp::Neg, v, a.span, span)?;
+        let softplus = self.unary(UnaryOp::Softplus, negated, a.span, span)?;
+        self.unary(UnaryOp::Neg, softplus, a.span, span)
     }
 
     fn matvec(&mut self, m: ValueId, v: ValueId, sm: Span, sv: Span, span: Span) -> Option<ValueId> {
@@ -394,6 +479,8 @@ impl CellLowerer<'_> {
         }
         match name {
             "concat" => return self.concat(args, span),
+            "where" => return self.select(callee, args, span),
+            "logsigmoid" => return self.logsigmoid(callee, args, span),
             "chunk" => {
                 self.error(
                     Diagnostic::error(span, "`chunk` may only appear directly on the right of a `let`")

@@ -41,7 +41,9 @@ const MAX_VALUES: usize = 100_000;
 const MAX_CALL_DEPTH: usize = 64;
 
 /// Built-ins that shape vectors rather than compute: syntax, not ops.
-const SHAPE_BUILTINS: [&str; 2] = ["chunk", "concat"];
+/// Built-ins lowered by the front end itself: shape functions, `where`
+/// (a select), and `logsigmoid` (`-softplus(-x)`, stable as softplus is).
+const SHAPE_BUILTINS: [&str; 4] = ["chunk", "concat", "where", "logsigmoid"];
 
 /// Every built-in function name (which no `fn` may take): the ops' own
 /// lists, so a new op's name is reserved the moment it is added.

@@ -272,10 +272,23 @@ pub enum BinOp {
     Div,
     /// `@`: a matrix times a vector.
     MatMul,
+    /// `<`: 1 where it holds, else 0 (NaN where an operand is NaN); so
+    /// are the other comparisons.
+    Lt,
+    /// `<=`.
+    Le,
+    /// `>`.
+    Gt,
+    /// `>=`.
+    Ge,
+    /// `==`.
+    Eq,
+    /// `!=`.
+    Ne,
 }
 
 impl BinOp {
-    /// The operator as written: `+`, `-`, `*`, `/` or `@`.
+    /// The operator as written: `+`, `-`, `*`, `/`, `@` or a comparison.
     pub fn symbol(self) -> &'static str {
         match self {
             BinOp::Add => "+",
@@ -283,7 +296,18 @@ impl BinOp {
             BinOp::Mul => "*",
             BinOp::Div => "/",
             BinOp::MatMul => "@",
+            BinOp::Lt => "<",
+            BinOp::Le => "<=",
+            BinOp::Gt => ">",
+            BinOp::Ge => ">=",
+            BinOp::Eq => "==",
+            BinOp::Ne => "!=",
         }
+    }
+
+    /// Whether it is a comparison (`<`, `<=`, `>`, `>=`, `==`, `!=`).
+    pub fn is_comparison(self) -> bool {
+        matches!(self, BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge | BinOp::Eq | BinOp::Ne)
     }
 }
 

@@ -106,6 +106,24 @@ pub enum Token {
     /// `@`, the matrix-vector product.
     #[token("@")]
     At,
+    /// `==`.
+    #[token("==")]
+    EqEq,
+    /// `!=`.
+    #[token("!=")]
+    NotEq,
+    /// `<`.
+    #[token("<")]
+    Less,
+    /// `<=`.
+    #[token("<=")]
+    LessEq,
+    /// `>`.
+    #[token(">")]
+    Greater,
+    /// `>=`.
+    #[token(">=")]
+    GreaterEq,
     /// `;`, which may end a statement.
     #[token(";")]
     Semi,
@@ -144,6 +162,12 @@ impl Token {
             Token::Star => "`*`",
             Token::Slash => "`/`",
             Token::At => "`@`",
+            Token::EqEq => "`==`",
+            Token::NotEq => "`!=`",
+            Token::Less => "`<`",
+            Token::LessEq => "`<=`",
+            Token::Greater => "`>`",
+            Token::GreaterEq => "`>=`",
             Token::Semi => "`;`",
             Token::Error => "an unreadable character",
             Token::Eof => "end of file",

@@ -1046,7 +1046,31 @@ impl Parser<'_> {
     // ---- expressions ----------------------------------------------------
 
     pub fn expr(&mut self) -> PResult<Expr> {
-        self.sum(0).map(|(e, _)| e)
+        self.comparison(0).map(|(e, _)| e)
+    }
+
+    /// A sum, or two sums compared (`a < b`): comparisons bind loosest
+    /// and do not chain.
+    fn comparison(&mut self, depth: u32) -> PResult<(Expr, u32)> {
+        let (lhs, d) = self.sum(depth)?;
+        let Some(op) = comparison_op(self.peek_token()) else { return Ok((lhs, d)) };
+        let op_span = self.bump().span;
+        let (rhs, rd) = self.sum(depth)?;
+        let d = d.max(rd) + 1;
+        if depth + d > MAX_DEPTH {
+            return Err(self.too_deep(op_span));
+        }
+        if comparison_op(self.peek_token()).is_some() {
+            let second = self.peek().span;
+            self.diags.push(
+                Diagnostic::error(second, "comparisons do not chain")
+                    .with_label(format!("a second comparison after this `{}`", op.symbol()))
+                    .with_secondary(op_span, "the first comparison")
+                    .with_note("compare two values at a time; join conditions with `*` (and) or `max` (or)"),
+            );
+            return Err(Failed);
+        }
+        Ok((binary(op, lhs, rhs), d))
     }
 
     /// `+` and `-`, left-associative. Returns the tree's depth with it.
@@ -1152,7 +1176,7 @@ impl Parser<'_> {
                         let mut d = 0;
                         if self.peek_token() != Token::RParen {
                             loop {
-                                let (a, ad) = self.sum(depth + 1)?;
+                                let (a, ad) = self.comparison(depth + 1)?;
                                 d = d.max(ad);
                                 args.push(a);
                                 if self.eat(Token::Comma).is_none() {
@@ -1175,7 +1199,7 @@ impl Parser<'_> {
                 if depth + 1 > MAX_DEPTH {
                     return Err(self.too_deep(l.span));
                 }
-                let (e, d) = self.sum(depth + 1)?;
+                let (e, d) = self.comparison(depth + 1)?;
                 let close = self.close_paren(l.span, "`)`")?;
                 let span = l.span.to(close.span);
                 Ok((Expr { kind: ExprKind::Paren(Box::new(e)), span }, d + 1))
@@ -1185,7 +1209,18 @@ impl Parser<'_> {
                 let prev = self.tokens[self.pos.saturating_sub(1)];
                 let dangling = matches!(
                     prev.token,
-                    Token::Plus | Token::Minus | Token::Star | Token::Slash | Token::At | Token::Eq
+                    Token::Plus
+                        | Token::Minus
+                        | Token::Star
+                        | Token::Slash
+                        | Token::At
+                        | Token::Eq
+                        | Token::EqEq
+                        | Token::NotEq
+                        | Token::Less
+                        | Token::LessEq
+                        | Token::Greater
+                        | Token::GreaterEq
                 );
                 if dangling && self.pos > 0 && self.starts_line(self.pos) {
                     let op = self.text(prev.span).to_string();
@@ -1199,6 +1234,19 @@ impl Parser<'_> {
             }
         }
     }
+}
+
+/// The comparison a token writes, if it writes one.
+fn comparison_op(token: Token) -> Option<BinOp> {
+    Some(match token {
+        Token::Less => BinOp::Lt,
+        Token::LessEq => BinOp::Le,
+        Token::Greater => BinOp::Gt,
+        Token::GreaterEq => BinOp::Ge,
+        Token::EqEq => BinOp::Eq,
+        Token::NotEq => BinOp::Ne,
+        _ => return None,
+    })
 }
 
 fn binary(op: BinOp, lhs: Expr, rhs: Expr) -> Expr {

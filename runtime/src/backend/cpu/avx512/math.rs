@@ -254,6 +254,33 @@ fn ge(x: V, y: V) -> V {
     indicator::<_CMP_GE_OQ>(x, y)
 }
 
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn gt(x: V, y: V) -> V {
+    indicator::<_CMP_GT_OQ>(x, y)
+}
+
+/// `where(cond, a, b)` on registers `cond[..n]`, `a[..n]`, `b[..n]` into
+/// `out[..n]`: `a` where `cond` is nonzero, `b` where zero, and a NaN
+/// `cond` itself.
+///
+/// # Safety
+/// `cond`, `a`, `b` readable and `out` writable for `n` registers.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn select(cond: *const V, a: *const V, b: *const V, out: *mut V, n: usize) {
+    for k in 0..n {
+        // SAFETY: per the contract.
+        unsafe {
+            let c = *cond.add(k);
+            // Unordered-or-not-equal: a NaN picks `a`, then is kept below.
+            let nonzero = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(c, splat(0.0));
+            let chosen = _mm512_mask_blend_ps(nonzero, *b.add(k), *a.add(k));
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(c, c);
+            *out.add(k) = _mm512_mask_blend_ps(nan, chosen, c);
+        }
+    }
+}
+
 /// One unary op on registers `a[..n]` into `out[..n]` (the op chosen once,
 /// the registers' chains then independent). `a` and `out` may be the same.
 ///
@@ -271,7 +298,7 @@ pub unsafe fn unary(op: UnaryOp, a: *const V, out: *mut V, n: usize) {
     }
     match op {
         UnaryOp::Neg => each!(neg),
-        UnaryOp::Copy => each!(copy),
+        UnaryOp::Copy | UnaryOp::StopGradient => each!(copy),
         UnaryOp::Sigmoid => each!(sigmoid),
         UnaryOp::Tanh => each!(tanh),
         UnaryOp::Relu => each!(relu),
@@ -309,5 +336,6 @@ pub unsafe fn binary(op: BinaryOp, a: *const V, b: *const V, out: *mut V, n: usi
         BinaryOp::Min => each!(min),
         BinaryOp::Max => each!(max),
         BinaryOp::Ge => each!(ge),
+        BinaryOp::Gt => each!(gt),
     }
 }

@@ -76,6 +76,8 @@ struct Member {
     op: Code,
     a: usize,
     b: usize,
+    /// The third operand's slot (a select's), else `b`'s.
+    c: usize,
     value: ValueId,
     store: Option<Place>,
 }
@@ -84,6 +86,8 @@ struct Member {
 enum Code {
     Unary(cellc::ir::UnaryOp),
     Binary(cellc::ir::BinaryOp),
+    /// `where(a, b, c)`.
+    Select,
     /// The first operand (the emitter's rule for anything else).
     First,
 }
@@ -93,6 +97,7 @@ impl Code {
         match op {
             Op::Unary(u) => Code::Unary(*u),
             Op::Binary(b) => Code::Binary(*b),
+            Op::Select => Code::Select,
             _ => Code::First,
         }
     }
@@ -203,13 +208,14 @@ impl Avx512Stage {
                         .members
                         .iter()
                         .map(|m| {
-                            let (a, b) = match m.operands.as_slice() {
+                            let (a, b, c) = match m.operands.as_slice() {
                                 [] => return Err(PlanError(format!("{} has no operands", m.value))),
-                                [a] => (slot(a), slot(a)),
-                                [a, b, ..] => (slot(a), slot(b)),
+                                [a] => (slot(a), slot(a), slot(a)),
+                                [a, b] => (slot(a), slot(b), slot(b)),
+                                [a, b, c, ..] => (slot(a), slot(b), slot(c)),
                             };
                             let store = if m.stored { Some(place(m.value)?) } else { None };
-                            Ok(Member { op: Code::of(&m.op), a, b, value: m.value, store })
+                            Ok(Member { op: Code::of(&m.op), a, b, c, value: m.value, store })
                         })
                         .collect::<Result<Vec<_>, _>>()?;
                     held.extend(members.iter().filter(|m| m.store.is_some()).map(|m| m.value));
@@ -319,7 +325,7 @@ impl Avx512Stage {
                 }
                 for (j, (m, store)) in l.members.iter().zip(stores.iter()).enumerate() {
                     let out = slot(base + j);
-                    let (a, b) = (slot(m.a), slot(m.b));
+                    let (a, b, c) = (slot(m.a), slot(m.b), slot(m.c));
                     // The arithmetic ops inline (a call would cost more than
                     // the op), the rest through the math module.
                     macro_rules! each {
@@ -341,6 +347,7 @@ impl Avx512Stage {
                         Code::Binary(BinaryOp::Mul) => each!(_mm512_mul_ps),
                         Code::Unary(u) => math::unary(u, a, out, live),
                         Code::Binary(o) => math::binary(o, a, b, out, live),
+                        Code::Select => math::select(a, b, c, out, live),
                         Code::First => std::ptr::copy_nonoverlapping(a, out, live),
                     }
                     if let Some(p) = store {
@@ -381,11 +388,13 @@ impl Avx512Stage {
                     // Lane 0 of the op on splats: each lane is the scalar op.
                     let a = args.first().map_or(0.0, |&v| first(get(v)));
                     let b = args.get(1).map_or(a, |&v| first(get(v)));
-                    let (a, b) = (_mm512_set1_ps(a), _mm512_set1_ps(b));
+                    let c = args.get(2).map_or(b, |&v| first(get(v)));
+                    let (a, b, c) = (_mm512_set1_ps(a), _mm512_set1_ps(b), _mm512_set1_ps(c));
                     let mut r = a;
                     match Code::of(op) {
                         Code::Unary(u) => math::unary(u, &a, &mut r, 1),
                         Code::Binary(o) => math::binary(o, &a, &b, &mut r, 1),
+                        Code::Select => math::select(&a, &b, &c, &mut r, 1),
                         Code::First => {}
                     }
                     let r = _mm512_cvtss_f32(r);
