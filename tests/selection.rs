@@ -96,3 +96,37 @@ fn gradcheck_holds_stop_gradient_at_its_value() {
     let report = cellc::gradcheck::gradcheck(&c, &Bindings::new(), &Default::default()).expect("runs");
     assert!(report.passed(), "{report:?}");
 }
+
+#[test]
+fn a_tie_of_max_or_min_splits_the_gradient_evenly_as_pytorch_does() {
+    for op in ["max", "min"] {
+        let c = cell(&format!("cell c {{ input x[H]\n state h[H]\n h' = {op}(x, h)\n output h' }}"));
+        let steps = Steps::compile(&c).expect("compiles");
+        let sizes = Bindings::from([("H".to_string(), 3)]);
+        let bound = steps.forward.bind(&sizes).expect("binds");
+        // A tie, x above h, x below h.
+        let (x, h0) = ([1.0, 2.0, -2.0], vec![vec![1.0, 0.0, 0.0]]);
+        let grads =
+            bound.backward(&steps.backward, &x, &h0, &[], &[1.0; 3], &[vec![0.0; 3]]).expect("backward");
+        let x_chosen = if op == "max" { [0.5, 1.0, 0.0] } else { [0.5, 0.0, 1.0] };
+        assert_eq!(grads.d_inputs, x_chosen, "{op}");
+        let h_chosen: Vec<f64> = x_chosen.iter().map(|d| 1.0 - d).collect();
+        assert_eq!(grads.d_initial_states[0], h_chosen, "{op}");
+    }
+}
+
+#[test]
+fn gradcheck_leaves_a_kink_unchecked_and_still_checks_the_rest() {
+    // `min(stop_gradient(h), h)` ties at every point: finite differences
+    // have no derivative to compare with there (perturbing h up stops at the
+    // tie, down goes on through every later step), so those elements are
+    // counted as kinks and not checked; the input's own term is still checked.
+    let c = cell("cell c { input x[H]\n state h[H]\n h' = min(stop_gradient(h), h) + x * x\n output h' }");
+    let report = cellc::gradcheck::gradcheck(&c, &Bindings::new(), &Default::default()).expect("runs");
+    assert!(report.passed(), "{report:?}");
+    assert!(report.tensors.iter().any(|t| t.kinks > 0), "{report:?}");
+    // A smooth cell has none.
+    let c = cell("cell c { input x[H]\n state h[H]\n h' = tanh(x + h)\n output h' }");
+    let report = cellc::gradcheck::gradcheck(&c, &Bindings::new(), &Default::default()).expect("runs");
+    assert!(report.passed() && report.tensors.iter().all(|t| t.kinks == 0), "{report:?}");
+}

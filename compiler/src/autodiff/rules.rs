@@ -195,11 +195,19 @@ fn binary(b: &mut Builder, op: BinaryOp, y: ValueId, a: ValueId, c: ValueId, dy:
             b.contribute(c, dc);
         }
         BinaryOp::Min | BinaryOp::Max => {
-            // The adjoint goes to the operand that was chosen; ties go to `a`.
-            let mask = if op == BinaryOp::Max { b.binary(Ge, a, c) } else { b.binary(Ge, c, a) };
+            // The adjoint goes to the operand that was chosen, and a tie
+            // splits it evenly, as PyTorch's `maximum` and `minimum` do:
+            // `mask` is 1, 1/2 or 0 for `a` chosen, tied or not chosen
+            // (`a` is chosen where `x > y`).
+            let (x, y) = if op == BinaryOp::Max { (a, c) } else { (c, a) };
+            let ge = b.binary(Ge, x, y);
+            let gt = b.binary(BinaryOp::Gt, x, y);
+            let both = b.binary(Add, ge, gt);
+            let ty = b.ty(a);
+            let half = b.constant_like(0.5, &ty);
+            let mask = b.binary(Mul, both, half);
             let da = b.binary(Mul, dy, mask);
             b.contribute(a, da);
-            let ty = b.ty(a);
             let one = b.constant_like(1.0, &ty);
             let inv = b.binary(Sub, one, mask);
             let dc = b.binary(Mul, dy, inv);

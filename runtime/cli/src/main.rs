@@ -436,8 +436,12 @@ fn gradcheck(
         );
         for t in &report.tensors {
             let mark = if t.error <= report.tolerance { "ok  " } else { "FAIL" };
+            let kinks = match t.kinks {
+                0 => String::new(),
+                n => format!("; {n} at a kink, unchecked"),
+            };
             println!(
-                "  {mark} {:<28} {:>6} elements   max error {:.2e}   (element {}: analytic {:+.9e}, numeric {:+.9e})",
+                "  {mark} {:<28} {:>6} elements   max error {:.2e}   (element {}: analytic {:+.9e}, numeric {:+.9e}{kinks})",
                 t.tensor, t.elements, t.error, t.worst_index, t.analytic, t.numeric
             );
         }
