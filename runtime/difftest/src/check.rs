@@ -175,6 +175,12 @@ impl Checks {
         }
     }
 
+    /// These checks without back end `kind`.
+    pub fn without(mut self, kind: BackendKind) -> Checks {
+        self.backends.retain(|&b| b != kind);
+        self
+    }
+
     /// Only the check that failed (for shrinking).
     pub fn only(check: Check) -> Checks {
         match check {
