@@ -31,7 +31,7 @@ fn fixed_seeds_pass_every_check() {
     let plan = Checks::everything();
     let without_cuda = plan.clone().without(BackendKind::CudaEmulated);
     let every = cuda_every();
-    let plan_of = |seed: u64| if seed % every == 0 { &plan } else { &without_cuda };
+    let plan_of = |seed: u64| if seed.is_multiple_of(every) { &plan } else { &without_cuda };
     let seeds: Vec<u64> = seeds().collect();
     // The seeds are independent: one worker per core, each taking the next seed.
     let next = AtomicUsize::new(0);
