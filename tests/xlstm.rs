@@ -1,0 +1,159 @@
+//! xLSTM's sLSTM against the `xlstm` package: its cell on the `vanilla`
+//! back end (PyTorch autograd through the package's pointwise function),
+//! one head, on sixteen unsorted sequences of 1 to 256 steps, padded
+//! either way round, forward and backward, on every back end, against the
+//! fixtures of tests/fixtures/gen_xlstm.py: outputs, final states and every
+//! gradient to 1e-5 relative.
+//!
+//! The cell below is the package's `slstm` pointwise function written in
+//! the language: exponential input and forget gates stabilised by the state
+//! `m`, which takes the input gate where the normaliser `n` is still zero
+//! (the first step), both gates clamped at 1. Its parameters are the
+//! package's state_dict entries: `_recurrent_kernel_` ([1, 4H, H], the head
+//! axis dropped) and `_bias_` ([4H], gate-major), with the model's layer
+//! suffix `_l0`. The package tests `n == 0` for the whole batch at once,
+//! the cell each element: they differ only where some of a call's
+//! normalisers are zero and others not, which a batch starting from the
+//! zero state never has.
+
+mod support;
+
+use cellc_runtime::backend::cpu::{Cpu, Kernels};
+use cellc_runtime::backend::cuda::Cuda;
+use cellc_runtime::backend::reference::Reference;
+use cellc_runtime::backend::Backend;
+use cellc_runtime::{
+    read_tensors, Align, CompiledCell, Input, Major, Model, ModelConfig, Tensor, TensorData, Weights,
+};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+const TOLERANCE: f64 = 1e-5;
+
+const SLSTM_ONE_HEAD: &str = "
+cell slstm {
+    input  x[4*H]
+    state  y[H], c[H], n[H], m[H]
+    param  _recurrent_kernel_[4*H, H] = zeros
+    param  _bias_[4*H] = zeros
+
+    let raw = x + _recurrent_kernel_ @ y + _bias_
+    let iraw, fraw, zraw, oraw = chunk(raw, 4)
+    let logfplusm = m + logsigmoid(fraw)
+    m' = where(n == 0, iraw, max(iraw, logfplusm))
+    let igate = min(exp(iraw - m'), 1)
+    let fgate = min(exp(logfplusm - m'), 1)
+    c' = fgate * c + igate * tanh(zraw)
+    n' = fgate * n + igate
+    y' = sigmoid(oraw) * c' / n'
+    output y'
+}
+";
+
+fn f32s(t: &Tensor) -> Vec<f32> {
+    match &t.data {
+        TensorData::F32(v) => v.clone(),
+        TensorData::I64(v) => v.iter().map(|&x| x as f32).collect(),
+    }
+}
+
+fn get(map: &BTreeMap<String, Tensor>, name: &str) -> Vec<f32> {
+    f32s(map.get(name).unwrap_or_else(|| panic!("fixture has no `{name}`")))
+}
+
+/// Norm-wise `‖a − b‖ / max(‖b‖, 1e-30)`.
+fn relative(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let diff: f64 = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y as f64).powi(2)).sum();
+    let norm: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
+    (diff / norm.max(1e-60)).sqrt()
+}
+
+/// Each sequence's first `length` steps of `[B, T, width]` moved to the end of the T axis.
+fn shift_right(data: &[f32], lengths: &[usize], steps: usize, width: usize) -> Vec<f32> {
+    let mut out = vec![0.0; data.len()];
+    for (b, &length) in lengths.iter().enumerate() {
+        let row = |t: usize| (b * steps + t) * width;
+        out[row(steps - length)..row(steps)].copy_from_slice(&data[row(0)..row(length)]);
+    }
+    out
+}
+
+#[test]
+fn one_head_slstm_matches_the_xlstm_package_on_every_back_end() {
+    let dir = support::root().join("tests/fixtures/xlstm");
+    let x = read_tensors(&dir.join("slstm_nh1_input.safetensors")).expect("input");
+    let want = read_tensors(&dir.join("slstm_nh1_expected.safetensors")).expect("expected");
+    let stored = read_tensors(&dir.join("slstm_nh1_weights.safetensors")).expect("weights");
+    let cell = Arc::new(CompiledCell::from_source("slstm.cell", SLSTM_ONE_HEAD, None).expect("compiles"));
+    let (b, t, features) = {
+        let s = &x["input"].shape;
+        (s[0], s[1], s[2])
+    };
+    let hidden = features / 4;
+    let lengths: Vec<usize> = get(&x, "lengths").iter().map(|&l| l as usize).collect();
+    let mut weights = Weights::default();
+    for name in ["_recurrent_kernel_", "_bias_"] {
+        let tensor = &stored[name];
+        // `_recurrent_kernel_` is [heads = 1, 4H, H]: one matrix.
+        let shape = if tensor.shape.len() == 3 { tensor.shape[1..].to_vec() } else { tensor.shape.clone() };
+        weights.insert(format!("{name}_l0"), shape, f32s(tensor));
+    }
+    let states = ["y", "c", "n", "m"];
+    let gf: Vec<Vec<f32>> = states.iter().map(|s| get(&x, &format!("grad_final.{s}"))).collect();
+    let backends: [(&str, fn() -> Box<dyn Backend>); 3] = [
+        ("reference", || Box::new(Reference)),
+        ("cpu", || Box::new(Cpu::new(2, Kernels::Fastest).expect("cpu"))),
+        ("cuda-emulated", || Box::new(Cuda::emulated().expect("emulated device"))),
+    ];
+    let mut report = Vec::new();
+    for (name, backend) in backends {
+        if name == "cuda-emulated" && !cellc_runtime::backend::cuda::device::gxx_available() {
+            eprintln!("skipped: no g++ for the emulated device");
+            continue;
+        }
+        let config = ModelConfig { layers: 1, bidirectional: false };
+        let model = Model::new(
+            cell.clone(),
+            config,
+            &Default::default(),
+            Some(features),
+            Some(&weights),
+            0,
+            backend(),
+        )
+        .expect("the package's weights load");
+        for align in [Align::Left, Align::Right] {
+            let laid = |data: Vec<f32>, width: usize| match align {
+                Align::Left => data,
+                Align::Right => shift_right(&data, &lengths, t, width),
+            };
+            let data = laid(get(&x, "input"), features);
+            let dy = laid(get(&x, "grad_output"), hidden);
+            let input = Input::Padded {
+                data: &data,
+                batch: b,
+                steps: t,
+                major: Major::BatchFirst,
+                align,
+                lengths: &lengths,
+            };
+            let (out, trace) = model.forward_train(input, None).expect("forward");
+            let grads = model.backward(&trace, &dy, Some(&gf)).expect("backward");
+            let mut check = |what: &str, ours: &[f32], theirs: Vec<f32>| {
+                let e = relative(ours, &theirs);
+                assert!(e <= TOLERANCE, "{name} {align:?} {what}: {e:.2e} from the xlstm package");
+                report.push(format!("{name} {align:?} {what} {e:.1e}"));
+            };
+            check("output", &out.data, laid(get(&want, "output"), hidden));
+            check("grad.input", &grads.d_input, laid(get(&want, "grad.input"), features));
+            for (k, s) in states.iter().enumerate() {
+                check(&format!("final.{s}"), &out.final_states[k], get(&want, &format!("final.{s}")));
+            }
+            let d = grads.d_params.iter().flatten().collect::<Vec<_>>();
+            check("grad._recurrent_kernel_", d[0], get(&want, "grad._recurrent_kernel_"));
+            check("grad._bias_", d[1], get(&want, "grad._bias_"));
+        }
+    }
+    support::report(&format!("sLSTM (1 head) against the xlstm package: {}", report.join(", ")));
+}
