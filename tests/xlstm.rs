@@ -30,6 +30,9 @@ use std::sync::Arc;
 
 const TOLERANCE: f64 = 1e-5;
 
+/// A back end by name, and how to make one.
+type NamedBackend = (&'static str, fn() -> Box<dyn Backend>);
+
 const SLSTM_ONE_HEAD: &str = "
 cell slstm {
     input  x[4*H]
@@ -101,7 +104,7 @@ fn one_head_slstm_matches_the_xlstm_package_on_every_back_end() {
     }
     let states = ["y", "c", "n", "m"];
     let gf: Vec<Vec<f32>> = states.iter().map(|s| get(&x, &format!("grad_final.{s}"))).collect();
-    let backends: [(&str, fn() -> Box<dyn Backend>); 3] = [
+    let backends: [NamedBackend; 3] = [
         ("reference", || Box::new(Reference)),
         ("cpu", || Box::new(Cpu::new(2, Kernels::Fastest).expect("cpu"))),
         ("cuda-emulated", || Box::new(Cuda::emulated().expect("emulated device"))),
