@@ -13,10 +13,8 @@ use cellc_runtime::backend::cuda::Cuda;
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Backend;
 use cellc_runtime::{
-    read_tensors, Align, CompiledCell, Input, Major, Model, ModelConfig, PackedSequence, Tensor, TensorData,
-    Weights,
+    read_tensors, Align, CompiledCell, Input, Major, Model, ModelConfig, PackedSequence, Weights,
 };
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -24,17 +22,6 @@ const TOLERANCE: f64 = 1e-5;
 
 fn dir() -> PathBuf {
     support::root().join("tests/fixtures/runtime")
-}
-
-fn f32s(t: &Tensor) -> Vec<f32> {
-    match &t.data {
-        TensorData::F32(v) => v.clone(),
-        TensorData::I64(v) => v.iter().map(|&x| x as f32).collect(),
-    }
-}
-
-fn get(map: &BTreeMap<String, Tensor>, name: &str) -> Vec<f32> {
-    f32s(map.get(name).unwrap_or_else(|| panic!("fixture has no `{name}`")))
 }
 
 /// Worst `|a - b| / max(1, |b|)`.
@@ -75,11 +62,12 @@ fn run(kind: &str, backend: &dyn Fn() -> Box<dyn Backend>, report: &mut Vec<Stri
             backend(),
         )
         .expect("a PyTorch state_dict loads unchanged");
-        let lengths: Vec<usize> = get(&x, "lengths").iter().map(|&l| l as usize).collect();
-        let data = get(&x, "input");
-        let h0: Vec<Vec<f32>> = states.iter().map(|s| get(&x, &format!("h0.{s}"))).collect();
-        let gf: Vec<Vec<f32>> = states.iter().map(|s| get(&x, &format!("grad_final.{s}"))).collect();
-        let dy = get(&x, "grad_output");
+        let lengths: Vec<usize> = support::fixture(&x, "lengths").iter().map(|&l| l as usize).collect();
+        let data = support::fixture(&x, "input");
+        let h0: Vec<Vec<f32>> = states.iter().map(|s| support::fixture(&x, &format!("h0.{s}"))).collect();
+        let gf: Vec<Vec<f32>> =
+            states.iter().map(|s| support::fixture(&x, &format!("grad_final.{s}"))).collect();
+        let dy = support::fixture(&x, "grad_output");
         let input = Input::Padded {
             data: &data,
             batch: b,
@@ -91,24 +79,29 @@ fn run(kind: &str, backend: &dyn Fn() -> Box<dyn Backend>, report: &mut Vec<Stri
         let (out, trace) = model.forward_train(input, Some(&h0)).expect("forward");
         let grads = model.backward(&trace, &dy, Some(&gf)).expect("backward");
         let name = format!("{kind} {tag} {}", model.backend_name());
-        check(&format!("{name} output"), &out.data, &get(&want, "output"), report);
-        check(&format!("{name} grad.input"), &grads.d_input, &get(&want, "grad.input"), report);
+        check(&format!("{name} output"), &out.data, &support::fixture(&want, "output"), report);
+        check(&format!("{name} grad.input"), &grads.d_input, &support::fixture(&want, "grad.input"), report);
         for (k, s) in states.iter().enumerate() {
             check(
                 &format!("{name} final.{s}"),
                 &out.final_states[k],
-                &get(&want, &format!("final.{s}")),
+                &support::fixture(&want, &format!("final.{s}")),
                 report,
             );
             check(
                 &format!("{name} grad.h0.{s}"),
                 &grads.d_h0[k],
-                &get(&want, &format!("grad.h0.{s}")),
+                &support::fixture(&want, &format!("grad.h0.{s}")),
                 report,
             );
         }
         for ((wname, _), d) in model.weight_names().iter().zip(grads.d_params.iter().flatten()) {
-            check(&format!("{name} grad.{wname}"), d, &get(&want, &format!("grad.{wname}")), report);
+            check(
+                &format!("{name} grad.{wname}"),
+                d,
+                &support::fixture(&want, &format!("grad.{wname}")),
+                report,
+            );
         }
 
         if align == Align::Left {
@@ -126,18 +119,23 @@ fn run(kind: &str, backend: &dyn Fn() -> Box<dyn Backend>, report: &mut Vec<Stri
                     .to_padded(t, Major::BatchFirst, align)
                     .expect("unpacks")
             };
-            check(&format!("{name} packed output"), &unpack(pout.data, o), &get(&want, "output"), report);
+            check(
+                &format!("{name} packed output"),
+                &unpack(pout.data, o),
+                &support::fixture(&want, "output"),
+                report,
+            );
             check(
                 &format!("{name} packed grad.input"),
                 &unpack(pgrads.d_input, i),
-                &get(&want, "grad.input"),
+                &support::fixture(&want, "grad.input"),
                 report,
             );
             for ((wname, _), d) in model.weight_names().iter().zip(pgrads.d_params.iter().flatten()) {
                 check(
                     &format!("{name} packed grad.{wname}"),
                     d,
-                    &get(&want, &format!("grad.{wname}")),
+                    &support::fixture(&want, &format!("grad.{wname}")),
                     report,
                 );
             }

@@ -170,3 +170,16 @@ pub fn report(line: &str) {
         let _ = f.write_all(format!("{line}\n").as_bytes());
     }
 }
+
+/// A fixture tensor's elements as f32 (lengths and other integers converted).
+pub fn f32s(t: &cellc_runtime::Tensor) -> Vec<f32> {
+    match &t.data {
+        cellc_runtime::TensorData::F32(v) => v.clone(),
+        cellc_runtime::TensorData::I64(v) => v.iter().map(|&x| x as f32).collect(),
+    }
+}
+
+/// Tensor `name` of a fixture file, as f32; a panic naming it if absent.
+pub fn fixture(map: &std::collections::BTreeMap<String, cellc_runtime::Tensor>, name: &str) -> Vec<f32> {
+    f32s(map.get(name).unwrap_or_else(|| panic!("fixture has no `{name}`")))
+}

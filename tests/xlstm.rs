@@ -22,10 +22,7 @@ use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::cuda::Cuda;
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Backend;
-use cellc_runtime::{
-    read_tensors, Align, CompiledCell, Input, Major, Model, ModelConfig, Tensor, TensorData, Weights,
-};
-use std::collections::BTreeMap;
+use cellc_runtime::{read_tensors, Align, CompiledCell, Input, Major, Model, ModelConfig, Weights};
 use std::sync::Arc;
 
 const TOLERANCE: f64 = 1e-5;
@@ -52,17 +49,6 @@ cell slstm {
     output y'
 }
 ";
-
-fn f32s(t: &Tensor) -> Vec<f32> {
-    match &t.data {
-        TensorData::F32(v) => v.clone(),
-        TensorData::I64(v) => v.iter().map(|&x| x as f32).collect(),
-    }
-}
-
-fn get(map: &BTreeMap<String, Tensor>, name: &str) -> Vec<f32> {
-    f32s(map.get(name).unwrap_or_else(|| panic!("fixture has no `{name}`")))
-}
 
 /// Norm-wise `‖a − b‖ / max(‖b‖, 1e-30)`.
 fn relative(a: &[f32], b: &[f32]) -> f64 {
@@ -94,16 +80,16 @@ fn one_head_slstm_matches_the_xlstm_package_on_every_back_end() {
         (s[0], s[1], s[2])
     };
     let hidden = features / 4;
-    let lengths: Vec<usize> = get(&x, "lengths").iter().map(|&l| l as usize).collect();
+    let lengths: Vec<usize> = support::fixture(&x, "lengths").iter().map(|&l| l as usize).collect();
     let mut weights = Weights::default();
     for name in ["_recurrent_kernel_", "_bias_"] {
         let tensor = &stored[name];
         // `_recurrent_kernel_` is [heads = 1, 4H, H]: one matrix.
         let shape = if tensor.shape.len() == 3 { tensor.shape[1..].to_vec() } else { tensor.shape.clone() };
-        weights.insert(format!("{name}_l0"), shape, f32s(tensor));
+        weights.insert(format!("{name}_l0"), shape, support::f32s(tensor));
     }
     let states = ["y", "c", "n", "m"];
-    let gf: Vec<Vec<f32>> = states.iter().map(|s| get(&x, &format!("grad_final.{s}"))).collect();
+    let gf: Vec<Vec<f32>> = states.iter().map(|s| support::fixture(&x, &format!("grad_final.{s}"))).collect();
     let backends: [NamedBackend; 3] = [
         ("reference", || Box::new(Reference)),
         ("cpu", || Box::new(Cpu::new(2, Kernels::Fastest).expect("cpu"))),
@@ -131,8 +117,8 @@ fn one_head_slstm_matches_the_xlstm_package_on_every_back_end() {
                 Align::Left => data,
                 Align::Right => shift_right(&data, &lengths, t, width),
             };
-            let data = laid(get(&x, "input"), features);
-            let dy = laid(get(&x, "grad_output"), hidden);
+            let data = laid(support::fixture(&x, "input"), features);
+            let dy = laid(support::fixture(&x, "grad_output"), hidden);
             let input = Input::Padded {
                 data: &data,
                 batch: b,
@@ -148,14 +134,18 @@ fn one_head_slstm_matches_the_xlstm_package_on_every_back_end() {
                 assert!(e <= TOLERANCE, "{name} {align:?} {what}: {e:.2e} from the xlstm package");
                 report.push(format!("{name} {align:?} {what} {e:.1e}"));
             };
-            check("output", &out.data, laid(get(&want, "output"), hidden));
-            check("grad.input", &grads.d_input, laid(get(&want, "grad.input"), features));
+            check("output", &out.data, laid(support::fixture(&want, "output"), hidden));
+            check("grad.input", &grads.d_input, laid(support::fixture(&want, "grad.input"), features));
             for (k, s) in states.iter().enumerate() {
-                check(&format!("final.{s}"), &out.final_states[k], get(&want, &format!("final.{s}")));
+                check(
+                    &format!("final.{s}"),
+                    &out.final_states[k],
+                    support::fixture(&want, &format!("final.{s}")),
+                );
             }
             let d = grads.d_params.iter().flatten().collect::<Vec<_>>();
-            check("grad._recurrent_kernel_", d[0], get(&want, "grad._recurrent_kernel_"));
-            check("grad._bias_", d[1], get(&want, "grad._bias_"));
+            check("grad._recurrent_kernel_", d[0], support::fixture(&want, "grad._recurrent_kernel_"));
+            check("grad._bias_", d[1], support::fixture(&want, "grad._bias_"));
         }
     }
     support::report(&format!("sLSTM (1 head) against the xlstm package: {}", report.join(", ")));

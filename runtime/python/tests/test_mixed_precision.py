@@ -39,14 +39,19 @@ def lstm_loop(ref: nn.LSTM, x, rounding):
     return torch.stack(outputs, 1)
 
 
-@torch.no_grad()
-@pytest.mark.parametrize("backend", [None, "cuda-emulated"])
-def test_bf16_results_come_from_bf16_products_with_float32_sums(backend):
+def lstm_and_data(backend):
+    """``nn.LSTM(16, 32)``, a cellc LSTM on ``backend`` with its weights, and a batch of 3x6."""
     torch.manual_seed(0)
     ref = nn.LSTM(16, 32, batch_first=True)
     rnn = cellc.RNN("lstm", 16, {"H": 32}, batch_first=True, backend=backend)
     rnn.load_state_dict(ref.state_dict())
-    x = torch.randn(3, 6, 16) * 2
+    return ref, rnn, torch.randn(3, 6, 16) * 2
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("backend", [None, "cuda-emulated"])
+def test_bf16_results_come_from_bf16_products_with_float32_sums(backend):
+    ref, rnn, x = lstm_and_data(backend)
     bf16 = lstm_loop(ref, x, lambda t: t.bfloat16().float())
     # The internal call, before the result is rounded to bf16: the loop's values to float32's
     # rounding, and far from float32's products (bf16's 8-bit operands); on the CPU's kernels
@@ -67,11 +72,7 @@ def test_bf16_results_come_from_bf16_products_with_float32_sums(backend):
 @torch.no_grad()
 @pytest.mark.parametrize("backend", [None, "cuda-emulated"])
 def test_fp16_results_come_from_fp16_products_on_cuda_and_float32_ones_on_the_cpu(backend):
-    torch.manual_seed(0)
-    ref = nn.LSTM(16, 32, batch_first=True)
-    rnn = cellc.RNN("lstm", 16, {"H": 32}, batch_first=True, backend=backend)
-    rnn.load_state_dict(ref.state_dict())
-    x = torch.randn(3, 6, 16) * 2
+    ref, rnn, x = lstm_and_data(backend)
     fp16 = lstm_loop(ref, x, lambda t: t.half().float())
     got, _ = rnn._forward(x, None, None, "left", None, "+f16")
     exact, _ = rnn._forward(x, None, None, "left", None, "")
