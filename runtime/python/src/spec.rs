@@ -50,16 +50,23 @@ fn parse(spec: &str) -> Result<Spec> {
         .map_err(|e| RuntimeError::Internal(format!("a model spec that does not parse: {e}")))
 }
 
+/// The precision back end `name` computes a call asked in `asked` in: the
+/// reference back end's products are f32, and so are the CPU's where fp16
+/// is asked (it has no fp16 products, see `Cpu::with_precision`). One
+/// model per precision computed, not per precision asked.
+fn computed_precision(name: &str, asked: Precision) -> Precision {
+    match (name, asked) {
+        ("reference", _) | ("cpu", Precision::F16) => Precision::F32,
+        _ => asked,
+    }
+}
+
 /// The back end `name` (the CPU's: every usable core, each call capped by
 /// its caller's thread count) or CUDA device `device`, its products in
-/// `precision` (the reference back end's are f32, and so are the CPU's
-/// where fp16 is asked: it has no fp16 products, see `Cpu::with_precision`).
+/// `precision` (as [`computed_precision`] gives it).
 fn backend(name: &str, device: usize, precision: Precision) -> Result<Box<dyn Backend>> {
     match name {
-        "cpu" => {
-            let precision = if precision == Precision::F16 { Precision::F32 } else { precision };
-            Ok(Box::new(Cpu::new(0, Kernels::Fastest)?.with_precision(precision)?))
-        }
+        "cpu" => Ok(Box::new(Cpu::new(0, Kernels::Fastest)?.with_precision(precision)?)),
         "reference" => Ok(Box::new(Reference)),
         "cuda" => Ok(Box::new(cuda(Some(device), precision)?)),
         "cuda-emulated" => Ok(Box::new(cuda(None, precision)?)),
@@ -149,6 +156,10 @@ fn held() -> std::sync::MutexGuard<'static, HashMap<String, Held>> {
 /// holds the spec; without one (an operator called directly), made for
 /// the call alone.
 pub fn model(spec: &str, device: usize, precision: Precision) -> Result<Arc<Model>> {
+    let precision = match precision {
+        Precision::F32 => Precision::F32,
+        asked => computed_precision(&parse(spec)?.backend, asked),
+    };
     let mut held = held();
     if let Some(entry) = held.get_mut(spec) {
         if let Some(m) = entry.models.get(&(device, precision)) {
