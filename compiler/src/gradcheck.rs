@@ -116,19 +116,21 @@ pub fn gradcheck_with(
     let g_final: Vec<Vec<f64>> = bound.state_sizes().iter().map(|&n| rng.vec(n, 1.0)).collect();
 
     let analytic = bound.backward(grad, &xs, &h0, &params, &g_out, &g_final)?;
-    // `stop_gradient` values are constants to the backward step: the
-    // perturbed runs hold them at the unperturbed run's values.
-    let (_, stops) = bound.run_with_stops(&xs, &h0, &params, None)?;
-    let loss = |xs: &[f64], h0: &[Vec<f64>], params: &[Vec<f64>]| -> Result<f64, InterpError> {
-        let (r, _) = bound.run_with_stops(xs, h0, params, Some(&stops))?;
+    let loss_of = |r: &crate::interp::SequenceResult<f64>| -> f64 {
         let mut l: f64 = r.outputs.iter().zip(&g_out).map(|(a, b)| a * b).sum();
         for (s, g) in r.final_states.iter().zip(&g_final) {
             l += s.iter().zip(g).map(|(a, b)| a * b).sum::<f64>();
         }
-        Ok(l)
+        l
+    };
+    // `stop_gradient` values are constants to the backward step: the
+    // perturbed runs hold them at the unperturbed run's values.
+    let (unperturbed, stops) = bound.run_recording_stops(&xs, &h0, &params)?;
+    let base = loss_of(&unperturbed);
+    let loss = |xs: &[f64], h0: &[Vec<f64>], params: &[Vec<f64>]| -> Result<f64, InterpError> {
+        Ok(loss_of(&bound.run_holding_stops(xs, h0, params, &stops)?))
     };
     let eps = opts.eps;
-    let base = loss(&xs, &h0, &params)?;
     let numeric = |perturb: &dyn Fn(f64) -> Result<f64, InterpError>| -> Result<Difference, InterpError> {
         Ok(Difference::of(perturb(-eps)?, base, perturb(eps)?, eps))
     };

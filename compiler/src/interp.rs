@@ -192,7 +192,7 @@ pub(crate) struct LeafValues<'a, T> {
     pub masks: &'a [&'a [T]],
     /// Values that `stop_gradient` nodes take instead of their operand's
     /// (a gradient check's finite differences hold them where the
-    /// unperturbed run put them: see [`BoundCell::run_with_stops`]).
+    /// unperturbed run put them: see [`BoundCell::run_holding_stops`]).
     pub pinned: &'a [(ValueId, Vec<T>)],
 }
 
@@ -614,7 +614,7 @@ impl<'c> BoundCell<'c> {
         }
         self.check_states(states)?;
         self.check_params(params)?;
-        Ok(self.step_unchecked(x, states, params, &[]).0)
+        Ok(self.step_unchecked(x, states, params, &[], false).0)
     }
 
     /// The values every mask of the cell takes in evaluation (see
@@ -635,13 +635,14 @@ impl<'c> BoundCell<'c> {
     }
 
     /// One step, its `stop_gradient` nodes taking the `pinned` values
-    /// where given; returns the values they took, too.
+    /// where given; with `record`, returns the values they took, too.
     fn step_unchecked<T: Float, S: AsRef<[T]>>(
         &self,
         x: &[T],
         states: &[S],
         params: &[Vec<T>],
         pinned: &[(ValueId, Vec<T>)],
+        record: bool,
     ) -> (StepResult<T>, Vec<(ValueId, Vec<T>)>) {
         let states: Vec<&[T]> = states.iter().map(|s| s.as_ref()).collect();
         let masks = self.evaluation_masks::<T>(&self.rates);
@@ -657,13 +658,13 @@ impl<'c> BoundCell<'c> {
         };
         let vals = evaluate(self.cell, &self.plan, &leaves, self.precision);
         let get = |v: ValueId| value(self.cell, &vals, &leaves, v).to_vec();
-        let stops = self
-            .plan
-            .order
-            .iter()
-            .filter(|&&v| self.cell.node(v).op == Op::Unary(UnaryOp::StopGradient))
-            .map(|&v| (v, get(v)))
-            .collect();
+        let stops = match record {
+            true => (self.plan.order.iter())
+                .filter(|&&v| self.cell.node(v).op == Op::Unary(UnaryOp::StopGradient))
+                .map(|&v| (v, get(v)))
+                .collect(),
+            false => Vec::new(),
+        };
         let result = StepResult {
             output: get(self.cell.output),
             next_states: self.cell.next_states.iter().map(|&v| get(v)).collect(),
@@ -679,19 +680,40 @@ impl<'c> BoundCell<'c> {
         initial_states: &[S],
         params: &[Vec<T>],
     ) -> Result<SequenceResult<T>, InterpError> {
-        self.run_with_stops(xs, initial_states, params, None).map(|(r, _)| r)
+        self.run_steps(xs, initial_states, params, None, false).map(|(r, _)| r)
     }
 
-    /// [`BoundCell::run`], with the values of the `stop_gradient` nodes at
-    /// each step: taken from `pinned` (one list per step, as this returns
-    /// them) where given, so that a finite difference sees them as the
-    /// constants the backward step takes them for.
-    pub fn run_with_stops<T: Float, S: AsRef<[T]>>(
+    /// [`BoundCell::run`], and the values its `stop_gradient` nodes took at
+    /// each step (for [`BoundCell::run_holding_stops`]).
+    pub fn run_recording_stops<T: Float, S: AsRef<[T]>>(
+        &self,
+        xs: &[T],
+        initial_states: &[S],
+        params: &[Vec<T>],
+    ) -> Result<(SequenceResult<T>, StopValues<T>), InterpError> {
+        self.run_steps(xs, initial_states, params, None, true)
+    }
+
+    /// [`BoundCell::run`] with each step's `stop_gradient` nodes held at
+    /// the values `stops` recorded, so that a finite difference sees them as
+    /// the constants the backward step takes them for.
+    pub fn run_holding_stops<T: Float, S: AsRef<[T]>>(
+        &self,
+        xs: &[T],
+        initial_states: &[S],
+        params: &[Vec<T>],
+        stops: &StopValues<T>,
+    ) -> Result<SequenceResult<T>, InterpError> {
+        self.run_steps(xs, initial_states, params, Some(stops), false).map(|(r, _)| r)
+    }
+
+    fn run_steps<T: Float, S: AsRef<[T]>>(
         &self,
         xs: &[T],
         initial_states: &[S],
         params: &[Vec<T>],
         pinned: Option<&StopValues<T>>,
+        record: bool,
     ) -> Result<(SequenceResult<T>, StopValues<T>), InterpError> {
         if self.input_size == 0 || !xs.len().is_multiple_of(self.input_size) {
             return Err(InterpError::Shape {
@@ -708,11 +730,13 @@ impl<'c> BoundCell<'c> {
         let mut stops = Vec::new();
         for (t, x) in xs.chunks(self.input_size).enumerate() {
             let pins = pinned.and_then(|p| p.get(t)).map_or(&[][..], Vec::as_slice);
-            let (r, taken) = self.step_unchecked(x, &states, params, pins);
+            let (r, taken) = self.step_unchecked(x, &states, params, pins, record);
             outputs.extend_from_slice(&r.output);
             states = r.next_states;
             history.push(states.clone());
-            stops.push(taken);
+            if record {
+                stops.push(taken);
+            }
         }
         Ok((SequenceResult { outputs, states: history, final_states: states }, stops))
     }
