@@ -40,10 +40,11 @@ const MAX_VALUES: usize = 100_000;
 /// Deepest chain of function calls being inlined.
 const MAX_CALL_DEPTH: usize = 64;
 
-/// Built-ins that shape vectors rather than compute: syntax, not ops.
-/// Built-ins lowered by the front end itself: shape functions, `where`
-/// (a select), and `logsigmoid` (`-softplus(-x)`, stable as softplus is).
-const SHAPE_BUILTINS: [&str; 4] = ["chunk", "concat", "where", "logsigmoid"];
+/// Built-ins the front end lowers itself rather than naming an op of
+/// theirs: `chunk` and `concat` (which shape vectors), `where` (a select
+/// of three operands), and `logsigmoid` (`-softplus(-x)`, as stable as
+/// softplus).
+const LOWERED_BUILTINS: [&str; 4] = ["chunk", "concat", "where", "logsigmoid"];
 
 /// Every built-in function name (which no `fn` may take): the ops' own
 /// lists, so a new op's name is reserved the moment it is added.
@@ -54,7 +55,7 @@ pub(crate) fn builtin_names<'a>() -> impl Iterator<Item = &'a str> {
         .chain(ir::BinaryOp::BUILTINS.iter().map(|op| op.name()))
         .chain(ir::ReduceOp::ALL.iter().map(|op| op.name()))
         .chain(ir::MaskFn::ALL.iter().map(|f| f.name()))
-        .chain(SHAPE_BUILTINS)
+        .chain(LOWERED_BUILTINS)
 }
 
 fn is_builtin(name: &str) -> bool {
