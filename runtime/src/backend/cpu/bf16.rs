@@ -5,7 +5,8 @@
 //! values of one column, rows `2q` (low half) and `2q + 1` (high half) of
 //! `B`: the operand layout of `vdpbf16ps`, which sums two products into
 //! each f32 lane. The left operand's rows are rounded to bf16 once per call
-//! (as pairs for `vdpbf16ps`, as rounded floats for the kernels that widen). Each output then adds, for `q = 0, 1, ...`, first the product of
+//! (as pairs for `vdpbf16ps`, as rounded floats for the kernels that
+//! widen). Each output then adds, for `q = 0, 1, ...`, first the product of
 //! the odd elements and then that of the even ones, each rounded to f32 once
 //! (a product of two bf16 values is exact in f32): `vdpbf16ps`'s order,
 //! which every kernel here follows, so that the portable and AVX2 kernels
