@@ -140,7 +140,8 @@ fn poisoned() -> RuntimeError {
 }
 
 /// The models of the specs that modules hold: per spec, how many
-/// [`Handle`]s hold it and its model per device (the CPU's at 0).
+/// [`Handle`]s hold it and its model per device (the CPU's at 0) and
+/// precision asked (several keys may share one model).
 struct Held {
     handles: usize,
     models: HashMap<(usize, Precision), Arc<Model>>,
@@ -155,23 +156,28 @@ fn held() -> std::sync::MutexGuard<'static, HashMap<String, Held>> {
 /// products in `precision`, made on first use and kept while a module
 /// holds the spec; without one (an operator called directly), made for
 /// the call alone.
-pub fn model(spec: &str, device: usize, precision: Precision) -> Result<Arc<Model>> {
-    let precision = match precision {
-        Precision::F32 => Precision::F32,
-        asked => computed_precision(&parse(spec)?.backend, asked),
-    };
+/// A call asking for `asked` gets the model of the precision its back end
+/// computes ([`computed_precision`]), kept under both keys, so that every
+/// later call is one lookup.
+pub fn model(spec: &str, device: usize, asked: Precision) -> Result<Arc<Model>> {
     let mut held = held();
     if let Some(entry) = held.get_mut(spec) {
-        if let Some(m) = entry.models.get(&(device, precision)) {
+        if let Some(m) = entry.models.get(&(device, asked)) {
             return Ok(m.clone());
         }
         let parsed = parse(spec)?;
-        let model = Arc::new(make(&parsed, backend(&parsed.backend, device, precision)?)?);
+        let precision = computed_precision(&parsed.backend, asked);
+        let model = match entry.models.get(&(device, precision)) {
+            Some(m) => m.clone(),
+            None => Arc::new(make(&parsed, backend(&parsed.backend, device, precision)?)?),
+        };
         entry.models.insert((device, precision), model.clone());
+        entry.models.insert((device, asked), model.clone());
         return Ok(model);
     }
     drop(held);
     let parsed = parse(spec)?;
+    let precision = computed_precision(&parsed.backend, asked);
     Ok(Arc::new(make(&parsed, backend(&parsed.backend, device, precision)?)?))
 }
 
@@ -223,7 +229,13 @@ impl Drop for Handle {
 /// The number of specs held and of models made for them (for tests).
 pub fn held_counts() -> (usize, usize) {
     let held = held();
-    (held.len(), held.values().map(|h| h.models.len()).sum())
+    let distinct = |h: &Held| {
+        let mut models: Vec<*const Model> = h.models.values().map(Arc::as_ptr).collect();
+        models.sort_unstable();
+        models.dedup();
+        models.len()
+    };
+    (held.len(), held.values().map(distinct).sum())
 }
 
 /// What `spec`'s model is ([`Description`]), without opening a device:
