@@ -2,9 +2,10 @@
 """xLSTM's sLSTM: cellc against the `xlstm` package's `vanilla` back end (the only one that runs
 without its CUDA extension, and the one a CPU user has), one head, float32, on the CPU.
 
-cellc runs the package's `slstm` pointwise function written as a `.cell` (the cell of
-tests/xlstm.rs, equal to the package to 1e-7), with the package's weights loaded. Both get the
-same gate pre-activations [B, T, 4H] (what `sLSTMLayer` feeds its cell) from the zero state.
+cellc runs the package's `slstm` pointwise function written as a `.cell`
+(tests/fixtures/xlstm/slstm_one_head.cell, equal to the package to 1e-7 in tests/xlstm.rs),
+with the package's weights loaded. Both get the same gate pre-activations [B, T, 4H] (what
+`sLSTMLayer` feeds its cell) from the zero state.
 Inference is the forward under `torch.no_grad()`; training is forward and backward of a sum.
 Each shape alternates the routes, keeps each route's median, and checks that cellc's output
 equals the package's first.
@@ -15,6 +16,7 @@ Needs torch, the cellc package and `xlstm` (`pip install --no-deps xlstm pyyaml`
 """
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -24,25 +26,9 @@ from xlstm.blocks.slstm.cell import sLSTMCell, sLSTMCellConfig
 
 import cellc
 
-SLSTM_ONE_HEAD = """
-cell slstm {
-    input  x[4*H]
-    state  y[H], c[H], n[H], m[H]
-    param  _recurrent_kernel_[4*H, H] = zeros
-    param  _bias_[4*H] = zeros
-
-    let raw = x + _recurrent_kernel_ @ y + _bias_
-    let iraw, fraw, zraw, oraw = chunk(raw, 4)
-    let logfplusm = m + logsigmoid(fraw)
-    m' = where(n == 0, iraw, max(iraw, logfplusm))
-    let igate = min(exp(iraw - m'), 1)
-    let fgate = min(exp(logfplusm - m'), 1)
-    c' = fgate * c + igate * tanh(zraw)
-    n' = fgate * n + igate
-    y' = sigmoid(oraw) * c' / n'
-    output y'
-}
-"""
+# The cell of tests/xlstm.rs, held to the package there.
+SLSTM_ONE_HEAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "xlstm",
+                              "slstm_one_head.cell")
 
 # The xlstm README's embedding (128) and a TiRex-like width (512); T=256; B 1 and 16.
 SHAPES = [(128, 1), (128, 16), (512, 1), (512, 16)]

@@ -5,16 +5,12 @@
 //! fixtures of tests/fixtures/gen_xlstm.py: outputs, final states and every
 //! gradient to 1e-5 relative.
 //!
-//! The cell below is the package's `slstm` pointwise function written in
-//! the language: exponential input and forget gates stabilised by the state
-//! `m`, which takes the input gate where the normaliser `n` is still zero
-//! (the first step), both gates clamped at 1. Its parameters are the
-//! package's state_dict entries: `_recurrent_kernel_` ([1, 4H, H], the head
-//! axis dropped) and `_bias_` ([4H], gate-major), with the model's layer
-//! suffix `_l0`. The package tests `n == 0` for the whole batch at once,
-//! the cell each element: they differ only where some of a call's
-//! normalisers are zero and others not, which a batch starting from the
-//! zero state never has.
+//! The cell (tests/fixtures/xlstm/slstm_one_head.cell) is the package's
+//! `slstm` pointwise function written in the language; its parameters are
+//! the package's state_dict entries with the model's layer suffix `_l0`.
+//! The package tests `n == 0` for the whole batch at once, the cell each
+//! element: they differ only where some of a call's normalisers are zero
+//! and others not, which a batch starting from the zero state never has.
 
 mod support;
 
@@ -30,25 +26,8 @@ const TOLERANCE: f64 = 1e-5;
 /// A back end by name, and how to make one.
 type NamedBackend = (&'static str, fn() -> Box<dyn Backend>);
 
-const SLSTM_ONE_HEAD: &str = "
-cell slstm {
-    input  x[4*H]
-    state  y[H], c[H], n[H], m[H]
-    param  _recurrent_kernel_[4*H, H] = zeros
-    param  _bias_[4*H] = zeros
-
-    let raw = x + _recurrent_kernel_ @ y + _bias_
-    let iraw, fraw, zraw, oraw = chunk(raw, 4)
-    let logfplusm = m + logsigmoid(fraw)
-    m' = where(n == 0, iraw, max(iraw, logfplusm))
-    let igate = min(exp(iraw - m'), 1)
-    let fgate = min(exp(logfplusm - m'), 1)
-    c' = fgate * c + igate * tanh(zraw)
-    n' = fgate * n + igate
-    y' = sigmoid(oraw) * c' / n'
-    output y'
-}
-";
+/// The package's cell with one head, in the language.
+const SLSTM_ONE_HEAD: &str = include_str!("fixtures/xlstm/slstm_one_head.cell");
 
 /// Norm-wise `‖a − b‖ / max(‖b‖, 1e-30)`.
 fn relative(a: &[f32], b: &[f32]) -> f64 {
