@@ -237,15 +237,16 @@ fn cuda_half_precision_products_on_the_emulated_device_are_that_arithmetic() {
         let (want, _) = oracle(&half, &batch).expect("the interpreter runs every sequence");
         let ideal = oracle_in(&half, &batch, precision).expect("the interpreter runs every sequence");
         let (low, full) = (errors(&half, &batch, &want), errors(&f32, &batch, &want));
+        let bounds = ideal_errors(&ideal, &want);
         let worst = |errors: &[(String, f64)]| errors.iter().map(|(_, e)| *e).fold(0.0, f64::max);
         eprintln!(
             "emulated CUDA, {} in {precision}: worst relative error {:.1e} ({precision} arithmetic {:.1e}, f32 {:.1e})",
             cell.forward.name,
             worst(&low),
-            worst(&ideal_errors(&ideal, &want)),
+            worst(&bounds),
             worst(&full)
         );
-        for (((name, e), (_, bound)), (_, e32)) in low.iter().zip(&ideal_errors(&ideal, &want)).zip(&full) {
+        for (((name, e), (_, bound)), (_, e32)) in low.iter().zip(&bounds).zip(&full) {
             let cell = &cell.forward.name;
             assert!(
                 !e.is_nan() && *e <= TOLERANCE.max(4.0 * bound),
