@@ -170,6 +170,7 @@ pub struct BoundCell<'c> {
     state_sizes: Vec<usize>,
     /// `(rows, cols)`; `cols == 1` for vectors.
     param_shapes: Vec<(usize, usize)>,
+    param_heads: Vec<usize>,
     /// Elements of each mask (of a row, or of a DropConnect's parameter).
     mask_sizes: Vec<usize>,
     /// The precision of the products of matrix parameters ([`BoundCell::with_precision`]).
@@ -297,21 +298,32 @@ impl Shapes {
             Op::Binary(op) => args[0].iter().zip(args[1]).map(|(&a, &b)| apply_binary(*op, a, b)).collect(),
             Op::Select => (0..n).map(|i| apply_select(args[0][i], args[1][i], args[2][i])).collect(),
             Op::Broadcast => vec![args[0][0]; n],
+            // A block-diagonal matrix of `h` heads is `h*m` rows of `k`
+            // columns; row `r` belongs to head `r / m`, which reads (or
+            // writes) the vector's `k` elements from `(r / m) * k`.
             Op::MatVec => {
                 let (w, x, k) = (args[0], args[1], operand_cols(0));
-                (0..rows).map(|r| dot(&w[r * k..(r + 1) * k], x)).collect()
+                let per_head = rows / self.heads(graph.operands(v)[0]);
+                (0..rows).map(|r| dot(&w[r * k..(r + 1) * k], &x[r / per_head * k..][..k])).collect()
             }
             Op::MatVecT => {
                 let (w, y, k) = (args[0], args[1], operand_cols(0));
-                let mut out = vec![T::zero(); k];
+                let per_head = y.len() / self.heads(graph.operands(v)[0]);
+                let mut out = vec![T::zero(); rows];
                 for (r, &yr) in y.iter().enumerate() {
-                    for (o, &wv) in out.iter_mut().zip(&w[r * k..(r + 1) * k]) {
+                    for (o, &wv) in out[r / per_head * k..][..k].iter_mut().zip(&w[r * k..(r + 1) * k]) {
                         *o = *o + wv * yr;
                     }
                 }
                 out
             }
-            Op::Outer => args[0].iter().flat_map(|&ai| args[1].iter().map(move |&bj| ai * bj)).collect(),
+            Op::Outer => {
+                let per_head = rows / self.heads(v);
+                let (a, b) = (args[0], args[1]);
+                (0..rows)
+                    .flat_map(|r| b[r / per_head * cols..][..cols].iter().map(move |&bj| a[r] * bj))
+                    .collect()
+            }
             Op::Reduce(op) => {
                 let s = args[0].iter().fold(T::zero(), |acc, &a| acc + a);
                 match op {
@@ -418,8 +430,14 @@ impl<'c> BoundCell<'c> {
             .map(|p| {
                 let what = format!("parameter `{}`", p.name);
                 let (rows, cols) = match &p.ty {
-                    Type::Matrix(m, n) => {
-                        (eval_dim(&cell.name, &sizes, &what, m)?, eval_dim(&cell.name, &sizes, &what, n)?)
+                    Type::Matrix(h, m, n) => {
+                        let heads = eval_dim(&cell.name, &sizes, &what, h)?;
+                        let rows = eval_dim(&cell.name, &sizes, &what, m)?;
+                        let rows = heads.checked_mul(rows).ok_or_else(|| InterpError::DimOverflow {
+                            what: what.clone(),
+                            dim: p.ty.to_string(),
+                        })?;
+                        (rows, eval_dim(&cell.name, &sizes, &what, n)?)
                     }
                     Type::Vector(d) => (eval_dim(&cell.name, &sizes, &what, d)?, 1),
                     Type::Scalar => (1, 1),
@@ -437,6 +455,15 @@ impl<'c> BoundCell<'c> {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let plan = Shapes::new(cell, &sizes, &cell.name)?;
+        let param_heads = cell
+            .params
+            .iter()
+            .map(|p| match &p.ty {
+                // Evaluated without error for `param_shapes` above.
+                Type::Matrix(h, ..) => h.eval(&sizes).map_or(1, |h| h as usize),
+                _ => 1,
+            })
+            .collect();
         Ok(BoundCell {
             cell,
             sizes,
@@ -444,6 +471,7 @@ impl<'c> BoundCell<'c> {
             input_slices,
             input_size: offset,
             state_sizes,
+            param_heads,
             param_shapes,
             mask_sizes,
             precision: Precision::F32,
@@ -506,9 +534,16 @@ impl<'c> BoundCell<'c> {
         &self.plan
     }
 
-    /// `(rows, cols)` of each parameter; `cols == 1` for a vector.
+    /// `(rows, cols)` of each parameter; `cols == 1` for a vector; `(heads*m, n)`
+    /// for a block-diagonal `[heads, m, n]`.
     pub fn param_shapes(&self) -> &[(usize, usize)] {
         &self.param_shapes
+    }
+
+    /// The heads of each parameter (1 for a vector or a plain matrix): a
+    /// parameter `[heads, m, n]` has shape `(heads*m, n)` in [`Self::param_shapes`].
+    pub fn param_heads(&self) -> &[usize] {
+        &self.param_heads
     }
 
     /// Each parameter's initialiser with the sizes substituted.
@@ -564,10 +599,12 @@ impl<'c> BoundCell<'c> {
                 found: params.len(),
             });
         }
-        for ((p, data), &(r, c)) in self.cell.params.iter().zip(params).zip(&self.param_shapes) {
+        for (i, ((p, data), &(r, c))) in
+            self.cell.params.iter().zip(params).zip(&self.param_shapes).enumerate()
+        {
             if data.len() != r * c {
-                let expected =
-                    if matches!(p.ty, Type::Matrix(..)) { format!("[{r}, {c}]") } else { format!("[{r}]") };
+                let shape = p.weight_shape((r, c), self.param_heads[i]);
+                let expected = format!("{shape:?}");
                 return Err(InterpError::Shape {
                     tensor: p.name.clone(),
                     expected: format!("{expected} ({} elements)", r * c),

@@ -12,8 +12,11 @@ use crate::ir::{Graph, Op, Type, ValueId};
 #[derive(Clone, Debug)]
 pub struct Shapes {
     pub(crate) order: Vec<ValueId>,
-    /// `(rows, cols)` of each value: `(1, 1)` scalar, `(d, 1)` vector, `(m, n)` matrix.
+    /// `(rows, cols)` of each value: `(1, 1)` scalar, `(d, 1)` vector, `(m, n)`
+    /// matrix, `(heads*m, n)` block-diagonal matrix (its memory).
     pub(crate) shape: Vec<(usize, usize)>,
+    /// Heads of each matrix value (1 for a plain matrix and for vectors).
+    pub(crate) heads: Vec<usize>,
     /// Offset of each `slice`/`pad`, or the value of a `dimvalue` (0 elsewhere).
     pub(crate) extra: Vec<usize>,
 }
@@ -28,13 +31,20 @@ impl Shapes {
         })?;
         let mut shape = vec![(0usize, 0usize); graph.value_bound()];
         let mut extra = vec![0usize; graph.value_bound()];
+        let mut heads = vec![1usize; graph.value_bound()];
         let eval = |what: &str, d: &crate::dims::Dim| eval_dim(cell, sizes, what, d);
         for &v in &order {
             let what = format!("value {v}");
             shape[v.index()] = match graph.ty(v) {
                 Type::Scalar => (1, 1),
                 Type::Vector(d) => (eval(&what, d)?, 1),
-                Type::Matrix(m, n) => (eval(&what, m)?, eval(&what, n)?),
+                Type::Matrix(h, m, n) => {
+                    heads[v.index()] = eval(&what, h)?;
+                    let rows = heads[v.index()].checked_mul(eval(&what, m)?).ok_or_else(|| {
+                        InterpError::DimOverflow { what: what.clone(), dim: graph.ty(v).to_string() }
+                    })?;
+                    (rows, eval(&what, n)?)
+                }
             };
             check_elements(&what, shape[v.index()].0, shape[v.index()].1)?;
             match &graph.node(v).op {
@@ -50,7 +60,7 @@ impl Shapes {
                 _ => {}
             }
         }
-        Ok(Shapes { order, shape, extra })
+        Ok(Shapes { order, shape, heads, extra })
     }
 
     /// Where `slice` value `v` starts in its operand, or `pad` value `v`'s
@@ -70,9 +80,15 @@ impl Shapes {
         &self.order
     }
 
-    /// `(rows, cols)` of a value: `(1, 1)` scalar, `(d, 1)` vector, `(m, n)` matrix.
+    /// `(rows, cols)` of a value: `(1, 1)` scalar, `(d, 1)` vector, `(m, n)`
+    /// matrix, `(heads*m, n)` for `heads` blocks `[m, n]` (as they are stored).
     pub fn shape(&self, v: ValueId) -> (usize, usize) {
         self.shape[v.index()]
+    }
+
+    /// The heads of a matrix value: its diagonal blocks (1 for a plain matrix).
+    pub fn heads(&self, v: ValueId) -> usize {
+        self.heads[v.index()]
     }
 }
 

@@ -14,7 +14,6 @@ pub use crate::layers::{weight_suffix, ModelConfig};
 use crate::weights::Weights;
 use cellc::dims::Bindings;
 use cellc::interp::ConcreteInit;
-use cellc::ir::Type;
 use std::sync::Arc;
 
 /// A runnable model.
@@ -210,8 +209,9 @@ impl Model {
         let mut out = Vec::new();
         for (k, layer) in self.layers.iter().enumerate() {
             for d in 0..self.directions() {
-                for (p, &(r, c)) in self.compiled.forward.params.iter().zip(&layer.param_shapes) {
-                    let shape = if matches!(p.ty, Type::Matrix(..)) { vec![r, c] } else { vec![r] };
+                let params = self.compiled.forward.params.iter().zip(&layer.param_shapes);
+                for ((p, &shape), &heads) in params.zip(&layer.param_heads) {
+                    let shape = p.weight_shape(shape, heads);
                     out.push((format!("{}{}", p.name, weight_suffix(k, d == 1)), shape));
                 }
             }

@@ -46,15 +46,20 @@ impl fmt::Debug for ValueId {
     }
 }
 
-/// The type of a value: a scalar, a vector `[d]`, or (parameters only) a matrix `[m, n]`.
+/// The type of a value: a scalar, a vector `[d]`, or (parameters only) a
+/// matrix `[m, n]` or a block-diagonal one `[heads, m, n]`.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub enum Type {
     /// A single number.
     Scalar,
     /// A vector `[d]`.
     Vector(Dim),
-    /// A matrix `[m, n]`: `m` rows of `n` elements, row-major.
-    Matrix(Dim, Dim),
+    /// `heads` matrices `[m, n]` on the diagonal of a block-diagonal
+    /// `[heads*m, heads*n]` one, stored one after another, each row-major
+    /// (so in memory `[heads*m, n]`). A plain matrix `[m, n]` has one head.
+    /// `W @ v` multiplies head `k`'s block by `v[k*n .. (k+1)*n]` into
+    /// `[k*m .. (k+1)*m]` of the result.
+    Matrix(Dim, Dim, Dim),
 }
 
 impl Type {
@@ -65,6 +70,20 @@ impl Type {
             _ => None,
         }
     }
+
+    /// A plain (one-head) matrix `[m, n]`.
+    pub fn matrix(m: Dim, n: Dim) -> Type {
+        Type::Matrix(Dim::constant(1), m, n)
+    }
+
+    /// For a matrix, the vectors it multiplies: `(heads*m, heads*n)`, the
+    /// lengths of `W @ v` and of `v`; `None` if a product overflows.
+    pub fn product_dims(&self) -> Option<(Dim, Dim)> {
+        match self {
+            Type::Matrix(h, m, n) => Some((h.checked_mul(m)?, h.checked_mul(n)?)),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for Type {
@@ -72,7 +91,8 @@ impl fmt::Display for Type {
         match self {
             Type::Scalar => f.write_str("scalar"),
             Type::Vector(d) => write!(f, "[{d}]"),
-            Type::Matrix(m, n) => write!(f, "[{m}, {n}]"),
+            Type::Matrix(h, m, n) if h.as_constant() == Some(1) => write!(f, "[{m}, {n}]"),
+            Type::Matrix(h, m, n) => write!(f, "[{h}, {m}, {n}]"),
         }
     }
 }
@@ -103,13 +123,16 @@ pub struct VarDecl {
     pub span: Span,
 }
 
-/// A declared parameter: a vector or a matrix, with its initialiser.
+/// A declared parameter: a vector, a matrix or a block-diagonal matrix, with its initialiser.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ParamDecl {
     /// The name as declared.
     pub name: String,
-    /// A vector `[d]` or a matrix `[m, n]`.
+    /// A vector `[d]`, a matrix `[m, n]` or a block-diagonal `[heads, m, n]`.
     pub ty: Type,
+    /// Declared with a head axis, `[heads, m, n]`: its weights have three
+    /// axes even with one head.
+    pub declared_heads: bool,
     /// How it is initialised (an omitted initialiser is already filled in).
     pub init: Init,
     /// Where it is declared.
@@ -117,10 +140,22 @@ pub struct ParamDecl {
 }
 
 impl ParamDecl {
-    /// `[m, n]` for a matrix, `[d]` for a vector.
+    /// The shape of its weights at fixed sizes, from its `(rows, cols)` as
+    /// stored (`(heads*m, n)` for a block-diagonal one) and its `heads`:
+    /// `[d]`, `[m, n]` or, declared with a head axis, `[heads, m, n]`.
+    pub fn weight_shape(&self, (rows, cols): (usize, usize), heads: usize) -> Vec<usize> {
+        match self.ty {
+            Type::Matrix(..) if self.declared_heads => vec![heads, rows / heads.max(1), cols],
+            Type::Matrix(..) => vec![rows, cols],
+            _ => vec![rows],
+        }
+    }
+
+    /// `[m, n]` for a matrix, `[heads, m, n]` for a block-diagonal one, `[d]` for a vector.
     pub fn shape(&self) -> Vec<Dim> {
         match &self.ty {
-            Type::Matrix(m, n) => vec![m.clone(), n.clone()],
+            Type::Matrix(h, m, n) if self.declared_heads => vec![h.clone(), m.clone(), n.clone()],
+            Type::Matrix(_, m, n) => vec![m.clone(), n.clone()],
             Type::Vector(d) => vec![d.clone()],
             Type::Scalar => vec![],
         }

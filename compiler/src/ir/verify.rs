@@ -193,17 +193,17 @@ pub(crate) fn verify_graph(graph: &Graph, leaves: Leaves) -> Vec<VerifyError> {
                 .then(|| format!("select on {}, {} and {} gives {}", ty(0), ty(1), ty(2), node.ty)),
             Op::Broadcast => (ty(0) != &Type::Scalar || !matches!(node.ty, Type::Vector(_)))
                 .then(|| format!("broadcast of {} to {}", ty(0), node.ty)),
-            Op::MatVec => match (ty(0), ty(1), &node.ty) {
-                (Type::Matrix(m, n), Type::Vector(k), Type::Vector(r)) if n == k && m == r => None,
-                (a, b, r) => Some(format!("matvec of {a} and {b} gives {r}")),
+            Op::MatVec => match (ty(0).product_dims(), ty(1), &node.ty) {
+                (Some((m, n)), Type::Vector(k), Type::Vector(r)) if &n == k && &m == r => None,
+                _ => Some(format!("matvec of {} and {} gives {}", ty(0), ty(1), node.ty)),
             },
-            Op::MatVecT => match (ty(0), ty(1), &node.ty) {
-                (Type::Matrix(m, n), Type::Vector(k), Type::Vector(r)) if m == k && n == r => None,
-                (a, b, r) => Some(format!("matvect of {a} and {b} gives {r}")),
+            Op::MatVecT => match (ty(0).product_dims(), ty(1), &node.ty) {
+                (Some((m, n)), Type::Vector(k), Type::Vector(r)) if &m == k && &n == r => None,
+                _ => Some(format!("matvect of {} and {} gives {}", ty(0), ty(1), node.ty)),
             },
-            Op::Outer => match (ty(0), ty(1), &node.ty) {
-                (Type::Vector(a), Type::Vector(b), Type::Matrix(m, n)) if a == m && b == n => None,
-                (a, b, r) => Some(format!("outer of {a} and {b} gives {r}")),
+            Op::Outer => match (ty(0), ty(1), node.ty.product_dims()) {
+                (Type::Vector(a), Type::Vector(b), Some((m, n))) if a == &m && b == &n => None,
+                (a, b, _) => Some(format!("outer of {a} and {b} gives {}", node.ty)),
             },
             Op::Reduce(_) => (!matches!(ty(0), Type::Vector(_)) || node.ty != Type::Scalar)
                 .then(|| format!("reduction of {} gives {}", ty(0), node.ty)),

@@ -54,6 +54,7 @@ impl CellLowerer<'_> {
                     self.cell.params.push(ir::ParamDecl {
                         name: d.name.name.clone(),
                         ty: ty.clone(),
+                        declared_heads: d.dims.len() == 3,
                         init: init.unwrap_or(Init::Zeros),
                         span: d.span,
                     });
@@ -126,15 +127,16 @@ impl CellLowerer<'_> {
                 None
             }
             (DeclKind::Param, [v]) => Some(Type::Vector(v.clone())),
-            (DeclKind::Param, [m, n]) => Some(Type::Matrix(m.clone(), n.clone())),
+            (DeclKind::Param, [m, n]) => Some(Type::matrix(m.clone(), n.clone())),
+            (DeclKind::Param, [h, m, n]) => Some(Type::Matrix(h.clone(), m.clone(), n.clone())),
             (DeclKind::Param, _) => {
                 self.error(
                     Diagnostic::error(
                         d.span,
                         format!("parameter `{}` has {} dimensions", d.name.name, dims.len()),
                     )
-                    .with_label("expected 1 or 2")
-                    .with_note("a parameter is a vector `[n]` or a matrix `[m, n]`; stack per-gate weights along the rows, as `[4*H, I]`, and split the product with `chunk`"),
+                    .with_label("expected 1, 2 or 3")
+                    .with_note("a parameter is a vector `[n]`, a matrix `[m, n]`, or `[heads, m, n]`: one `[m, n]` matrix per head, on the diagonal of a block-diagonal one; stack per-gate weights along the rows, as `[4*H, I]`, and split the product with `chunk`"),
                 );
                 None
             }

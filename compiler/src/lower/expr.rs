@@ -8,6 +8,9 @@ use crate::dims::Dim;
 use crate::ir::{BinaryOp, MaskFn, Op, ReduceOp, Type, UnaryOp, ValueId};
 use crate::syntax::ast::{self, BinOp, Expr, ExprKind};
 
+/// The most blocks `transpose` reorders (each is a slice of the graph).
+const MAX_TRANSPOSE_BLOCKS: i64 = 256;
+
 impl CellLowerer<'_> {
     pub(super) fn let_binding(&mut self, l: &ast::Let) {
         if let ExprKind::Call { callee, args } = &l.value.kind {
@@ -405,12 +408,69 @@ impl CellLowerer<'_> {
         self.unary(UnaryOp::Neg, softplus, a.span, span)
     }
 
+    /// `transpose(v, a, b)`: `v` as an `a x b` grid of equal blocks, row by
+    /// row, read column by column; lowered to its `a*b` slices joined in
+    /// the new order (`(head, gate)` blocks to `(gate, head)`).
+    fn transpose(&mut self, callee: &ast::Ident, args: &[Expr], span: Span) -> Option<ValueId> {
+        let [v, a, b] = self.args::<3>(callee, args, span)?;
+        let (rows, cols) =
+            (self.integer_arg(a, "the grid's rows"), self.integer_arg(b, "the grid's columns"));
+        let value = self.expr(v)?;
+        let (rows, cols) = (rows?, cols?);
+        let ty = self.cell.ty(value).clone();
+        let Type::Vector(d) = ty else {
+            self.error(
+                Diagnostic::error(v.span, "`transpose` reorders the blocks of a vector")
+                    .with_label(format!("this is {}", describe(&ty))),
+            );
+            return None;
+        };
+        let blocks = rows.checked_mul(cols).filter(|&n| n <= MAX_TRANSPOSE_BLOCKS);
+        let Some(blocks) = blocks else {
+            self.error(
+                Diagnostic::error(
+                    span,
+                    format!("a {rows} x {cols} grid is more than {MAX_TRANSPOSE_BLOCKS} blocks"),
+                )
+                .with_label("too many blocks")
+                .with_note("`transpose` reorders a few blocks, such as heads and gates"),
+            );
+            return None;
+        };
+        let Some(piece) = d.exact_div(blocks) else {
+            self.error(
+                Diagnostic::error(
+                    v.span,
+                    format!("cannot split [{d}] into a {rows} x {cols} grid of equal blocks"),
+                )
+                .with_label(format!("[{d}] is not divisible by {blocks}"))
+                .with_note(
+                    "the size must be divisible for every value of its size variables, as `4*H` is by 4",
+                ),
+            );
+            return None;
+        };
+        if rows == 1 || cols == 1 {
+            return Some(value);
+        }
+        let mut parts = Vec::with_capacity(blocks as usize);
+        for j in 0..cols {
+            for i in 0..rows {
+                let offset = piece.checked_scale(i * cols + j)?;
+                parts.push(self.add(Op::Slice { offset }, Type::Vector(piece.clone()), &[value], span)?);
+            }
+        }
+        self.add(Op::Concat, Type::Vector(d), &parts, span)
+    }
+
     fn matvec(&mut self, m: ValueId, v: ValueId, sm: Span, sv: Span, span: Span) -> Option<ValueId> {
         let (tm, tv) = (self.cell.ty(m).clone(), self.cell.ty(v).clone());
-        let (Type::Matrix(rows, cols), Type::Vector(n)) = (&tm, &tv) else {
+        if let (Type::Vector(_), Type::Matrix(..)) = (&tm, &tv) {
+            return self.vecmat(m, v, sm, sv, span);
+        }
+        let (Type::Matrix(heads, rows, cols), Type::Vector(n)) = (&tm, &tv) else {
             if !matches!(tm, Type::Matrix(..)) {
                 let note = match tv {
-                    Type::Matrix(..) => "the operands are swapped: the matrix comes first, as in `W @ x`",
                     Type::Vector(_) if matches!(tm, Type::Vector(_)) => {
                         "for an elementwise product use `*`; for a dot product, `sum(a * b)`"
                     }
@@ -429,24 +489,81 @@ impl CellLowerer<'_> {
             }
             return None;
         };
-        if cols != n {
-            let mut d =
+        let Some((out, takes)) = tm.product_dims() else {
+            self.error(
+                Diagnostic::error(sm, format!("the sizes of this {tm} matrix overflow"))
+                    .with_label(format!("this is {}", describe(&tm))),
+            );
+            return None;
+        };
+        if &takes != n {
+            let one_head = heads.as_constant() == Some(1);
+            let mut d = if one_head {
                 Diagnostic::error(sv, format!("cannot multiply a [{rows}, {cols}] matrix by a [{n}] vector"))
-                    .with_label(format!("this is [{n}]"))
-                    .with_secondary(sm, format!("this matrix takes a vector of [{cols}]"));
+                    .with_secondary(sm, format!("this matrix takes a vector of [{cols}]"))
+            } else {
+                Diagnostic::error(
+                    sv,
+                    format!("cannot multiply {heads} heads of [{rows}, {cols}] by a [{n}] vector"),
+                )
+                .with_secondary(sm, format!("these heads take a vector of [{takes}], {cols} per head"))
+            }
+            .with_label(format!("this is [{n}]"));
             if let Op::Param(i) = self.cell.node(m).op {
                 let decl = &self.cell.params[i];
                 if decl.span != sm {
-                    d = d.with_secondary(
-                        decl.span,
-                        format!("`{}` is declared [{rows}, {cols}] here", decl.name),
-                    );
+                    d = d.with_secondary(decl.span, format!("`{}` is declared {tm} here", decl.name));
                 }
             }
-            self.error(d.with_note("`W[m, n] @ v` needs `v` of size [n], the matrix's second dimension"));
+            self.error(d.with_note(if one_head {
+                "`W[m, n] @ v` needs `v` of size [n], the matrix's second dimension"
+            } else {
+                "`W[heads, m, n] @ v` needs `v` of size [heads*n]: each head multiplies its own n elements"
+            }));
             return None;
         }
-        self.add(Op::MatVec, Type::Vector(rows.clone()), &[m, v], span)
+        self.add(Op::MatVec, Type::Vector(out), &[m, v], span)
+    }
+
+    /// `v @ W`: the vector times the matrix, `Wᵀ v` (`[m] @ [m, n]` gives
+    /// `[n]`; per head for a block-diagonal `W`).
+    fn vecmat(&mut self, v: ValueId, m: ValueId, sv: Span, sm: Span, span: Span) -> Option<ValueId> {
+        let (tv, tm) = (self.cell.ty(v).clone(), self.cell.ty(m).clone());
+        let (Type::Vector(n), Type::Matrix(heads, rows, cols)) = (&tv, &tm) else { return None };
+        let Some((takes, out)) = tm.product_dims() else {
+            self.error(
+                Diagnostic::error(sm, format!("the sizes of this {tm} matrix overflow"))
+                    .with_label(format!("this is {}", describe(&tm))),
+            );
+            return None;
+        };
+        if &takes != n {
+            let one_head = heads.as_constant() == Some(1);
+            let mut d = if one_head {
+                Diagnostic::error(sv, format!("cannot multiply a [{n}] vector by a [{rows}, {cols}] matrix"))
+                    .with_secondary(sm, format!("this matrix takes a vector of [{rows}]"))
+            } else {
+                Diagnostic::error(
+                    sv,
+                    format!("cannot multiply a [{n}] vector by {heads} heads of [{rows}, {cols}]"),
+                )
+                .with_secondary(sm, format!("these heads take a vector of [{takes}], {rows} per head"))
+            }
+            .with_label(format!("this is [{n}]"));
+            if let Op::Param(i) = self.cell.node(m).op {
+                let decl = &self.cell.params[i];
+                if decl.span != sm {
+                    d = d.with_secondary(decl.span, format!("`{}` is declared {tm} here", decl.name));
+                }
+            }
+            self.error(d.with_note(if one_head {
+                "`v @ W[m, n]` needs `v` of size [m], the matrix's first dimension"
+            } else {
+                "`v @ W[heads, m, n]` needs `v` of size [heads*m]: each head multiplies its own m elements"
+            }));
+            return None;
+        }
+        self.add(Op::MatVecT, Type::Vector(out), &[m, v], span)
     }
 
     fn call(&mut self, callee: &ast::Ident, args: &[Expr], span: Span) -> Option<ValueId> {
@@ -481,6 +598,7 @@ impl CellLowerer<'_> {
             "concat" => return self.concat(args, span),
             "where" => return self.select(callee, args, span),
             "logsigmoid" => return self.logsigmoid(callee, args, span),
+            "transpose" => return self.transpose(callee, args, span),
             "chunk" => {
                 self.error(
                     Diagnostic::error(span, "`chunk` may only appear directly on the right of a `let`")
@@ -637,6 +755,6 @@ fn short_type(t: &Type) -> String {
     match t {
         Type::Scalar => "a scalar".into(),
         Type::Vector(d) => format!("[{d}]"),
-        Type::Matrix(m, n) => format!("[{m}, {n}]"),
+        Type::Matrix(..) => t.to_string(),
     }
 }

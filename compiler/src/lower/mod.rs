@@ -44,7 +44,7 @@ const MAX_CALL_DEPTH: usize = 64;
 /// theirs: `chunk` and `concat` (which shape vectors), `where` (a select
 /// of three operands), and `logsigmoid` (`-softplus(-x)`, as stable as
 /// softplus).
-const LOWERED_BUILTINS: [&str; 4] = ["chunk", "concat", "where", "logsigmoid"];
+const LOWERED_BUILTINS: [&str; 5] = ["chunk", "concat", "where", "logsigmoid", "transpose"];
 
 /// Every built-in function name (which no `fn` may take): the ops' own
 /// lists, so a new op's name is reserved the moment it is added.
@@ -548,7 +548,10 @@ fn describe(t: &Type) -> String {
     match t {
         Type::Scalar => "a scalar".into(),
         Type::Vector(d) => format!("a vector [{d}]"),
-        Type::Matrix(m, n) => format!("a matrix [{m}, {n}]"),
+        Type::Matrix(h, m, n) if h.as_constant() != Some(1) => {
+            format!("a block-diagonal matrix of {h} heads [{m}, {n}]")
+        }
+        Type::Matrix(..) => format!("a matrix {t}"),
     }
 }
 

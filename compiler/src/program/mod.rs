@@ -130,6 +130,8 @@ pub struct Program {
     pub state_sizes: Vec<usize>,
     /// `(rows, cols)` of each parameter; `cols == 1` for a vector.
     pub param_shapes: Vec<(usize, usize)>,
+    /// The heads of each parameter: 1 but for a block-diagonal `[heads, m, n]`.
+    pub param_heads: Vec<usize>,
     /// Where each mask a step reads lies in a row of the pass's masks,
     /// `(offset, len)`, side by side in mask order; `None` for a
     /// DropConnect mask, which masks its parameter instead (see
@@ -244,6 +246,7 @@ impl Program {
             output_size: bound.output_size(),
             state_sizes: bound.state_sizes().to_vec(),
             param_shapes: bound.param_shapes().to_vec(),
+            param_heads: bound.param_heads().to_vec(),
             forward_shapes: bound.shapes().clone(),
             backward_shapes,
             schedule,

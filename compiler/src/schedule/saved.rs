@@ -70,7 +70,7 @@ fn weight(graph: &Graph, v: ValueId, sizes: &Bindings) -> f64 {
     match graph.ty(v) {
         Type::Scalar => 1.0,
         Type::Vector(d) => eval(d),
-        Type::Matrix(m, n) => eval(m) * eval(n),
+        Type::Matrix(h, m, n) => eval(h) * eval(m) * eval(n),
     }
 }
 

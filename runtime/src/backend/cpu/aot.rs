@@ -32,7 +32,9 @@ fn kernel_values(cell: &CompiledCell, layer: &Layer) -> Vec<(Side, usize, ValueI
         for &v in st.values.iter().chain(&st.inputs).chain(&st.outputs) {
             let vars = match graph.ty(v) {
                 Type::Vector(d) => d.variables(),
-                Type::Matrix(r, c) => r.variables().into_iter().chain(c.variables()).collect(),
+                Type::Matrix(h, r, c) => {
+                    h.variables().into_iter().chain(r.variables()).chain(c.variables()).collect()
+                }
                 Type::Scalar => Vec::new(),
             };
             out.push((side, index, v, vars));

@@ -387,8 +387,9 @@ pub fn run_pointwise(
     Ok(())
 }
 
-/// A product over a run of rows: `(destination, left, right)`.
-type MatmulJob = (View, View, View);
+/// One run's (and head's) share of a weight gradient: the float offset of
+/// its head's block in the gradient, `Dᵀ` and `X`.
+type OuterJob = (usize, View, View);
 
 /// Pointers each handed to one thread (or read by all), which write disjoint memory.
 pub struct SendTable(pub Vec<*mut f32>);
@@ -450,109 +451,74 @@ pub fn gemm_all_rows(
     f: &Frame,
     order: &BatchOrder,
     matrices: &mut HashMap<ValueId, Vec<f32>>,
-    shape: &dyn Fn(ValueId) -> (usize, usize),
+    shapes: &Shapes,
     threads: usize,
 ) -> Result<()> {
     let runs = runs(order, f.layout);
     let tasks = threads.clamp(1, runs.len().max(1));
     for &(out, ref op, m, x) in products {
-        if let (Op::MatVec | Op::MatVecT, Some(Loc::Param(_))) = (op, bufs.loc(m)) {
+        if let Op::MatVec | Op::MatVecT = op {
             let product = (out, op.clone(), m, x);
             let calls = runs
                 .iter()
                 .map(|&(b0, t0, count, step)| {
-                    ProductCall::locate(&product, bufs, f, (b0, t0, 0), count, step, shape)
+                    ProductCall::locate(&product, bufs, f, (b0, t0, 0), count, step, shapes)
                 })
                 .collect::<Result<Vec<_>>>()?;
             packed_all_rows(&calls, threads);
             continue;
         }
-        // (dst, a, b) per run, gathered first: `locate` needs the buffers.
-        let mut jobs: Vec<MatmulJob> = Vec::with_capacity(runs.len());
+        if *op != Op::Outer {
+            return Err(RuntimeError::Internal(format!("{op:?} in a GEMM stage")));
+        }
+        // `dW += Dᵀ · X`, per head: head h's block of dW (`[rows_d, cols_d]`,
+        // `h * rows_d * cols_d` floats in) from its columns of D and X.
+        let (rows_all, cols_d) = shapes.shape(out);
+        let heads = shapes.heads(out);
+        let rows_d = rows_all / heads;
+        // (block offset, dᵀ, x) per run and head, gathered first: `locate` needs the buffers.
+        let mut jobs: Vec<OuterJob> = Vec::with_capacity(runs.len() * heads);
         for &(b0, t0, count, step) in &runs {
-            match op {
-                Op::MatVec | Op::MatVecT => {
-                    let (rows_w, cols_w) = shape(m);
-                    let w = locate(bufs, f, m, b0, t0, 0)?;
-                    let xin = locate(bufs, f, x, b0, t0, 0)?;
-                    let (xstride, ystride) = (row_stride(bufs, f, x, step), row_stride(bufs, f, out, step));
-                    let y = locate(bufs, f, out, b0, t0, 0)?;
-                    let (wv, k, n) = if *op == Op::MatVec {
-                        (weight_t(bufs, f, m, rows_w, cols_w)?, cols_w, rows_w)
-                    } else {
-                        (View::rows(w, rows_w, cols_w, cols_w), rows_w, cols_w)
-                    };
-                    jobs.push((View::rows(y, count, n, ystride), View::rows(xin, count, k, xstride), wv));
-                }
-                Op::Outer => {
-                    let (rows_d, cols_d) = shape(out);
-                    let d = locate(bufs, f, m, b0, t0, 0)?;
-                    let xin = locate(bufs, f, x, b0, t0, 0)?;
-                    let (dstride, xstride) = (row_stride(bufs, f, m, step), row_stride(bufs, f, x, step));
-                    let acc = View::rows(std::ptr::null(), rows_d, cols_d, cols_d);
-                    jobs.push((
-                        acc,
-                        View::rows(d, count, rows_d, dstride).t(),
-                        View::rows(xin, count, cols_d, xstride),
-                    ));
-                }
-                other => return Err(RuntimeError::Internal(format!("{other:?} in a GEMM stage"))),
+            let d = locate(bufs, f, m, b0, t0, 0)?;
+            let xin = locate(bufs, f, x, b0, t0, 0)?;
+            let (dstride, xstride) = (row_stride(bufs, f, m, step), row_stride(bufs, f, x, step));
+            for h in 0..heads {
+                jobs.push((
+                    h * rows_d * cols_d,
+                    View::rows(d.wrapping_add(h * rows_d), count, rows_d, dstride).t(),
+                    View::rows(xin.wrapping_add(h * cols_d), count, cols_d, xstride),
+                ));
             }
         }
-        if jobs.len() < threads {
+        let block = |base: *mut f32, at: usize| View::rows(base.wrapping_add(at), rows_d, cols_d, cols_d);
+        if runs.len() < threads {
             // Fewer runs than cores (one long sequence): split each product
             // by output columns instead; runs still add up in order.
-            if *op == Op::Outer {
-                let (rows_d, cols_d) = shape(out);
-                let acc = matrices.entry(out).or_insert_with(|| vec![0.0; rows_d * cols_d]);
-                for &(_, a, b) in &jobs {
-                    // SAFETY: acc is [rows_d, cols_d]; a and b describe the run's rows.
-                    unsafe {
-                        matmul_split(
-                            View::rows(acc.as_mut_ptr(), rows_d, cols_d, cols_d),
-                            a,
-                            b,
-                            true,
-                            threads,
-                        )
-                    };
-                }
-            } else {
-                for &(dst, a, b) in &jobs {
-                    // SAFETY: every view was located for its run.
-                    unsafe { matmul_split(dst, a, b, false, threads) };
-                }
+            let acc = matrices.entry(out).or_insert_with(|| vec![0.0; rows_all * cols_d]);
+            for &(at, a, b) in &jobs {
+                // SAFETY: acc is [rows_all, cols_d], the block at `at` is one
+                // head's; a and b describe the run's rows of that head.
+                unsafe { matmul_split(block(acc.as_mut_ptr(), at), a, b, true, threads) };
             }
             continue;
         }
-        let per = jobs.len().div_ceil(tasks).max(1);
-        if *op == Op::Outer {
-            let (rows_d, cols_d) = shape(out);
-            let chunks: Vec<&[MatmulJob]> = jobs.chunks(per).collect();
-            let mut partials: Vec<Vec<f32>> =
-                (0..chunks.len()).map(|_| crate::pool::take_zeroed(rows_d * cols_d)).collect();
-            let parts = SendTable(partials.iter_mut().map(|p| p.as_mut_ptr()).collect());
-            threads::for_each(chunks.len(), &|c| {
-                for &(_, a, b) in chunks[c] {
-                    // SAFETY: each task accumulates into its own partial
-                    // [rows_d, cols_d]; a and b describe the run's rows.
-                    unsafe { matmul(View::rows(parts.get()[c], rows_d, cols_d, cols_d), a, b, true) };
-                }
-            });
-            let acc = matrices.entry(out).or_insert_with(|| vec![0.0; rows_d * cols_d]);
-            for part in partials {
-                acc.iter_mut().zip(&part).for_each(|(a, p)| *a += p);
-                crate::pool::give(part);
+        // Whole runs per task (each run's heads together), in run order.
+        let per = runs.len().div_ceil(tasks).max(1) * heads;
+        let chunks: Vec<&[OuterJob]> = jobs.chunks(per).collect();
+        let mut partials: Vec<Vec<f32>> =
+            (0..chunks.len()).map(|_| crate::pool::take_zeroed(rows_all * cols_d)).collect();
+        let parts = SendTable(partials.iter_mut().map(|p| p.as_mut_ptr()).collect());
+        threads::for_each(chunks.len(), &|c| {
+            for &(at, a, b) in chunks[c] {
+                // SAFETY: each task accumulates into its own partial
+                // [rows_all, cols_d]; a and b describe the run's rows.
+                unsafe { matmul(block(parts.get()[c], at), a, b, true) };
             }
-        } else {
-            let chunks: Vec<&[MatmulJob]> = jobs.chunks(per).collect();
-            threads::for_each(chunks.len(), &|c| {
-                for &(dst, a, b) in chunks[c] {
-                    // SAFETY: runs write disjoint rows of the output;
-                    // every view was located for its run.
-                    unsafe { matmul(dst, a, b, false) };
-                }
-            });
+        });
+        let acc = matrices.entry(out).or_insert_with(|| vec![0.0; rows_all * cols_d]);
+        for part in partials {
+            acc.iter_mut().zip(&part).for_each(|(a, p)| *a += p);
+            crate::pool::give(part);
         }
     }
     Ok(())
@@ -612,7 +578,7 @@ pub fn prepared_params<'a>(
     graph: &Graph,
     steps: &[ReadyStage],
     params: &[&[f32]],
-    shape: &dyn Fn(ValueId) -> (usize, usize),
+    shapes: &Shapes,
     (rows, precision): (usize, crate::Precision),
 ) -> &'a PreparedParams {
     if slot.is_for_one_pass() && rows <= super::in_place::ROWS && precision == crate::Precision::F32 {
@@ -632,13 +598,13 @@ pub fn prepared_params<'a>(
         let ReadyStage::Gemm { products, .. } = st else { continue };
         for &(_, ref op, m, _) in products {
             let Op::Param(i) = graph.node(m).op else { continue };
-            let (r, c) = shape(m);
+            let (shape, heads) = (shapes.shape(m), shapes.heads(m));
             match op {
                 Op::MatVec => {
-                    weights.t_panels(i, params[i], r, c);
+                    weights.t_panels(i, params[i], shape, heads);
                 }
                 Op::MatVecT => {
-                    weights.panels(i, params[i], r, c);
+                    weights.panels(i, params[i], shape, heads);
                 }
                 _ => {}
             }
@@ -655,7 +621,7 @@ pub fn product_rows(
     f: &Frame,
     rows: std::ops::Range<usize>,
     share: (usize, usize),
-    shape: &dyn Fn(ValueId) -> (usize, usize),
+    shapes: &Shapes,
 ) -> Result<()> {
     // The step's rows are ranks of rank-ordered storage; the schedule puts
     // products of anything else before the loop.
@@ -671,7 +637,7 @@ pub fn product_rows(
     if rows.is_empty() {
         return Ok(());
     }
-    let call = ProductCall::locate(product, bufs, f, (0, 0, rows.start), rows.len(), 1, shape)?;
+    let call = ProductCall::locate(product, bufs, f, (0, 0, rows.start), rows.len(), 1, shapes)?;
     // SAFETY: rank buffers hold a row of their length for every rank, so
     // `rows` of x and y exist.
     unsafe { call.run(share) };
@@ -682,7 +648,7 @@ pub fn product_rows(
 /// computed matrix read in place by `gemm`.
 #[derive(Clone, Copy, Debug)]
 pub enum RightOperand {
-    /// Owned by the run's [`PreparedParams`].
+    /// Owned by the run's [`PreparedParams`]: one panel set per head, in order.
     Packed(*const super::panels::PackedB),
     /// `[k, n]`.
     Matrix(View),
@@ -692,13 +658,43 @@ pub enum RightOperand {
     InPlace { w: *const f32, k: usize, n: usize },
 }
 
+impl RightOperand {
+    /// Head `h`'s operand, the weight's heads `step` floats apart.
+    fn head(self, h: usize, step: usize) -> RightOperand {
+        match self {
+            // The panel sets of a parameter's heads are consecutive.
+            RightOperand::Packed(p) => RightOperand::Packed(p.wrapping_add(h)),
+            RightOperand::Matrix(v) => RightOperand::Matrix(View { ptr: v.ptr.wrapping_add(h * step), ..v }),
+            RightOperand::InPlaceT { w, n, k } => {
+                RightOperand::InPlaceT { w: w.wrapping_add(h * step), n, k }
+            }
+            RightOperand::InPlace { w, k, n } => RightOperand::InPlace { w: w.wrapping_add(h * step), k, n },
+        }
+    }
+}
+
+/// Where a block-diagonal product's heads lie: head `h` reads `a` from
+/// `h * a` floats into a row of the left operand, writes `y` from `h * y`
+/// into a row of the result, and takes the weight's block `h * w` floats in.
+#[derive(Clone, Copy, Debug)]
+struct Heads {
+    count: usize,
+    a: usize,
+    y: usize,
+    w: usize,
+}
+
 /// One product `Y = X · Wᵀ` (or `X · W`) located on `m` consecutive rows of
 /// its left operand and result: what a per-step product and a stream's
-/// step call.
+/// step call. A block-diagonal `W` runs as one product per head, each on
+/// its columns of `X` and `Y`, in the same call.
 #[derive(Clone, Copy, Debug)]
 pub struct ProductCall {
+    /// Head 0's rows.
     rows: super::panels::Rows,
+    /// Head 0's right operand.
     right: RightOperand,
+    heads: Heads,
 }
 
 // SAFETY: a description of memory; [`ProductCall::run`] states what must
@@ -716,9 +712,12 @@ impl ProductCall {
         (b, t, r): (usize, usize, usize),
         count: usize,
         step: usize,
-        shape: &dyn Fn(ValueId) -> (usize, usize),
+        shapes: &Shapes,
     ) -> Result<ProductCall> {
-        let (rows_w, cols_w) = shape(m);
+        let (rows_all, cols_w) = shapes.shape(m);
+        let heads = shapes.heads(m);
+        // One head's block: `[rows_w, cols_w]`.
+        let rows_w = rows_all / heads;
         let rows = super::panels::Rows {
             y: locate(bufs, f, out, b, t, r)?,
             ldy: row_stride(bufs, f, out, step),
@@ -726,6 +725,8 @@ impl ProductCall {
             lda: row_stride(bufs, f, x, step),
             m: count,
         };
+        let (a, y) = if *op == Op::MatVec { (cols_w, rows_w) } else { (rows_w, cols_w) };
+        let heads = Heads { count: heads, a, y, w: rows_w * cols_w };
         let right = match (op, bufs.loc(m)) {
             (Op::MatVec, Some(Loc::Param(i))) if f.weights.reads_in_place() => {
                 RightOperand::InPlaceT { w: f.params[i].as_ptr(), n: rows_w, k: cols_w }
@@ -733,52 +734,71 @@ impl ProductCall {
             (Op::MatVecT, Some(Loc::Param(i))) if f.weights.reads_in_place() => {
                 RightOperand::InPlace { w: f.params[i].as_ptr(), k: rows_w, n: cols_w }
             }
-            (Op::MatVec, Some(Loc::Param(i))) => {
-                RightOperand::Packed(f.weights.t_panels(i, f.params[i], rows_w, cols_w))
-            }
-            (Op::MatVecT, Some(Loc::Param(i))) => {
-                RightOperand::Packed(f.weights.panels(i, f.params[i], rows_w, cols_w))
-            }
+            (Op::MatVec, Some(Loc::Param(i))) => RightOperand::Packed(
+                f.weights.t_panels(i, f.params[i], (rows_all, cols_w), heads.count).as_ptr(),
+            ),
+            (Op::MatVecT, Some(Loc::Param(i))) => RightOperand::Packed(
+                f.weights.panels(i, f.params[i], (rows_all, cols_w), heads.count).as_ptr(),
+            ),
             (Op::MatVec, _) => RightOperand::Matrix(weight_t(bufs, f, m, rows_w, cols_w)?),
             (Op::MatVecT, _) => {
                 RightOperand::Matrix(View::rows(locate(bufs, f, m, 0, 0, 0)?, rows_w, cols_w, cols_w))
             }
             (other, _) => return Err(RuntimeError::Internal(format!("{other:?} in a per-row product"))),
         };
-        Ok(ProductCall { rows, right })
+        Ok(ProductCall { rows, right, heads })
     }
 
-    /// Computes the columns of share `part` of `parts` (all of them with one part).
+    /// Computes the columns of share `part` of `parts` of every head (all
+    /// of them with one part).
     ///
     /// # Safety
     /// The rows located and the right operand are still valid, and no
     /// other thread writes this share's columns of them.
-    pub unsafe fn run(&self, (part, parts): (usize, usize)) {
-        let (y, a, m) = (self.rows.y, self.rows.a, self.rows.m);
-        match self.right {
-            // SAFETY: per the contract; the packed weight is [k, n] of the product.
-            RightOperand::Packed(packed) => unsafe {
-                let packed = &*packed;
-                super::panels::multiply(self.rows, packed, packed.share(part, parts), false)
-            },
-            RightOperand::InPlaceT { w, n, k } => {
-                let (from, count) = column_share(n, part, parts);
-                // SAFETY: per the contract; the parameter is [n, k].
-                unsafe { super::in_place::times_transpose(self.rows, w, k, from..from + count) }
-            }
-            RightOperand::InPlace { w, k, n } => {
-                let (from, count) = column_share(n, part, parts);
-                // SAFETY: per the contract; the parameter is [k, n].
-                unsafe { super::in_place::times(self.rows, w, k, n, from..from + count) }
-            }
-            RightOperand::Matrix(w) => {
-                let (from, count) = column_share(w.cols, part, parts);
-                if count > 0 {
-                    let dst = View::rows(y, m, w.cols, self.rows.ldy);
-                    let a = View::rows(a, m, w.rows, self.rows.lda);
-                    // SAFETY: per the contract; this share writes only its columns of y.
-                    unsafe { matmul(dst.columns(from, count), a, w.columns(from, count), false) };
-                }
+    pub unsafe fn run(&self, share: (usize, usize)) {
+        let Heads { count, a, y, w } = self.heads;
+        for h in 0..count {
+            let rows = super::panels::Rows {
+                y: self.rows.y.wrapping_add(h * y),
+                a: self.rows.a.wrapping_add(h * a),
+                ..self.rows
+            };
+            // SAFETY: per the contract; head `h`'s columns of the rows and
+            // its block of the weight lie inside the located values.
+            unsafe { run_one(rows, self.right.head(h, w), share) };
+        }
+    }
+}
+
+/// One head of a [`ProductCall`]: the columns of share `part` of `parts`.
+///
+/// # Safety
+/// As [`ProductCall::run`].
+unsafe fn run_one(rows: super::panels::Rows, right: RightOperand, (part, parts): (usize, usize)) {
+    let (y, a, m) = (rows.y, rows.a, rows.m);
+    match right {
+        // SAFETY: per the contract; the packed weight is [k, n] of the product.
+        RightOperand::Packed(packed) => unsafe {
+            let packed = &*packed;
+            super::panels::multiply(rows, packed, packed.share(part, parts), false)
+        },
+        RightOperand::InPlaceT { w, n, k } => {
+            let (from, count) = column_share(n, part, parts);
+            // SAFETY: per the contract; the parameter is [n, k].
+            unsafe { super::in_place::times_transpose(rows, w, k, from..from + count) }
+        }
+        RightOperand::InPlace { w, k, n } => {
+            let (from, count) = column_share(n, part, parts);
+            // SAFETY: per the contract; the parameter is [k, n].
+            unsafe { super::in_place::times(rows, w, k, n, from..from + count) }
+        }
+        RightOperand::Matrix(w) => {
+            let (from, count) = column_share(w.cols, part, parts);
+            if count > 0 {
+                let dst = View::rows(y, m, w.cols, rows.ldy);
+                let a = View::rows(a, m, w.rows, rows.lda);
+                // SAFETY: per the contract; this share writes only its columns of y.
+                unsafe { matmul(dst.columns(from, count), a, w.columns(from, count), false) };
             }
         }
     }

@@ -434,10 +434,6 @@ fn leaf_locations(pass: &PassPlan, shapes: &Shapes, bufs: &mut Buffers) {
     }
 }
 
-fn shape_of<'a>(plan: &'a Shapes) -> impl Fn(ValueId) -> (usize, usize) + 'a {
-    move |v| plan.shape(v)
-}
-
 fn copy_row(
     bufs: &Buffers,
     f: &Frame,
@@ -566,7 +562,6 @@ fn forward(
         .map(|(i, &n)| order.iter().flat_map(|&b| job.h0[i][b * n..(b + 1) * n].iter().copied()).collect())
         .collect();
     let mut finals: Vec<Vec<f32>> = layer.state_sizes.iter().map(|&n| vec![0.0; batch * n]).collect();
-    let shape = shape_of(plan);
     let mut local = None;
     let weights = prepared_params(
         job.prepared,
@@ -574,7 +569,7 @@ fn forward(
         g,
         &code.forward,
         job.params,
-        &shape,
+        plan,
         (job.order.rows(), precision),
     );
     let state_rows = SharedRows::each(&mut states);
@@ -585,7 +580,7 @@ fn forward(
     let all_rows = valid_rows(job.order);
     {
         let mut none = HashMap::new();
-        let all = AllRows { order: job.order, rows: &all_rows, shape: &shape, threads };
+        let all = AllRows { order: job.order, rows: &all_rows, shapes: plan, threads };
         run_all_rows(&code.forward, &pass.before_loop, &mut bufs, &frame, &all, &mut none)?;
     }
     let output_value =
@@ -660,7 +655,7 @@ fn forward(
         each_step: pass.stages_at(Placement::EachStep),
         bufs: &bufs,
         frame: &frame,
-        shape: &shape,
+        shapes: plan,
         order: job.order,
         reverse: job.reverse,
     };
@@ -945,7 +940,6 @@ fn backward(
             order.iter().flat_map(|&b| job.d_final[i][b * n..(b + 1) * n].iter().copied()).collect()
         })
         .collect();
-    let shape = shape_of(plan);
     let mut local = None;
     let weights = prepared_params(
         job.prepared,
@@ -953,7 +947,7 @@ fn backward(
         g,
         &code.backward,
         job.params,
-        &shape,
+        plan,
         (job.order.rows(), precision),
     );
     let d_out = Some((job.d_output, layer.output_size));
@@ -963,7 +957,7 @@ fn backward(
         let frame =
             Frame { d_output: d_out, ..Frame::new((job.input, job.masks), layer, job.params, weights) };
         let mut none = HashMap::new();
-        let all = AllRows { order: job.order, rows: &all_rows, shape: &shape, threads };
+        let all = AllRows { order: job.order, rows: &all_rows, shapes: plan, threads };
         run_all_rows(&code.backward, &pass.before_loop, &mut bufs, &frame, &all, &mut none)?;
     }
     if let TimeLoop::WholeSequence(k) = pass.time_loop {
@@ -1019,7 +1013,7 @@ fn backward(
             each_step,
             bufs: &bufs,
             frame: &frame,
-            shape: &shape,
+            shapes: plan,
             order: job.order,
             reverse: job.reverse,
         };
@@ -1037,7 +1031,7 @@ fn backward(
         ..Frame::new((job.input, job.masks), layer, job.params, weights)
     };
     let mut matrices: HashMap<ValueId, Vec<f32>> = HashMap::new();
-    let all = AllRows { order: job.order, rows: &all_rows, shape: &shape, threads };
+    let all = AllRows { order: job.order, rows: &all_rows, shapes: plan, threads };
     run_all_rows(&code.backward, &pass.after_loop, &mut bufs, &frame, &all, &mut matrices)?;
     // Parameter gradients: accumulated products, or per-row values summed over rows.
     let mut d_params = Vec::with_capacity(job.params.len());
@@ -1097,7 +1091,7 @@ struct AllRows<'a> {
     order: &'a crate::sequence::BatchOrder,
     /// `(b, t, 0)` for every valid row.
     rows: &'a [(usize, usize, usize)],
-    shape: &'a dyn Fn(ValueId) -> (usize, usize),
+    shapes: &'a Shapes,
     threads: usize,
 }
 
@@ -1115,7 +1109,7 @@ fn run_all_rows(
     for st in which.iter().map(|&k| &steps[k]) {
         match st {
             ReadyStage::Gemm { products, .. } => {
-                gemm_all_rows(products, bufs, frame, all.order, matrices, all.shape, all.threads)?
+                gemm_all_rows(products, bufs, frame, all.order, matrices, all.shapes, all.threads)?
             }
             ReadyStage::Pointwise { exec, .. } => {
                 run_pointwise(exec.as_ref(), bufs, frame, all.rows, all.threads)?

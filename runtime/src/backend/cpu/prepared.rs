@@ -143,10 +143,10 @@ pub struct PreparedParams {
 
 #[derive(Debug, Default)]
 struct Forms {
-    /// `Wᵀ` in panels: a per-step `X · Wᵀ`.
-    t_panels: OnceLock<PackedB>,
-    /// `W` in panels: a per-step `D · W`.
-    panels: OnceLock<PackedB>,
+    /// `Wᵀ` in panels, per head: a per-step `X · Wᵀ`.
+    t_panels: OnceLock<Vec<PackedB>>,
+    /// `W` in panels, per head: a per-step `D · W`.
+    panels: OnceLock<Vec<PackedB>>,
 }
 
 impl PreparedParams {
@@ -174,26 +174,39 @@ impl PreparedParams {
         &self.forms[i]
     }
 
-    /// Parameter `i` as the packed right operand of `X · Wᵀ`.
-    pub fn t_panels(&self, i: usize, w: &[f32], rows: usize, cols: usize) -> &PackedB {
+    /// Parameter `i` as the packed right operand of `X · Wᵀ`, one panel set
+    /// per head: `w` is `heads` blocks of `[rows / heads, cols]`.
+    pub fn t_panels(&self, i: usize, w: &[f32], (rows, cols): (usize, usize), heads: usize) -> &[PackedB] {
         // fp16 never reaches the CPU (`Cpu::with_precision` refuses it).
-        let p = self.forms(i).t_panels.get_or_init(|| match self.precision {
-            Precision::F32 | Precision::F16 => PackedB::of_transpose(w, rows, cols),
-            Precision::Bf16 => PackedB::of_transpose_bf16(w, rows, cols),
+        let p = self.forms(i).t_panels.get_or_init(|| {
+            per_head(w, rows, heads, |w, m| match self.precision {
+                Precision::F32 | Precision::F16 => PackedB::of_transpose(w, m, cols),
+                Precision::Bf16 => PackedB::of_transpose_bf16(w, m, cols),
+            })
         });
-        debug_assert_eq!((p.k(), p.n()), (cols, rows));
+        debug_assert!(p.iter().all(|p| (p.k(), p.n()) == (cols, rows / heads)));
         p
     }
 
-    /// Parameter `i` as the packed right operand of `D · W`.
-    pub fn panels(&self, i: usize, w: &[f32], rows: usize, cols: usize) -> &PackedB {
-        let p = self.forms(i).panels.get_or_init(|| match self.precision {
-            Precision::F32 | Precision::F16 => PackedB::of(w, rows, cols),
-            Precision::Bf16 => PackedB::of_bf16(w, rows, cols),
+    /// Parameter `i` as the packed right operand of `D · W`, one panel set
+    /// per head: `w` is `heads` blocks of `[rows / heads, cols]`.
+    pub fn panels(&self, i: usize, w: &[f32], (rows, cols): (usize, usize), heads: usize) -> &[PackedB] {
+        let p = self.forms(i).panels.get_or_init(|| {
+            per_head(w, rows, heads, |w, m| match self.precision {
+                Precision::F32 | Precision::F16 => PackedB::of(w, m, cols),
+                Precision::Bf16 => PackedB::of_bf16(w, m, cols),
+            })
         });
-        debug_assert_eq!((p.k(), p.n()), (rows, cols));
+        debug_assert!(p.iter().all(|p| (p.k(), p.n()) == (rows / heads, cols)));
         p
     }
+}
+
+/// `pack` of each head's block of `w` (`rows` rows in all) and its rows.
+fn per_head(w: &[f32], rows: usize, heads: usize, pack: impl Fn(&[f32], usize) -> PackedB) -> Vec<PackedB> {
+    let m = rows / heads.max(1);
+    let block = w.len() / heads.max(1);
+    (0..heads).map(|k| pack(&w[k * block..(k + 1) * block], m)).collect()
 }
 
 #[cfg(test)]

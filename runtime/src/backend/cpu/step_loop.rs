@@ -8,7 +8,6 @@ use super::team::{Barrier, Split, Team};
 use super::threads;
 use crate::error::{Result, RuntimeError};
 use crate::sequence::BatchOrder;
-use cellc::ir::ValueId;
 use std::ops::Range;
 
 /// What the per-row bookkeeping after a step is: `(step, ranks)`.
@@ -23,7 +22,7 @@ pub struct StepLoop<'a> {
     pub each_step: &'a [usize],
     pub bufs: &'a Buffers,
     pub frame: &'a Frame<'a>,
-    pub shape: &'a (dyn Fn(ValueId) -> (usize, usize) + Sync),
+    pub shapes: &'a cellc::shapes::Shapes,
     pub order: &'a BatchOrder,
     pub reverse: bool,
 }
@@ -70,7 +69,7 @@ impl StepLoop<'_> {
                     ReadyStage::Gemm { products, .. } => {
                         let rows = self.team.product_rows(i, s);
                         products.iter().try_for_each(|p| {
-                            product_rows(p, self.bufs, self.frame, rows.clone(), parts, self.shape)
+                            product_rows(p, self.bufs, self.frame, rows.clone(), parts, self.shapes)
                         })
                     }
                     ReadyStage::Pointwise { exec, .. } => {

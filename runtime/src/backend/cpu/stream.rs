@@ -15,7 +15,7 @@
 
 use super::driver::{constants, locate, Buffers, Frame, ProductCall, ReadyStage};
 use super::stage::StageExec;
-use super::{leaf_locations, shape_of, Cpu, LayerCode};
+use super::{leaf_locations, Cpu, LayerCode};
 use crate::backend::{Rows, StepRunner, StreamJob};
 use crate::error::{Result, RuntimeError};
 use crate::sequence::{Align, BatchOrder, Major, RowLayout};
@@ -129,7 +129,6 @@ impl LayerStep {
             states: &state_rows,
             ..Frame::new((rows, Some(mask_rows)), layer, &job.params[k], weights)
         };
-        let shape = shape_of(plan);
         let mut calls = Vec::new();
         for st in stages {
             match st {
@@ -142,7 +141,7 @@ impl LayerStep {
                             (0, 0, 0),
                             batch,
                             1,
-                            &shape,
+                            plan,
                         )?));
                     }
                 }

@@ -5,7 +5,7 @@
 //! Every table is uploaded while the list is built, so the list itself
 //! touches no host memory: it runs as it is, or is captured as one graph.
 
-use super::device::{Arg, Call, Gemm};
+use super::device::{Arg, Batch, Call, Gemm};
 use super::storage::{error, Home, LayerRun, Order, Row};
 use crate::dropout::LayerMasks;
 use crate::error::Result;
@@ -432,7 +432,7 @@ impl Calls {
     ) -> Result<()> {
         let (w, x) = operands(graph, v)?;
         let weight = fixed(pass, w, v)?;
-        let (rows_w, cols_w) = plan.shape(w);
+        let (heads, rows_w, cols_w) = block(plan, w);
         let batch = pass.batch();
         let rows = |u: ValueId| -> Result<(u64, usize)> {
             pass.home(u)?
@@ -441,8 +441,8 @@ impl Calls {
         };
         let ((xa, xs), (ya, ys)) = (rows(x)?, rows(v)?);
         let g = match graph.node(v).op {
-            Op::MatVec => product(n, rows_w, cols_w, (xa, xs), (weight, cols_w, true), (ya, ys)),
-            Op::MatVecT => product(n, cols_w, rows_w, (xa, xs), (weight, cols_w, false), (ya, ys)),
+            Op::MatVec => product(n, rows_w, cols_w, (xa, xs), (weight, cols_w, true), (ya, ys), heads),
+            Op::MatVecT => product(n, cols_w, rows_w, (xa, xs), (weight, cols_w, false), (ya, ys), heads),
             ref other => return Err(error(format!("{v}: {other:?} in a per-step GEMM"))),
         };
         self.gemm(self.by_matrix(graph, w, g));
@@ -465,14 +465,14 @@ impl Calls {
             (Op::MatVec | Op::MatVecT, Home::Fixed(xa)) => {
                 // The same vector on every row (parameters only): one product.
                 let w = fixed(pass, m, v)?;
-                let (rows_w, cols_w) = plan.shape(m);
+                let (heads, rows_w, cols_w) = block(plan, m);
                 let len = plan.elements(v);
                 let once = pass.zeros(len)?;
                 let (xs, ws) = (plan.elements(x), cols_w);
                 let g = if graph.node(v).op == Op::MatVec {
-                    product(1, rows_w, cols_w, (xa, xs), (w, ws, true), (once, len))
+                    product(1, rows_w, cols_w, (xa, xs), (w, ws, true), (once, len), heads)
                 } else {
-                    product(1, cols_w, rows_w, (xa, xs), (w, ws, false), (once, len))
+                    product(1, cols_w, rows_w, (xa, xs), (w, ws, false), (once, len), heads)
                 };
                 self.gemm(self.by_matrix(graph, m, g));
                 if pass.has_home(v) {
@@ -490,7 +490,7 @@ impl Calls {
             }
             (Op::MatVec | Op::MatVecT, _) => {
                 let w = fixed(pass, m, v)?;
-                let (rows_w, cols_w) = plan.shape(m);
+                let (heads, rows_w, cols_w) = block(plan, m);
                 let (order, xa, xs) = all_rows(pass, x)?;
                 let rows = match order {
                     Order::Layout => pass.layout_rows,
@@ -507,17 +507,18 @@ impl Calls {
                     return Err(error(format!("{v} is stored in another row order than {x}")));
                 }
                 let g = if graph.node(v).op == Op::MatVec {
-                    product(rows, rows_w, cols_w, (xa, xs), (w, cols_w, true), (ya, ys))
+                    product(rows, rows_w, cols_w, (xa, xs), (w, cols_w, true), (ya, ys), heads)
                 } else {
-                    product(rows, cols_w, rows_w, (xa, xs), (w, cols_w, false), (ya, ys))
+                    product(rows, cols_w, rows_w, (xa, xs), (w, cols_w, false), (ya, ys), heads)
                 };
                 self.gemm(self.by_matrix(graph, m, g));
             }
             (Op::Outer, _) => {
-                let (rows_d, cols) = plan.shape(v);
+                // Per head: its block of dW from its columns of D and X.
+                let (heads, rows_d, cols) = block(plan, v);
                 let (da, ds) = self.steps_order(pass, plan, m)?;
                 let (xa, xs) = self.steps_order(pass, plan, x)?;
-                let out = pass.zeros(rows_d * cols)?;
+                let out = pass.zeros(plan.elements(v))?;
                 pass.place(v, Home::Fixed(out));
                 self.gemm(Gemm {
                     m: rows_d,
@@ -533,6 +534,7 @@ impl Calls {
                     ldc: cols,
                     accumulate: false,
                     operands: Precision::F32,
+                    batch: Batch { count: heads, a: rows_d, b: cols, c: rows_d * cols },
                 });
             }
             (other, _) => return Err(error(format!("{v}: {other:?} in a GEMM stage"))),
@@ -598,6 +600,7 @@ impl Calls {
                 ldc: len,
                 accumulate,
                 operands: Precision::F32,
+                batch: Batch::ONE,
             });
         }
         pass.place(v, Home::Fixed(out));
@@ -638,14 +641,32 @@ impl Calls {
             ldc: len,
             accumulate: false,
             operands: Precision::F32,
+            batch: Batch::ONE,
         });
         Ok(out)
     }
 }
 
+/// A matrix value's heads and one head's block `[m, n]` (a plain matrix:
+/// one head, the whole matrix).
+fn block(plan: &Shapes, w: ValueId) -> (usize, usize, usize) {
+    let ((rows, cols), heads) = (plan.shape(w), plan.heads(w));
+    (heads, rows / heads, cols)
+}
+
 /// `Y[rows, n] = X[rows, k] · op(W)`, `W` stored with `ldw` floats per row
-/// and transposed if `w.2` (`W` is `[n, k]`), else `[k, n]`.
-fn product(rows: usize, n: usize, k: usize, x: (u64, usize), w: (u64, usize, bool), y: (u64, usize)) -> Gemm {
+/// and transposed if `w.2` (`W` is `[n, k]`), else `[k, n]`; for `heads`
+/// blocks of such `W`, one after another, each on its `k` columns of `X` and
+/// `n` columns of `Y`.
+fn product(
+    rows: usize,
+    n: usize,
+    k: usize,
+    x: (u64, usize),
+    w: (u64, usize, bool),
+    y: (u64, usize),
+    heads: usize,
+) -> Gemm {
     Gemm {
         m: rows,
         n,
@@ -660,6 +681,7 @@ fn product(rows: usize, n: usize, k: usize, x: (u64, usize), w: (u64, usize, boo
         ldc: y.1,
         accumulate: false,
         operands: Precision::F32,
+        batch: Batch { count: heads, a: k, b: n * k, c: n },
     }
 }
 

@@ -76,6 +76,24 @@ pub(crate) struct Gemm {
     /// fp16 on a GPU's tensor cores, with `CUBLAS_COMPUTE_32F_FAST_16BF` or
     /// `_16F`).
     pub operands: crate::Precision,
+    /// One product, or one per head of a block-diagonal weight.
+    pub batch: Batch,
+}
+
+/// `count` products of the same shapes (a strided batched GEMM), the
+/// `i`-th on `A`, `B` and `C` `i * a`, `i * b` and `i * c` floats on: the
+/// heads of a block-diagonal weight, each on its columns of the vectors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Batch {
+    pub count: usize,
+    pub a: usize,
+    pub b: usize,
+    pub c: usize,
+}
+
+impl Batch {
+    /// A single product.
+    pub const ONE: Batch = Batch { count: 1, a: 0, b: 0, c: 0 };
 }
 
 /// One operation of a run: a kernel launch or a GEMM. A forward or
@@ -448,7 +466,16 @@ impl Primitives for Emulated {
     }
 
     fn gemm(&self, p: &Gemm) -> Result<()> {
-        let Gemm { m, n, k, a, lda, trans_a, b, ldb, trans_b, c, ldc, accumulate, operands } = *p;
+        let Gemm { m, n, k, a, lda, trans_a, b, ldb, trans_b, c, ldc, accumulate, operands, batch } = *p;
+        if batch.count != 1 {
+            // Each head on its own, as cuBLAS's strided batched GEMM does.
+            for i in 0..batch.count as u64 {
+                let at = |addr: u64, stride: usize| addr + 4 * i * stride as u64;
+                let (a, b, c) = (at(a, batch.a), at(b, batch.b), at(c, batch.c));
+                self.gemm(&Gemm { a, b, c, batch: Batch::ONE, ..*p })?;
+            }
+            return Ok(());
+        }
         let a = if trans_a {
             View::rows(a as *const f32, k, m, lda).t()
         } else {

@@ -449,8 +449,8 @@ impl Primitives for On<'_> {
     }
 
     fn gemm(&self, p: &Gemm) -> Result<()> {
-        let Gemm { m, n, k, a, lda, trans_a, b, ldb, trans_b, c, ldc, accumulate, operands } = *p;
-        if m == 0 || n == 0 {
+        let Gemm { m, n, k, a, lda, trans_a, b, ldb, trans_b, c, ldc, accumulate, operands, batch } = *p;
+        if m == 0 || n == 0 || batch.count == 0 {
             return Ok(());
         }
         // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ. A
@@ -468,6 +468,8 @@ impl Primitives for On<'_> {
             i32::try_from(x).map_err(|_| error(format!("GEMM dimension {x} too large for cuBLAS")))
         };
         let (n, m, k, lda, ldb, ldc) = (int(n)?, int(m)?, int(k)?, int(lda)?, int(ldb)?, int(ldc)?);
+        let count = int(batch.count)?;
+        let stride = |x: usize| x as std::ffi::c_longlong;
         let (a, b) = (a as *const f32, b as *const f32);
         let tensor_cores = match operands {
             crate::Precision::F32 => None,
@@ -479,52 +481,93 @@ impl Primitives for On<'_> {
             // themselves (the same products, the same layout as sgemm's below).
             let f32_type = blas_sys::cudaDataType::CUDA_R_32F;
             let scalar = |x: &f32| (x as *const f32).cast::<c_void>();
+            let algo = blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP;
+            let (h, ta, tb) = (self.gpu.blas.0, op(trans_a), op(trans_b));
             // SAFETY: as for sgemm below.
-            return unsafe {
-                blas::gemm_ex(
-                    self.gpu.blas.0,
-                    op(trans_b),
-                    op(trans_a),
+            let done = unsafe {
+                if count == 1 {
+                    blas::gemm_ex(
+                        h,
+                        tb,
+                        ta,
+                        n,
+                        m,
+                        k,
+                        scalar(&alpha),
+                        b.cast(),
+                        f32_type,
+                        ldb,
+                        a.cast(),
+                        f32_type,
+                        lda,
+                        scalar(&beta),
+                        c as *mut c_void,
+                        f32_type,
+                        ldc,
+                        compute,
+                        algo,
+                    )
+                } else {
+                    blas::gemm_strided_batched_ex(
+                        h,
+                        tb,
+                        ta,
+                        n,
+                        m,
+                        k,
+                        scalar(&alpha),
+                        b.cast(),
+                        f32_type,
+                        ldb,
+                        stride(batch.b),
+                        a.cast(),
+                        f32_type,
+                        lda,
+                        stride(batch.a),
+                        scalar(&beta),
+                        c as *mut c_void,
+                        f32_type,
+                        ldc,
+                        stride(batch.c),
+                        count,
+                        compute,
+                        algo,
+                    )
+                }
+            };
+            return done
+                .map_err(|e| error(format!("cublasGemmEx ({operands} operands, {count} heads): {e:?}")));
+        }
+        let (h, ta, tb) = (self.gpu.blas.0, op(trans_a), op(trans_b));
+        // SAFETY: device pointers of this context with the described shapes
+        // (each head's inside its value); alpha and beta on the host.
+        let done = unsafe {
+            if count == 1 {
+                blas::sgemm(h, tb, ta, n, m, k, &alpha, b, ldb, a, lda, &beta, c as *mut f32, ldc)
+            } else {
+                blas::sgemm_strided_batched(
+                    h,
+                    tb,
+                    ta,
                     n,
                     m,
                     k,
-                    scalar(&alpha),
-                    b.cast(),
-                    f32_type,
+                    &alpha,
+                    b,
                     ldb,
-                    a.cast(),
-                    f32_type,
+                    stride(batch.b),
+                    a,
                     lda,
-                    scalar(&beta),
-                    c as *mut c_void,
-                    f32_type,
+                    stride(batch.a),
+                    &beta,
+                    c as *mut f32,
                     ldc,
-                    compute,
-                    blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+                    stride(batch.c),
+                    count,
                 )
             }
-            .map_err(|e| error(format!("cublasGemmEx ({operands} operands): {e:?}")));
-        }
-        // SAFETY: device pointers of this context with the described shapes; alpha and beta on the host.
-        unsafe {
-            blas::sgemm(
-                self.gpu.blas.0,
-                op(trans_b),
-                op(trans_a),
-                n,
-                m,
-                k,
-                &alpha,
-                b,
-                ldb,
-                a,
-                lda,
-                &beta,
-                c as *mut f32,
-                ldc,
-            )
-        }
-        .map_err(|e| error(format!("cublasSgemm: {e:?}")))
+        };
+        done.map_err(|e| error(format!("cublasSgemm ({count} heads): {e:?}")))
     }
 
     fn zero(&self, addr: u64, floats: usize) -> Result<()> {
