@@ -56,7 +56,7 @@ fn linked_kernels_equal_the_jit_bit_for_bit_on_every_cell() {
             assert_eq!(got, want, "{} {major:?} {align:?}: backward", c.forward.name);
         }
     }
-    assert_eq!(cells.len(), 17);
+    assert_eq!(cells.len(), 19);
 }
 
 /// The generated `Lstm` type: typed parameters and states round-trip, and

@@ -1,8 +1,9 @@
 //! Compiles every shipped cell ahead of time with cellc-build, as a user's
 //! build script would, for `aot.rs` (linked kernels against the JIT's).
-//! Sizes: H = 7, P = 3; the input size stays free where no kernel depends
-//! on it, else I = 5 (and the second layer's input size too: the kernels
-//! are built for a 2-layer model, bidirectional where the cell allows).
+//! Sizes: H = 7, P = 3, others 7; the input size stays free where no kernel
+//! depends on it, else I = 5 (and the second layer's input size too: the
+//! kernels are built for a 2-layer model where layers stack, bidirectional
+//! where the cell allows).
 
 use std::fmt::Write;
 use std::path::Path;
@@ -24,13 +25,19 @@ fn main() {
         let source = std::fs::read_to_string(&path).expect("readable cell");
         let module = cellc::compile("c.cell", &source).into_result().expect("a shipped cell compiles");
         let cell = &module.cells[0];
-        let mut build = cellc_build::cell(&path).size("H", 7);
-        if cell.sizes.iter().any(|s| s == "P") {
-            build = build.size("P", 3);
+        // P = 3, any other size but the input's I 7 (H, and xLSTM's head size D),
+        // as `support::cell_sizes` gives them.
+        let mut build = cellc_build::cell(&path);
+        for size in cell.sizes.iter().filter(|s| *s != "I") {
+            build = build.size(size, if size == "P" { 3 } else { 7 });
         }
-        // Bidirectional where a layer can read 2*H features, as the tests' models are.
-        let bidirectional = cell.input_dim().variables() != ["H"];
-        build = build.layers(2).bidirectional(bidirectional);
+        // Two layers where a layer can read the one before (its input has a
+        // size of its own, or is the output's size); bidirectional where a
+        // layer can read 2*H features, as the tests' models are.
+        let (input, output) =
+            (cell.input_dim(), cell.ty(cell.output).vector_dim().cloned().unwrap_or_default());
+        let free = input.variables().iter().any(|v| !output.variables().contains(v));
+        build = build.layers(if free || input == output { 2 } else { 1 }).bidirectional(free);
         let generated = match build.clone().try_build() {
             Ok(g) => Ok(g),
             // A kernel depends on the input size (mingru's input gradient): bind it.

@@ -141,7 +141,7 @@ fn inference_matches_the_reference(cuda: Arc<Cuda>) {
             }
         }
     }
-    assert_eq!(cells.len(), 17);
+    assert_eq!(cells.len(), 19);
     support::report(&format!(
         "{}: inference of {} cells x 5 layouts (2 layers, varlen) within 2e-5 of the reference",
         cuda_name(&cuda),
@@ -198,7 +198,7 @@ fn training_matches_the_reference(cuda: Arc<Cuda>) {
             }
         }
     }
-    assert_eq!(cells.len(), 17);
+    assert_eq!(cells.len(), 19);
     support::report(&format!(
         "{}: training (forward, then input, state and parameter gradients) of {} cells x 5 layouts \
          within 1e-4 (2e-3 with row reductions) of the reference",

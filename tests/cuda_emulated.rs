@@ -261,10 +261,22 @@ fn compile_output_with_quoted_source_lines_is_valid_cpp() {
         let module = compiled.module.as_ref().expect("compiles");
         for cell in &module.cells {
             let steps = cellc::program::Steps::compile(cell).expect("verifies");
-            let sizes = [("H", 37), ("I", 5), ("P", 3)]
-                .into_iter()
-                .filter(|(k, _)| cell.sizes.iter().any(|s| s == k))
-                .map(|(k, v)| (k.to_string(), v))
+            // I = 5, P = 3, and 37 for H and any other size (the sLSTM's head size D).
+            let sizes = cell
+                .sizes
+                .iter()
+                .map(|k| {
+                    (
+                        k.clone(),
+                        if k == "I" {
+                            5
+                        } else if k == "P" {
+                            3
+                        } else {
+                            37
+                        },
+                    )
+                })
                 .collect();
             let program = steps.program(&sizes).expect("sizes");
             let ks = cuda::emit_cell(&steps.forward, &steps.backward, &program, Some(&compiled.sources))

@@ -106,18 +106,22 @@ pub fn compile_shipped(path: &Path) -> cellc::Module {
     }
 }
 
-/// The sizes a test gives a shipped cell: `H`, and `P` (a projection) where the cell has one.
+/// The sizes a test gives a shipped cell: `H`, `P` (a projection) where
+/// the cell has one, and `h` for any other but the input size `I` (xLSTM's
+/// head size `D`).
 pub fn cell_sizes(cell: &cellc_runtime::CompiledCell, h: usize, p: usize) -> cellc::dims::Bindings {
-    [("H".to_string(), h), ("P".to_string(), p)]
-        .into_iter()
-        .filter(|(k, _)| cell.forward.sizes.contains(k))
+    cell.forward
+        .sizes
+        .iter()
+        .filter(|k| *k != "I")
+        .map(|k| (k.clone(), if k == "P" { p } else { h }))
         .collect()
 }
 
-/// A model of `cell` with hidden size `h`, input size `i` (or `h` where
-/// the cell reads `x[H]`), weights drawn from `seed`; `None` where the
-/// cell's input cannot read such a layer (sru's `x[H]` after a
-/// bidirectional layer of `2*H` features).
+/// A model of `cell` with hidden size `h`, input size `i` (or what the
+/// sizes give where the cell's input has no size of its own: `x[H]`),
+/// weights drawn from `seed`; `None` where the cell's input cannot read
+/// such a layer (sru's `x[H]` after a bidirectional layer of `2*H` features).
 pub fn try_model(
     cell: &std::sync::Arc<cellc_runtime::CompiledCell>,
     (h, p, i): (usize, usize, usize),
@@ -126,7 +130,7 @@ pub fn try_model(
     backend: Box<dyn cellc_runtime::backend::Backend>,
 ) -> Option<cellc_runtime::Model> {
     let sizes = cell_sizes(cell, h, p);
-    let input = if cell.forward.input_dim().variables() == ["H"] { h } else { i };
+    let input = cell.forward.input_dim().eval(&sizes).map_or(i, |n| n as usize);
     match cellc_runtime::Model::new(cell.clone(), config.clone(), &sizes, Some(input), None, seed, backend) {
         Ok(m) => Some(m),
         Err(cellc_runtime::RuntimeError::Layer { .. }) => None,
@@ -134,17 +138,21 @@ pub fn try_model(
     }
 }
 
-/// A 2-layer bidirectional model where the cell allows it, else 2 layers one way.
+/// A 2-layer bidirectional model where the cell allows it, else 2 layers
+/// one way, else one layer.
 pub fn two_layer_model(
     cell: &std::sync::Arc<cellc_runtime::CompiledCell>,
     sizes: (usize, usize, usize),
     seed: u64,
     backend: &dyn Fn() -> Box<dyn cellc_runtime::backend::Backend>,
 ) -> cellc_runtime::Model {
-    let config = |bidirectional| cellc_runtime::ModelConfig { layers: 2, bidirectional };
-    try_model(cell, sizes, &config(true), seed, backend())
-        .or_else(|| try_model(cell, sizes, &config(false), seed, backend()))
-        .unwrap_or_else(|| panic!("{}: no 2-layer model", cell.forward.name))
+    let config = |layers, bidirectional| cellc_runtime::ModelConfig { layers, bidirectional };
+    try_model(cell, sizes, &config(2, true), seed, backend())
+        .or_else(|| try_model(cell, sizes, &config(2, false), seed, backend()))
+        // A layer whose output cannot feed its input (the sLSTM reads gate
+        // pre-activations): one layer.
+        .or_else(|| try_model(cell, sizes, &config(1, false), seed, backend()))
+        .unwrap_or_else(|| panic!("{}: no model", cell.forward.name))
 }
 
 /// The shipped cells (not the prelude), compiled.

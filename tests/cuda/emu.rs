@@ -32,11 +32,8 @@ pub struct Side {
 }
 
 pub fn sides(c: &Arc<CompiledCell>, h: usize, i: usize) -> Vec<(&'static str, Side)> {
-    let sizes = [("H".to_string(), h), ("P".to_string(), 3)]
-        .into_iter()
-        .filter(|(k, _)| c.forward.sizes.contains(k))
-        .collect();
-    let input = if c.forward.input_dim().variables() == ["H"] { h } else { i };
+    let sizes = crate::support::cell_sizes(c, h, 3);
+    let input = c.forward.input_dim().eval(&sizes).map_or(i, |n| n as usize);
     let config = ModelConfig { layers: 1, bidirectional: false };
     let model =
         Model::new(c.clone(), config, &sizes, Some(input), None, 1, Box::new(Reference)).expect("model");

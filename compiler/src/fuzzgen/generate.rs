@@ -192,8 +192,13 @@ impl Gen<'_, '_> {
     /// function, where masks may not be) goes through `dropconnect` at one
     /// rate, in every product, with probability 1/3.
     fn dropconnect(&mut self, rates: &[String]) {
-        let passed =
-            |spec: &CellSpec, w: &str| spec.stmt_values().any(|e| e.nodes().contains(&&Expr::name(w)));
+        // Passed to a function, or read as `v @ W`: `dropconnect` masks `W @ v` only.
+        let passed = |spec: &CellSpec, w: &str| {
+            spec.stmt_values().flat_map(Expr::nodes).any(|e| match e {
+                Expr::Name(n) | Expr::VecMat(n, _) => n == w,
+                _ => false,
+            })
+        };
         let matrices: Vec<String> = self
             .spec
             .params
@@ -497,7 +502,7 @@ impl Gen<'_, '_> {
         let d = depth - 1;
         let products_ok = !self.in_fn;
         loop {
-            match self.rng.below(26) {
+            match self.rng.below(29) {
                 0..=4 => return self.vector_leaf(size, dynamic_ok),
                 5..=7 => {
                     let u = *self.rng.pick(&UnaryOp::BUILTINS);
@@ -575,6 +580,33 @@ impl Gen<'_, '_> {
                     return Expr::Call("where".into(), vec![cond, a, b]);
                 }
                 24 => return Expr::Call("logsigmoid".into(), vec![self.vector(size, d, dynamic_ok)]),
+                26 if products_ok => {
+                    // A product by a block-diagonal matrix of 2 or 3 heads.
+                    let heads = *self.rng.pick(&[2, 3]);
+                    if !size.divisible_by(heads) {
+                        continue;
+                    }
+                    let cols = self.rng.pick(&self.sizes.clone()).times(heads);
+                    let arg = self.vector(&cols, d, dynamic_ok && self.step_products);
+                    let w = self.matrix_of_heads(size, &cols, heads);
+                    return Expr::MatVec(w, Box::new(arg));
+                }
+                27 if products_ok => {
+                    // `v @ W`, with heads where both sizes allow.
+                    let rows = self.rng.pick(&self.sizes.clone()).clone();
+                    let heads = *self.rng.pick(&[1, 2]);
+                    let heads = if rows.divisible_by(heads) && size.divisible_by(heads) { heads } else { 1 };
+                    let arg = self.vector(&rows, d, dynamic_ok && self.step_products);
+                    let w = self.matrix_of_heads(&rows, size, heads);
+                    return Expr::VecMat(w, Box::new(arg));
+                }
+                28 => {
+                    let (a, b) = *self.rng.pick(&[(2, 2), (2, 3), (3, 2)]);
+                    if !size.divisible_by(a * b) {
+                        continue;
+                    }
+                    return Expr::Transpose(Box::new(self.vector(size, d, dynamic_ok)), a, b);
+                }
                 _ => {}
             }
         }
@@ -623,11 +655,18 @@ impl Gen<'_, '_> {
 
     /// A matrix parameter `[rows, cols]`: one already declared, or a new one.
     fn matrix(&mut self, rows: &Size, cols: &Size) -> String {
+        self.matrix_of_heads(rows, cols, 1)
+    }
+
+    /// A matrix parameter of `heads` blocks, `[heads, rows/heads,
+    /// cols/heads]` (`[rows, cols]` for one head): one already declared, or
+    /// a new one.
+    fn matrix_of_heads(&mut self, rows: &Size, cols: &Size, heads: u32) -> String {
         let existing: Vec<String> = self
             .spec
             .params
             .iter()
-            .filter(|p| &p.rows == rows && p.cols.as_ref() == Some(cols))
+            .filter(|p| &p.rows == rows && p.cols.as_ref() == Some(cols) && p.heads == heads)
             .map(|p| p.name.clone())
             .collect();
         if !existing.is_empty() && self.rng.chance(1, 2) {
@@ -639,6 +678,7 @@ impl Gen<'_, '_> {
             name: name.clone(),
             rows: rows.clone(),
             cols: Some(cols.clone()),
+            heads,
             init,
         });
         name
@@ -648,7 +688,7 @@ impl Gen<'_, '_> {
     fn vector_param(&mut self, size: &Size, init: Option<Init>) -> String {
         let name = self.fresh("b");
         let init = init.unwrap_or_else(|| self.init(false));
-        self.spec.params.push(Param { name: name.clone(), rows: size.clone(), cols: None, init });
+        self.spec.params.push(Param { name: name.clone(), rows: size.clone(), cols: None, heads: 1, init });
         self.bind(Expr::name(&name), Ty::Vector(size.clone()), false);
         name
     }

@@ -147,13 +147,20 @@ mod tests {
                 " >= ",
                 " == ",
                 " != ",
+                "transpose(",
+                // `v @ W` (a vector is never named `w...`).
+                " @ w",
             ] {
                 if text.contains(word) {
                     seen.insert(word);
                 }
             }
+            // A block-diagonal parameter `[k, m, n]` of 2 or 3 heads.
+            if text.contains("[2, ") || text.contains("[3, ") {
+                seen.insert("heads");
+            }
         }
-        assert_eq!(seen.len(), 41, "{seen:?}");
+        assert_eq!(seen.len(), 44, "{seen:?}");
     }
 
     #[test]

@@ -140,7 +140,7 @@ fn without_state(spec: &CellSpec, i: usize) -> CellSpec {
     let mut c = spec.clone();
     let (name, size) = c.states.remove(i);
     let z = fresh_param(&c, &format!("z_{name}"));
-    c.params.push(Param { name: z.clone(), rows: size, cols: None, init: Init::Default });
+    c.params.push(Param { name: z.clone(), rows: size, cols: None, heads: 1, init: Init::Default });
     c.stmts.retain(|st| !matches!(st, Stmt::Assign { state, .. } if *state == name));
     for st in &mut c.stmts {
         let e = st.value_mut();
@@ -155,7 +155,7 @@ fn without_input(spec: &CellSpec, i: usize) -> CellSpec {
     let mut c = spec.clone();
     let (name, size) = c.inputs.remove(i);
     let z = fresh_param(&c, &format!("z_{name}"));
-    c.params.push(Param { name: z.clone(), rows: size, cols: None, init: Init::Default });
+    c.params.push(Param { name: z.clone(), rows: size, cols: None, heads: 1, init: Init::Default });
     for st in &mut c.stmts {
         st.value_mut().replace_name(&name, false, &Expr::name(&z));
     }

@@ -45,6 +45,11 @@ impl Size {
         k > 0 && self.0.values().all(|c| c % k == 0)
     }
 
+    /// This size over `k`, coefficient by coefficient (where [`Size::divisible_by`] `k`).
+    pub fn over(&self, k: u32) -> Size {
+        Size(self.0.iter().map(|(v, c)| (v.clone(), c / k.max(1))).collect())
+    }
+
     /// The ways of writing this size as a sum of two sizes (for `concat`).
     pub fn splits(&self) -> Vec<(Size, Size)> {
         let terms: Vec<(&String, u32)> = self.0.iter().map(|(v, &c)| (v, c)).collect();
@@ -154,6 +159,10 @@ pub enum Expr {
     Reduce(bool, Box<Expr>),
     /// `W @ v`, `W` a matrix parameter (or a function's matrix parameter).
     MatVec(String, Box<Expr>),
+    /// `v @ W`, `W` a matrix parameter: `Wᵀ v`.
+    VecMat(String, Box<Expr>),
+    /// `transpose(v, a, b)`: `v`'s `a x b` grid of blocks read column by column.
+    Transpose(Box<Expr>, u32, u32),
     /// `concat(a, b, ...)` of vectors.
     Concat(Vec<Expr>),
     /// A call of a file function or of the prelude's `layernorm`.
@@ -205,6 +214,8 @@ impl Expr {
             | Expr::Unary(_, a)
             | Expr::Reduce(_, a)
             | Expr::MatVec(_, a)
+            | Expr::VecMat(_, a)
+            | Expr::Transpose(a, ..)
             | Expr::Guarded(_, a)
             | Expr::Dropout { value: a, .. }
             | Expr::DropConnect { arg: a, .. } => {
@@ -225,6 +236,8 @@ impl Expr {
             | Expr::Unary(_, a)
             | Expr::Reduce(_, a)
             | Expr::MatVec(_, a)
+            | Expr::VecMat(_, a)
+            | Expr::Transpose(a, ..)
             | Expr::Guarded(_, a)
             | Expr::Dropout { value: a, .. }
             | Expr::DropConnect { arg: a, .. } => {
@@ -268,7 +281,7 @@ impl Expr {
     /// functions called and rates masks read.
     pub fn mentions(&self, name: &str) -> bool {
         self.nodes().iter().any(|e| match e {
-            Expr::Name(n) | Expr::MatVec(n, _) | Expr::Call(n, _) => n == name,
+            Expr::Name(n) | Expr::MatVec(n, _) | Expr::VecMat(n, _) | Expr::Call(n, _) => n == name,
             Expr::Dropout { rate, .. } | Expr::Zoneout { rate, .. } => rate == name,
             Expr::DropConnect { param, rate, .. } => param == name || rate == name,
             _ => false,
@@ -330,6 +343,8 @@ impl fmt::Display for Expr {
             Expr::MinMax(max, a, b) => write!(f, "{}({a}, {b})", if *max { "max" } else { "min" }),
             Expr::Reduce(mean, a) => write!(f, "{}({a})", if *mean { "mean" } else { "sum" }),
             Expr::MatVec(w, a) => write!(f, "({w} @ {a})"),
+            Expr::VecMat(w, a) => write!(f, "({a} @ {w})"),
+            Expr::Transpose(a, rows, cols) => write!(f, "transpose({a}, {rows}, {cols})"),
             Expr::Concat(xs) => write!(f, "concat({})", list(xs)),
             Expr::Call(name, xs) => write!(f, "{name}({})", list(xs)),
             Expr::Guarded(Guard::Positive, a) => write!(f, "(softplus({a}) + 0.5)"),
@@ -404,6 +419,10 @@ pub struct Param {
     pub rows: Size,
     /// `Some` for a matrix `[rows, cols]`.
     pub cols: Option<Size>,
+    /// A matrix's heads: 1, or `k` blocks `[rows/k, cols/k]` on the
+    /// diagonal, declared `[k, rows/k, cols/k]` (`rows` and `cols` are
+    /// then the sizes of `W @ v` and `v`).
+    pub heads: u32,
     /// How it is initialised (the `= ...` after the shape).
     pub init: Init,
 }
@@ -539,6 +558,10 @@ impl CellSpec {
             }
             Expr::Reduce(_, a) => self.type_of(a, lets).map(|_| Ty::Scalar),
             Expr::MatVec(w, _) => self.params.iter().find(|p| &p.name == w).and_then(|p| vector(&p.rows)),
+            Expr::VecMat(w, _) => {
+                self.params.iter().find(|p| &p.name == w).and_then(|p| p.cols.as_ref()).and_then(vector)
+            }
+            Expr::Transpose(a, ..) => self.type_of(a, lets),
             Expr::Concat(xs) => {
                 let mut total = Size(BTreeMap::new());
                 for x in xs {
@@ -667,6 +690,9 @@ impl fmt::Display for CellSpec {
         }
         for p in &self.params {
             let shape = match &p.cols {
+                Some(c) if p.heads > 1 => {
+                    format!("{}, {}, {}", p.heads, p.rows.over(p.heads), c.over(p.heads))
+                }
                 Some(c) => format!("{}, {c}", p.rows),
                 None => p.rows.to_string(),
             };

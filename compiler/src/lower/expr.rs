@@ -109,10 +109,19 @@ impl CellLowerer<'_> {
         match v {
             Some(v) if v >= 1.0 && v.fract() == 0.0 && v <= 1e9 => Some(v as i64),
             _ => {
-                self.error(
-                    Diagnostic::error(e.span, format!("{what} must be a positive whole number"))
-                        .with_label("expected a literal such as `4`, or a `const`"),
-                );
+                let mut d = Diagnostic::error(e.span, format!("{what} must be a positive whole number"))
+                    .with_label("expected a literal such as `4`, or a `const`");
+                if let ExprKind::Name(id) = &e.kind {
+                    if self.sizes.contains_key(&id.name) {
+                        d = d.with_note(format!(
+                            "`{}` is a size variable, bound only when the cell is instantiated; \
+                             declare a count the cell needs as a `const` (`const HEADS = 4`), \
+                             which sizes may use too (`R[HEADS, D, D]`)",
+                            id.name
+                        ));
+                    }
+                }
+                self.error(d);
                 None
             }
         }
@@ -273,9 +282,9 @@ impl CellLowerer<'_> {
     fn matrix_misuse(&mut self, v: ValueId, span: Span) -> Option<ValueId> {
         let ty = self.cell.ty(v).clone();
         self.error(
-            Diagnostic::error(span, "a matrix can only be the left operand of `@`")
+            Diagnostic::error(span, "a matrix can only be an operand of `@`")
                 .with_label(format!("this is {}", describe(&ty)))
-                .with_note("multiply it by a vector first: `W @ x`"),
+                .with_note("multiply it by a vector first: `W @ x` (or `x @ W` for `Wᵀ x`)"),
         );
         None
     }
@@ -477,7 +486,7 @@ impl CellLowerer<'_> {
                     _ => "declare the matrix as `param W[m, n]`; for elementwise products use `*`",
                 };
                 self.error(
-                    Diagnostic::error(sm, "the left operand of `@` must be a matrix parameter")
+                    Diagnostic::error(sm, "one operand of `@` must be a matrix parameter")
                         .with_label(format!("this is {}", describe(&tm)))
                         .with_note(note),
                 );
@@ -556,8 +565,13 @@ impl CellLowerer<'_> {
                     d = d.with_secondary(decl.span, format!("`{}` is declared {tm} here", decl.name));
                 }
             }
+            if one_head && cols == n {
+                d = d.with_note(format!(
+                    "the operands may be swapped: `W @ v` multiplies a [{rows}, {cols}] matrix by a [{cols}] vector"
+                ));
+            }
             self.error(d.with_note(if one_head {
-                "`v @ W[m, n]` needs `v` of size [m], the matrix's first dimension"
+                "`v @ W[m, n]` is `Wᵀ v`: it needs `v` of size [m], the matrix's first dimension"
             } else {
                 "`v @ W[heads, m, n]` needs `v` of size [heads*m]: each head multiplies its own m elements"
             }));

@@ -30,16 +30,12 @@ fn cell(name: &str) -> Arc<CompiledCell> {
 }
 
 fn model(cell: Arc<CompiledCell>, layers: usize, bidirectional: bool, backend: Box<dyn Backend>) -> Model {
-    let sizes: Bindings = [("H".to_string(), 4), ("P".to_string(), 3)].into_iter().collect();
+    // H and P, and D (the sLSTM cells' head size; dropped where a cell has none).
+    let sizes: Bindings =
+        [("H", 4), ("P", 3), ("D", 2)].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     let config = ModelConfig { layers, bidirectional };
-    // INPUT features, or the state's where the cell ties them (sru, highway cells).
-    let input = if Model::new(cell.clone(), config.clone(), &sizes, Some(INPUT), None, 7, Box::new(Reference))
-        .is_ok()
-    {
-        INPUT
-    } else {
-        4
-    };
+    // INPUT features, or what the sizes give where the cell ties them (sru's `x[H]`).
+    let input = cell.forward.input_dim().eval(&sizes).map_or(INPUT, |n| n as usize);
     Model::new(cell, config, &sizes, Some(input), None, 7, backend).expect("model")
 }
 

@@ -242,7 +242,8 @@ fn compare(what: &str, got: &[f32], want: &[f64], against: Against) -> Result<()
 
 /// The tolerances: `|a - b| / max(1, |b|)` of an f32 back end against
 /// the f64 oracle within [`BASE_TOLERANCE`], or within [`NOISE_FACTOR`]
-/// times the f32 oracle's own distance from the f64 one, times how many
+/// times the f32 oracles' own distance from the f64 one (the larger of the
+/// run on the data and the run on the data nudged by an ulp), times how many
 /// ulp the back end's elementary functions may be off
 /// ([`BackendKind::math_ulp`]), whichever is larger: a cell that
 /// amplifies rounding (a LayerNorm of a nearly constant row, a state
@@ -259,12 +260,13 @@ fn compare(what: &str, got: &[f32], want: &[f64], against: Against) -> Result<()
 pub const BASE_TOLERANCE: f64 = 1e-4;
 pub const NOISE_FACTOR: f64 = 16.0;
 
-/// The oracle's values and its f32 twin, for tolerances; and, where a
+/// The oracle's values and its f32 twins, for tolerances; and, where a
 /// back end computes bf16 products, the oracle with those products' operands
 /// rounded to bf16 (the twin of bf16 arithmetic).
 struct Expected<'a> {
     f64: &'a Oracle,
-    f32: &'a Oracle,
+    /// On the data, and on the data nudged by an ulp.
+    f32: &'a [Oracle; 2],
     bf16: Option<&'a Oracle>,
 }
 
@@ -299,7 +301,8 @@ fn tolerances(want: &Expected, kind: BackendKind) -> (f64, f64) {
         let rule = |noise: f64| BASE_TOLERANCE.max(NOISE_FACTOR * noise);
         return (rule(forward), rule(backward));
     }
-    let (forward_noise, backward_noise) = pass_noise(want.f64, want.f32);
+    let (twin, nudged) = (pass_noise(want.f64, &want.f32[0]), pass_noise(want.f64, &want.f32[1]));
+    let (forward_noise, backward_noise) = (twin.0.max(nudged.0), twin.1.max(nudged.1));
     (tolerance(forward_noise, kind), tolerance(backward_noise, kind))
 }
 

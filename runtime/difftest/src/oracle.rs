@@ -3,10 +3,14 @@
 //! layer and direction by direction, forwards and backwards: the plainest
 //! possible statement of what a model computes ([`cellc_runtime::exact`]).
 //!
-//! It runs twice, in f64 (the values back ends must match) and in f32
-//! (whose distance from the f64 values measures how much this cell, on
-//! this data, amplifies rounding: the noise floor below which f32 back ends
-//! cannot be told apart, see [`Oracle::noise`]).
+//! It runs three times: in f64 (the values back ends must match), and in
+//! f32 twice, on the data as it is and on the data with every value
+//! (weights included) nudged by one ulp. Their distances from the f64
+//! values measure how much this cell, on this data, amplifies rounding: the
+//! noise floor below which f32 back ends cannot be told apart. One f32 run
+//! alone can land near the f64 values by luck where the cell cancels
+//! (a LayerNorm of two nearly equal values); the nudged run then still
+//! shows how far one rounding moves the results.
 
 use crate::batch::Batch;
 use cellc_runtime::exact::{self, Adjoints, Sequences};
@@ -28,9 +32,12 @@ pub struct Oracle {
 }
 
 /// What `model` should compute on `batch`, forwards and backwards, and
-/// the same computed in f32: `(f64 results, f32 results)`.
-pub fn oracle(model: &Model, batch: &Batch) -> Result<(Oracle, Oracle), String> {
-    Ok((run::<f64>(model, batch, Precision::F32)?, run::<f32>(model, batch, Precision::F32)?))
+/// the same computed in f32, on the data and on the data nudged by an ulp:
+/// `(f64 results, [f32 results; 2])`.
+pub fn oracle(model: &Model, batch: &Batch) -> Result<(Oracle, [Oracle; 2]), String> {
+    let f32_twins =
+        [run::<f32>(model, batch, Precision::F32, false)?, run::<f32>(model, batch, Precision::F32, true)?];
+    Ok((run::<f64>(model, batch, Precision::F32, false)?, f32_twins))
 }
 
 /// What `model` computes on `batch` with the products of its matrix
@@ -38,11 +45,27 @@ pub fn oracle(model: &Model, batch: &Batch) -> Result<(Oracle, Oracle), String> 
 /// everything else in f64: with [`Precision::Bf16`], what bf16 arithmetic
 /// itself gives, against which a bf16 back end's error is judged.
 pub fn oracle_in(model: &Model, batch: &Batch, precision: Precision) -> Result<Oracle, String> {
-    run::<f64>(model, batch, precision)
+    run::<f64>(model, batch, precision, false)
 }
 
-fn run<T: Float>(model: &Model, batch: &Batch, precision: Precision) -> Result<Oracle, String> {
-    let ts = |v: &[f32]| -> Vec<T> { v.iter().map(|&x| T::from(x).unwrap_or_else(T::nan)).collect() };
+/// `x` moved one ulp, up or down by `i`'s parity (zero and non-finite values as they are).
+fn nudged(x: f32, i: usize) -> f32 {
+    match x.is_finite() && x != 0.0 {
+        true if i % 2 == 0 => f32::from_bits(x.to_bits() + 1),
+        true => f32::from_bits(x.to_bits() - 1),
+        false => x,
+    }
+}
+
+/// The oracle in `T`; with `nudge`, on every value of the data and the
+/// weights moved one ulp.
+fn run<T: Float>(model: &Model, batch: &Batch, precision: Precision, nudge: bool) -> Result<Oracle, String> {
+    let ts = |v: &[f32]| -> Vec<T> {
+        v.iter()
+            .enumerate()
+            .map(|(i, &x)| T::from(if nudge { nudged(x, i) } else { x }).unwrap_or_else(T::nan))
+            .collect()
+    };
     let f64s = |v: &[T]| -> Vec<f64> { v.iter().map(|x| x.to_f64().unwrap_or(f64::NAN)).collect() };
     let rows_in = |x: &[Vec<Vec<f32>>]| -> Vec<Vec<Vec<T>>> {
         x.iter().map(|s| s.iter().map(|r| ts(r)).collect()).collect()
