@@ -213,6 +213,34 @@ fn place_floating(
     }
 }
 
+/// Moves each per-step pointwise value to the latest level its users allow
+/// (a product's operand to the level before the product's), so that work
+/// which feeds no product of its own level joins the kernel that reads it
+/// instead of making a kernel of its own: the sLSTM's `where(n == 0, ...)`
+/// reads only a state, and would otherwise run as a kernel before the
+/// step's GEMM. A value nothing in the step reads keeps its level.
+fn defer_to_users(
+    g: &Graph,
+    order: &[ValueId],
+    movable: &dyn Fn(ValueId) -> bool,
+    level: &mut HashMap<ValueId, usize>,
+) {
+    for &v in order.iter().rev() {
+        let Some(&at) = level.get(&v) else { continue };
+        if !movable(v) || is_product(g, v) {
+            continue;
+        }
+        let latest = g
+            .users(v)
+            .iter()
+            .filter_map(|u| level.get(u).map(|&l| if is_product(g, *u) { l.saturating_sub(1) } else { l }))
+            .min();
+        if let Some(latest) = latest.filter(|&l| l > at) {
+            level.insert(v, latest);
+        }
+    }
+}
+
 /// Inputs and outputs of a stage; `roots` are read from outside the graph.
 fn make_stage(
     g: &Graph,
@@ -349,6 +377,9 @@ fn stage_forward(cell: &Cell, roots: &[ValueId]) -> Vec<Stage> {
         .copied()
         .filter(|v| !dynamic.contains(v) && !is_product(g, *v) && !before_loop.contains(v))
         .collect();
+    // Per-step work as late as its users allow, then the floating values
+    // (which only per-step values read) with their earliest reader.
+    defer_to_users(g, &order, &|v| per_step.contains(&v), &mut level);
     place_floating(g, &order, &floating, &mut level);
 
     let pre: HashSet<ValueId> = before_loop.iter().chain(&hoisted).copied().collect();
