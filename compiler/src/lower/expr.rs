@@ -472,112 +472,103 @@ impl CellLowerer<'_> {
         self.add(Op::Concat, Type::Vector(d), &parts, span)
     }
 
-    fn matvec(&mut self, m: ValueId, v: ValueId, sm: Span, sv: Span, span: Span) -> Option<ValueId> {
-        let (tm, tv) = (self.cell.ty(m).clone(), self.cell.ty(v).clone());
-        if let (Type::Vector(_), Type::Matrix(..)) = (&tm, &tv) {
-            return self.vecmat(m, v, sm, sv, span);
+    /// `a @ b`: a matrix times a vector, or a vector times a matrix.
+    fn matvec(&mut self, a: ValueId, b: ValueId, sa: Span, sb: Span, span: Span) -> Option<ValueId> {
+        let (ta, tb) = (self.cell.ty(a).clone(), self.cell.ty(b).clone());
+        match (&ta, &tb) {
+            (Type::Matrix(..), Type::Vector(_)) => return self.product(a, b, (sa, sb), span, false),
+            (Type::Vector(_), Type::Matrix(..)) => return self.product(b, a, (sb, sa), span, true),
+            _ => {}
         }
-        let (Type::Matrix(heads, rows, cols), Type::Vector(n)) = (&tm, &tv) else {
-            if !matches!(tm, Type::Matrix(..)) {
-                let note = match tv {
-                    Type::Vector(_) if matches!(tm, Type::Vector(_)) => {
-                        "for an elementwise product use `*`; for a dot product, `sum(a * b)`"
-                    }
-                    _ => "declare the matrix as `param W[m, n]`; for elementwise products use `*`",
-                };
-                self.error(
-                    Diagnostic::error(sm, "one operand of `@` must be a matrix parameter")
-                        .with_label(format!("this is {}", describe(&tm)))
-                        .with_note(note),
-                );
-            } else {
-                self.error(
-                    Diagnostic::error(sv, "the right operand of `@` must be a vector")
-                        .with_label(format!("this is {}", describe(&tv))),
-                );
-            }
-            return None;
-        };
-        let Some((out, takes)) = tm.product_dims() else {
-            self.error(
-                Diagnostic::error(sm, format!("the sizes of this {tm} matrix overflow"))
-                    .with_label(format!("this is {}", describe(&tm))),
-            );
-            return None;
-        };
-        if &takes != n {
-            let one_head = heads.as_constant() == Some(1);
-            let mut d = if one_head {
-                Diagnostic::error(sv, format!("cannot multiply a [{rows}, {cols}] matrix by a [{n}] vector"))
-                    .with_secondary(sm, format!("this matrix takes a vector of [{cols}]"))
-            } else {
-                Diagnostic::error(
-                    sv,
-                    format!("cannot multiply {heads} heads of [{rows}, {cols}] by a [{n}] vector"),
-                )
-                .with_secondary(sm, format!("these heads take a vector of [{takes}], {cols} per head"))
-            }
-            .with_label(format!("this is [{n}]"));
-            if let Op::Param(i) = self.cell.node(m).op {
-                let decl = &self.cell.params[i];
-                if decl.span != sm {
-                    d = d.with_secondary(decl.span, format!("`{}` is declared {tm} here", decl.name));
+        if !matches!(ta, Type::Matrix(..)) {
+            let note = match tb {
+                Type::Vector(_) if matches!(ta, Type::Vector(_)) => {
+                    "for an elementwise product use `*`; for a dot product, `sum(a * b)`"
                 }
-            }
-            self.error(d.with_note(if one_head {
-                "`W[m, n] @ v` needs `v` of size [n], the matrix's second dimension"
-            } else {
-                "`W[heads, m, n] @ v` needs `v` of size [heads*n]: each head multiplies its own n elements"
-            }));
-            return None;
+                _ => "declare the matrix as `param W[m, n]`; for elementwise products use `*`",
+            };
+            self.error(
+                Diagnostic::error(sa, "one operand of `@` must be a matrix parameter")
+                    .with_label(format!("this is {}", describe(&ta)))
+                    .with_note(note),
+            );
+        } else {
+            self.error(
+                Diagnostic::error(sb, "the right operand of `@` must be a vector")
+                    .with_label(format!("this is {}", describe(&tb))),
+            );
         }
-        self.add(Op::MatVec, Type::Vector(out), &[m, v], span)
+        None
     }
 
-    /// `v @ W`: the vector times the matrix, `Wᵀ v` (`[m] @ [m, n]` gives
-    /// `[n]`; per head for a block-diagonal `W`).
-    fn vecmat(&mut self, v: ValueId, m: ValueId, sv: Span, sm: Span, span: Span) -> Option<ValueId> {
-        let (tv, tm) = (self.cell.ty(v).clone(), self.cell.ty(m).clone());
-        let (Type::Vector(n), Type::Matrix(heads, rows, cols)) = (&tv, &tm) else { return None };
-        let Some((takes, out)) = tm.product_dims() else {
+    /// `W @ v`, or with `transposed` `v @ W` (`Wᵀ v`: `[m] @ [m, n]` gives
+    /// `[n]`); per head for a block-diagonal `W`. The operands are a matrix
+    /// `m` and a vector `v`.
+    fn product(
+        &mut self,
+        m: ValueId,
+        v: ValueId,
+        (sm, sv): (Span, Span),
+        span: Span,
+        transposed: bool,
+    ) -> Option<ValueId> {
+        let (tm, tv) = (self.cell.ty(m).clone(), self.cell.ty(v).clone());
+        let (Type::Matrix(heads, rows, cols), Type::Vector(n)) = (&tm, &tv) else { return None };
+        let Some((rows_all, cols_all)) = tm.product_dims() else {
             self.error(
                 Diagnostic::error(sm, format!("the sizes of this {tm} matrix overflow"))
                     .with_label(format!("this is {}", describe(&tm))),
             );
             return None;
         };
+        // The vector multiplies the rows (`v @ W`) or the columns (`W @ v`).
+        let (takes, out, per_head) =
+            if transposed { (rows_all, cols_all, rows) } else { (cols_all, rows_all, cols) };
         if &takes != n {
             let one_head = heads.as_constant() == Some(1);
-            let mut d = if one_head {
-                Diagnostic::error(sv, format!("cannot multiply a [{n}] vector by a [{rows}, {cols}] matrix"))
-                    .with_secondary(sm, format!("this matrix takes a vector of [{rows}]"))
+            let matrix = if one_head {
+                format!("a [{rows}, {cols}] matrix")
             } else {
-                Diagnostic::error(
-                    sv,
-                    format!("cannot multiply a [{n}] vector by {heads} heads of [{rows}, {cols}]"),
-                )
-                .with_secondary(sm, format!("these heads take a vector of [{takes}], {rows} per head"))
-            }
-            .with_label(format!("this is [{n}]"));
+                format!("{heads} heads of [{rows}, {cols}]")
+            };
+            let headline = if transposed {
+                format!("cannot multiply a [{n}] vector by {matrix}")
+            } else {
+                format!("cannot multiply {matrix} by a [{n}] vector")
+            };
+            let takes_what = if one_head {
+                format!("this matrix takes a vector of [{per_head}]")
+            } else {
+                format!("these heads take a vector of [{takes}], {per_head} per head")
+            };
+            let mut d = Diagnostic::error(sv, headline)
+                .with_secondary(sm, takes_what)
+                .with_label(format!("this is [{n}]"));
             if let Op::Param(i) = self.cell.node(m).op {
                 let decl = &self.cell.params[i];
                 if decl.span != sm {
                     d = d.with_secondary(decl.span, format!("`{}` is declared {tm} here", decl.name));
                 }
             }
-            if one_head && cols == n {
+            if transposed && one_head && cols == n {
                 d = d.with_note(format!(
                     "the operands may be swapped: `W @ v` multiplies a [{rows}, {cols}] matrix by a [{cols}] vector"
                 ));
             }
-            self.error(d.with_note(if one_head {
-                "`v @ W[m, n]` is `Wᵀ v`: it needs `v` of size [m], the matrix's first dimension"
-            } else {
-                "`v @ W[heads, m, n]` needs `v` of size [heads*m]: each head multiplies its own m elements"
+            self.error(d.with_note(match (transposed, one_head) {
+                (false, true) => "`W[m, n] @ v` needs `v` of size [n], the matrix's second dimension",
+                (false, false) => {
+                    "`W[heads, m, n] @ v` needs `v` of size [heads*n]: each head multiplies its own n elements"
+                }
+                (true, true) => "`v @ W[m, n]` is `Wᵀ v`: it needs `v` of size [m], the matrix's first dimension",
+                (true, false) => {
+                    "`v @ W[heads, m, n]` needs `v` of size [heads*m]: each head multiplies its own m elements"
+                }
             }));
             return None;
         }
-        self.add(Op::MatVecT, Type::Vector(out), &[m, v], span)
+        let op = if transposed { Op::MatVecT } else { Op::MatVec };
+        self.add(op, Type::Vector(out), &[m, v], span)
     }
 
     fn call(&mut self, callee: &ast::Ident, args: &[Expr], span: Span) -> Option<ValueId> {

@@ -51,7 +51,7 @@ pub fn oracle_in(model: &Model, batch: &Batch, precision: Precision) -> Result<O
 /// `x` moved one ulp, up or down by `i`'s parity (zero and non-finite values as they are).
 fn nudged(x: f32, i: usize) -> f32 {
     match x.is_finite() && x != 0.0 {
-        true if i % 2 == 0 => f32::from_bits(x.to_bits() + 1),
+        true if i.is_multiple_of(2) => f32::from_bits(x.to_bits() + 1),
         true => f32::from_bits(x.to_bits() - 1),
         false => x,
     }
