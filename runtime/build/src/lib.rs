@@ -28,6 +28,8 @@
 //! unbound) are reported to cargo with the diagnostics rendered, and the
 //! build script exits with status 1: no panic, no backtrace.
 
+#![warn(missing_docs)]
+
 mod bindings;
 
 use cellc::dims::Bindings;
@@ -73,7 +75,9 @@ impl std::error::Error for Error {}
 pub struct Generated {
     /// The module's name: files are `cellc_<name>.{o,json,rs}`.
     pub name: String,
+    /// The object file: the cell's kernels, to link (`cellc_<name>.o`).
     pub object: Vec<u8>,
+    /// The manifest, JSON: the kernels and the sizes they were built for (`cellc_<name>.json`).
     pub manifest: String,
     /// The Rust bindings.
     pub rust: String,
@@ -108,6 +112,8 @@ impl CellBuild {
         self
     }
 
+    /// Builds the kernels for a bidirectional model (both directions share them; a second
+    /// layer then reads twice the output's features, so its input size may differ).
     pub fn bidirectional(mut self, bidirectional: bool) -> Self {
         self.config.bidirectional = bidirectional;
         self

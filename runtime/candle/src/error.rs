@@ -4,6 +4,7 @@
 use cellc_runtime::RuntimeError;
 use std::fmt;
 
+/// What a layer's call can fail with.
 #[derive(Debug)]
 pub enum Error {
     /// Bad input, named: the runtime's error as it is.
@@ -12,6 +13,7 @@ pub enum Error {
     Candle(candle_core::Error),
 }
 
+/// A result of the layer's calls.
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl fmt::Display for Error {

@@ -15,7 +15,9 @@ use std::sync::{Arc, Mutex};
 /// at which end of the time axis each sequence's real steps are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Padding {
+    /// Batch-first (`[B, T, F]`) or time-first (`[T, B, F]`).
     pub major: Major,
+    /// A sequence's steps at the start of the time axis (left) or at its end (right).
     pub align: Align,
 }
 

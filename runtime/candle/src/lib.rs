@@ -49,6 +49,8 @@
 //! machine has, so such a build could not be tested here. A CUDA tensor
 //! gets an error naming the device.
 
+#![warn(missing_docs)]
+
 mod batch;
 mod error;
 mod layer;
