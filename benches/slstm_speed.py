@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import statistics
+import tempfile
 import time
 
 import torch
@@ -65,7 +66,7 @@ def routes_for(hidden):
     dense_kernel = torch.zeros(4, HEADS, d, HEADS, d)
     for k in range(HEADS):
         dense_kernel[:, k, :, k, :] = kernel[k].reshape(4, d, d)
-    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"slstm_dense_{os.getpid()}.cell")
+    path = os.path.join(tempfile.gettempdir(), f"slstm_dense_{os.getpid()}.cell")
     with open(path, "w") as f:
         f.write(dense_source())
     dense = cellc.RNN(path, 4 * hidden, {"D": d}, batch_first=True)
