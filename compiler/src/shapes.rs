@@ -90,6 +90,13 @@ impl Shapes {
     pub fn heads(&self, v: ValueId) -> usize {
         self.heads[v.index()]
     }
+
+    /// A matrix value's heads and one head's block `[m, n]`: `(heads, m, n)`
+    /// (a plain matrix: one head, the whole matrix).
+    pub fn block(&self, v: ValueId) -> (usize, usize, usize) {
+        let ((rows, cols), heads) = (self.shape(v), self.heads(v));
+        (heads, rows / heads, cols)
+    }
 }
 
 /// Refuses a `rows x cols` tensor over [`MAX_TENSOR_ELEMENTS`], before anything is allocated.

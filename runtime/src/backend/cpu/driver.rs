@@ -473,9 +473,8 @@ pub fn gemm_all_rows(
         }
         // `dW += Dᵀ · X`, per head: head h's block of dW (`[rows_d, cols_d]`,
         // `h * rows_d * cols_d` floats in) from its columns of D and X.
-        let (rows_all, cols_d) = shapes.shape(out);
-        let heads = shapes.heads(out);
-        let rows_d = rows_all / heads;
+        let (heads, rows_d, cols_d) = shapes.block(out);
+        let rows_all = heads * rows_d;
         // (block offset, dᵀ, x) per run and head, gathered first: `locate` needs the buffers.
         let mut jobs: Vec<OuterJob> = Vec::with_capacity(runs.len() * heads);
         for &(b0, t0, count, step) in &runs {
@@ -598,13 +597,12 @@ pub fn prepared_params<'a>(
         let ReadyStage::Gemm { products, .. } = st else { continue };
         for &(_, ref op, m, _) in products {
             let Op::Param(i) = graph.node(m).op else { continue };
-            let (shape, heads) = (shapes.shape(m), shapes.heads(m));
             match op {
                 Op::MatVec => {
-                    weights.t_panels(i, params[i], shape, heads);
+                    weights.t_panels(i, params[i], shapes.block(m));
                 }
                 Op::MatVecT => {
-                    weights.panels(i, params[i], shape, heads);
+                    weights.panels(i, params[i], shapes.block(m));
                 }
                 _ => {}
             }
@@ -714,10 +712,9 @@ impl ProductCall {
         step: usize,
         shapes: &Shapes,
     ) -> Result<ProductCall> {
-        let (rows_all, cols_w) = shapes.shape(m);
-        let heads = shapes.heads(m);
         // One head's block: `[rows_w, cols_w]`.
-        let rows_w = rows_all / heads;
+        let block = shapes.block(m);
+        let (heads, rows_w, cols_w) = block;
         let rows = super::panels::Rows {
             y: locate(bufs, f, out, b, t, r)?,
             ldy: row_stride(bufs, f, out, step),
@@ -734,12 +731,12 @@ impl ProductCall {
             (Op::MatVecT, Some(Loc::Param(i))) if f.weights.reads_in_place() => {
                 RightOperand::InPlace { w: f.params[i].as_ptr(), k: rows_w, n: cols_w }
             }
-            (Op::MatVec, Some(Loc::Param(i))) => RightOperand::Packed(
-                f.weights.t_panels(i, f.params[i], (rows_all, cols_w), heads.count).as_ptr(),
-            ),
-            (Op::MatVecT, Some(Loc::Param(i))) => RightOperand::Packed(
-                f.weights.panels(i, f.params[i], (rows_all, cols_w), heads.count).as_ptr(),
-            ),
+            (Op::MatVec, Some(Loc::Param(i))) => {
+                RightOperand::Packed(f.weights.t_panels(i, f.params[i], block).as_ptr())
+            }
+            (Op::MatVecT, Some(Loc::Param(i))) => {
+                RightOperand::Packed(f.weights.panels(i, f.params[i], block).as_ptr())
+            }
             (Op::MatVec, _) => RightOperand::Matrix(weight_t(bufs, f, m, rows_w, cols_w)?),
             (Op::MatVecT, _) => {
                 RightOperand::Matrix(View::rows(locate(bufs, f, m, 0, 0, 0)?, rows_w, cols_w, cols_w))

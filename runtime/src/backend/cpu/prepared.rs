@@ -175,38 +175,36 @@ impl PreparedParams {
     }
 
     /// Parameter `i` as the packed right operand of `X · Wᵀ`, one panel set
-    /// per head: `w` is `heads` blocks of `[rows / heads, cols]`.
-    pub fn t_panels(&self, i: usize, w: &[f32], (rows, cols): (usize, usize), heads: usize) -> &[PackedB] {
+    /// per head: `w` is `heads` blocks `[m, n]` one after another.
+    pub fn t_panels(&self, i: usize, w: &[f32], (heads, m, n): (usize, usize, usize)) -> &[PackedB] {
         // fp16 never reaches the CPU (`Cpu::with_precision` refuses it).
         let p = self.forms(i).t_panels.get_or_init(|| {
-            per_head(w, rows, heads, |w, m| match self.precision {
-                Precision::F32 | Precision::F16 => PackedB::of_transpose(w, m, cols),
-                Precision::Bf16 => PackedB::of_transpose_bf16(w, m, cols),
+            per_head(w, heads, |w| match self.precision {
+                Precision::F32 | Precision::F16 => PackedB::of_transpose(w, m, n),
+                Precision::Bf16 => PackedB::of_transpose_bf16(w, m, n),
             })
         });
-        debug_assert!(p.iter().all(|p| (p.k(), p.n()) == (cols, rows / heads)));
+        debug_assert!(p.iter().all(|p| (p.k(), p.n()) == (n, m)));
         p
     }
 
     /// Parameter `i` as the packed right operand of `D · W`, one panel set
-    /// per head: `w` is `heads` blocks of `[rows / heads, cols]`.
-    pub fn panels(&self, i: usize, w: &[f32], (rows, cols): (usize, usize), heads: usize) -> &[PackedB] {
+    /// per head: `w` is `heads` blocks `[m, n]` one after another.
+    pub fn panels(&self, i: usize, w: &[f32], (heads, m, n): (usize, usize, usize)) -> &[PackedB] {
         let p = self.forms(i).panels.get_or_init(|| {
-            per_head(w, rows, heads, |w, m| match self.precision {
-                Precision::F32 | Precision::F16 => PackedB::of(w, m, cols),
-                Precision::Bf16 => PackedB::of_bf16(w, m, cols),
+            per_head(w, heads, |w| match self.precision {
+                Precision::F32 | Precision::F16 => PackedB::of(w, m, n),
+                Precision::Bf16 => PackedB::of_bf16(w, m, n),
             })
         });
-        debug_assert!(p.iter().all(|p| (p.k(), p.n()) == (rows / heads, cols)));
+        debug_assert!(p.iter().all(|p| (p.k(), p.n()) == (m, n)));
         p
     }
 }
 
-/// `pack` of each head's block of `w` (`rows` rows in all) and its rows.
-fn per_head(w: &[f32], rows: usize, heads: usize, pack: impl Fn(&[f32], usize) -> PackedB) -> Vec<PackedB> {
-    let m = rows / heads.max(1);
-    let block = w.len() / heads.max(1);
-    (0..heads).map(|k| pack(&w[k * block..(k + 1) * block], m)).collect()
+/// `pack` of each of the `heads` equal blocks of `w`, in order.
+fn per_head(w: &[f32], heads: usize, pack: impl Fn(&[f32]) -> PackedB) -> Vec<PackedB> {
+    w.chunks_exact(w.len() / heads.max(1)).map(pack).collect()
 }
 
 #[cfg(test)]

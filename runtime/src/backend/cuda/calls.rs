@@ -432,7 +432,6 @@ impl Calls {
     ) -> Result<()> {
         let (w, x) = operands(graph, v)?;
         let weight = fixed(pass, w, v)?;
-        let (heads, rows_w, cols_w) = block(plan, w);
         let batch = pass.batch();
         let rows = |u: ValueId| -> Result<(u64, usize)> {
             pass.home(u)?
@@ -441,8 +440,7 @@ impl Calls {
         };
         let ((xa, xs), (ya, ys)) = (rows(x)?, rows(v)?);
         let g = match graph.node(v).op {
-            Op::MatVec => product(n, rows_w, cols_w, (xa, xs), (weight, cols_w, true), (ya, ys), heads),
-            Op::MatVecT => product(n, cols_w, rows_w, (xa, xs), (weight, cols_w, false), (ya, ys), heads),
+            ref op @ (Op::MatVec | Op::MatVecT) => product(op, n, plan.block(w), (xa, xs), weight, (ya, ys)),
             ref other => return Err(error(format!("{v}: {other:?} in a per-step GEMM"))),
         };
         self.gemm(self.by_matrix(graph, w, g));
@@ -465,15 +463,9 @@ impl Calls {
             (Op::MatVec | Op::MatVecT, Home::Fixed(xa)) => {
                 // The same vector on every row (parameters only): one product.
                 let w = fixed(pass, m, v)?;
-                let (heads, rows_w, cols_w) = block(plan, m);
                 let len = plan.elements(v);
                 let once = pass.zeros(len)?;
-                let (xs, ws) = (plan.elements(x), cols_w);
-                let g = if graph.node(v).op == Op::MatVec {
-                    product(1, rows_w, cols_w, (xa, xs), (w, ws, true), (once, len), heads)
-                } else {
-                    product(1, cols_w, rows_w, (xa, xs), (w, ws, false), (once, len), heads)
-                };
+                let g = product(&graph.node(v).op, 1, plan.block(m), (xa, plan.elements(x)), w, (once, len));
                 self.gemm(self.by_matrix(graph, m, g));
                 if pass.has_home(v) {
                     let home = pass.home(v)?;
@@ -490,7 +482,6 @@ impl Calls {
             }
             (Op::MatVec | Op::MatVecT, _) => {
                 let w = fixed(pass, m, v)?;
-                let (heads, rows_w, cols_w) = block(plan, m);
                 let (order, xa, xs) = all_rows(pass, x)?;
                 let rows = match order {
                     Order::Layout => pass.layout_rows,
@@ -506,16 +497,12 @@ impl Calls {
                 if out_order != order {
                     return Err(error(format!("{v} is stored in another row order than {x}")));
                 }
-                let g = if graph.node(v).op == Op::MatVec {
-                    product(rows, rows_w, cols_w, (xa, xs), (w, cols_w, true), (ya, ys), heads)
-                } else {
-                    product(rows, cols_w, rows_w, (xa, xs), (w, cols_w, false), (ya, ys), heads)
-                };
+                let g = product(&graph.node(v).op, rows, plan.block(m), (xa, xs), w, (ya, ys));
                 self.gemm(self.by_matrix(graph, m, g));
             }
             (Op::Outer, _) => {
                 // Per head: its block of dW from its columns of D and X.
-                let (heads, rows_d, cols) = block(plan, v);
+                let (heads, rows_d, cols) = plan.block(v);
                 let (da, ds) = self.steps_order(pass, plan, m)?;
                 let (xa, xs) = self.steps_order(pass, plan, x)?;
                 let out = pass.zeros(plan.elements(v))?;
@@ -647,41 +634,34 @@ impl Calls {
     }
 }
 
-/// A matrix value's heads and one head's block `[m, n]` (a plain matrix:
-/// one head, the whole matrix).
-fn block(plan: &Shapes, w: ValueId) -> (usize, usize, usize) {
-    let ((rows, cols), heads) = (plan.shape(w), plan.heads(w));
-    (heads, rows / heads, cols)
-}
-
-/// `Y[rows, n] = X[rows, k] · op(W)`, `W` stored with `ldw` floats per row
-/// and transposed if `w.2` (`W` is `[n, k]`), else `[k, n]`; for `heads`
-/// blocks of such `W`, one after another, each on its `k` columns of `X` and
-/// `n` columns of `Y`.
+/// `Y[rows, ·] = X[rows, ·] · Wᵀ` (`op` is `matvec`) or `X · W` (`matvect`),
+/// with `W` the `heads` blocks `[m, n]` stored one after another at `w`,
+/// each on its columns of `X` and `Y` (one strided batched GEMM).
 fn product(
+    op: &Op,
     rows: usize,
-    n: usize,
-    k: usize,
+    (heads, m, n): (usize, usize, usize),
     x: (u64, usize),
-    w: (u64, usize, bool),
+    w: u64,
     y: (u64, usize),
-    heads: usize,
 ) -> Gemm {
+    // Per head: `out` columns of Y from `k` columns of X.
+    let (out, k, trans_b) = if *op == Op::MatVec { (m, n, true) } else { (n, m, false) };
     Gemm {
         m: rows,
-        n,
+        n: out,
         k,
         a: x.0,
         lda: x.1,
         trans_a: false,
-        b: w.0,
-        ldb: w.1,
-        trans_b: w.2,
+        b: w,
+        ldb: n,
+        trans_b,
         c: y.0,
         ldc: y.1,
         accumulate: false,
         operands: Precision::F32,
-        batch: Batch { count: heads, a: k, b: n * k, c: n },
+        batch: Batch { count: heads, a: k, b: m * n, c: out },
     }
 }
 
