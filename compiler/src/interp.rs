@@ -424,12 +424,13 @@ impl<'c> BoundCell<'c> {
                 check_elements(&what, n, 1).map(|()| n)
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let param_shapes = cell
+        // `((rows, cols), heads)` of each parameter.
+        let (param_shapes, param_heads): (Vec<(usize, usize)>, Vec<usize>) = cell
             .params
             .iter()
             .map(|p| {
                 let what = format!("parameter `{}`", p.name);
-                let (rows, cols) = match &p.ty {
+                let (rows, cols, heads) = match &p.ty {
                     Type::Matrix(h, m, n) => {
                         let heads = eval_dim(&cell.name, &sizes, &what, h)?;
                         let rows = eval_dim(&cell.name, &sizes, &what, m)?;
@@ -437,14 +438,16 @@ impl<'c> BoundCell<'c> {
                             what: what.clone(),
                             dim: p.ty.to_string(),
                         })?;
-                        (rows, eval_dim(&cell.name, &sizes, &what, n)?)
+                        (rows, eval_dim(&cell.name, &sizes, &what, n)?, heads)
                     }
-                    Type::Vector(d) => (eval_dim(&cell.name, &sizes, &what, d)?, 1),
-                    Type::Scalar => (1, 1),
+                    Type::Vector(d) => (eval_dim(&cell.name, &sizes, &what, d)?, 1, 1),
+                    Type::Scalar => (1, 1, 1),
                 };
-                check_elements(&what, rows, cols).map(|()| (rows, cols))
+                check_elements(&what, rows, cols).map(|()| ((rows, cols), heads))
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .unzip();
         let mask_sizes = cell
             .masks
             .iter()
@@ -455,15 +458,6 @@ impl<'c> BoundCell<'c> {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let plan = Shapes::new(cell, &sizes, &cell.name)?;
-        let param_heads = cell
-            .params
-            .iter()
-            .map(|p| match &p.ty {
-                // Evaluated without error for `param_shapes` above.
-                Type::Matrix(h, ..) => h.eval(&sizes).map_or(1, |h| h as usize),
-                _ => 1,
-            })
-            .collect();
         Ok(BoundCell {
             cell,
             sizes,

@@ -69,24 +69,13 @@ impl CellLowerer<'_> {
             );
             return None;
         }
-        let ty = self.cell.ty(value).clone();
-        let Type::Vector(d) = ty else {
-            self.error(
-                Diagnostic::error(v.span, "`chunk` splits a vector")
-                    .with_label(format!("this is {}", describe(&ty))),
-            );
-            return None;
-        };
-        let Some(piece) = d.exact_div(count) else {
-            self.error(
-                Diagnostic::error(v.span, format!("cannot split [{d}] into {count} equal parts"))
-                    .with_label(format!("[{d}] is not divisible by {count}"))
-                    .with_note(
-                        "the size must be divisible for every value of its size variables, as `4*H` is by 4",
-                    ),
-            );
-            return None;
-        };
+        let (_, piece) = self.equal_blocks(
+            value,
+            v.span,
+            count,
+            "`chunk` splits a vector",
+            &format!("{count} equal parts"),
+        )?;
         let mut out = Vec::with_capacity(count as usize);
         for i in 0..count {
             let offset = piece.checked_scale(i)?;
@@ -94,6 +83,36 @@ impl CellLowerer<'_> {
             out.push(self.add(Op::Slice { offset }, Type::Vector(piece.clone()), &[value], name_span)?);
         }
         Some(out)
+    }
+
+    /// The size of vector `value` (written at `at`) and of each of its
+    /// `count` equal blocks, for every value of the size variables; else an
+    /// error: `not_vector` if it is not a vector, or that it cannot be split
+    /// `into` the blocks asked for.
+    fn equal_blocks(
+        &mut self,
+        value: ValueId,
+        at: Span,
+        count: i64,
+        not_vector: &str,
+        into: &str,
+    ) -> Option<(Dim, Dim)> {
+        let ty = self.cell.ty(value).clone();
+        let Type::Vector(d) = ty else {
+            self.error(Diagnostic::error(at, not_vector).with_label(format!("this is {}", describe(&ty))));
+            return None;
+        };
+        let Some(piece) = d.exact_div(count) else {
+            self.error(
+                Diagnostic::error(at, format!("cannot split [{d}] into {into}"))
+                    .with_label(format!("[{d}] is not divisible by {count}"))
+                    .with_note(
+                        "the size must be divisible for every value of its size variables, as `4*H` is by 4",
+                    ),
+            );
+            return None;
+        };
+        Some((d, piece))
     }
 
     /// A positive whole number: a literal or an integral `const`.
@@ -426,14 +445,6 @@ impl CellLowerer<'_> {
             (self.integer_arg(a, "the grid's rows"), self.integer_arg(b, "the grid's columns"));
         let value = self.expr(v)?;
         let (rows, cols) = (rows?, cols?);
-        let ty = self.cell.ty(value).clone();
-        let Type::Vector(d) = ty else {
-            self.error(
-                Diagnostic::error(v.span, "`transpose` reorders the blocks of a vector")
-                    .with_label(format!("this is {}", describe(&ty))),
-            );
-            return None;
-        };
         let blocks = rows.checked_mul(cols).filter(|&n| n <= MAX_TRANSPOSE_BLOCKS);
         let Some(blocks) = blocks else {
             self.error(
@@ -446,19 +457,13 @@ impl CellLowerer<'_> {
             );
             return None;
         };
-        let Some(piece) = d.exact_div(blocks) else {
-            self.error(
-                Diagnostic::error(
-                    v.span,
-                    format!("cannot split [{d}] into a {rows} x {cols} grid of equal blocks"),
-                )
-                .with_label(format!("[{d}] is not divisible by {blocks}"))
-                .with_note(
-                    "the size must be divisible for every value of its size variables, as `4*H` is by 4",
-                ),
-            );
-            return None;
-        };
+        let (d, piece) = self.equal_blocks(
+            value,
+            v.span,
+            blocks,
+            "`transpose` reorders the blocks of a vector",
+            &format!("a {rows} x {cols} grid of equal blocks"),
+        )?;
         if rows == 1 || cols == 1 {
             return Some(value);
         }
