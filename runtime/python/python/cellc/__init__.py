@@ -1,8 +1,22 @@
 """cellc for PyTorch: any ``.cell`` recurrent cell as a fused, autograd-ready ``nn.Module``.
 
->>> import torch, cellc
->>> rnn = cellc.RNN("lstm", input_size=8, sizes={"H": 16}, batch_first=True)
->>> out, (h, c) = rnn(torch.randn(3, 5, 8), lengths=[5, 2, 4])
+:class:`RNN` is the module (``nn.LSTM``'s conventions, any cell); :func:`shipped_cells` names
+the cells that come with the package; :func:`set_threading` and :func:`threading` choose and
+show the threads of its CPU work; :func:`draw_masks` gives the seed of a training call's masks;
+:mod:`cellc.errors` holds the exceptions, each also a ``ValueError``, ``TypeError``,
+``RuntimeError`` or ``MemoryError`` as PyTorch would raise for the same mistake. The package
+links no libtorch: its operators are ``torch.library`` custom operators
+(``torch.ops.cellc.rnn_forward`` and ``rnn_backward``).
+
+Example:
+    >>> import torch, cellc
+    >>> rnn = cellc.RNN("lstm", input_size=8, sizes={"H": 16}, batch_first=True)
+    >>> out, (h, c) = rnn(torch.randn(3, 5, 8), lengths=[5, 2, 4])
+    >>> out.shape, h.shape, c.shape
+    (torch.Size([3, 5, 16]), torch.Size([1, 3, 16]), torch.Size([1, 3, 16]))
+
+Attributes:
+    __version__: cellc's version, ``"major.minor.patch"``: the package's and its Rust crates' alike.
 """
 
 from . import errors

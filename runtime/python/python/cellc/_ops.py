@@ -38,20 +38,43 @@ from .errors import DeviceError, DTypeError
 
 
 def set_threading(team: str) -> str:
-    """Runs cellc's CPU work on ``"openmp"`` (the OpenMP team PyTorch's operators use: the
-    default where PyTorch's parallel backend is OpenMP) or ``"cellc"`` (a pool of its own).
+    """Chooses the threads cellc's CPU work runs on, for every model of the process.
 
     On PyTorch's team, cellc's parallel regions find PyTorch's OpenMP workers waiting for work
     (they spin on the cores for a while after each operator) instead of competing with them for
     the cores. A process forked from this one always uses cellc's pool: GNU OpenMP's team does
-    not survive a fork. Returns the team in use.
+    not survive a fork. Either way a call runs on ``torch.get_num_threads()`` threads, at most
+    the cores the process may use (see :func:`threading`).
+
+    Args:
+        team: ``"openmp"``, the OpenMP team PyTorch's own operators run on (the default where
+            PyTorch's parallel backend is OpenMP, as in its CPU builds), or ``"cellc"``, a pool
+            of cellc's own.
+
+    Returns:
+        The team now in use: ``"cellc"`` where ``"openmp"`` was asked for but no OpenMP
+        runtime is loaded.
+
+    Raises:
+        ValueError: ``team`` is neither ``"openmp"`` nor ``"cellc"``.
     """
     return _cellc.set_threading(team)
 
 
 def threading() -> tuple[str, int]:
-    """``(team, cores)``: the team cellc's CPU work runs on, and the most threads a call uses
-    (the cores the affinity mask and cgroup quota grant, whatever ``torch.get_num_threads()`` says)."""
+    """Where cellc's CPU work runs.
+
+    Example:
+        >>> import cellc
+        >>> team, cores = cellc.threading()
+        >>> team in ("openmp", "cellc") and cores >= 1
+        True
+
+    Returns:
+        ``(team, cores)``: the team cellc's CPU work runs on (``"openmp"`` or ``"cellc"``, see
+        :func:`set_threading`), and the most threads a call uses: the cores the affinity mask
+        and the cgroup's CPU quota grant, whatever ``torch.get_num_threads()`` says.
+    """
     return _cellc.threading()
 
 
@@ -165,8 +188,16 @@ def _seed(masks: Tensor | None):
 
 
 def draw_masks() -> Tensor:
-    """The ``[seed, offset]`` of a training-mode call's dropout masks, from PyTorch's default
-    generator: ``torch.manual_seed`` reproduces them, and each call draws new ones."""
+    """Draws the ``[seed, offset]`` of a training-mode call's masks from PyTorch's default
+    generator, as every training-mode ``cellc.RNN`` call with masks to draw (dropout between
+    layers, the cell's own) does: ``torch.manual_seed`` reproduces them, and each call
+    draws new ones. After ``torch.manual_seed(s)``, ``cellc.draw_masks()`` gives the seed of
+    the next such call made after the same seed, for :meth:`RNN.dropout_masks` and
+    :meth:`RNN.cell_masks`.
+
+    Returns:
+        An int64 CPU tensor of two values, each in ``[0, 2**62)``.
+    """
     return torch.randint(0, 2**62, (2,), dtype=torch.int64)
 
 
@@ -223,9 +254,42 @@ def rnn_forward(
     masks: Tensor | None,
     rates: str,
 ) -> tuple[Tensor, list[Tensor], Tensor]:
-    """Runs every layer and direction; with ``training``, fills the reserve the backward reads;
-    with ``masks`` (``[seed, offset]``), in training mode: the cell's masks and dropout between
-    layers are drawn from it. ``rates``: :func:`rates_text` of one rate per rate of the cell (empty: its defaults)."""
+    """The operator ``torch.ops.cellc.rnn_forward``: every layer and direction of a model over
+    a batch. ``cellc.RNN`` calls it under ``torch.compile``, fake tensors, tensor subclasses
+    and functorch transforms (in plain eager mode it runs the same work without the
+    dispatcher); its arguments are ``cellc.RNN``'s encoding of a call, not an interface of
+    their own.
+
+    A pure function of its arguments (no state is kept between calls), with a fake
+    implementation for ``torch.compile`` and an autograd formula (:func:`rnn_backward`), tested
+    by ``torch.library.opcheck``.
+
+    Args:
+        spec: the model (``cellc.RNN.spec``: the cell's source, sizes and configuration as
+            JSON), compiled once per process; a constant of a compiled graph.
+        layout: how ``x``'s rows are laid: ``"batch_first/left"``, ``"batch_first/right"``,
+            ``"time_first/left"``, ``"time_first/right"`` (padded, padding after or before each
+            sequence) or ``"packed"``, then ``"+resets"`` where ``index`` ends with reset
+            flags, and ``"+bf16"`` or ``"+f16"`` for products in that precision.
+        x: the input, float32: ``[B, T, I]`` or ``[T, B, I]`` padded, ``[N, I]`` packed.
+        index: int64 CPU tensors: padded, ``[lengths]`` (``[B]``; none: every sequence runs
+            all ``T`` steps); packed, ``[batch_sizes, sorted_indices, unsorted_indices]``;
+            then, with ``"+resets"``, the flags (1 where the state restarts), one per row.
+        h0: the initial states, one ``[layers * directions, B, size]`` tensor per state of the
+            cell, or none (zeros).
+        weights: every layer's and direction's parameters, in the model's order (the order of
+            ``cellc.RNN``'s parameters).
+        training: whether to fill the reserve the backward reads.
+        masks: ``[seed, offset]`` (:func:`draw_masks`) for a training-mode call: the cell's
+            masks and dropout between layers are drawn from it; ``None``: evaluation.
+        rates: one rate per rate of the cell, in its order, as comma-separated numbers (empty:
+            its defaults); a constant of a compiled graph.
+
+    Returns:
+        ``(output, finals, reserve)``: the output (laid out as ``x``, zeros at padding), the
+        final states (one ``[layers * directions, B, size]`` tensor per state) and the reserve
+        (what the backward reads; empty when not ``training``).
+    """
     return _forward_impl(spec, layout, x, index, h0, weights, training, masks, rates)
 
 
@@ -264,8 +328,27 @@ def rnn_backward(
     masks: Tensor | None,
     rates: str,
 ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-    """The gradients of the input, the initial states (if given) and the weights (through the
-    forward's masks, drawn again from ``masks`` at ``rates``)."""
+    """The operator ``torch.ops.cellc.rnn_backward``: the gradients of a
+    :func:`rnn_forward` call, which autograd runs for it (a second backward through it raises
+    ``NotImplementedError``).
+
+    Args:
+        spec: the forward's ``spec``.
+        layout: the forward's ``layout``.
+        x: the forward's input.
+        index: the forward's ``index``.
+        h0: the forward's initial states (none: zeros, and no gradient for them).
+        weights: the forward's weights.
+        reserve: the reserve the training forward filled.
+        grad_output: the gradient of the forward's output, laid out as it.
+        grad_finals: the gradients of the final states, one per state, or none (zeros).
+        masks: the forward's ``masks``: its masks are drawn again, not stored.
+        rates: the forward's ``rates``.
+
+    Returns:
+        ``(grad_x, grad_h0, grad_weights)``: the gradients of the input, of each initial state
+        given, and of each weight.
+    """
     return _backward_impl(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals, masks, rates)
 
 

@@ -17,10 +17,17 @@ _ALIGNS = ("left", "right")
 
 
 def cell_source(cell: str) -> tuple[str, str]:
-    """``(source, file name)`` of a cell given as a shipped cell's name, a ``.cell`` path or source text.
+    """The source of a cell given as a shipped cell's name, a ``.cell`` path or source text.
 
     A bare name (``"lstm"``) is a shipped cell, even if a file of that name lies in the working
     directory; a path is read when it ends in ``.cell`` or names a directory part (``./lstm``).
+
+    Args:
+        cell: a shipped cell's name, a ``.cell`` file's path, or source text (any text with ``{``).
+
+    Returns:
+        ``(source, file name)``: the file name is ``cells/<name>.cell`` for a shipped cell,
+        ``<source>`` for source text.
     """
     if not isinstance(cell, (str, os.PathLike)):
         raise TypeError(f"cell must be a shipped cell's name, a .cell path or source text, not {type(cell).__name__}")
@@ -90,49 +97,113 @@ def _reset_flags(resets, shape: tuple, layout: str) -> Tensor:
 
 
 class RNN(nn.Module):
-    """A stack of layers of a ``.cell`` cell, run by cellc's fused kernels.
+    """A stack of layers of any ``.cell`` recurrent cell as an ``nn.Module``, run by cellc's fused
+    kernels, with ``nn.LSTM``'s conventions.
 
-    Two ways to make one::
+    Two ways to make one: cellc's form names the cell and its sizes, ``nn.LSTM``'s form takes
+    ``nn.LSTM``'s positional arguments after the cell. A call takes a padded batch with each
+    sequence's length (padding at the end or at the start, unsorted, nothing copied) or a
+    ``PackedSequence``, and returns ``(output, finals)`` as ``nn.LSTM`` does (see :meth:`forward`).
 
-        cellc.RNN("layernorm_lstm", input_size=64, sizes={"H": 256}, num_layers=2)   # any cell
-        cellc.RNN("lstm", 64, 256, 2, batch_first=True)    # nn.LSTM's form: input_size, hidden_size, num_layers
+    Example:
+        >>> import torch, cellc
+        >>> rnn = cellc.RNN("layernorm_lstm", input_size=8, sizes={"H": 16}, num_layers=2, batch_first=True)
+        >>> out, (h, c) = rnn(torch.randn(3, 5, 8), lengths=[5, 2, 4])
+        >>> out.shape, h.shape
+        (torch.Size([3, 5, 16]), torch.Size([2, 3, 16]))
+        >>> lstm = cellc.RNN("lstm", 8, 16, 2, batch_first=True)  # nn.LSTM(8, 16, 2, batch_first=True)'s form
+        >>> lstm.load_state_dict(torch.nn.LSTM(8, 16, 2, batch_first=True).state_dict())
+        <All keys matched successfully>
 
     Args:
-        cell: a shipped cell's name (``"lstm"``), a ``.cell`` file's path, or ``.cell`` source text.
+        cell: a shipped cell's name (``"lstm"``, see :func:`cellc.shipped_cells`), a ``.cell``
+            file's path (ending in ``.cell`` or with a directory part: ``"./lstm"``), or ``.cell``
+            source text. A bare name is a shipped cell even where a file of that name lies in
+            the working directory.
         input_size: features per step of the input.
-        sizes: size variables of the cell (``{"H": 256}``); the rest are inferred. An integer
-            here is ``hidden_size`` (``nn.LSTM``'s positional form; the positional arguments
-            after it are then ``nn.LSTM``'s: ``num_layers, bias, batch_first, dropout,
-            bidirectional``).
-        num_layers: layers stacked; layer ``k > 0`` reads layer ``k - 1``'s output.
-        bidirectional: a second direction per layer, run from each sequence's end.
-        batch_first: inputs and outputs are ``[B, T, F]`` (else ``[T, B, F]``).
+        sizes: the cell's size variables, by name (``{"H": 256}``); the others are inferred
+            from ``input_size`` and these. An integer here is ``hidden_size`` (``nn.LSTM``'s
+            positional form; the positional arguments after ``num_layers`` are then
+            ``nn.LSTM``'s).
+        num_layers: layers stacked; layer ``k > 0`` reads layer ``k - 1``'s output (both
+            directions' where ``bidirectional``).
+        *args: the positional arguments after ``num_layers``: ``bidirectional, batch_first,
+            backend`` in cellc's form, ``bias, batch_first, dropout, bidirectional, proj_size``
+            in ``nn.LSTM``'s (``sizes`` an integer).
+        bidirectional: a second direction per layer, run from each sequence's own last step
+            back to its first; the two directions' outputs are concatenated.
+        batch_first: inputs and outputs are ``[B, T, F]`` (else ``[T, B, F]``). The states are
+            ``[num_layers * directions, B, size]`` either way, as ``nn.LSTM``'s.
         backend: ``None`` (default: the tensors' device decides, ``"cpu"`` for CPU tensors and
-            ``"cuda"`` for CUDA tensors), ``"cpu"``, ``"cuda"``, ``"reference"`` (the interpreter:
-            slow, exact) or ``"cuda-emulated"`` (the CUDA back end's code on CPU tensors, its
-            kernels compiled as host C++ by g++: for verification without a GPU).
+            ``"cuda"`` for CUDA tensors), ``"cpu"`` (which refuses CUDA tensors), ``"cuda"``,
+            ``"reference"`` (the stages on the interpreter's semantics: slow, exact) or
+            ``"cuda-emulated"`` (the CUDA back end's code on CPU tensors, its kernels compiled
+            as host C++ by g++: for verification without a GPU).
         hidden_size: the size of the cell's first state (``H`` for the shipped cells), as
             ``nn.LSTM``'s; the same as ``sizes={"H": hidden_size}``.
+        bias: ``nn.LSTM``'s, accepted at its default ``True`` only (a cell's biases are
+            parameters of its ``.cell`` source: write a cell without them).
         dropout: ``nn.LSTM``'s: in training mode (``module.train()``), every layer's output but
-            the last is dropped unit by unit with this probability, kept units scaled by
-            ``1 / (1 - dropout)``; the masks come from PyTorch's default generator
+            the last is dropped unit by unit with this probability in ``[0, 1)``, kept units
+            scaled by ``1 / (1 - dropout)``. The masks come from cellc's counter-based
+            generator, seeded from PyTorch's default generator once per call
             (``torch.manual_seed`` reproduces them; each call draws new ones; the backward
-            draws the same again, storing nothing). Under DDP, ranks seeded alike draw alike.
+            draws the same again, storing nothing; under DDP, ranks seeded alike draw alike).
+            Fixed when the module is made.
+        proj_size: ``nn.LSTM``'s, accepted at its default ``0`` only (projections are not
+            supported: write the projection into a ``.cell``).
+        cell_name: which cell of a source that defines several (``None``: its only one).
         rates: the cell's own rates (its ``rate`` declarations: the probabilities of its
             ``dropout``, ``variational_dropout``, ``zoneout`` and ``dropconnect``), by name,
-            e.g. ``{"zh": 0.05}``; the others keep the cell's defaults. ``module.rates`` holds
-            them all and may be changed between calls. In training mode the cell's masks are
-            drawn as dropout's are (PyTorch's default generator, new each call, the same again
-            in the backward); in evaluation mode none are (zoneout takes its expectation).
-        bias, proj_size: ``nn.LSTM``'s, accepted at their defaults only (a cell's biases are in
-            its ``.cell`` source; projections are not supported).
-        cell_name: which cell of a source that defines several.
+            e.g. ``{"zh": 0.05}``; the others keep the cell's defaults. In training mode the
+            cell's masks are drawn as dropout's are; in evaluation mode none are (zoneout takes
+            its expectation).
+        device: where the parameters are made, as for any ``nn.Module`` (``"meta"``: left
+            uninitialised, for ``to_empty()``).
+        dtype: the parameters' dtype: ``None`` or ``torch.float32`` (the default),
+            ``torch.bfloat16``, ``torch.float16``, or ``torch.float64`` (for checking).
+            Initialised in float32, as ``nn.LSTM`` draws them, then cast.
+
+    Raises:
+        FileNotFoundError: ``cell`` is neither a shipped cell, a ``.cell`` file nor source text.
+        CellCompileError: the cell does not compile (the message shows the diagnostics).
+        ValueError: an argument out of range: a size below 1 or above ``2**31``, a size or rate
+            the cell does not have, ``bias=False``, ``proj_size > 0``, ``dropout`` outside
+            ``[0, 1)``, an unknown ``backend``.
+        TypeError: an argument of the wrong type (a size that is not an integer, ``sizes``
+            neither a dict nor an integer).
+        DTypeError: a ``dtype`` cellc does not compute in.
+
+    Attributes:
+        cell: the cell's name, as its source declares it.
+        input_size: features per step of the input.
+        hidden_size: the size of the cell's first state (the output's size for a cell
+            without states).
+        num_layers: layers stacked.
+        bidirectional: whether each layer has a reverse direction.
+        batch_first: whether inputs and outputs are ``[B, T, F]``.
+        backend: the back end named when the module was made (``None``: the tensors' device
+            decides).
+        bias: ``True``, as ``nn.LSTM``'s.
+        dropout: the rate of dropout between layers (changing it after construction changes
+            nothing).
+        proj_size: ``0``, as ``nn.LSTM``'s.
+        sizes: the size variables given (``hidden_size`` under its variable's name).
+        output_size: features of one direction's output per step.
+        state_names: the cell's states, in ``hx``'s and the finals' order (``["h", "c"]``
+            for an LSTM).
+        state_sizes: each state's size, in the same order.
+        rates: every rate of the cell by name (``rates`` given, else the cell's defaults); it
+            may be changed between calls (a changed rate recompiles a ``torch.compile``'d
+            graph: the rates are its constants).
+        spec: the model's description as the operators take it: JSON of the cell's source,
+            its sizes and configuration, and cellc's version.
 
     Parameters are named as PyTorch names them (``weight_ih_l0``, ``bias_hh_l1_reverse``), so
     ``load_state_dict(nn_lstm.state_dict())`` works for ``cells/lstm.cell`` (and ``gru``,
     ``rnn_tanh``), and they are initialised by the cell's ``init`` clauses from torch's random
     generator as ``nn.LSTM`` draws them: after ``torch.manual_seed(s)``, ``cellc.RNN("lstm", I, H)``
-    has ``nn.LSTM(I, H)``'s weights.
+    has ``nn.LSTM(I, H)``'s weights (see :meth:`reset_parameters`).
 
     Mixed precision: under ``torch.autocast`` a call returns its output and final states in
     autocast's dtype, as ``nn.LSTM`` does; bf16 or fp16 inputs give outputs in their own dtype,
@@ -151,22 +222,6 @@ class RNN(nn.Module):
     backwards, so ``torch.autograd.gradcheck`` applies to any cell. It is the oracle the back
     ends are tested against, not a fast route; it runs in evaluation (``module.eval()``: masks
     and dropout are not drawn in float64).
-
-    ``forward(input, hx=None, *, lengths=None, align="left", resets=None)`` takes a padded batch
-    with each sequence's length (padding at the end, or at the start with ``align="right"``;
-    nothing is sorted or copied) or a ``PackedSequence``, and returns ``(output, finals)`` as
-    ``nn.LSTM`` does: ``finals`` is a tensor for a one-state cell, else a tuple (``(h_n, c_n)``
-    for an LSTM), each ``[num_layers * directions, B, size]``; ``hx`` is given the same way.
-    Padding rows of the output are zeros.
-
-    ``resets`` (optional, bool, shaped as the input without its features: ``[B, T]`` or
-    ``[T, B]``, ``[N]`` or a ``PackedSequence`` of flags for a packed input) restarts the state
-    of a sequence at each flagged step: the step is computed from ``hx`` (zeros without one), as
-    if a new sequence began there (an episode's end in reinforcement learning, TorchRL's
-    ``is_init``), in every layer, and the reverse direction of a bidirectional layer runs each
-    stretch between resets on its own. Flags at padding or at a sequence's first step change
-    nothing. The gradient of ``hx`` is the sum over the stretches that start from it: the first
-    and one per reset. Masks do not change with resets (they are drawn per sequence and step).
 
     On CUDA tensors (``module.cuda()``), every pass is queued on PyTorch's current stream and
     nothing waits on the host, provided ``lengths`` is a CPU tensor or a list (PyTorch's own
@@ -298,13 +353,17 @@ class RNN(nn.Module):
             self.to(dtype)  # initialised in float32 (nn.LSTM's draws), then kept in `dtype`
 
     def reset_parameters(self, seed: int | None = None) -> None:
-        """Initialises the weights by the cell's ``init`` clauses.
+        """Initialises the weights by the cell's ``init`` clauses, in place.
 
-        Without ``seed``, from torch's random generator, weight by weight in ``nn.LSTM``'s order
-        (``nn.init.uniform_`` for a ``uniform`` clause): the same draws as ``nn.LSTM``'s
-        ``reset_parameters``. With ``seed``, from cellc's own generator (the CLI's and Rust's
-        initialisation for that seed), leaving torch's untouched. Parameters on the ``meta``
+        The constructor calls it; call it again to draw new weights. Parameters on the ``meta``
         device are left as they are.
+
+        Args:
+            seed: ``None`` (default): draw from torch's random generator, weight by weight in
+                ``nn.LSTM``'s order (``nn.init.uniform_`` for a ``uniform`` clause): the same
+                draws as ``nn.LSTM``'s ``reset_parameters``, leaving the generator where
+                ``nn.LSTM`` leaves it. An integer: draw from cellc's own generator (the CLI's
+                and Rust's initialisation for that seed), leaving torch's untouched.
         """
         params = self._weights()
         if any(p.device.type == "meta" for p in params):
@@ -335,12 +394,20 @@ class RNN(nn.Module):
 
     @property
     def all_weights(self) -> list[list[Tensor]]:
-        """As ``nn.LSTM``'s: the weights of each layer and direction, in the cell's order."""
+        """As ``nn.LSTM``'s: a list with one list per layer and direction (layer 0, layer 0's
+        reverse direction, layer 1, ...) of its parameters, in the cell's order (``weight_ih,
+        weight_hh, bias_ih, bias_hh`` for ``lstm``)."""
         weights = self._weights()
         per = len(weights) // max(self.num_layers * (2 if self.bidirectional else 1), 1)
         return [weights[i : i + per] for i in range(0, len(weights), max(per, 1))]
 
     def extra_repr(self) -> str:
+        """The arguments ``repr(module)`` shows: the cell and every option not at its default.
+
+        Returns:
+            The text inside ``RNN(...)``, e.g. ``'lstm', input_size=8, sizes={'H': 16},
+            num_layers=1, batch_first=True``.
+        """
         parts = [f"{self.cell!r}", f"input_size={self.input_size}"]
         if self.sizes:
             parts.append(f"sizes={self.sizes}")
@@ -358,6 +425,59 @@ class RNN(nn.Module):
         return ", ".join(parts)
 
     def forward(self, input, hx=None, *, lengths=None, align: str = "left", resets=None):
+        """Runs every layer and direction over a batch of sequences, as ``nn.LSTM``'s call does.
+
+        One fused call (forward, and the backward autograd runs) however long or unsorted the
+        lengths: nothing is sorted, packed or copied, and each sequence stops at its own length.
+
+        Args:
+            input: a padded batch, ``[B, T, input_size]`` with ``batch_first`` or else
+                ``[T, B, input_size]``; one sequence, ``[T, input_size]`` (its results
+                unbatched too); or a ``PackedSequence`` (the output is then packed the same
+                way). float32; bf16 and fp16 give results in their dtype, float64 runs the
+                interpreter (see the class).
+            hx: the initial states as ``nn.LSTM`` takes them: a tuple with one tensor per state
+                of the cell (``(h_0, c_0)`` for an LSTM; see ``state_names``), or a tensor for a
+                one-state cell, each ``[num_layers * directions, B, size]`` (``[num_layers *
+                directions, size]`` for one sequence). ``None``: zeros.
+            lengths: for a padded ``input``, each sequence's length: ``B`` integers in ``[1,
+                T]``, in any order, as a list or a tensor (on CUDA, a list or a CPU tensor: one
+                kept on the GPU makes the call wait for it). ``None``: every sequence runs all
+                ``T`` steps.
+            align: where a padded batch's padding lies: ``"left"`` (each sequence starts at
+                step 0, padding after its end, as ``pad_sequence`` makes it) or ``"right"``
+                (padding first, each sequence ending at step ``T - 1``).
+            resets: ``None``, or per-step flags (bool or integer, shaped as the input without
+                its features: ``[B, T]`` or ``[T, B]``; for a packed input ``[N]``, one per row
+                of ``input.data``, or a ``PackedSequence`` of flags) that restart a sequence's
+                state at each flagged step: the step is computed from ``hx`` (zeros without
+                one), as if a new sequence began there (an episode's end in reinforcement
+                learning, TorchRL's ``is_init``), in every layer, and the reverse direction of a
+                bidirectional layer runs each stretch between resets on its own. Flags at
+                padding or at a sequence's first step change nothing. The gradient of ``hx`` is
+                the sum over the stretches that start from it: the first and one per reset.
+                Masks do not change with resets (they are drawn per sequence and step).
+
+        Returns:
+            ``(output, finals)``, as ``nn.LSTM`` returns them. ``output``: the last layer's
+            output at every step, ``[B, T, directions * output_size]`` (``[T, B, ...]`` time
+            first; a ``PackedSequence`` for a packed input), the directions concatenated, zeros
+            at padding. ``finals``: every state of every layer and direction at each sequence's
+            own last step (the reverse direction's at the sequence's first step),
+            ``[num_layers * directions, B, size]`` each: a tuple (``(h_n, c_n)`` for an LSTM)
+            for a cell of several states, a tensor for one. In autocast's dtype under
+            ``torch.autocast``, else in the input's.
+
+        Raises:
+            ShapeError: ``input``, ``hx``, ``lengths`` or ``resets`` shaped wrongly.
+            LengthError: a length outside ``[1, T]``, or a packed batch's sizes or
+                permutation invalid.
+            DTypeError: a dtype cellc does not compute in, or float64 mixed with float32.
+            DeviceError: tensors on different devices, or CUDA tensors on the ``"cpu"``
+                back end.
+            ValueError: ``align`` neither ``"left"`` nor ``"right"``, ``lengths`` with a
+                ``PackedSequence``, or a rate outside ``[0, 1)``.
+        """
         data = input.data if isinstance(input, PackedSequence) else input
         float64 = isinstance(data, Tensor) and data.dtype == torch.float64
         if float64 or any(w.dtype == torch.float64 for w in self._weights()):
@@ -475,14 +595,24 @@ class RNN(nn.Module):
         return PackedSequence(out, batch_sizes, packed.sorted_indices, packed.unsorted_indices), self._states_out(finals)
 
     def dropout_masks(self, input: Tensor, masks: Tensor, *, lengths=None, align: str = "left") -> list[Tensor]:
-        """The dropout masks a call on ``input`` in training mode multiplies each layer's output
-        by (every layer's but the last), to rebuild the same computation elsewhere: one tensor per
-        layer boundary, laid out as the call's output (``[B, T, features]`` or ``[T, B,
-        features]``), each value 0 (dropped) or ``1 / (1 - dropout)`` (kept), zeros at padding.
+        """The dropout masks a training-mode call on ``input`` multiplies each layer's output by
+        (every layer's but the last), to rebuild the same computation elsewhere.
 
-        ``masks`` is the call's ``[seed, offset]``: a call draws it with
-        :func:`cellc.draw_masks` from PyTorch's default generator, so after
-        ``torch.manual_seed(s)``, ``cellc.draw_masks()`` gives the masks of the next call.
+        A call draws its ``[seed, offset]`` with :func:`cellc.draw_masks` from PyTorch's default
+        generator, so after ``torch.manual_seed(s)``, ``cellc.draw_masks()`` gives the masks of
+        the next call made after the same seed.
+
+        Args:
+            input: the call's padded input, ``[B, T, input_size]`` or ``[T, B, input_size]``
+                as the module's ``batch_first`` says (the masks depend on its shape, not its values).
+            masks: the call's ``[seed, offset]``, an int64 tensor from :func:`cellc.draw_masks`.
+            lengths: the call's ``lengths`` (``None``: every sequence runs all ``T`` steps).
+            align: the call's ``align``, ``"left"`` or ``"right"``.
+
+        Returns:
+            A list with one float32 tensor per layer boundary (``num_layers - 1``), laid out as
+            the call's output (``[B, T, features]`` or ``[T, B, features]``), each value 0
+            (dropped) or ``1 / (1 - dropout)`` (kept), zeros at padding.
         """
         spec, layout, x, index = self._masks_call(input, lengths, align)
         flat = _ops.dropout_masks(spec, layout, x, index, masks)
@@ -490,13 +620,24 @@ class RNN(nn.Module):
 
     def cell_masks(self, input: Tensor, masks: Tensor | None = None, *, lengths=None,
                    align: str = "left") -> dict[str, Tensor]:
-        """The masks of the cell's own mask calls that a call on ``input`` uses, to rebuild the
-        same computation elsewhere: with ``masks`` (the call's ``[seed, offset]``, see
-        :meth:`dropout_masks`) in training mode, without in evaluation mode, at
-        ``module.rates``. By name, ``<function>#<mask>_l<layer>`` (``_reverse`` for the
-        reverse direction): a mask a step reads laid out as the call's output (``[B, T, units]``
-        or ``[T, B, units]``, zeros at padding), a DropConnect mask shaped as its parameter.
-        Each value is what its unit multiplies (``cells`` language reference: rates and masks).
+        """The masks of the cell's own mask calls (``dropout``, ``variational_dropout``,
+        ``zoneout``, ``dropconnect``) that a call on ``input`` uses, at ``module.rates``, to
+        rebuild the same computation elsewhere.
+
+        Args:
+            input: the call's padded input, ``[B, T, input_size]`` or ``[T, B, input_size]``
+                as the module's ``batch_first`` says (the masks depend on its shape, not its values).
+            masks: the training-mode call's ``[seed, offset]`` (see :meth:`dropout_masks`);
+                ``None``: an evaluation-mode call's (no mask drawn: zoneout's expectation).
+            lengths: the call's ``lengths`` (``None``: every sequence runs all ``T`` steps).
+            align: the call's ``align``, ``"left"`` or ``"right"``.
+
+        Returns:
+            A dict of float32 tensors by name, ``<function>#<mask>_l<layer>`` (with
+            ``_reverse`` for the reverse direction): a mask a step reads laid out as the call's
+            output (``[B, T, units]`` or ``[T, B, units]``, zeros at padding), a DropConnect
+            mask shaped as its parameter. Each value is what its unit multiplies (the language
+            reference says how each mask call draws it).
         """
         spec, layout, x, index = self._masks_call(input, lengths, align)
         seen = _ops.cell_masks(spec, layout, x, index, masks, self._rates_list())
