@@ -16,7 +16,53 @@ use cellc::dims::Bindings;
 use cellc::interp::ConcreteInit;
 use std::sync::Arc;
 
-/// A runnable model.
+/// A runnable model: a compiled cell stacked into layers and directions,
+/// its weights, and the back end that runs it.
+///
+/// Made by [`Model::new`] (weights given, or drawn from the cell's `init`
+/// clauses with a seed). Its passes take a batch in the caller's layout
+/// ([`crate::Input`]): [`Model::forward`] for inference,
+/// [`Model::forward_train`] and [`Model::backward`] for training; the
+/// passes over memory the caller owns are [`Model::forward_into`] and
+/// [`Model::backward_from`], and [`Model::stream`] runs it a few steps at
+/// a time. A model is `Send + Sync`: passes may run on several threads at
+/// once.
+///
+/// ```
+/// use cellc_runtime::backend::reference::Reference;
+/// use cellc_runtime::{Align, CompiledCell, Input, Major, Model, ModelConfig};
+/// use std::sync::Arc;
+///
+/// let cell = CompiledCell::from_source("gru.cell", "
+///     cell gru {
+///         input x[I]
+///         state h[H]
+///         param weight_ih[3*H, I], weight_hh[3*H, H], bias_ih[3*H] = zeros, bias_hh[3*H] = zeros
+///         let xr, xz, xn = chunk(weight_ih @ x + bias_ih, 3)
+///         let hr, hz, hn = chunk(weight_hh @ h + bias_hh, 3)
+///         let r = sigmoid(xr + hr)
+///         let z = sigmoid(xz + hz)
+///         h' = (1 - z) * tanh(xn + r * hn) + z * h
+///         output h'
+///     }", None)?;
+/// let sizes = [("H".to_string(), 8)].into();      // as `-D H=8`; I comes from the data
+/// let model = Model::new(Arc::new(cell), ModelConfig::default(), &sizes, Some(3), None, 42, Box::new(Reference))?;
+///
+/// // Two sequences of lengths 2 and 4 (unsorted is fine), padded to 4 steps, batch-first.
+/// let x: Vec<f32> = (0..2 * 4 * 3).map(|i| (i as f32 * 0.3).sin()).collect();
+/// let input = Input::Padded { data: &x, batch: 2, steps: 4, major: Major::BatchFirst, align: Align::Left, lengths: &[2, 4] };
+/// let out = model.forward(input, None)?;          // states start at zero
+/// assert_eq!(out.data.len(), 2 * 4 * 8);          // [B, T, H], zeros at padding
+/// assert!(out.data[2 * 8..4 * 8].iter().all(|&v| v == 0.0));
+///
+/// // Training: a loss of 0.5 * |output|^2 has d_output = output.
+/// let (out, trace) = model.forward_train(input, None)?;
+/// let grads = model.backward(&trace, &out.data, None)?;
+/// assert_eq!(grads.d_input.len(), x.len());       // laid out like the input
+/// assert_eq!(grads.d_params[0].len(), 4);         // [layer * directions + direction][param]
+/// assert!(grads.d_params[0][1].iter().any(|&g| g != 0.0)); // weight_hh's gradient
+/// # Ok::<(), cellc_runtime::RuntimeError>(())
+/// ```
 pub struct Model {
     pub(crate) compiled: Arc<CompiledCell>,
     pub(crate) config: ModelConfig,

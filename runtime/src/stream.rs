@@ -11,23 +11,7 @@
 //! borrows its model, so the weights cannot change under it, and is
 //! `Send + Sync`: callers on several threads each make their own.
 //!
-//! ```
-//! use cellc_runtime::{backend::cpu::{Cpu, Kernels}, CompiledCell, Model, ModelConfig};
-//! use std::sync::Arc;
-//!
-//! let cell = Arc::new(CompiledCell::from_file("../cells/lstm.cell".as_ref(), None)?);
-//! let sizes = [("H".to_string(), 8)].into();
-//! let cpu = Box::new(Cpu::new(1, Kernels::default())?);
-//! let model = Model::new(cell, ModelConfig::default(), &sizes, Some(4), None, 7, cpu)?;
-//!
-//! let mut stream = model.stream(2)?;          // two sequences side by side
-//! let mut y = vec![0.0; 2 * 8];               // [steps = 1, B, O]
-//! for frame in [[0.1f32; 8], [0.2; 8]] {     // [steps = 1, B, I], one call per frame
-//!     stream.run(&frame, &mut y)?;
-//! }
-//! assert_eq!(stream.states().len(), 2);       // h and c, [layers, B, H] each
-//! # Ok::<(), cellc_runtime::RuntimeError>(())
-//! ```
+//! [`Stream`]'s documentation has an example.
 
 use crate::backend::{StepRunner, StreamJob};
 use crate::error::{Result, RuntimeError};
@@ -35,7 +19,37 @@ use crate::exec::Input;
 use crate::model::Model;
 use crate::sequence::{check_len, Align, Major};
 
-/// A model running step by step over `batch` sequences.
+/// A model running step by step over a batch of sequences that advance
+/// together, its states carried from one [`Stream::run`] to the next.
+/// Made by [`Model::stream`].
+///
+/// ```
+/// use cellc_runtime::backend::cpu::{Cpu, Kernels};
+/// use cellc_runtime::{Align, CompiledCell, Input, Major, Model, ModelConfig};
+/// use std::sync::Arc;
+///
+/// let cell = Arc::new(CompiledCell::from_file("../cells/lstm.cell".as_ref(), None)?); // the repository's LSTM
+/// let sizes = [("H".to_string(), 8)].into();
+/// let cpu = Box::new(Cpu::new(1, Kernels::default())?);
+/// let model = Model::new(cell, ModelConfig::default(), &sizes, Some(4), None, 7, cpu)?;
+///
+/// let mut stream = model.stream(2)?;              // two sequences side by side, states at zero
+/// let frames: Vec<f32> = (0..3 * 2 * 4).map(|i| (i as f32 * 0.1).cos()).collect(); // [T = 3, B, I]
+/// let mut y = vec![0.0; 3 * 2 * 8];               // [T, B, O]
+/// for (frame, out) in frames.chunks(2 * 4).zip(y.chunks_mut(2 * 8)) {
+///     stream.run(frame, out)?;                    // one step per call: [1, B, I] in, [1, B, O] out
+/// }
+/// let states = stream.states();                   // h and c, [layers, B, H] each
+/// assert_eq!((states.len(), states[0].len()), (2, 2 * 8));
+///
+/// // The same three steps as one batch (time-first) give the same output.
+/// let input = Input::Padded { data: &frames, batch: 2, steps: 3, major: Major::TimeFirst, align: Align::Left, lengths: &[3, 3] };
+/// let whole = model.forward(input, None)?;
+/// assert!(y.iter().zip(&whole.data).all(|(a, b)| (a - b).abs() < 1e-5));
+///
+/// stream.reset();                                 // zeros: the next call starts new sequences
+/// # Ok::<(), cellc_runtime::RuntimeError>(())
+/// ```
 pub struct Stream<'m> {
     model: &'m Model,
     batch: usize,
@@ -52,6 +66,7 @@ impl Model {
     /// A workspace that runs this model a few steps at a time over `batch`
     /// sequences, starting from zero states. Only a one-directional model
     /// streams: a reverse direction reads each sequence from its end.
+    /// [`Stream`] has an example.
     pub fn stream(&self, batch: usize) -> Result<Stream<'_>> {
         self.ensure_owns_weights()?;
         if self.config.bidirectional {

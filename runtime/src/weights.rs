@@ -205,7 +205,35 @@ pub fn write_tensors_with_metadata(
     crate::files::write_atomically(path, &data)
 }
 
-/// A model's weights by name (f32).
+/// A model's weights by name (f32), as a PyTorch `state_dict` names them:
+/// the cell's parameter name, then `_l<layer>`, then `_reverse` for a
+/// second direction (`weight_ih_l0`, `bias_hh_l1_reverse`).
+///
+/// [`Model::weights`](crate::Model::weights) gives a model's;
+/// [`Model::new`](crate::Model::new) takes them, binding the sizes the
+/// shapes say. Saved and loaded as safetensors files, optionally with
+/// string [`Metadata`].
+///
+/// ```
+/// use cellc_runtime::{Metadata, Weights};
+///
+/// // An LSTM layer at H = 2, I = 3: weight_ih is [4*H, I].
+/// let mut weights = Weights::default();
+/// weights.insert("weight_ih_l0".into(), vec![8, 3], (0..24).map(|i| i as f32 * 0.1).collect());
+/// weights.insert("bias_ih_l0".into(), vec![8], vec![0.5; 8]);
+///
+/// let path = std::env::temp_dir().join(format!("cellc_weights_doc_{}.safetensors", std::process::id()));
+/// let metadata: Metadata = [("trained_by".to_string(), "a doctest".to_string())].into();
+/// weights.save_with_metadata(&path, &metadata)?;
+///
+/// let (loaded, read) = Weights::load_with_metadata(&path)?;   // or Weights::load(&path)
+/// assert_eq!(loaded, weights);
+/// assert_eq!(read["trained_by"], "a doctest");
+/// assert_eq!(loaded.names().collect::<Vec<_>>(), ["bias_ih_l0", "weight_ih_l0"]); // sorted
+/// assert_eq!(loaded.get("weight_ih_l0").map(|w| w.shape.as_slice()), Some(&[8, 3][..]));
+/// # std::fs::remove_file(&path).ok();
+/// # Ok::<(), cellc_runtime::RuntimeError>(())
+/// ```
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Weights {
     tensors: BTreeMap<String, WeightTensor>,

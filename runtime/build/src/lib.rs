@@ -2,16 +2,19 @@
 //! script, the way `prost-build` turns `.proto` files into Rust.
 //!
 //! ```no_run
-//! // build.rs, in `fn main`:
+//! // build.rs, in `fn main` (not run here: only cargo gives a build script
+//! // its `OUT_DIR`; the example of `CellBuild::build` runs it in a folder of its own)
 //! cellc_build::cell("cells/lstm.cell").size("H", 128).build();
 //! ```
 //!
 //! ```ignore
-//! // src/main.rs
+//! // src/main.rs: the module the build script wrote (this block cannot be
+//! // compiled on its own: the module exists only in a build's `OUT_DIR`)
 //! mod lstm {
 //!     include!(concat!(env!("OUT_DIR"), "/cellc_lstm.rs"));
 //! }
 //! let model = lstm::Lstm::load(ModelConfig::default(), "weights.safetensors".as_ref(), 0)?;
+//! let (output, finals) = model.forward(input, None)?; // finals: lstm::LstmStates { h, c }
 //! ```
 //!
 //! For each cell, [`CellBuild::build`] compiles the CPU back end's kernels
@@ -166,6 +169,33 @@ impl CellBuild {
     /// Compiles the cell from a build script: writes `cellc_<name>.rs` (and
     /// the object and manifest) to `OUT_DIR` and has cargo link the
     /// kernels. On failure, reports to cargo and exits with status 1.
+    ///
+    /// Here a temporary folder stands for the `OUT_DIR` cargo would give;
+    /// the generated module's model type is `Lstm`, with `LstmParams`,
+    /// `LstmStates` and `LstmGradients`:
+    ///
+    /// ```
+    /// # // What cargo gives a build script: where to write, and the machine it builds for.
+    /// # let dir = std::env::temp_dir().join(format!("cellc_build_doc_{}", std::process::id()));
+    /// # std::fs::create_dir_all(&dir)?;
+    /// # let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    /// # let version = String::from_utf8(std::process::Command::new(rustc).arg("-vV").output()?.stdout)?;
+    /// # let host = version.lines().find_map(|l| l.strip_prefix("host: ")).ok_or("no host in rustc -vV")?;
+    /// # for (key, value) in [("OUT_DIR", dir.to_str().ok_or("a path")?), ("TARGET", host), ("HOST", host)] {
+    /// #     std::env::set_var(key, value);
+    /// # }
+    /// cellc_build::cell("../../cells/lstm.cell").size("H", 8).build();
+    ///
+    /// let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    /// for file in ["cellc_lstm.rs", "cellc_lstm.o", "cellc_lstm.json", "libcellc_lstm_kernels.a"] {
+    ///     assert!(out_dir.join(file).is_file(), "{file}");
+    /// }
+    /// let module = std::fs::read_to_string(out_dir.join("cellc_lstm.rs"))?;
+    /// assert!(module.contains("pub struct LstmParams") && module.contains("pub weight_hh: Vec<f32>"));
+    /// assert!(module.contains("pub fn new(config: ::cellc_runtime::ModelConfig, input_size: usize, seed: u64"));
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn build(self) {
         if let Err(e) = self.try_build() {
             report_error(&e);

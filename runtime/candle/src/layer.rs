@@ -28,7 +28,11 @@ impl Default for Padding {
     }
 }
 
-/// A cellc RNN (any `.cell`, any layers and directions) as a candle layer.
+/// A cellc RNN (any `.cell`, any layers and directions) as a candle layer:
+/// made from a [`Model`] and a `VarBuilder` ([`Rnn::new`]), run on a padded
+/// batch and its lengths ([`Rnn::forward`], [`Rnn::forward_with_states`]),
+/// differentiated by candle's autograd. The crate's documentation has an
+/// example.
 #[derive(Clone)]
 pub struct Rnn {
     model: Arc<Model>,

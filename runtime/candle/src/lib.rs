@@ -2,23 +2,31 @@
 //! forward and derived backward run by cellc's runtime inside candle's
 //! autograd, its weights candle tensors under PyTorch's names.
 //!
-//! ```no_run
-//! # fn main() -> candle_core::Result<()> {
+//! ```
+//! # fn main() -> cellc_candle::Result<()> {
 //! use candle_core::{DType, Device, Tensor};
 //! use candle_nn::{VarBuilder, VarMap};
 //! use cellc_candle::{Padding, Rnn};
 //! use cellc_runtime::{backend::cpu::{Cpu, Kernels}, CompiledCell, Model, ModelConfig};
-//! let cell = CompiledCell::from_file("cells/lstm.cell".as_ref(), None).map_err(candle_core::Error::wrap)?;
-//! let backend = Box::new(Cpu::new(2, Kernels::Fastest).map_err(candle_core::Error::wrap)?);
+//!
+//! let cell = CompiledCell::from_file("../../cells/lstm.cell".as_ref(), None)?; // the repository's LSTM
+//! let backend = Box::new(Cpu::new(2, Kernels::Fastest)?);
 //! let config = ModelConfig { layers: 1, bidirectional: false };
-//! let sizes = [("H".to_string(), 256)].into();
-//! let model = Model::new(cell.into(), config, &sizes, Some(64), None, 1, backend).map_err(candle_core::Error::wrap)?;
-//! let varmap = VarMap::new();
+//! let sizes = [("H".to_string(), 8)].into();
+//! let model = Model::new(cell.into(), config, &sizes, Some(3), None, 1, backend)?;
+//!
+//! let varmap = VarMap::new();                                       // the weights: weight_ih_l0, ...
 //! let rnn = Rnn::new(model, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu).pp("rnn"))?;
-//! let x = Tensor::randn(0f32, 1., (32, 100, 64), &Device::Cpu)?;   // [B, T, I], padded
-//! let lengths: Vec<usize> = (0..32).map(|b| 50 + b).collect();     // unsorted is fine
-//! let out = rnn.forward(&x, &lengths, Padding::default())?;         // [B, T, 256]
-//! out.sum_all()?.backward()?;                                       // reaches the Vars
+//! let x = Tensor::randn(0f32, 1., (4, 5, 3), &Device::Cpu)?;       // [B, T, I], padded
+//! let lengths = [5, 2, 4, 3];                                       // unsorted is fine
+//! let out = rnn.forward(&x, &lengths, Padding::default())?;         // [B, T, H], zeros at padding
+//! assert_eq!(out.dims(), [4, 5, 8]);
+//!
+//! let grads = out.sqr()?.sum_all()?.backward()?;                   // reaches every Var
+//! for (name, w) in rnn.weights() {                                  // weight_ih_l0, ..., bias_hh_l0
+//!     assert!(grads.get(w).is_some_and(|g| g.dims() == w.dims()), "{name}");
+//! }
+//! assert_eq!(varmap.all_vars().len(), 4);
 //! # Ok(()) }
 //! ```
 //!
