@@ -76,7 +76,7 @@ def provenance(name, data):
         torch = next(iter(data["cells"].values())).get("torch")
     known = PROVENANCE.get(name, (None, None, None))
     if machine is None and known[0]:
-        machine = known[0] + " (not in the JSON: from the README)"
+        machine = known[0] + " (not in the JSON: from the notes of the commit that added it)"
     if date is None and known[1]:
         date = known[1] + " (not in the JSON: the date it was committed)"
     if torch is None and known[2]:
