@@ -1,5 +1,5 @@
 //! A [`KernelPlan`] as text, one line a decision: the golden files of
-//! `tests/kernel_snapshots.rs` and `cellc graph --stage kernels`.
+//! `tests/kernel_snapshots.rs`.
 
 use super::{Item, KernelPlan};
 use crate::ir::print::{value_line, LeafNames};

@@ -30,7 +30,11 @@ fn shipped_cell(name: &str) -> Option<&'static str> {
     SHIPPED_CELLS.iter().find(|(n, _)| *n == name).map(|(_, source)| *source)
 }
 
-/// The names of the shipped cells.
+/// The names of the cells that ship with cellc (its `cells/` folder), which
+/// `cellc.RNN` takes in place of a path or source text.
+///
+/// Returns:
+///     list[str]: the names, in alphabetical order, such as ``"lstm"``.
 #[pyfunction]
 fn shipped_cells() -> Vec<&'static str> {
     SHIPPED_CELLS.iter().map(|(n, _)| *n).collect()
