@@ -192,36 +192,6 @@ def torch_time(cell, b, t, h, mode, variant, min_time, device="cpu"):
     raise ValueError(f"no PyTorch version of {cell}")
 
 
-def markdown(rows):
-    """One line per shape; one ratio column per (mode, threads, torch variant)."""
-    cols = sorted({(r["mode"], r["threads"], r["variant"]) for r in rows},
-                  key=lambda c: (c[0] != "infer", c[1], c[2]))
-    out = []
-    for cell in dict.fromkeys(r["cell"] for r in rows):
-        cell_rows = [r for r in rows if r["cell"] == cell]
-        cell_cols = [c for c in cols if any((r["mode"], r["threads"], r["variant"]) == c for r in cell_rows)]
-        head = [f"{mode} {threads}t" + ("" if variant == "nn" else f" vs {variant}") for mode, threads, variant in cell_cols]
-        routes = next((list(r["routes"]) for r in cell_rows if len(r.get("routes", {})) > 1), None)
-        note = f"; to PyTorch's faster route, then each of {' / '.join(routes)}" if routes else ""
-        out.append(f"**{cell}** (PyTorch time / cellc time; > 1: cellc faster{note})\n")
-        out.append("| B | H | " + " | ".join(head) + " |")
-        out.append("|---|---|" + "---|" * len(head))
-        for b, h in dict.fromkeys((r["batch"], r["hidden"]) for r in cell_rows):
-            cells = []
-            for c in cell_cols:
-                m = [r for r in cell_rows if (r["batch"], r["hidden"]) == (b, h) and (r["mode"], r["threads"], r["variant"]) == c]
-                if not m:
-                    cells.append("")
-                elif len(m[0].get("routes", {})) > 1:
-                    each = " / ".join(f"{v['ratio']:.2f}" for v in m[0]["routes"].values())
-                    cells.append(f"**{m[0]['ratio']:.2f}** ({each})")
-                else:
-                    cells.append(f"{m[0]['ratio']:.2f}")
-            out.append(f"| {b} | {h} | " + " | ".join(cells) + " |")
-        out.append("")
-    return "\n".join(out)
-
-
 def add_grid_arguments(ap):
     """The options of the shape grid, shared by the comparison scripts."""
     ap.add_argument("--quick", action="store_true", help="B=16, H=256 only, 0.3 s per measurement")
@@ -231,8 +201,6 @@ def add_grid_arguments(ap):
     ap.add_argument("--modes", nargs="+", default=["infer", "train"], choices=["infer", "train"])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--json", help="write all measurements here")
-    ap.add_argument("--markdown-from", metavar="JSON",
-                    help="print the table of an earlier --json run as Markdown, run nothing")
 
 
 def grid(args):
@@ -249,10 +217,6 @@ def main():
     ap.add_argument("--plot", help="write a bar chart of the ratios (needs matplotlib)")
     add_grid_arguments(ap)
     args = ap.parse_args()
-    if args.markdown_from:
-        with open(args.markdown_from) as f:
-            print(markdown(json.load(f)))
-        return
     batches, hiddens, min_time = grid(args)
     t = 100
     rows = []

@@ -89,46 +89,11 @@ def loop_time(cell, b, t, h, mode, script, min_time):
     return time_it(run, min_time)
 
 
-def markdown(rows):
-    """Per cell: one line per shape, and per (mode, threads) the ratios to nn.LSTM's faster
-    route, TorchScript and the loop, and the Python layer's overhead over `cellc bench`."""
-    out = []
-    fixed = [r for r in rows if "steps" in r]
-    rows = [r for r in rows if "steps" not in r]
-    for cell in dict.fromkeys(r["cell"] for r in rows):
-        mine = [r for r in rows if r["cell"] == cell]
-        cols = list(dict.fromkeys((r["mode"], r["threads"]) for r in mine))
-        out.append(f"**{cell}** (PyTorch time / cellc.RNN time, > 1: cellc faster: "
-                   "vs nn.LSTM's faster route / vs TorchScript / vs eager loop; then the Python layer's ms per call over `cellc bench`)\n")
-        out.append("| B | H | " + " | ".join(f"{m} {t}t" for m, t in cols) + " |")
-        out.append("|---|---|" + "---|" * len(cols))
-        for b, h in dict.fromkeys((r["batch"], r["hidden"]) for r in mine):
-            cells = []
-            for m, t in cols:
-                r = next((r for r in mine if (r["batch"], r["hidden"], r["mode"], r["threads"]) == (b, h, m, t)), None)
-                if r is None:
-                    cells.append("")
-                    continue
-                nn_text = f"**{r['nn_ratio']:.2f}**" if r.get("nn_ratio") else "-"
-                cells.append(f"{nn_text} / {r['torchscript_ratio']:.1f} / {r['loop_ratio']:.1f}; "
-                             f"+{max(r['overhead_us'], 0) / 1e3:.2f}")
-            out.append(f"| {b} | {h} | " + " | ".join(cells) + " |")
-        out.append("")
-    for r in fixed:
-        out.append(f"Fixed cost of a call (lstm, B=1, T={r['steps']}, H={r['hidden']}, inference, {r['threads']} "
-                   f"thread(s)): cellc.RNN {r['module_s'] * 1e6:.0f} µs, `cellc bench` {r['bench_s'] * 1e6:.0f} µs.")
-    return "\n".join(out)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cells", nargs="+", default=["lstm", "layernorm_lstm"], choices=sorted(LOOP_CELLS))
     add_grid_arguments(ap)
     args = ap.parse_args()
-    if args.markdown_from:
-        with open(args.markdown_from) as f:
-            print(markdown(json.load(f)))
-        return
     batches, hiddens, min_time = grid(args)
     t = 100
     rows = []

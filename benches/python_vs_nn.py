@@ -3,7 +3,7 @@
 
     python benches/python_vs_nn.py [--cells lstm gru] [--quick] [--json benches/results/python_vs_nn.json]
     python benches/python_vs_nn.py --shape 64 256 --layers 2 --dropout 0.3 --threads 2   # nn.LSTM(dropout=)
-    python benches/python_vs_nn.py --markdown-from benches/results/python_vs_nn.json
+    python3 docs/gen_perf.py   # the book's tables, from the --json files in benches/results/
 
 Needs a Python with torch and the cellc package (`pip install ./runtime/python`), and a release
 build of the CLI (`cargo build --release`) for `cellc bench`, the runtime alone. Times:
@@ -117,12 +117,7 @@ def main():
     ap.add_argument("--dropout", type=float, default=0.0, help="dropout between layers (both in training mode)")
     ap.add_argument("--shape", nargs=2, type=int, metavar=("B", "H"),
                     help="this batch and size only, lengths varying (T=100), no other measurement")
-    ap.add_argument("--markdown-from", metavar="JSON", help="print the tables of an earlier --json run")
     args = ap.parse_args()
-    if args.markdown_from:
-        with open(args.markdown_from) as f:
-            print(markdown(json.load(f)))
-        return
     batches, hiddens = ([16], [256]) if args.quick else ([1, 16, 64], [128, 256, 512])
     if args.shape:
         batches, hiddens = [args.shape[0]], [args.shape[1]]
@@ -181,42 +176,6 @@ def cpu_name():
             return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor()
-
-
-def markdown(data):
-    """The tables: per cell and kind, one line per shape, a column per (mode, threads)."""
-    meta, rows = data["meta"], data["rows"]
-    out = [f"{meta['cpu']}, torch {meta['torch']}, {meta['date']}; cellc threading {meta['threading'][0]}. "
-           "PyTorch time / cellc.RNN time (> 1: cellc faster), against the faster of nn's padded and packed "
-           "routes.\n"]
-    for cell in dict.fromkeys(r["cell"] for r in rows if r["kind"] in ("varlen", "full")):
-        for kind, steps in (("varlen", 100), ("full", 35), ("full", 100)):
-            mine = [r for r in rows if r["cell"] == cell and r["kind"] == kind and r["steps"] == steps]
-            if not mine:
-                continue
-            cols = list(dict.fromkeys((r["mode"], r["threads"]) for r in mine))
-            what = "lengths uniform in [T/2, T]" if kind == "varlen" else "every sequence full length"
-            out.append(f"**{cell}**, T={steps}, {what}\n")
-            out.append("| B | H | " + " | ".join(f"{m} {t}t" for m, t in cols) + " |")
-            out.append("|---|---|" + "---|" * len(cols))
-            for b, h in dict.fromkeys((r["batch"], r["hidden"]) for r in mine):
-                cells = []
-                for m, t in cols:
-                    r = next((r for r in mine if (r["batch"], r["hidden"], r["mode"], r["threads"]) == (b, h, m, t)),
-                             None)
-                    cells.append(f"{r['ratio']:.2f}" if r else "")
-                out.append(f"| {b} | {h} | " + " | ".join(cells) + " |")
-            out.append("")
-    for r in rows:
-        if r["kind"] == "generate":
-            out.append(f"- One step per call ({r['cell']}, B=1, T=1, H=256, {r['threads']} thread(s)): cellc.RNN "
-                       f"{r['cellc_s'] * 1e6:.1f} µs, nn {r['nn_s'] * 1e6:.1f} µs: **{r['ratio']:.2f}**")
-    for r in rows:
-        if r["kind"] == "fixed":
-            out.append(f"- Fixed cost (lstm, B=1, T=4, H=64, inference, {r['threads']} thread(s)): cellc.RNN "
-                       f"{r['cellc_s'] * 1e6:.1f} µs, `cellc bench` {r['bench_s'] * 1e6:.1f} µs: the Python layer "
-                       f"adds **{r['overhead_us']:.1f} µs**")
-    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,11 @@
 //! Built with `--features jit`, the same program compiles its kernels at
 //! run time instead, for comparing start-up time and binary size.
 
+// ANCHOR: module
 mod lstm {
     include!(concat!(env!("OUT_DIR"), "/cellc_lstm.rs"));
 }
+// ANCHOR_END: module
 
 use cellc_runtime::{read_tensors, Align, Input, Major, ModelConfig, Tensor, TensorData};
 use lstm::{Lstm, LstmStates};
@@ -43,9 +45,11 @@ fn error(a: &[f32], b: &[f32]) -> f32 {
 
 /// The model on the linked kernels, or (with `--features jit`) the same one compiled at run time.
 fn model(weights: &Path) -> Result<Lstm, String> {
+    // ANCHOR: load
     let config = ModelConfig { layers: 2, bidirectional: true };
     #[cfg(not(feature = "jit"))]
     let model = Lstm::load(config, weights, 1);
+    // ANCHOR_END: load
     #[cfg(feature = "jit")]
     let model =
         cellc_runtime::backend::cpu::Cpu::new(1, cellc_runtime::backend::cpu::Kernels::Jit).and_then(|cpu| {
@@ -82,6 +86,7 @@ fn run(dir: &Path) -> Result<f32, String> {
             align: align_,
             lengths: &lengths,
         };
+        // ANCHOR: run
         let h0 = LstmStates { h: f32s(&input, "h0.h")?.to_vec(), c: f32s(&input, "h0.c")?.to_vec() };
         let t = Instant::now();
         let (output, finals, trace) =
@@ -95,6 +100,7 @@ fn run(dir: &Path) -> Result<f32, String> {
         let grads = model
             .backward(&trace, f32s(&input, "grad_output")?, Some(&d_final))
             .map_err(|e| e.to_string())?;
+        // ANCHOR_END: run
         let mut checks = vec![
             ("output", error(&output, f32s(&expected, "output")?)),
             ("final h", error(&finals.h, f32s(&expected, "final.h")?)),
