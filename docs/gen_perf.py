@@ -268,7 +268,7 @@ def python_summary(sources):
             train.append([cpu, cell, len(ratios), r2(min(ratios)), r2(max(ratios)), sum(x >= 1.3 for x in ratios)])
     return header(sources) + table(
         ["processor", "cell", "lengths", "shapes", "min", "median", "max", "below 1.0"], body) + [
-        "Training at B >= 16, every kind of lengths (issue 28's target: 1.3x):", ""] + table(
+        "Training at B >= 16, every kind of lengths (the target: 1.3x):", ""] + table(
         ["processor", "cell", "shapes", "min", "max", "at or above 1.3"], train)
 
 

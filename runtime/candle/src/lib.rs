@@ -38,7 +38,7 @@
 //! each a `Var` of the `VarMap` under its PyTorch name (so a `VarMap`
 //! saves, loads and optimises them, and a PyTorch `state_dict` loads
 //! through `VarBuilder` as it is); the flat operand is their
-//! concatenation, made each forward (one copy of the weights, 0.3 MB for
+//! concatenation, made each forward (one copy of the weights, 1.3 MB for
 //! the main job's LSTM), whose backward hands each weight its slice of the
 //! gradient. One flat `Var` with named views, as cuDNN keeps its weights,
 //! would save that copy but not be a candle layer: views of a `Var` are

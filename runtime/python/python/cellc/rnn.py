@@ -150,8 +150,9 @@ class RNN(nn.Module):
             (``torch.manual_seed`` reproduces them; each call draws new ones; the backward
             draws the same again, storing nothing; under DDP, ranks seeded alike draw alike).
             Fixed when the module is made.
-        proj_size: ``nn.LSTM``'s, accepted at its default ``0`` only (projections are not
-            supported: write the projection into a ``.cell``).
+        proj_size: ``nn.LSTM``'s, accepted at its default ``0`` only: a projection is part of
+            the cell, and the shipped cell ``"lstmp"`` is ``nn.LSTM(proj_size=P)``
+            (``cellc.RNN("lstmp", input_size, {"H": H, "P": P})`` loads its ``state_dict``).
         cell_name: which cell of a source that defines several (``None``: its only one).
         rates: the cell's own rates (its ``rate`` declarations: the probabilities of its
             ``dropout``, ``variational_dropout``, ``zoneout`` and ``dropconnect``), by name,
@@ -281,7 +282,8 @@ class RNN(nn.Module):
                 f"num_layers=1 it does nothing (dropout={dropout})"
             )
         if proj_size != 0:
-            raise ValueError("proj_size (LSTM projections) is not supported: write the projection into a .cell")
+            raise ValueError("proj_size: a projection is part of the cell; the shipped cell \"lstmp\" is "
+                             "nn.LSTM(proj_size=P): cellc.RNN(\"lstmp\", input_size, {\"H\": H, \"P\": P})")
         if sizes is not None and not isinstance(sizes, dict):
             raise TypeError(f"sizes must be a dict of size names to integers (or hidden_size an int), "
                             f"not {type(sizes).__name__}")
