@@ -8,16 +8,11 @@ use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use cellc_candle::{Align, Major, Padding, Rnn};
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::{CompiledCell, Model, ModelConfig, RuntimeError};
+use charlm::paths::repo_root;
 use std::error::Error;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 type Result<T = ()> = std::result::Result<T, Box<dyn Error>>;
-
-/// A path in the repository (the tests run in `examples/`).
-fn repo(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
-}
 
 /// The largest |a - b| / max(1, |b|) of two tensors of the same shape.
 fn error(a: &Tensor, b: &Tensor) -> Result<f32> {
@@ -31,7 +26,7 @@ fn an_rnn_layer_runs_trains_and_detaches() -> Result {
     // ANCHOR: layer
     // The runtime's model: cell, sizes, layers, back end. Its own weights are not used:
     // the layer's are candle Vars, made here by the VarMap from the cell's init clauses.
-    let cell = Arc::new(CompiledCell::from_file(&repo("cells/lstm.cell"), None)?);
+    let cell = Arc::new(CompiledCell::from_file(&repo_root().join("cells/lstm.cell"), None)?);
     let sizes = [("H".to_string(), 8)].into();
     let config = ModelConfig { layers: 1, bidirectional: false };
     let cpu = Arc::new(Cpu::new(2, Kernels::Fastest)?);
@@ -120,11 +115,11 @@ fn an_rnn_layer_runs_trains_and_detaches() -> Result {
 #[test]
 fn a_pytorch_state_dict_gives_pytorchs_outputs_and_gradients() -> Result {
     let device = Device::Cpu;
-    let fixtures = repo("tests/fixtures/runtime");
+    let fixtures = repo_root().join("tests/fixtures/runtime");
     // ANCHOR: pytorch
     // The Vars made under PyTorch's names (no prefix), then an nn.LSTM(3, 4, num_layers=2,
     // bidirectional=True) state_dict loaded into them as it is.
-    let cell = Arc::new(CompiledCell::from_file(&repo("cells/lstm.cell"), None)?);
+    let cell = Arc::new(CompiledCell::from_file(&repo_root().join("cells/lstm.cell"), None)?);
     let config = ModelConfig { layers: 2, bidirectional: true };
     let sizes = [("H".to_string(), 4)].into();
     let model = Model::new(cell, config, &sizes, Some(3), None, 0, Box::new(Cpu::new(1, Kernels::Fastest)?))?;
@@ -157,7 +152,7 @@ fn a_pytorch_state_dict_gives_pytorchs_outputs_and_gradients() -> Result {
 
 #[test]
 fn bad_input_is_a_typed_error() -> Result {
-    let cell = Arc::new(CompiledCell::from_file(&repo("cells/lstm.cell"), None)?);
+    let cell = Arc::new(CompiledCell::from_file(&repo_root().join("cells/lstm.cell"), None)?);
     let sizes = [("H".to_string(), 8)].into();
     let model = Model::new(
         cell,

@@ -6,13 +6,13 @@ use candle_nn::{VarBuilder, VarMap};
 use cellc_candle::{Padding, Rnn};
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::{Align, CompiledCell, Input, Major, Model, ModelConfig};
+use charlm::paths::repo_root;
 use std::error::Error;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Tests run in their crate's folder; the samples read the repository's `cells/`.
 fn in_repo_root() {
-    std::env::set_current_dir(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")).expect("repository root");
+    std::env::set_current_dir(repo_root()).expect("repository root");
 }
 
 #[test]

@@ -9,16 +9,11 @@ use cellc_runtime::{
     Align, BackwardOut, Call, CompiledCell, ForwardOut, Input, Major, Model, ModelConfig, PackedSequence,
     RuntimeError, Weights,
 };
+use charlm::paths::repo_root;
 use std::error::Error;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 type Result<T = ()> = std::result::Result<T, Box<dyn Error>>;
-
-/// A path in the repository (the tests run in `examples/`).
-fn repo(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
-}
 
 /// `n` floats in [-1, 1], the same for the same `seed`.
 fn data(n: usize, seed: usize) -> Vec<f32> {
@@ -34,7 +29,7 @@ fn a_model_runs_padded_and_packed_batches_and_trains() -> Result {
     // ANCHOR: compile
     // A cell from a file (CompiledCell::from_source takes the text itself), in an Arc:
     // models share one compiled cell.
-    let cell = Arc::new(CompiledCell::from_file(&repo("cells/lstm.cell"), None)?);
+    let cell = Arc::new(CompiledCell::from_file(&repo_root().join("cells/lstm.cell"), None)?);
     // ANCHOR_END: compile
 
     // ANCHOR: model
@@ -118,11 +113,11 @@ fn a_pytorch_state_dict_loads_as_it_is_and_bad_weights_are_named() -> Result {
     // ANCHOR: pytorch
     // An nn.LSTM(3, 4, num_layers=2, bidirectional=True) state_dict, saved in Python with
     // safetensors.torch.save_file(lstm.state_dict(), "lstm_weights.safetensors").
-    let weights = Weights::load(&repo("tests/fixtures/runtime/lstm_weights.safetensors"))?;
+    let weights = Weights::load(&repo_root().join("tests/fixtures/runtime/lstm_weights.safetensors"))?;
     let shape = weights.get("weight_ih_l0").map(|w| w.shape.clone());
     assert_eq!(shape, Some(vec![16, 3])); // [4*H, I]
 
-    let cell = Arc::new(CompiledCell::from_file(&repo("cells/lstm.cell"), None)?);
+    let cell = Arc::new(CompiledCell::from_file(&repo_root().join("cells/lstm.cell"), None)?);
     let config = ModelConfig { layers: 2, bidirectional: true };
     let no_sizes = Default::default(); // no -D: H and I come from the weights' shapes
     let load = |weights: &Weights| {
@@ -164,7 +159,7 @@ fn a_pytorch_state_dict_loads_as_it_is_and_bad_weights_are_named() -> Result {
 
 /// A one-layer LSTM at H = 8, I = 4 on the CPU back end.
 fn small_lstm() -> Result<Model> {
-    let cell = Arc::new(CompiledCell::from_file(&repo("cells/lstm.cell"), None)?);
+    let cell = Arc::new(CompiledCell::from_file(&repo_root().join("cells/lstm.cell"), None)?);
     let sizes = [("H".to_string(), 8)].into();
     let cpu = Box::new(Cpu::new(1, Kernels::Fastest)?);
     Ok(Model::new(cell, ModelConfig::default(), &sizes, Some(4), None, 7, cpu)?)
@@ -300,7 +295,7 @@ fn a_stream_computes_what_a_batch_computes() -> Result {
     // ANCHOR_END: stream_states
 
     let bidirectional = Model::new(
-        Arc::new(CompiledCell::from_file(&repo("cells/lstm.cell"), None)?),
+        Arc::new(CompiledCell::from_file(&repo_root().join("cells/lstm.cell"), None)?),
         ModelConfig { layers: 1, bidirectional: true },
         &[("H".to_string(), 8)].into(),
         Some(4),

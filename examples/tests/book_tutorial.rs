@@ -6,18 +6,13 @@
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::{Align, CompiledCell, Input, Major, Model, ModelConfig};
+use charlm::paths::repo_root;
 use std::error::Error;
-use std::path::PathBuf;
 use std::sync::Arc;
-
-/// A file of the repository (tests run in their crate's folder).
-fn repo_file(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
-}
 
 #[test]
 fn janet_runs_forward_and_backward_on_the_cpu() -> Result<(), Box<dyn Error>> {
-    let path = repo_file("docs/samples/janet.cell");
+    let path = repo_root().join("docs/samples/janet.cell");
     // ANCHOR: model
     let cell = Arc::new(CompiledCell::from_file(&path, None)?);
     let sizes = [("H".to_string(), 64)].into(); // I comes from the input
