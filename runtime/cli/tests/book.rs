@@ -8,7 +8,6 @@ mod common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Component, Path, PathBuf};
-use std::process::Command;
 
 /// The repository's root folder.
 fn repo_root() -> PathBuf {
@@ -151,27 +150,48 @@ fn heading_ids(text: &str) -> BTreeSet<String> {
     ids
 }
 
-/// A page's text with every `{{#include path[:anchor]}}` replaced by what it names, as mdBook
-/// does, or the first include that names no file or anchor.
-fn expand_includes(page: &Path, text: &str) -> Result<String, String> {
-    let dir = page.parent().unwrap_or(Path::new(""));
-    let mut out = String::new();
-    let mut rest = text;
-    while let Some(start) = rest.find("{{#include ") {
-        // `\{{#include ...}}` shows the directive itself; mdBook drops the backslash.
-        if rest[..start].ends_with('\\') {
-            out.push_str(&rest[..start - 1]);
-            out.push_str("{{#include ");
-            rest = &rest[start + "{{#include ".len()..];
+/// One `{{#include path[:anchor]}}` of a text: where it stands and what it names.
+struct Directive<'a> {
+    range: std::ops::Range<usize>,
+    spec: &'a str,
+}
+
+impl Directive<'_> {
+    /// The file it names, relative to its page's folder.
+    fn path(&self) -> &str {
+        self.spec.split(':').next().unwrap_or("")
+    }
+}
+
+/// The include directives of a text, in order. `\{{#include ...}}` shows the directive itself
+/// (mdBook drops the backslash), so it is none.
+fn include_directives(text: &str) -> Result<Vec<Directive<'_>>, String> {
+    const OPEN: &str = "{{#include ";
+    let mut out = Vec::new();
+    for (start, _) in text.match_indices(OPEN) {
+        if text[..start].ends_with('\\') {
             continue;
         }
-        out.push_str(&rest[..start]);
-        let end = rest[start..].find("}}").ok_or_else(|| format!("{}: unclosed include", page.display()))?;
-        let spec = rest[start + "{{#include ".len()..start + end].trim();
-        out.push_str(&included(dir, spec).map_err(|e| format!("{}: {e}", page.display()))?);
-        rest = &rest[start + end + 2..];
+        let end = text[start..].find("}}").ok_or("an include directive is not closed with `}}`")? + start;
+        out.push(Directive { range: start..end + 2, spec: text[start + OPEN.len()..end].trim() });
     }
-    out.push_str(rest);
+    Ok(out)
+}
+
+/// A page's text with every include replaced by what it names, as mdBook does, or the first
+/// include that names no file or anchor.
+fn expand_includes(page: &Path, text: &str) -> Result<String, String> {
+    let dir = page.parent().unwrap_or(Path::new(""));
+    let failed = |e: String| format!("{}: {e}", page.display());
+    let shown = |between: &str| between.replace("\\{{#include ", "{{#include ");
+    let mut out = String::new();
+    let mut done = 0;
+    for directive in include_directives(text).map_err(failed)? {
+        out.push_str(&shown(&text[done..directive.range.start]));
+        out.push_str(&included(dir, directive.spec).map_err(failed)?);
+        done = directive.range.end;
+    }
+    out.push_str(&shown(&text[done..]));
     Ok(out)
 }
 
@@ -295,16 +315,15 @@ fn check_page(
             problems.push(format!("{where_}: a ```{} block: use one of {KINDS:?}", block.info));
             continue;
         }
+        // Each line is one include of a file under `prefix` (a path from the repository's root).
         let only_includes_of = |prefix: &str| {
-            block.raw.lines().filter(|l| !l.trim().is_empty()).all(|l| {
-                let l = l.trim();
-                l.starts_with("{{#include ") && {
-                    let spec = l.trim_start_matches("{{#include ").trim_end_matches("}}").trim();
-                    let path = spec.split(':').next().unwrap_or("");
-                    let repo_path = normalize(
-                        &Path::new("docs/src").join(page.parent().unwrap_or(Path::new(""))).join(path),
-                    );
-                    repo_path.starts_with(prefix)
+            block.raw.lines().map(str::trim).filter(|l| !l.is_empty()).all(|l| {
+                match include_directives(l).as_deref() {
+                    Ok([directive]) if directive.range == (0..l.len()) => {
+                        let dir = Path::new("docs/src").join(page.parent().unwrap_or(Path::new("")));
+                        normalize(&dir.join(directive.path())).starts_with(prefix)
+                    }
+                    _ => false,
                 }
             })
         };
@@ -315,14 +334,20 @@ fn check_page(
             "python" if !only_includes_of("docs/samples") => problems.push(format!(
                 "{where_}: a ```python block must only include a script of docs/samples/ (test_book_samples.py runs it)"
             )),
-            "cell" => problems.extend(check_cell(&block.body).map(|e| format!("{where_}: {e}"))),
-            "console" | "console,fails" => {
-                problems.extend(run_console(&block.body, block.info == "console,fails").into_iter().map(|e| format!("{where_}: {e}")))
-            }
-            _ => {}
+            _ => problems.extend(run_block(&block.info, &block.body).into_iter().map(|e| format!("{where_}: {e}"))),
         }
     }
     problems
+}
+
+/// The problems of running a block whose kind runs: `cellc check` of a ` ```cell ` block, the
+/// commands of a ` ```console ` one; none for the kinds that do not run.
+fn run_block(info: &str, body: &str) -> Vec<String> {
+    match info {
+        "cell" => check_cell(body).into_iter().collect(),
+        "console" | "console,fails" => run_console(body, info == "console,fails"),
+        _ => Vec::new(),
+    }
 }
 
 /// A ` ```cell ` block's problem, if `cellc check` finds an error in it.
@@ -389,12 +414,8 @@ fn run_console(body: &str, fails: bool) -> Vec<String> {
             problems.push(format!("`{command}`: a ```console block runs only `cellc` commands (use ```sh)"));
             continue;
         }
-        let out = Command::new(env!("CARGO_BIN_EXE_cellc"))
-            .args(&args[1..])
-            .current_dir(repo_root())
-            .env("NO_COLOR", "1")
-            .output()
-            .expect("cellc runs");
+        let args: Vec<&str> = args[1..].iter().map(String::as_str).collect();
+        let out = common::cellc_in(&repo_root(), &args);
         let printed =
             format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         if out.status.success() == fails {
@@ -463,11 +484,8 @@ fn every_page_is_in_the_summary_and_every_summary_entry_exists() {
         .flat_map(|page| {
             let text = std::fs::read_to_string(book_src().join(page)).expect("page");
             let dir = page.parent().unwrap_or(Path::new("")).to_path_buf();
-            text.match_indices("{{#include ")
-                .filter(|(i, _)| !text[..*i].ends_with('\\'))
-                .filter_map(|(i, _)| text[i..].find("}}").map(|e| text[i + 11..i + e].trim().to_string()))
-                .map(|spec| normalize(&dir.join(spec.split(':').next().unwrap_or(""))))
-                .collect::<Vec<_>>()
+            let directives = include_directives(&text).unwrap_or_else(|e| panic!("{}: {e}", page.display()));
+            directives.iter().map(|d| normalize(&dir.join(d.path()))).collect::<Vec<_>>()
         })
         .collect();
     for page in markdown_files() {
@@ -535,15 +553,10 @@ fn the_readmes_samples_are_copies_of_tested_ones_and_run() {
             )),
             None => {}
         }
-        match block.info.as_str() {
-            "cell" => problems.extend(check_cell(&block.raw).map(|e| format!("{at}: {e}"))),
-            "console" | "console,fails" => problems.extend(
-                run_console(&block.raw, block.info == "console,fails")
-                    .into_iter()
-                    .map(|e| format!("{at}: {e}")),
-            ),
-            "rust" | "python" | "sh" | "text" | "toml" => {}
-            other => problems.push(format!("{at}: a ```{other} block: use one of {KINDS:?}")),
+        if KINDS.contains(&block.info.as_str()) {
+            problems.extend(run_block(&block.info, &block.raw).into_iter().map(|e| format!("{at}: {e}")));
+        } else {
+            problems.push(format!("{at}: a ```{} block: use one of {KINDS:?}", block.info));
         }
     }
     assert!(problems.is_empty(), "{} problems in README.md:\n\n{}", problems.len(), problems.join("\n\n"));

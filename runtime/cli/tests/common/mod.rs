@@ -2,14 +2,19 @@
 
 #![allow(dead_code)] // each test file uses its own part
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// Runs `cellc` with `args`, without colour, from the crate's folder.
 pub fn cellc(args: &[&str]) -> Output {
+    cellc_in(Path::new(env!("CARGO_MANIFEST_DIR")), args)
+}
+
+/// Runs `cellc` with `args`, without colour, from `dir`.
+pub fn cellc_in(dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_cellc"))
         .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(dir)
         .env("NO_COLOR", "1")
         .output()
         .expect("cellc runs")
