@@ -206,11 +206,11 @@ fn nan_and_infinity_propagate_in_bf16_as_in_f32() {
     }
 }
 
-/// The CUDA back end's bf16 and fp16 products (cuBLAS's
-/// `CUBLAS_COMPUTE_32F_FAST_16BF` and `_16F` on a GPU; here the emulated
-/// device, which rounds the same operands) are as accurate as bf16 or fp16
-/// arithmetic, through the passes in device memory, and are theirs, not
-/// f32's.
+/// The CUDA back end's bf16, fp16 and TF32 products (cuBLAS's
+/// `CUBLAS_COMPUTE_32F_FAST_16BF`, `_16F` and `_TF32` on a GPU; here the
+/// emulated device, which rounds the same operands) are as accurate as
+/// bf16, fp16 or TF32 arithmetic, through the passes in device memory, and
+/// are theirs, not f32's.
 #[test]
 fn cuda_half_precision_products_on_the_emulated_device_are_that_arithmetic() {
     use cellc_runtime::backend::cuda::Cuda;
@@ -226,7 +226,9 @@ fn cuda_half_precision_products_on_the_emulated_device_are_that_arithmetic() {
     let lengths = [6, 2, 5];
     let cells = support::compiled_cells();
     let cells = cells.iter().filter(|c| ["lstm", "gru"].contains(&c.forward.name.as_str()));
-    for (cell, precision) in cells.flat_map(|c| [(c, Precision::Bf16), (c, Precision::F16)]) {
+    for (cell, precision) in
+        cells.flat_map(|c| [Precision::Bf16, Precision::F16, Precision::Tf32].map(|p| (c, p)))
+    {
         let half = support::two_layer_model(cell, (16, 8, 12), 5, &cuda(precision));
         let f32 = support::two_layer_model(cell, (16, 8, 12), 5, &cuda(Precision::F32));
         let ld = half.layers().len() * half.directions();
@@ -260,11 +262,14 @@ fn cuda_half_precision_products_on_the_emulated_device_are_that_arithmetic() {
     }
 }
 
-/// fp16 products are the CUDA back end's: the CPU, which has no unit that
-/// multiplies fp16 pairs into f32 sums, refuses them by name.
+/// fp16 and TF32 products are the CUDA back end's: the CPU, which has no
+/// unit that multiplies fp16 or TF32 pairs into f32 sums, refuses them by
+/// name.
 #[test]
-fn the_cpu_refuses_fp16_products_by_name() {
-    let e = Cpu::new(1, Kernels::Fastest).and_then(|c| c.with_precision(Precision::F16)).unwrap_err();
-    let text = e.to_string();
-    assert!(text.contains("fp16") && text.contains("cuda"), "{text}");
+fn the_cpu_refuses_fp16_and_tf32_products_by_name() {
+    for (precision, name) in [(Precision::F16, "fp16"), (Precision::Tf32, "TF32")] {
+        let e = Cpu::new(1, Kernels::Fastest).and_then(|c| c.with_precision(precision)).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains(name) && text.contains("cuda"), "{text}");
+    }
 }

@@ -268,7 +268,7 @@ impl Shapes {
     }
 
     /// [`Shapes::compute`] with the products of matrix parameters in
-    /// `precision`: at [`Precision::Bf16`] or [`Precision::F16`], both
+    /// `precision`: at any but [`Precision::F32`] (bf16, fp16, TF32), both
     /// operands of such a product are rounded to it first (the sums stay in
     /// `T`).
     pub fn compute_in<T: Float>(

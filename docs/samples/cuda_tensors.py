@@ -13,6 +13,9 @@ packed = pack_padded_sequence(x, torch.tensor(lengths), batch_first=True, enforc
 want, _ = pad_packed_sequence(lstm(packed)[0], batch_first=True)
 
 # ANCHOR: emulated
+# Full float32, as nn.LSTM on the CPU: PyTorch's default lets cuDNN's RNN, and so cellc.RNN on
+# the GPU and on the emulated device, which stands for it, take TF32 operands.
+torch.backends.cudnn.allow_tf32 = False
 emulated = cellc.RNN("lstm", 6, {"H": 9}, num_layers=2, bidirectional=True, batch_first=True,
                      backend="cuda-emulated")              # CPU tensors, CUDA's code path
 emulated.load_state_dict(lstm.state_dict())
@@ -21,7 +24,7 @@ torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
 # ANCHOR_END: emulated
 
 if torch.cuda.is_available():
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
     # ANCHOR: gpu
     rnn = cellc.RNN("lstm", 6, {"H": 9}, num_layers=2, bidirectional=True, batch_first=True)
     rnn.load_state_dict(lstm.state_dict())

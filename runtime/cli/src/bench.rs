@@ -65,7 +65,7 @@ pub struct BenchArgs {
     pub kernels: KernelsChoice,
     /// The precision of the products of the cell's matrix parameters
     /// (`bf16`: bf16 operands, f32 sums, on the CPU and CUDA back ends;
-    /// `f16`: fp16 operands, f32 sums, on the CUDA back end).
+    /// `f16` and `tf32`: fp16 or TF32 operands, f32 sums, on the CUDA back end).
     #[arg(long, value_enum, default_value_t = DtypeChoice::F32)]
     pub dtype: DtypeChoice,
     /// Inference through the streaming call (`Model::stream`): the state

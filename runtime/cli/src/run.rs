@@ -76,6 +76,8 @@ pub enum DtypeChoice {
     Bf16,
     /// fp16 operands, f32 sums; everything else f32 (the CUDA back end).
     F16,
+    /// TF32 operands, f32 sums; everything else f32 (the CUDA back end).
+    Tf32,
 }
 
 impl DtypeChoice {
@@ -84,6 +86,7 @@ impl DtypeChoice {
             DtypeChoice::F32 => Precision::F32,
             DtypeChoice::Bf16 => Precision::Bf16,
             DtypeChoice::F16 => Precision::F16,
+            DtypeChoice::Tf32 => Precision::Tf32,
         }
     }
 }
@@ -137,7 +140,7 @@ pub struct RunArgs {
     pub kernels: KernelsChoice,
     /// The precision of the products of the cell's matrix parameters
     /// (`bf16`: bf16 operands, f32 sums, on the CPU and CUDA back ends;
-    /// `f16`: fp16 operands, f32 sums, on the CUDA back end).
+    /// `f16` and `tf32`: fp16 or TF32 operands, f32 sums, on the CUDA back end).
     #[arg(long, value_enum, default_value_t = DtypeChoice::F32)]
     pub dtype: DtypeChoice,
     /// Training mode: draw the masks of the cell and of --dropout (else evaluation: none).
@@ -174,7 +177,7 @@ pub fn make_backend(
             backend: "reference".into(),
             message: format!(
                 "computes in f32 only: `--dtype {precision}` runs on the {}",
-                if precision == Precision::F16 { "cuda back end" } else { "cpu and cuda back ends" }
+                if precision == Precision::Bf16 { "cpu and cuda back ends" } else { "cuda back end" }
             ),
         });
     }

@@ -257,9 +257,11 @@ impl Memory {
 /// A call's layout name without its precision suffix, and the precision:
 /// `+bf16` or `+f16` last asks for bf16 or fp16 products
 /// ([`Precision::Bf16`], [`Precision::F16`]; what `cellc.RNN` asks under
-/// autocast and for half-precision tensors).
+/// autocast and for half-precision tensors), `+tf32` for TF32 products
+/// ([`Precision::Tf32`]; what it asks of float32 calls on the GPU where
+/// PyTorch lets cuDNN's RNN use TF32).
 fn precision_of(layout: &str) -> (&str, Precision) {
-    [("+bf16", Precision::Bf16), ("+f16", Precision::F16)]
+    [("+bf16", Precision::Bf16), ("+f16", Precision::F16), ("+tf32", Precision::Tf32)]
         .into_iter()
         .find_map(|(suffix, precision)| Some((layout.strip_suffix(suffix)?, precision)))
         .unwrap_or((layout, Precision::F32))

@@ -52,11 +52,11 @@ fn parse(spec: &str) -> Result<Spec> {
 
 /// The precision back end `name` computes a call asked in `asked` in: the
 /// reference back end's products are f32, and so are the CPU's where fp16
-/// is asked (it has no fp16 products, see `Cpu::with_precision`). One
+/// or TF32 is asked (it has neither, see `Cpu::with_precision`). One
 /// model per precision computed, not per precision asked.
 fn computed_precision(name: &str, asked: Precision) -> Precision {
     match (name, asked) {
-        ("reference", _) | ("cpu", Precision::F16) => Precision::F32,
+        ("reference", _) | ("cpu", Precision::F16 | Precision::Tf32) => Precision::F32,
         _ => asked,
     }
 }

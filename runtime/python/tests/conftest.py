@@ -16,6 +16,18 @@ def _seeded():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _full_float32():
+    """cuDNN's RNN, and with it cellc.RNN over device memory (the emulated device's too), in full
+    float32: the tests' references are float32 (PyTorch's TF32 default would round the products'
+    operands to TF32; test_tf32.py turns it on where it checks that)."""
+    cudnn = torch.backends.cudnn
+    saved = cudnn.rnn.fp32_precision, cudnn.conv.fp32_precision
+    cudnn.allow_tf32 = False
+    yield
+    cudnn.rnn.fp32_precision, cudnn.conv.fp32_precision = saved
+
+
 def right_aligned(x: torch.Tensor, lengths, batch_first: bool) -> torch.Tensor:
     """Moves each sequence of a left-aligned padded batch to the end of the time axis."""
     out = torch.zeros_like(x)

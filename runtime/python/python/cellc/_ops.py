@@ -127,6 +127,29 @@ def in_device_memory(spec: str, x: Tensor) -> bool:
     return x.device.type == "cuda" or backend(spec) == "cuda-emulated"
 
 
+def cudnn_rnn_allows_tf32() -> bool:
+    """Whether PyTorch lets cuDNN's RNN (``nn.LSTM`` on a GPU) compute float32 products in TF32:
+    ``torch.backends.cudnn.rnn.fp32_precision``, or where it is ``"none"`` the setting it
+    inherits (``torch.backends.cudnn``'s, then ``torch.backends``'); on a PyTorch without that
+    API, ``torch.backends.cudnn.allow_tf32``."""
+    rnn = getattr(torch.backends.cudnn, "rnn", None)
+    chain = [getattr(rnn, "fp32_precision", None), getattr(torch.backends.cudnn, "fp32_precision", None),
+             getattr(torch.backends, "fp32_precision", None)]
+    if chain[0] is None:
+        return bool(torch.backends.cudnn.allow_tf32)
+    return next((p for p in chain if p not in (None, "none")), "ieee") == "tf32"
+
+
+def float32_products(backend_name: str | None, x: Tensor) -> str:
+    """The layout suffix of a float32 call's products by a module of back end ``backend_name``
+    (``None``: the tensors' device decides): ``"+tf32"`` over device memory (CUDA tensors, or the
+    emulated device's) where PyTorch lets cuDNN's RNN use TF32 (see
+    :func:`cudnn_rnn_allows_tf32`), so that cellc computes what ``nn.LSTM`` does there; else
+    ``""``, full float32. Traceable by ``torch.compile``, which guards on the switch."""
+    device_memory = x.device.type == "cuda" or backend_name == "cuda-emulated"
+    return "+tf32" if device_memory and cudnn_rnn_allows_tf32() else ""
+
+
 def _check_devices(spec: str, tensors: list[Tensor]) -> None:
     """Every tensor on the device the spec's back end reads (the first tensor's, for CUDA)."""
     name = backend(spec)
@@ -270,7 +293,7 @@ def rnn_forward(
         layout: how ``x``'s rows are laid: ``"batch_first/left"``, ``"batch_first/right"``,
             ``"time_first/left"``, ``"time_first/right"`` (padded, padding after or before each
             sequence) or ``"packed"``, then ``"+resets"`` where ``index`` ends with reset
-            flags, and ``"+bf16"`` or ``"+f16"`` for products in that precision.
+            flags, and ``"+bf16"``, ``"+f16"`` or ``"+tf32"`` for products in that precision.
         x: the input, float32: ``[B, T, I]`` or ``[T, B, I]`` padded, ``[N, I]`` packed.
         index: int64 CPU tensors: padded, ``[lengths]`` (``[B]``; none: every sequence runs
             all ``T`` steps); packed, ``[batch_sizes, sorted_indices, unsorted_indices]``;

@@ -218,6 +218,13 @@ class RNN(nn.Module):
     the CPU, which has no fp16 products; the reference back end) the arithmetic is float32,
     rounded at the end.
 
+    TF32: a float32 call on CUDA tensors computes the products of the weights as ``nn.LSTM``'s
+    cuDNN RNN does on that GPU. Where PyTorch lets cuDNN's RNN use TF32 (its default,
+    ``torch.backends.cudnn.rnn.fp32_precision == "tf32"``; ``torch.backends.cudnn.allow_tf32``
+    on older PyTorch), their operands are rounded to TF32 on the tensor cores and summed in
+    float32; with ``torch.backends.cudnn.allow_tf32 = False`` (or ``rnn.fp32_precision =
+    "ieee"``) they are full float32, as everything is on the CPU.
+
     float64, for checking: a ``.double()`` module (or ``dtype=torch.float64``) called on float64
     tensors on the CPU runs cellc's interpreter in f64, one sequence at a time, forwards and
     backwards, so ``torch.autograd.gradcheck`` applies to any cell. It is the oracle the back
@@ -552,8 +559,8 @@ class RNN(nn.Module):
             flags = _reset_flags(resets, shape, "[B, T]" if self.batch_first else "[T, B]")
             index.append(flags.reshape(x.shape[:-1]))
             layout += "+resets"
-        layout += precision
         spec, masks, rates = self._spec_for(x), self._masks(), self._rates_list()
+        layout += precision or _ops.float32_products(self.backend, x)
         out, finals = _ops.run(spec, layout, x.contiguous(), index, h0, weights, masks, rates)
         if unbatched:
             out = out.squeeze(0 if self.batch_first else 1)
@@ -571,11 +578,11 @@ class RNN(nn.Module):
             if isinstance(resets, PackedSequence):
                 resets = resets.data
             flags, layout = [_reset_flags(resets, (data.shape[0],), "[N] (one per row of input.data)")], "packed+resets"
-        layout += precision
         batch = int(batch_sizes[0]) if batch_sizes.numel() > 0 else 0
         self._check_device(data, weights)
         h0 = self._initial_states(hx, batch, data, False)
         spec = self._spec_for(data)
+        layout += precision or _ops.float32_products(self.backend, data)
         batch_sizes_cpu = batch_sizes.to(device="cpu", dtype=torch.int64).contiguous()
         if sorted_indices is not None and _ops.in_device_memory(spec, data):
             # As nn.LSTM does on a GPU: the states are put in the packing's

@@ -163,15 +163,17 @@ impl Cpu {
     /// This back end computing the products of the cell's matrix parameters
     /// in `precision` ([`Precision::Bf16`]: bf16 operands, f32 sums, with the
     /// kernel this processor runs fastest, see [`bf16`]).
-    /// [`Precision::F16`] is an error: no x86 unit multiplies fp16 pairs into
-    /// f32 sums, so fp16 products would only be slower f32 ones (they run
-    /// on the CUDA back end).
+    /// [`Precision::F16`] and [`Precision::Tf32`] are errors: no x86 unit
+    /// multiplies fp16 or TF32 pairs into f32 sums, so such products would
+    /// only be slower f32 ones (they run on the CUDA back end).
     pub fn with_precision(self, precision: Precision) -> Result<Cpu> {
-        if precision == Precision::F16 {
+        if matches!(precision, Precision::F16 | Precision::Tf32) {
+            let what = if precision == Precision::F16 { "fp16" } else { "TF32" };
             return Err(RuntimeError::Backend {
                 backend: "cpu".into(),
-                message: "computes f32 and bf16 products; fp16 products (f16) run on the cuda back end"
-                    .into(),
+                message: format!(
+                    "computes f32 and bf16 products; {what} products ({precision}) run on the cuda back end"
+                ),
             });
         }
         Ok(Cpu { precision, ..self })

@@ -180,7 +180,7 @@ impl PreparedParams {
         // fp16 never reaches the CPU (`Cpu::with_precision` refuses it).
         let p = self.forms(i).t_panels.get_or_init(|| {
             per_head(w, heads, |w| match self.precision {
-                Precision::F32 | Precision::F16 => PackedB::of_transpose(w, m, n),
+                Precision::F32 | Precision::F16 | Precision::Tf32 => PackedB::of_transpose(w, m, n),
                 Precision::Bf16 => PackedB::of_transpose_bf16(w, m, n),
             })
         });
@@ -193,7 +193,7 @@ impl PreparedParams {
     pub fn panels(&self, i: usize, w: &[f32], (heads, m, n): (usize, usize, usize)) -> &[PackedB] {
         let p = self.forms(i).panels.get_or_init(|| {
             per_head(w, heads, |w| match self.precision {
-                Precision::F32 | Precision::F16 => PackedB::of(w, m, n),
+                Precision::F32 | Precision::F16 | Precision::Tf32 => PackedB::of(w, m, n),
                 Precision::Bf16 => PackedB::of_bf16(w, m, n),
             })
         });

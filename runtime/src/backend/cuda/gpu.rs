@@ -475,9 +475,10 @@ impl Primitives for On<'_> {
             crate::Precision::F32 => None,
             crate::Precision::Bf16 => Some(blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF),
             crate::Precision::F16 => Some(blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16F),
+            crate::Precision::Tf32 => Some(blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32),
         };
         if let Some(compute) = tensor_cores {
-            // bf16 or fp16 operands, f32 sums: the tensor cores round f32 inputs
+            // bf16, fp16 or TF32 operands, f32 sums: the tensor cores round f32 inputs
             // themselves (the same products, the same layout as sgemm's below).
             let f32_type = blas_sys::cudaDataType::CUDA_R_32F;
             let scalar = |x: &f32| (x as *const f32).cast::<c_void>();

@@ -83,11 +83,12 @@ impl Cuda {
     }
 
     /// This back end computing the products of the cell's matrix parameters
-    /// in `precision`: at [`crate::Precision::Bf16`] or
-    /// [`crate::Precision::F16`], cuBLAS rounds their operands to bf16 or
-    /// fp16 and sums in f32 on the tensor cores
-    /// (`CUBLAS_COMPUTE_32F_FAST_16BF` or `_16F`); the emulated device rounds
-    /// them the same way. Everything else stays f32, as on the CPU.
+    /// in `precision`: at [`crate::Precision::Bf16`],
+    /// [`crate::Precision::F16`] or [`crate::Precision::Tf32`], cuBLAS
+    /// rounds their operands to bf16, fp16 or TF32 and sums in f32 on the
+    /// tensor cores (`CUBLAS_COMPUTE_32F_FAST_16BF`, `_16F` or `_TF32`); the
+    /// emulated device rounds them the same way. Everything else stays f32,
+    /// as on the CPU.
     pub fn with_precision(mut self, precision: crate::Precision) -> Cuda {
         self.precision = precision;
         self
