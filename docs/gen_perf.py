@@ -19,6 +19,9 @@ import os
 import statistics
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "gpu"))
+import report  # noqa: E402 (the GPU check's tables: tests/gpu/report.py)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benches", "results")
 TABLES = os.path.join(ROOT, "docs", "src", "performance", "tables")
@@ -68,7 +71,7 @@ def provenance(name, data):
     torch = meta.get("torch")
     if isinstance(data, dict) and "device" in data:  # the GPU checks: every run's day
         dev = data["device"]
-        machine = f"{dev['name']}, driver {dev['driver']}"
+        machine = f"{dev.get('name', 'no GPU (the emulated device)')}, driver {dev.get('driver', '-')}"
         torch = dev["python_torch_cuda"].split()[1]
         days = sorted({run["device"]["date"][:10] for run in gpu_runs(data)})
         date = days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
@@ -86,12 +89,13 @@ def provenance(name, data):
     return machine or "not recorded", date or "not recorded", torch
 
 
-def header(sources, extra=""):
-    """The provenance line that opens every table file."""
+def header(sources, extra="", data=None):
+    """The provenance line that opens every table file; `data`: the sources' JSON by name, where
+    they are not (all) files of benches/results."""
     lines = [f"<!-- Written by docs/gen_perf.py from {', '.join('benches/results/' + s for s in sources)}: "
              "do not edit; run python3 docs/gen_perf.py. -->", ""]
     for s in sources:
-        machine, date, torch = provenance(s, load(s))
+        machine, date, torch = provenance(s, (data or {}).get(s) or load(s))
         torch_text = f"; PyTorch {torch}" if torch and torch != "not used" else ""
         lines.append(f"*Machine: {machine}; date: {date}{torch_text}; results: `benches/results/{s}`.{extra}*")
         lines.append("")
@@ -453,25 +457,43 @@ def commit(run):
 
 
 def gpu_runs(d):
-    """The recorded checks, each a dict as `tests/gpu/check.py` writes it, oldest first."""
+    """The checks a GPU results file records, each a dict as `tests/gpu/check.py` writes it,
+    oldest first: the runs it holds by name, or the file itself where it is one run."""
     runs = [v for v in d.values() if isinstance(v, dict) and "steps" in v and "device" in v]
+    if not runs and "steps" in d and "device" in d:
+        runs = [d]
     return sorted(runs, key=lambda run: run["device"]["date"])
+
+
+def gpu_sources():
+    """The GPU checks' results files (`gpu_check*.json`): one file of many runs (the first
+    checks), then one file per check as check.py wrote its results.json."""
+    return {n: load(n) for n in sorted(os.listdir(RESULTS)) if n.startswith("gpu_check") and n.endswith(".json")}
 
 
 def ratio_line(rows, b):
     out = []
     for cell in ("lstm", "gru"):
         for mode in ("infer", "train"):
-            r = pick(rows, cell=cell, mode=mode, batch=b)
-            out.append(r2(r["ratio"]))
+            r = [r for r in rows if (r["cell"], r["mode"], r["batch"]) == (cell, mode, b)]
+            out.append(r2(r[0]["ratio"]) if r and r[0].get("ratio") is not None else "-")
     return out
 
 
-def gen_gpu():
-    src = "gpu_check_h100.json"
-    d = load(src)
+def history_rows(run):
+    """A realistic-grid run's rows of the first checks' shape: cellc.RNN on CUDA tensors, float32,
+    H=256, T=100."""
+    return [r for r in run.get("speed", []) if (r["source"], r["precision"], r["hidden"], r["steps"]) ==
+            ("python", "f32", 256, 100)]
+
+
+def gen_gpu(sources=None):
+    """The GPU page's tables from `sources` (name -> JSON; default: every gpu_check*.json)."""
+    sources = gpu_sources() if sources is None else sources
+    names = list(sources)
     files = {}
-    runs = gpu_runs(d)
+    runs = sorted((run for d in sources.values() for run in gpu_runs(d)), key=lambda run: run["device"]["date"])
+    head = lambda extra="": header(names, extra, sources)  # noqa: E731
 
     body = []
     for run in runs:
@@ -479,36 +501,37 @@ def gen_gpu():
         passed = sum(s["status"] == "passed" for s in steps.values())
         seconds = sum(s["seconds"] for s in steps.values())
         dirty = " (uncommitted changes)" if run["manifest"]["uncommitted_changes"] else ""
-        body.append([when(run), commit(run) + dirty,
+        body.append([when(run), commit(run) + dirty, run["device"].get("name", "-"),
                      f"{passed} of {len(steps)}: {' '.join(steps)}", f"{seconds:.0f}"])
-    files["gpu_checks.md"] = header([src]) + [
+    files["gpu_checks.md"] = head() + [
         "Every GPU check recorded (`tests/gpu/check.py`), dates in UTC:", ""] + table(
-        ["date", "commit", "steps passed", "seconds (sum of the steps)"], body)
+        ["date", "commit", "device", "steps passed", "seconds (sum of the steps)"], body)
 
-    # The latest full check: its steps, then its two speed tables.
-    last = [run for run in runs if "compare" in run][-1]
-    out = header([src]) + [f"The latest full check, {when(last)} UTC, commit {commit(last)}:", ""]
-    out += table(["step", "status", "s", "note"],
-                 [[name, s["status"], f"{s['seconds']:.1f}", s["note"]] for name, s in last["steps"].items()])
-    files["gpu_latest_steps.md"] = out
+    # The latest full check: its steps.
+    full = [run for run in runs if "compare" in run or "speed" in run]
+    if full:
+        last = full[-1]
+        out = head() + [f"The latest full check, {when(last)} UTC, commit {commit(last)}, "
+                        f"{last['device'].get('name', '-')}, driver {last['device'].get('driver', '-')}:", ""]
+        out += table(["step", "status", "s", "note"],
+                     [[name, s["status"], f"{s['seconds']:.1f}", s["note"]] for name, s in last["steps"].items()])
+        files["gpu_latest_steps.md"] = out
 
-    def torch_text(r):
-        return ", ".join(f"{k} {v:.3f}" for k, v in r["torch_ms"].items())
+    # The realistic grid: the latest check that measured it.
+    grid_runs = [run for run in runs if run.get("speed")]
+    if grid_runs:
+        files["gpu_grid.md"] = head() + report.speed_report(grid_runs[-1])
+    else:
+        files["gpu_grid.md"] = head()[:2] + [
+            "No GPU has run the realistic grid yet: the check's `speed` step (H 256 to 1024, B 1 to 256, T 100 "
+            "and 1000, in f32, TF32, bf16 and fp16) runs on the next GPU lent. Its dry run on the emulated "
+            "device runs in CI.", ""]
 
-    out = header([src]) + [
-        f"The latest full check ({last['device']['date'][:10]}): `cellc.RNN` on CUDA tensors, from Python, "
-        "graphs on (the default). T=100, H=256, lengths uniform in [50, 100], TF32 off; ratio: PyTorch's "
-        "faster route / cellc.", ""]
-    out += table(["cell", "mode", "B", "cellc ms", "PyTorch ms (route)", "ratio"],
-                 [[r["cell"], r["mode"], r["batch"], f"{r['cellc_ms']:.3f}", torch_text(r), f"**{r2(r['ratio'])}**"]
-                  for r in last["python"]])
-    out += ["`cellc bench` (host memory) in the same check, with and without CUDA graphs; "
-            "layernorm_lstm against its TorchScript cell:", ""]
-    out += table(["cell", "mode", "B", "graphs", "cellc ms", "PyTorch ms (route)", "ratio"],
-                 [[r["cell"], r["mode"], r["batch"], "yes" if r["graphs"] else "no",
-                   f"{r['cellc_ms']:.3f}" if r["cellc_error"] is None else r["cellc_error"], torch_text(r),
-                   f"**{r2(r['ratio'])}**"] for r in last["compare"]])
-    files["gpu_latest.md"] = out
+    # The first checks' tables, at T=100, H=256, float32.
+    old = [run for run in runs if "python" in run]
+    if old:
+        files["gpu_latest.md"] = gpu_first_checks(old[-1], head)
+        files["gpu_bench.md"] = gpu_host_memory(runs, head)
 
     # Every recorded run's ratios to cuDNN, LSTM and GRU, B=1 and B=64.
     lines = []
@@ -518,23 +541,52 @@ def gen_gpu():
         if "compare" in run:
             rows = [r for r in run["compare"] if r["graphs"]]
             lines.append((when(run), f"`cellc bench` (host memory), graphs (check at {commit(run)})", rows))
-    for k, v in d.items():  # single steps run on their own, with a note
-        if isinstance(v, dict) and "steps" not in v and "date" in v:
-            date = minute(v["date"])
-            if "graphs" in v:
-                lines.append((date, "`cellc.RNN` on CUDA tensors, graphs, same call as the next row", v["graphs"]))
-                lines.append((date, "`cellc.RNN` on CUDA tensors, no graphs", v["no_graphs"]))
-            elif "rows" in v:
-                what = GPU_LABELS.get(k, v["note"])
-                lines.append((date, f"`cellc.RNN` on CUDA tensors, graphs, {what}", v["rows"]))
+        if history_rows(run):
+            lines.append((when(run), f"`cellc.RNN` on CUDA tensors, graphs, the realistic grid's rows (check at "
+                                     f"{commit(run)}, {run['device'].get('name', '-')})", history_rows(run)))
+    for d in sources.values():
+        for k, v in d.items():  # single steps run on their own, with a note
+            if isinstance(v, dict) and "steps" not in v and "date" in v:
+                date = minute(v["date"])
+                if "graphs" in v:
+                    lines.append((date, "`cellc.RNN` on CUDA tensors, graphs, same call as the next row", v["graphs"]))
+                    lines.append((date, "`cellc.RNN` on CUDA tensors, no graphs", v["no_graphs"]))
+                elif "rows" in v:
+                    what = GPU_LABELS.get(k, v["note"])
+                    lines.append((date, f"`cellc.RNN` on CUDA tensors, graphs, {what}", v["rows"]))
     lines.sort(key=lambda line: line[0])
     body = [[date, what, f"B={b}"] + ratio_line(rows, b) for date, what, rows in lines for b in (1, 64)]
-    files["gpu_history.md"] = header([src]) + [
+    files["gpu_history.md"] = head() + [
         "PyTorch's faster route (cuDNN) / cellc in every recorded run, T=100, H=256, TF32 off (above 1: "
         "cellc is faster). Dates in UTC.", ""] + table(
         ["date", "what", "B", "LSTM infer", "LSTM train", "GRU infer", "GRU train"], body)
+    return files
 
-    # `cellc bench` (host memory) at B=64 in each check: the compare step's LSTM times, then the smoke step's.
+
+def gpu_first_checks(last, head):
+    """The latest check of the first format: cellc.RNN and `cellc bench` at T=100, H=256."""
+    def torch_text(r):
+        return ", ".join(f"{k} {v:.3f}" for k, v in r["torch_ms"].items())
+
+    out = head() + [
+        f"The latest check at the first checks' shape ({last['device']['date'][:10]}, "
+        f"{last['device']['name']}, driver {last['device']['driver']}): `cellc.RNN` on CUDA tensors, from "
+        "Python, graphs on (the default). T=100, H=256, lengths uniform in [50, 100], TF32 off; ratio: "
+        "PyTorch's faster route / cellc.", ""]
+    out += table(["cell", "mode", "B", "cellc ms", "PyTorch ms (route)", "ratio"],
+                 [[r["cell"], r["mode"], r["batch"], f"{r['cellc_ms']:.3f}", torch_text(r), f"**{r2(r['ratio'])}**"]
+                  for r in last["python"]])
+    out += ["`cellc bench` (host memory) in the same check, with and without CUDA graphs; "
+            "layernorm_lstm against its TorchScript cell:", ""]
+    out += table(["cell", "mode", "B", "graphs", "cellc ms", "PyTorch ms (route)", "ratio"],
+                 [[r["cell"], r["mode"], r["batch"], "yes" if r["graphs"] else "no",
+                   f"{r['cellc_ms']:.3f}" if r["cellc_error"] is None else r["cellc_error"], torch_text(r),
+                   f"**{r2(r['ratio'])}**"] for r in last["compare"]])
+    return out
+
+
+def gpu_host_memory(runs, head):
+    """`cellc bench` (host memory) at B=64 in each check of the first format."""
     body = []
     for run in runs:
         if "compare" not in run:
@@ -542,22 +594,21 @@ def gen_gpu():
         ms = {(r["mode"], r["graphs"]): r["cellc_ms"] for r in run["compare"]
               if (r["cell"], r["batch"]) == ("lstm", 64)}
         order = (("infer", False), ("infer", True), ("train", False), ("train", True))
-        body.append([when(run), commit(run)] + [f"{ms[k]:.1f}" for k in order])
-    out = header([src]) + [
+        body.append([when(run), commit(run), run["device"]["name"]] + [f"{ms[k]:.1f}" for k in order])
+    out = head() + [
         "`cellc bench --backend cuda` (host memory), LSTM, B=64, H=256, T=100, lengths uniform in [50, 100], "
         "in each check's compare step (ms):", ""] + table(
-        ["date", "commit", "infer", "infer, graphs", "train", "train, graphs"], body)
+        ["date", "commit", "device", "infer", "infer, graphs", "train", "train, graphs"], body)
     body = []
     for run in runs:
         sb = run.get("smoke_bench_ms")
         if sb:
             order = ("infer", "infer+graphs", "train", "train+graphs")
-            body.append([when(run), commit(run)] + [f"{sb[k]:.2f}" for k in order])
+            body.append([when(run), commit(run), run["device"].get("name", "-")] + [f"{sb[k]:.2f}" for k in order])
     shape = next(run["smoke_bench_ms"]["shape"] for run in runs if "smoke_bench_ms" in run)
     out += [f"The smoke step's `cellc bench`, {shape}, lengths uniform in [T/2, T] (ms):", ""] + table(
-        ["date", "commit", "infer", "infer, graphs", "train", "train, graphs"], body)
-    files["gpu_bench.md"] = out
-    return files
+        ["date", "commit", "device", "infer", "infer, graphs", "train", "train, graphs"], body)
+    return out
 
 
 # ---- The sources ------------------------------------------------------------------------------
@@ -569,7 +620,7 @@ PAGES = {
     "word_language_model.json": "From Python", "module_comparison.json": "From Python",
     "charlm_side_by_side.json": "The main job", "charlm_side_by_side_zen5.json": "The main job",
     "bf16_speed_xeon.json": "Mixed precision", "bf16_speed_zen3.json": "Mixed precision",
-    "slstm_speed_xeon.json": "sLSTM heads", "gpu_check_h100.json": "GPU",
+    "slstm_speed_xeon.json": "sLSTM heads",
 }
 
 
@@ -580,7 +631,8 @@ def gen_sources():
             body.append([f"`{name}`", "", "", NOT_SHOWN[name]])
             continue
         machine, date, _ = provenance(name, load(name))
-        body.append([f"`{name}`", machine, date, PAGES.get(name, "not shown")])
+        page = "GPU" if name.startswith("gpu_check") else PAGES.get(name, "not shown")
+        body.append([f"`{name}`", machine, date, page])
     return {"sources.md": [
         "<!-- Written by docs/gen_perf.py from benches/results/*.json: do not edit; run python3 "
         "docs/gen_perf.py. -->", ""] + table(["results", "machine", "date", "shown in"], body)}
@@ -596,7 +648,16 @@ def generate():
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="write nothing; fail if a table is stale")
+    ap.add_argument("--gpu-results", metavar="RESULTS_JSON",
+                    help="write nothing; print the GPU page's tables as this one check's results.json would give "
+                         "them (the GPU check's dry run in CI renders its own)")
     args = ap.parse_args()
+    if args.gpu_results:
+        with open(args.gpu_results) as f:
+            files = gen_gpu({os.path.basename(args.gpu_results): json.load(f)})
+        for name, lines in files.items():
+            print(f"==> {name}\n" + "\n".join(lines))
+        return
     files = generate()
     present = {f for f in os.listdir(TABLES) if f.endswith(".md")} if os.path.isdir(TABLES) else set()
     if args.check:

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The GPU check: everything cellc's CUDA back end must show on a real GPU, in one command,
-correctness first, then speed, inside a time budget.
+correctness first, then speed at the sizes people train, inside a time budget.
 
     python3 check.py --out DIR [--pack ARCHIVE_OR_FOLDER] [--budget SECONDS] [--resume]
     python3 check.py --out DIR --emulated --cuda-lib-dir NVRTC_FOLDER
+    python3 check.py --plan [--emulated]       # the speed step's tasks and estimates; runs nothing
 
 Run it with the Python that has PyTorch (on the GPU machine, plain `python3`).
 
@@ -12,29 +13,31 @@ GPU test binaries, the Python wheel, and the cells, fixtures and scripts they re
 
   env        the GPU, driver, PyTorch, and where cellc finds CUDA's libraries (`cellc devices`)
   smoke      `cellc run` (2-layer bidirectional LSTM, forward and backward, both alignments,
-             and with bf16 and fp16 products on the tensor cores) against PyTorch's values; `cellc
-             bench` inference and training, with and without CUDA graphs, and in bf16 and fp16
+             and with bf16, fp16 and TF32 products on the tensor cores) against PyTorch's values;
+             `cellc bench` inference and training, with and without CUDA graphs, and in bf16,
+             fp16 and TF32
   gpu-tests  tests/cuda_backend.rs and tests/device_memory.rs, one thread, failing if
              anything is skipped (CELLC_REQUIRE_GPU)
   pytest     runtime/python/tests/test_cuda.py (TF32 off for the reference), no skips
   sanitizer  compute-sanitizer memcheck and racecheck on tiny inference and training runs
   nvrtc      every shipped cell's kernels through NVRTC for the device's architecture
              (and sm_80, sm_90): no spills, at most 64 registers
-  compare    cellc against cuDNN's nn.LSTM / nn.GRU (padded and packed) and TorchScript
-             custom cells: B 1 and 64, H 256, T 100, inference and training, with and
-             without CUDA graphs (TF32 off on both sides: the same precision); `cellc bench`
-             times host-memory passes: uploads and downloads included
-  python     cellc.RNN on CUDA tensors (resident, on PyTorch's stream) against nn.LSTM /
-             nn.GRU in the same process, padded with lengths vs both of PyTorch's routes
-  profile    where a call's time goes (torch.profiler, CUPTI): GPU kernel time against wall
-             time per call, and the kernels by total time, cellc's and cuDNN's LSTM at B=64
+  speed      the realistic grid (grid.py: H 256-1024, B 1-256, T 100 and 1000; LSTM and GRU
+             against cuDNN's faster route, the LayerNorm-LSTM against cuDNN's plain LSTM and
+             its TorchScript cell; inference and training; f32, TF32, bf16 and fp16), each row
+             `cellc.RNN` on CUDA tensors (graphs on) with its output's and gradients' error
+             against float64 (measure.py), `cellc bench` rows on host memory, and a
+             torch.profiler row per shape class; in the order grid.py gives, so that a budget
+             cut short still leaves one row of each kind
 
-Logs go to DIR/logs/, results to DIR/results.json (rewritten after every step, so a run cut
-short keeps what it measured), and a short table is printed last and kept in DIR/summary.md.
-With --resume, steps that passed in DIR/results.json are not run again. Each step gets at
-most its own cap and what is left of the budget; a step that would start with under 10 s
-left is not run. With --emulated the same control flow runs on a machine without a GPU:
-the `cuda-emulated` back end, PyTorch on the CPU, tiny shapes, skips allowed.
+Logs go to DIR/logs/, results to DIR/results.json (rewritten after every step and every speed
+row, so a run cut short keeps what it measured), and a short report is printed last and kept
+in DIR/summary.md (its tables are report.py's, as the book's). With --resume, steps that passed
+in DIR/results.json are not run again, and the speed step measures only the rows it lacks. Each
+step gets at most its own cap and what is left of the budget; a step that would start with
+under 10 s left is not run, and a speed task whose estimate exceeds what is left is left for
+the next call. With --emulated the same control flow runs on a machine without a GPU: the
+`cuda-emulated` back end, PyTorch on the CPU, tiny shapes, skips allowed.
 """
 import argparse
 import datetime
@@ -50,10 +53,16 @@ import tarfile
 import tempfile
 import time
 
-STEPS = ["env", "smoke", "gpu-tests", "pytest", "sanitizer", "nvrtc", "compare", "python", "profile"]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import grid  # noqa: E402 (beside this file, in the repository and in the pack)
+import report  # noqa: E402
+
+STEPS = ["env", "smoke", "gpu-tests", "pytest", "sanitizer", "nvrtc", "speed"]
 # The most a step may take, in seconds (the budget may leave it less).
-CAPS = {"env": 60, "smoke": 120, "gpu-tests": 240, "pytest": 180, "sanitizer": 180, "nvrtc": 120, "compare": 300,
-        "python": 300, "profile": 120}
+CAPS = {"env": 60, "smoke": 120, "gpu-tests": 240, "pytest": 180, "sanitizer": 180, "nvrtc": 120, "speed": 3600}
+# Left of the budget when a speed task may start: its estimate and this margin.
+SPEED_MARGIN = 10
 
 
 class Check:
@@ -155,10 +164,10 @@ class Check:
     def step_smoke(self):
         fixtures = os.path.join(self.pack, "tests", "fixtures", "runtime")
         notes = []
-        # float32 in both alignments; bf16 and fp16 products (cuBLAS's FAST_16BF, FAST_16F)
-        # within their rounding.
+        # float32 in both alignments; bf16, fp16 and TF32 products (cuBLAS's FAST_16BF,
+        # FAST_16F, FAST_TF32) within their rounding.
         for align, dtype, bound in (("left", "f32", 1e-4), ("right", "f32", 1e-4), ("left", "bf16", 3e-2),
-                                    ("left", "f16", 5e-3)):
+                                    ("left", "f16", 5e-3), ("left", "tf32", 5e-3)):
             out = os.path.join(self.work, f"run-{align}-{dtype}.safetensors")
             rc, text = self.run("smoke", [self.cellc, "run", os.path.join(self.pack, "cells", "lstm.cell"),
                                           "--weights", os.path.join(fixtures, "lstm_weights.safetensors"),
@@ -174,9 +183,9 @@ class Check:
         h, b, t = ("16", "3", "10") if self.emulated else ("256", "64", "100")
         timings = {}
         for mode in ("infer", "train"):
-            for graphs, dtype in ((False, "f32"), (True, "f32"), (True, "bf16"), (True, "f16")):
+            for graphs, dtype in ((False, "f32"), (True, "f32"), (True, "bf16"), (True, "f16"), (True, "tf32")):
                 cmd = [self.cellc, "bench", os.path.join(self.pack, "cells", "lstm.cell"), "-D", f"H={h}",
-                       "--batch", b, "--steps", t, "--lengths", "uniform", "--mode", mode, "--min-time", "0.3",
+                       "--batch", b, "--steps", t, "--lengths", "uniform", "--mode", mode, "--min-time", "0.1",
                        "--json", "--backend", self.backend, "--dtype", dtype] + (["--cuda-graphs"] if graphs else [])
                 label = f"{mode}{'+graphs' if graphs else ''}{'' if dtype == 'f32' else '+' + dtype}"
                 rc, text = self.run("smoke", cmd, 60)
@@ -263,131 +272,55 @@ class Check:
         lines = [line for line in out.splitlines() if "kernel compilations" in line or line.startswith("NVRTC ")]
         return "passed", " ".join(lines)
 
-    def step_compare(self):
-        sys.path.insert(0, os.path.join(self.pack, "benches"))
-        import compare_pytorch as cp  # noqa: E402 (needs torch: imported only for this step)
-        import torch
-
-        cp.ROOT, cp.CELLC = self.pack, self.cellc
-        os.environ.update(self.env)  # `cellc bench` runs as a child of this process
-        device = "cpu" if self.emulated else "cuda"
-        if device == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-        cells = ["lstm"] if self.emulated else ["lstm", "gru", "layernorm_lstm"]
-        batches, h, t = ([1], 16, 10) if self.emulated else ([1, 64], 256, 100)
-        rows = self.results.setdefault("compare", [])
-        done = {(r["cell"], r["mode"], r["batch"], r["graphs"]) for r in rows}
-        for cell in cells:
-            variants = ["padded", "packed"] if cell in ("lstm", "gru") else ["torchscript"]
-            for mode in ("infer", "train"):
-                for b in batches:
-                    torch_s = None
-                    for graphs in (False, True):
-                        if (cell, mode, b, graphs) in done:
-                            continue
-                        if self.left() < 15:
-                            return "partial", f"{len(rows)} rows measured before the budget ran out"
-                        try:
-                            c = cp.cellc_time(cell, b, t, h, None, mode, self.args.min_time, backend=self.backend,
-                                              extra=["--cuda-graphs"] if graphs else [])["median_s"]
-                            why = None
-                        except subprocess.CalledProcessError as e:
-                            c, why = None, last_line(e.stderr or "")
-                        if torch_s is None:
-                            torch_s = {v: cp.torch_time(cell, b, t, h, mode, v, self.args.min_time, device=device)
-                                       for v in variants}
-                        best = min(torch_s, key=torch_s.get)
-                        rows.append(dict(cell=cell, mode=mode, batch=b, hidden=h, steps=t, graphs=graphs,
-                                         cellc_ms=c and c * 1e3, cellc_error=why,
-                                         torch_ms={v: s * 1e3 for v, s in torch_s.items()}, torch_best=best,
-                                         ratio=(torch_s[best] / c) if c else None))
-                        self.save()
-        failed = [r for r in rows if r["cellc_ms"] is None]
+    def step_speed(self):
+        """The realistic grid, task by task in grid.py's order, each row saved as it is measured."""
+        site, failed = self.wheel_site("speed")
         if failed:
-            return "failed", f"cellc bench failed on {len(failed)} of {len(rows)} rows: {failed[0]['cellc_error']}"
-        return "passed", f"{len(rows)} rows (ratio = PyTorch's faster route / cellc)"
-
-    def in_process(self, step):
-        """PyTorch and the pack's cellc package in this process (the wheel installed once):
-        (torch, python_vs_nn, device, error). On a GPU, TF32 is off: the same precision as cellc."""
-        site, failed = self.wheel_site(step)
-        if failed:
-            return None, None, None, failed
+            return "failed", failed
         sys.path[:0] = [site, os.path.join(self.pack, "benches")]
-        os.environ.update(self.env)
-        import torch
-        import python_vs_nn  # noqa: E402 (needs torch and cellc)
+        os.environ.update(self.env)  # `cellc bench` runs as a child of this process
+        import measure  # noqa: E402 (needs torch and the pack's cellc)
 
-        device = "cpu" if self.emulated else "cuda"
-        if device == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-        return torch, python_vs_nn, device, None
-
-    def step_python(self):
-        """cellc.RNN on tensors resident on the GPU (the caller's stream, no copies) against
-        nn.LSTM / nn.GRU in the same process: what a PyTorch user gets."""
-        torch, pv, device, failed = self.in_process("python")
-        if failed:
-            return "failed", failed
-        batches, h, t = ([1], 16, 10) if self.emulated else ([1, 64], 256, 100)
-        rows = self.results.setdefault("python", [])
-        done = {(r["cell"], r["mode"], r["batch"]) for r in rows}
-        for cell in ("lstm", "gru"):
-            for mode in ("infer", "train"):
-                for b in batches:
-                    if (cell, mode, b) in done:
-                        continue
-                    if self.left() < 15:
-                        return "partial", f"{len(rows)} rows measured before the budget ran out"
-                    lengths = pv.lengths_uniform(b, t)
-                    s = pv.times(cell, b, t, h, mode, lengths, self.args.min_time, device=device)
-                    routes = {k: v for k, v in s.items() if k != "cellc"}
-                    best = min(routes, key=routes.get)
-                    rows.append(dict(cell=cell, mode=mode, batch=b, hidden=h, steps=t, device=device,
-                                     cellc_ms=s["cellc"] * 1e3, torch_ms={k: v * 1e3 for k, v in routes.items()},
-                                     torch_best=best, ratio=routes[best] / s["cellc"]))
+        m = measure.Measure("cpu" if self.emulated else "cuda", self.backend, self.args.min_time, self.cellc,
+                            os.path.join(self.pack, "cells"), reference_chunk=2 if self.emulated else None)
+        rows = self.results.setdefault("speed", [])
+        recorded = {grid.key_of(r): r for r in rows}
+        tasks, compiled, new = grid.plan(self.emulated), set(), 0
+        for task in tasks:
+            estimate = grid.seconds(task, compiled)
+            keys = grid.keys(task)
+            if all(k in recorded for k in keys):
+                continue
+            # On the emulated device the estimates (an H100's) mean nothing: --max-rows cuts it.
+            if not self.emulated and self.left() < estimate + SPEED_MARGIN:
+                return "partial", f"{report.counts(self.results)}; the budget ran out before {grid.name(task)} " \
+                                  f"(about {estimate:.0f} s): --resume goes on"
+            measured = m.unit(task, recorded) if isinstance(task, grid.Unit) else iter([m.profile(task)])
+            try:
+                for row in measured:
+                    rows.append(row)
+                    recorded[grid.key_of(row)] = row
                     self.save()
-        return "passed", f"{len(rows)} rows (cellc.RNN on {device} tensors; ratio = PyTorch's faster route / cellc)"
-
-    def step_profile(self):
-        torch, pv, device, failed = self.in_process("profile")
-        if failed:
-            return "failed", failed
-        from torch.profiler import ProfilerActivity, profile
-
-        b, h, t = (4, 16, 10) if self.emulated else (64, 256, 100)
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-        lengths = torch.tensor(pv.lengths_uniform(b, t))
-        notes, tables = [], []
-        for cell in ("lstm",):
-            mod, rnn = pv.pair(cell, b, t, h, lengths.tolist(), device)
-            for mode in ("infer", "train"):
-                x = torch.randn(b, t, h, device=device, requires_grad=(mode == "train"))
-                calls = {"cellc": lambda: rnn(x, lengths=lengths)[0], "torch": lambda: mod(x)[0]}
-                for who, fn in calls.items():
-                    for _ in range(3):
-                        pv.step(fn, mode, x)
-                    sync()
-                    runs = 5
-                    with profile(activities=activities) as prof:
-                        started = time.perf_counter()
-                        for _ in range(runs):
-                            pv.step(fn, mode, x)
-                        sync()
-                        wall = (time.perf_counter() - started) / runs
-                    events = prof.key_averages()
-                    gpu_us = sum(getattr(e, "self_device_time_total", 0) or 0 for e in events) / runs
-                    launches = sum(e.count for e in events if getattr(e, "self_device_time_total", 0)) / runs
-                    notes.append(f"{who} {mode}: wall {wall * 1e3:.2f} ms, GPU busy {gpu_us / 1e3:.2f} ms, "
-                                 f"{launches:.0f} GPU ops/call")
-                    sort = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
-                    tables.append(f"### {who} {mode} (B={b} H={h} T={t}, {runs} calls)\n"
-                                  + events.table(sort_by=sort, row_limit=12, max_name_column_width=60))
-        with open(os.path.join(self.out, "profile.md"), "w") as f:
-            f.write("\n\n".join(tables))
-        self.results["profile"] = notes
-        return "passed", "; ".join(notes)
+                    new += 1
+                    if self.args.max_rows and new >= self.args.max_rows:
+                        return "partial", f"{report.counts(self.results)}; stopped after {new} new rows (--max-rows)"
+                    if self.left() < SPEED_MARGIN:
+                        return "partial", f"{report.counts(self.results)}; the budget ran out: --resume goes on"
+            except Exception as e:  # the task could not be set up (memory, a module): its rows say why
+                measure.release()
+                for key in keys:
+                    if key not in recorded:
+                        row = dict(grid.row_of(key), tier=task.tier, status="failed", cellc_ms=None,
+                                   cellc_error=f"{type(e).__name__}: {last_line(str(e))}")
+                        rows.append(row)
+                        recorded[key] = row
+                self.save()
+        bad = [r for r in rows if r["status"] in ("failed", "wrong")]
+        if bad:
+            r = bad[0]
+            return "failed", f"{report.counts(self.results)}; first: {grid.key_of(r)}: {r['status']} " \
+                             f"({r.get('cellc_error') or r.get('errors', {}).get('cellc')})"
+        return "passed", report.counts(self.results)
 
     # --- driver ------------------------------------------------------------------------
 
@@ -430,24 +363,7 @@ class Check:
             s = self.results["steps"].get(name)
             if s:
                 lines.append(f"| {name} | {s['status']} | {s['seconds']} | {s['note']} |")
-        rows = self.results.get("python", [])
-        if rows:
-            lines += ["", "cellc.RNN on resident tensors, from Python:", "",
-                      "| cell | mode | B | cellc ms | PyTorch ms (route) | ratio |", "|---|---|---|---|---|---|"]
-            for r in rows:
-                routes = ", ".join(f"{v} {ms:.3f}" for v, ms in r["torch_ms"].items())
-                lines.append(f"| {r['cell']} | {r['mode']} | {r['batch']} | {r['cellc_ms']:.3f} | {routes} | "
-                             f"{r['ratio']:.2f} |")
-        rows = self.results.get("compare", [])
-        if rows:
-            lines += ["", "| cell | mode | B | graphs | cellc ms | PyTorch ms (route) | ratio |", "|---|---|---|---|---|---|---|"]
-            for r in rows:
-                routes = ", ".join(f"{v} {ms:.3f}" for v, ms in r["torch_ms"].items())
-                cellc = f"{r['cellc_ms']:.3f}" if r["cellc_ms"] else f"failed: {r['cellc_error']}"
-                ratio = f"{r['ratio']:.2f}" if r["ratio"] else "-"
-                lines.append(f"| {r['cell']} | {r['mode']} | {r['batch']} | {'yes' if r['graphs'] else 'no'} | "
-                             f"{cellc} | {routes} | {ratio} |")
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines + [""] + report.speed_report(self.results)) + "\n"
 
 
 def last_line(text):
@@ -488,14 +404,24 @@ def main():
     default_pack = here if os.path.exists(os.path.join(here, "manifest.json")) else os.path.join(
         here, "..", "..", "target", "gpu-pack", "cellc-gpu.tar.gz")
     ap.add_argument("--pack", default=default_pack, help="the archive from pack.sh, or its unpacked folder")
-    ap.add_argument("--out", required=True, help="folder for logs, results.json and summary.md")
-    ap.add_argument("--budget", type=float, default=360, help="seconds for the whole check (default 360)")
-    ap.add_argument("--resume", action="store_true", help="skip the steps that passed in OUT/results.json")
+    ap.add_argument("--out", help="folder for logs, results.json and summary.md")
+    ap.add_argument("--budget", type=float, default=540,
+                    help="seconds for the whole check (default 540: one 10-minute call with room to unpack)")
+    ap.add_argument("--resume", action="store_true",
+                    help="skip the steps that passed in OUT/results.json, and the speed rows it holds")
     ap.add_argument("--steps", nargs="+", choices=STEPS, help="only these steps")
     ap.add_argument("--emulated", action="store_true", help="no GPU: the emulated device, PyTorch on the CPU")
     ap.add_argument("--cuda-lib-dir", action="append", default=[], help="a folder with CUDA's libraries (NVRTC)")
-    ap.add_argument("--min-time", type=float, default=0.2, help="least measured seconds per timing")
+    ap.add_argument("--min-time", type=float, default=0.05, help="least measured seconds per timing")
+    ap.add_argument("--plan", action="store_true", help="print the speed step's tasks and estimates, run nothing")
+    ap.add_argument("--max-rows", type=int, default=0,
+                    help="stop the speed step after this many new rows, as a budget running out would (testing --resume)")
     args = ap.parse_args()
+    if args.plan:
+        print(grid.describe(grid.plan(args.emulated)))
+        return
+    if not args.out:
+        ap.error("--out is required")
     sys.exit(Check(args).main())
 
 

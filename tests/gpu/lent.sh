@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The GPU check on a GPU machine lent for minutes, run from a copy of the repository that
+# carries the pack (target/gpu-pack/cellc-gpu.tar.gz, made here by tests/gpu/pack.sh):
+#
+#     tests/gpu/lent.sh RESULTS_DIR [BUDGET_SECONDS] [--resume]
+#
+# The check works in a folder that outlives the call on that machine ($CELLC_GPU_CHECK_DIR,
+# default /tmp/cellc-gpu-check), so that a second call with --resume goes on where the first
+# stopped; where the machine is a fresh one, a results.json carried in the repository at
+# target/gpu-pack/results.json (the first call's, copied back) seeds it. Each call ends by
+# copying three files into RESULTS_DIR: results.json, summary.md and logs.tar.gz.
+# BUDGET_SECONDS defaults to 540: one 10-minute call with room to unpack and copy.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+RESULTS="${1:?usage: tests/gpu/lent.sh RESULTS_DIR [BUDGET_SECONDS] [--resume]}"
+BUDGET="${2:-540}"
+RESUME="${3:-}"
+WORK="${CELLC_GPU_CHECK_DIR:-/tmp/cellc-gpu-check}"
+PACK=target/gpu-pack/cellc-gpu.tar.gz
+mkdir -p "$WORK" "$RESULTS"
+if [ "$RESUME" = "--resume" ] && [ ! -f "$WORK/results.json" ] && [ -f target/gpu-pack/results.json ]; then
+    cp target/gpu-pack/results.json "$WORK/results.json"
+fi
+PYTHONUNBUFFERED=1 python3 tests/gpu/check.py --pack "$PACK" --out "$WORK" --budget "$BUDGET" $RESUME
+status=$?
+cp "$WORK/results.json" "$WORK/summary.md" "$RESULTS/" 2>/dev/null
+tar -czf "$RESULTS/logs.tar.gz" -C "$WORK" logs 2>/dev/null
+exit $status
