@@ -4,7 +4,9 @@ dry run's two calls, the first cut short, the second resumed):
 
     python3 tests/gpu/dry_run.py OUT/results.json
 
-Every row of the emulated plan (grid.emulated_plan) is there once: the resumed call measured
+The plan keeps its promises (a cut after its first four units leaves one row of each kind; the
+whole fits two calls; the emulated plan has every kind the real one has). Every row of the
+emulated plan (grid.emulated_plan) is there once: the resumed call measured
 what the first left and nothing twice. Every Python row ran cellc and has its errors against
 float64 (the gradients' too in training) within bounds, and PyTorch's time; every bench row ran
 `cellc bench`; every profile row profiled cellc; every kind (each cell, mode and precision; bench
@@ -63,10 +65,50 @@ def problems(results):
     return found
 
 
+# What the speed step may take on an H100 by grid.py's estimates: what one 540 s call leaves
+# after the correctness steps (about 135 s), and a second call of 240 s.
+SPEED_SECONDS = (540 - 135) + (240 - 10)
+
+
+def plan_problems():
+    """The GPU plan's promises: a cut after its first four units still leaves f32 and bf16,
+    small and large, LSTM and LayerNorm-LSTM; the whole fits two calls; the emulated plan has
+    every kind of task the real one has."""
+    found = []
+    real, emulated = grid.plan(), grid.plan(emulated=True)
+    first = [t for t in real if isinstance(t, grid.Unit)][:4]
+    if {(u.cell, u.shape) for u in first} != {(c, s) for c in ("lstm", "layernorm_lstm")
+                                              for s in grid.CORE_SHAPES.values()}:
+        found.append(f"the plan's first four units are not LSTM and LayerNorm-LSTM, small and large: {first}")
+    if any(not {"f32", "bf16"} <= set(u.precisions) for u in first):
+        found.append("the plan's first four units do not all run f32 and bf16")
+    compiled = set()
+    total = sum(grid.seconds(t, compiled) for t in real)
+    if total > SPEED_SECONDS:
+        found.append(f"the plan is estimated at {total:.0f} s, more than two calls give ({SPEED_SECONDS} s)")
+
+    def kinds(tasks):
+        out = set()
+        for t in tasks:
+            if isinstance(t, grid.Unit):
+                out |= {("python", t.cell, t.mode, p, t.tier) for p in t.precisions}
+                out |= {("bench", p) for p in t.bench}
+            else:
+                out.add(("profile", t.label))
+        return out
+
+    python = lambda ks: {k[:4] for k in ks if k[0] == "python"}  # noqa: E731
+    rest = lambda ks: {k for k in ks if k[0] != "python"} | {("tier", k[4]) for k in ks if k[0] == "python"}  # noqa: E731
+    missing = (python(kinds(real)) - python(kinds(emulated))) | (rest(kinds(real)) - rest(kinds(emulated)))
+    if missing:
+        found.append(f"the emulated plan lacks {sorted(missing)}")
+    return found
+
+
 def main():
     with open(sys.argv[1]) as f:
         results = json.load(f)
-    found = problems(results)
+    found = plan_problems() + problems(results)
     for line in found:
         print(f"dry run: {line}")
     if found:

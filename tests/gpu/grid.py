@@ -12,8 +12,9 @@ Order (the `tier` of each task):
 
 1. **core**: every cell (LSTM, LayerNorm-LSTM, GRU) at a small and a large shape, inference and
    training, in every precision, with `cellc bench` in every precision, then a profile of each
-   shape class in float32 and bf16. Its order alternates cells and shapes, so that a cut anywhere
-   after its first four units leaves f32 and bf16, small and large, LSTM and LayerNorm-LSTM.
+   shape class in float32 and bf16. Its first four units are the LSTM and the LayerNorm-LSTM at
+   both shapes in training, each in f32 first and bf16 next, so that a cut anywhere after them
+   leaves f32 and bf16, small and large, LSTM and LayerNorm-LSTM.
 2. **T=100**: every other B x H at T=100, every cell, mode and precision, `cellc bench` in f32 and
    bf16.
 3. **T=1000**: long sequences at fewer shapes, every cell and mode, in f32 and bf16 (the
@@ -111,9 +112,9 @@ def plan(emulated=False):
         return emulated_plan()
     tasks = []
     small, large = CORE_SHAPES["small"], CORE_SHAPES["large"]
-    for shape in (small, large):
-        for cell in ("lstm", "layernorm_lstm"):
-            tasks += [Unit("core", cell, shape, mode, PRECISIONS, PRECISIONS) for mode in MODES]
+    for mode in ("train", "infer"):
+        tasks += [Unit("core", cell, shape, mode, PRECISIONS, PRECISIONS) for shape in (small, large)
+                  for cell in ("lstm", "layernorm_lstm")]
     tasks += [Unit("core", "gru", shape, mode, PRECISIONS, PRECISIONS) for shape in (small, large) for mode in MODES]
     for label, shape in SHAPE_CLASSES.items():
         for precision in ("f32", "bf16"):
