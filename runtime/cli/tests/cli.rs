@@ -274,30 +274,25 @@ fn run_with_bf16_products_is_near_the_fixture_on_cpu_and_cuda() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"dtype\": \"bf16\""));
 }
 
-/// `--dtype f16`: the (emulated) CUDA device's fp16 products, within fp16's
-/// rounding of PyTorch's float32 values; the CPU, which has none, refuses it.
+/// `--dtype f16` and `--dtype tf32`: the (emulated) CUDA device's fp16 and
+/// TF32 products, within their rounding of PyTorch's float32 values; the
+/// CPU, which has neither, refuses them, and so does the reference back
+/// end, naming the CUDA one.
 #[test]
-fn run_with_fp16_products_is_near_the_fixture_on_cuda() {
-    run_matches_the_fixture("cuda-emulated", "f16", 5e-3);
-    let out = tiny_bench(&["--backend", "cpu", "--dtype", "f16"]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("fp16") && err.contains("cuda"), "{err}");
-}
-
-/// `--dtype tf32`: the (emulated) CUDA device's TF32 products, within
-/// TF32's rounding of PyTorch's float32 values; the CPU, which has none,
-/// refuses it, and so does the reference back end, naming the CUDA one.
-#[test]
-fn run_with_tf32_products_is_near_the_fixture_on_cuda() {
-    run_matches_the_fixture("cuda-emulated", "tf32", 5e-3);
-    let out = tiny_bench(&["--backend", "cpu", "--dtype", "tf32"]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("TF32") && err.contains("cuda"), "{err}");
-    let out = tiny_bench(&["--backend", "reference", "--dtype", "tf32"]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--dtype tf32") && err.contains("runs on the cuda back end"), "{err}");
+fn run_with_fp16_and_tf32_products_is_near_the_fixture_on_cuda() {
+    for (dtype, name) in [("f16", "fp16"), ("tf32", "TF32")] {
+        run_matches_the_fixture("cuda-emulated", dtype, 5e-3);
+        let out = tiny_bench(&["--backend", "cpu", "--dtype", dtype]);
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(name) && err.contains("cuda"), "{err}");
+        let out = tiny_bench(&["--backend", "reference", "--dtype", dtype]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("--dtype {dtype}")) && err.contains("runs on the cuda back end"),
+            "{err}"
+        );
+    }
 }
 
 /// `cellc bench` of a one-step LSTM (H=8, B=1, T=3) with `extra` arguments.
