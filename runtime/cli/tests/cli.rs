@@ -565,3 +565,96 @@ fn run_restarts_the_state_where_the_input_resets_it() {
     let TensorData::F32(finals) = &got["final.h"].data else { panic!("f32 finals") };
     assert!(close(&finals[..h], &finals[h..]), "{finals:?}");
 }
+
+/// `cellc compile -o` and `cellc run --out` never replace what is not a
+/// file: a symbolic link stays a link (its target gets the bytes, made if
+/// missing), a FIFO with no reader is an error at once and stays a FIFO,
+/// a device is written through (a full one is an error, exit 1) and stays
+/// a device.
+#[cfg(target_os = "linux")]
+#[test]
+fn outputs_never_replace_links_fifos_or_devices() {
+    use std::os::unix::fs::{symlink, FileTypeExt};
+    let dir = std::env::temp_dir().join(format!("cellc-cli-special-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let fx = root.join("tests/fixtures/runtime");
+    let s = |p: &std::path::Path| p.to_str().expect("utf-8").to_string();
+    let cell = temp_file("special_rnn.cell", RNN.as_bytes());
+    let write_to = |out: &std::path::Path, run: bool| {
+        let out = s(out);
+        if run {
+            let (c, w, x) = (
+                s(&root.join("cells/lstm.cell")),
+                s(&fx.join("lstm_weights.safetensors")),
+                s(&fx.join("lstm_left_input.safetensors")),
+            );
+            cellc(&[
+                "run",
+                &c,
+                "--weights",
+                &w,
+                "--input",
+                &x,
+                "--layers",
+                "2",
+                "--bidirectional",
+                "--out",
+                &out,
+            ])
+        } else {
+            cellc(&["compile", &s(&cell), "--target", "cuda", "-D", "H=8", "-D", "I=3", "-o", &out])
+        }
+    };
+    let kind = |p: &std::path::Path| std::fs::symlink_metadata(p).expect("exists").file_type();
+    for run in [false, true] {
+        let what = if run { "cellc run --out" } else { "cellc compile -o" };
+        // A link to a file, and a link to nothing yet.
+        let (file, link, missing, dangling) =
+            (dir.join("file"), dir.join("link"), dir.join("missing"), dir.join("dangling"));
+        let _ = std::fs::remove_file(&missing);
+        std::fs::write(&file, b"old").expect("file");
+        let _ = symlink(&file, &link);
+        let _ = symlink(&missing, &dangling);
+        for (l, target) in [(&link, &file), (&dangling, &missing)] {
+            let out = write_to(l, run);
+            assert!(out.status.success(), "{what} {l:?}: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(kind(l).is_symlink(), "{what} replaced the link {l:?}");
+            assert!(std::fs::metadata(target).expect("target").len() > 3, "{what}: {target:?} not written");
+        }
+        // A FIFO no process reads: an error at once, the FIFO kept.
+        let fifo = dir.join("fifo");
+        if !fifo.exists() {
+            assert!(std::process::Command::new("mkfifo").arg(&fifo).status().expect("mkfifo").success());
+        }
+        let out = write_to(&fifo, run);
+        assert_eq!(out.status.code(), Some(1), "{what} to a FIFO without a reader");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("no process reads"), "{what}");
+        assert!(kind(&fifo).is_fifo(), "{what} replaced the FIFO");
+        // A full device: exit 1, the device kept; the null device takes the bytes.
+        let out = write_to(std::path::Path::new("/dev/full"), run);
+        assert_eq!(out.status.code(), Some(1), "{what} /dev/full: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(kind(std::path::Path::new("/dev/full")).is_char_device());
+        // Device nodes of our own (root only, as CI runs): the same.
+        let null = dir.join("null");
+        let made = null.exists()
+            || std::process::Command::new("mknod")
+                .arg(&null)
+                .args(["c", "1", "3"])
+                .status()
+                .is_ok_and(|s| s.success());
+        if made {
+            let out = write_to(&null, run);
+            assert!(
+                out.status.success(),
+                "{what} to a null device: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(kind(&null).is_char_device(), "{what} replaced the device node");
+        } else {
+            eprintln!("skipped: mknod needs root");
+        }
+    }
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
