@@ -179,3 +179,37 @@ fn recursion_is_an_error() {
     let c = cellc::compile("rec.cell", src);
     assert!(c.diagnostics.iter().any(|d| d.message.contains("calls itself")), "{}", c.render(false));
 }
+
+/// A long flat chain (`h + h + ...`) is as deep a tree as it is long, but
+/// only nesting counts toward the parser's depth limit: 2,000 terms compile
+/// and run (the passes grow their stack as they need, here on a thread
+/// with a small one), and the length limit is a diagnostic of its own.
+#[test]
+fn long_flat_chains_compile_and_only_nesting_is_limited() {
+    let chain = |terms: usize, op: &str| {
+        format!(
+            "cell c {{ input x[H] state h[H] h' = tanh(h{} + x) output h' }}",
+            format!(" {op} h").repeat(terms - 1)
+        )
+    };
+    let compiled = std::thread::Builder::new()
+        .stack_size(256 * 1024)
+        .spawn(move || {
+            for op in ["+", "-", "*"] {
+                let c = cellc::compile("chain.cell", &chain(2_000, op));
+                assert!(!c.diagnostics.has_errors(), "{op}: {}", c.render(false));
+            }
+            let c = cellc::compile(
+                "chain.cell",
+                &chain(cellc::syntax::parser::MAX_TREE_DEPTH as usize - 10, "+"),
+            );
+            assert!(!c.diagnostics.has_errors(), "{}", c.render(false));
+            let c =
+                cellc::compile("chain.cell", &chain(cellc::syntax::parser::MAX_TREE_DEPTH as usize + 2, "+"));
+            assert!(c.diagnostics.iter().any(|d| d.message.contains("too long")), "{}", c.render(false));
+        })
+        .expect("thread");
+    compiled.join().expect("no stack overflow");
+    // And it runs: the interpreter's value is the chain's.
+    compile_and_maybe_run(chain(2_000, "+").as_bytes());
+}

@@ -31,6 +31,7 @@ pub mod autodiff;
 #[cfg(feature = "cranelift")]
 pub mod clif;
 pub mod cuda;
+mod deep;
 pub mod diag;
 pub mod dims;
 pub mod fuzzgen;

@@ -246,6 +246,10 @@ impl CellLowerer<'_> {
     /// An init argument: numbers, constants, size variables, arithmetic and
     /// elementwise built-ins.
     fn const_expr(&mut self, e: &ast::Expr) -> Option<ConstExpr> {
+        crate::deep::deep(|| self.const_expr_here(e))
+    }
+
+    fn const_expr_here(&mut self, e: &ast::Expr) -> Option<ConstExpr> {
         match &e.kind {
             ExprKind::Number(v) => Some(ConstExpr::Number(*v)),
             ExprKind::Name(id) => {

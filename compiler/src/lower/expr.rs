@@ -147,6 +147,10 @@ impl CellLowerer<'_> {
     }
 
     pub(super) fn expr(&mut self, e: &Expr) -> Option<ValueId> {
+        crate::deep::deep(|| self.expr_here(e))
+    }
+
+    fn expr_here(&mut self, e: &Expr) -> Option<ValueId> {
         if self.too_large {
             return None;
         }

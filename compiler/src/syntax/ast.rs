@@ -226,6 +226,36 @@ pub struct Expr {
     pub span: Span,
 }
 
+/// Dropped without recursion: a chain of thousands of terms is a tree as
+/// deep, and a recursive drop would need a stack frame per level. The
+/// children are taken out onto a heap stack and dropped once childless.
+impl Drop for Expr {
+    fn drop(&mut self) {
+        let mut pending: Vec<Expr> = Vec::new();
+        take_children(&mut self.kind, &mut pending);
+        while let Some(mut e) = pending.pop() {
+            take_children(&mut e.kind, &mut pending);
+        }
+    }
+}
+
+/// Moves `kind`'s subexpressions onto `pending`, leaving it childless.
+fn take_children(kind: &mut ExprKind, pending: &mut Vec<Expr>) {
+    let placeholder = |b: &mut Box<Expr>| {
+        let span = b.span;
+        std::mem::replace(&mut **b, Expr { kind: ExprKind::Error, span })
+    };
+    match kind {
+        ExprKind::Neg(e) | ExprKind::Paren(e) => pending.push(placeholder(e)),
+        ExprKind::Binary { lhs, rhs, .. } => {
+            pending.push(placeholder(lhs));
+            pending.push(placeholder(rhs));
+        }
+        ExprKind::Call { args, .. } => pending.append(args),
+        ExprKind::Number(_) | ExprKind::Name(_) | ExprKind::Primed(_) | ExprKind::Error => {}
+    }
+}
+
 /// The forms an expression can take.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ExprKind {
@@ -319,6 +349,10 @@ impl Expr {
 
     /// Visits every name read by this expression (not call targets).
     pub fn for_each_name(&self, f: &mut dyn FnMut(&Ident, bool)) {
+        crate::deep::deep(|| self.for_each_name_here(f))
+    }
+
+    fn for_each_name_here(&self, f: &mut dyn FnMut(&Ident, bool)) {
         match &self.kind {
             ExprKind::Name(id) => f(id, false),
             ExprKind::Primed(id) => f(id, true),
@@ -334,6 +368,10 @@ impl Expr {
 
     /// Visits every function name called by this expression.
     pub fn for_each_call(&self, f: &mut dyn FnMut(&Ident)) {
+        crate::deep::deep(|| self.for_each_call_here(f))
+    }
+
+    fn for_each_call_here(&self, f: &mut dyn FnMut(&Ident)) {
         match &self.kind {
             ExprKind::Call { callee, args } => {
                 f(callee);
