@@ -53,6 +53,7 @@ fn through_caller_memory(model: &Model, input: Input, h0: &[Vec<f32>], d_out: &[
         h0: Some(&h0_slices),
         masks: None,
         rates: None,
+        dropout: None,
         resets: None,
     };
     let rows = d_out.len() / model.output_size();
@@ -217,7 +218,15 @@ fn the_weights_of_each_call_are_the_ones_read() {
         ForwardOut { output: &mut output, final_states: finals.iter_mut().map(Vec::as_mut_slice).collect() };
     model
         .forward_into(
-            &Call { input, weights: Some(&slices), h0: None, masks: None, rates: None, resets: None },
+            &Call {
+                input,
+                weights: Some(&slices),
+                h0: None,
+                masks: None,
+                rates: None,
+                dropout: None,
+                resets: None,
+            },
             out,
             None,
         )
@@ -251,7 +260,15 @@ fn bad_caller_buffers_get_typed_errors() {
     shape_error(
         model
             .forward_into(
-                &Call { input, weights: None, h0: None, masks: None, rates: None, resets: None },
+                &Call {
+                    input,
+                    weights: None,
+                    h0: None,
+                    masks: None,
+                    rates: None,
+                    dropout: None,
+                    resets: None,
+                },
                 out,
                 Some(&mut short),
             )
@@ -267,7 +284,15 @@ fn bad_caller_buffers_get_typed_errors() {
     shape_error(
         model
             .forward_into(
-                &Call { input, weights: Some(&slices), h0: None, masks: None, rates: None, resets: None },
+                &Call {
+                    input,
+                    weights: Some(&slices),
+                    h0: None,
+                    masks: None,
+                    rates: None,
+                    dropout: None,
+                    resets: None,
+                },
                 out,
                 None,
             )
@@ -281,7 +306,15 @@ fn bad_caller_buffers_get_typed_errors() {
     shape_error(
         model
             .forward_into(
-                &Call { input, weights: None, h0: None, masks: None, rates: None, resets: None },
+                &Call {
+                    input,
+                    weights: None,
+                    h0: None,
+                    masks: None,
+                    rates: None,
+                    dropout: None,
+                    resets: None,
+                },
                 out,
                 None,
             )

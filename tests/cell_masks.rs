@@ -83,8 +83,15 @@ fn unit(seed: MaskSeed, mask: u32, rate: f32, (b, t, u): (usize, Option<usize>, 
 fn training_output(m: &Model, x: &[f32], align: Align, seed: MaskSeed, rates: Option<&[f32]>) -> Vec<f32> {
     let mut output = vec![f32::NAN; 4 * STEPS * m.output_size()];
     let mut finals: Vec<Vec<f32>> = m.state_shapes(4).iter().map(|s| vec![0.0; s.iter().product()]).collect();
-    let call =
-        Call { input: padded(x, align), weights: None, h0: None, masks: Some(seed), rates, resets: None };
+    let call = Call {
+        input: padded(x, align),
+        weights: None,
+        h0: None,
+        masks: Some(seed),
+        rates,
+        dropout: None,
+        resets: None,
+    };
     let out =
         ForwardOut { output: &mut output, final_states: finals.iter_mut().map(Vec::as_mut_slice).collect() };
     m.forward_into(&call, out, None).expect("forward_into");
@@ -274,6 +281,7 @@ fn awd_lstm_training_is_an_lstm_over_the_input_and_recurrent_weight_masked_by_ha
             h0: None,
             masks: Some(seed),
             rates: None,
+            dropout: None,
             resets: None,
         };
         let (output, d_input, d_params) = forward_backward(&awd, &call, &d_out);
@@ -320,6 +328,7 @@ fn a_zoneout_lstms_training_gradient_matches_central_differences_of_the_same_cal
             h0: None,
             masks: Some(seed),
             rates: None,
+            dropout: None,
             resets: None,
         };
         let mut output = vec![0.0; 4 * STEPS * H];
@@ -338,6 +347,7 @@ fn a_zoneout_lstms_training_gradient_matches_central_differences_of_the_same_cal
         h0: None,
         masks: Some(seed),
         rates: None,
+        dropout: None,
         resets: None,
     };
     let (_, _, d_params) = forward_backward(&m, &call, &d_out);
@@ -376,6 +386,10 @@ fn rates_are_set_per_model_and_per_call_and_bad_ones_are_typed_errors() {
         let e = m.rates_with(&[("zh", bad)]).unwrap_err();
         assert!(e.to_string().contains("[0, 1)"), "{e}");
     }
+    // By name, in any order; a name twice is refused.
+    assert_eq!(m.rates_with(&[("zc", 0.3), ("zh", 0.2)]).expect("rates"), [0.2, 0.3]);
+    let e = m.rates_with(&[("zh", 0.2), ("zh", 0.3)]).unwrap_err();
+    assert!(e.to_string().contains("`zh`") && e.to_string().contains("twice"), "{e}");
     // A call's own rates: one per rate, checked; they change the masks.
     let x = data(4 * STEPS * I, 7);
     let seed = MaskSeed { seed: 1, offset: 0 };
@@ -391,6 +405,7 @@ fn rates_are_set_per_model_and_per_call_and_bad_ones_are_typed_errors() {
             h0: None,
             masks: Some(seed),
             rates: Some(rates),
+            dropout: None,
             resets: None,
         };
         let out = ForwardOut {
@@ -489,6 +504,7 @@ fn device_memory_draws_what_host_memory_draws() {
                 h0: None,
                 masks: Some(seed),
                 rates: None,
+                dropout: None,
                 resets: None,
             };
             forward_backward(&host, &call, &d_out)
@@ -504,6 +520,7 @@ fn device_memory_draws_what_host_memory_draws() {
             stream: 0,
             masks: Some(seed),
             rates: None,
+            dropout: None,
             resets: None,
         };
         let mut output = vec![f32::NAN; rows * H];

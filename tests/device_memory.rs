@@ -91,6 +91,7 @@ fn through_device_memory(
         stream: mem.stream(),
         masks: None,
         rates: None,
+        dropout: None,
         resets: None,
     };
     let nan = |n: usize| vec![f32::NAN; n];
@@ -299,6 +300,7 @@ fn graphs_replay_over_device_memory(cuda: Cuda, mem: &mut dyn Memory) {
         stream: mem.stream(),
         masks: None,
         rates: None,
+        dropout: None,
         resets: None,
     };
     let reserve = mem.put(&vec![0.0; b * STEPS * model.reserve_floats_per_row()]);
@@ -367,6 +369,7 @@ fn bad_device_buffers_get_typed_errors() {
         stream: 0,
         masks: None,
         rates: None,
+        dropout: None,
         resets: None,
     };
 

@@ -189,6 +189,7 @@ fn the_callers_memory_draws_the_masks_its_seed_says_on_host_and_device() {
                 stream: 0,
                 masks: Some(seed),
                 rates: None,
+                dropout: None,
                 resets: None,
             };
             let out = DeviceForwardOut {
@@ -212,6 +213,7 @@ fn the_callers_memory_draws_the_masks_its_seed_says_on_host_and_device() {
                 h0: None,
                 masks: Some(seed),
                 rates: None,
+                dropout: None,
                 resets: None,
             };
             let out = ForwardOut {
@@ -246,7 +248,15 @@ fn bad_rates_are_typed_errors_and_a_call_without_masks_drops_nothing() {
     let mut finals: Vec<Vec<f32>> = (0..2).map(|_| vec![0.0; 4 * 4 * H]).collect();
     let mut reserve = vec![0.0; 4 * STEPS * m.reserve_floats_per_row()];
     // Evaluation mode (no masks), with a reserve (gradients in evaluation mode) or without.
-    let call = Call { input: padded(&x), weights: None, h0: None, masks: None, rates: None, resets: None };
+    let call = Call {
+        input: padded(&x),
+        weights: None,
+        h0: None,
+        masks: None,
+        rates: None,
+        dropout: None,
+        resets: None,
+    };
     let want = m.forward(padded(&x), None).expect("inference").data;
     for reserve in [Some(&mut reserve[..]), None] {
         let finals = finals.iter_mut().map(Vec::as_mut_slice).collect();
@@ -268,7 +278,7 @@ fn the_masks_a_call_used_can_be_seen() {
     let m = model(3, I, Box::new(Reference)).with_dropout(RATE).expect("rate");
     let x = data(4 * STEPS * I, 7);
     let seed = MaskSeed { seed: SEED, offset: 0 };
-    let masks = m.dropout_masks(padded(&x), seed).expect("masks");
+    let masks = m.dropout_masks(padded(&x), seed, None).expect("masks");
     assert_eq!(masks.len(), 2, "one per layer boundary");
     let mut want = vec![0.0f32; 4 * STEPS * 2 * H];
     for (b, &len) in LENGTHS.iter().enumerate() {
@@ -278,5 +288,5 @@ fn the_masks_a_call_used_can_be_seen() {
     assert_eq!(masks[0], want, "layer 0's masks, as drawn by hand");
     assert_ne!(masks[1], masks[0], "each layer draws its own");
     let plain = model(3, I, Box::new(Reference));
-    assert!(plain.dropout_masks(padded(&x), seed).expect("masks").is_empty());
+    assert!(plain.dropout_masks(padded(&x), seed, None).expect("masks").is_empty());
 }

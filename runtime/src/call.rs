@@ -38,6 +38,10 @@ pub struct Call<'a> {
     /// of [`Model::rate_names`] ([`Model::rates_with`] makes one by name);
     /// `None`: the model's ([`Model::rates`]). Give its backward the same.
     pub rates: Option<&'a [f32]>,
+    /// The rate of dropout between layers for this call (in training
+    /// mode, as `masks` says); `None`: the model's ([`Model::with_dropout`]).
+    /// Give its backward the same.
+    pub dropout: Option<f32>,
     /// Per-step resets: one flag per row of the input's layout (a padded
     /// batch's `[B, T]` or `[T, B]`, as its input; a packed batch's `[N]`),
     /// `true` where the state restarts from the initial state before that
@@ -154,7 +158,7 @@ impl CallerMemory for Call<'_> {
             h0: self.h0_spans(),
             output: Span::of_mut(out.output),
             finals: out.final_states.into_iter().map(Span::of_mut).collect(),
-            dropout: model.caller_dropout(self.masks),
+            dropout: model.caller_dropout(self.masks, self.dropout)?,
             masking: model.caller_masking(self.masks, self.rates)?,
             reserve: reserve.map(Span::of_mut),
         };
@@ -183,7 +187,7 @@ impl CallerMemory for Call<'_> {
             d_input: Span::of_mut(d_input),
             d_h0: (!d_h0.is_empty()).then(|| d_h0.into_iter().map(Span::of_mut).collect()),
             d_params: d_params.into_iter().map(|ps| ps.into_iter().map(Span::of_mut).collect()).collect(),
-            dropout: model.caller_dropout(self.masks),
+            dropout: model.caller_dropout(self.masks, self.dropout)?,
             masking: model.caller_masking(self.masks, self.rates)?,
         };
         // SAFETY: as in `forward`.

@@ -71,8 +71,7 @@ impl CompiledCell {
 
     /// Reads and compiles a `.cell` file.
     pub fn from_file(path: &std::path::Path, cell: Option<&str>) -> Result<CompiledCell> {
-        let source = std::fs::read(path)
-            .map_err(|e| RuntimeError::Io { path: path.display().to_string(), message: e.to_string() })?;
+        let source = crate::files::read_at_most(path, crate::files::MOST_CELL_BYTES)?;
         let name = path.display().to_string();
         match std::str::from_utf8(&source) {
             Ok(s) => CompiledCell::from_source(&name, s, cell),

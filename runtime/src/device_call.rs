@@ -74,6 +74,8 @@ pub struct DeviceCall<'a> {
     pub masks: Option<MaskSeed>,
     /// The call's rates, as [`crate::Call::rates`]; `None`: the model's.
     pub rates: Option<&'a [f32]>,
+    /// The call's dropout between layers, as [`crate::Call::dropout`]; `None`: the model's.
+    pub dropout: Option<f32>,
     /// Per-step resets, on the host, as [`crate::Call::resets`].
     pub resets: Option<&'a [bool]>,
 }
@@ -142,7 +144,7 @@ impl CallerMemory for DeviceCall<'_> {
             output: span(out.output),
             finals: finals.iter().copied().map(span).collect(),
             reserve: reserve.map(span),
-            dropout: model.caller_dropout(self.masks),
+            dropout: model.caller_dropout(self.masks, self.dropout)?,
             masking: model.caller_masking(self.masks, self.rates)?,
         };
         let weights = self.weights.iter().map(|ps| ps.iter().copied().map(span).collect()).collect();
@@ -167,7 +169,7 @@ impl CallerMemory for DeviceCall<'_> {
             d_input: span(out.d_input),
             d_h0: (!out.d_h0.is_empty()).then(|| out.d_h0.iter().copied().map(span).collect()),
             d_params: out.d_params.iter().map(|ps| ps.iter().copied().map(span).collect()).collect(),
-            dropout: model.caller_dropout(self.masks),
+            dropout: model.caller_dropout(self.masks, self.dropout)?,
             masking: model.caller_masking(self.masks, self.rates)?,
         };
         let weights = self.weights.iter().map(|ps| ps.iter().copied().map(span).collect()).collect();

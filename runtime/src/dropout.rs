@@ -132,10 +132,11 @@ impl Model {
     /// boundary, laid out like `input` with the layer's output features
     /// (`output_size * directions`) per row, each value 0 (dropped) or
     /// `1 / (1 - rate)` (kept), zeros at padding. Empty without dropout.
-    pub fn dropout_masks(&self, input: Input, masks: MaskSeed) -> Result<Vec<Vec<f32>>> {
+    /// `rate`: the call's rate ([`crate::Call::dropout`]); `None`: the model's.
+    pub fn dropout_masks(&self, input: Input, masks: MaskSeed, rate: Option<f32>) -> Result<Vec<Vec<f32>>> {
         let (shape, data) = input.split();
         let batch = self.lay_out(&shape, data.len())?;
-        let Some(dropout) = BetweenLayers::of(self.dropout, masks) else { return Ok(Vec::new()) };
+        let Some(dropout) = BetweenLayers::of(self.dropout_rate(rate)?, masks) else { return Ok(Vec::new()) };
         let dirs = self.directions();
         let boundaries = &self.layers[..self.layers.len().saturating_sub(1)];
         Ok(boundaries

@@ -15,10 +15,36 @@
 //! - a directory: an error.
 //!
 //! A failed write, a full device's among them, is an error naming the path.
+//!
+//! Reading is bounded the same way: what cellc reads whole (a cell's source)
+//! is read up to a cap, so that `/dev/zero` or a wrong path to a huge file
+//! is an error at once rather than all the machine's memory.
 
 use crate::error::{Result, RuntimeError};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+
+/// The most bytes a `.cell` file may hold: a cell is a page of text, and
+/// the shipped library together is a few dozen kilobytes.
+pub const MOST_CELL_BYTES: u64 = 16 << 20;
+
+/// Reads `path` whole where it holds at most `most` bytes; a larger file,
+/// or a stream that does not end by then (`/dev/zero`), is an error naming
+/// the path and the cap, found without reading past it.
+pub fn read_at_most(path: &Path, most: u64) -> Result<Vec<u8>> {
+    let io = |message: String| RuntimeError::Io { path: path.display().to_string(), message };
+    let file = std::fs::File::open(path).map_err(|e| io(e.to_string()))?;
+    let too_large = || io(format!("holds more than {most} bytes: not a file of this kind"));
+    if file.metadata().is_ok_and(|m| m.is_file() && m.len() > most) {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::new();
+    file.take(most + 1).read_to_end(&mut bytes).map_err(|e| io(e.to_string()))?;
+    if bytes.len() as u64 > most {
+        return Err(too_large());
+    }
+    Ok(bytes)
+}
 
 /// Writes `bytes` to `path` atomically where `path` is (or leads by
 /// symbolic links to) a regular file or nothing: afterwards it holds either
@@ -130,6 +156,24 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
         dir
+    }
+
+    #[test]
+    fn reads_are_capped_before_they_are_made() {
+        let dir = temp_dir("capped");
+        let path = dir.join("small");
+        std::fs::write(&path, b"twelve bytes").expect("write");
+        assert_eq!(read_at_most(&path, 12).expect("at the cap"), b"twelve bytes");
+        let err = read_at_most(&path, 11).expect_err("past the cap");
+        assert!(err.to_string().contains("more than 11 bytes"), "{err}");
+        #[cfg(target_os = "linux")]
+        {
+            let started = std::time::Instant::now();
+            let err = read_at_most(Path::new("/dev/zero"), 1 << 20).expect_err("an endless stream");
+            assert!(err.to_string().contains("/dev/zero"), "{err}");
+            assert!(started.elapsed().as_secs() < 5);
+        }
+        std::fs::remove_dir_all(&dir).expect("clean up");
     }
 
     #[test]

@@ -68,7 +68,7 @@ pub use device_call::{DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForward
 pub use dropout::MaskSeed;
 pub use error::{Result, RuntimeError};
 pub use exec::{BackwardOut, BatchShape, ForwardOut, Gradients, Input, Output, Trace};
-pub use files::write_atomically;
+pub use files::{read_at_most, write_atomically, MOST_CELL_BYTES};
 pub use model::{CompiledCell, Layer, Model, ModelConfig, Side};
 pub use sequence::{Align, BatchOrder, Major, PackedIndex, PackedSequence, PackedView, RowLayout};
 pub use stream::Stream;

@@ -241,10 +241,16 @@ impl Model {
     }
 
     /// `base` (one rate per rate of the cell) with those named in `rates`
-    /// changed, checked.
+    /// changed, checked: each name once, a rate of the cell, in `[0, 1)`.
     pub fn change_rates(&self, base: &[f32], rates: &[(&str, f32)]) -> Result<Vec<f32>> {
         let mut out = base.to_vec();
-        for &(name, p) in rates {
+        for (k, &(name, p)) in rates.iter().enumerate() {
+            if rates[..k].iter().any(|&(earlier, _)| earlier == name) {
+                return Err(RuntimeError::Rate {
+                    name: name.into(),
+                    message: "is given twice: give each rate once".into(),
+                });
+            }
             let Some(i) = self.compiled.forward.rate_index(name) else {
                 let known = self.rate_names().iter().map(|n| format!("`{n}`")).collect::<Vec<_>>();
                 let known = if known.is_empty() { "none".to_string() } else { known.join(", ") };

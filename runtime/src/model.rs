@@ -179,12 +179,23 @@ impl Model {
     }
 
     /// The dropout between layers of a caller's pass: a call in training
-    /// mode (one that gives its `masks`) drops, one in evaluation mode does not.
+    /// mode (one that gives its `masks`) drops, at its own `rate` if it
+    /// gives one (checked) or else the model's; one in evaluation mode does not.
     pub(crate) fn caller_dropout(
         &self,
         masks: Option<crate::dropout::MaskSeed>,
-    ) -> Option<crate::dropout::BetweenLayers> {
-        crate::dropout::BetweenLayers::of(self.dropout, masks?)
+        rate: Option<f32>,
+    ) -> Result<Option<crate::dropout::BetweenLayers>> {
+        let rate = self.dropout_rate(rate)?;
+        Ok(masks.and_then(|masks| crate::dropout::BetweenLayers::of(rate, masks)))
+    }
+
+    /// A call's rate of dropout between layers: its own (checked), else the model's.
+    pub(crate) fn dropout_rate(&self, rate: Option<f32>) -> Result<f32> {
+        match rate {
+            Some(rate) => crate::dropout::check_rate("dropout", rate).map(|()| rate),
+            None => Ok(self.dropout),
+        }
     }
 
     /// The masks of the model's next training pass of its own (or of a

@@ -11,6 +11,7 @@ use crate::error::{Result, RuntimeError};
 use safetensors::tensor::{Dtype, TensorInfo, TensorView};
 use safetensors::SafeTensors;
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::Path;
 
 /// The element data of a tensor.
@@ -61,8 +62,59 @@ fn io_error(path: &Path, message: String) -> RuntimeError {
     RuntimeError::Io { path: path.display().to_string(), message }
 }
 
+/// The safetensors format's own bound on a header (100 MB).
+const MOST_HEADER_BYTES: u64 = 100_000_000;
+
+/// A safetensors file's bytes, read no further than it declares: its
+/// 8-byte header length first, checked against the format's bound and the
+/// file's size, then the header, then the data the header describes. A
+/// stream that is no such file (`/dev/zero`, `/dev/urandom`) is an error
+/// after a few bytes, not all the machine's memory.
 fn read_bytes(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| io_error(path, e.to_string()))
+    let io = |e: std::io::Error| io_error(path, e.to_string());
+    let not_safetensors = |why: String| io_error(path, format!("not a safetensors file: {why}"));
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let size = file.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
+    let mut bytes = vec![0u8; 8];
+    file.read_exact(&mut bytes)
+        .map_err(|_| not_safetensors("shorter than the 8 bytes of its header's length".into()))?;
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
+    if n > MOST_HEADER_BYTES {
+        return Err(not_safetensors(format!(
+            "its header would be {n} bytes long; the format allows {MOST_HEADER_BYTES}"
+        )));
+    }
+    if let Some(size) = size.filter(|&size| 8 + n > size) {
+        return Err(not_safetensors(format!(
+            "its header is {n} bytes long, but the file has {} bytes after the length (truncated?)",
+            size - 8
+        )));
+    }
+    bytes.resize(8 + n as usize, 0);
+    file.read_exact(&mut bytes[8..])
+        .map_err(|_| not_safetensors(format!("its {n}-byte header ends early")))?;
+    // A regular file: the rest of it (the crate checks it against the header). A stream: the
+    // data its header describes, and no more.
+    let rest = match size {
+        Some(size) => size - 8 - n,
+        None => declared_data_bytes(&bytes[8..]),
+    };
+    (&mut file).take(rest).read_to_end(&mut bytes).map_err(io)?;
+    Ok(bytes)
+}
+
+/// The bytes of data a safetensors header describes: the largest end of its
+/// tensors' `data_offsets` (0 where the header does not parse; the reader
+/// then reports why).
+fn declared_data_bytes(header: &[u8]) -> u64 {
+    let Ok(map) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(header) else {
+        return 0;
+    };
+    map.iter()
+        .filter(|(name, _)| name.as_str() != "__metadata__")
+        .filter_map(|(_, entry)| entry.get("data_offsets")?.get(1)?.as_u64())
+        .max()
+        .unwrap_or(0)
 }
 
 /// The metadata in the header of a safetensors file's `bytes`.

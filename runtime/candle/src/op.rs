@@ -177,6 +177,7 @@ impl Operands<'_> {
             h0: (!self.h0.is_empty()).then_some(&self.h0[..]),
             masks: None,
             rates: None,
+            dropout: None,
             resets: batch.resets.as_deref(),
         }
     }

@@ -249,7 +249,10 @@ fn workers(from: u64, budget: Duration, args: &FuzzArgs, totals: &mut Totals) ->
 
 /// A user's cell on `--cases` random cases.
 fn own_cell(path: &Path, args: &FuzzArgs, plan: &Checks) -> Result<bool, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+    let bytes = cellc_runtime::read_at_most(path, cellc_runtime::MOST_CELL_BYTES)
+        .map_err(|e| format!("cannot read {e}"))?;
+    let text =
+        String::from_utf8(bytes).map_err(|_| format!("cannot read `{}`: not UTF-8 text", path.display()))?;
     let variables = match cellc::compile(&path.display().to_string(), &text).into_result() {
         Ok(m) => m
             .cells

@@ -305,10 +305,10 @@ pub(crate) fn steps_or_report(cell: &cellc::Cell) -> Option<cellc::program::Step
 /// Reads and compiles one file; prints its diagnostics. `None` on errors.
 fn compile_file(path: &Path, color: bool) -> Option<Compilation> {
     let name = path.display().to_string();
-    let bytes = match std::fs::read(path) {
+    let bytes = match cellc_runtime::read_at_most(path, cellc_runtime::MOST_CELL_BYTES) {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("error: cannot read `{name}`: {e}");
+            eprintln!("error: cannot read {e}");
             return None;
         }
     };

@@ -355,7 +355,7 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
             out.insert(format!("mask.{}", m.name), Tensor::f32(shape, m.values));
         }
         if let Some(seed) = seed {
-            for (k, rows) in model.dropout_masks(input, seed)?.into_iter().enumerate() {
+            for (k, rows) in model.dropout_masks(input, seed, None)?.into_iter().enumerate() {
                 let width = rows.len() / (batch * steps).max(1);
                 out.insert(format!("mask.dropout_l{k}"), Tensor::f32(vec![batch, steps, width], rows));
             }

@@ -505,6 +505,10 @@ fn run_trains_with_the_cells_masks_and_writes_them() {
     let (bad, _) = run("masked_bad.safetensors", &["-R", "q=0.1"]);
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("rate `q` is not a rate of cell `masked`"));
+    // A rate given twice is refused, not the last one taken.
+    let (twice, _) = run("masked_twice.safetensors", &["-R", "p=0.2", "-R", "p=0.3"]);
+    assert_eq!(twice.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&twice.stderr).contains("rate `p` is given twice"));
 }
 
 #[test]
@@ -657,4 +661,38 @@ fn outputs_never_replace_links_fifos_or_devices() {
         }
     }
     std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+/// Endless or random streams given as a cell, weights or input are errors
+/// within a few bytes, not all the machine's memory: a cell file is read up
+/// to a cap, a safetensors file up to what its header declares.
+#[cfg(target_os = "linux")]
+#[test]
+fn endless_streams_as_cells_weights_or_inputs_are_errors_at_once() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let fx = root.join("tests/fixtures/runtime");
+    let s = |p: std::path::PathBuf| p.to_str().expect("utf-8").to_string();
+    let (cell, w, x) = (
+        s(root.join("cells/lstm.cell")),
+        s(fx.join("lstm_weights.safetensors")),
+        s(fx.join("lstm_left_input.safetensors")),
+    );
+    let out = temp_file("endless_out.safetensors", b"");
+    let out = out.to_str().expect("utf-8");
+    for stream in ["/dev/zero", "/dev/urandom"] {
+        let started = std::time::Instant::now();
+        let check = cellc(&["check", stream]);
+        assert_eq!(check.status.code(), Some(1), "check {stream}");
+        assert!(String::from_utf8_lossy(&check.stderr).contains("more than"), "check {stream}");
+        for args in [
+            ["run", cell.as_str(), "--weights", stream, "--input", x.as_str(), "--out", out],
+            ["run", cell.as_str(), "--weights", w.as_str(), "--input", stream, "--out", out],
+        ] {
+            let result = cellc(&args);
+            assert_eq!(result.status.code(), Some(1), "{args:?}");
+            let err = String::from_utf8_lossy(&result.stderr);
+            assert!(err.contains(stream) && err.contains("not a safetensors file"), "{args:?}: {err}");
+        }
+        assert!(started.elapsed().as_secs() < 10, "{stream}: {:?}", started.elapsed());
+    }
 }

@@ -483,7 +483,8 @@ fn train(
             let w: Vec<Vec<&[f32]>> =
                 weights.iter().map(|ps| ps.iter().map(Vec::as_slice).collect()).collect();
             let h0: Vec<&[f32]> = h0.iter().map(Vec::as_slice).collect();
-            let call = Call { input, weights: Some(&w), h0: Some(&h0), masks, rates: None, resets };
+            let call =
+                Call { input, weights: Some(&w), h0: Some(&h0), masks, rates: None, dropout: None, resets };
             let out = ForwardOut {
                 output: &mut output,
                 final_states: finals.iter_mut().map(Vec::as_mut_slice).collect(),
@@ -515,6 +516,7 @@ fn train(
                 stream: 0,
                 masks,
                 rates: None,
+                dropout: None,
                 resets,
             };
             let out = DeviceForwardOut {

@@ -119,6 +119,7 @@ fn held_models() -> (usize, usize) {
 fn _cellc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<spec::Handle>()?;
     m.add("SMALLEST_RECYCLED", cellc_runtime::pool::MIN_KEPT_FLOATS)?;
+    m.add("MOST_CELL_BYTES", cellc_runtime::MOST_CELL_BYTES)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(set_threading, m)?)?;
     m.add_function(wrap_pyfunction!(threading, m)?)?;

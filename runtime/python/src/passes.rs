@@ -200,6 +200,7 @@ impl Inputs<'_> {
             h0: (!self.h0.is_empty()).then_some(&self.h0[..]),
             masks: None,
             rates: None,
+            dropout: None,
             resets: self.batch.resets.as_deref(),
         }
     }
@@ -223,6 +224,7 @@ impl DeviceInputs {
             stream,
             masks: None,
             rates: None,
+            dropout: None,
             resets: self.batch.resets.as_deref(),
         }
     }
@@ -287,6 +289,7 @@ pub fn forward(
     reserve: Option<TensorArg>,
     masks: Option<(u64, u64)>,
     rates: Option<Vec<f32>>,
+    dropout: Option<f32>,
 ) -> PyResult<()> {
     let masks = masks.map(|(seed, offset)| MaskSeed { seed, offset });
     let rates = rates.as_deref();
@@ -305,7 +308,7 @@ pub fn forward(
                 let inputs = tensors.read(&model, layout)?;
                 let out = ForwardOut { output: output.floats_mut()?, final_states: write_all(&finals)? };
                 let reserve = reserve.as_ref().map(|r| r.floats_mut()).transpose()?;
-                let call = Call { masks, rates, ..inputs.call() };
+                let call = Call { masks, rates, dropout, ..inputs.call() };
                 threads::with_limit(threads, || model.forward_into(&call, out, reserve))
             },
             Memory::Device { stream, .. } => {
@@ -314,7 +317,11 @@ pub fn forward(
                 let inputs = unsafe { tensors.on_device(&model, layout)? };
                 let out = DeviceForwardOut { output: output.on_device(), final_states: on_device(&finals) };
                 let reserve = reserve.as_ref().map(Tensor::on_device);
-                model.forward_into(&DeviceCall { masks, rates, ..inputs.call(stream) }, &out, reserve)
+                model.forward_into(
+                    &DeviceCall { masks, rates, dropout, ..inputs.call(stream) },
+                    &out,
+                    reserve,
+                )
             }
         }
     })
@@ -344,6 +351,7 @@ pub fn backward(
     grad_weights: Vec<TensorArg>,
     masks: Option<(u64, u64)>,
     rates: Option<Vec<f32>>,
+    dropout: Option<f32>,
 ) -> PyResult<()> {
     let masks = masks.map(|(seed, offset)| MaskSeed { seed, offset });
     let rates = rates.as_deref();
@@ -367,7 +375,7 @@ pub fn backward(
                 let d_final = (!grad_finals.is_empty()).then_some(&grad_finals[..]);
                 threads::with_limit(threads, || {
                     model.backward_from(
-                        &Call { masks, rates, ..inputs.call() },
+                        &Call { masks, rates, dropout, ..inputs.call() },
                         reserve.floats()?,
                         grad_output.floats()?,
                         d_final,
@@ -385,7 +393,7 @@ pub fn backward(
                     d_params: model.group_by_slot(on_device(&grad_weights))?,
                 };
                 let d_final = (!grad_finals.is_empty()).then_some(&grad_finals[..]);
-                let call = DeviceCall { masks, rates, ..inputs.call(stream) };
+                let call = DeviceCall { masks, rates, dropout, ..inputs.call(stream) };
                 model.backward_from(&call, reserve.on_device(), grad_output.on_device(), d_final, &out)
             }
         }
@@ -423,9 +431,10 @@ pub fn cell_masks(
 }
 
 /// The dropout masks a call in training mode drawing from `masks` (`(seed,
-/// offset)`) multiplies each layer's output by, for the input `x` laid out
-/// as `layout` says (`Model::dropout_masks`): one flat buffer per layer
-/// boundary, laid out like the input with the layer's output features.
+/// offset)`) at rate `dropout` multiplies each layer's output by, for the
+/// input `x` laid out as `layout` says (`Model::dropout_masks`): one flat
+/// buffer per layer boundary, laid out like the input with the layer's
+/// output features.
 #[pyfunction]
 pub fn dropout_masks(
     py: Python<'_>,
@@ -434,6 +443,7 @@ pub fn dropout_masks(
     x: TensorArg,
     index: Vec<TensorArg>,
     masks: (u64, u64),
+    dropout: f32,
 ) -> PyResult<Vec<Vec<f32>>> {
     let (x, index) = (Tensor::new("input", x), Tensor::each("index", index));
     let (seed, offset) = masks;
@@ -442,7 +452,7 @@ pub fn dropout_masks(
         // SAFETY: the Python half checked the tensors (contiguous, on the CPU,
         // f32 or i64) and holds them for the call.
         let (batch, data) = unsafe { (Batch::read(layout, &x, &index)?, x.floats()?) };
-        model.dropout_masks(batch.shape().with_data(data), MaskSeed { seed, offset })
+        model.dropout_masks(batch.shape().with_data(data), MaskSeed { seed, offset }, Some(dropout))
     })
     .map_err(|e| to_python(py, e))
 }

@@ -67,12 +67,14 @@ def op_samples(backend="cpu"):
     z_weights = [w.detach().clone().requires_grad_() for w in zoneout._weights()]
     z_h0 = [torch.randn(1, 3, 5, requires_grad=True) for _ in range(2)]
     return [
-        (rnn.spec, "time_first/left", x, [lengths], h0, weights, True, None, ""),
-        (rnn.spec, "time_first/right", x, [lengths], [], weights, True, None, ""),
-        (rnn.spec, "packed", packed.data.clone().requires_grad_(), index, h0, weights, True, None, ""),
-        (rnn.spec, "time_first/left", x.detach(), [lengths], [], [w.detach() for w in weights], False, None, ""),
-        (dropping.spec, "time_first/left", x, [lengths], h0, weights, True, masks, ""),
-        (zoneout.spec, "time_first/left", x, [lengths], z_h0, z_weights, True, masks, "0.2,0.4"),
+        (rnn.spec, "time_first/left", x, [lengths], h0, weights, True, None, None),
+        (rnn.spec, "time_first/right", x, [lengths], [], weights, True, None, None),
+        (rnn.spec, "packed", packed.data.clone().requires_grad_(), index, h0, weights, True, None, None),
+        (rnn.spec, "time_first/left", x.detach(), [lengths], [], [w.detach() for w in weights], False, None, None),
+        (dropping.spec, "time_first/left", x, [lengths], h0, weights, True, masks, None),
+        # The call's rates: dropout between layers, then the cell's (zh, zc).
+        (zoneout.spec, "time_first/left", x, [lengths], z_h0, z_weights, True, masks,
+         torch.tensor([0.0, 0.2, 0.4], dtype=torch.float64)),
     ]
 
 

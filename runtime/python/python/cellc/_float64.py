@@ -109,7 +109,7 @@ def _padded(module, x: Tensor, hx, lengths, align, resets, weights, batch_first:
         if h.dtype != torch.float64:
             raise DTypeError(f"initial state `{name}` is {h.dtype}: a float64 call takes float64 states")
     state_shapes = [(slots, batch, n) for n in module.state_sizes]
-    rates = [float(r) for r in module._rates_list().split(",")] if module.rates else None
+    rates = module._cell_rates() or None
     call = (module.spec, lengths, flags, rates, state_shapes)
     out_rows, *finals = _Exact.apply(call, len(h0), xb[rows_b, rows_p], *h0, *weights)
     out = out_rows.new_zeros(batch, steps, out_rows.shape[1]).index_put((rows_b, rows_p), out_rows)

@@ -224,30 +224,39 @@ def draw_masks() -> Tensor:
     return torch.randint(0, 2**62, (2,), dtype=torch.int64)
 
 
-def dropout_masks(spec: str, layout: str, x: Tensor, index: list[Tensor], masks: Tensor) -> list[list[float]]:
-    """The dropout masks of a call (see ``cellc.RNN.dropout_masks``), flat, one per layer boundary."""
-    return _cellc.dropout_masks(spec, layout, _ref(x), [_ref(t) for t in index], _seed(masks))
+def dropout_masks(spec: str, layout: str, x: Tensor, index: list[Tensor], masks: Tensor,
+                  dropout: float) -> list[list[float]]:
+    """The dropout masks of a call at rate ``dropout`` (see ``cellc.RNN.dropout_masks``), flat,
+    one per layer boundary."""
+    return _cellc.dropout_masks(spec, layout, _ref(x), [_ref(t) for t in index], _seed(masks), dropout)
 
 
-def rates_text(rates) -> str:
-    """A call's rates (one per rate of the cell, in its order) as the operators take them: a
-    constant of the graph, as the spec is (``torch.compile`` recompiles when they change)."""
-    return ",".join(repr(float(r)) for r in rates)
+def call_rates(dropout: float, rates: list[float]) -> list[float]:
+    """A call's rates as the operators take them (their ``rates`` argument, as a float64 CPU
+    tensor, or as this list in eager mode): the rate of dropout between layers first, then the
+    cell's rates in its order. A tensor, not a constant of the graph, so that ``torch.compile``
+    traces a schedule of rates (a changed value is guarded, and recompiles)."""
+    return [dropout, *rates]
 
 
-def _rates(rates: str):
-    """The operators' rates text as the runtime takes them: one float per rate of the cell, or
-    ``None`` (empty): the cell's defaults."""
-    return [float(r) for r in rates.split(",")] if rates else None
+def _rates(rates) -> tuple[float | None, list[float] | None]:
+    """The operators' ``rates`` (see :func:`call_rates`: ``None``, a list or a tensor) as the
+    runtime takes them: ``(dropout between layers, the cell's rates)``; ``(None, None)``: the
+    model's own (its spec's dropout, the cell's defaults)."""
+    if rates is None:
+        return None, None
+    values = rates.tolist() if isinstance(rates, Tensor) else [float(r) for r in rates]
+    return values[0], values[1:]
 
 
 def cell_masks(spec: str, layout: str, x: Tensor, index: list[Tensor], masks: Tensor | None,
-               rates: str) -> list[tuple[str, list[int], list[float]]]:
-    """The masks of the cell's own mask calls in a call (see ``cellc.RNN.cell_masks``)."""
-    return _cellc.cell_masks(spec, layout, _ref(x), [_ref(t) for t in index], _seed(masks), _rates(rates))
+               rates: list[float]) -> list[tuple[str, list[int], list[float]]]:
+    """The masks of the cell's own mask calls in a call at ``rates`` (the cell's, in its order;
+    see ``cellc.RNN.cell_masks``)."""
+    return _cellc.cell_masks(spec, layout, _ref(x), [_ref(t) for t in index], _seed(masks), rates or None)
 
 
-def _forward_impl(spec, layout, x, index, h0, weights, training, masks=None, rates="", checked=False,
+def _forward_impl(spec, layout, x, index, h0, weights, training, masks=None, rates=None, checked=False,
                   reserve_tensor=True):
     """The forward operator's work (see ``rnn_forward``); ``checked``: the caller (cellc.RNN)
     has checked the tensors' devices; ``reserve_tensor``: an empty reserve is made when not
@@ -261,7 +270,8 @@ def _forward_impl(spec, layout, x, index, h0, weights, training, masks=None, rat
     out, finals, reserve = _forward_outputs(spec, layout, x, index, training, empty, reserve_tensor)
     outputs = _ref(out), [_ref(t) for t in finals]
     reserve_ref = _ref(reserve) if training else None
-    _cellc.forward(spec, *memory, layout, *inputs, *outputs, reserve_ref, _seed(masks), _rates(rates))
+    dropout, cell_rates = _rates(rates)
+    _cellc.forward(spec, *memory, layout, *inputs, *outputs, reserve_ref, _seed(masks), cell_rates, dropout)
     return out, finals, reserve
 
 
@@ -275,7 +285,7 @@ def rnn_forward(
     weights: list[Tensor],
     training: bool,
     masks: Tensor | None,
-    rates: str,
+    rates: Tensor | None,
 ) -> tuple[Tensor, list[Tensor], Tensor]:
     """The operator ``torch.ops.cellc.rnn_forward``: every layer and direction of a model over
     a batch. ``cellc.RNN`` calls it under ``torch.compile``, fake tensors, tensor subclasses
@@ -305,8 +315,9 @@ def rnn_forward(
         training: whether to fill the reserve the backward reads.
         masks: ``[seed, offset]`` (:func:`draw_masks`) for a training-mode call: the cell's
             masks and dropout between layers are drawn from it; ``None``: evaluation.
-        rates: one rate per rate of the cell, in its order, as comma-separated numbers (empty:
-            its defaults); a constant of a compiled graph.
+        rates: the call's rates (:func:`call_rates`): a float64 CPU tensor of the rate of
+            dropout between layers, then one rate per rate of the cell, in its order; ``None``:
+            the model's (the spec's dropout, the cell's defaults).
 
     Returns:
         ``(output, finals, reserve)``: the output (laid out as ``x``, zeros at padding), the
@@ -333,7 +344,9 @@ def _backward_impl(spec, layout, x, index, h0, weights, reserve, grad_output, gr
     grad_weights = [empty_like(w) for w in weights]
     grads = _ref(grad_output), [_ref(t) for t in grad_finals]
     outputs = _ref(grad_x), [_ref(t) for t in grad_h0], [_ref(t) for t in grad_weights]
-    _cellc.backward(spec, *memory, layout, *inputs, _ref(reserve), *grads, *outputs, _seed(masks), _rates(rates))
+    dropout, cell_rates = _rates(rates)
+    _cellc.backward(spec, *memory, layout, *inputs, _ref(reserve), *grads, *outputs, _seed(masks), cell_rates,
+                    dropout)
     return grad_x, grad_h0, grad_weights
 
 
@@ -349,7 +362,7 @@ def rnn_backward(
     grad_output: Tensor,
     grad_finals: list[Tensor],
     masks: Tensor | None,
-    rates: str,
+    rates: Tensor | None,
 ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
     """The operator ``torch.ops.cellc.rnn_backward``: the gradients of a
     :func:`rnn_forward` call, which autograd runs for it (a second backward through it raises
@@ -383,8 +396,11 @@ def _(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals, ma
 def _setup_context(ctx, inputs, output, eager=False):
     spec, layout, x, index, h0, weights, training, masks, rates = inputs
     _, finals, reserve = output
-    ctx.spec, ctx.layout, ctx.eager, ctx.rates = spec, layout, eager, rates
-    ctx.has_masks = masks is not None
+    ctx.spec, ctx.layout, ctx.eager = spec, layout, eager
+    # A tensor of rates is saved as the masks are; a list (eager mode) kept as it is.
+    ctx.rates = None if isinstance(rates, Tensor) else rates
+    extras = [t for t in (masks, rates) if isinstance(t, Tensor)]
+    ctx.has_masks, ctx.has_rates_tensor = masks is not None, isinstance(rates, Tensor)
     ctx.counts = (len(index), len(h0), len(weights))
     ctx.final_shapes = [f.shape for f in finals]
     ctx.mark_non_differentiable(reserve)
@@ -392,7 +408,7 @@ def _setup_context(ctx, inputs, output, eager=False):
     # training detaches the final states, and filling their zero gradients cost more
     # than the gradients themselves.
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(x, *index, *h0, *weights, reserve, *([masks] if masks is not None else []))
+    ctx.save_for_backward(x, *index, *h0, *weights, reserve, *extras)
 
 
 def _backward(ctx, grad_output, grad_finals, _grad_reserve):
@@ -402,6 +418,7 @@ def _backward(ctx, grad_output, grad_finals, _grad_reserve):
     index = saved[1 : 1 + n_index]
     h0 = saved[1 + n_index : 1 + n_index + n_h0]
     weights = saved[1 + n_index + n_h0 : 1 + n_index + n_h0 + n_weights]
+    rates = saved.pop() if ctx.has_rates_tensor else ctx.rates
     masks = saved.pop() if ctx.has_masks else None
     reserve = saved[-1]
     if grad_output is None:
@@ -413,13 +430,14 @@ def _backward(ctx, grad_output, grad_finals, _grad_reserve):
             (g if g is not None else x.new_zeros(s)).contiguous()
             for g, s in zip(grad_finals, ctx.final_shapes)
         ]
-    args = (ctx.spec, ctx.layout, x, index, h0, weights, reserve, grad_output.contiguous(), grad_finals, masks,
-            ctx.rates)
+    args = [ctx.spec, ctx.layout, x, index, h0, weights, reserve, grad_output.contiguous(), grad_finals, masks, rates]
     if ctx.eager and not torch.is_grad_enabled():
         grad_x, grad_h0, grad_weights = _backward_impl(*args)
     else:
         # Through the operator: under create_graph its gradients carry the refusal of a
         # second backward.
+        if rates is not None and not isinstance(rates, Tensor):
+            args[-1] = torch.tensor(rates, dtype=torch.float64)
         grad_x, grad_h0, grad_weights = rnn_backward(*args)
     return None, None, grad_x, [None] * n_index, grad_h0, grad_weights, None, None, None
 
@@ -476,10 +494,10 @@ def _eager(tensors) -> bool:
 
 
 def run(spec: str, layout: str, x: Tensor, index: list[Tensor], h0: list[Tensor], weights: list[Tensor],
-        masks: Tensor | None = None, rates: str = ""):
+        masks: Tensor | None = None, rates: list[float] | None = None):
     """Output and final states of the model `spec` (the reserve only when autograd needs it);
     ``masks``: a training-mode call's seed (``draw_masks``), ``None`` in evaluation mode;
-    ``rates``: :func:`rates_text` of one rate per rate of the cell (empty: its defaults)."""
+    ``rates``: :func:`call_rates`'s list (``None``: the model's own)."""
     for name, t in [("input", x), *((f"h0[{i}]", h) for i, h in enumerate(h0))]:
         if t.dtype != torch.float32:
             raise DTypeError(f"`{name}` is {t.dtype}: cellc computes in float32 (call .float() on it)")
@@ -494,5 +512,7 @@ def run(spec: str, layout: str, x: Tensor, index: list[Tensor], h0: list[Tensor]
             return out, finals
         out, _, *finals = _Eager.apply(spec, layout, len(index), len(h0), masks, rates, x, *index, *h0, *weights)
         return out, finals
+    if rates is not None:
+        rates = torch.tensor(rates, dtype=torch.float64)
     out, finals, _ = torch.ops.cellc.rnn_forward(spec, layout, x, index, h0, weights, training, masks, rates)
     return out, finals

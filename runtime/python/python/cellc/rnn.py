@@ -20,32 +20,50 @@ def cell_source(cell: str) -> tuple[str, str]:
     """The source of a cell given as a shipped cell's name, a ``.cell`` path or source text.
 
     A bare name (``"lstm"``) is a shipped cell, even if a file of that name lies in the working
-    directory; a path is read when it ends in ``.cell`` or names a directory part (``./lstm``).
+    directory. Otherwise a string naming an existing file is a path (whatever characters its
+    name holds, ``{`` among them), and so is one ending in ``.cell``; any other text with ``{``
+    is source text.
 
     Args:
-        cell: a shipped cell's name, a ``.cell`` file's path, or source text (any text with ``{``).
+        cell: a shipped cell's name, a ``.cell`` file's path, or source text.
 
     Returns:
         ``(source, file name)``: the file name is ``cells/<name>.cell`` for a shipped cell,
         ``<source>`` for source text.
+
+    Raises:
+        FileNotFoundError: a path (ending in ``.cell``, or with a directory part) that names
+            no file, or a name that is no shipped cell.
+        ValueError: a file too large to be a cell (over 16 MiB: ``/dev/zero``, a wrong path).
     """
     if not isinstance(cell, (str, os.PathLike)):
         raise TypeError(f"cell must be a shipped cell's name, a .cell path or source text, not {type(cell).__name__}")
     cell = os.fspath(cell)
-    if "{" in cell:
-        return cell, "<source>"
     name = cell.removesuffix(".cell")
     is_path = cell.endswith(".cell") or os.sep in cell or (os.altsep is not None and os.altsep in cell)
-    if not is_path:
+    if not is_path and "{" not in cell:
         shipped = _cellc.shipped_cell(name)
         if shipped is not None:
             return shipped, f"cells/{name}.cell"
-    if os.path.isfile(cell):
-        with open(cell, encoding="utf-8") as f:
-            return f.read(), cell
+    if os.path.isfile(cell) or (is_path and "\n" not in cell and os.path.exists(cell)):
+        return _read_cell_file(cell), cell
+    if "{" in cell and not cell.endswith(".cell"):
+        return cell, "<source>"
     raise FileNotFoundError(
-        f"no cell `{cell}`: not a .cell file, and not a shipped cell ({', '.join(_cellc.shipped_cells())})"
+        f"no cell `{cell}`: no such .cell file, and not a shipped cell ({', '.join(_cellc.shipped_cells())})"
     )
+
+
+_MOST_CELL_BYTES = _cellc.MOST_CELL_BYTES  # as the runtime reads cell files
+
+
+def _read_cell_file(path: str) -> str:
+    """A cell file's text, read no further than a cell's size allows."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read(_MOST_CELL_BYTES + 1)
+    if len(text) > _MOST_CELL_BYTES:
+        raise ValueError(f"{path}: holds more than {_MOST_CELL_BYTES} characters: not a cell file")
+    return text
 
 
 def _size(name: str, value, *, least: int = 1) -> int:
@@ -73,6 +91,48 @@ _MAX_SIZE = 1 << 31
 _HALF = (torch.bfloat16, torch.float16)
 
 
+def _check_rate(name: str, rate) -> None:
+    """A rate (of dropout, or of one of the cell's masks): a number in [0, 1)."""
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+        raise ValueError(f"{name} must be a number in [0, 1), not {rate!r}")
+
+
+def _check_mask_seed(masks, optional: bool) -> None:
+    """A training call's ``masks`` as :meth:`RNN.dropout_masks` and :meth:`RNN.cell_masks` take
+    it: an int64 tensor of two values in ``[0, 2**62)`` (:func:`cellc.draw_masks`), or ``None``
+    where ``optional`` (an evaluation call's)."""
+    what = "an int64 tensor of two values in [0, 2**62), as cellc.draw_masks() gives"
+    if masks is None and optional:
+        return
+    if not isinstance(masks, Tensor) or masks.dtype != torch.int64:
+        kind = f"a {masks.dtype} tensor" if isinstance(masks, Tensor) else repr(masks) if masks is None else \
+            f"a {type(masks).__name__}"
+        raise TypeError(f"`masks` must be {what}{' (or None: no masks)' if optional else ''}, not {kind}")
+    if tuple(masks.shape) != (2,):
+        raise ValueError(f"`masks` has shape {list(masks.shape)}: it must be {what}")
+    if bool((masks < 0).any()) or bool((masks >= 2**62).any()):
+        raise ValueError(f"`masks` is {masks.tolist()}: it must be {what}")
+
+
+def _check_same_packing(resets: PackedSequence, packed: PackedSequence) -> None:
+    """A ``PackedSequence`` of resets packed as the input is (else its flags would land on other
+    sequences' rows): the same ``batch_sizes`` and ``sorted_indices``."""
+    def same(a, b):
+        return (a is None and b is None) or (a is not None and b is not None and torch.equal(a.cpu(), b.cpu()))
+
+    if not same(resets.batch_sizes, packed.batch_sizes) or not same(resets.sorted_indices, packed.sorted_indices):
+        raise ShapeError(
+            "`resets` is a PackedSequence packed otherwise than `input` (batch_sizes "
+            f"{resets.batch_sizes.tolist()} against {packed.batch_sizes.tolist()}, sorted_indices "
+            f"{_listed(resets.sorted_indices)} against {_listed(packed.sorted_indices)}): pack the resets "
+            "with the input's lengths and enforce_sorted, or pass them as the input's [N] rows"
+        )
+
+
+def _listed(t):
+    return None if t is None else t.tolist()
+
+
 def _result_dtype(x: Tensor):
     """The dtype a call returns where it is not float32: autocast's where autocast is on for the
     input's device (as ``nn.LSTM`` under autocast returns it), else a bf16 or fp16 input's own;
@@ -85,14 +145,29 @@ def _result_dtype(x: Tensor):
     return x.dtype if x.dtype in _HALF else None
 
 
+def _integers(name: str, value, what: str) -> Tensor:
+    """``value`` (a tensor, or a list a user wrote) as a tensor; an empty list as an empty
+    integer tensor (not PyTorch's float32 default); anything that is no array of numbers a
+    ``TypeError`` naming ``name`` and ``what`` it should be."""
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"`{name}` must be {what}, not a {type(value).__name__}")
+    try:
+        t = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(f"`{name}` must be {what}, not {value!r:.80}") from e
+    return t.to(torch.int64) if t.numel() == 0 else t
+
+
 def _reset_flags(resets, shape: tuple, layout: str) -> Tensor:
     """A call's per-step resets as the operators take them: int64 on the CPU (1 where the state
-    restarts), checked to be booleans (or integers) shaped as the input's rows."""
-    resets = torch.as_tensor(resets)
-    if resets.dtype.is_floating_point or resets.dtype.is_complex:
-        raise DTypeError(f"`resets` is {resets.dtype}: one bool per sequence and step expected")
+    restarts), checked to be shaped as the input's rows, then booleans (or integers)."""
+    resets = _integers("resets", resets, f"bools shaped {layout}")
     if tuple(resets.shape) != tuple(shape):
         raise ShapeError(f"`resets` has shape {list(resets.shape)}, expected {list(shape)}: {layout}, as the input")
+    if resets.dtype.is_floating_point or resets.dtype.is_complex:
+        raise DTypeError(f"`resets` is {resets.dtype}: one bool per sequence and step expected")
     return (resets != 0).to(device="cpu", dtype=torch.int64).contiguous()
 
 
@@ -149,7 +224,9 @@ class RNN(nn.Module):
             generator, seeded from PyTorch's default generator once per call
             (``torch.manual_seed`` reproduces them; each call draws new ones; the backward
             draws the same again, storing nothing; under DDP, ranks seeded alike draw alike).
-            Fixed when the module is made.
+            Such a call takes its seed from PyTorch's default generator, so the random numbers
+            drawn after it are not those drawn after an ``nn.LSTM`` call. It may be changed
+            between calls (:attr:`dropout`).
         proj_size: ``nn.LSTM``'s, accepted at its default ``0`` only: a projection is part of
             the cell, and the shipped cell ``"lstmp"`` is ``nn.LSTM(proj_size=P)``
             (``cellc.RNN("lstmp", input_size, {"H": H, "P": P})`` loads its ``state_dict``).
@@ -186,17 +263,12 @@ class RNN(nn.Module):
         backend: the back end named when the module was made (``None``: the tensors' device
             decides).
         bias: ``True``, as ``nn.LSTM``'s.
-        dropout: the rate of dropout between layers (changing it after construction changes
-            nothing).
         proj_size: ``0``, as ``nn.LSTM``'s.
         sizes: the size variables given (``hidden_size`` under its variable's name).
         output_size: features of one direction's output per step.
         state_names: the cell's states, in ``hx``'s and the finals' order (``["h", "c"]``
             for an LSTM).
         state_sizes: each state's size, in the same order.
-        rates: every rate of the cell by name (``rates`` given, else the cell's defaults); it
-            may be changed between calls (a changed rate recompiles a ``torch.compile``'d
-            graph: the rates are its constants).
         spec: the model's description as the operators take it: JSON of the cell's source,
             its sizes and configuration, and cellc's version.
 
@@ -347,13 +419,8 @@ class RNN(nn.Module):
         self.hidden_size = self.state_sizes[0] if self.state_sizes else self.output_size
         self.bias, self.dropout, self.proj_size = True, float(dropout), 0
         self._has_masks = bool(info["has_masks"])
-        self.rates = {name: default for name, default in info["rates"]}
-        for name, rate in (rates or {}).items():
-            if name not in self.rates:
-                known = ", ".join(repr(n) for n in self.rates) or "none"
-                raise ValueError(f"rates has {name!r}, which is not a rate of cell `{self.cell}` (its rates: {known})")
-            self.rates[name] = rate
-        self._rates_list()
+        self._rate_defaults = dict(info["rates"])  # the cell's rates in its order, by name
+        self.rates = {} if rates is None else rates
         self._weight_names = [name for name, _ in info["weights"]]
         for name, shape in info["weights"]:
             self.register_parameter(name, nn.Parameter(torch.empty(shape, device=device)))
@@ -544,7 +611,7 @@ class RNN(nn.Module):
         if lengths is None:
             index = []  # every sequence runs all the steps
         else:
-            lengths = torch.as_tensor(lengths)
+            lengths = _integers("lengths", lengths, f"[{batch}] integers (one length per sequence)")
             if lengths.dtype.is_floating_point or lengths.dtype == torch.bool or lengths.shape != (batch,):
                 raise ShapeError(
                     f"`lengths` has shape {list(lengths.shape)} and dtype {lengths.dtype}, "
@@ -556,10 +623,12 @@ class RNN(nn.Module):
         layout = ("batch_first/" if self.batch_first else "time_first/") + align
         if resets is not None:
             shape = tuple(input.shape[:-1])
-            flags = _reset_flags(resets, shape, "[B, T]" if self.batch_first else "[T, B]")
+            rows = "[T] (a step of the unbatched input)" if unbatched else "[B, T]" if self.batch_first else "[T, B]"
+            flags = _reset_flags(resets, shape, rows)
             index.append(flags.reshape(x.shape[:-1]))
             layout += "+resets"
-        spec, masks, rates = self._spec_for(x), self._masks(), self._rates_list()
+        spec, masks = self._spec_for(x), self._masks()
+        rates = self._call_rates(masks)
         layout += precision or _ops.float32_products(self.backend, x)
         out, finals = _ops.run(spec, layout, x.contiguous(), index, h0, weights, masks, rates)
         if unbatched:
@@ -576,6 +645,7 @@ class RNN(nn.Module):
         layout, flags = "packed", []
         if resets is not None:
             if isinstance(resets, PackedSequence):
+                _check_same_packing(resets, packed)
                 resets = resets.data
             flags, layout = [_reset_flags(resets, (data.shape[0],), "[N] (one per row of input.data)")], "packed+resets"
         batch = int(batch_sizes[0]) if batch_sizes.numel() > 0 else 0
@@ -590,7 +660,8 @@ class RNN(nn.Module):
             identity = torch.arange(batch)
             index = [batch_sizes_cpu, identity, identity, *flags]
             h0 = [h.index_select(1, sorted_indices) for h in h0]
-            masks, rates = self._masks(), self._rates_list()
+            masks = self._masks()
+            rates = self._call_rates(masks)
             out, finals = _ops.run(spec, layout, data.contiguous(), index, h0, weights, masks, rates)
             finals = [f.index_select(1, unsorted_indices) for f in finals]
         else:
@@ -599,7 +670,8 @@ class RNN(nn.Module):
             index = [batch_sizes_cpu] + [
                 t.to(device="cpu", dtype=torch.int64).contiguous() for t in (sorted_indices, unsorted_indices)
             ] + flags
-            masks, rates = self._masks(), self._rates_list()
+            masks = self._masks()
+            rates = self._call_rates(masks)
             out, finals = _ops.run(spec, layout, data.contiguous(), index, h0, weights, masks, rates)
         return PackedSequence(out, batch_sizes, packed.sorted_indices, packed.unsorted_indices), self._states_out(finals)
 
@@ -623,8 +695,9 @@ class RNN(nn.Module):
             the call's output (``[B, T, features]`` or ``[T, B, features]``), each value 0
             (dropped) or ``1 / (1 - dropout)`` (kept), zeros at padding.
         """
+        _check_mask_seed(masks, optional=False)
         spec, layout, x, index = self._masks_call(input, lengths, align)
-        flat = _ops.dropout_masks(spec, layout, x, index, masks)
+        flat = _ops.dropout_masks(spec, layout, x, index, masks, self.dropout)
         return [torch.tensor(m).view(*x.shape[:-1], -1) for m in flat]
 
     def cell_masks(self, input: Tensor, masks: Tensor | None = None, *, lengths=None,
@@ -648,8 +721,9 @@ class RNN(nn.Module):
             mask shaped as its parameter. Each value is what its unit multiplies (the language
             reference says how each mask call draws it).
         """
+        _check_mask_seed(masks, optional=True)
         spec, layout, x, index = self._masks_call(input, lengths, align)
-        seen = _ops.cell_masks(spec, layout, x, index, masks, self._rates_list())
+        seen = _ops.cell_masks(spec, layout, x, index, masks, self._cell_rates())
         return {
             name: torch.tensor(values).view(shape if name.startswith("dropconnect#") else (*x.shape[:-1], -1))
             for name, shape, values in seen
@@ -662,19 +736,86 @@ class RNN(nn.Module):
             raise ShapeError(f"`input` has shape {list(input.shape)}: a batched [B, T, F] or [T, B, F] tensor")
         if align not in _ALIGNS:
             raise ValueError(f"align must be 'left' or 'right', not {align!r}")
-        index = [] if lengths is None else [torch.as_tensor(lengths).to(device="cpu", dtype=torch.int64).contiguous()]
+        what = "one integer length per sequence"
+        index = [] if lengths is None else [_integers("lengths", lengths, what).to(device="cpu", dtype=torch.int64).contiguous()]
         layout = ("batch_first/" if self.batch_first else "time_first/") + align
         spec = json.dumps({**json.loads(self.spec), "backend": "reference"}, sort_keys=True)
         return spec, layout, input.detach().to("cpu").contiguous(), index
 
-    def _rates_list(self) -> str:
-        """``module.rates`` in the cell's order, checked, as the operators take them."""
+    @property
+    def rates(self) -> dict:
+        """Every rate of the cell by name, in the cell's order: the probabilities of its
+        ``dropout``, ``variational_dropout``, ``zoneout`` and ``dropconnect`` masks.
+
+        It may be changed between calls, by item (``module.rates["zh"] = 0.1``) or as a whole:
+        a dict assigned sets the rates it names, in any order, and the cell's defaults for the
+        others. Each call reads them by name. Under ``torch.compile`` a changed rate recompiles
+        the graph (the values reach the operators as a tensor the graph guards).
+
+        Raises:
+            TypeError: a value assigned that is not a dict.
+            ValueError: a name the cell has no rate for, or a rate outside ``[0, 1)``.
+        """
+        return self._rates
+
+    @rates.setter
+    def rates(self, rates) -> None:
+        """Sets the rates ``rates`` names (a dict of names to numbers in [0, 1), in any order),
+        the cell's defaults for the others: a ``TypeError`` for anything but a dict, a
+        ``ValueError`` naming a rate the cell does not have or a value out of range."""
+        if not isinstance(rates, dict):
+            raise TypeError(f"rates must be a dict of rate names to numbers in [0, 1) (e.g. {{'zh': 0.1}}), "
+                            f"not {type(rates).__name__}")
+        unknown = [name for name in rates if name not in self._rate_defaults]
+        if unknown:
+            known = ", ".join(repr(n) for n in self._rate_defaults) or "none"
+            raise ValueError(f"rates has {unknown[0]!r}, which is not a rate of cell `{self.cell}` (its rates: {known})")
+        merged = {name: rates.get(name, default) for name, default in self._rate_defaults.items()}
+        for name, rate in merged.items():
+            _check_rate(f"rate {name!r}", rate)
+        self._rates = merged
+
+    @property
+    def dropout(self) -> float:
+        """The rate of dropout between layers (``nn.LSTM``'s ``dropout``): in training mode every
+        layer's output but the last is dropped at this rate. It may be changed between calls, as
+        ``nn.LSTM``'s: a training call uses its value then (under ``torch.compile``, a changed
+        value recompiles the graph).
+
+        Raises:
+            ValueError: a value assigned outside ``[0, 1)``.
+        """
+        return self._dropout
+
+    @dropout.setter
+    def dropout(self, dropout) -> None:
+        _check_rate("dropout", dropout)
+        self._dropout = float(dropout)
+
+    def _cell_rates(self) -> list[float]:
+        """``module.rates`` by name, in the cell's order (whatever the dict's), checked."""
         out = []
-        for name, rate in self.rates.items():
-            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
-                raise ValueError(f"rate {name!r} must be a number in [0, 1), not {rate!r}")
+        for name in self._rate_defaults:
+            if name not in self._rates:
+                raise ValueError(f"rates lacks {name!r}, a rate of cell `{self.cell}`: assign a dict to "
+                                 "module.rates to reset the others to the cell's defaults")
+            rate = self._rates[name]
+            _check_rate(f"rate {name!r}", rate)
             out.append(float(rate))
-        return _ops.rates_text(out)
+        unknown = [name for name in self._rates if name not in self._rate_defaults]
+        if unknown:
+            known = ", ".join(repr(n) for n in self._rate_defaults) or "none"
+            raise ValueError(f"rates has {unknown[0]!r}, which is not a rate of cell `{self.cell}` (its rates: {known})")
+        return out
+
+    def _call_rates(self, masks: Tensor | None) -> list[float] | None:
+        """What a call's operators take as ``rates`` (``_ops.call_rates``): the dropout between
+        layers and the cell's rates as they are now; ``None`` where neither matters (a call that
+        draws no masks, of a cell without rates)."""
+        if masks is None and not self._rate_defaults:
+            return None
+        _check_rate("dropout", self.dropout)
+        return _ops.call_rates(float(self.dropout), self._cell_rates())
 
     def _masks(self) -> Tensor | None:
         """The seed of this call's masks: drawn in training mode where there are masks to draw
