@@ -19,6 +19,8 @@ Attributes:
     __version__: cellc's version, ``"major.minor.patch"``: the package's and its Rust crates' alike.
 """
 
+import torch as _torch
+
 from . import errors
 from ._cellc import __version__, shipped_cells
 from .errors import (
@@ -35,6 +37,11 @@ from .errors import (
 )
 from ._ops import draw_masks, set_threading, threading
 from .rnn import RNN
+
+# A whole model saved with torch.save(model) loads with torch.load's default weights_only=True,
+# as a module of torch.nn's own does once its class is allowed: cellc.RNN pickles only plain data
+# and tensors (see RNN.__getstate__).
+_torch.serialization.add_safe_globals([RNN])
 
 __all__ = [
     "__version__",

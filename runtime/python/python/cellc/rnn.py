@@ -403,8 +403,7 @@ class RNN(nn.Module):
         self.spec = json.dumps(spec, sort_keys=True)
         # With backend=None, CUDA tensors run on the CUDA back end.
         self._cuda_spec = json.dumps({**spec, "backend": "cuda"}, sort_keys=True) if backend is None else None
-        # Keeps the compiled models of the specs alive while this module is.
-        self._handles = [_cellc.Handle(s) for s in (self.spec, self._cuda_spec) if s is not None]
+        self._hold_models()
         info = _ops.describe(self.spec)
         self.cell = info["cell"]
         self.input_size = input_size
@@ -741,6 +740,43 @@ class RNN(nn.Module):
         layout = ("batch_first/" if self.batch_first else "time_first/") + align
         spec = json.dumps({**json.loads(self.spec), "backend": "reference"}, sort_keys=True)
         return spec, layout, input.detach().to("cpu").contiguous(), index
+
+    def _hold_models(self) -> None:
+        """Keeps the compiled models of the module's specs alive while it is (native handles:
+        never pickled, made again when a pickled module is loaded)."""
+        self._handles = [_cellc.Handle(s) for s in (self.spec, self._cuda_spec) if s is not None]
+
+    def __getstate__(self) -> dict:
+        """What pickling keeps (``torch.save(model)``, ``copy.deepcopy``): the module's
+        attributes, its parameters among them, and no native handle, so that
+        ``torch.load(..., weights_only=True)`` reads it (``cellc.RNN`` is among its safe
+        globals once ``cellc`` is imported).
+
+        Returns:
+            The module's ``__dict__`` without the handles of its compiled models.
+        """
+        state = self.__dict__.copy()
+        state.pop("_handles", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        """Restores a pickled module and holds its compiled models again (compiled from its spec,
+        which holds the cell's source, at its first call). A module pickled by an older cellc
+        (its ``rates`` and ``dropout`` plain attributes, its handles pickled) loads too.
+
+        Args:
+            state: what :meth:`__getstate__` returned.
+        """
+        state = dict(state)
+        state.pop("_handles", None)
+        if "rates" in state:  # pickled before rates and dropout were properties
+            state["_rates"] = state.pop("rates")
+        if "dropout" in state:
+            state["_dropout"] = float(state.pop("dropout"))
+        if "_rate_defaults" not in state:
+            state["_rate_defaults"] = {name: default for name, default in _ops.describe(state["spec"])["rates"]}
+        self.__dict__.update(state)
+        self._hold_models()
 
     @property
     def rates(self) -> dict:
