@@ -6,7 +6,7 @@
 //! The models keep no weights (the module's parameters come with every
 //! call) and share the process's one team of threads; the thread count is
 //! the caller's, per call. When the last module of a spec is deleted, its
-//! models go, and with the last module of all, the memory kept for reuse.
+//! models go, and with them the memory kept for reuse.
 
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::cuda::Cuda;
@@ -182,8 +182,8 @@ pub fn model(spec: &str, device: usize, asked: Precision) -> Result<Arc<Model>> 
 }
 
 /// A module's hold on its spec's models: they live while some handle of
-/// the spec does. Dropping the last handle of all gives the memory kept
-/// for reuse back to the system.
+/// the spec does. Dropping a spec's last handle frees its models and gives
+/// the memory kept for reuse back to the system.
 #[pyclass(module = "cellc._cellc", frozen)]
 #[derive(Debug)]
 pub struct Handle {
@@ -217,10 +217,13 @@ impl Drop for Handle {
         };
         // Dropped outside the lock: freeing a model may take a while.
         let freed = if gone { held.remove(&self.spec) } else { None };
-        let last = held.is_empty();
         drop(held);
-        drop(freed);
-        if last {
+        if let Some(freed) = freed {
+            drop(freed);
+            // The buffers kept for reuse were sized by the models that ran, this one among them:
+            // they go back to the system with it (the models still held make theirs again at
+            // their next call), so that a process that makes and deletes models of many sizes
+            // keeps none of theirs.
             cellc_runtime::release_memory();
         }
     }
