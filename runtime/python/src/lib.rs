@@ -12,6 +12,7 @@
 
 mod errors;
 mod exact;
+mod fast;
 mod passes;
 mod recycled;
 mod spec;
@@ -118,6 +119,7 @@ fn held_models() -> (usize, usize) {
 #[pymodule]
 fn _cellc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<spec::Handle>()?;
+    m.add_class::<fast::Eager>()?;
     m.add("SMALLEST_RECYCLED", cellc_runtime::pool::MIN_KEPT_FLOATS)?;
     m.add("MOST_CELL_BYTES", cellc_runtime::MOST_CELL_BYTES)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

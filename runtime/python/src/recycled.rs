@@ -49,9 +49,12 @@ struct DLManagedTensor {
 struct Owner {
     /// First, so that a `*mut DLManagedTensor` is a `*mut Owner`.
     managed: DLManagedTensor,
-    shape: [i64; 1],
+    shape: [i64; MOST_DIMS],
     data: Vec<f32>,
 }
+
+/// The most dimensions a recycled tensor has (a padded batch's three).
+const MOST_DIMS: usize = 3;
 
 const DL_CPU: i32 = 1;
 const DL_FLOAT: u8 = 2;
@@ -84,12 +87,27 @@ unsafe extern "C" fn destroy_capsule(capsule: *mut ffi::PyObject) {
 /// contents are unspecified: the runtime writes every float that is read).
 #[pyfunction]
 pub fn recycled(py: Python<'_>, floats: usize) -> PyResult<Bound<'_, PyAny>> {
+    shaped(py, &[floats])
+}
+
+/// A DLPack capsule of a contiguous f32 tensor of `shape` (at most three
+/// dimensions) on the CPU, from the pool, as [`recycled`].
+pub fn shaped<'py>(py: Python<'py>, shape: &[usize]) -> PyResult<Bound<'py, PyAny>> {
+    if shape.len() > MOST_DIMS {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "{shape:?}: more than {MOST_DIMS} dimensions"
+        )));
+    }
+    let mut dims = [0i64; MOST_DIMS];
+    for (d, &n) in dims.iter_mut().zip(shape) {
+        *d = n as i64;
+    }
     let mut owner = Box::new(Owner {
         managed: DLManagedTensor {
             dl_tensor: DLTensor {
                 data: std::ptr::null_mut(),
                 device: DLDevice { device_type: DL_CPU, device_id: 0 },
-                ndim: 1,
+                ndim: shape.len() as i32,
                 dtype: DLDataType { code: DL_FLOAT, bits: 32, lanes: 1 },
                 shape: std::ptr::null_mut(),
                 strides: std::ptr::null_mut(),
@@ -98,8 +116,8 @@ pub fn recycled(py: Python<'_>, floats: usize) -> PyResult<Bound<'_, PyAny>> {
             manager_ctx: std::ptr::null_mut(),
             deleter: Some(delete),
         },
-        shape: [floats as i64],
-        data: cellc_runtime::pool::take(floats),
+        shape: dims,
+        data: cellc_runtime::pool::take(shape.iter().product()),
     });
     owner.managed.dl_tensor.data = owner.data.as_mut_ptr().cast();
     owner.managed.dl_tensor.shape = owner.shape.as_mut_ptr();

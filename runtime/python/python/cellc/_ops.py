@@ -483,14 +483,18 @@ class _Eager(torch.autograd.Function):
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def _eager(tensors) -> bool:
-    """Whether a call may skip the dispatcher: eager mode, plain tensors, no mode or transform
-    that must see the operator (torch.compile, fake tensors, subclasses, functorch)."""
+def plain_eager_mode() -> bool:
+    """Whether calls run in plain eager mode: no mode or transform that must see the operator
+    (torch.compile, fake tensors, torch function or dispatch modes, functorch)."""
     if torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled():
         return False
-    if torch._C._len_torch_dispatch_stack() != 0 or torch._C._functorch.peek_interpreter_stack() is not None:
-        return False
-    return all(type(t) in _PLAIN for t in tensors)
+    return torch._C._len_torch_dispatch_stack() == 0 and torch._C._functorch.peek_interpreter_stack() is None
+
+
+def _eager(tensors) -> bool:
+    """Whether a call may skip the dispatcher: plain eager mode (:func:`plain_eager_mode`) and
+    plain tensors (no subclass)."""
+    return plain_eager_mode() and all(type(t) in _PLAIN for t in tensors)
 
 
 def run(spec: str, layout: str, x: Tensor, index: list[Tensor], h0: list[Tensor], weights: list[Tensor],

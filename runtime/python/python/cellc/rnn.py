@@ -420,6 +420,7 @@ class RNN(nn.Module):
         self._has_masks = bool(info["has_masks"])
         self._rate_defaults = dict(info["rates"])  # the cell's rates in its order, by name
         self.rates = {} if rates is None else rates
+        self._make_fast_path()
         self._weight_names = [name for name, _ in info["weights"]]
         for name, shape in info["weights"]:
             self.register_parameter(name, nn.Parameter(torch.empty(shape, device=device)))
@@ -553,6 +554,14 @@ class RNN(nn.Module):
             ValueError: ``align`` neither ``"left"`` nor ``"right"``, ``lengths`` with a
                 ``PackedSequence``, or a rate outside ``[0, 1)``.
         """
+        if (not torch.is_grad_enabled() and resets is None and self._eager is not None
+                and not (self.training and self._dropout > 0 and self.num_layers > 1)
+                and not torch.is_autocast_enabled("cpu") and _ops.plain_eager_mode()):
+            # The plainest inference call in one native call; it declines anything else
+            # (None), a mistake included, and the steps below take it.
+            done = self._eager.infer(input, self._weights(), hx, lengths, align, torch.get_num_threads())
+            if done is not None:
+                return done[0], self._states_out(done[1])
         data = input.data if isinstance(input, PackedSequence) else input
         float64 = isinstance(data, Tensor) and data.dtype == torch.float64
         if float64 or any(w.dtype == torch.float64 for w in self._weights()):
@@ -746,6 +755,13 @@ class RNN(nn.Module):
         never pickled, made again when a pickled module is loaded)."""
         self._handles = [_cellc.Handle(s) for s in (self.spec, self._cuda_spec) if s is not None]
 
+    def _make_fast_path(self) -> None:
+        """The native fast path of the module's plain CPU inference calls (``_cellc.Eager``;
+        never pickled, made again when a pickled module is loaded): for a CPU model of a cell
+        without rates, whose calls read nothing but their tensors."""
+        cpu = json.loads(self.spec)["backend"] == "cpu"
+        self._eager = _cellc.Eager(self.spec, self.batch_first) if cpu and not self._rate_defaults else None
+
     def __getstate__(self) -> dict:
         """What pickling keeps (``torch.save(model)``, ``copy.deepcopy``): the module's
         attributes, its parameters among them, and no native handle, so that
@@ -757,6 +773,7 @@ class RNN(nn.Module):
         """
         state = self.__dict__.copy()
         state.pop("_handles", None)
+        state.pop("_eager", None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -769,6 +786,7 @@ class RNN(nn.Module):
         """
         state = dict(state)
         state.pop("_handles", None)
+        state.pop("_eager", None)
         if "rates" in state:  # pickled before rates and dropout were properties
             state["_rates"] = state.pop("rates")
         if "dropout" in state:
@@ -777,6 +795,7 @@ class RNN(nn.Module):
             state["_rate_defaults"] = {name: default for name, default in _ops.describe(state["spec"])["rates"]}
         self.__dict__.update(state)
         self._hold_models()
+        self._make_fast_path()
 
     @property
     def rates(self) -> dict:
