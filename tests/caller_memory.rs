@@ -47,15 +47,7 @@ fn through_caller_memory(model: &Model, input: Input, h0: &[Vec<f32>], d_out: &[
     let weight_slices: Vec<Vec<&[f32]>> =
         weights.iter().map(|ps| ps.iter().map(Vec::as_slice).collect()).collect();
     let h0_slices: Vec<&[f32]> = h0.iter().map(Vec::as_slice).collect();
-    let call = Call {
-        input,
-        weights: Some(&weight_slices),
-        h0: Some(&h0_slices),
-        masks: None,
-        rates: None,
-        dropout: None,
-        resets: None,
-    };
+    let call = Call { weights: Some(&weight_slices), h0: Some(&h0_slices), ..Call::new(input) };
     let rows = d_out.len() / model.output_size();
     let per_row = model.reserve_floats_per_row();
     // Garbage where nothing should be read: NaN.
@@ -217,19 +209,7 @@ fn the_weights_of_each_call_are_the_ones_read() {
     let out =
         ForwardOut { output: &mut output, final_states: finals.iter_mut().map(Vec::as_mut_slice).collect() };
     model
-        .forward_into(
-            &Call {
-                input,
-                weights: Some(&slices),
-                h0: None,
-                masks: None,
-                rates: None,
-                dropout: None,
-                resets: None,
-            },
-            out,
-            None,
-        )
+        .forward_into(&Call { weights: Some(&slices), ..Call::new(input) }, out, None)
         .expect("forward_into");
     for (mine, given) in model.params_mut().iter_mut().zip(&halved) {
         mine.clone_from(given);
@@ -257,24 +237,7 @@ fn bad_caller_buffers_get_typed_errors() {
     let mut short = vec![0.0; rows * per_row - 1];
     let out =
         ForwardOut { output: &mut output, final_states: finals.iter_mut().map(Vec::as_mut_slice).collect() };
-    shape_error(
-        model
-            .forward_into(
-                &Call {
-                    input,
-                    weights: None,
-                    h0: None,
-                    masks: None,
-                    rates: None,
-                    dropout: None,
-                    resets: None,
-                },
-                out,
-                Some(&mut short),
-            )
-            .unwrap_err(),
-        "reserve",
-    );
+    shape_error(model.forward_into(&Call::new(input), out, Some(&mut short)).unwrap_err(), "reserve");
 
     let mut weights = model.weights_by_slot();
     weights[1][0].pop();
@@ -282,43 +245,12 @@ fn bad_caller_buffers_get_typed_errors() {
     let out =
         ForwardOut { output: &mut output, final_states: finals.iter_mut().map(Vec::as_mut_slice).collect() };
     shape_error(
-        model
-            .forward_into(
-                &Call {
-                    input,
-                    weights: Some(&slices),
-                    h0: None,
-                    masks: None,
-                    rates: None,
-                    dropout: None,
-                    resets: None,
-                },
-                out,
-                None,
-            )
-            .unwrap_err(),
+        model.forward_into(&Call { weights: Some(&slices), ..Call::new(input) }, out, None).unwrap_err(),
         "weight_ih_l0_reverse",
     );
 
     let mut small = vec![0.0; 3];
     let out =
         ForwardOut { output: &mut small, final_states: finals.iter_mut().map(Vec::as_mut_slice).collect() };
-    shape_error(
-        model
-            .forward_into(
-                &Call {
-                    input,
-                    weights: None,
-                    h0: None,
-                    masks: None,
-                    rates: None,
-                    dropout: None,
-                    resets: None,
-                },
-                out,
-                None,
-            )
-            .unwrap_err(),
-        "output",
-    );
+    shape_error(model.forward_into(&Call::new(input), out, None).unwrap_err(), "output");
 }

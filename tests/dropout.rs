@@ -207,15 +207,7 @@ fn the_callers_memory_draws_the_masks_its_seed_says_on_host_and_device() {
         } else {
             let w: Vec<Vec<&[f32]>> =
                 weights.iter().map(|ps| ps.iter().map(Vec::as_slice).collect()).collect();
-            let call = Call {
-                input: padded(&x),
-                weights: Some(&w),
-                h0: None,
-                masks: Some(seed),
-                rates: None,
-                dropout: None,
-                resets: None,
-            };
+            let call = Call { weights: Some(&w), masks: Some(seed), ..Call::new(padded(&x)) };
             let out = ForwardOut {
                 output: &mut output,
                 final_states: finals.iter_mut().map(Vec::as_mut_slice).collect(),
@@ -248,15 +240,7 @@ fn bad_rates_are_typed_errors_and_a_call_without_masks_drops_nothing() {
     let mut finals: Vec<Vec<f32>> = (0..2).map(|_| vec![0.0; 4 * 4 * H]).collect();
     let mut reserve = vec![0.0; 4 * STEPS * m.reserve_floats_per_row()];
     // Evaluation mode (no masks), with a reserve (gradients in evaluation mode) or without.
-    let call = Call {
-        input: padded(&x),
-        weights: None,
-        h0: None,
-        masks: None,
-        rates: None,
-        dropout: None,
-        resets: None,
-    };
+    let call = Call::new(padded(&x));
     let want = m.forward(padded(&x), None).expect("inference").data;
     for reserve in [Some(&mut reserve[..]), None] {
         let finals = finals.iter_mut().map(Vec::as_mut_slice).collect();

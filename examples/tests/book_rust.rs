@@ -220,7 +220,7 @@ fn passes_over_the_callers_memory_equal_the_models_own() -> Result {
     // ANCHOR: forward_into
     // The caller's buffers: the output, the final states, and the reserve in which
     // the forward keeps what the backward reads (one row per row of the input's layout).
-    let call = Call { input, weights: None, h0: None, masks: None, rates: None, dropout: None, resets: None };
+    let call = Call::new(input);
     let rows = batch * steps;
     let mut output = vec![0.0; rows * model.output_size()];
     let mut finals: Vec<Vec<f32>> =

@@ -127,6 +127,14 @@ impl Model {
 }
 
 impl<'a> Call<'a> {
+    /// A call on `input` with the model's own weights, zero initial states,
+    /// in evaluation mode, at the model's rates and dropout, without resets;
+    /// the other fields are set with struct update syntax
+    /// (`Call { masks: Some(seed), ..Call::new(input) }`).
+    pub fn new(input: Input<'a>) -> Call<'a> {
+        Call { input, weights: None, h0: None, masks: None, rates: None, dropout: None, resets: None }
+    }
+
     /// The call's batch laid out and checked to fit in memory, its weights
     /// checked, and its initial states' lengths.
     fn laid_out(&self, model: &'a Model, training: bool) -> Result<(LaidOutBatch, PassParams<'a>)> {

@@ -303,31 +303,22 @@ impl Parser<'_> {
     }
 
     fn too_long(&mut self, span: Span) -> Failed {
-        if !self.depth_reported {
-            self.depth_reported = true;
-            self.diags.push(
-                Diagnostic::error(
-                    span,
-                    format!("expression is too long (more than {MAX_TREE_DEPTH} operations in a row)"),
-                )
-                .with_label("length limit reached here")
-                .with_note("split it into several `let`s"),
-            );
-        }
-        self.skip_rest_of_group();
-        Failed
+        let message = format!("expression is too long (more than {MAX_TREE_DEPTH} operations in a row)");
+        self.limit_reached(span, message, "length limit reached here")
     }
 
     fn too_deep(&mut self, span: Span) -> Failed {
+        let message = format!("expression is nested too deeply (more than {MAX_DEPTH} levels)");
+        self.limit_reached(span, message, "nesting limit reached here")
+    }
+
+    /// Reports an expression past one of the parser's limits (once per file) and skips the rest
+    /// of its group.
+    fn limit_reached(&mut self, span: Span, message: String, label: &str) -> Failed {
         if !self.depth_reported {
             self.depth_reported = true;
             self.diags.push(
-                Diagnostic::error(
-                    span,
-                    format!("expression is nested too deeply (more than {MAX_DEPTH} levels)"),
-                )
-                .with_label("nesting limit reached here")
-                .with_note("split it into several `let`s"),
+                Diagnostic::error(span, message).with_label(label).with_note("split it into several `let`s"),
             );
         }
         self.skip_rest_of_group();

@@ -483,8 +483,7 @@ fn train(
             let w: Vec<Vec<&[f32]>> =
                 weights.iter().map(|ps| ps.iter().map(Vec::as_slice).collect()).collect();
             let h0: Vec<&[f32]> = h0.iter().map(Vec::as_slice).collect();
-            let call =
-                Call { input, weights: Some(&w), h0: Some(&h0), masks, rates: None, dropout: None, resets };
+            let call = Call { weights: Some(&w), h0: Some(&h0), masks, resets, ..Call::new(input) };
             let out = ForwardOut {
                 output: &mut output,
                 final_states: finals.iter_mut().map(Vec::as_mut_slice).collect(),
