@@ -5,7 +5,8 @@
 #     tests/gpu/lent.sh RESULTS_DIR [BUDGET_SECONDS] [--resume]
 #
 # The check works in a folder that outlives the call on that machine ($CELLC_GPU_CHECK_DIR,
-# default /tmp/cellc-gpu-check), so that a second call with --resume goes on where the first
+# default target/gpu-check in the copy of the repository, which git ignores and a second call
+# on the same machine finds again), so that a second call with --resume goes on where the first
 # stopped; where the machine is a fresh one, a results.json carried in the repository at
 # target/gpu-pack/results.json (the first call's, copied back) seeds it. Each call ends by
 # copying three files into RESULTS_DIR: results.json, summary.md and logs.tar.gz.
@@ -15,7 +16,7 @@ cd "$(dirname "$0")/../.."
 RESULTS="${1:?usage: tests/gpu/lent.sh RESULTS_DIR [BUDGET_SECONDS] [--resume]}"
 BUDGET="${2:-540}"
 RESUME="${3:-}"
-WORK="${CELLC_GPU_CHECK_DIR:-/tmp/cellc-gpu-check}"
+WORK="${CELLC_GPU_CHECK_DIR:-target/gpu-check}"
 PACK=target/gpu-pack/cellc-gpu.tar.gz
 mkdir -p "$WORK" "$RESULTS"
 if [ "$RESUME" = "--resume" ] && [ ! -f "$WORK/results.json" ] && [ -f target/gpu-pack/results.json ]; then
