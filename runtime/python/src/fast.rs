@@ -26,8 +26,6 @@ struct Torch {
     parameter: Py<PyAny>,
     float32: Py<PyAny>,
     int64: Py<PyAny>,
-    empty: Py<PyAny>,
-    from_dlpack: Py<PyAny>,
 }
 
 fn torch(py: Python<'_>) -> PyResult<&Torch> {
@@ -39,8 +37,6 @@ fn torch(py: Python<'_>) -> PyResult<&Torch> {
             parameter: torch.getattr("nn")?.getattr("Parameter")?.unbind(),
             float32: torch.getattr("float32")?.unbind(),
             int64: torch.getattr("int64")?.unbind(),
-            empty: torch.getattr("empty")?.unbind(),
-            from_dlpack: torch.getattr("from_dlpack")?.unbind(),
         })
     })
 }
@@ -104,7 +100,7 @@ impl Eager {
         if features != model.input_size() {
             return Ok(None);
         }
-        let Some(lengths) = read_lengths(t, lengths, batch, steps)? else { return Ok(None) };
+        let Some(lengths) = read_lengths(t, lengths, batch)? else { return Ok(None) };
         let slots = model.layers().len() * model.directions();
         let state_sizes = model.layers().first().map(|l| l.state_sizes.clone()).unwrap_or_default();
         let Some(h0) = read_states(t, hx, slots, batch, &state_sizes)? else { return Ok(None) };
@@ -115,10 +111,10 @@ impl Eager {
         }
         // The outputs, fresh: the output laid out as the input, the final states.
         let out_shape = [x_shape[0], x_shape[1], model.output_size()];
-        let output = new_tensor(py, t, &out_shape)?;
+        let output = recycled::recycled_tensor(py, out_shape.to_vec())?;
         let finals = state_sizes
             .iter()
-            .map(|&size| new_tensor(py, t, &[slots, batch, size]))
+            .map(|&size| recycled::recycled_tensor(py, vec![slots, batch, size]))
             .collect::<PyResult<Vec<_>>>()?;
         let (out_addr, _) = address(&output)?;
         let final_addrs = finals.iter().map(|f| address(f).map(|(a, _)| a)).collect::<PyResult<Vec<_>>>()?;
@@ -187,14 +183,10 @@ fn address(x: &Bound<'_, PyAny>) -> PyResult<(usize, Vec<usize>)> {
 }
 
 /// The lengths of a plain call: `None` (every sequence runs all its steps) as `Some(None)`;
-/// a list of `batch` Python integers or a `[batch]` int64 CPU tensor, each in `1..=steps`
-/// (out of range: not plain, so that the Python layer reports it).
-fn read_lengths(
-    t: &Torch,
-    lengths: &Bound<'_, PyAny>,
-    batch: usize,
-    steps: usize,
-) -> PyResult<Option<Option<Vec<usize>>>> {
+/// a list of `batch` Python integers or a `[batch]` int64 CPU tensor, none negative (the
+/// runtime checks them against the steps, as it does every call's; a negative one is left to
+/// the Python layer, which reports it as the integer it is).
+fn read_lengths(t: &Torch, lengths: &Bound<'_, PyAny>, batch: usize) -> PyResult<Option<Option<Vec<usize>>>> {
     if lengths.is_none() {
         return Ok(Some(None));
     }
@@ -211,7 +203,7 @@ fn read_lengths(
         // SAFETY: a contiguous int64 CPU tensor of `batch` elements, held by the caller.
         unsafe { std::slice::from_raw_parts(addr as *const i64, batch) }.to_vec()
     };
-    if values.len() != batch || values.iter().any(|&n| n < 1 || n as u64 > steps as u64) {
+    if values.len() != batch || values.iter().any(|&n| n < 0) {
         return Ok(None);
     }
     Ok(Some(Some(values.into_iter().map(|n| n as usize).collect())))
@@ -248,14 +240,4 @@ fn read_states(
         out.push((addr, slots * batch * size));
     }
     Ok(Some(out))
-}
-
-/// A fresh float32 CPU tensor of `shape`: the large ones over the runtime's recycled memory
-/// (as the Python layer's outputs are), the small ones from PyTorch's allocator.
-fn new_tensor<'py>(py: Python<'py>, t: &Torch, shape: &[usize]) -> PyResult<Bound<'py, PyAny>> {
-    if shape.iter().product::<usize>() >= cellc_runtime::pool::MIN_KEPT_FLOATS {
-        let capsule = recycled::shaped(py, shape)?;
-        return t.from_dlpack.bind(py).call1((capsule,));
-    }
-    t.empty.bind(py).call1((PyTuple::new(py, shape)?,))
 }

@@ -120,7 +120,6 @@ fn held_models() -> (usize, usize) {
 fn _cellc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<spec::Handle>()?;
     m.add_class::<fast::Eager>()?;
-    m.add("SMALLEST_RECYCLED", cellc_runtime::pool::MIN_KEPT_FLOATS)?;
     m.add("MOST_CELL_BYTES", cellc_runtime::MOST_CELL_BYTES)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(set_threading, m)?)?;
@@ -136,7 +135,7 @@ fn _cellc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(passes::backward, m)?)?;
     m.add_function(wrap_pyfunction!(passes::dropout_masks, m)?)?;
     m.add_function(wrap_pyfunction!(passes::cell_masks, m)?)?;
-    m.add_function(wrap_pyfunction!(recycled::recycled, m)?)?;
+    m.add_function(wrap_pyfunction!(recycled::recycled_tensor, m)?)?;
     m.add_function(wrap_pyfunction!(exact::exact_pass, m)?)?;
     Ok(())
 }

@@ -11,6 +11,8 @@
 
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyTuple;
 use std::ffi::{c_void, CStr};
 
 #[repr(C)]
@@ -83,16 +85,27 @@ unsafe extern "C" fn destroy_capsule(capsule: *mut ffi::PyObject) {
     }
 }
 
-/// A DLPack capsule of `floats` f32 values on the CPU, from the pool (its
-/// contents are unspecified: the runtime writes every float that is read).
+/// A fresh float32 CPU tensor of `shape` (at most three dimensions) for a
+/// call's outputs, its contents unspecified (the runtime writes every float
+/// that is read): over the pool's recycled memory where it is large enough
+/// for the pool to keep, else from PyTorch's allocator (malloc serves those
+/// from memory it holds; the hand-over would cost more than it saves).
 #[pyfunction]
-pub fn recycled(py: Python<'_>, floats: usize) -> PyResult<Bound<'_, PyAny>> {
-    shaped(py, &[floats])
+pub fn recycled_tensor<'py>(py: Python<'py>, shape: Vec<usize>) -> PyResult<Bound<'py, PyAny>> {
+    static TORCH: PyOnceLock<(Py<PyAny>, Py<PyAny>)> = PyOnceLock::new();
+    let (empty, from_dlpack) = TORCH.get_or_try_init(py, || -> PyResult<_> {
+        let torch = py.import("torch")?;
+        Ok((torch.getattr("empty")?.unbind(), torch.getattr("from_dlpack")?.unbind()))
+    })?;
+    if shape.iter().product::<usize>() >= cellc_runtime::pool::MIN_KEPT_FLOATS {
+        return from_dlpack.bind(py).call1((shaped(py, &shape)?,));
+    }
+    empty.bind(py).call1((PyTuple::new(py, &shape)?,))
 }
 
 /// A DLPack capsule of a contiguous f32 tensor of `shape` (at most three
-/// dimensions) on the CPU, from the pool, as [`recycled`].
-pub fn shaped<'py>(py: Python<'py>, shape: &[usize]) -> PyResult<Bound<'py, PyAny>> {
+/// dimensions) on the CPU, from the pool.
+fn shaped<'py>(py: Python<'py>, shape: &[usize]) -> PyResult<Bound<'py, PyAny>> {
     if shape.len() > MOST_DIMS {
         return Err(pyo3::exceptions::PyValueError::new_err(format!(
             "{shape:?}: more than {MOST_DIMS} dimensions"

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 
 import torch
 from torch import Tensor
@@ -124,7 +123,13 @@ def backend(spec: str) -> str:
 
 def in_device_memory(spec: str, x: Tensor) -> bool:
     """Whether a call runs over device memory: CUDA tensors, or the emulated device's."""
-    return x.device.type == "cuda" or backend(spec) == "cuda-emulated"
+    return runs_in_device_memory(backend(spec), x)
+
+
+def runs_in_device_memory(backend_name: str | None, x: Tensor) -> bool:
+    """:func:`in_device_memory` by the back end's name (``None``: the tensors' device decides),
+    without reading the spec: traceable by ``torch.compile``."""
+    return x.device.type == "cuda" or backend_name == "cuda-emulated"
 
 
 def cudnn_rnn_allows_tf32() -> bool:
@@ -146,8 +151,7 @@ def float32_products(backend_name: str | None, x: Tensor) -> str:
     emulated device's) where PyTorch lets cuDNN's RNN use TF32 (see
     :func:`cudnn_rnn_allows_tf32`), so that cellc computes what ``nn.LSTM`` does there; else
     ``""``, full float32. Traceable by ``torch.compile``, which guards on the switch."""
-    device_memory = x.device.type == "cuda" or backend_name == "cuda-emulated"
-    return "+tf32" if device_memory and cudnn_rnn_allows_tf32() else ""
+    return "+tf32" if runs_in_device_memory(backend_name, x) and cudnn_rnn_allows_tf32() else ""
 
 
 def _check_devices(spec: str, tensors: list[Tensor]) -> None:
@@ -184,16 +188,10 @@ def _recycled(shape) -> Tensor:
     weights) would otherwise come from PyTorch's CPU allocator, malloc, which maps buffers
     that large fresh on every call: their pages faulted in and zeroed by the kernel took as
     long as the RNN itself at B=64, H=256. Contents are unspecified; the runtime writes them.
-    Buffers below the runtime's smallest recycled one come from PyTorch's allocator (malloc
-    serves those from memory it holds; the hand-over would cost more than it saves).
+    The extension decides which come from the pool (``_cellc.recycled_tensor``, which the
+    native fast path's outputs come from too).
     """
-    count = math.prod(shape)
-    if count < _SMALLEST_RECYCLED:
-        return torch.empty(tuple(shape))
-    return torch.from_dlpack(_cellc.recycled(count)).view(tuple(shape))
-
-
-_SMALLEST_RECYCLED = _cellc.SMALLEST_RECYCLED  # the runtime's pool keeps nothing smaller
+    return _cellc.recycled_tensor(tuple(shape))
 
 
 def _call_refs(x: Tensor, index: list[Tensor], h0: list[Tensor], weights: list[Tensor]):
@@ -237,6 +235,11 @@ def call_rates(dropout: float, rates: list[float]) -> list[float]:
     cell's rates in its order. A tensor, not a constant of the graph, so that ``torch.compile``
     traces a schedule of rates (a changed value is guarded, and recompiles)."""
     return [dropout, *rates]
+
+
+def _rates_tensor(rates):
+    """A call's rates as the operators' schema takes them: a float64 CPU tensor, or ``None``."""
+    return rates if rates is None or isinstance(rates, Tensor) else torch.tensor(rates, dtype=torch.float64)
 
 
 def _rates(rates) -> tuple[float | None, list[float] | None]:
@@ -436,8 +439,7 @@ def _backward(ctx, grad_output, grad_finals, _grad_reserve):
     else:
         # Through the operator: under create_graph its gradients carry the refusal of a
         # second backward.
-        if rates is not None and not isinstance(rates, Tensor):
-            args[-1] = torch.tensor(rates, dtype=torch.float64)
+        args[-1] = _rates_tensor(rates)
         grad_x, grad_h0, grad_weights = rnn_backward(*args)
     return None, None, grad_x, [None] * n_index, grad_h0, grad_weights, None, None, None
 
@@ -516,7 +518,6 @@ def run(spec: str, layout: str, x: Tensor, index: list[Tensor], h0: list[Tensor]
             return out, finals
         out, _, *finals = _Eager.apply(spec, layout, len(index), len(h0), masks, rates, x, *index, *h0, *weights)
         return out, finals
-    if rates is not None:
-        rates = torch.tensor(rates, dtype=torch.float64)
-    out, finals, _ = torch.ops.cellc.rnn_forward(spec, layout, x, index, h0, weights, training, masks, rates)
+    out, finals, _ = torch.ops.cellc.rnn_forward(spec, layout, x, index, h0, weights, training, masks,
+                                                 _rates_tensor(rates))
     return out, finals

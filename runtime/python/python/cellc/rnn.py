@@ -45,7 +45,7 @@ def cell_source(cell: str) -> tuple[str, str]:
         shipped = _cellc.shipped_cell(name)
         if shipped is not None:
             return shipped, f"cells/{name}.cell"
-    if os.path.isfile(cell) or (is_path and "\n" not in cell and os.path.exists(cell)):
+    if os.path.exists(cell) and not os.path.isdir(cell):  # a file, or a device such as /dev/zero
         return _read_cell_file(cell), cell
     if "{" in cell and not cell.endswith(".cell"):
         return cell, "<source>"
@@ -353,8 +353,7 @@ class RNN(nn.Module):
         if bias is not True:
             raise ValueError("bias=False is not supported: a cell's biases are parameters of its .cell source "
                              "(write a cell without them)")
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-            raise ValueError(f"dropout must be a number in [0, 1), not {dropout!r}")
+        _check_rate("dropout", dropout)
         if dropout > 0 and num_layers == 1:
             warnings.warn(
                 "dropout is applied between layers (to every layer's output but the last): with "
@@ -554,8 +553,7 @@ class RNN(nn.Module):
             ValueError: ``align`` neither ``"left"`` nor ``"right"``, ``lengths`` with a
                 ``PackedSequence``, or a rate outside ``[0, 1)``.
         """
-        if (not torch.is_grad_enabled() and resets is None and self._eager is not None
-                and not (self.training and self._dropout > 0 and self.num_layers > 1)
+        if (not torch.is_grad_enabled() and resets is None and self._eager is not None and not self._draws_masks()
                 and not torch.is_autocast_enabled("cpu") and _ops.plain_eager_mode()):
             # The plainest inference call in one native call; it declines anything else
             # (None), a mistake included, and the steps below take it.
@@ -759,7 +757,7 @@ class RNN(nn.Module):
         """The native fast path of the module's plain CPU inference calls (``_cellc.Eager``;
         never pickled, made again when a pickled module is loaded): for a CPU model of a cell
         without rates, whose calls read nothing but their tensors."""
-        cpu = json.loads(self.spec)["backend"] == "cpu"
+        cpu = self.backend in (None, "cpu")  # the spec's back end: "cpu" for both
         self._eager = _cellc.Eager(self.spec, self.batch_first) if cpu and not self._rate_defaults else None
 
     def __getstate__(self) -> dict:
@@ -821,10 +819,7 @@ class RNN(nn.Module):
         if not isinstance(rates, dict):
             raise TypeError(f"rates must be a dict of rate names to numbers in [0, 1) (e.g. {{'zh': 0.1}}), "
                             f"not {type(rates).__name__}")
-        unknown = [name for name in rates if name not in self._rate_defaults]
-        if unknown:
-            known = ", ".join(repr(n) for n in self._rate_defaults) or "none"
-            raise ValueError(f"rates has {unknown[0]!r}, which is not a rate of cell `{self.cell}` (its rates: {known})")
+        self._check_rate_names(rates)
         merged = {name: rates.get(name, default) for name, default in self._rate_defaults.items()}
         for name, rate in merged.items():
             _check_rate(f"rate {name!r}", rate)
@@ -857,11 +852,16 @@ class RNN(nn.Module):
             rate = self._rates[name]
             _check_rate(f"rate {name!r}", rate)
             out.append(float(rate))
-        unknown = [name for name in self._rates if name not in self._rate_defaults]
+        self._check_rate_names(self._rates)
+        return out
+
+    def _check_rate_names(self, rates: dict) -> None:
+        """Every name of ``rates`` is a rate of the cell (a ``ValueError`` naming the first that
+        is not, and the cell's rates)."""
+        unknown = [name for name in rates if name not in self._rate_defaults]
         if unknown:
             known = ", ".join(repr(n) for n in self._rate_defaults) or "none"
             raise ValueError(f"rates has {unknown[0]!r}, which is not a rate of cell `{self.cell}` (its rates: {known})")
-        return out
 
     def _call_rates(self, masks: Tensor | None) -> list[float] | None:
         """What a call's operators take as ``rates`` (``_ops.call_rates``): the dropout between
@@ -872,12 +872,14 @@ class RNN(nn.Module):
         _check_rate("dropout", self.dropout)
         return _ops.call_rates(float(self.dropout), self._cell_rates())
 
+    def _draws_masks(self) -> bool:
+        """Whether a call now draws masks: in training mode, where the cell has masks of its own
+        or drops out between layers."""
+        return self.training and (self._has_masks or (self._dropout > 0 and self.num_layers > 1))
+
     def _masks(self) -> Tensor | None:
-        """The seed of this call's masks: drawn in training mode where there are masks to draw
-        (the cell's own, or dropout between layers)."""
-        if self.training and (self._has_masks or (self.dropout > 0 and self.num_layers > 1)):
-            return _ops.draw_masks()
-        return None
+        """The seed of this call's masks, where it draws them (:meth:`_draws_masks`)."""
+        return _ops.draw_masks() if self._draws_masks() else None
 
     def _spec_for(self, x: Tensor) -> str:
         """The spec a call on ``x`` runs: the CUDA back end's for CUDA tensors when no back end was named."""
