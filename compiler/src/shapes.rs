@@ -5,7 +5,7 @@
 //! [`Shapes::compute`].)
 
 use crate::dims::{Bindings, EvalError};
-use crate::interp::{InterpError, MAX_TENSOR_ELEMENTS};
+use crate::interp::error::{InterpError, MAX_TENSOR_ELEMENTS};
 use crate::ir::{Graph, Op, Type, ValueId};
 
 /// A graph ready to evaluate at fixed sizes: its order and every value's shape.

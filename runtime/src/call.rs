@@ -13,8 +13,9 @@
 use crate::driver::{BackwardSpans, ForwardSpans};
 use crate::dropout::MaskSeed;
 use crate::error::Result;
-use crate::exec::{BackwardOut, BatchShape, ForwardOut, Input};
+use crate::exec::{BackwardOut, ForwardOut};
 use crate::host_target::{HostTarget, PassParams};
+use crate::input::{BatchShape, Input};
 use crate::model::Model;
 use crate::pass::Span;
 use crate::sequence::LaidOutBatch;

@@ -17,7 +17,7 @@ use crate::call::CallerMemory;
 use crate::driver::{BackwardSpans, ForwardSpans};
 use crate::dropout::MaskSeed;
 use crate::error::{Result, RuntimeError};
-use crate::exec::BatchShape;
+use crate::input::BatchShape;
 use crate::model::Model;
 use crate::pass::Span;
 use crate::sequence::Floats;

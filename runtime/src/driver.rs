@@ -30,7 +30,7 @@ use crate::error::{Result, RuntimeError};
 use crate::masks::CellMasking;
 use crate::model::Model;
 use crate::pass::{LayerBackward, LayerForward, PassTarget, RowSpan, Span};
-use crate::sequence::{check_len, LaidOutBatch};
+use crate::sequence::{check_len, LaidOutBatch, Segments};
 use std::ops::Range;
 
 /// The memory of a forward pass.
@@ -364,6 +364,100 @@ impl Model {
                 target.drop_out(rows, &dropout.after(below, dirs, self.layers[below].output_size))?;
             }
             d_above = d_input;
+        }
+        Ok(())
+    }
+}
+
+/// The states of a batch with resets: the layers run its segments, and
+/// the driver maps their states to the sequences' ([`crate::resets`]).
+impl Segments {
+    /// Segments in the batch.
+    fn count(&self) -> usize {
+        self.sequence.len()
+    }
+
+    /// Each segment's initial states, `[segments, size]` each in scratch
+    /// memory of the pass: its sequence's, from `[B, size]` `states`.
+    pub(crate) fn initial(
+        &self,
+        target: &mut dyn PassTarget,
+        states: &[Span],
+        sizes: &[usize],
+    ) -> Result<Vec<Span>> {
+        let pairs: Vec<(usize, usize)> = self.sequence.iter().copied().enumerate().collect();
+        self.per_segment(target, states, sizes, (&pairs, false))
+    }
+
+    /// `[segments, size]` rows in scratch memory (zeroed where `zeroed`)
+    /// for each of `from`'s `[B, size]`, row `j` of `from`'s copied to
+    /// row `i` for each `(i, j)` of `pairs`.
+    fn per_segment(
+        &self,
+        target: &mut dyn PassTarget,
+        from: &[Span],
+        sizes: &[usize],
+        (pairs, zeroed): (&[(usize, usize)], bool),
+    ) -> Result<Vec<Span>> {
+        from.iter()
+            .zip(sizes)
+            .map(|(&from, &n)| {
+                let to = target.scratch(self.count() * n, zeroed)?;
+                target.copy_rows(to, from, n, pairs)?;
+                Ok(to)
+            })
+            .collect()
+    }
+
+    /// Scratch memory for each segment's final states (or initial-state
+    /// adjoints), `[segments, size]` each.
+    pub(crate) fn scratch(&self, target: &mut dyn PassTarget, sizes: &[usize]) -> Result<Vec<Span>> {
+        sizes.iter().map(|&n| target.scratch(self.count() * n, false)).collect()
+    }
+
+    /// Each sequence's final states, `[B, size]` each into `to`: its last segment's.
+    pub(crate) fn finals(
+        &self,
+        target: &mut dyn PassTarget,
+        segments: &[Span],
+        to: &[Span],
+        sizes: &[usize],
+    ) -> Result<()> {
+        let pairs: Vec<(usize, usize)> = self.last.iter().copied().enumerate().collect();
+        for ((&from, &to), &n) in segments.iter().zip(to).zip(sizes) {
+            target.copy_rows(to, from, n, &pairs)?;
+        }
+        Ok(())
+    }
+
+    /// The final states' adjoints per segment, `[segments, size]` each in
+    /// scratch memory: each sequence's for its last segment, zeros for the others.
+    pub(crate) fn final_adjoints(
+        &self,
+        target: &mut dyn PassTarget,
+        d_final: &[Span],
+        sizes: &[usize],
+    ) -> Result<Vec<Span>> {
+        let pairs: Vec<(usize, usize)> = self.last.iter().enumerate().map(|(b, &j)| (j, b)).collect();
+        self.per_segment(target, d_final, sizes, (&pairs, true))
+    }
+
+    /// Each sequence's initial-state adjoints, `[B, size]` each into `to`:
+    /// the sum of its segments'. The segments are added in order, the
+    /// `k`-th of every sequence at once, so no two rows added at once
+    /// write the same row.
+    pub(crate) fn initial_adjoints(
+        &self,
+        target: &mut dyn PassTarget,
+        segments: &[Span],
+        to: &[Span],
+        sizes: &[usize],
+    ) -> Result<()> {
+        for ((&from, &to), &n) in segments.iter().zip(to).zip(sizes) {
+            target.zero(to)?;
+            for pairs in &self.rounds {
+                target.add_rows(to, from, n, pairs)?;
+            }
         }
         Ok(())
     }

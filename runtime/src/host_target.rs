@@ -69,7 +69,7 @@ impl MaskedParams {
         }
         let mut params: Vec<Vec<f32>> = params.iter().map(|p| p.to_vec()).collect();
         for (param, fill) in drop_connect {
-            crate::masks::drop_connect(&mut params[*param], fill);
+            crate::backend::cpu::host::drop_connect(&mut params[*param], fill);
         }
         Some(MaskedParams { params, prepared: PreparedWeights::for_one_pass() })
     }
@@ -215,7 +215,7 @@ impl PassTarget for HostTarget<'_> {
     fn drop_out(&mut self, rows: RowSpan, masks: &LayerMasks) -> Result<()> {
         // SAFETY: per `new`'s contract, `rows` is host memory of this pass's alone.
         unsafe {
-            crate::dropout::apply_on_host(
+            crate::backend::cpu::host::apply_on_host(
                 rows.span.addr as *mut f32,
                 (rows.width, rows.offset),
                 self.batch,
@@ -228,11 +228,11 @@ impl PassTarget for HostTarget<'_> {
     fn fill_masks(&mut self, rows: RowSpan, masks: &MaskRows) -> Result<()> {
         if rows.width == 0 {
             // SAFETY: per `new`'s contract.
-            crate::masks::fill_shared_row(unsafe { floats_mut(rows.span) }, masks);
+            crate::backend::cpu::host::fill_shared_row(unsafe { floats_mut(rows.span) }, masks);
             return Ok(());
         }
         // SAFETY: per `new`'s contract, `rows` is host memory of this pass's alone.
-        unsafe { crate::masks::fill_on_host(rows.span.addr as *mut f32, self.batch, masks) };
+        unsafe { crate::backend::cpu::host::fill_on_host(rows.span.addr as *mut f32, self.batch, masks) };
         Ok(())
     }
 
@@ -284,7 +284,7 @@ impl PassTarget for HostTarget<'_> {
         };
         let mut r = self.model.backend.backward(&backward, tape, &mut d_input)?;
         for (param, fill) in &job.drop_connect {
-            crate::masks::drop_connect(&mut r.d_params[*param], fill);
+            crate::backend::cpu::host::drop_connect(&mut r.d_params[*param], fill);
         }
         write_each(&job.d_h0, &r.d_h0, "initial-state gradient")?;
         write_each(&job.d_params, &r.d_params, "parameter gradient")

@@ -49,6 +49,7 @@ pub mod exact;
 pub mod exec;
 pub mod files;
 mod host_target;
+pub mod input;
 pub mod layers;
 pub mod masks;
 pub(crate) mod memory;
@@ -82,6 +83,6 @@ pub use weights::{
 /// the C allocator holds free. For when no model is left to reuse them (the
 /// Python package calls it when its last module is deleted).
 pub fn release_memory() {
-    backend::cpu::prepared::release_recycled();
+    backend::cpu::aligned::release_recycled();
     pool::release();
 }

@@ -24,22 +24,7 @@
 //! padding, changes nothing.
 
 use crate::error::Result;
-use crate::pass::{PassTarget, Span};
-use crate::sequence::{check_len, BatchOrder, LaidOutBatch, Major, RowLayout};
-
-/// A batch's segments, and how their states map to its sequences'.
-#[derive(Debug)]
-pub(crate) struct Segments {
-    /// The segments as a batch: every layout row where it was.
-    pub(crate) batch: LaidOutBatch,
-    /// Each segment's sequence.
-    sequence: Vec<usize>,
-    /// Each sequence's last segment.
-    last: Vec<usize>,
-    /// Round `k`: each sequence's `k`-th segment, as `(sequence, segment)`
-    /// (the initial-state adjoints are summed a round at a time).
-    rounds: Vec<Vec<(usize, usize)>>,
-}
+use crate::sequence::{check_len, BatchOrder, LaidOutBatch, Major, RowLayout, Segments};
 
 impl LaidOutBatch {
     /// The batch with per-step resets: one flag per layout row (a padded
@@ -87,98 +72,6 @@ impl LaidOutBatch {
         };
         self.segments = Some(Box::new(Segments { batch, sequence, last, rounds }));
         Ok(self)
-    }
-}
-
-impl Segments {
-    /// Segments in the batch.
-    fn count(&self) -> usize {
-        self.sequence.len()
-    }
-
-    /// Each segment's initial states, `[segments, size]` each in scratch
-    /// memory of the pass: its sequence's, from `[B, size]` `states`.
-    pub(crate) fn initial(
-        &self,
-        target: &mut dyn PassTarget,
-        states: &[Span],
-        sizes: &[usize],
-    ) -> Result<Vec<Span>> {
-        let pairs: Vec<(usize, usize)> = self.sequence.iter().copied().enumerate().collect();
-        self.per_segment(target, states, sizes, (&pairs, false))
-    }
-
-    /// `[segments, size]` rows in scratch memory (zeroed where `zeroed`)
-    /// for each of `from`'s `[B, size]`, row `j` of `from`'s copied to
-    /// row `i` for each `(i, j)` of `pairs`.
-    fn per_segment(
-        &self,
-        target: &mut dyn PassTarget,
-        from: &[Span],
-        sizes: &[usize],
-        (pairs, zeroed): (&[(usize, usize)], bool),
-    ) -> Result<Vec<Span>> {
-        from.iter()
-            .zip(sizes)
-            .map(|(&from, &n)| {
-                let to = target.scratch(self.count() * n, zeroed)?;
-                target.copy_rows(to, from, n, pairs)?;
-                Ok(to)
-            })
-            .collect()
-    }
-
-    /// Scratch memory for each segment's final states (or initial-state
-    /// adjoints), `[segments, size]` each.
-    pub(crate) fn scratch(&self, target: &mut dyn PassTarget, sizes: &[usize]) -> Result<Vec<Span>> {
-        sizes.iter().map(|&n| target.scratch(self.count() * n, false)).collect()
-    }
-
-    /// Each sequence's final states, `[B, size]` each into `to`: its last segment's.
-    pub(crate) fn finals(
-        &self,
-        target: &mut dyn PassTarget,
-        segments: &[Span],
-        to: &[Span],
-        sizes: &[usize],
-    ) -> Result<()> {
-        let pairs: Vec<(usize, usize)> = self.last.iter().copied().enumerate().collect();
-        for ((&from, &to), &n) in segments.iter().zip(to).zip(sizes) {
-            target.copy_rows(to, from, n, &pairs)?;
-        }
-        Ok(())
-    }
-
-    /// The final states' adjoints per segment, `[segments, size]` each in
-    /// scratch memory: each sequence's for its last segment, zeros for the others.
-    pub(crate) fn final_adjoints(
-        &self,
-        target: &mut dyn PassTarget,
-        d_final: &[Span],
-        sizes: &[usize],
-    ) -> Result<Vec<Span>> {
-        let pairs: Vec<(usize, usize)> = self.last.iter().enumerate().map(|(b, &j)| (j, b)).collect();
-        self.per_segment(target, d_final, sizes, (&pairs, true))
-    }
-
-    /// Each sequence's initial-state adjoints, `[B, size]` each into `to`:
-    /// the sum of its segments'. The segments are added in order, the
-    /// `k`-th of every sequence at once, so no two rows added at once
-    /// write the same row.
-    pub(crate) fn initial_adjoints(
-        &self,
-        target: &mut dyn PassTarget,
-        segments: &[Span],
-        to: &[Span],
-        sizes: &[usize],
-    ) -> Result<()> {
-        for ((&from, &to), &n) in segments.iter().zip(to).zip(sizes) {
-            target.zero(to)?;
-            for pairs in &self.rounds {
-                target.add_rows(to, from, n, pairs)?;
-            }
-        }
-        Ok(())
     }
 }
 

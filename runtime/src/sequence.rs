@@ -184,7 +184,7 @@ pub struct LaidOutBatch {
     /// Features of the batch's input rows.
     pub(crate) data_features: usize,
     /// With per-step resets: the batch's segments, which the layers run.
-    pub(crate) segments: Option<Box<crate::resets::Segments>>,
+    pub(crate) segments: Option<Box<Segments>>,
 }
 
 impl LaidOutBatch {
@@ -192,6 +192,21 @@ impl LaidOutBatch {
     pub(crate) fn running(&self) -> &LaidOutBatch {
         self.segments.as_ref().map_or(self, |s| &s.batch)
     }
+}
+
+/// A batch's segments (with per-step resets, see [`crate::resets`]), and
+/// how their states map to its sequences'.
+#[derive(Debug)]
+pub(crate) struct Segments {
+    /// The segments as a batch: every layout row where it was.
+    pub(crate) batch: LaidOutBatch,
+    /// Each segment's sequence.
+    pub(crate) sequence: Vec<usize>,
+    /// Each sequence's last segment.
+    pub(crate) last: Vec<usize>,
+    /// Round `k`: each sequence's `k`-th segment, as `(sequence, segment)`
+    /// (the initial-state adjoints are summed a round at a time).
+    pub(crate) rounds: Vec<Vec<(usize, usize)>>,
 }
 
 /// A packed batch exactly as PyTorch's `PackedSequence`: rows time-major,

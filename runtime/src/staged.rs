@@ -13,19 +13,12 @@ use crate::backend::DevicePasses;
 use crate::driver::{BackwardSpans, ForwardSpans};
 use crate::dropout::BetweenLayers;
 use crate::error::Result;
-use crate::exec::{Gradients, Output};
+use crate::exec::{DeviceReserve, Gradients, Output};
 use crate::masks::CellMasking;
 use crate::model::Model;
 use crate::pass::Span;
 use crate::sequence::LaidOutBatch;
 use std::sync::Arc;
-
-/// What a training forward in device memory keeps for its backward.
-#[derive(Debug)]
-pub(crate) struct DeviceReserve {
-    input: Buf,
-    reserve: Buf,
-}
 
 fn span(buf: &Buf) -> Span {
     Span { addr: buf.addr, len: buf.len }

@@ -15,7 +15,7 @@
 
 use crate::backend::{StepRunner, StreamJob};
 use crate::error::{Result, RuntimeError};
-use crate::exec::Input;
+use crate::input::Input;
 use crate::model::Model;
 use crate::sequence::{check_len, Align, Major};
 

@@ -136,7 +136,7 @@ impl Gradient {
 /// (constant folding, algebra, CSE, dead values) and verified.
 pub fn backward_step(cell: &Cell) -> Result<Gradient, Vec<VerifyError>> {
     let mut grad = differentiate(cell);
-    crate::passes::optimize_gradient(&mut grad)?;
+    optimize_gradient(&mut grad)?;
     // Each state adjoint computed in the step, as the carry to the step
     // before, and read by nothing else.
     let others: Vec<ValueId> = grad.d_inputs.iter().chain(&grad.d_params).flatten().copied().collect();
@@ -148,6 +148,26 @@ pub fn backward_step(cell: &Cell) -> Result<Gradient, Vec<VerifyError>> {
     );
     grad.verify(cell)?;
     Ok(grad)
+}
+
+/// Simplifies a backward step, verifying it after every pass.
+pub fn optimize_gradient(grad: &mut Gradient) -> Result<crate::passes::Stats, Vec<VerifyError>> {
+    let mut results: Vec<&mut ValueId> = grad
+        .d_inputs
+        .iter_mut()
+        .chain(grad.d_states.iter_mut())
+        .chain(grad.d_params.iter_mut())
+        .flatten()
+        .collect();
+    let mut weak: Vec<&mut Option<ValueId>> = grad
+        .primal_next_states
+        .iter_mut()
+        .chain(std::iter::once(&mut grad.primal_output))
+        .chain(grad.primal_values.iter_mut())
+        .collect();
+    let stats = crate::passes::run(&mut grad.graph, &mut results, &mut weak)?;
+    grad.forget_removed_primals();
+    Ok(stats)
 }
 
 /// Builds the backward step of `cell`, unsimplified.

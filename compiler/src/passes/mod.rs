@@ -17,7 +17,6 @@ pub use fold_constants::fold_constants;
 pub use materialize::materialize_recurrent;
 pub use simplify_algebra::simplify_algebra;
 
-use crate::autodiff::Gradient;
 use crate::ir::verify::{verify_graph, LeafTypes, VerifyError};
 use crate::ir::{Cell, Graph, Op, Type, ValueId};
 use std::collections::HashMap;
@@ -87,7 +86,7 @@ fn verify_after(graph: &Graph, leaves: &LeafTypes, pass: &str) -> Result<(), Vec
 /// Runs every pass on `graph` until a fixed point, verifying the graph
 /// after each; `roots` are updated in place, and so are `weak` values
 /// (followed through replacements but not kept alive).
-fn run(
+pub(crate) fn run(
     graph: &mut Graph,
     roots: &mut [&mut ValueId],
     weak: &mut [&mut Option<ValueId>],
@@ -143,26 +142,6 @@ pub fn optimize_cell(cell: &mut Cell) -> Result<Stats, Vec<VerifyError>> {
     cell.output = output;
     cell.next_states = next.into_iter().flatten().collect();
     verify_after(cell, &LeafTypes::of(cell), "materialising next states")?;
-    Ok(stats)
-}
-
-/// Simplifies a backward step, verifying it after every pass.
-pub fn optimize_gradient(grad: &mut Gradient) -> Result<Stats, Vec<VerifyError>> {
-    let mut results: Vec<&mut ValueId> = grad
-        .d_inputs
-        .iter_mut()
-        .chain(grad.d_states.iter_mut())
-        .chain(grad.d_params.iter_mut())
-        .flatten()
-        .collect();
-    let mut weak: Vec<&mut Option<ValueId>> = grad
-        .primal_next_states
-        .iter_mut()
-        .chain(std::iter::once(&mut grad.primal_output))
-        .chain(grad.primal_values.iter_mut())
-        .collect();
-    let stats = run(&mut grad.graph, &mut results, &mut weak)?;
-    grad.forget_removed_primals();
     Ok(stats)
 }
 

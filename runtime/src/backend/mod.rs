@@ -313,7 +313,7 @@ pub fn check_tape(layer: &Layer, rows: usize, len: usize) -> Result<()> {
     if need == len {
         return Ok(());
     }
-    Err(crate::RuntimeError::Shape {
+    Err(crate::error::RuntimeError::Shape {
         tensor: "reserve".into(),
         expected: format!("{need} floats for layer {}'s tape", layer.index),
         found: format!("{len}"),

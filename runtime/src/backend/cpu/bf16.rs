@@ -1,4 +1,4 @@
-//! Products with bf16 operands and f32 accumulation ([`crate::Precision::Bf16`]).
+//! Products with bf16 operands and f32 accumulation ([`cellc::precision::Precision::Bf16`]).
 //!
 //! A weight is packed once into *pair panels*: the [`PANEL`] columns of
 //! [`super::panels`], but each 32-bit word of a panel row holds two bf16
@@ -20,6 +20,7 @@
 //! else portable Rust. Rounding to bf16 is round-to-nearest-even; NaN stays
 //! NaN and infinities stay infinite.
 
+use super::aligned::AlignedBuf;
 use super::panels::{by_rows, PackedB, Rows, TileOut, PANEL, ROW_BLOCK};
 use cellc::precision::bf16_bits;
 use std::cell::RefCell;
@@ -28,6 +29,55 @@ use std::ops::Range;
 /// One 32-bit word of a pair panel: `even` in the low half, `odd` in the high.
 pub fn pair(even: f32, odd: f32) -> u32 {
     (bf16_bits(odd) as u32) << 16 | bf16_bits(even) as u32
+}
+
+/// Packing into pair panels.
+impl PackedB {
+    /// Pair panels ([`super::bf16`]) written by `fill(p, words)`, each
+    /// panel `k.div_ceil(2)` rows of [`PANEL`] words; the columns past `n`
+    /// in the last panel are zeros, and so is an odd `k`'s last high half.
+    fn build_pairs(k: usize, n: usize, fill: impl Fn(usize, &mut [u32]) + Sync) -> PackedB {
+        let (panels, kp) = (n.div_ceil(PANEL), k.div_ceil(2));
+        let mut data = AlignedBuf::recycled(panels * kp * PANEL);
+        super::threads::for_each_chunk_mut(data.as_mut_slice(), (kp * PANEL).max(1), &|p, panel| {
+            // SAFETY: u32 and f32 have one size and alignment; the slots hold bits only.
+            let words =
+                unsafe { std::slice::from_raw_parts_mut(panel.as_mut_ptr().cast::<u32>(), panel.len()) };
+            words.fill(0);
+            fill(p, words);
+        });
+        PackedB { k, n, bf16: true, data }
+    }
+
+    /// [`PackedB::of_transpose`] rounded to bf16 (ties to even), in pair
+    /// panels: the two elements of a word are neighbours in a row of `W`.
+    pub fn of_transpose_bf16(w: &[f32], rows: usize, cols: usize) -> PackedB {
+        assert!(w.len() >= rows * cols, "weight of {} floats packed as [{rows}, {cols}]", w.len());
+        PackedB::build_pairs(cols, rows, |p, words| {
+            for c in 0..PANEL.min(rows - p * PANEL) {
+                let row = &w[(p * PANEL + c) * cols..][..cols];
+                for (q, two) in row.chunks(2).enumerate() {
+                    words[q * PANEL + c] = pair(two[0], two.get(1).copied().unwrap_or(0.0));
+                }
+            }
+        })
+    }
+
+    /// [`PackedB::of`] rounded to bf16 (ties to even), in pair panels: a
+    /// word holds an element of `W` and the one below it.
+    pub fn of_bf16(w: &[f32], rows: usize, cols: usize) -> PackedB {
+        assert!(w.len() >= rows * cols, "weight of {} floats packed as [{rows}, {cols}]", w.len());
+        PackedB::build_pairs(rows, cols, |p, words| {
+            let (from, width) = (p * PANEL, PANEL.min(cols - p * PANEL));
+            for (q, dst) in words.chunks_mut(PANEL).enumerate().take(rows.div_ceil(2)) {
+                let even = &w[2 * q * cols + from..][..width];
+                let odd = (2 * q + 1 < rows).then(|| &w[(2 * q + 1) * cols + from..][..width]);
+                for (c, word) in dst[..width].iter_mut().enumerate() {
+                    *word = pair(even[c], odd.map_or(0.0, |o| o[c]));
+                }
+            }
+        })
+    }
 }
 
 /// The even (low) element of a pair word, as f32.
@@ -154,7 +204,7 @@ thread_local! {
 /// calling thread with `kernel` (the tests run every one the host has).
 ///
 /// # Safety
-/// As [`super::panels::multiply`]; `b` holds bf16 pairs; `kernel` runs on this processor.
+/// As [`super::product::multiply`]; `b` holds bf16 pairs; `kernel` runs on this processor.
 pub(crate) unsafe fn multiply_with(
     kernel: Bf16Kernel,
     rows: Rows,

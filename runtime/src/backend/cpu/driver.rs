@@ -578,9 +578,12 @@ pub fn prepared_params<'a>(
     steps: &[ReadyStage],
     params: &[&[f32]],
     shapes: &Shapes,
-    (rows, precision): (usize, crate::Precision),
+    (rows, precision): (usize, cellc::precision::Precision),
 ) -> &'a PreparedParams {
-    if slot.is_for_one_pass() && rows <= super::in_place::ROWS && precision == crate::Precision::F32 {
+    if slot.is_for_one_pass()
+        && rows <= super::in_place::ROWS
+        && precision == cellc::precision::Precision::F32
+    {
         // Weights for this pass alone, met by a few rows in all (a step
         // or two of a few sequences): packing them would cost more than
         // the products. Longer passes pack: read in place, `X · Wᵀ`
@@ -777,7 +780,7 @@ unsafe fn run_one(rows: super::panels::Rows, right: RightOperand, (part, parts):
         // SAFETY: per the contract; the packed weight is [k, n] of the product.
         RightOperand::Packed(packed) => unsafe {
             let packed = &*packed;
-            super::panels::multiply(rows, packed, packed.share(part, parts), false)
+            super::product::multiply(rows, packed, packed.share(part, parts), false)
         },
         RightOperand::InPlaceT { w, n, k } => {
             let (from, count) = column_share(n, part, parts);

@@ -437,7 +437,8 @@ mod tests {
 
     #[test]
     fn in_place_products_give_the_packed_products_bits() {
-        use super::super::panels::{multiply, PackedB};
+        use super::super::panels::PackedB;
+        use super::super::product::multiply;
         for &(m, k, n) in &[(1, 256, 1024), (3, 40, 37), (4, 16, 16), (2, 7, 5)] {
             let a = data(m * k, 5.0);
             let w = data(n * k, 6.0);

@@ -57,7 +57,7 @@ fn value(row: MaskRow, bits: u32) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::MaskRow;
+    use crate::backend::cpu::masks::MaskRow;
     use std::arch::x86_64::*;
 
     /// The high and low 32 bits of each lane's `m * x` (unsigned).

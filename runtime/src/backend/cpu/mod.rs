@@ -10,6 +10,7 @@
 //! panels. Per-step values live in rank order, so a thread's active
 //! sequences are a contiguous prefix and each per-step product is one call.
 
+pub(crate) mod aligned;
 pub mod aot;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
@@ -18,12 +19,14 @@ pub mod bf16;
 pub mod codegen;
 mod driver;
 pub mod gemm;
+pub mod host;
 mod in_place;
 pub mod masks;
 pub mod native;
 pub(crate) mod openmp;
 pub mod panels;
 pub(crate) mod prepared;
+pub mod product;
 pub mod roofline;
 pub mod stage;
 mod step_loop;
@@ -36,8 +39,8 @@ use crate::cell::{CompiledCell, Layer};
 use crate::error::{Result, RuntimeError};
 use crate::plan::{Home, ParamGradient, PassPlan, TapeSource, TimeLoop};
 use crate::pool;
-use crate::Precision;
 use cellc::ir::{Graph, Op, ValueId};
+use cellc::precision::Precision;
 use cellc::program::{Kept, ProgramKernel, Side, TapePart};
 use cellc::schedule::Placement;
 use cellc::shapes::Shapes;

@@ -16,8 +16,7 @@
 //! the `k` products of an output in the same order, whatever the rows, the
 //! panels or the thread count, so results are bitwise reproducible.
 
-use super::bf16::Bf16Kernel;
-use super::prepared::AlignedBuf;
+use super::aligned::AlignedBuf;
 use std::ops::Range;
 
 /// Columns per panel: two AVX-512 registers.
@@ -191,12 +190,12 @@ pub(super) unsafe fn transposed16(src: *const f32, ld: usize) -> [std::arch::x86
 /// `B: [k, n]` in column panels, of f32 or of bf16 pairs.
 #[derive(Debug)]
 pub struct PackedB {
-    k: usize,
-    n: usize,
+    pub(super) k: usize,
+    pub(super) n: usize,
     /// Panels of bf16 pairs ([`super::bf16`]): `k.div_ceil(2)` rows of
     /// [`PANEL`] 32-bit words each, held in `data`'s float slots.
-    bf16: bool,
-    data: AlignedBuf,
+    pub(super) bf16: bool,
+    pub(super) data: AlignedBuf,
 }
 
 impl PackedB {
@@ -246,52 +245,6 @@ impl PackedB {
             let width = PANEL.min(cols - p * PANEL);
             for (kk, dst) in panel.chunks_mut(PANEL).enumerate() {
                 dst[..width].copy_from_slice(&w[kk * cols + p * PANEL..][..width]);
-            }
-        })
-    }
-
-    /// Pair panels ([`super::bf16`]) written by `fill(p, words)`, each
-    /// panel `k.div_ceil(2)` rows of [`PANEL`] words; the columns past `n`
-    /// in the last panel are zeros, and so is an odd `k`'s last high half.
-    fn build_pairs(k: usize, n: usize, fill: impl Fn(usize, &mut [u32]) + Sync) -> PackedB {
-        let (panels, kp) = (n.div_ceil(PANEL), k.div_ceil(2));
-        let mut data = AlignedBuf::recycled(panels * kp * PANEL);
-        super::threads::for_each_chunk_mut(data.as_mut_slice(), (kp * PANEL).max(1), &|p, panel| {
-            // SAFETY: u32 and f32 have one size and alignment; the slots hold bits only.
-            let words =
-                unsafe { std::slice::from_raw_parts_mut(panel.as_mut_ptr().cast::<u32>(), panel.len()) };
-            words.fill(0);
-            fill(p, words);
-        });
-        PackedB { k, n, bf16: true, data }
-    }
-
-    /// [`PackedB::of_transpose`] rounded to bf16 (ties to even), in pair
-    /// panels: the two elements of a word are neighbours in a row of `W`.
-    pub fn of_transpose_bf16(w: &[f32], rows: usize, cols: usize) -> PackedB {
-        assert!(w.len() >= rows * cols, "weight of {} floats packed as [{rows}, {cols}]", w.len());
-        PackedB::build_pairs(cols, rows, |p, words| {
-            for c in 0..PANEL.min(rows - p * PANEL) {
-                let row = &w[(p * PANEL + c) * cols..][..cols];
-                for (q, two) in row.chunks(2).enumerate() {
-                    words[q * PANEL + c] = super::bf16::pair(two[0], two.get(1).copied().unwrap_or(0.0));
-                }
-            }
-        })
-    }
-
-    /// [`PackedB::of`] rounded to bf16 (ties to even), in pair panels: a
-    /// word holds an element of `W` and the one below it.
-    pub fn of_bf16(w: &[f32], rows: usize, cols: usize) -> PackedB {
-        assert!(w.len() >= rows * cols, "weight of {} floats packed as [{rows}, {cols}]", w.len());
-        PackedB::build_pairs(rows, cols, |p, words| {
-            let (from, width) = (p * PANEL, PANEL.min(cols - p * PANEL));
-            for (q, dst) in words.chunks_mut(PANEL).enumerate().take(rows.div_ceil(2)) {
-                let even = &w[2 * q * cols + from..][..width];
-                let odd = (2 * q + 1 < rows).then(|| &w[(2 * q + 1) * cols + from..][..width]);
-                for (c, word) in dst[..width].iter_mut().enumerate() {
-                    *word = super::bf16::pair(even[c], odd.map_or(0.0, |o| o[c]));
-                }
             }
         })
     }
@@ -389,25 +342,7 @@ pub struct Rows {
     pub m: usize,
 }
 
-/// `Y[i, j] (+)= Σ_kk A[i, kk] · B[kk, j]` for rows `i < m` and the columns
-/// of `panels`, on the calling thread.
-///
-/// # Safety
-/// `a` holds `m` rows of `b.k()` floats, `lda` apart; `y` holds `m` rows,
-/// `ldy` apart, with every column of `panels` writable; `y` does not overlap
-/// `a` or `b`.
-pub unsafe fn multiply(rows: Rows, b: &PackedB, panels: Range<usize>, accumulate: bool) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        if b.bf16 {
-            super::bf16::multiply_with(Bf16Kernel::detect(), rows, b, panels, accumulate)
-        } else {
-            multiply_with(Isa::detect(), rows, b, panels, accumulate)
-        }
-    }
-}
-
-/// [`multiply`] with a chosen microkernel (the tests run every one the host has).
+/// [`super::product::multiply`] with a chosen microkernel (the tests run every one the host has).
 ///
 /// # Safety
 /// As [`multiply`]; `isa` must be supported by this processor.
@@ -681,6 +616,7 @@ fn mask16(n: usize) -> u16 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::product::multiply;
     use super::*;
 
     fn isas() -> Vec<Isa> {

@@ -7,7 +7,8 @@
 
 use super::driver::SharedRows;
 use super::gemm::{matmul, View};
-use super::panels::{multiply, PackedB, Rows};
+use super::panels::{PackedB, Rows};
+use super::product::multiply;
 use crate::cell::{CompiledCell, Layer};
 use crate::error::{Result, RuntimeError};
 use cellc::ir::Op;

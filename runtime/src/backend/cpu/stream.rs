@@ -89,7 +89,7 @@ impl LayerStep {
         code: Arc<LayerCode>,
         job: &StreamJob,
         k: usize,
-        precision: crate::Precision,
+        precision: cellc::precision::Precision,
     ) -> Result<LayerStep> {
         let (g, plan) = (&*code.fwd_graph, &*code.fwd_plan);
         let (layer, batch) = (&job.layers[k], job.batch);
@@ -122,7 +122,7 @@ impl LayerStep {
         // (rows 0 floats apart), set once, as an evaluation pass's.
         let mut masks = vec![0.0f32; layer.mask_width];
         if let (Some(rows), _) = job.masking.of_layer(&job.cell.forward, layer, k, 0) {
-            crate::masks::fill_shared_row(&mut masks, &rows);
+            super::host::fill_shared_row(&mut masks, &rows);
         }
         let mask_rows = Rows { data: &masks, layout: &layout, width: 0, offset: 0 };
         let frame = Frame {

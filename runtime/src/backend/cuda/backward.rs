@@ -60,7 +60,7 @@ pub fn backward(
     job: &BackwardJob,
     tape: &[f32],
     d_input: &mut RowsMut,
-    (graph_capture, precision): (bool, crate::Precision),
+    (graph_capture, precision): (bool, cellc::precision::Precision),
 ) -> Result<BackwardResult> {
     let layer = job.layer;
     let layout_rows = job.layout_rows();

@@ -72,10 +72,10 @@ pub(crate) struct Gemm {
     pub c: u64,
     pub ldc: usize,
     pub accumulate: bool,
-    /// The operands' precision, the sums f32 ([`crate::Precision`]: bf16 or
+    /// The operands' precision, the sums f32 ([`cellc::precision::Precision`]: bf16 or
     /// fp16 on a GPU's tensor cores, with `CUBLAS_COMPUTE_32F_FAST_16BF` or
     /// `_16F`).
-    pub operands: crate::Precision,
+    pub operands: cellc::precision::Precision,
     /// One product, or one per head of a block-diagonal weight.
     pub batch: Batch,
 }
@@ -487,7 +487,7 @@ impl Primitives for Emulated {
             View::rows(b as *const f32, k, n, ldb)
         };
         let c = View::rows(c as *const f32, m, n, ldc);
-        if operands == crate::Precision::F32 {
+        if operands == cellc::precision::Precision::F32 {
             // SAFETY: the caller passes addresses of this device's buffers with these shapes.
             unsafe { matmul(c, a, b, accumulate) };
             return Ok(());
@@ -510,7 +510,7 @@ impl Primitives for Emulated {
 ///
 /// # Safety
 /// `v` describes valid memory.
-unsafe fn rounded(v: View, precision: crate::Precision) -> Vec<f32> {
+unsafe fn rounded(v: View, precision: cellc::precision::Precision) -> Vec<f32> {
     (0..v.rows * v.cols)
         .map(|e| {
             let (i, j) = ((e / v.cols) as isize, (e % v.cols) as isize);

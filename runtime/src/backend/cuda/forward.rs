@@ -87,7 +87,7 @@ pub fn forward(
     job: &ForwardJob,
     output: &mut RowsMut,
     tape: Option<&mut [f32]>,
-    (graph_capture, precision): (bool, crate::Precision),
+    (graph_capture, precision): (bool, cellc::precision::Precision),
 ) -> Result<Vec<Vec<f32>>> {
     let layer = job.layer;
     let layout_rows = job.layout_rows();

@@ -472,10 +472,16 @@ impl Primitives for On<'_> {
         let stride = |x: usize| x as std::ffi::c_longlong;
         let (a, b) = (a as *const f32, b as *const f32);
         let tensor_cores = match operands {
-            crate::Precision::F32 => None,
-            crate::Precision::Bf16 => Some(blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF),
-            crate::Precision::F16 => Some(blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16F),
-            crate::Precision::Tf32 => Some(blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32),
+            cellc::precision::Precision::F32 => None,
+            cellc::precision::Precision::Bf16 => {
+                Some(blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF)
+            }
+            cellc::precision::Precision::F16 => {
+                Some(blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16F)
+            }
+            cellc::precision::Precision::Tf32 => {
+                Some(blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32)
+            }
         };
         if let Some(compute) = tensor_cores {
             // bf16, fp16 or TF32 operands, f32 sums: the tensor cores round f32 inputs

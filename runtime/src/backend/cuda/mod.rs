@@ -37,7 +37,7 @@ pub struct Cuda {
     loaded: Mutex<HashMap<String, Arc<LoadedKernels>>>,
     graphs: bool,
     /// The precision of the products of matrix parameters ([`Cuda::with_precision`]).
-    precision: crate::Precision,
+    precision: cellc::precision::Precision,
 }
 
 /// A layer's kernels, forward and backward, loaded as one module.
@@ -67,7 +67,12 @@ impl Cuda {
     }
 
     fn on(device: Box<dyn Device>) -> Cuda {
-        Cuda { device, loaded: Mutex::new(HashMap::new()), graphs: false, precision: crate::Precision::F32 }
+        Cuda {
+            device,
+            loaded: Mutex::new(HashMap::new()),
+            graphs: false,
+            precision: cellc::precision::Precision::F32,
+        }
     }
 
     /// Runs every pass as a CUDA graph: its calls run as they are the
@@ -83,13 +88,13 @@ impl Cuda {
     }
 
     /// This back end computing the products of the cell's matrix parameters
-    /// in `precision`: at [`crate::Precision::Bf16`],
-    /// [`crate::Precision::F16`] or [`crate::Precision::Tf32`], cuBLAS
+    /// in `precision`: at [`cellc::precision::Precision::Bf16`],
+    /// [`cellc::precision::Precision::F16`] or [`cellc::precision::Precision::Tf32`], cuBLAS
     /// rounds their operands to bf16, fp16 or TF32 and sums in f32 on the
     /// tensor cores (`CUBLAS_COMPUTE_32F_FAST_16BF`, `_16F` or `_TF32`); the
     /// emulated device rounds them the same way. Everything else stays f32,
     /// as on the CPU.
-    pub fn with_precision(mut self, precision: crate::Precision) -> Cuda {
+    pub fn with_precision(mut self, precision: cellc::precision::Precision) -> Cuda {
         self.precision = precision;
         self
     }

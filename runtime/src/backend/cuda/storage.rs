@@ -177,7 +177,7 @@ pub struct LayerRun<'a> {
     /// Rows of the caller's layout (padding included).
     pub layout_rows: usize,
     /// The precision of the products of matrix parameters ([`LayerRun::in_precision`]).
-    pub precision: crate::Precision,
+    pub precision: cellc::precision::Precision,
     homes: HashMap<ValueId, Home>,
     arena: Arena,
 }
@@ -206,14 +206,14 @@ impl<'a> LayerRun<'a> {
             order,
             reverse,
             layout_rows,
-            precision: crate::Precision::F32,
+            precision: cellc::precision::Precision::F32,
             homes: HashMap::new(),
             arena: Arena::default(),
         }
     }
 
     /// This pass with the products of matrix parameters in `precision`.
-    pub fn in_precision(self, precision: crate::Precision) -> LayerRun<'a> {
+    pub fn in_precision(self, precision: cellc::precision::Precision) -> LayerRun<'a> {
         LayerRun { precision, ..self }
     }
 

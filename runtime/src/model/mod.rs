@@ -7,6 +7,8 @@
 //! variables of the input are bound per layer: layer `k > 0` reads the
 //! previous layer's output (`O * directions` features).
 
+mod masks;
+
 use crate::backend::Backend;
 pub use crate::cell::{CompiledCell, Layer, Side};
 use crate::error::{Result, RuntimeError};
