@@ -28,7 +28,7 @@ fn linked_kernels_equal_the_jit_bit_for_bit_on_every_cell() {
         let cpu = |k: Kernels| {
             move || {
                 Box::new(Cpu::new(2, k).expect("cpu").split_every_step())
-                    as Box<dyn cellc_runtime::backend::Backend>
+                    as Box<dyn cellc_runtime::backend::Device>
             }
         };
         let jit = support::two_layer_model(c, (7, 3, 5), 9, &cpu(Kernels::Jit));

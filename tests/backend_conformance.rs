@@ -10,7 +10,7 @@ use cellc_difftest::backends::BackendKind;
 use cellc_difftest::check::{check, Case, Checks};
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
-use cellc_runtime::backend::Backend;
+use cellc_runtime::backend::Device;
 use cellc_runtime::{Align, CompiledCell, Input, Major, MaskSeed, Model, ModelConfig};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -41,7 +41,7 @@ fn build(
     h: usize,
     i: usize,
     config: &ModelConfig,
-    backend: Box<dyn Backend>,
+    backend: Box<dyn Device>,
 ) -> Option<Model> {
     support::try_model(cell, (h, (h / 2).max(1), i), config, 3, backend)
 }

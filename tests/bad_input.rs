@@ -8,11 +8,11 @@ mod support;
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::cuda::Cuda;
 use cellc_runtime::backend::reference::Reference;
-use cellc_runtime::backend::Backend;
+use cellc_runtime::backend::Device;
 use cellc_runtime::{Align, CompiledCell, Input, Major, Model, ModelConfig, RuntimeError};
 use std::sync::Arc;
 
-type MakeBackend = fn() -> Box<dyn Backend>;
+type MakeBackend = fn() -> Box<dyn Device>;
 
 const BACKENDS: [(&str, MakeBackend); 4] = [
     ("reference", || Box::new(Reference)),
@@ -26,12 +26,7 @@ fn compiled(name: &str, source: &str) -> Arc<CompiledCell> {
 }
 
 /// Two bidirectional layers (one when the cell's input must be its state's size).
-fn model(
-    cell: &Arc<CompiledCell>,
-    sizes: &[(&str, usize)],
-    input: usize,
-    backend: Box<dyn Backend>,
-) -> Model {
+fn model(cell: &Arc<CompiledCell>, sizes: &[(&str, usize)], input: usize, backend: Box<dyn Device>) -> Model {
     let sizes = sizes.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     let layers = if cell.forward.input_dim() == cell.forward.states[0].dim { 1 } else { 2 };
     let config = ModelConfig { layers, bidirectional: true };

@@ -105,7 +105,7 @@ fn ideal_errors(ideal: &Oracle, want: &Oracle) -> Vec<(String, f64)> {
 #[test]
 fn bf16_products_are_as_accurate_as_bf16_arithmetic_on_every_shipped_cell() {
     let cpu = |precision| {
-        move || -> Box<dyn cellc_runtime::backend::Backend> {
+        move || -> Box<dyn cellc_runtime::backend::Device> {
             Box::new(Cpu::new(2, Kernels::Fastest).and_then(|c| c.with_precision(precision)).expect("cpu"))
         }
     };
@@ -165,7 +165,7 @@ fn nan_and_infinity_propagate_in_bf16_as_in_f32() {
     use cellc_runtime::{Align, Input, Major};
     let cell = support::compiled_cells().into_iter().find(|c| c.forward.name == "lstm").expect("lstm ships");
     let cpu = |precision| {
-        move || -> Box<dyn cellc_runtime::backend::Backend> {
+        move || -> Box<dyn cellc_runtime::backend::Device> {
             Box::new(Cpu::new(2, Kernels::Fastest).and_then(|c| c.with_precision(precision)).expect("cpu"))
         }
     };
@@ -219,7 +219,7 @@ fn cuda_half_precision_products_on_the_emulated_device_are_that_arithmetic() {
         return;
     }
     let cuda = |precision| {
-        move || -> Box<dyn cellc_runtime::backend::Backend> {
+        move || -> Box<dyn cellc_runtime::backend::Device> {
             Box::new(Cuda::emulated().expect("emulated device").with_precision(precision))
         }
     };

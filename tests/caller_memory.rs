@@ -11,7 +11,7 @@ mod support;
 
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
-use cellc_runtime::backend::Backend;
+use cellc_runtime::backend::Device;
 use cellc_runtime::{
     Align, BackwardOut, Call, ForwardOut, Input, Major, Model, PackedSequence, RuntimeError,
 };
@@ -19,11 +19,11 @@ use cellc_runtime::{
 const LENGTHS: [usize; 4] = [3, 5, 1, 5];
 const STEPS: usize = 6;
 
-fn cpu() -> Box<dyn Backend> {
+fn cpu() -> Box<dyn Device> {
     Box::new(Cpu::new(2, Kernels::default()).expect("cpu").split_every_step())
 }
 
-fn reference() -> Box<dyn Backend> {
+fn reference() -> Box<dyn Device> {
     Box::new(Reference)
 }
 
@@ -121,7 +121,7 @@ impl BySlot for Model {
 fn caller_memory_passes_equal_the_models_own_on_every_cell() {
     for cell in support::compiled_cells() {
         let name = cell.forward.name.clone();
-        for (backend, make) in [("cpu", cpu as fn() -> Box<dyn Backend>), ("reference", reference)] {
+        for (backend, make) in [("cpu", cpu as fn() -> Box<dyn Device>), ("reference", reference)] {
             let model = support::two_layer_model(&cell, (7, 4, 3), 9, &make);
             let (i, o, b) = (model.input_size(), model.output_size(), LENGTHS.len());
             let x = data(b * STEPS * i, 1);

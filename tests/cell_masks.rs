@@ -17,7 +17,7 @@ use cellc::random::{draw, kept, threshold, MaskStream, SHARED};
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::cuda::Cuda;
 use cellc_runtime::backend::reference::Reference;
-use cellc_runtime::backend::Backend;
+use cellc_runtime::backend::Device;
 use cellc_runtime::{
     Align, BackwardOut, Call, CompiledCell, ForwardOut, Input, Major, MaskSeed, Model, ModelConfig,
     RuntimeError,
@@ -30,7 +30,7 @@ const H: usize = 6;
 const I: usize = 3;
 const SEED: u64 = 23;
 
-type MakeBackend = fn() -> Box<dyn Backend>;
+type MakeBackend = fn() -> Box<dyn Device>;
 
 fn backends() -> Vec<(&'static str, MakeBackend)> {
     vec![
@@ -50,7 +50,7 @@ fn shipped(name: &str) -> Arc<CompiledCell> {
     Arc::new(CompiledCell::from_file(&path, None).expect("compiles"))
 }
 
-fn model(cell: Arc<CompiledCell>, input: usize, backend: Box<dyn Backend>) -> Model {
+fn model(cell: Arc<CompiledCell>, input: usize, backend: Box<dyn Device>) -> Model {
     let sizes = [("H".to_string(), H)].into_iter().collect();
     let config = ModelConfig { layers: 1, bidirectional: false };
     Model::new(cell, config, &sizes, Some(input), None, SEED, backend).expect("model")

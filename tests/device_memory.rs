@@ -14,7 +14,7 @@ mod support;
 
 use cellc_runtime::backend::cuda::{self, Cuda};
 use cellc_runtime::backend::reference::Reference;
-use cellc_runtime::backend::Backend;
+use cellc_runtime::backend::Device;
 use cellc_runtime::{
     Align, DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut, Input, Major, Model,
     PackedSequence, RuntimeError,
@@ -177,7 +177,7 @@ fn device_passes_equal_host_passes(
     tolerance: Option<f32>,
 ) {
     let cuda = Arc::new(cuda());
-    let backend = || -> Box<dyn Backend> { Box::new(cuda.clone()) };
+    let backend = || -> Box<dyn Device> { Box::new(cuda.clone()) };
     for cell in support::compiled_cells() {
         let name = cell.forward.name.clone();
         let model = support::two_layer_model(&cell, (7, 4, 3), 9, &backend);
@@ -273,7 +273,7 @@ impl Memory for GpuMemory {
 fn graphs_replay_over_device_memory(cuda: Cuda, mem: &mut dyn Memory) {
     let cuda = Arc::new(cuda.with_graphs(true));
     let cell = support::compiled_cells().into_iter().find(|c| c.forward.name == "lstm").expect("lstm");
-    let backend = || -> Box<dyn Backend> { Box::new(cuda.clone()) };
+    let backend = || -> Box<dyn Device> { Box::new(cuda.clone()) };
     let model = support::two_layer_model(&cell, (7, 4, 3), 9, &backend);
     let (i, o, b) = (model.input_size(), model.output_size(), LENGTHS.len());
     let x = data(b * STEPS * i, 1);
@@ -338,7 +338,7 @@ fn graphs_over_device_memory_on_a_gpu_replay() {
 #[test]
 fn bad_device_buffers_get_typed_errors() {
     let cell = support::compiled_cells().into_iter().find(|c| c.forward.name == "gru").expect("gru");
-    let cuda = || -> Box<dyn Backend> { Box::new(Cuda::emulated().expect("emulated device")) };
+    let cuda = || -> Box<dyn Device> { Box::new(Cuda::emulated().expect("emulated device")) };
     let model = support::two_layer_model(&cell, (6, 3, 3), 5, &cuda);
     let mut mem = HostMemory::default();
     let rows = LENGTHS.len() * STEPS;

@@ -14,7 +14,7 @@ use cellc::random::{draw, kept, threshold, MaskStream};
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::cuda::Cuda;
 use cellc_runtime::backend::reference::Reference;
-use cellc_runtime::backend::Backend;
+use cellc_runtime::backend::Device;
 use cellc_runtime::dropout::BETWEEN_LAYERS;
 use cellc_runtime::{
     Align, BackwardOut, Call, CompiledCell, DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut,
@@ -33,7 +33,7 @@ fn lstm() -> Arc<CompiledCell> {
     Arc::new(CompiledCell::from_file(&support::root().join("cells/lstm.cell"), None).expect("compiles"))
 }
 
-fn model(layers: usize, input: usize, backend: Box<dyn Backend>) -> Model {
+fn model(layers: usize, input: usize, backend: Box<dyn Device>) -> Model {
     let sizes = [("H".to_string(), H)].into_iter().collect();
     let config = ModelConfig { layers, bidirectional: true };
     Model::new(lstm(), config, &sizes, Some(input), None, SEED, backend).expect("model")
@@ -89,7 +89,7 @@ struct Trained {
 }
 
 /// The two-layer model's training pass (its first: masks at offset 0).
-fn two_layers(backend: Box<dyn Backend>, x: &[f32], d_out: &[f32]) -> Trained {
+fn two_layers(backend: Box<dyn Device>, x: &[f32], d_out: &[f32]) -> Trained {
     let m = model(2, I, backend).with_dropout(RATE).expect("rate");
     let (out, trace) = m.forward_train(padded(x), None).expect("forward");
     let g = m.backward(&trace, d_out, None).expect("backward");
@@ -98,7 +98,7 @@ fn two_layers(backend: Box<dyn Backend>, x: &[f32], d_out: &[f32]) -> Trained {
 
 /// The same by hand: layer 0, the masks, layer 1; backwards through the
 /// masks again.
-fn by_hand(backend: impl Fn() -> Box<dyn Backend>, x: &[f32], d_out: &[f32]) -> Trained {
+fn by_hand(backend: impl Fn() -> Box<dyn Device>, x: &[f32], d_out: &[f32]) -> Trained {
     let whole = model(2, I, backend());
     let mut first = model(1, I, backend());
     let mut second = model(1, 2 * H, backend());
@@ -120,7 +120,7 @@ fn by_hand(backend: impl Fn() -> Box<dyn Backend>, x: &[f32], d_out: &[f32]) -> 
 }
 
 /// Makes a fresh back end.
-type MakeBackend = fn() -> Box<dyn Backend>;
+type MakeBackend = fn() -> Box<dyn Device>;
 
 fn backends() -> Vec<(&'static str, MakeBackend)> {
     vec![

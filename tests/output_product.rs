@@ -13,7 +13,7 @@ mod support;
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::cuda::Cuda;
 use cellc_runtime::backend::reference::Reference;
-use cellc_runtime::backend::Backend;
+use cellc_runtime::backend::Device;
 use cellc_runtime::{Align, CompiledCell, Input, Major, Model, ModelConfig};
 use std::sync::Arc;
 
@@ -26,7 +26,7 @@ cell projected {
     output v @ h'
 }";
 
-type MakeBackend = fn() -> Box<dyn Backend>;
+type MakeBackend = fn() -> Box<dyn Device>;
 
 const BACKENDS: [(&str, MakeBackend); 3] = [
     ("cpu", || Box::new(Cpu::new(2, Kernels::Jit).expect("cpu").split_every_step())),
@@ -34,7 +34,7 @@ const BACKENDS: [(&str, MakeBackend); 3] = [
     ("cuda emulated", || Box::new(Cuda::emulated().expect("emulated device"))),
 ];
 
-fn model(cell: &Arc<CompiledCell>, layers: usize, bidirectional: bool, backend: Box<dyn Backend>) -> Model {
+fn model(cell: &Arc<CompiledCell>, layers: usize, bidirectional: bool, backend: Box<dyn Device>) -> Model {
     let sizes = [("H".to_string(), 5), ("P".to_string(), 3)].into_iter().collect();
     Model::new(cell.clone(), ModelConfig { layers, bidirectional }, &sizes, Some(4), None, 11, backend)
         .expect("model")

@@ -10,7 +10,7 @@ use cellc_difftest::batch::Batch;
 use cellc_difftest::oracle::oracle_in;
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
-use cellc_runtime::backend::Backend;
+use cellc_runtime::backend::Device;
 use cellc_runtime::{Align, CompiledCell, Input, Major, Model, PackedSequence, Precision, RowLayout};
 use std::sync::Arc;
 use support::Rng;
@@ -25,7 +25,7 @@ struct Case {
 }
 
 /// A 2-layer bidirectional model when the cell allows it, else 2 layers one way.
-fn build(compiled: Arc<CompiledCell>, rng: &mut Rng, backend: &dyn Fn() -> Box<dyn Backend>) -> Case {
+fn build(compiled: Arc<CompiledCell>, rng: &mut Rng, backend: &dyn Fn() -> Box<dyn Device>) -> Case {
     let model = support::two_layer_model(&compiled, (3, 2, 2), 7, backend);
     let ld = model.layers().len() * model.directions();
     let states: Vec<usize> = model.layers()[0].state_sizes.clone();
@@ -73,7 +73,7 @@ fn cpu_backend_with_avx512_kernels_matches_per_sequence_interpreter() {
 }
 
 /// The whole suite, for one backend.
-fn conformance(backend: &dyn Fn() -> Box<dyn Backend>) {
+fn conformance(backend: &dyn Fn() -> Box<dyn Device>) {
     let mut rng = Rng::new(11);
     let mut covered = Vec::new();
     for path in support::shipped_cells() {

@@ -11,7 +11,7 @@ mod support;
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::cuda::Cuda;
 use cellc_runtime::backend::reference::Reference;
-use cellc_runtime::backend::Backend;
+use cellc_runtime::backend::Device;
 use cellc_runtime::{
     read_tensors, Align, CompiledCell, Input, Major, Model, ModelConfig, PackedSequence, Weights,
 };
@@ -39,7 +39,7 @@ fn check(what: &str, ours: &[f32], theirs: &[f32], report: &mut Vec<String>) {
     report.push(format!("{what}: {w:.1e}"));
 }
 
-fn run(kind: &str, backend: &dyn Fn() -> Box<dyn Backend>, report: &mut Vec<String>) {
+fn run(kind: &str, backend: &dyn Fn() -> Box<dyn Device>, report: &mut Vec<String>) {
     let cell = Arc::new(
         CompiledCell::from_file(&support::root().join(format!("cells/{kind}.cell")), None).expect("compiles"),
     );
@@ -143,7 +143,7 @@ fn run(kind: &str, backend: &dyn Fn() -> Box<dyn Backend>, report: &mut Vec<Stri
     }
 }
 
-fn all(backend: &dyn Fn() -> Box<dyn Backend>) {
+fn all(backend: &dyn Fn() -> Box<dyn Device>) {
     let mut report = Vec::new();
     for kind in ["lstm", "gru", "rnn_tanh"] {
         run(kind, backend, &mut report);

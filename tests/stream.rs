@@ -8,11 +8,11 @@ mod support;
 
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
-use cellc_runtime::backend::Backend;
+use cellc_runtime::backend::Device;
 use cellc_runtime::{Align, Input, Major, Model, ModelConfig, RuntimeError, Stream};
 use std::sync::Arc;
 
-fn cpu() -> Box<dyn Backend> {
+fn cpu() -> Box<dyn Device> {
     Box::new(Cpu::new(2, Kernels::default()).expect("cpu").split_every_step())
 }
 
@@ -61,7 +61,7 @@ fn streams_equal_whole_sequences_on_every_cell() {
     for cell in support::compiled_cells() {
         let name = cell.forward.name.clone();
         for (backend, make) in
-            [("cpu", cpu as fn() -> Box<dyn Backend>), ("reference", || Box::new(Reference))]
+            [("cpu", cpu as fn() -> Box<dyn Device>), ("reference", || Box::new(Reference))]
         {
             for (layers, h, batch) in [(1usize, 5usize, 1usize), (2, 17, 3), (1, 33, 9)] {
                 let config = ModelConfig { layers, bidirectional: false };

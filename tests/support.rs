@@ -127,7 +127,7 @@ pub fn try_model(
     (h, p, i): (usize, usize, usize),
     config: &cellc_runtime::ModelConfig,
     seed: u64,
-    backend: Box<dyn cellc_runtime::backend::Backend>,
+    backend: Box<dyn cellc_runtime::backend::Device>,
 ) -> Option<cellc_runtime::Model> {
     let sizes = cell_sizes(cell, h, p);
     let input = cell.forward.input_dim().eval(&sizes).map_or(i, |n| n as usize);
@@ -144,7 +144,7 @@ pub fn two_layer_model(
     cell: &std::sync::Arc<cellc_runtime::CompiledCell>,
     sizes: (usize, usize, usize),
     seed: u64,
-    backend: &dyn Fn() -> Box<dyn cellc_runtime::backend::Backend>,
+    backend: &dyn Fn() -> Box<dyn cellc_runtime::backend::Device>,
 ) -> cellc_runtime::Model {
     let config = |layers, bidirectional| cellc_runtime::ModelConfig { layers, bidirectional };
     try_model(cell, sizes, &config(2, true), seed, backend())

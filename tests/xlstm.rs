@@ -18,7 +18,7 @@ mod support;
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::cuda::Cuda;
 use cellc_runtime::backend::reference::Reference;
-use cellc_runtime::backend::Backend;
+use cellc_runtime::backend::Device;
 use cellc_runtime::{read_tensors, Align, CompiledCell, Input, Major, Model, ModelConfig, Tensor, Weights};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,7 +27,7 @@ const TOLERANCE: f64 = 1e-5;
 const STATES: [&str; 4] = ["y", "c", "n", "m"];
 
 /// A back end by name, and how to make one.
-type NamedBackend = (&'static str, fn() -> Box<dyn Backend>);
+type NamedBackend = (&'static str, fn() -> Box<dyn Device>);
 
 /// Norm-wise `‖a − b‖ / max(‖b‖, 1e-30)`.
 fn relative(a: &[f32], b: &[f32]) -> f64 {

@@ -20,7 +20,7 @@ use crate::{Error, Result};
 use candle_core::{Device, Tensor};
 use candle_nn::VarMap;
 use cellc::dims::Bindings;
-use cellc_runtime::backend::Backend;
+use cellc_runtime::backend::Device as RnnDevice;
 use cellc_runtime::{Metadata, Model, ModelConfig, Weights};
 use std::path::Path;
 use std::sync::Arc;
@@ -57,7 +57,7 @@ pub fn save(lm: &CharLm, path: &Path, extra: &Metadata) -> Result<()> {
 
 /// Loads a model saved by [`save`] or exported from PyTorch. `cell`
 /// overrides the program saved in the file (and is required when it has none).
-pub fn load(path: &Path, cell: Option<CellSource>, backend: Box<dyn Backend>) -> Result<Checkpoint> {
+pub fn load(path: &Path, cell: Option<CellSource>, backend: Box<dyn RnnDevice>) -> Result<Checkpoint> {
     let (weights, metadata) = Weights::load_with_metadata(path)?;
     let invalid = |m: String| Error::Invalid(format!("{}: {m}", path.display()));
     let vocab =

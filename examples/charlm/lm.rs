@@ -11,7 +11,7 @@ use crate::{Error, Result};
 use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::{Embedding, Linear, Module, VarBuilder, VarMap};
 use cellc_candle::{Padding, Rnn};
-use cellc_runtime::backend::Backend;
+use cellc_runtime::backend::Device as RnnDevice;
 use cellc_runtime::{CompiledCell, Model, ModelConfig};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -86,7 +86,7 @@ impl CharLm {
         vocab: Vocab,
         spec: &LmSpec,
         seed: u64,
-        backend: Box<dyn Backend>,
+        backend: Box<dyn RnnDevice>,
     ) -> Result<CharLm> {
         let compiled = Arc::new(cell.compile()?);
         let config = ModelConfig { layers: spec.layers, bidirectional: false };

@@ -4,22 +4,22 @@
 //! caller's stream after the framework's own and before what it queues
 //! next, with no host wait. The same checks as [`crate::call`]'s host
 //! passes (every buffer's length against its shape, named) and the same
-//! driver; the back end must run on a device
-//! ([`crate::backend::DevicePasses`]: the CUDA back end).
+//! driver; the device must have memory of its own
+//! ([`crate::pass::Memory::Device`]: the CUDA device).
 //!
 //! A training forward keeps what the backward reads in a reserve of the
 //! caller's device memory, laid out as a host pass's
 //! ([`Model::reserve_floats_per_row`] floats per layout row), which the
 //! framework's autograd holds between the two passes.
 
-use crate::backend::DevicePasses;
+use crate::backend::Device;
 use crate::call::CallerMemory;
-use crate::driver::{BackwardSpans, ForwardSpans};
+use crate::driver::{BackwardSpans, ForwardSpans, Run};
 use crate::dropout::MaskSeed;
 use crate::error::{Result, RuntimeError};
 use crate::input::BatchShape;
 use crate::model::Model;
-use crate::pass::Span;
+use crate::pass::{Memory, PassWeights, Span};
 use crate::sequence::Floats;
 use crate::sequence::LaidOutBatch;
 
@@ -105,22 +105,27 @@ pub struct DeviceBackwardOut {
 
 impl crate::call::sealed::Sealed for DeviceCall<'_> {}
 
+/// A device call's batch, weights and device ([`DeviceCall::on_device`]).
+type OnDevice<'m> = (Option<Box<dyn Device + 'm>>, LaidOutBatch, PassWeights<'m>);
+
 impl DeviceCall<'_> {
-    /// The back end's device passes, and the call's batch laid out with
-    /// its weights checked (the driver checks the other buffers).
-    fn on_device<'m>(
-        &self,
-        model: &'m Model,
-        training: bool,
-    ) -> Result<(&'m dyn DevicePasses, LaidOutBatch)> {
-        let passes = model.backend.device_passes().ok_or_else(|| RuntimeError::Backend {
-            backend: model.backend.name().into(),
-            message: "this back end runs on host memory: device memory needs the cuda back end".into(),
-        })?;
+    /// The call's batch laid out, its weights checked (the driver checks
+    /// the other buffers), and the model's device on the call's stream
+    /// (where it has streams) with its scratch memory ordered there.
+    fn on_device<'m>(&self, model: &'m Model, training: bool) -> Result<OnDevice<'m>> {
+        if model.device.memory() != Memory::Device {
+            return Err(RuntimeError::Backend {
+                backend: model.device.name().into(),
+                message: "this device runs on host memory: device memory needs the cuda device".into(),
+            });
+        }
         let p = model.lay_out(&self.shape, self.input.len)?.with_resets(self.resets)?;
         model.ensure_pass_fits(&p, training)?;
         model.check_weights(self.weights)?;
-        Ok((passes, p))
+        let weights = PassWeights::caller(
+            self.weights.iter().map(|ps| ps.iter().copied().map(span).collect()).collect(),
+        );
+        Ok((model.device.on_stream(self.stream)?, p, weights))
     }
 }
 
@@ -136,7 +141,7 @@ impl CallerMemory for DeviceCall<'_> {
     type BackwardOut<'o> = &'o DeviceBackwardOut;
 
     fn forward(&self, model: &Model, out: &DeviceForwardOut, reserve: Option<DeviceFloats>) -> Result<()> {
-        let (passes, p) = self.on_device(model, reserve.is_some())?;
+        let (on_stream, p, weights) = self.on_device(model, reserve.is_some())?;
         let finals = &out.final_states;
         let spans = ForwardSpans {
             input: span(self.input),
@@ -147,9 +152,8 @@ impl CallerMemory for DeviceCall<'_> {
             dropout: model.caller_dropout(self.masks, self.dropout)?,
             masking: model.caller_masking(self.masks, self.rates)?,
         };
-        let weights = self.weights.iter().map(|ps| ps.iter().copied().map(span).collect()).collect();
-        let mut target = passes.target(&model.compiled, &model.layers, &p, weights, Some(self.stream))?;
-        model.drive_forward(&p, spans, target.as_mut())
+        let device = on_stream.as_deref().unwrap_or(model.device.as_ref());
+        Run::new(model, device, &p, &weights).forward(spans)
     }
 
     fn backward(
@@ -160,7 +164,7 @@ impl CallerMemory for DeviceCall<'_> {
         d_final: Option<&[DeviceFloats]>,
         out: &DeviceBackwardOut,
     ) -> Result<()> {
-        let (passes, p) = self.on_device(model, true)?;
+        let (on_stream, p, weights) = self.on_device(model, true)?;
         let spans = BackwardSpans {
             input: span(self.input),
             reserve: span(reserve),
@@ -172,8 +176,7 @@ impl CallerMemory for DeviceCall<'_> {
             dropout: model.caller_dropout(self.masks, self.dropout)?,
             masking: model.caller_masking(self.masks, self.rates)?,
         };
-        let weights = self.weights.iter().map(|ps| ps.iter().copied().map(span).collect()).collect();
-        let mut target = passes.target(&model.compiled, &model.layers, &p, weights, Some(self.stream))?;
-        model.drive_backward(&p, spans, target.as_mut())
+        let device = on_stream.as_deref().unwrap_or(model.device.as_ref());
+        Run::new(model, device, &p, &weights).backward(spans)
     }
 }

@@ -1,6 +1,6 @@
 //! The one driver of every pass over a whole model: it turns the model's
 //! layers, the laid-out batch and the memory of a pass into the work of
-//! each layer and direction, which a [`PassTarget`] executes.
+//! each layer and direction, which a [`Device`] executes.
 //!
 //! The memory of a pass is given as [`Span`]s, addresses and lengths: the
 //! runtime's own buffers and a caller's host memory (a framework's CPU
@@ -23,13 +23,18 @@
 //! - the backward's walk down the layers, each layer's input adjoint
 //!   becoming the adjoint of the output below;
 //! - with per-step resets, the layers run the batch's segments, and the
-//!   states map between segments and sequences ([`crate::resets`]).
+//!   states map between segments and sequences ([`crate::resets`]);
+//! - DropConnect: the masked copies of a layer's parameters that it reads,
+//!   and its gradients times the same masks.
 
+use crate::backend::Device;
 use crate::dropout::BetweenLayers;
 use crate::error::{Result, RuntimeError};
-use crate::masks::CellMasking;
+use crate::masks::{CellMasking, DropConnect};
 use crate::model::Model;
-use crate::pass::{LayerBackward, LayerForward, PassTarget, RowSpan, Span};
+use crate::pass::{
+    Buf, Dropping, LayerBackward, LayerForward, Pass, PassWeights, PreparedWeights, RowPairs, RowSpan, Span,
+};
 use crate::sequence::{check_len, LaidOutBatch, Segments};
 use std::ops::Range;
 
@@ -128,7 +133,7 @@ impl Model {
     /// Checks every buffer of a forward pass against its shape, naming it:
     /// the same checks for the model's own buffers and a caller's, on the
     /// host or a device.
-    fn check_forward_spans(&self, p: &LaidOutBatch, spans: &ForwardSpans) -> Result<()> {
+    pub(crate) fn check_forward_spans(&self, p: &LaidOutBatch, spans: &ForwardSpans) -> Result<()> {
         let batch = p.order.batch();
         if let Some(h0) = &spans.h0 {
             self.check_states(h0.len(), |i| h0[i].len, batch, "h0")?;
@@ -139,7 +144,7 @@ impl Model {
 
     /// Checks every buffer of a backward pass but the reserve (checked
     /// where it is laid out) against its shape, naming it.
-    fn check_backward_spans(&self, p: &LaidOutBatch, spans: &BackwardSpans) -> Result<()> {
+    pub(crate) fn check_backward_spans(&self, p: &LaidOutBatch, spans: &BackwardSpans) -> Result<()> {
         let batch = p.order.batch();
         check_len("grad_output", spans.d_output.len, &[p.rows, self.output_size()])?;
         check_len("grad_input", spans.d_input.len, &[p.rows, self.input_size()])?;
@@ -151,22 +156,110 @@ impl Model {
         }
         self.check_weights(&spans.d_params).map_err(RuntimeError::named_as_gradient)
     }
+}
 
-    /// State tensors given, or zeros made in `target`'s scratch memory.
-    fn states_or_scratch(
-        &self,
-        given: Option<Vec<Span>>,
-        batch: usize,
-        target: &mut dyn PassTarget,
-    ) -> Result<Vec<Span>> {
+/// One pass of a model on a device: what every operation shares, and the
+/// scratch memory it holds until it ends.
+pub(crate) struct Run<'a> {
+    model: &'a Model,
+    device: &'a dyn Device,
+    pass: Pass<'a>,
+    weights: &'a PassWeights<'a>,
+    held: Vec<Buf>,
+}
+
+/// A layer and direction's parameters as its pass reads them: with
+/// DropConnect, masked copies prepared for the pass.
+struct LayerParams<'w> {
+    spans: Vec<Span>,
+    masked: Option<PreparedWeights>,
+    prepared: &'w PreparedWeights,
+}
+
+impl LayerParams<'_> {
+    fn prepared(&self) -> &PreparedWeights {
+        self.masked.as_ref().unwrap_or(self.prepared)
+    }
+}
+
+impl<'a> Run<'a> {
+    /// A pass of `model` on `device` over `batch`, reading `weights`.
+    pub(crate) fn new(
+        model: &'a Model,
+        device: &'a dyn Device,
+        batch: &'a LaidOutBatch,
+        weights: &'a PassWeights<'a>,
+    ) -> Run<'a> {
+        let pass = Pass { cell: &model.compiled, layers: &model.layers, batch };
+        Run { model, device, pass, weights, held: Vec::new() }
+    }
+
+    /// `floats` floats of the device's memory, held until the pass ends.
+    fn scratch(&mut self, floats: usize, zeroed: bool) -> Result<Span> {
+        let buf = self.device.scratch(&self.pass, floats, zeroed)?;
+        let span = buf.span();
+        self.held.push(buf);
+        Ok(span)
+    }
+
+    /// `floats` zeroed floats of the device's memory that outlive the
+    /// pass (a staged pass's inputs and results).
+    pub(crate) fn buffer(&self, floats: usize) -> Result<Buf> {
+        self.device.scratch(&self.pass, floats, true)
+    }
+
+    /// A buffer's floats on the host, once the pass's work is done.
+    pub(crate) fn download(&self, buf: &Buf) -> Result<Vec<f32>> {
+        let mut out = vec![0.0; buf.len];
+        self.device.download(&self.pass, buf.span(), &mut out)?;
+        Ok(out)
+    }
+
+    fn move_rows(
+        &mut self,
+        to: Span,
+        from: Span,
+        width: usize,
+        (pairs, add): (&[(usize, usize)], bool),
+    ) -> Result<()> {
+        self.device.move_rows(&self.pass, RowPairs { to, from, width, pairs, add })
+    }
+
+    fn copy(&mut self, to: Span, from: Span) -> Result<()> {
+        self.move_rows(to, from, to.len.min(from.len), (&[(0, 0)], false))
+    }
+
+    fn zero(&mut self, span: Span) -> Result<()> {
+        self.device.zero(&self.pass, span, None)
+    }
+
+    /// State tensors given, or zeros made in scratch memory.
+    fn states_or_scratch(&mut self, given: Option<Vec<Span>>, batch: usize) -> Result<Vec<Span>> {
         match given {
             Some(g) => Ok(g),
-            None => self
-                .state_shapes(batch)
-                .iter()
-                .map(|shape| target.scratch(shape.iter().product(), true))
-                .collect(),
+            None => {
+                let shapes = self.model.state_shapes(batch);
+                shapes.iter().map(|shape| self.scratch(shape.iter().product(), true)).collect()
+            }
         }
+    }
+
+    /// Slot `slot`'s parameters, those with a DropConnect mask copied into
+    /// scratch memory and multiplied by it.
+    fn layer_params(&mut self, slot: usize, drop_connect: &DropConnect) -> Result<LayerParams<'a>> {
+        let weights: &'a PassWeights<'a> = self.weights;
+        let (spans, prepared) = weights.slot(slot);
+        let mut spans = spans.to_vec();
+        for (param, fill) in drop_connect {
+            let from = spans[*param];
+            let masked = self.scratch(from.len, false)?;
+            self.copy(masked, from)?;
+            let rows = RowSpan { span: masked, width: from.len, offset: 0 };
+            self.device.drop_out(&self.pass, rows, Dropping::Parameter(fill))?;
+            spans[*param] = masked;
+        }
+        let masked = (!drop_connect.is_empty()).then(PreparedWeights::for_one_pass);
+        Ok(LayerParams { spans, masked, prepared })
     }
 
     /// The masks of layer `k` in direction `d` (see [`crate::masks`]):
@@ -174,141 +267,135 @@ impl Model {
     /// made the first time and reused by every layer and direction), and
     /// its DropConnect masks.
     fn fill_masks(
-        &self,
-        p: &LaidOutBatch,
+        &mut self,
         masking: &CellMasking,
         (k, d): (usize, usize),
         rows: &mut Option<Span>,
-        target: &mut dyn PassTarget,
-    ) -> Result<(Option<RowSpan>, crate::masks::DropConnect)> {
-        let layer = &self.layers[k];
-        let (step_masks, drop_connect) = masking.of_layer(&self.compiled.forward, layer, k, d);
+    ) -> Result<(Option<RowSpan>, DropConnect)> {
+        let model = self.model;
+        let layer = &model.layers[k];
+        let (step_masks, drop_connect) = masking.of_layer(&model.compiled.forward, layer, k, d);
         let Some(step_masks) = step_masks else { return Ok((None, drop_connect)) };
         let width = step_masks.width;
         // In evaluation every row's masks are the same: one row, read by
         // every row of the layout (rows 0 floats apart).
         let (filled_rows, stride) = match masking.seed {
-            Some(_) => (p.rows, width),
+            Some(_) => (self.pass.batch.rows, width),
             None => (1, 0),
         };
         let span = match *rows {
             Some(span) => span,
             None => {
-                let widest = self.layers.iter().map(|l| l.mask_width).max().unwrap_or(0);
-                *rows.insert(target.scratch(filled_rows * widest, false)?)
+                let widest = model.layers.iter().map(|l| l.mask_width).max().unwrap_or(0);
+                *rows.insert(self.scratch(filled_rows * widest, false)?)
             }
         };
         let masks = RowSpan { span: span.part(0..filled_rows * width), width: stride, offset: 0 };
-        target.fill_masks(masks, &step_masks)?;
+        self.device.fill_masks(&self.pass, masks, &step_masks)?;
         Ok((Some(masks), drop_connect))
     }
 
-    /// Runs every layer and direction forwards over `spans` (checked by the
-    /// caller), writing the output (padding rows zero), the final states
-    /// and, training, the reserve.
-    pub(crate) fn drive_forward(
-        &self,
-        p: &LaidOutBatch,
-        spans: ForwardSpans,
-        target: &mut dyn PassTarget,
-    ) -> Result<()> {
+    /// Runs every layer and direction forwards over `spans`, writing the
+    /// output (padding rows zero), the final states and, training, the reserve.
+    pub(crate) fn forward(&mut self, spans: ForwardSpans) -> Result<()> {
+        let (model, p) = (self.model, self.pass.batch);
         let batch = p.order.batch();
-        self.check_forward_spans(p, &spans)?;
+        model.check_forward_spans(p, &spans)?;
         let reserve = match spans.reserve {
-            Some(r) => Some((r, self.checked_reserve_layout(p.rows, r.len)?)),
+            Some(r) => Some((r, model.checked_reserve_layout(p.rows, r.len)?)),
             None => None,
         };
-        let h0 = self.states_or_scratch(spans.h0, batch, target)?;
+        let h0 = self.states_or_scratch(spans.h0, batch)?;
         if batch == 0 {
             // An empty batch: nothing to run, and no device sees one.
             for (&to, &from) in spans.finals.iter().zip(&h0) {
-                target.copy(to, from)?;
+                self.copy(to, from)?;
             }
             return Ok(());
         }
         let padding = crate::sequence::padding_rows(&p.order, &p.layout, p.rows);
         let segments = p.segments.as_deref();
-        let dirs = self.directions();
+        let dirs = model.directions();
         let mut mask_rows = None;
         let mut input = RowSpan { span: spans.input, width: p.data_features, offset: 0 };
-        for (k, layer) in self.layers.iter().enumerate() {
+        for (k, layer) in model.layers.iter().enumerate() {
             let width = layer.output_size * dirs;
             // The caller's output and the reserve hold zeros at padding;
             // scratch between layers needs none: only valid rows are
             // written, and only they are read.
-            let (output, read_whole) = match (k + 1 == self.layers.len(), &reserve) {
+            let (output, read_whole) = match (k + 1 == model.layers.len(), &reserve) {
                 (true, _) => (spans.output, true),
                 (false, Some((r, parts))) => (r.part(parts[k].output.clone()), true),
-                (false, None) => (target.scratch(p.rows * width, false)?, false),
+                (false, None) => (self.scratch(p.rows * width, false)?, false),
             };
-            let output = RowSpan { span: output, width, offset: 0 };
             if read_whole {
-                target.zero_padding(output, &padding)?;
+                self.device.zero(&self.pass, output, Some((width, &padding)))?;
             }
+            let output = RowSpan { span: output, width, offset: 0 };
             for d in 0..dirs {
                 let slot = k * dirs + d;
                 let states = |tensors: &[Span]| -> Vec<Span> {
                     tensors.iter().zip(&layer.state_sizes).map(|(s, &n)| s.slot(slot, batch, n)).collect()
                 };
-                let (masks, drop_connect) =
-                    self.fill_masks(p, &spans.masking, (k, d), &mut mask_rows, target)?;
+                let (masks, drop_connect) = self.fill_masks(&spans.masking, (k, d), &mut mask_rows)?;
+                let params = self.layer_params(slot, &drop_connect)?;
                 // With resets, the layer runs the batch's segments (see crate::resets).
                 let sizes = &layer.state_sizes;
                 let (job_h0, job_finals) = match segments {
                     None => (states(&h0), states(&spans.finals)),
-                    Some(s) => (s.initial(target, &states(&h0), sizes)?, s.scratch(target, sizes)?),
+                    Some(s) => (s.initial(self, &states(&h0), sizes)?, s.scratch(self, sizes)?),
                 };
-                target.forward(LayerForward {
-                    layer,
-                    slot,
-                    reverse: d == 1,
-                    input,
-                    output: RowSpan { offset: d * layer.output_size, ..output },
-                    h0: job_h0,
-                    finals: job_finals.clone(),
-                    tape: reserve.as_ref().map(|(r, parts)| r.part(parts[k].tape(d))),
-                    masks,
-                    drop_connect,
-                })?;
+                self.device.forward(
+                    &self.pass,
+                    LayerForward {
+                        layer,
+                        reverse: d == 1,
+                        params: params.spans.clone(),
+                        prepared: params.prepared(),
+                        input,
+                        output: RowSpan { offset: d * layer.output_size, ..output },
+                        h0: job_h0,
+                        finals: job_finals.clone(),
+                        tape: reserve.as_ref().map(|(r, parts)| r.part(parts[k].tape(d))),
+                        masks,
+                    },
+                )?;
                 if let Some(s) = segments {
-                    s.finals(target, &job_finals, &states(&spans.finals), sizes)?;
+                    s.finals(self, &job_finals, &states(&spans.finals), sizes)?;
                 }
             }
             // In training mode, what the next layer reads (and what a
             // reserve keeps for its backward) is dropped out.
-            if let (Some(dropout), false) = (&spans.dropout, k + 1 == self.layers.len()) {
-                target.drop_out(output, &dropout.after(k, dirs, layer.output_size))?;
+            if let (Some(dropout), false) = (&spans.dropout, k + 1 == model.layers.len()) {
+                let masks = dropout.after(k, dirs, layer.output_size);
+                self.device.drop_out(&self.pass, output, Dropping::Rows(&masks))?;
             }
             input = output;
         }
         Ok(())
     }
 
-    /// Runs every layer and direction backwards over `spans` (checked by
-    /// the caller), reading the reserve a training forward of the same
-    /// call filled; writes every gradient (zeros at padding).
-    pub(crate) fn drive_backward(
-        &self,
-        p: &LaidOutBatch,
-        spans: BackwardSpans,
-        target: &mut dyn PassTarget,
-    ) -> Result<()> {
+    /// Runs every layer and direction backwards over `spans`, reading the
+    /// reserve a training forward of the same call filled; writes every
+    /// gradient (zeros at padding).
+    pub(crate) fn backward(&mut self, spans: BackwardSpans) -> Result<()> {
+        let (model, p) = (self.model, self.pass.batch);
         let batch = p.order.batch();
-        self.check_backward_spans(p, &spans)?;
-        let d_h0 = self.states_or_scratch(spans.d_h0, batch, target)?;
+        model.check_backward_spans(p, &spans)?;
+        let d_h0 = self.states_or_scratch(spans.d_h0, batch)?;
         if batch == 0 {
             for &s in d_h0.iter().chain(spans.d_params.iter().flatten()).chain([&spans.d_input]) {
-                target.zero(s)?;
+                self.zero(s)?;
             }
             return Ok(());
         }
-        let parts = self.checked_reserve_layout(p.rows, spans.reserve.len)?;
-        let d_final = self.states_or_scratch(spans.d_final, batch, target)?;
+        let parts = model.checked_reserve_layout(p.rows, spans.reserve.len)?;
+        let d_final = self.states_or_scratch(spans.d_final, batch)?;
         let segments = p.segments.as_deref();
-        let dirs = self.directions();
+        let dirs = model.directions();
         let mut mask_rows = None;
         let mut d_above = spans.d_output;
-        for (k, layer) in self.layers.iter().enumerate().rev() {
+        for (k, layer) in model.layers.iter().enumerate().rev() {
             let input = match k {
                 0 => RowSpan { span: spans.input, width: p.data_features, offset: 0 },
                 _ => RowSpan {
@@ -320,10 +407,10 @@ impl Model {
             // Backward passes add into the input's adjoint.
             let d_input = match k {
                 0 => {
-                    target.zero(spans.d_input)?;
+                    self.zero(spans.d_input)?;
                     spans.d_input
                 }
-                _ => target.scratch(p.rows * layer.input_size, true)?,
+                _ => self.scratch(p.rows * layer.input_size, true)?,
             };
             let width = layer.output_size * dirs;
             for d in 0..dirs {
@@ -331,37 +418,45 @@ impl Model {
                 let states = |tensors: &[Span]| -> Vec<Span> {
                     tensors.iter().zip(&layer.state_sizes).map(|(s, &n)| s.slot(slot, batch, n)).collect()
                 };
-                let (masks, drop_connect) =
-                    self.fill_masks(p, &spans.masking, (k, d), &mut mask_rows, target)?;
+                let (masks, drop_connect) = self.fill_masks(&spans.masking, (k, d), &mut mask_rows)?;
+                let params = self.layer_params(slot, &drop_connect)?;
                 let sizes = &layer.state_sizes;
                 let (job_d_final, job_d_h0) = match segments {
                     None => (states(&d_final), states(&d_h0)),
-                    Some(s) => {
-                        (s.final_adjoints(target, &states(&d_final), sizes)?, s.scratch(target, sizes)?)
-                    }
+                    Some(s) => (s.final_adjoints(self, &states(&d_final), sizes)?, s.scratch(self, sizes)?),
                 };
-                target.backward(LayerBackward {
-                    layer,
-                    slot,
-                    reverse: d == 1,
-                    input,
-                    tape: spans.reserve.part(parts[k].tape(d)),
-                    d_output: RowSpan { span: d_above, width, offset: d * layer.output_size },
-                    d_final: job_d_final,
-                    d_input: RowSpan { span: d_input, width: layer.input_size, offset: 0 },
-                    d_h0: job_d_h0.clone(),
-                    d_params: spans.d_params[slot].clone(),
-                    masks,
-                    drop_connect,
-                })?;
+                self.device.backward(
+                    &self.pass,
+                    LayerBackward {
+                        layer,
+                        reverse: d == 1,
+                        params: params.spans.clone(),
+                        prepared: params.prepared(),
+                        input,
+                        tape: spans.reserve.part(parts[k].tape(d)),
+                        d_output: RowSpan { span: d_above, width, offset: d * layer.output_size },
+                        d_final: job_d_final,
+                        d_input: RowSpan { span: d_input, width: layer.input_size, offset: 0 },
+                        d_h0: job_d_h0.clone(),
+                        d_params: spans.d_params[slot].clone(),
+                        masks,
+                    },
+                )?;
+                // The masked parameter's gradient, times the mask: the parameter's.
+                for (param, fill) in &drop_connect {
+                    let grad = spans.d_params[slot][*param];
+                    let rows = RowSpan { span: grad, width: grad.len, offset: 0 };
+                    self.device.drop_out(&self.pass, rows, Dropping::Parameter(fill))?;
+                }
                 if let Some(s) = segments {
-                    s.initial_adjoints(target, &job_d_h0, &states(&d_h0), sizes)?;
+                    s.initial_adjoints(self, &job_d_h0, &states(&d_h0), sizes)?;
                 }
             }
             // The adjoint of the layer below's output, through the forward's dropout (drawn again).
             if let (Some(dropout), Some(below)) = (&spans.dropout, k.checked_sub(1)) {
                 let rows = RowSpan { span: d_input, width: layer.input_size, offset: 0 };
-                target.drop_out(rows, &dropout.after(below, dirs, self.layers[below].output_size))?;
+                let masks = dropout.after(below, dirs, model.layers[below].output_size);
+                self.device.drop_out(&self.pass, rows, Dropping::Rows(&masks))?;
             }
             d_above = d_input;
         }
@@ -379,14 +474,9 @@ impl Segments {
 
     /// Each segment's initial states, `[segments, size]` each in scratch
     /// memory of the pass: its sequence's, from `[B, size]` `states`.
-    pub(crate) fn initial(
-        &self,
-        target: &mut dyn PassTarget,
-        states: &[Span],
-        sizes: &[usize],
-    ) -> Result<Vec<Span>> {
+    pub(crate) fn initial(&self, run: &mut Run, states: &[Span], sizes: &[usize]) -> Result<Vec<Span>> {
         let pairs: Vec<(usize, usize)> = self.sequence.iter().copied().enumerate().collect();
-        self.per_segment(target, states, sizes, (&pairs, false))
+        self.per_segment(run, states, sizes, (&pairs, false))
     }
 
     /// `[segments, size]` rows in scratch memory (zeroed where `zeroed`)
@@ -394,7 +484,7 @@ impl Segments {
     /// row `i` for each `(i, j)` of `pairs`.
     fn per_segment(
         &self,
-        target: &mut dyn PassTarget,
+        run: &mut Run,
         from: &[Span],
         sizes: &[usize],
         (pairs, zeroed): (&[(usize, usize)], bool),
@@ -402,8 +492,8 @@ impl Segments {
         from.iter()
             .zip(sizes)
             .map(|(&from, &n)| {
-                let to = target.scratch(self.count() * n, zeroed)?;
-                target.copy_rows(to, from, n, pairs)?;
+                let to = run.scratch(self.count() * n, zeroed)?;
+                run.move_rows(to, from, n, (pairs, false))?;
                 Ok(to)
             })
             .collect()
@@ -411,21 +501,21 @@ impl Segments {
 
     /// Scratch memory for each segment's final states (or initial-state
     /// adjoints), `[segments, size]` each.
-    pub(crate) fn scratch(&self, target: &mut dyn PassTarget, sizes: &[usize]) -> Result<Vec<Span>> {
-        sizes.iter().map(|&n| target.scratch(self.count() * n, false)).collect()
+    pub(crate) fn scratch(&self, run: &mut Run, sizes: &[usize]) -> Result<Vec<Span>> {
+        sizes.iter().map(|&n| run.scratch(self.count() * n, false)).collect()
     }
 
     /// Each sequence's final states, `[B, size]` each into `to`: its last segment's.
     pub(crate) fn finals(
         &self,
-        target: &mut dyn PassTarget,
+        run: &mut Run,
         segments: &[Span],
         to: &[Span],
         sizes: &[usize],
     ) -> Result<()> {
         let pairs: Vec<(usize, usize)> = self.last.iter().copied().enumerate().collect();
         for ((&from, &to), &n) in segments.iter().zip(to).zip(sizes) {
-            target.copy_rows(to, from, n, &pairs)?;
+            run.move_rows(to, from, n, (&pairs, false))?;
         }
         Ok(())
     }
@@ -434,12 +524,12 @@ impl Segments {
     /// scratch memory: each sequence's for its last segment, zeros for the others.
     pub(crate) fn final_adjoints(
         &self,
-        target: &mut dyn PassTarget,
+        run: &mut Run,
         d_final: &[Span],
         sizes: &[usize],
     ) -> Result<Vec<Span>> {
         let pairs: Vec<(usize, usize)> = self.last.iter().enumerate().map(|(b, &j)| (j, b)).collect();
-        self.per_segment(target, d_final, sizes, (&pairs, true))
+        self.per_segment(run, d_final, sizes, (&pairs, true))
     }
 
     /// Each sequence's initial-state adjoints, `[B, size]` each into `to`:
@@ -448,15 +538,15 @@ impl Segments {
     /// write the same row.
     pub(crate) fn initial_adjoints(
         &self,
-        target: &mut dyn PassTarget,
+        run: &mut Run,
         segments: &[Span],
         to: &[Span],
         sizes: &[usize],
     ) -> Result<()> {
         for ((&from, &to), &n) in segments.iter().zip(to).zip(sizes) {
-            target.zero(to)?;
+            run.zero(to)?;
             for pairs in &self.rounds {
-                target.add_rows(to, from, n, pairs)?;
+                run.move_rows(to, from, n, (pairs, true))?;
             }
         }
         Ok(())

@@ -5,14 +5,13 @@
 //! caller's ([`crate::call`], [`crate::device_call`]), is decided by
 //! the crate's one driver.
 
-use crate::driver::{BackwardSpans, ForwardSpans};
+use crate::driver::{BackwardSpans, ForwardSpans, Run};
 use crate::dropout::{BetweenLayers, MaskSeed};
 use crate::error::{Result, RuntimeError};
-use crate::host_target::HostTarget;
 pub use crate::input::{BatchShape, Input};
 use crate::masks::CellMasking;
 use crate::model::Model;
-use crate::pass::Span;
+use crate::pass::{Buf, Memory, Span};
 use crate::sequence::{check_len, BatchOrder, Floats, LaidOutBatch, RowLayout};
 
 /// A forward pass's results.
@@ -67,8 +66,26 @@ impl Drop for Trace<'_> {
 /// What a training forward in device memory keeps for its backward.
 #[derive(Debug)]
 pub(crate) struct DeviceReserve {
-    pub(crate) input: crate::backend::cuda::device::Buf,
-    pub(crate) reserve: crate::backend::cuda::device::Buf,
+    pub(crate) input: Buf,
+    pub(crate) reserve: Buf,
+}
+
+/// What a staged training forward keeps for its backward.
+pub(crate) enum Keep<'r> {
+    /// Nothing: inference.
+    Nothing,
+    /// The reserve, on the device ([`DeviceReserve`]).
+    OnDevice,
+    /// The reserve, downloaded into the caller's host memory.
+    OnHost(&'r mut [f32]),
+}
+
+/// Where a staged backward reads what its forward kept.
+pub(crate) enum Kept<'k> {
+    /// On the device.
+    OnDevice(&'k DeviceReserve),
+    /// In the caller's host memory: the input, and the reserve.
+    OnHost(&'k [f32], &'k [f32]),
 }
 
 /// Where a forward pass writes, laid out as [`Output`]'s fields.
@@ -306,9 +323,11 @@ impl Model {
     ) -> Result<(Output, KeptReserve, LaidOutBatch)> {
         let p = self.prepare(&input)?.with_resets(resets)?;
         self.ensure_pass_fits(&p, training)?;
-        if let Some(passes) = self.backend.device_passes() {
-            let data = (Self::input_data(&input), h0);
-            let (out, kept) = self.forward_staged(passes, &p, data, (dropout, masking), training)?;
+        if self.device.memory() == Memory::Device {
+            let h0: Option<Vec<&[f32]>> = h0.map(|h| h.iter().map(Vec::as_slice).collect());
+            let data = (Self::input_data(&input), h0.as_deref(), None);
+            let keep = if training { Keep::OnDevice } else { Keep::Nothing };
+            let (out, kept) = self.forward_staged(&p, data, (dropout, masking), keep)?;
             let kept = kept.map_or(KeptReserve::Host(Vec::new()), KeptReserve::Device);
             return Ok((out, kept, p));
         }
@@ -321,7 +340,7 @@ impl Model {
             true => crate::pool::take(p.rows * self.reserve_floats_per_row()),
             false => Vec::new(),
         };
-        let params = self.own_params()?;
+        let weights = self.own_host_weights()?;
         let spans = ForwardSpans {
             input: Span::of(Self::input_data(&input)),
             h0: h0.map(|h| h.iter().map(|s| Span::of(s)).collect()),
@@ -331,11 +350,9 @@ impl Model {
             dropout,
             masking,
         };
-        // SAFETY: every span is a buffer of this function's or the caller's,
-        // borrowed until the pass ends; those written are distinct buffers.
-        let mut target = unsafe { HostTarget::new(self, &p, &params) };
-        self.drive_forward(&p, spans, &mut target)?;
-        drop(target);
+        // Every span is a buffer of this function's or the caller's, borrowed
+        // until the pass ends; those written are distinct buffers.
+        Run::new(self, self.device.as_ref(), &p, &weights).forward(spans)?;
         Ok((Output { data, final_states }, KeptReserve::Host(reserve), p))
     }
 
@@ -348,14 +365,17 @@ impl Model {
         d_final: Option<&[Vec<f32>]>,
     ) -> Result<Gradients> {
         let p = &trace.batch;
-        let reserve = match (&trace.reserve, self.backend.device_passes()) {
-            (KeptReserve::Host(reserve), _) => reserve,
-            (KeptReserve::Device(kept), Some(passes)) => {
+        let reserve = match &trace.reserve {
+            KeptReserve::Host(reserve) => reserve,
+            KeptReserve::Device(kept) => {
                 let how = (trace.dropout, trace.masking.clone());
-                return self.backward_staged(passes, p, kept, (d_output, d_final), how);
-            }
-            (KeptReserve::Device(_), None) => {
-                return Err(RuntimeError::Internal("a trace kept on a device, a model without one".into()))
+                let d_final: Option<Vec<&[f32]>> = d_final.map(|d| d.iter().map(Vec::as_slice).collect());
+                return self.backward_staged(
+                    p,
+                    (Kept::OnDevice(kept), None),
+                    (d_output, d_final.as_deref()),
+                    how,
+                );
             }
         };
         let batch = p.order.batch();
@@ -363,7 +383,7 @@ impl Model {
         let mut d_h0: Vec<Vec<f32>> =
             self.state_shapes(batch).iter().map(|s| vec![0.0; s.iter().product()]).collect();
         let mut d_params = self.zeroed_params();
-        let params = self.own_params()?;
+        let weights = self.own_host_weights()?;
         let spans = BackwardSpans {
             input: Span::of(Self::input_data(&trace.input)),
             reserve: Span::of(reserve),
@@ -378,9 +398,8 @@ impl Model {
             dropout: trace.dropout,
             masking: trace.masking.clone(),
         };
-        // SAFETY: as in `forward_owned`.
-        let mut target = unsafe { HostTarget::new(self, p, &params) };
-        self.drive_backward(p, spans, &mut target)?;
+        // As in `forward_owned`.
+        Run::new(self, self.device.as_ref(), p, &weights).backward(spans)?;
         Ok(Gradients { d_input, d_h0, d_params })
     }
 }

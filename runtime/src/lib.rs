@@ -2,7 +2,7 @@
 //!
 //! A [`Model`] stacks a compiled cell into layers and directions, holds its
 //! weights (loaded from a PyTorch `state_dict` in safetensors, or
-//! initialised from a seed), and runs it through a [`backend::Backend`] over
+//! initialised from a seed), and runs it on a [`backend::Device`] over
 //! packed sequences or padded batches — batch- or time-first, padding at
 //! the end or at the start — without sorting or copying the data: only the
 //! lengths are sorted ([`sequence::BatchOrder`]) and rows are gathered and
@@ -48,7 +48,6 @@ pub mod error;
 pub mod exact;
 pub mod exec;
 pub mod files;
-mod host_target;
 pub mod input;
 pub mod layers;
 pub mod masks;

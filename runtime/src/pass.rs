@@ -1,13 +1,14 @@
 //! The work of a pass as a device sees it: one layer and direction at a
 //! time ([`LayerForward`], [`LayerBackward`]) over [`Span`]s of the pass's
-//! memory (addresses and lengths, host or device), run by a
-//! [`PassTarget`]. The crate's driver decides the work; a target only
-//! executes it.
+//! memory (addresses and lengths, host or device), in a [`Pass`]. The
+//! crate's driver decides the work; a device ([`crate::backend::Device`])
+//! only executes it.
 
-use crate::cell::Layer;
+use crate::cell::{CompiledCell, Layer};
 use crate::dropout::LayerMasks;
-use crate::error::Result;
-use crate::masks::{DropConnect, MaskRows};
+use crate::masks::MaskFill;
+use crate::sequence::LaidOutBatch;
+use std::any::Any;
 use std::ops::Range;
 
 /// Floats of a pass's memory, host or device: the address of the first
@@ -61,15 +62,184 @@ pub struct RowSpan {
     pub offset: usize,
 }
 
+/// Memory a device owns: its address, its length in elements, and what
+/// keeps it alive (freed, or given back to a pool, when dropped).
+pub struct Buf {
+    /// The address of its first element.
+    pub addr: u64,
+    /// Its elements.
+    pub len: usize,
+    _owner: Box<dyn Any + Send + Sync>,
+}
+
+impl std::fmt::Debug for Buf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Buf({:#x}, {})", self.addr, self.len)
+    }
+}
+
+impl Buf {
+    /// Memory at `addr` of `len` elements, kept alive by `owner`.
+    pub fn new(addr: u64, len: usize, owner: Box<dyn Any + Send + Sync>) -> Buf {
+        Buf { addr, len, _owner: owner }
+    }
+
+    /// The address of float `i`.
+    pub fn at(&self, i: usize) -> u64 {
+        self.addr + 4 * i as u64
+    }
+
+    /// Its floats as a span.
+    pub fn span(&self) -> Span {
+        Span { addr: self.addr, len: self.len }
+    }
+}
+
+/// Where a device's passes read and write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Memory {
+    /// The host's: a pass reads and writes the caller's buffers where they lie.
+    Host,
+    /// The device's own: the model's own passes upload what they read and
+    /// download what they write; a caller's device memory
+    /// ([`crate::DeviceCall`]) is read and written where it lies.
+    Device,
+}
+
+/// Where a device keeps its own form of one layer-direction's weights
+/// (transposed, packed into panels, uploaded): made on the first call that
+/// needs it and reused by every later one. The model empties the slot
+/// whenever it hands its parameters out mutably, so a changed weight is
+/// never read in an old form.
+#[derive(Default)]
+pub struct PreparedWeights {
+    form: std::sync::OnceLock<std::sync::Arc<dyn Any + Send + Sync>>,
+    for_one_pass: bool,
+}
+
+impl PreparedWeights {
+    /// A slot for weights that come with one pass and are gone after it
+    /// (the caller's, or a pass's DropConnect-masked copies): a device may
+    /// then read them in place rather than prepare a form no later pass
+    /// will use.
+    pub fn for_one_pass() -> PreparedWeights {
+        PreparedWeights { for_one_pass: true, ..Default::default() }
+    }
+
+    /// Whether the slot serves one pass only ([`PreparedWeights::for_one_pass`]).
+    pub fn is_for_one_pass(&self) -> bool {
+        self.for_one_pass
+    }
+
+    /// The prepared form, made by `make` if the slot is empty; `None` if
+    /// the slot holds some other type (another device's form).
+    pub fn get_or_init<T: Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> Option<&T> {
+        self.form.get_or_init(|| std::sync::Arc::new(make())).downcast_ref::<T>()
+    }
+}
+
+impl std::fmt::Debug for PreparedWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.form.get().is_some() {
+            "PreparedWeights(made)"
+        } else {
+            "PreparedWeights(empty)"
+        })
+    }
+}
+
+/// A model's parameters for one pass, `[layer * directions + direction]`:
+/// spans of the device's memory, and the device's prepared form of each
+/// (the model's own, kept across calls, or made for this pass only).
+pub(crate) struct PassWeights<'a> {
+    spans: Vec<Vec<Span>>,
+    prepared: Prepared<'a>,
+}
+
+enum Prepared<'a> {
+    Model(&'a [PreparedWeights]),
+    Pass(Vec<PreparedWeights>),
+}
+
+impl<'a> PassWeights<'a> {
+    /// The model's own parameters at `spans`, prepared in the model's slots.
+    pub(crate) fn model(spans: Vec<Vec<Span>>, prepared: &'a [PreparedWeights]) -> PassWeights<'a> {
+        PassWeights { spans, prepared: Prepared::Model(prepared) }
+    }
+
+    /// A caller's parameters at `spans`, prepared for this pass only.
+    pub(crate) fn caller(spans: Vec<Vec<Span>>) -> PassWeights<'a> {
+        let prepared = spans.iter().map(|_| PreparedWeights::for_one_pass()).collect();
+        PassWeights { spans, prepared: Prepared::Pass(prepared) }
+    }
+
+    pub(crate) fn slot(&self, slot: usize) -> (&[Span], &PreparedWeights) {
+        let prepared = match &self.prepared {
+            Prepared::Model(p) => &p[slot],
+            Prepared::Pass(p) => &p[slot],
+        };
+        (&self.spans[slot], prepared)
+    }
+}
+
+/// What every operation of one pass shares: the cell, the model's layers
+/// and the batch.
+///
+/// Only the crate's driver makes a pass (it is non-exhaustive): its spans
+/// are then memory that lives, as [`crate::backend::Device`]'s contract says.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct Pass<'a> {
+    /// The cell every layer runs.
+    pub cell: &'a CompiledCell,
+    /// The model's layers, first to last.
+    pub layers: &'a [Layer],
+    /// The caller's batch; the layers run [`LaidOutBatch::running`] (its
+    /// segments, where it has resets), and masks are filled over the
+    /// caller's own rows.
+    pub batch: &'a LaidOutBatch,
+}
+
+/// Rows to copy or add: for each `(i, j)` of `pairs`, row `j` of `from`
+/// into row `i` of `to`, `width` floats each; no two pairs write one row.
+#[derive(Clone, Copy, Debug)]
+pub struct RowPairs<'p> {
+    /// Where the rows go.
+    pub to: Span,
+    /// Where they come from (never overlapping `to`).
+    pub from: Span,
+    /// Floats per row.
+    pub width: usize,
+    /// `(row of to, row of from)`.
+    pub pairs: &'p [(usize, usize)],
+    /// Adds the rows into `to` instead of copying them over it.
+    pub add: bool,
+}
+
+/// What a device multiplies memory by ([`crate::backend::Device::drop_out`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Dropping<'m> {
+    /// Dropout between layers: every valid row of the batch (direction
+    /// `d`'s `units` features from the rows' offset plus `d * units`),
+    /// drawn for each row's sequence and step.
+    Rows(&'m LayerMasks),
+    /// DropConnect: a whole parameter (or its gradient) by its mask, drawn
+    /// once per call.
+    Parameter(&'m MaskFill),
+}
+
 /// One layer and direction forwards: where it reads and writes.
 #[derive(Clone, Debug)]
 pub struct LayerForward<'a> {
     /// The cell's program at the layer's sizes.
     pub layer: &'a Layer,
-    /// `layer * directions + direction`: which parameters it reads.
-    pub slot: usize,
     /// The reverse direction: each sequence from its last step to its first.
     pub reverse: bool,
+    /// Its parameters, in the cell's order (DropConnect's already masked).
+    pub params: Vec<Span>,
+    /// The device's prepared form of `params`, kept across calls (or for
+    /// this pass only).
+    pub prepared: &'a PreparedWeights,
     /// The layer's input rows (the batch's input, or the previous layer's output).
     pub input: RowSpan,
     /// This direction's features of the output rows (valid rows are written).
@@ -80,10 +250,8 @@ pub struct LayerForward<'a> {
     pub finals: Vec<Span>,
     /// Training: the tape (the layout's rows times the layer's tape floats per row), written.
     pub tape: Option<Span>,
-    /// The masks its steps read, filled ([`PassTarget::fill_masks`]); `None` for a cell without.
+    /// The masks its steps read, filled ([`crate::backend::Device::fill_masks`]); `None` for a cell without.
     pub masks: Option<RowSpan>,
-    /// Its DropConnect masks, by parameter: the parameter is multiplied by its mask for the pass.
-    pub drop_connect: DropConnect,
 }
 
 /// One layer and direction backwards: where it reads and writes.
@@ -91,11 +259,12 @@ pub struct LayerForward<'a> {
 pub struct LayerBackward<'a> {
     /// The cell's program at the layer's sizes.
     pub layer: &'a Layer,
-    /// `layer * directions + direction`: which parameters it reads and
-    /// whose gradients it writes.
-    pub slot: usize,
     /// The reverse direction: each sequence from its last step to its first.
     pub reverse: bool,
+    /// Its parameters as its forward read them.
+    pub params: Vec<Span>,
+    /// The device's prepared form of `params`.
+    pub prepared: &'a PreparedWeights,
     /// The layer's input rows, as the forward read them.
     pub input: RowSpan,
     /// The tape its training forward wrote.
@@ -108,55 +277,8 @@ pub struct LayerBackward<'a> {
     pub d_input: RowSpan,
     /// The initial states' adjoints, `[B, size]` each, written.
     pub d_h0: Vec<Span>,
-    /// The parameters' gradients, in the cell's order, written.
+    /// The parameters' gradients (of the parameters as read), in the cell's order, written.
     pub d_params: Vec<Span>,
     /// The masks its forward's steps read, filled again; `None` for a cell without.
     pub masks: Option<RowSpan>,
-    /// Its forward's DropConnect masks, by parameter: the gradient of each
-    /// such parameter is the masked parameter's times its mask.
-    pub drop_connect: DropConnect,
-}
-
-/// Where a pass runs: the memory its spans lie in, and the device that
-/// executes each layer and direction.
-pub trait PassTarget {
-    /// `floats` floats of scratch memory that live until the pass ends;
-    /// zeroed if `zeroed`, else holding anything.
-    fn scratch(&mut self, floats: usize, zeroed: bool) -> Result<Span>;
-
-    /// Sets the padding rows (`padding`, layout rows) of `rows` to zero;
-    /// a target may zero every row, as valid ones are written after.
-    fn zero_padding(&mut self, rows: RowSpan, padding: &[usize]) -> Result<()>;
-
-    /// Sets every float of `span` to zero.
-    fn zero(&mut self, span: Span) -> Result<()>;
-
-    /// Copies `from` to `to` (the same length).
-    fn copy(&mut self, to: Span, from: Span) -> Result<()>;
-
-    /// Copies rows of `width` floats: for each `(i, j)` of `pairs`, row
-    /// `j` of `from` to row `i` of `to` (no two pairs write one row).
-    fn copy_rows(&mut self, to: Span, from: Span, width: usize, pairs: &[(usize, usize)]) -> Result<()>;
-
-    /// Adds rows of `width` floats: for each `(i, j)` of `pairs`, row `j`
-    /// of `from` into row `i` of `to` (no two pairs write one row).
-    fn add_rows(&mut self, to: Span, from: Span, width: usize, pairs: &[(usize, usize)]) -> Result<()>;
-
-    /// Multiplies every valid row of `rows` by its dropout masks
-    /// (direction `d`'s `masks.units` features from `rows.offset + d *
-    /// masks.units`), drawn for each row's sequence and step.
-    fn drop_out(&mut self, rows: RowSpan, masks: &LayerMasks) -> Result<()>;
-
-    /// Fills every valid row of `rows` with the masks a layer and
-    /// direction's steps read (see [`crate::masks`]); rows 0 floats apart
-    /// (`rows.width == 0`, evaluation: the same masks for every row) are
-    /// one row, filled once.
-    fn fill_masks(&mut self, rows: RowSpan, masks: &MaskRows) -> Result<()>;
-
-    /// Runs one layer and direction forwards.
-    fn forward(&mut self, job: LayerForward) -> Result<()>;
-
-    /// Runs one layer and direction backwards, reading the tape its
-    /// training forward wrote.
-    fn backward(&mut self, job: LayerBackward) -> Result<()>;
 }

@@ -103,7 +103,7 @@ impl Model {
             batch,
             masking: self.caller_masking(None, None)?,
         };
-        let runner = match self.backend.stream(job)? {
+        let runner = match self.device.stream(job)? {
             Some(runner) => runner,
             None => Box::new(Batched::new(self, batch)),
         };

@@ -210,7 +210,7 @@ impl {t} {{
         SIZES.iter().map(|(k, v)| (k.to_string(), *v)).collect()
     }}
 
-    fn backend(threads: usize) -> ::cellc_runtime::Result<Box<dyn ::cellc_runtime::backend::Backend>> {{
+    fn backend(threads: usize) -> ::cellc_runtime::Result<Box<dyn ::cellc_runtime::backend::Device>> {{
         let kernels = ::cellc_runtime::backend::cpu::Kernels::Linked(&KERNELS);
         Ok(Box::new(::cellc_runtime::backend::cpu::Cpu::new(threads, kernels)?))
     }}
@@ -240,7 +240,7 @@ impl {t} {{
     pub fn from_weights_on(
         config: ::cellc_runtime::ModelConfig,
         weights: &::cellc_runtime::Weights,
-        backend: Box<dyn ::cellc_runtime::backend::Backend>,
+        backend: Box<dyn ::cellc_runtime::backend::Device>,
     ) -> ::cellc_runtime::Result<Self> {{
         let model = ::cellc_runtime::Model::new(Self::compiled()?, config, &Self::sizes(), None, Some(weights), 0, backend)?;
         Ok(Self {{ model }})

@@ -11,7 +11,7 @@ use cellc::dims::Bindings;
 use cellc_candle::{Align, Major, Padding, Rnn};
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
-use cellc_runtime::backend::Backend;
+use cellc_runtime::backend::Device as RnnDevice;
 use cellc_runtime::{CompiledCell, Input, Model, ModelConfig, RuntimeError, Weights};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,7 +29,7 @@ fn cell(name: &str) -> Arc<CompiledCell> {
     Arc::new(CompiledCell::from_file(&path, None).expect("a shipped cell"))
 }
 
-fn model(cell: Arc<CompiledCell>, layers: usize, bidirectional: bool, backend: Box<dyn Backend>) -> Model {
+fn model(cell: Arc<CompiledCell>, layers: usize, bidirectional: bool, backend: Box<dyn RnnDevice>) -> Model {
     // H and P, and D (the sLSTM cells' head size; dropped where a cell has none).
     let sizes: Bindings =
         [("H", 4), ("P", 3), ("D", 2)].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
@@ -339,7 +339,7 @@ fn bad_input_gets_typed_errors() {
 /// flows through the same masks; each training call draws new ones.
 #[test]
 fn forward_t_drops_between_layers_as_the_runtime_does() {
-    let cpu = || -> Box<dyn Backend> { Box::new(Cpu::new(2, Kernels::default()).expect("cpu")) };
+    let cpu = || -> Box<dyn RnnDevice> { Box::new(Cpu::new(2, Kernels::default()).expect("cpu")) };
     let dropping = || model(cell("lstm"), 2, true, cpu()).with_dropout(0.4).expect("rate");
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
@@ -372,7 +372,7 @@ fn forward_t_drops_between_layers_as_the_runtime_does() {
 /// those rates; bad rates are typed errors.
 #[test]
 fn forward_t_draws_the_cells_masks_at_the_layers_rates() {
-    let cpu = || -> Box<dyn Backend> { Box::new(Cpu::new(2, Kernels::default()).expect("cpu")) };
+    let cpu = || -> Box<dyn RnnDevice> { Box::new(Cpu::new(2, Kernels::default()).expect("cpu")) };
     let rates = [("zh", 0.3), ("zc", 0.2)];
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);

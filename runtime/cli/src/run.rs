@@ -22,7 +22,7 @@
 use cellc::dims::Bindings;
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
-use cellc_runtime::backend::Backend;
+use cellc_runtime::backend::Device;
 use cellc_runtime::{
     read_tensors, write_tensors, Align, CompiledCell, Input, Major, MaskSeed, Model, ModelConfig, Precision,
     RuntimeError, Tensor, TensorData, Weights,
@@ -169,7 +169,7 @@ pub fn make_backend(
     threads: Option<u64>,
     cuda_graphs: bool,
     (kernels, dtype): (KernelsChoice, DtypeChoice),
-) -> Result<Box<dyn Backend>, RuntimeError> {
+) -> Result<Box<dyn Device>, RuntimeError> {
     let choice = choice.unwrap_or(BackendChoice::Cpu);
     let precision = dtype.precision();
     if dtype != DtypeChoice::F32 && choice == BackendChoice::Reference {

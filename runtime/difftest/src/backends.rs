@@ -12,7 +12,7 @@ use cellc_runtime::backend::cpu::native::KernelFn;
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::cuda::Cuda;
 use cellc_runtime::backend::reference::Reference;
-use cellc_runtime::backend::Backend;
+use cellc_runtime::backend::Device;
 use cellc_runtime::{CompiledCell, Layer, Precision};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -79,11 +79,11 @@ pub fn cuda_emulation_available() -> bool {
 }
 
 /// Makes back end `kind` for a model of `cell` whose layers are `layers`.
-pub fn make(kind: BackendKind, cell: &CompiledCell, layers: &[Layer]) -> Result<Box<dyn Backend>, String> {
+pub fn make(kind: BackendKind, cell: &CompiledCell, layers: &[Layer]) -> Result<Box<dyn Device>, String> {
     let cpu_in = |kernels, precision| {
         Cpu::new(2, kernels)
             .and_then(|c| c.with_precision(precision))
-            .map(|c| Box::new(c.split_every_step()) as Box<dyn Backend>)
+            .map(|c| Box::new(c.split_every_step()) as Box<dyn Device>)
             .map_err(|e| e.to_string())
     };
     let cpu = |kernels| cpu_in(kernels, Precision::F32);
@@ -95,7 +95,7 @@ pub fn make(kind: BackendKind, cell: &CompiledCell, layers: &[Layer]) -> Result<
         BackendKind::CpuLinked => cpu(Kernels::Linked(linked(cell, layers)?)),
         BackendKind::CpuBf16 => cpu_in(Kernels::Fastest, Precision::Bf16),
         BackendKind::CudaEmulated => {
-            Cuda::emulated().map(|c| Box::new(c) as Box<dyn Backend>).map_err(|e| e.to_string())
+            Cuda::emulated().map(|c| Box::new(c) as Box<dyn Device>).map_err(|e| e.to_string())
         }
     }
 }

@@ -11,7 +11,7 @@
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::cuda::Cuda;
 use cellc_runtime::backend::reference::Reference;
-use cellc_runtime::backend::Backend;
+use cellc_runtime::backend::Device;
 use cellc_runtime::{CompiledCell, Model, ModelConfig, Precision, Result, RuntimeError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -64,7 +64,7 @@ fn computed_precision(name: &str, asked: Precision) -> Precision {
 /// The back end `name` (the CPU's: every usable core, each call capped by
 /// its caller's thread count) or CUDA device `device`, its products in
 /// `precision` (as [`computed_precision`] gives it).
-fn backend(name: &str, device: usize, precision: Precision) -> Result<Box<dyn Backend>> {
+fn backend(name: &str, device: usize, precision: Precision) -> Result<Box<dyn Device>> {
     match name {
         "cpu" => Ok(Box::new(Cpu::new(0, Kernels::Fastest)?.with_precision(precision)?)),
         "reference" => Ok(Box::new(Reference)),
@@ -108,7 +108,7 @@ fn no_such_backend(name: &str) -> RuntimeError {
 }
 
 /// The model `spec` describes on `backend`, keeping no weights (every call passes the module's).
-fn make(spec: &Spec, backend: Box<dyn Backend>) -> Result<Model> {
+fn make(spec: &Spec, backend: Box<dyn Device>) -> Result<Model> {
     Model::without_weights(compiled(spec)?, config(spec)?, &spec.sizes, Some(spec.input_size), backend)?
         .with_dropout(spec.dropout)
 }

@@ -1,10 +1,12 @@
-//! The interface every back end implements: run one layer in one direction
-//! over a batch, forwards (optionally keeping what the backward needs) and
-//! backwards.
+//! The devices that run a model's layers ([`cpu::Cpu`], [`cuda::Cuda`],
+//! [`reference::Reference`]), and the one trait they implement,
+//! [`Device`]: the memory of a pass, the masks, and one layer in one
+//! direction over [`Span`]s of that memory, forwards and backwards.
 //!
-//! Rows are read and written through [`RowLayout`]s, so a back end gathers
-//! and scatters the caller's own buffers — padded or packed, either
-//! alignment — and never sees padding.
+//! The crate's driver decides every pass's work once for every device; a
+//! device only executes it. Devices in host memory (the CPU and the
+//! reference) share the host's memory half ([`cpu::host`]); the CUDA device
+//! implements it on its own memory.
 
 pub mod cpu;
 pub mod cuda;
@@ -13,163 +15,135 @@ pub mod reference;
 
 use crate::cell::{CompiledCell, Layer};
 use crate::error::Result;
-use crate::pass::{PassTarget, Span};
-use crate::sequence::{BatchOrder, LaidOutBatch, RowLayout};
+use crate::masks::{CellMasking, MaskRows};
+use crate::pass::{
+    Buf, Dropping, LayerBackward, LayerForward, Memory, Pass, PreparedWeights, RowPairs, RowSpan, Span,
+};
 
-/// Rows of a flat buffer: row `r`'s features are `data[r*width + offset ..]`.
-#[derive(Clone, Copy, Debug)]
-pub struct Rows<'a> {
-    /// The whole buffer, every row of the layout.
-    pub data: &'a [f32],
-    /// Which row each `(b, t)` is.
-    pub layout: &'a RowLayout,
-    /// Floats per row of `data`.
-    pub width: usize,
-    /// Where in a row these features start.
-    pub offset: usize,
-}
+/// What runs a model's layers. A [`crate::Model`] owns one and the
+/// crate's driver calls it for each pass: memory first (scratch, zeros,
+/// rows copied or added), then the masks each layer and direction reads,
+/// then the layer itself. Every operation of a pass gets the pass's
+/// [`Pass`]; the driver keeps the scratch [`Buf`]s until the pass ends.
+///
+/// Spans are addresses in the device's memory ([`Device::memory`]): host
+/// addresses for a host device, device addresses for a GPU. Every
+/// operation on spans takes the [`Pass`] they belong to, which only the
+/// crate's driver makes, and it guarantees that every span it hands over
+/// lives, and that nothing else reads or writes it, while the operation
+/// runs; two spans of one operation never overlap unless the same span is
+/// named twice to read.
+pub trait Device: Send + Sync {
+    /// A short name for messages and errors (`"cpu"`, `"cuda"`, `"reference"`).
+    fn name(&self) -> &'static str;
 
-impl<'a> Rows<'a> {
-    /// The `len` features of `(b, t)`.
-    pub fn get(&self, b: usize, t: usize, len: usize) -> &'a [f32] {
-        let start = self.layout.row(b, t) * self.width + self.offset;
-        &self.data[start..start + len]
+    /// Where its passes' memory lies.
+    fn memory(&self) -> Memory;
+
+    /// `floats` floats of the device's memory for one pass, zeroed if
+    /// `zeroed`, else holding anything.
+    fn scratch(&self, pass: &Pass, floats: usize, zeroed: bool) -> Result<Buf>;
+
+    /// Sets `span` to zero; with `rows` (floats per row, and layout rows),
+    /// only those rows of it (a device may zero all of it: the others are
+    /// written after).
+    fn zero(&self, pass: &Pass, span: Span, rows: Option<(usize, &[usize])>) -> Result<()>;
+
+    /// Copies or adds rows ([`RowPairs`]).
+    fn move_rows(&self, pass: &Pass, rows: RowPairs) -> Result<()>;
+
+    /// `data` in new memory of the device (a host device's copy).
+    fn upload(&self, data: &[f32]) -> Result<Buf>;
+
+    /// `from`'s floats into `to` (as long), once the work queued before is done.
+    fn download(&self, pass: &Pass, from: Span, to: &mut [f32]) -> Result<()>;
+
+    /// Fills every valid row of `rows` with the masks a layer and
+    /// direction's steps read (see [`crate::masks`]); rows 0 floats apart
+    /// (`rows.width == 0`, evaluation: the same masks for every row) are
+    /// one row, filled once.
+    fn fill_masks(&self, pass: &Pass, rows: RowSpan, masks: &MaskRows) -> Result<()>;
+
+    /// Multiplies `rows` by masks ([`Dropping`]).
+    fn drop_out(&self, pass: &Pass, rows: RowSpan, masks: Dropping) -> Result<()>;
+
+    /// Runs one layer and direction forwards.
+    fn forward(&self, pass: &Pass, job: LayerForward) -> Result<()>;
+
+    /// Runs one layer and direction backwards, reading the tape its
+    /// training forward wrote.
+    fn backward(&self, pass: &Pass, job: LayerBackward) -> Result<()>;
+
+    /// This device working on a caller's stream (a `CUstream` handle; 0
+    /// is the legacy default stream), for a pass over the caller's device
+    /// memory; `None`: it has no streams and works on its own.
+    fn on_stream(&self, stream: u64) -> Result<Option<Box<dyn Device + '_>>> {
+        let _ = stream;
+        Ok(None)
+    }
+
+    /// A workspace that runs the model step by step, or `None` where this
+    /// device has no such path (the model then runs each call as a batch).
+    fn stream<'a>(&'a self, job: StreamJob<'a>) -> Result<Option<Box<dyn StepRunner + 'a>>> {
+        let _ = job;
+        Ok(None)
     }
 }
 
-/// Writable rows, laid out as [`Rows`].
-#[derive(Debug)]
-pub struct RowsMut<'a> {
-    /// The whole buffer, every row of the layout.
-    pub data: &'a mut [f32],
-    /// Which row each `(b, t)` is.
-    pub layout: &'a RowLayout,
-    /// Floats per row of `data`.
-    pub width: usize,
-    /// Where in a row these features start.
-    pub offset: usize,
-}
-
-impl RowsMut<'_> {
-    /// The `len` features of `(b, t)`, writable.
-    pub fn get_mut(&mut self, b: usize, t: usize, len: usize) -> &mut [f32] {
-        let start = self.layout.row(b, t) * self.width + self.offset;
-        &mut self.data[start..start + len]
-    }
-}
-
-/// Where a back end keeps its own form of one layer-direction's weights
-/// (transposed, packed into panels): made on the first call that needs it
-/// and reused by every later one. The model empties the slot whenever it
-/// hands its parameters out mutably, so a changed weight is never read in
-/// an old form.
-#[derive(Default)]
-pub struct PreparedWeights {
-    form: std::sync::OnceLock<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
-    for_one_pass: bool,
-}
-
-impl PreparedWeights {
-    /// A slot for weights that come with one pass and are gone after it
-    /// (the caller's): a back end may then read them in place rather than
-    /// prepare a form no later pass will use.
-    pub fn for_one_pass() -> PreparedWeights {
-        PreparedWeights { for_one_pass: true, ..Default::default() }
+/// A device shared by several models (one device, its compiled kernels
+/// and its memory pools serving them all).
+impl<D: Device + ?Sized> Device for std::sync::Arc<D> {
+    fn name(&self) -> &'static str {
+        (**self).name()
     }
 
-    /// Whether the slot serves one pass only ([`PreparedWeights::for_one_pass`]).
-    pub fn is_for_one_pass(&self) -> bool {
-        self.for_one_pass
+    fn memory(&self) -> Memory {
+        (**self).memory()
     }
 
-    /// The prepared form, made by `make` if the slot is empty; `None` if
-    /// the slot holds some other type (another back end's form).
-    pub fn get_or_init<T: std::any::Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> Option<&T> {
-        self.form.get_or_init(|| std::sync::Arc::new(make())).downcast_ref::<T>()
+    fn scratch(&self, pass: &Pass, floats: usize, zeroed: bool) -> Result<Buf> {
+        (**self).scratch(pass, floats, zeroed)
     }
-}
 
-impl std::fmt::Debug for PreparedWeights {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.form.get().is_some() {
-            "PreparedWeights(made)"
-        } else {
-            "PreparedWeights(empty)"
-        })
+    fn zero(&self, pass: &Pass, span: Span, rows: Option<(usize, &[usize])>) -> Result<()> {
+        (**self).zero(pass, span, rows)
     }
-}
 
-/// One layer, one direction, forwards.
-#[derive(Clone, Copy, Debug)]
-pub struct ForwardJob<'a> {
-    /// The cell the layer runs.
-    pub cell: &'a CompiledCell,
-    /// The cell's program at this layer's sizes.
-    pub layer: &'a Layer,
-    /// This layer-direction's parameters, in the cell's order, each row-major.
-    pub params: &'a [&'a [f32]],
-    /// The batch's sequences by decreasing length, and how many run at each step.
-    pub order: &'a BatchOrder,
-    /// Runs each sequence from its last step to its first (a bidirectional layer's second direction).
-    pub reverse: bool,
-    /// The layer's input rows (the batch's input, or the previous layer's output).
-    pub input: Rows<'a>,
-    /// Initial states, one `[B * size]` buffer per state.
-    pub h0: &'a [&'a [f32]],
-    /// The back end's own form of `params`, kept across calls.
-    pub prepared: &'a PreparedWeights,
-    /// The masks the steps read, mask `i` at the layer's `mask_slices[i]`;
-    /// `None` for a cell without.
-    pub masks: Option<Rows<'a>>,
-}
-
-/// One layer, one direction, backwards.
-#[derive(Clone, Copy, Debug)]
-pub struct BackwardJob<'a> {
-    /// The cell the layer runs.
-    pub cell: &'a CompiledCell,
-    /// The cell's program at this layer's sizes.
-    pub layer: &'a Layer,
-    /// This layer-direction's parameters, in the cell's order, each row-major.
-    pub params: &'a [&'a [f32]],
-    /// The batch's sequences by decreasing length, and how many run at each step.
-    pub order: &'a BatchOrder,
-    /// Runs each sequence from its last step to its first (a bidirectional layer's second direction).
-    pub reverse: bool,
-    /// The layer's input rows (the batch's input, or the previous layer's output).
-    pub input: Rows<'a>,
-    /// The adjoint of this direction's output rows.
-    pub d_output: Rows<'a>,
-    /// The adjoints of the final states, one `[B * size]` buffer per state.
-    pub d_final: &'a [&'a [f32]],
-    /// The back end's own form of `params`, kept across calls.
-    pub prepared: &'a PreparedWeights,
-    /// The masks the forward's steps read, as in [`ForwardJob::masks`].
-    pub masks: Option<Rows<'a>>,
-}
-
-impl ForwardJob<'_> {
-    /// Rows of the batch's layout (a padded batch's `B * T`, a packed one's `N`).
-    pub fn layout_rows(&self) -> usize {
-        self.input.data.len() / self.input.width.max(1)
+    fn move_rows(&self, pass: &Pass, rows: RowPairs) -> Result<()> {
+        (**self).move_rows(pass, rows)
     }
-}
 
-impl BackwardJob<'_> {
-    /// Rows of the batch's layout, as [`ForwardJob::layout_rows`].
-    pub fn layout_rows(&self) -> usize {
-        self.input.data.len() / self.input.width.max(1)
+    fn upload(&self, data: &[f32]) -> Result<Buf> {
+        (**self).upload(data)
     }
-}
 
-/// What a layer-direction's backward returns (the input's adjoint is
-/// added into the caller's rows instead).
-#[derive(Debug)]
-pub struct BackwardResult {
-    /// Adjoints of the initial states, one `[B * size]` buffer per state.
-    pub d_h0: Vec<Vec<f32>>,
-    /// Adjoints of the parameters, in the cell's order.
-    pub d_params: Vec<Vec<f32>>,
+    fn download(&self, pass: &Pass, from: Span, to: &mut [f32]) -> Result<()> {
+        (**self).download(pass, from, to)
+    }
+
+    fn fill_masks(&self, pass: &Pass, rows: RowSpan, masks: &MaskRows) -> Result<()> {
+        (**self).fill_masks(pass, rows, masks)
+    }
+
+    fn drop_out(&self, pass: &Pass, rows: RowSpan, masks: Dropping) -> Result<()> {
+        (**self).drop_out(pass, rows, masks)
+    }
+
+    fn forward(&self, pass: &Pass, job: LayerForward) -> Result<()> {
+        (**self).forward(pass, job)
+    }
+
+    fn backward(&self, pass: &Pass, job: LayerBackward) -> Result<()> {
+        (**self).backward(pass, job)
+    }
+
+    fn on_stream(&self, stream: u64) -> Result<Option<Box<dyn Device + '_>>> {
+        (**self).on_stream(stream)
+    }
+
+    fn stream<'a>(&'a self, job: StreamJob<'a>) -> Result<Option<Box<dyn StepRunner + 'a>>> {
+        (**self).stream(job)
+    }
 }
 
 /// Every layer of a one-directional model, for a stream of steps over a
@@ -187,7 +161,7 @@ pub struct StreamJob<'a> {
     /// Sequences in the stream's batch, `B`.
     pub batch: usize,
     /// The cell's masks, in evaluation (a stream never trains), at the model's rates.
-    pub masking: crate::masks::CellMasking,
+    pub masking: CellMasking,
 }
 
 /// A back end's workspace for a stream: made once, then each call runs a
@@ -204,107 +178,6 @@ pub trait StepRunner: Send + Sync {
     /// State `i` of layer `layer`, `[B * size]`, writable: the caller sets
     /// or resets the carried state through it.
     fn state_mut(&mut self, layer: usize, i: usize) -> &mut [f32];
-}
-
-/// What runs a model's layers: one layer in one direction over a batch,
-/// forwards and backwards ([`cpu::Cpu`], [`cuda::Cuda`],
-/// [`reference::Reference`]). A [`crate::Model`] owns one and calls it for
-/// each layer and direction in turn.
-pub trait Backend: Send + Sync {
-    /// A short name for messages and errors (`"cpu"`, `"cuda"`, `"reference"`).
-    fn name(&self) -> &'static str;
-
-    /// Passes over device memory the caller owns, where this back end runs
-    /// on a device ([`crate::device_call`]).
-    fn device_passes(&self) -> Option<&dyn DevicePasses> {
-        None
-    }
-
-    /// A workspace that runs the model step by step, or `None` where this
-    /// back end has no such path (the model then runs each call as a batch).
-    fn stream<'a>(&'a self, job: StreamJob<'a>) -> Result<Option<Box<dyn StepRunner + 'a>>> {
-        let _ = job;
-        Ok(None)
-    }
-
-    /// Writes the output rows (this direction's features of `output`) and
-    /// returns the final states. A training forward is given a `tape`: the
-    /// layout's rows times the program's tape floats per row, which it
-    /// fills as the layer's program lays it out
-    /// ([`cellc::program::TapeLayout`]), padding rows zeroed.
-    fn forward(
-        &self,
-        job: &ForwardJob,
-        output: &mut RowsMut,
-        tape: Option<&mut [f32]>,
-    ) -> Result<Vec<Vec<f32>>>;
-
-    /// Adds the adjoint of the input rows into `d_input` and returns the
-    /// rest, reading the `tape` a training forward of the same job filled.
-    fn backward(&self, job: &BackwardJob, tape: &[f32], d_input: &mut RowsMut) -> Result<BackwardResult>;
-}
-
-/// A back end shared by several models (one device, its compiled kernels
-/// and its memory pools serving them all).
-impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
-    fn name(&self) -> &'static str {
-        (**self).name()
-    }
-
-    fn device_passes(&self) -> Option<&dyn DevicePasses> {
-        (**self).device_passes()
-    }
-
-    fn stream<'a>(&'a self, job: StreamJob<'a>) -> Result<Option<Box<dyn StepRunner + 'a>>> {
-        (**self).stream(job)
-    }
-
-    fn forward(
-        &self,
-        job: &ForwardJob,
-        output: &mut RowsMut,
-        tape: Option<&mut [f32]>,
-    ) -> Result<Vec<Vec<f32>>> {
-        (**self).forward(job, output, tape)
-    }
-
-    fn backward(&self, job: &BackwardJob, tape: &[f32], d_input: &mut RowsMut) -> Result<BackwardResult> {
-        (**self).backward(job, tape, d_input)
-    }
-}
-
-/// Passes in a device's memory: the caller's ([`crate::device_call`]), or
-/// the model's own passes over host data, staged there.
-pub trait DevicePasses {
-    /// The target a pass of `cell` (at its `layers`' sizes) over `batch`
-    /// runs on: this device, its work queued on `stream` (`None`: the
-    /// device's own), reading `weights` (`[layer * directions +
-    /// direction][param]`, checked).
-    fn target<'a>(
-        &'a self,
-        cell: &'a CompiledCell,
-        layers: &'a [Layer],
-        batch: &'a LaidOutBatch,
-        weights: Vec<Vec<Span>>,
-        stream: Option<u64>,
-    ) -> Result<Box<dyn PassTarget + 'a>>;
-
-    /// `data` copied into new device memory, queued on the device's own stream.
-    fn upload(&self, data: &[f32]) -> Result<cuda::device::Buf>;
-
-    /// New device memory of `len` floats, zeroed.
-    fn zeros(&self, len: usize) -> Result<cuda::device::Buf>;
-
-    /// A buffer's floats, once the work queued on the device's own stream is done.
-    fn download(&self, buf: &cuda::device::Buf) -> Result<Vec<f32>>;
-
-    /// A layer-direction's parameters on the device: uploaded once and
-    /// kept in `prepared` (for the model's own), or for this pass only.
-    fn params(
-        &self,
-        params: &[&[f32]],
-        prepared: &PreparedWeights,
-    ) -> Result<std::sync::Arc<Vec<cuda::device::Buf>>>;
 }
 
 /// Checks that a tape has the floats the layer's program lays out for `rows` layout rows.

@@ -11,9 +11,11 @@
 //! schedule saved (plus the state history), so a wrong saved-values
 //! choice is an error too. Fast back ends are tested against it.
 
-use super::{check_tape, Backend, BackwardJob, BackwardResult, ForwardJob, RowsMut};
+use super::cpu::host::{self, HostBackward, HostForward, HostGradients, Rows, RowsMut};
+use super::{check_tape, Device};
 use crate::cell::Layer;
 use crate::error::{Result, RuntimeError};
+use crate::pass::{LayerBackward, LayerForward, Pass};
 use crate::plan::{Home, PassPlan, TapeSource};
 use cellc::ir::{Graph, ValueId};
 use cellc::kernel::eval::RowEvaluator;
@@ -71,7 +73,7 @@ fn keep_row(
 }
 
 /// Mask `i`'s units of row `(b, t)`, from the masks the pass filled.
-fn mask_row(masks: Option<super::Rows>, layer: &Layer, i: usize, (b, t): (usize, usize)) -> Result<Vec<f32>> {
+fn mask_row(masks: Option<Rows>, layer: &Layer, i: usize, (b, t): (usize, usize)) -> Result<Vec<f32>> {
     let missing = || RuntimeError::Internal(format!("the pass reads mask {i}, which it was not given"));
     let (offset, len) = layer.mask_slices.get(i).copied().flatten().ok_or_else(missing)?;
     Ok(masks.ok_or_else(missing)?.get(b, t, offset + len)[offset..].to_vec())
@@ -175,238 +177,244 @@ fn constants(g: &Graph, plan: &Shapes, store: &mut Store) {
     }
 }
 
-impl Backend for Reference {
+impl Device for Reference {
     fn name(&self) -> &'static str {
         "reference"
     }
 
-    fn forward(
-        &self,
-        job: &ForwardJob,
-        output: &mut RowsMut,
-        mut tape: Option<&mut [f32]>,
-    ) -> Result<Vec<Vec<f32>>> {
-        let g: &Graph = &job.cell.forward;
-        let layer = job.layer;
-        let pass = layer.pass(Side::Forward, tape.is_some());
-        let stages = &layer.schedule.forward;
-        let batch = job.order.batch();
-        let layout_rows = job.layout_rows();
-        if let Some(t) = tape.as_deref_mut() {
-            check_tape(layer, layout_rows, t.len())?;
-            // Padding rows stay zero: a reserve holds nothing but this pass's values.
-            t.fill(0.0);
-        }
+    host::host_memory!();
 
-        let mut forward_stages = Stages::new(g, layer, pass);
-        let mut base: Store = vec![None; g.value_bound()];
-        constants(g, &layer.forward_shapes, &mut base);
-        let fill = |store: &mut Store, b: usize, t: usize, states: Option<&[Vec<f32>]>| -> Result<()> {
+    fn forward(&self, pass: &Pass, job: LayerForward) -> Result<()> {
+        // SAFETY: per the trait's contract, every span is host memory of the pass.
+        unsafe { host::forward(pass, job, forward) }
+    }
+
+    fn backward(&self, pass: &Pass, job: LayerBackward) -> Result<()> {
+        // SAFETY: per the trait's contract, every span is host memory of the pass.
+        unsafe { host::backward(pass, job, backward) }
+    }
+}
+
+/// One layer and direction forwards, a row at a time; the final states.
+fn forward(job: &HostForward, output: &mut RowsMut, mut tape: Option<&mut [f32]>) -> Result<Vec<Vec<f32>>> {
+    let g: &Graph = &job.cell.forward;
+    let layer = job.layer;
+    let pass = layer.pass(Side::Forward, tape.is_some());
+    let stages = &layer.schedule.forward;
+    let batch = job.order.batch();
+    let layout_rows = job.layout_rows();
+    if let Some(t) = tape.as_deref_mut() {
+        check_tape(layer, layout_rows, t.len())?;
+        // Padding rows stay zero: a reserve holds nothing but this pass's values.
+        t.fill(0.0);
+    }
+
+    let mut forward_stages = Stages::new(g, layer, pass);
+    let mut base: Store = vec![None; g.value_bound()];
+    constants(g, &layer.forward_shapes, &mut base);
+    let fill = |store: &mut Store, b: usize, t: usize, states: Option<&[Vec<f32>]>| -> Result<()> {
+        let x = job.input.get(b, t, layer.input_size);
+        for (v, home) in pass.homes() {
+            let leaf = match home {
+                Home::Input(i) => {
+                    let (o, l) = layer.input_slices[i];
+                    x[o..o + l].to_vec()
+                }
+                Home::State(i) => match states {
+                    Some(states) => states[i].clone(),
+                    None => continue,
+                },
+                Home::Mask(i) => mask_row(job.masks, layer, i, (b, t))?,
+                _ => continue,
+            };
+            store[v.index()] = Some(leaf);
+        }
+        Ok(())
+    };
+
+    // Before the loop: every row of every sequence.
+    let mut pre: HashMap<(usize, usize), Store> = HashMap::new();
+    for b in 0..batch {
+        for t in 0..job.order.lengths()[b] {
+            // No states here: a before-loop stage that reads one is a schedule error.
+            let mut store = base.clone();
+            fill(&mut store, b, t, None)?;
+            forward_stages.run_all(&pass.before_loop, stages, &mut store, job.params)?;
+            pre.insert((b, t), store);
+        }
+    }
+
+    let mut states: Vec<Vec<Vec<f32>>> = (0..batch)
+        .map(|b| {
+            layer
+                .state_sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| job.h0[i][b * n..(b + 1) * n].to_vec())
+                .collect()
+        })
+        .collect();
+    let mut finals = states.clone();
+    let each_step = pass.stages_at(Placement::EachStep);
+    for s in 0..job.order.steps() {
+        let active = job.order.active(s);
+        let mut rows: Vec<Store> = Vec::with_capacity(active.len());
+        for &b in active {
+            let t = job.order.time(b, s, job.reverse);
+            let mut store = pre.remove(&(b, t)).unwrap_or_else(|| base.clone());
+            fill(&mut store, b, t, Some(&states[b]))?;
+            rows.push(store);
+        }
+        // Stage-major: each stage over every active row, then the next.
+        for &k in each_step {
+            for store in rows.iter_mut() {
+                forward_stages.run(k, &stages[k], store, job.params)?;
+            }
+        }
+        for (&b, store) in active.iter().zip(&rows) {
+            let t = job.order.time(b, s, job.reverse);
+            let get = |v: ValueId| {
+                value(pass, store, job.params, v).map(<[f32]>::to_vec).ok_or_else(|| {
+                    RuntimeError::Internal(format!(
+                        "schedule: {v} (an output or next state) is never computed"
+                    ))
+                })
+            };
+            let out = get(pass
+                .output
+                .ok_or_else(|| RuntimeError::Internal("a forward without an output".into()))?)?;
+            output.get_mut(b, t, layer.output_size).copy_from_slice(&out);
+            let next: Vec<Vec<f32>> = pass
+                .carried
+                .iter()
+                .map(|v| match v {
+                    Some(v) => get(*v),
+                    None => Err(RuntimeError::Internal("a next state that is never computed".into())),
+                })
+                .collect::<Result<_>>()?;
+            if let Some(tape) = tape.as_deref_mut() {
+                let row = job.input.layout.row(b, t);
+                keep_row(pass, layer, tape, layout_rows, row, |source| match source {
+                    TapeSource::StateBefore(i) => Ok(states[b][i].clone()),
+                    TapeSource::Value(v) => get(v),
+                })?;
+            }
+            if s + 1 == job.order.lengths()[b] {
+                finals[b] = next.clone();
+            }
+            states[b] = next;
+        }
+    }
+    let final_states = (0..layer.state_sizes.len())
+        .map(|i| finals.iter().flat_map(|f| f[i].iter().copied()).collect())
+        .collect();
+    Ok(final_states)
+}
+
+/// One layer and direction backwards, a row at a time, reading the forward's `tape`.
+fn backward(job: &HostBackward, tape: &[f32], d_input: &mut RowsMut) -> Result<HostGradients> {
+    let tape = RowTape::new(job.layer, job.layout_rows(), tape)?;
+    let g = &job.cell.backward.graph;
+    let layer = job.layer;
+    let pass = layer.pass(Side::Backward, true);
+    let stages = &layer.schedule.backward;
+    let batch = job.order.batch();
+    let mut backward_stages = Stages::new(g, layer, pass);
+    let mut base: Store = vec![None; g.value_bound()];
+    constants(g, &layer.backward_shapes, &mut base);
+
+    let mut carry: Vec<Vec<Vec<f32>>> = (0..batch)
+        .map(|b| {
+            layer
+                .state_sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| job.d_final[i][b * n..(b + 1) * n].to_vec())
+                .collect()
+        })
+        .collect();
+    let mut all_rows: Vec<((usize, usize), Store)> = Vec::with_capacity(job.order.rows());
+    let each_step = pass.stages_at(Placement::EachStep);
+    for s in (0..job.order.steps()).rev() {
+        let active = job.order.active(s);
+        let mut rows: Vec<Store> = Vec::with_capacity(active.len());
+        for &b in active {
+            let t = job.order.time(b, s, job.reverse);
+            let row = job.input.layout.row(b, t);
             let x = job.input.get(b, t, layer.input_size);
+            let d_out = job.d_output.get(b, t, layer.output_size);
+            let mut store = base.clone();
+            // The leaves but the carried adjoints: before-loop stages
+            // see none, so reading one is a schedule error.
             for (v, home) in pass.homes() {
                 let leaf = match home {
                     Home::Input(i) => {
                         let (o, l) = layer.input_slices[i];
                         x[o..o + l].to_vec()
                     }
-                    Home::State(i) => match states {
-                        Some(states) => states[i].clone(),
-                        None => continue,
-                    },
+                    Home::Tape(kept) => tape.get(kept, row)?.to_vec(),
+                    Home::OutputAdjoint => d_out.to_vec(),
                     Home::Mask(i) => mask_row(job.masks, layer, i, (b, t))?,
                     _ => continue,
                 };
                 store[v.index()] = Some(leaf);
             }
-            Ok(())
-        };
-
-        // Before the loop: every row of every sequence.
-        let mut pre: HashMap<(usize, usize), Store> = HashMap::new();
-        for b in 0..batch {
-            for t in 0..job.order.lengths()[b] {
-                // No states here: a before-loop stage that reads one is a schedule error.
-                let mut store = base.clone();
-                fill(&mut store, b, t, None)?;
-                forward_stages.run_all(&pass.before_loop, stages, &mut store, job.params)?;
-                pre.insert((b, t), store);
-            }
-        }
-
-        let mut states: Vec<Vec<Vec<f32>>> = (0..batch)
-            .map(|b| {
-                layer
-                    .state_sizes
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &n)| job.h0[i][b * n..(b + 1) * n].to_vec())
-                    .collect()
-            })
-            .collect();
-        let mut finals = states.clone();
-        let each_step = pass.stages_at(Placement::EachStep);
-        for s in 0..job.order.steps() {
-            let active = job.order.active(s);
-            let mut rows: Vec<Store> = Vec::with_capacity(active.len());
-            for &b in active {
-                let t = job.order.time(b, s, job.reverse);
-                let mut store = pre.remove(&(b, t)).unwrap_or_else(|| base.clone());
-                fill(&mut store, b, t, Some(&states[b]))?;
-                rows.push(store);
-            }
-            // Stage-major: each stage over every active row, then the next.
-            for &k in each_step {
-                for store in rows.iter_mut() {
-                    forward_stages.run(k, &stages[k], store, job.params)?;
+            backward_stages.run_all(&pass.before_loop, stages, &mut store, job.params)?;
+            for (v, home) in pass.homes() {
+                if let Home::Carry(k) = home {
+                    store[v.index()] = Some(carry[b][k].clone());
                 }
             }
-            for (&b, store) in active.iter().zip(&rows) {
-                let t = job.order.time(b, s, job.reverse);
-                let get = |v: ValueId| {
-                    value(pass, store, job.params, v).map(<[f32]>::to_vec).ok_or_else(|| {
+            rows.push(store);
+        }
+        for &k in each_step {
+            for store in rows.iter_mut() {
+                backward_stages.run(k, &stages[k], store, job.params)?;
+            }
+        }
+        for (&b, store) in active.iter().zip(rows) {
+            let t = job.order.time(b, s, job.reverse);
+            carry[b] = pass
+                .carried
+                .iter()
+                .zip(&layer.state_sizes)
+                .map(|(d, &n)| match d {
+                    Some(v) => value(pass, &store, job.params, *v).map(<[f32]>::to_vec).ok_or_else(|| {
                         RuntimeError::Internal(format!(
-                            "schedule: {v} (an output or next state) is never computed"
+                            "schedule: state adjoint {v} is not computed in the loop"
                         ))
-                    })
-                };
-                let out = get(pass
-                    .output
-                    .ok_or_else(|| RuntimeError::Internal("a forward without an output".into()))?)?;
-                output.get_mut(b, t, layer.output_size).copy_from_slice(&out);
-                let next: Vec<Vec<f32>> = pass
-                    .carried
-                    .iter()
-                    .map(|v| match v {
-                        Some(v) => get(*v),
-                        None => Err(RuntimeError::Internal("a next state that is never computed".into())),
-                    })
-                    .collect::<Result<_>>()?;
-                if let Some(tape) = tape.as_deref_mut() {
-                    let row = job.input.layout.row(b, t);
-                    keep_row(pass, layer, tape, layout_rows, row, |source| match source {
-                        TapeSource::StateBefore(i) => Ok(states[b][i].clone()),
-                        TapeSource::Value(v) => get(v),
-                    })?;
-                }
-                if s + 1 == job.order.lengths()[b] {
-                    finals[b] = next.clone();
-                }
-                states[b] = next;
-            }
+                    }),
+                    None => Ok(vec![0.0; n]),
+                })
+                .collect::<Result<_>>()?;
+            all_rows.push(((b, t), store));
         }
-        let final_states = (0..layer.state_sizes.len())
-            .map(|i| finals.iter().flat_map(|f| f[i].iter().copied()).collect())
-            .collect();
-        Ok(final_states)
     }
 
-    fn backward(&self, job: &BackwardJob, tape: &[f32], d_input: &mut RowsMut) -> Result<BackwardResult> {
-        let tape = RowTape::new(job.layer, job.layout_rows(), tape)?;
-        let g = &job.cell.backward.graph;
-        let layer = job.layer;
-        let pass = layer.pass(Side::Backward, true);
-        let stages = &layer.schedule.backward;
-        let batch = job.order.batch();
-        let mut backward_stages = Stages::new(g, layer, pass);
-        let mut base: Store = vec![None; g.value_bound()];
-        constants(g, &layer.backward_shapes, &mut base);
-
-        let mut carry: Vec<Vec<Vec<f32>>> = (0..batch)
-            .map(|b| {
-                layer
-                    .state_sizes
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &n)| job.d_final[i][b * n..(b + 1) * n].to_vec())
-                    .collect()
-            })
-            .collect();
-        let mut all_rows: Vec<((usize, usize), Store)> = Vec::with_capacity(job.order.rows());
-        let each_step = pass.stages_at(Placement::EachStep);
-        for s in (0..job.order.steps()).rev() {
-            let active = job.order.active(s);
-            let mut rows: Vec<Store> = Vec::with_capacity(active.len());
-            for &b in active {
-                let t = job.order.time(b, s, job.reverse);
-                let row = job.input.layout.row(b, t);
-                let x = job.input.get(b, t, layer.input_size);
-                let d_out = job.d_output.get(b, t, layer.output_size);
-                let mut store = base.clone();
-                // The leaves but the carried adjoints: before-loop stages
-                // see none, so reading one is a schedule error.
-                for (v, home) in pass.homes() {
-                    let leaf = match home {
-                        Home::Input(i) => {
-                            let (o, l) = layer.input_slices[i];
-                            x[o..o + l].to_vec()
-                        }
-                        Home::Tape(kept) => tape.get(kept, row)?.to_vec(),
-                        Home::OutputAdjoint => d_out.to_vec(),
-                        Home::Mask(i) => mask_row(job.masks, layer, i, (b, t))?,
-                        _ => continue,
-                    };
-                    store[v.index()] = Some(leaf);
-                }
-                backward_stages.run_all(&pass.before_loop, stages, &mut store, job.params)?;
-                for (v, home) in pass.homes() {
-                    if let Home::Carry(k) = home {
-                        store[v.index()] = Some(carry[b][k].clone());
-                    }
-                }
-                rows.push(store);
-            }
-            for &k in each_step {
-                for store in rows.iter_mut() {
-                    backward_stages.run(k, &stages[k], store, job.params)?;
-                }
-            }
-            for (&b, store) in active.iter().zip(rows) {
-                let t = job.order.time(b, s, job.reverse);
-                carry[b] = pass
-                    .carried
-                    .iter()
-                    .zip(&layer.state_sizes)
-                    .map(|(d, &n)| match d {
-                        Some(v) => {
-                            value(pass, &store, job.params, *v).map(<[f32]>::to_vec).ok_or_else(|| {
-                                RuntimeError::Internal(format!(
-                                    "schedule: state adjoint {v} is not computed in the loop"
-                                ))
-                            })
-                        }
-                        None => Ok(vec![0.0; n]),
-                    })
-                    .collect::<Result<_>>()?;
-                all_rows.push(((b, t), store));
+    // After the loop, every row's contribution, summed over the rows.
+    let mut d_params: Vec<Vec<f32>> = job.params.iter().map(|p| vec![0.0; p.len()]).collect();
+    for ((b, t), store) in all_rows.iter_mut() {
+        backward_stages.run_all(&pass.after_loop, stages, store, job.params)?;
+        for (acc, d) in d_params.iter_mut().zip(&pass.d_params) {
+            if let Some(d) = d {
+                let v = d.value();
+                let x = value(pass, store, job.params, v).ok_or_else(|| {
+                    RuntimeError::Internal(format!("parameter adjoint {v} is never computed"))
+                })?;
+                acc.iter_mut().zip(x).for_each(|(a, x)| *a += x);
             }
         }
-
-        // After the loop, every row's contribution, summed over the rows.
-        let mut d_params: Vec<Vec<f32>> = job.params.iter().map(|p| vec![0.0; p.len()]).collect();
-        for ((b, t), store) in all_rows.iter_mut() {
-            backward_stages.run_all(&pass.after_loop, stages, store, job.params)?;
-            for (acc, d) in d_params.iter_mut().zip(&pass.d_params) {
-                if let Some(d) = d {
-                    let v = d.value();
-                    let x = value(pass, store, job.params, v).ok_or_else(|| {
-                        RuntimeError::Internal(format!("parameter adjoint {v} is never computed"))
-                    })?;
-                    acc.iter_mut().zip(x).for_each(|(a, x)| *a += x);
-                }
-            }
-            let dx = d_input.get_mut(*b, *t, layer.input_size);
-            for (d, &(o, l)) in pass.d_inputs.iter().zip(&layer.input_slices) {
-                if let Some(v) = d {
-                    let x = value(pass, store, job.params, *v).ok_or_else(|| {
-                        RuntimeError::Internal(format!("input adjoint {v} is never computed"))
-                    })?;
-                    dx[o..o + l].iter_mut().zip(x).for_each(|(a, x)| *a += x);
-                }
+        let dx = d_input.get_mut(*b, *t, layer.input_size);
+        for (d, &(o, l)) in pass.d_inputs.iter().zip(&layer.input_slices) {
+            if let Some(v) = d {
+                let x = value(pass, store, job.params, *v)
+                    .ok_or_else(|| RuntimeError::Internal(format!("input adjoint {v} is never computed")))?;
+                dx[o..o + l].iter_mut().zip(x).for_each(|(a, x)| *a += x);
             }
         }
-        let d_h0 = (0..layer.state_sizes.len())
-            .map(|i| carry.iter().flat_map(|c| c[i].iter().copied()).collect())
-            .collect();
-        Ok(BackwardResult { d_h0, d_params })
     }
+    let d_h0 = (0..layer.state_sizes.len())
+        .map(|i| carry.iter().flat_map(|c| c[i].iter().copied()).collect())
+        .collect();
+    Ok(HostGradients { d_h0, d_params })
 }

@@ -1,5 +1,5 @@
 //! Models: a compiled cell stacked into layers and directions, with its
-//! weights, sizes bound per layer, and a backend to run it.
+//! weights, sizes bound per layer, and the device that runs it.
 //!
 //! Sizes come from `-D`-style bindings, else from the weights and the data
 //! (a `[4*H, I]` weight of shape `[20, 3]` binds `H = 5` and `I = 3`);
@@ -9,10 +9,11 @@
 
 mod masks;
 
-use crate::backend::Backend;
+use crate::backend::Device;
 pub use crate::cell::{CompiledCell, Layer, Side};
 use crate::error::{Result, RuntimeError};
 pub use crate::layers::{weight_suffix, ModelConfig};
+use crate::pass::{PassWeights, PreparedWeights, Span};
 use crate::weights::Weights;
 use cellc::dims::Bindings;
 use cellc::interp::ConcreteInit;
@@ -73,8 +74,8 @@ pub struct Model {
     pub(crate) params: Vec<Vec<Vec<f32>>>,
     /// The back end's prepared form of each entry of `params` (emptied
     /// whenever the parameters are handed out mutably).
-    pub(crate) prepared: Vec<crate::backend::PreparedWeights>,
-    pub(crate) backend: Box<dyn Backend>,
+    pub(crate) prepared: Vec<PreparedWeights>,
+    pub(crate) device: Box<dyn Device>,
     /// False for a model made by [`Model::without_weights`]: `params` holds
     /// empty lists, and every pass must be given its weights.
     pub(crate) owns_weights: bool,
@@ -94,7 +95,7 @@ impl std::fmt::Debug for Model {
             .field("cell", &self.compiled.forward.name)
             .field("config", &self.config)
             .field("sizes", &self.layers.iter().map(|l| &l.sizes).collect::<Vec<_>>())
-            .field("backend", &self.backend.name())
+            .field("device", &self.device.name())
             .finish()
     }
 }
@@ -110,10 +111,10 @@ impl Model {
         input_size: Option<usize>,
         weights: Option<&Weights>,
         seed: u64,
-        backend: Box<dyn Backend>,
+        device: Box<dyn Device>,
     ) -> Result<Model> {
         let layers = crate::layers::plan(&compiled, &config, sizes, input_size, weights)?;
-        let mut model = Self::unweighted(compiled, config, layers, backend);
+        let mut model = Self::unweighted(compiled, config, layers, device);
         model.ensure_weights_fit()?;
         model.params = match weights {
             Some(w) => model.take_weights(w)?,
@@ -133,10 +134,10 @@ impl Model {
         config: ModelConfig,
         sizes: &Bindings,
         input_size: Option<usize>,
-        backend: Box<dyn Backend>,
+        device: Box<dyn Device>,
     ) -> Result<Model> {
         let layers = crate::layers::plan(&compiled, &config, sizes, input_size, None)?;
-        Ok(Self::unweighted(compiled, config, layers, backend))
+        Ok(Self::unweighted(compiled, config, layers, device))
     }
 
     /// A model of `layers` whose parameter lists are empty.
@@ -144,7 +145,7 @@ impl Model {
         compiled: Arc<CompiledCell>,
         config: ModelConfig,
         layers: Vec<Layer>,
-        backend: Box<dyn Backend>,
+        device: Box<dyn Device>,
     ) -> Model {
         let slots = layers.len() * if config.bidirectional { 2 } else { 1 };
         let per = compiled.forward.params.len();
@@ -155,7 +156,7 @@ impl Model {
             layers,
             params: (0..slots).map(|_| vec![Vec::new(); per]).collect(),
             prepared: (0..slots).map(|_| Default::default()).collect(),
-            backend,
+            device,
             owns_weights: false,
             dropout: 0.0,
             rates,
@@ -248,9 +249,9 @@ impl Model {
         }
     }
 
-    /// The name of the back end it runs on ([`crate::backend::Backend::name`]).
+    /// The name of the back end it runs on ([`crate::backend::Device::name`]).
     pub fn backend_name(&self) -> &str {
-        self.backend.name()
+        self.device.name()
     }
 
     /// Features per step of the input.
@@ -403,7 +404,7 @@ impl Model {
     }
 
     /// The back end's prepared form of one layer and direction's parameters.
-    pub(crate) fn prepared(&self, layer: usize, reverse: bool) -> &crate::backend::PreparedWeights {
+    pub(crate) fn prepared(&self, layer: usize, reverse: bool) -> &PreparedWeights {
         &self.prepared[layer * self.directions() + usize::from(reverse)]
     }
 
@@ -412,5 +413,12 @@ impl Model {
     pub fn params_mut(&mut self) -> &mut [Vec<Vec<f32>>] {
         self.prepared.iter_mut().for_each(|p| *p = Default::default());
         &mut self.params
+    }
+
+    /// The model's own parameters as a pass over host memory reads them.
+    pub(crate) fn own_host_weights(&self) -> Result<PassWeights<'_>> {
+        self.ensure_owns_weights()?;
+        let spans = self.params.iter().map(|ps| ps.iter().map(|p| Span::of(p)).collect()).collect();
+        Ok(PassWeights::model(spans, &self.prepared))
     }
 }

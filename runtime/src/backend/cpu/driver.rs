@@ -12,12 +12,12 @@
 //!   prefix and a per-step GEMM is one call on `n` rows (`RankBuf`).
 
 use super::gemm::{column_share, matmul, matmul_split, View};
+use super::host::{Rows, SharedRows};
 use super::prepared::PreparedParams;
 use super::stage::StageExec;
 use super::threads;
-use crate::backend::PreparedWeights;
-use crate::backend::Rows;
 use crate::error::{Result, RuntimeError};
+use crate::pass::PreparedWeights;
 use crate::sequence::{BatchOrder, RowLayout};
 use cellc::ir::{Graph, Op, ValueId};
 use cellc::schedule::{Stage, StageKind};
@@ -273,37 +273,6 @@ impl<'a> Frame<'a> {
             d_output: None,
             layout: input.layout,
         }
-    }
-}
-
-/// A buffer of rows shared by the threads of a run, each writing only the
-/// rows it owns (the ranks of its sequences, their layout rows): states,
-/// carried adjoints, the output, the tape. The owner keeps the buffer alive
-/// and unmoved while the address is in use.
-#[derive(Clone, Copy, Debug)]
-pub struct SharedRows(pub *mut f32);
-
-// SAFETY: a plain address; the threads that share it write disjoint rows.
-unsafe impl Send for SharedRows {}
-unsafe impl Sync for SharedRows {}
-
-impl SharedRows {
-    pub fn of(buffer: &mut [f32]) -> SharedRows {
-        SharedRows(buffer.as_mut_ptr())
-    }
-
-    /// One for each of `buffers`.
-    pub fn each(buffers: &mut [Vec<f32>]) -> Vec<SharedRows> {
-        buffers.iter_mut().map(|b| SharedRows::of(b)).collect()
-    }
-
-    /// The float `offset` places on.
-    ///
-    /// # Safety
-    /// The offset is inside the buffer.
-    pub unsafe fn at(self, offset: usize) -> *mut f32 {
-        // SAFETY: per the contract.
-        unsafe { self.0.add(offset) }
     }
 }
 

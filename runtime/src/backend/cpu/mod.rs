@@ -34,9 +34,10 @@ mod stream;
 mod team;
 pub mod threads;
 
-use super::{Backend, BackwardJob, BackwardResult, ForwardJob, RowsMut, StepRunner, StreamJob};
+use super::{Device, StepRunner, StreamJob};
 use crate::cell::{CompiledCell, Layer};
 use crate::error::{Result, RuntimeError};
+use crate::pass::{LayerBackward, LayerForward, Pass};
 use crate::plan::{Home, ParamGradient, PassPlan, TapeSource, TimeLoop};
 use crate::pool;
 use cellc::ir::{Graph, Op, ValueId};
@@ -44,11 +45,12 @@ use cellc::precision::Precision;
 use cellc::program::{Kept, ProgramKernel, Side, TapePart};
 use cellc::schedule::Placement;
 use cellc::shapes::Shapes;
-pub(crate) use driver::SharedRows;
 use driver::{
     constants, gemm_all_rows, locate, prepared_params, run_pointwise, Buffers, Frame, Loc, ReadyStage,
     SendTable,
 };
+pub(crate) use host::SharedRows;
+use host::{HostBackward, HostForward, HostGradients, RowsMut};
 use prepared::PreparedParams;
 use stage::{Interpreted, StageExec};
 use std::collections::HashMap;
@@ -412,7 +414,7 @@ impl CpuTape {
 
     /// Zeros the rows of padding, which no step writes: a tape in the
     /// caller's memory then holds nothing but what this pass computed.
-    fn zero_padding(&mut self, job: &ForwardJob, rows: usize) {
+    fn zero_padding(&mut self, job: &HostForward, rows: usize) {
         let padding = crate::sequence::padding_rows(job.order, job.input.layout, rows);
         if padding.is_empty() {
             return;
@@ -453,32 +455,38 @@ fn copy_row(
     Ok(())
 }
 
-impl Backend for Cpu {
+impl Device for Cpu {
     fn name(&self) -> &'static str {
         "cpu"
     }
 
-    fn forward(
-        &self,
-        job: &ForwardJob,
-        output: &mut RowsMut,
-        tape: Option<&mut [f32]>,
-    ) -> Result<Vec<Vec<f32>>> {
-        let code = self.code(job.cell, job.layer)?;
-        self.alone(code.fwd_step_fmas, job.order.batch(), |threads| {
-            forward((threads, self.precision), &code, job, output, tape)
-        })
+    host::host_memory!();
+
+    fn forward(&self, pass: &Pass, job: LayerForward) -> Result<()> {
+        let code = self.code(pass.cell, job.layer)?;
+        // SAFETY: per the trait's contract, every span is host memory of the pass.
+        unsafe {
+            host::forward(pass, job, |job, output, tape| {
+                self.alone(code.fwd_step_fmas, job.order.batch(), |threads| {
+                    forward((threads, self.precision), &code, job, output, tape)
+                })
+            })
+        }
     }
 
-    fn backward(&self, job: &BackwardJob, tape: &[f32], d_input: &mut RowsMut) -> Result<BackwardResult> {
-        let code = self.code(job.cell, job.layer)?;
-        // SAFETY: the backward only reads its tape, which borrows `tape` for this call.
-        let tape = unsafe {
-            CpuTape::in_caller(job.layer, job.layout_rows(), tape.as_ptr() as *mut f32, tape.len())?
-        };
-        self.alone(code.bwd_step_fmas, job.order.batch(), |threads| {
-            backward((threads, self.precision), &code, job, &tape, d_input)
-        })
+    fn backward(&self, pass: &Pass, job: LayerBackward) -> Result<()> {
+        let code = self.code(pass.cell, job.layer)?;
+        // SAFETY: per the trait's contract, every span is host memory of the pass.
+        unsafe {
+            host::backward(pass, job, |job, tape, d_input| {
+                // SAFETY: the backward only reads its tape, which borrows `tape` for this call.
+                let tape =
+                    CpuTape::in_caller(job.layer, job.layout_rows(), tape.as_ptr() as *mut f32, tape.len())?;
+                self.alone(code.bwd_step_fmas, job.order.batch(), |threads| {
+                    backward((threads, self.precision), &code, job, &tape, d_input)
+                })
+            })
+        }
     }
 
     fn stream<'a>(&'a self, job: StreamJob<'a>) -> Result<Option<Box<dyn StepRunner + 'a>>> {
@@ -514,7 +522,7 @@ fn step_fmas_per_row(stages: &[ReadyStage], pass: &PassPlan, plan: &Shapes) -> u
 fn forward(
     (threads, precision): (usize, Precision),
     code: &LayerCode,
-    job: &ForwardJob,
+    job: &HostForward,
     output: &mut RowsMut,
     tape: Option<&mut [f32]>,
 ) -> Result<Vec<Vec<f32>>> {
@@ -703,7 +711,7 @@ struct Walk<'a, J> {
 /// step's next state, so the rows of one sequence run in order, and
 /// threads take whole sequences. Returns the final states.
 fn forward_whole_sequence(
-    walk: &Walk<ForwardJob>,
+    walk: &Walk<HostForward>,
     (output_value, next_states): (ValueId, &[ValueId]),
     output: &mut RowsMut,
     bufs: &mut Buffers,
@@ -791,7 +799,7 @@ fn forward_whole_sequence(
 /// states (a state with no adjoint carries zeros). Everything the stage
 /// computes is kept per row for after the loop.
 fn backward_whole_sequence(
-    walk: &Walk<BackwardJob>,
+    walk: &Walk<HostBackward>,
     bufs: &mut Buffers,
     weights: &PreparedParams,
     pass: &PassPlan,
@@ -857,7 +865,7 @@ fn backward_whole_sequence(
 /// the state adjoint its next step computed, or the final state's adjoint
 /// at a sequence's last step.
 fn seeds_per_row(
-    job: &BackwardJob,
+    job: &HostBackward,
     pass: &PassPlan,
     bufs: &Buffers,
     i: usize,
@@ -899,10 +907,10 @@ fn run_tables(exec: &dyn StageExec, tables: Vec<Vec<*mut f32>>, k: usize) {
 fn backward(
     (threads, precision): (usize, Precision),
     code: &LayerCode,
-    job: &BackwardJob,
+    job: &HostBackward,
     tape: &CpuTape,
     d_input: &mut RowsMut,
-) -> Result<BackwardResult> {
+) -> Result<HostGradients> {
     let (g, plan) = (&*code.bwd_graph, &*code.bwd_plan);
     let layer = job.layer;
     let pass = layer.pass(Side::Backward, true);
@@ -1088,7 +1096,7 @@ fn backward(
             out
         })
         .collect();
-    Ok(BackwardResult { d_h0, d_params })
+    Ok(HostGradients { d_h0, d_params })
 }
 
 /// Every valid row of a batch, for the stages run before or after the loop.

@@ -5,8 +5,8 @@
 //! to the whole model's rate, so "how close to the GEMM bound" is measured,
 //! not guessed.
 
-use super::driver::SharedRows;
 use super::gemm::{matmul, View};
+use super::host::SharedRows;
 use super::panels::{PackedB, Rows};
 use super::product::multiply;
 use crate::cell::{CompiledCell, Layer};

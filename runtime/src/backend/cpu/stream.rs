@@ -14,9 +14,10 @@
 //! which is what a caller feeding one frame at a time pays for.
 
 use super::driver::{constants, locate, Buffers, Frame, ProductCall, ReadyStage};
+use super::host::{Rows, SharedRows};
 use super::stage::StageExec;
 use super::{leaf_locations, Cpu, LayerCode};
-use crate::backend::{Rows, StepRunner, StreamJob};
+use crate::backend::{StepRunner, StreamJob};
 use crate::error::{Result, RuntimeError};
 use crate::sequence::{Align, BatchOrder, Major, RowLayout};
 use cellc::program::Side;
@@ -116,7 +117,7 @@ impl LayerStep {
         // One step of `batch` sequences: row `(b, 0)` is row `b`, as is rank `b`.
         let order = BatchOrder::new(&vec![1; batch], 1)?;
         let layout = RowLayout::padded(&order, 1, Major::BatchFirst, Align::Left);
-        let state_rows = super::driver::SharedRows::each(&mut states);
+        let state_rows = SharedRows::each(&mut states);
         let rows = Rows { data: &input, layout: &layout, width: layer.input_size, offset: 0 };
         // A stream runs in evaluation: every row reads one row of masks
         // (rows 0 floats apart), set once, as an evaluation pass's.

@@ -13,11 +13,9 @@
 //! gradients one GEMM whose rows are added into the caller's rows.
 
 use super::calls::Calls;
-use super::device::{Device, Module};
-use super::forward::params_on_device;
+use super::device::Module;
 use super::forward::tape_part;
 use super::storage::{error, tape_homes, Home, LayerRun};
-use crate::backend::{check_tape, BackwardJob, BackwardResult, RowsMut};
 use crate::cell::{CompiledCell, Layer};
 use crate::error::Result;
 use crate::plan::{Home as PlanHome, ParamGradient};
@@ -48,58 +46,6 @@ pub struct BackwardIo {
     pub d_params: Vec<u64>,
     /// The initial states' adjoints, `[batch, m]` rows each, overwritten.
     pub d_h0: Vec<u64>,
-}
-
-/// Runs the backward of `job` on `device` with `module` (holding
-/// `kernels`), for host memory: uploads what the pass reads, downloads
-/// what it writes.
-pub fn backward(
-    device: &dyn Device,
-    module: &Module,
-    kernels: &[(usize, Kernel)],
-    job: &BackwardJob,
-    tape: &[f32],
-    d_input: &mut RowsMut,
-    (graph_capture, precision): (bool, cellc::precision::Precision),
-) -> Result<BackwardResult> {
-    let layer = job.layer;
-    let layout_rows = job.layout_rows();
-    check_tape(layer, layout_rows, tape.len())?;
-    let mut pass =
-        LayerRun::new(device, job.input.layout, layout_rows, job.order, job.reverse).in_precision(precision);
-    let batch = pass.batch();
-    let d_output = pass.upload(job.d_output.data)?;
-    let io = BackwardIo {
-        input: Home::Layout { base: pass.upload(job.input.data)?, width: job.input.width },
-        masks: job.masks.map(|m| super::forward::upload_rows(&mut pass, m)).transpose()?,
-        params: pass.hold(params_on_device(device, job.params, job.prepared)?),
-        tape: pass.upload(tape)?,
-        d_output: Home::Layout { base: d_output + 4 * job.d_output.offset as u64, width: job.d_output.width },
-        d_final: job.d_final.iter().map(|d| pass.upload(d)).collect::<Result<_>>()?,
-        d_input: Home::Layout { base: pass.zeros(layout_rows * layer.input_size)?, width: layer.input_size },
-        d_params: job.params.iter().map(|p| pass.zeros(p.len())).collect::<Result<_>>()?,
-        d_h0: layer.state_sizes.iter().map(|&m| pass.zeros(batch * m)).collect::<Result<_>>()?,
-    };
-    backward_on(&mut pass, module, kernels, (job.cell, layer), &io, graph_capture)?;
-
-    let d_params = io
-        .d_params
-        .iter()
-        .zip(job.params)
-        .map(|(&at, p)| pass.download(at, p.len()))
-        .collect::<Result<_>>()?;
-    let rows = pass.fetch(io.d_input, layer.input_size)?;
-    for row in &pass.valid_rows() {
-        let dst = d_input.get_mut(row.b, row.t, layer.input_size);
-        dst.iter_mut().zip(rows.row(*row, &pass)).for_each(|(a, x)| *a += x);
-    }
-    let d_h0 = io
-        .d_h0
-        .iter()
-        .zip(&layer.state_sizes)
-        .map(|(&at, &m)| pass.download(at, batch * m))
-        .collect::<Result<_>>()?;
-    Ok(BackwardResult { d_h0, d_params })
 }
 
 /// Runs the backward of `cell`'s `layer` in `pass`, reading the training

@@ -17,32 +17,7 @@ use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-/// Device memory: its address, its length in elements, and what owns it.
-pub struct Buf {
-    /// The address of its first element.
-    pub addr: u64,
-    /// Its elements.
-    pub len: usize,
-    _owner: Box<dyn Any + Send + Sync>,
-}
-
-impl std::fmt::Debug for Buf {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Buf({:#x}, {})", self.addr, self.len)
-    }
-}
-
-impl Buf {
-    /// Memory at `addr` of `len` elements, kept alive by `owner`.
-    pub fn new(addr: u64, len: usize, owner: Box<dyn Any + Send + Sync>) -> Buf {
-        Buf { addr, len, _owner: owner }
-    }
-
-    /// The address of float `i`.
-    pub fn at(&self, i: usize) -> u64 {
-        self.addr + 4 * i as u64
-    }
-}
+pub use crate::pass::Buf;
 
 /// A kernel argument.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -16,16 +16,14 @@
 //! [`Call`]: super::device::Call
 
 use super::calls::Calls;
-use super::device::{Buf, Device, Module};
+use super::device::Module;
 use super::storage::{error, tape_homes, Home, LayerRun};
-use crate::backend::{check_tape, ForwardJob, PreparedWeights, RowsMut};
 use crate::cell::{CompiledCell, Layer};
 use crate::error::Result;
 use crate::plan::{Home as PlanHome, TapeSource};
 use cellc::cuda::Kernel;
 use cellc::ir::Graph;
 use cellc::program::{Kept, Side};
-use std::sync::{Arc, Mutex};
 
 /// The memory of a layer's forward that is not the pass's own, on the
 /// device: what it reads, and where it writes.
@@ -46,78 +44,6 @@ pub struct ForwardIo {
     /// Training: where the tape goes (the layout's rows times the
     /// program's tape floats per row), as [`tape_homes`] lays it out.
     pub tape: Option<u64>,
-}
-
-/// A layer-direction's parameters on the device, uploaded by the first
-/// pass that reads them and kept in the model's prepared weights (which
-/// the model empties whenever its parameters may change), so a model's
-/// weights cross to the device once, not on every pass.
-#[derive(Default)]
-struct DeviceParams(Mutex<Option<Arc<Vec<Buf>>>>);
-
-/// A job's `params` on `device`: kept from an earlier pass in `prepared`,
-/// or uploaded (and kept, unless they come with this pass only).
-pub(super) fn params_on_device(
-    device: &dyn Device,
-    params: &[&[f32]],
-    prepared: &PreparedWeights,
-) -> Result<Arc<Vec<Buf>>> {
-    let upload = || params.iter().map(|p| device.upload(p)).collect::<Result<Vec<_>>>().map(Arc::new);
-    let slot = match prepared.is_for_one_pass() {
-        true => None,
-        false => prepared.get_or_init(DeviceParams::default),
-    };
-    let Some(slot) = slot else { return upload() };
-    let mut held = slot.0.lock().map_err(|_| error("the device parameters' lock is poisoned"))?;
-    if let Some(params) = held.as_ref() {
-        return Ok(params.clone());
-    }
-    let params = upload()?;
-    *held = Some(params.clone());
-    Ok(params)
-}
-
-/// Runs the forward of `job` on `device` with `module` (holding
-/// `kernels`), for host memory: uploads what the pass reads, downloads
-/// what it writes.
-pub fn forward(
-    device: &dyn Device,
-    module: &Module,
-    kernels: &[(usize, Kernel)],
-    job: &ForwardJob,
-    output: &mut RowsMut,
-    tape: Option<&mut [f32]>,
-    (graph_capture, precision): (bool, cellc::precision::Precision),
-) -> Result<Vec<Vec<f32>>> {
-    let layer = job.layer;
-    let layout_rows = job.layout_rows();
-    if let Some(t) = tape.as_deref() {
-        check_tape(layer, layout_rows, t.len())?;
-    }
-    let mut pass =
-        LayerRun::new(device, job.input.layout, layout_rows, job.order, job.reverse).in_precision(precision);
-    let batch = pass.batch();
-    let o = layer.output_size;
-    let io = ForwardIo {
-        input: Home::Layout { base: pass.upload(job.input.data)?, width: job.input.width },
-        masks: job.masks.map(|m| upload_rows(&mut pass, m)).transpose()?,
-        params: pass.hold(params_on_device(device, job.params, job.prepared)?),
-        h0: job.h0.iter().map(|h| pass.upload(h)).collect::<Result<_>>()?,
-        output: Home::Layout { base: pass.zeros(layout_rows * o)?, width: o },
-        finals: layer.state_sizes.iter().map(|&m| pass.zeros(batch * m)).collect::<Result<_>>()?,
-        tape: tape.as_deref().map(|t| pass.zeros(t.len())).transpose()?,
-    };
-    forward_on(&mut pass, module, kernels, (job.cell, layer), &io, graph_capture)?;
-
-    let host = pass.fetch(io.output, o)?;
-    for row in &pass.valid_rows() {
-        let at = output.layout.row(row.b, row.t) * output.width + output.offset;
-        output.data[at..at + o].copy_from_slice(host.row(*row, &pass));
-    }
-    if let (Some(t), Some(at)) = (tape, io.tape) {
-        t.copy_from_slice(&pass.download(at, t.len())?);
-    }
-    io.finals.iter().zip(&layer.state_sizes).map(|(&at, &m)| pass.download(at, batch * m)).collect()
 }
 
 /// Runs the forward of `cell`'s `layer` in `pass` over the device memory
@@ -232,9 +158,4 @@ pub fn forward_on(
 pub(super) fn tape_part(tape: &[(Kept, Home)], kept: Kept) -> Result<Home> {
     let home = tape.iter().find(|(k, _)| *k == kept).map(|&(_, h)| h);
     home.ok_or_else(|| error(format!("the pass reads or writes {kept:?}, which the tape does not keep")))
-}
-
-/// Host rows (every row of the layout) uploaded for the pass: a `Layout` home.
-pub(super) fn upload_rows(pass: &mut LayerRun, rows: crate::backend::Rows) -> Result<Home> {
-    Ok(Home::Layout { base: pass.upload(rows.data)? + 4 * rows.offset as u64, width: rows.width })
 }

@@ -22,7 +22,6 @@ pub mod nvrtc;
 pub(crate) mod resident;
 pub(crate) mod storage;
 
-use crate::backend::{Backend, BackwardJob, BackwardResult, ForwardJob, RowsMut};
 use crate::cell::{CompiledCell, Layer, Side};
 use crate::error::{Result, RuntimeError};
 use cellc::cuda::Kernel;
@@ -138,47 +137,6 @@ impl Cuda {
         let loaded = Arc::new(LoadedKernels { module: self.device.load(&kernels)?, forward, backward });
         cache.insert(key, loaded.clone());
         Ok(loaded)
-    }
-}
-
-impl Backend for Cuda {
-    fn name(&self) -> &'static str {
-        "cuda"
-    }
-
-    fn device_passes(&self) -> Option<&dyn crate::backend::DevicePasses> {
-        Some(self)
-    }
-
-    fn forward(
-        &self,
-        job: &ForwardJob,
-        output: &mut RowsMut,
-        tape: Option<&mut [f32]>,
-    ) -> Result<Vec<Vec<f32>>> {
-        let p = self.kernels(job.cell, job.layer)?;
-        forward::forward(
-            self.device.as_ref(),
-            &p.module,
-            &p.forward,
-            job,
-            output,
-            tape,
-            (self.graphs, self.precision),
-        )
-    }
-
-    fn backward(&self, job: &BackwardJob, tape: &[f32], d_input: &mut RowsMut) -> Result<BackwardResult> {
-        let p = self.kernels(job.cell, job.layer)?;
-        backward::backward(
-            self.device.as_ref(),
-            &p.module,
-            &p.backward,
-            job,
-            tape,
-            d_input,
-            (self.graphs, self.precision),
-        )
     }
 }
 

@@ -1,78 +1,51 @@
-//! Passes over the caller's device memory ([`crate::device_call`]): the
-//! [`PassTarget`] on which the driver runs each layer and direction with
-//! [`forward_on`] / [`backward_on`], on the device as it works on the
-//! caller's stream ([`Device::on_stream`]), with nothing copied to or from
-//! the host but pointer tables. The spans are device addresses; the
-//! pass's scratch memory is the device's, freed (stream-ordered) when the
-//! pass ends.
+//! The CUDA device's side of [`Device`]: passes over device memory (the
+//! model's own, staged there, or a caller's, [`crate::device_call`]),
+//! every operation queued on the device, with nothing copied to or from
+//! the host but pointer tables. A pass over a caller's memory runs on the
+//! device as it works on the caller's stream ([`Device::on_stream`]); its
+//! scratch memory is then freed stream-ordered when the pass ends.
 
 use super::backward::{backward_on, BackwardIo};
 use super::calls::Calls;
-use super::device::{Buf, Device};
+use super::device::{Buf, Device as Target};
 use super::forward::{forward_on, ForwardIo};
 use super::storage::{Home, LayerRun};
 use super::Cuda;
-use crate::backend::DevicePasses;
-use crate::backend::PreparedWeights;
-use crate::cell::{CompiledCell, Layer};
-use crate::dropout::LayerMasks;
+use crate::backend::{Device, StepRunner, StreamJob};
 use crate::error::Result;
-use crate::masks::{MaskFill, MaskRows};
-use crate::pass::{LayerBackward, LayerForward, PassTarget, RowSpan, Span};
-use crate::sequence::LaidOutBatch;
-use std::sync::Arc;
+use crate::masks::MaskRows;
+use crate::pass::{Dropping, LayerBackward, LayerForward, Memory, Pass, RowPairs, RowSpan, Span};
 
-/// A pass of a cell on one device (the caller's stream, or the device itself).
-struct DeviceTarget<'a> {
+/// The CUDA device working on one target: its own, or a caller's stream.
+struct On<'a> {
     cuda: &'a Cuda,
-    /// The device on the caller's stream, where it has streams.
-    on_stream: Option<Box<dyn Device + 'a>>,
-    cell: &'a CompiledCell,
-    batch: &'a LaidOutBatch,
-    /// `[layer * directions + direction][param]`.
-    weights: Vec<Vec<Span>>,
-    layers: &'a [Layer],
-    scratch: Vec<Buf>,
+    target: &'a dyn Target,
 }
 
-impl DeviceTarget<'_> {
-    fn device(&self) -> &dyn Device {
-        self.on_stream.as_deref().unwrap_or(self.cuda.device.as_ref())
-    }
+/// The CUDA device working on a caller's stream, for one pass.
+struct OnStream<'a> {
+    cuda: &'a Cuda,
+    target: Box<dyn Target + 'a>,
+}
 
+impl On<'_> {
     /// Runs the calls `make` adds (over a pass of the batch) with the
     /// first layer's module, which holds the prelude's row kernels as
     /// every module does.
-    fn run(&self, make: impl FnOnce(&mut Calls, &mut LayerRun) -> Result<()>) -> Result<()> {
-        let Some(layer) = self.layers.first() else { return Ok(()) };
-        let kernels = self.cuda.kernels(self.cell, layer)?;
-        let device = self.device();
-        let mut pass = LayerRun::new(device, &self.batch.layout, self.batch.rows, &self.batch.order, false);
-        let mut calls = Calls::new(device.block_size(), self.cuda.precision);
-        make(&mut calls, &mut pass)?;
-        device.run(&kernels.module, &calls.list, false)
-    }
-
-    /// Slot `slot`'s parameters, those with a DropConnect mask copied into
-    /// scratch memory of the pass and multiplied by it.
-    fn masked_params(&mut self, slot: usize, drop_connect: &[(usize, MaskFill)]) -> Result<Vec<u64>> {
-        let mut params = addrs(&self.weights[slot]);
-        for (param, fill) in drop_connect {
-            let from = self.weights[slot][*param];
-            let to = self.scratch(from.len, false)?;
-            self.run(|calls, pass| {
-                calls.copy_floats(pass, to.addr, from.addr, from.len)?;
-                calls.fill_mask(pass, &whole(to.addr, fill.units), CHUNK, (fill, true))
-            })?;
-            params[*param] = to.addr;
-        }
-        Ok(params)
+    fn run(&self, pass: &Pass, make: impl FnOnce(&mut Calls, &mut LayerRun) -> Result<()>) -> Result<()> {
+        let Some(layer) = pass.layers.first() else { return Ok(()) };
+        let kernels = self.cuda.kernels(pass.cell, layer)?;
+        let batch = pass.batch;
+        let mut run = LayerRun::new(self.target, &batch.layout, batch.rows, &batch.order, false);
+        let mut calls = Calls::new(self.target.block_size(), self.cuda.precision);
+        make(&mut calls, &mut run)?;
+        self.target.run(&kernels.module, &calls.list, false)
     }
 
     /// A layer's run over the batch the layers run (its segments, where it has resets).
-    fn layer_run(&self, reverse: bool) -> LayerRun<'_> {
-        let run = self.batch.running();
-        LayerRun::new(self.device(), &run.layout, run.rows, &run.order, reverse)
+    fn layer_run<'p>(&'p self, pass: &'p Pass, reverse: bool) -> LayerRun<'p> {
+        let run = pass.batch.running();
+        LayerRun::new(self.target, &run.layout, run.rows, &run.order, reverse)
             .in_precision(self.cuda.precision)
     }
 
@@ -105,57 +78,59 @@ fn addrs(spans: &[Span]) -> Vec<u64> {
     spans.iter().map(|s| s.addr).collect()
 }
 
-impl PassTarget for DeviceTarget<'_> {
-    fn scratch(&mut self, floats: usize, _zeroed: bool) -> Result<Span> {
-        let buf = self.device().zeros(floats)?;
-        let span = Span { addr: buf.addr, len: floats };
-        self.scratch.push(buf);
-        Ok(span)
+impl Device for On<'_> {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn memory(&self) -> Memory {
+        Memory::Device
+    }
+
+    fn scratch(&self, _: &Pass, floats: usize, _zeroed: bool) -> Result<Buf> {
+        self.target.zeros(floats)
     }
 
     /// Zeros every row: one call, and the valid ones are written after.
-    fn zero_padding(&mut self, rows: RowSpan, _padding: &[usize]) -> Result<()> {
-        self.zero(rows.span)
-    }
-
-    fn zero(&mut self, span: Span) -> Result<()> {
-        self.run(|calls, _| {
+    fn zero(&self, pass: &Pass, span: Span, _rows: Option<(usize, &[usize])>) -> Result<()> {
+        self.run(pass, |calls, _| {
             calls.zero(span.addr, span.len);
             Ok(())
         })
     }
 
-    fn copy(&mut self, to: Span, from: Span) -> Result<()> {
-        self.run(|calls, pass| calls.copy_floats(pass, to.addr, from.addr, to.len.min(from.len)))
-    }
-
-    fn copy_rows(&mut self, to: Span, from: Span, width: usize, pairs: &[(usize, usize)]) -> Result<()> {
+    fn move_rows(&self, pass: &Pass, rows: RowPairs) -> Result<()> {
+        let RowPairs { to, from, width, pairs, add } = rows;
+        if let ([(0, 0)], false) = (pairs, add) {
+            // One row: a copy of any length, in rows of the kernel's size.
+            return self.run(pass, |calls, run| calls.copy_floats(run, to.addr, from.addr, width));
+        }
         let pairs = Self::row_addrs(to, from, width, pairs);
-        self.run(|calls, pass| calls.copy_rows(pass, &pairs, width))
+        self.run(pass, |calls, run| match add {
+            true => calls.add_rows(run, &pairs, width),
+            false => calls.copy_rows(run, &pairs, width),
+        })
     }
 
-    fn add_rows(&mut self, to: Span, from: Span, width: usize, pairs: &[(usize, usize)]) -> Result<()> {
-        let pairs = Self::row_addrs(to, from, width, pairs);
-        self.run(|calls, pass| calls.add_rows(pass, &pairs, width))
+    fn upload(&self, data: &[f32]) -> Result<Buf> {
+        self.target.upload(data)
     }
 
-    fn drop_out(&mut self, rows: RowSpan, masks: &LayerMasks) -> Result<()> {
-        let (order, layout) = (&self.batch.order, &self.batch.layout);
-        let valid: Vec<(u64, usize, usize)> = (0..order.batch())
-            .flat_map(|b| (0..order.lengths()[b]).map(move |t| (b, t)))
-            .map(|(b, t)| (rows.span.addr + 4 * (layout.row(b, t) * rows.width + rows.offset) as u64, b, t))
-            .collect();
-        self.run(|calls, pass| calls.drop_rows(pass, &valid, masks))
+    fn download(&self, _: &Pass, from: Span, to: &mut [f32]) -> Result<()> {
+        let data = self.target.download(&Buf::new(from.addr, from.len, Box::new(())), 0, from.len)?;
+        crate::sequence::check_len("download", to.len(), &[data.len()])?;
+        to.copy_from_slice(&data);
+        Ok(())
     }
 
-    fn fill_masks(&mut self, rows: RowSpan, masks: &MaskRows) -> Result<()> {
-        let (order, layout) = (&self.batch.order, &self.batch.layout);
-        self.run(|calls, pass| {
+    fn fill_masks(&self, pass: &Pass, rows: RowSpan, masks: &MaskRows) -> Result<()> {
+        let (order, layout) = (&pass.batch.order, &pass.batch.layout);
+        self.run(pass, |calls, run| {
             for fill in &masks.fills {
                 if rows.width == 0 {
                     // One row, read by every row (evaluation).
                     let at = [(rows.span.addr + 4 * fill.offset as u64, 0, 0, 0)];
-                    calls.fill_mask(pass, &at, fill.units, (fill, false))?;
+                    calls.fill_mask(run, &at, fill.units, (fill, false))?;
                     continue;
                 }
                 let at: Vec<(u64, u32, u32, u32)> = (0..order.batch())
@@ -166,36 +141,50 @@ impl PassTarget for DeviceTarget<'_> {
                         (addr, sequence, step, 0)
                     })
                     .collect();
-                calls.fill_mask(pass, &at, fill.units, (fill, false))?;
+                calls.fill_mask(run, &at, fill.units, (fill, false))?;
             }
             Ok(())
         })
     }
 
-    fn forward(&mut self, job: LayerForward) -> Result<()> {
-        let kernels = self.cuda.kernels(self.cell, job.layer)?;
-        let params = self.masked_params(job.slot, &job.drop_connect)?;
+    fn drop_out(&self, pass: &Pass, rows: RowSpan, masks: Dropping) -> Result<()> {
+        let masks = match masks {
+            Dropping::Rows(masks) => masks,
+            Dropping::Parameter(fill) => {
+                let at = whole(rows.span.addr, fill.units);
+                return self.run(pass, |calls, run| calls.fill_mask(run, &at, CHUNK, (fill, true)));
+            }
+        };
+        let (order, layout) = (&pass.batch.order, &pass.batch.layout);
+        let valid: Vec<(u64, usize, usize)> = (0..order.batch())
+            .flat_map(|b| (0..order.lengths()[b]).map(move |t| (b, t)))
+            .map(|(b, t)| (rows.span.addr + 4 * (layout.row(b, t) * rows.width + rows.offset) as u64, b, t))
+            .collect();
+        self.run(pass, |calls, run| calls.drop_rows(run, &valid, masks))
+    }
+
+    fn forward(&self, pass: &Pass, job: LayerForward) -> Result<()> {
+        let kernels = self.cuda.kernels(pass.cell, job.layer)?;
         let io = ForwardIo {
             input: layout_home(job.input),
             masks: job.masks.map(layout_home),
-            params,
+            params: addrs(&job.params),
             h0: addrs(&job.h0),
             output: layout_home(job.output),
             finals: addrs(&job.finals),
             tape: job.tape.map(|t| t.addr),
         };
-        let mut pass = self.layer_run(job.reverse);
-        let cell = (self.cell, job.layer);
-        forward_on(&mut pass, &kernels.module, &kernels.forward, cell, &io, self.cuda.graphs)
+        let mut run = self.layer_run(pass, job.reverse);
+        let cell = (pass.cell, job.layer);
+        forward_on(&mut run, &kernels.module, &kernels.forward, cell, &io, self.cuda.graphs)
     }
 
-    fn backward(&mut self, job: LayerBackward) -> Result<()> {
-        let kernels = self.cuda.kernels(self.cell, job.layer)?;
-        let params = self.masked_params(job.slot, &job.drop_connect)?;
+    fn backward(&self, pass: &Pass, job: LayerBackward) -> Result<()> {
+        let kernels = self.cuda.kernels(pass.cell, job.layer)?;
         let io = BackwardIo {
             input: layout_home(job.input),
             masks: job.masks.map(layout_home),
-            params,
+            params: addrs(&job.params),
             tape: job.tape.addr,
             d_output: layout_home(job.d_output),
             d_final: addrs(&job.d_final),
@@ -203,50 +192,83 @@ impl PassTarget for DeviceTarget<'_> {
             d_params: addrs(&job.d_params),
             d_h0: addrs(&job.d_h0),
         };
-        let mut pass = self.layer_run(job.reverse);
-        let cell = (self.cell, job.layer);
-        backward_on(&mut pass, &kernels.module, &kernels.backward, cell, &io, self.cuda.graphs)?;
-        drop(pass);
-        // The masked parameter's gradient, times the mask: the parameter's.
-        self.run(|calls, pass| {
-            for (param, fill) in &job.drop_connect {
-                calls.fill_mask(pass, &whole(io.d_params[*param], fill.units), CHUNK, (fill, true))?;
+        let mut run = self.layer_run(pass, job.reverse);
+        let cell = (pass.cell, job.layer);
+        backward_on(&mut run, &kernels.module, &kernels.backward, cell, &io, self.cuda.graphs)
+    }
+}
+
+/// A device whose every operation is `On`'s, on the target `$on` names.
+macro_rules! on_target {
+    ($ty:ty, |$s:ident| $on:expr) => {
+        impl Device for $ty {
+            fn name(&self) -> &'static str {
+                "cuda"
             }
-            Ok(())
-        })
-    }
+
+            fn memory(&self) -> Memory {
+                Memory::Device
+            }
+
+            fn scratch(&self, pass: &Pass, floats: usize, zeroed: bool) -> Result<Buf> {
+                let $s = self;
+                $on.scratch(pass, floats, zeroed)
+            }
+
+            fn zero(&self, pass: &Pass, span: Span, rows: Option<(usize, &[usize])>) -> Result<()> {
+                let $s = self;
+                $on.zero(pass, span, rows)
+            }
+
+            fn move_rows(&self, pass: &Pass, rows: RowPairs) -> Result<()> {
+                let $s = self;
+                $on.move_rows(pass, rows)
+            }
+
+            fn upload(&self, data: &[f32]) -> Result<Buf> {
+                let $s = self;
+                $on.upload(data)
+            }
+
+            fn download(&self, pass: &Pass, from: Span, to: &mut [f32]) -> Result<()> {
+                let $s = self;
+                $on.download(pass, from, to)
+            }
+
+            fn fill_masks(&self, pass: &Pass, rows: RowSpan, masks: &MaskRows) -> Result<()> {
+                let $s = self;
+                $on.fill_masks(pass, rows, masks)
+            }
+
+            fn drop_out(&self, pass: &Pass, rows: RowSpan, masks: Dropping) -> Result<()> {
+                let $s = self;
+                $on.drop_out(pass, rows, masks)
+            }
+
+            fn forward(&self, pass: &Pass, job: LayerForward) -> Result<()> {
+                let $s = self;
+                $on.forward(pass, job)
+            }
+
+            fn backward(&self, pass: &Pass, job: LayerBackward) -> Result<()> {
+                let $s = self;
+                $on.backward(pass, job)
+            }
+
+            fn on_stream(&self, stream: u64) -> Result<Option<Box<dyn Device + '_>>> {
+                let $s = self;
+                let cuda = $on.cuda;
+                let target = cuda.device.on_stream(stream)?;
+                Ok(target.map(|target| Box::new(OnStream { cuda, target }) as Box<dyn Device + '_>))
+            }
+
+            fn stream<'a>(&'a self, job: StreamJob<'a>) -> Result<Option<Box<dyn StepRunner + 'a>>> {
+                let _ = job;
+                Ok(None)
+            }
+        }
+    };
 }
 
-impl DevicePasses for Cuda {
-    fn target<'a>(
-        &'a self,
-        cell: &'a CompiledCell,
-        layers: &'a [Layer],
-        batch: &'a LaidOutBatch,
-        weights: Vec<Vec<Span>>,
-        stream: Option<u64>,
-    ) -> Result<Box<dyn PassTarget + 'a>> {
-        let on_stream = match stream {
-            Some(stream) => self.device.on_stream(stream)?,
-            None => None,
-        };
-        let scratch = Vec::new();
-        Ok(Box::new(DeviceTarget { cuda: self, on_stream, cell, batch, weights, layers, scratch }))
-    }
-
-    fn upload(&self, data: &[f32]) -> Result<Buf> {
-        self.device.upload(data)
-    }
-
-    fn zeros(&self, len: usize) -> Result<Buf> {
-        self.device.zeros(len)
-    }
-
-    fn download(&self, buf: &Buf) -> Result<Vec<f32>> {
-        self.device.download(buf, 0, buf.len)
-    }
-
-    fn params(&self, params: &[&[f32]], prepared: &PreparedWeights) -> Result<Arc<Vec<Buf>>> {
-        super::forward::params_on_device(self.device.as_ref(), params, prepared)
-    }
-}
+on_target!(Cuda, |s| On { cuda: s, target: s.device.as_ref() });
+on_target!(OnStream<'_>, |s| On { cuda: s.cuda, target: s.target.as_ref() });

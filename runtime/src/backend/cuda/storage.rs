@@ -29,7 +29,6 @@ use cellc::ir::{Graph, ValueId};
 use cellc::program::Kept;
 use cellc::shapes::Shapes;
 use std::collections::HashMap;
-use std::sync::Arc;
 
 /// One row of a pass: sequence `b` at time `t`, its step `s` and rank `r`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,32 +129,15 @@ pub fn tape_homes(layer: &Layer, rows: usize, base: u64) -> Vec<(Kept, Home)> {
 }
 
 /// Device buffers, freed last-allocated first (so the device's pool hands
-/// the same addresses to the next pass that allocates the same way), and
-/// buffers shared with later passes (a model's parameters), held while
-/// this pass lives.
+/// the same addresses to the next pass that allocates the same way).
 #[derive(Debug, Default)]
-pub struct Arena(Vec<Buf>, Vec<Arc<Vec<Buf>>>);
+pub struct Arena(Vec<Buf>);
 
 impl Arena {
     pub fn keep(&mut self, buf: Buf) -> u64 {
         let addr = buf.addr;
         self.0.push(buf);
         addr
-    }
-
-    /// Holds `bufs` (shared with other passes); their addresses.
-    pub fn hold(&mut self, bufs: Arc<Vec<Buf>>) -> Vec<u64> {
-        let addrs = bufs.iter().map(|b| b.addr).collect();
-        self.1.push(bufs);
-        addrs
-    }
-
-    /// The buffer holding floats `[addr, addr + 4 * len)`, and the offset of `addr` in it.
-    fn find(&self, addr: u64, len: usize) -> Option<(&Buf, usize)> {
-        self.0.iter().find_map(|b| {
-            let from = addr.checked_sub(b.addr)? / 4;
-            (addr >= b.addr && (from as usize) + len <= b.len).then_some((b, from as usize))
-        })
     }
 }
 
@@ -275,11 +257,6 @@ impl<'a> LayerRun<'a> {
         Ok(self.arena.keep(buf))
     }
 
-    /// Holds buffers shared with other passes for this pass (and its tape); their addresses.
-    pub fn hold(&mut self, bufs: Arc<Vec<Buf>>) -> Vec<u64> {
-        self.arena.hold(bufs)
-    }
-
     pub fn upload_addresses(&mut self, addresses: &[u64]) -> Result<u64> {
         let buf = self.device.upload_addresses(addresses)?;
         Ok(self.arena.keep(buf))
@@ -288,15 +265,6 @@ impl<'a> LayerRun<'a> {
     pub fn upload_i32(&mut self, data: &[i32]) -> Result<u64> {
         let buf = self.device.upload_i32(data)?;
         Ok(self.arena.keep(buf))
-    }
-
-    /// Floats `[addr, addr + 4 * len)` of one of this pass's buffers, once the pass has run.
-    pub fn download(&self, addr: u64, len: usize) -> Result<Vec<f32>> {
-        let (buf, from) = self
-            .arena
-            .find(addr, len)
-            .ok_or_else(|| error(format!("no buffer holds {len} floats at {addr:#x}")))?;
-        self.device.download(buf, from, len)
     }
 
     pub fn place(&mut self, v: ValueId, home: Home) {
@@ -351,34 +319,6 @@ impl<'a> LayerRun<'a> {
     /// Every valid row, sequence by sequence in rank order.
     pub fn valid_rows(&self) -> Vec<Row> {
         (0..self.batch()).flat_map(|r| self.sequence(r)).collect()
-    }
-
-    /// Downloads every row of a value of `len` floats held at `home`.
-    pub fn fetch(&self, home: Home, len: usize) -> Result<HostRows> {
-        let (base, rows, stride) = match home {
-            Home::Layout { base, width } => (base, self.layout_rows, width),
-            Home::Steps { base, len: l } => (base, self.step_major_rows(), l),
-            Home::Rank { base, len: l } => (base, self.batch(), l),
-            Home::Fixed(base) => (base, 1, len),
-        };
-        let floats = rows.saturating_sub(1) * stride + len;
-        Ok(HostRows { home, data: self.download(base, floats)?, len })
-    }
-}
-
-/// A value's rows downloaded from its home ([`LayerRun::fetch`]).
-#[derive(Debug)]
-pub struct HostRows {
-    home: Home,
-    data: Vec<f32>,
-    len: usize,
-}
-
-impl HostRows {
-    /// Row `row`'s floats.
-    pub fn row(&self, row: Row, pass: &LayerRun) -> &[f32] {
-        let at = self.home.offset(row, pass.layout, pass.batch());
-        &self.data[at..at + self.len]
     }
 }
 
