@@ -10,16 +10,15 @@
 //! device memory ([`crate::DeviceCall`], addresses) alike: the call's type
 //! says which ([`CallerMemory`]), and both run through the one driver.
 
-use crate::driver::{BackwardSpans, ForwardSpans, Run};
+use crate::driver::{BackwardSpans, ForwardSpans};
 use crate::dropout::MaskSeed;
 use crate::error::Result;
-use crate::exec::{BackwardOut, ForwardOut, Keep, Kept};
+use crate::exec::{BackwardOut, ForwardOut};
+use crate::host_passes;
 use crate::input::{BatchShape, Input};
 use crate::model::Model;
-use crate::pass::{Memory, PassWeights, Span};
-use crate::sequence::check_len;
+use crate::pass::Span;
 use crate::sequence::LaidOutBatch;
-use crate::staged::Masking;
 
 /// The inputs of a pass on the caller's host memory.
 #[derive(Clone, Copy, Debug)]
@@ -137,74 +136,16 @@ impl<'a> Call<'a> {
         Call { input, weights: None, h0: None, masks: None, rates: None, dropout: None, resets: None }
     }
 
-    /// The call's batch laid out and checked to fit in memory.
+    /// The call's batch laid out and checked to fit in memory, and its
+    /// weights checked (before its rates and masks, whose errors come after).
     fn laid_out(&self, model: &Model, training: bool) -> Result<LaidOutBatch> {
         let p = model.prepare(&self.input)?.with_resets(self.resets)?;
         model.ensure_pass_fits(&p, training)?;
+        match self.weights {
+            Some(weights) => model.check_weights(weights)?,
+            None => model.ensure_owns_weights()?,
+        }
         Ok(p)
-    }
-
-    /// The call's weights as a pass over host memory reads them, checked.
-    fn host_weights<'m>(&self, model: &'m Model) -> Result<PassWeights<'m>> {
-        let Some(given) = self.weights else { return model.own_host_weights() };
-        model.check_weights(given)?;
-        Ok(PassWeights::caller(given.iter().map(|ps| ps.iter().map(|p| Span::of(p)).collect()).collect()))
-    }
-
-    /// How the call draws its masks.
-    fn masking(&self, model: &Model) -> Result<Masking> {
-        Ok((model.caller_dropout(self.masks, self.dropout)?, model.caller_masking(self.masks, self.rates)?))
-    }
-
-    /// The forward of a call over host memory on a device with memory of
-    /// its own: staged there ([`crate::staged`]), its results copied back.
-    fn forward_staged(&self, model: &Model, out: ForwardOut, reserve: Option<&mut [f32]>) -> Result<()> {
-        let p = self.laid_out(model, reserve.is_some())?;
-        check_len("output", out.output.len(), &[p.rows, model.output_size()])?;
-        let finals = &out.final_states;
-        model.check_states(finals.len(), |i| finals[i].len(), p.order.batch(), "final_states")?;
-        let keep = match reserve {
-            Some(r) => Keep::OnHost(r),
-            None => Keep::Nothing,
-        };
-        let data = (self.input.split().1, self.h0, self.weights);
-        let (result, _) = model.forward_staged(&p, data, self.masking(model)?, keep)?;
-        out.output.copy_from_slice(&result.data);
-        for (to, from) in out.final_states.into_iter().zip(&result.final_states) {
-            to.copy_from_slice(from);
-        }
-        Ok(())
-    }
-
-    /// The backward of a staged forward ([`Call::forward_staged`]).
-    fn backward_staged(
-        &self,
-        model: &Model,
-        reserve: &[f32],
-        (d_output, d_final): (&[f32], Option<&[&[f32]]>),
-        out: BackwardOut,
-    ) -> Result<()> {
-        let p = self.laid_out(model, true)?;
-        let BackwardOut { d_input, d_h0, d_params } = out;
-        check_len("grad_output", d_output.len(), &[p.rows, model.output_size()])?;
-        check_len("grad_input", d_input.len(), &[p.rows, model.input_size()])?;
-        if !d_h0.is_empty() {
-            model.check_states(d_h0.len(), |i| d_h0[i].len(), p.order.batch(), "grad_h0")?;
-        }
-        let spans: Vec<Vec<Span>> =
-            d_params.iter().map(|ps| ps.iter().map(|p| Span::of(p)).collect()).collect();
-        model.check_weights(&spans).map_err(crate::error::RuntimeError::named_as_gradient)?;
-        let kept = Kept::OnHost(self.input.split().1, reserve);
-        let grads =
-            model.backward_staged(&p, (kept, self.weights), (d_output, d_final), self.masking(model)?)?;
-        d_input.copy_from_slice(&grads.d_input);
-        for (to, from) in d_h0.into_iter().zip(&grads.d_h0) {
-            to.copy_from_slice(from);
-        }
-        for (to, from) in d_params.into_iter().flatten().zip(grads.d_params.iter().flatten()) {
-            to.copy_from_slice(from);
-        }
-        Ok(())
     }
 
     fn h0_spans(&self) -> Option<Vec<Span>> {
@@ -220,11 +161,7 @@ impl CallerMemory for Call<'_> {
     type BackwardOut<'o> = BackwardOut<'o>;
 
     fn forward(&self, model: &Model, out: ForwardOut, reserve: Option<&mut [f32]>) -> Result<()> {
-        if model.device.memory() == Memory::Device {
-            return self.forward_staged(model, out, reserve);
-        }
         let p = self.laid_out(model, reserve.is_some())?;
-        let weights = self.host_weights(model)?;
         let spans = ForwardSpans {
             input: Span::of(self.input.split().1),
             h0: self.h0_spans(),
@@ -234,10 +171,10 @@ impl CallerMemory for Call<'_> {
             masking: model.caller_masking(self.masks, self.rates)?,
             reserve: reserve.map(Span::of_mut),
         };
-        // Every span is borrowed from the call, `out` or `reserve` until the
-        // pass ends; the ones written are mutable borrows, so distinct from
-        // every other.
-        Run::new(model, model.device.as_ref(), &p, &weights).forward(spans)
+        // SAFETY: every span is borrowed from the call, `out` or `reserve`
+        // until the pass ends; the ones written are mutable borrows, so
+        // distinct from every other.
+        unsafe { host_passes::forward(model, &p, spans, self.weights, false) }.map(|_| ())
     }
 
     fn backward(
@@ -248,11 +185,7 @@ impl CallerMemory for Call<'_> {
         d_final: Option<&[&[f32]]>,
         out: BackwardOut,
     ) -> Result<()> {
-        if model.device.memory() == Memory::Device {
-            return self.backward_staged(model, reserve, (d_output, d_final), out);
-        }
         let p = self.laid_out(model, true)?;
-        let weights = self.host_weights(model)?;
         let BackwardOut { d_input, d_h0, d_params } = out;
         let spans = BackwardSpans {
             input: Span::of(self.input.split().1),
@@ -265,7 +198,7 @@ impl CallerMemory for Call<'_> {
             dropout: model.caller_dropout(self.masks, self.dropout)?,
             masking: model.caller_masking(self.masks, self.rates)?,
         };
-        // As in `forward`.
-        Run::new(model, model.device.as_ref(), &p, &weights).backward(spans)
+        // SAFETY: as in `forward`.
+        unsafe { host_passes::backward(model, &p, spans, self.weights, None) }
     }
 }

@@ -208,11 +208,9 @@ impl<'a> Run<'a> {
         self.device.scratch(&self.pass, floats, true)
     }
 
-    /// A buffer's floats on the host, once the pass's work is done.
-    pub(crate) fn download(&self, buf: &Buf) -> Result<Vec<f32>> {
-        let mut out = vec![0.0; buf.len];
-        self.device.download(&self.pass, buf.span(), &mut out)?;
-        Ok(out)
+    /// A buffer's floats into host memory `to` (as long), once the pass's work is done.
+    pub(crate) fn download(&self, buf: &Buf, to: &mut [f32]) -> Result<()> {
+        self.device.download(&self.pass, buf.span(), to)
     }
 
     fn move_rows(

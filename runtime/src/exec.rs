@@ -5,13 +5,14 @@
 //! caller's ([`crate::call`], [`crate::device_call`]), is decided by
 //! the crate's one driver.
 
-use crate::driver::{BackwardSpans, ForwardSpans, Run};
+use crate::driver::{BackwardSpans, ForwardSpans};
 use crate::dropout::{BetweenLayers, MaskSeed};
 use crate::error::{Result, RuntimeError};
+use crate::host_passes::{self, DeviceReserve};
 pub use crate::input::{BatchShape, Input};
 use crate::masks::CellMasking;
 use crate::model::Model;
-use crate::pass::{Buf, Memory, Span};
+use crate::pass::{Memory, Span};
 use crate::sequence::{check_len, BatchOrder, Floats, LaidOutBatch, RowLayout};
 
 /// A forward pass's results.
@@ -48,7 +49,7 @@ pub struct Trace<'a> {
 }
 
 /// Where a training forward keeps its reserve: in host memory, or in the
-/// device memory its pass ran in ([`crate::staged`]).
+/// device memory its pass ran in ([`crate::host_passes`]).
 #[derive(Debug)]
 enum KeptReserve {
     Host(Vec<f32>),
@@ -61,31 +62,6 @@ impl Drop for Trace<'_> {
             crate::pool::give(std::mem::take(reserve));
         }
     }
-}
-
-/// What a training forward in device memory keeps for its backward.
-#[derive(Debug)]
-pub(crate) struct DeviceReserve {
-    pub(crate) input: Buf,
-    pub(crate) reserve: Buf,
-}
-
-/// What a staged training forward keeps for its backward.
-pub(crate) enum Keep<'r> {
-    /// Nothing: inference.
-    Nothing,
-    /// The reserve, on the device ([`DeviceReserve`]).
-    OnDevice,
-    /// The reserve, downloaded into the caller's host memory.
-    OnHost(&'r mut [f32]),
-}
-
-/// Where a staged backward reads what its forward kept.
-pub(crate) enum Kept<'k> {
-    /// On the device.
-    OnDevice(&'k DeviceReserve),
-    /// In the caller's host memory: the input, and the reserve.
-    OnHost(&'k [f32], &'k [f32]),
 }
 
 /// Where a forward pass writes, laid out as [`Output`]'s fields.
@@ -323,37 +299,31 @@ impl Model {
     ) -> Result<(Output, KeptReserve, LaidOutBatch)> {
         let p = self.prepare(&input)?.with_resets(resets)?;
         self.ensure_pass_fits(&p, training)?;
-        if self.device.memory() == Memory::Device {
-            let h0: Option<Vec<&[f32]>> = h0.map(|h| h.iter().map(Vec::as_slice).collect());
-            let data = (Self::input_data(&input), h0.as_deref(), None);
-            let keep = if training { Keep::OnDevice } else { Keep::Nothing };
-            let (out, kept) = self.forward_staged(&p, data, (dropout, masking), keep)?;
-            let kept = kept.map_or(KeptReserve::Host(Vec::new()), KeptReserve::Device);
-            return Ok((out, kept, p));
-        }
         let batch = p.order.batch();
         let mut data = vec![0.0f32; p.rows * self.output_size()];
         let mut final_states: Vec<Vec<f32>> =
             self.state_shapes(batch).iter().map(|s| vec![0.0; s.iter().product()]).collect();
-        // Recycled: every float of a reserve is written by the pass.
-        let mut reserve = match training {
+        // A device with memory of its own keeps a training forward's reserve
+        // there; on the host it is recycled memory (the pass writes every float).
+        let on_host = self.device.memory() == Memory::Host;
+        let mut reserve = match training && on_host {
             true => crate::pool::take(p.rows * self.reserve_floats_per_row()),
             false => Vec::new(),
         };
-        let weights = self.own_host_weights()?;
         let spans = ForwardSpans {
             input: Span::of(Self::input_data(&input)),
             h0: h0.map(|h| h.iter().map(|s| Span::of(s)).collect()),
             output: Span::of_mut(&mut data),
             finals: final_states.iter_mut().map(|s| Span::of_mut(s)).collect(),
-            reserve: training.then(|| Span::of_mut(&mut reserve)),
+            reserve: (training && on_host).then(|| Span::of_mut(&mut reserve)),
             dropout,
             masking,
         };
-        // Every span is a buffer of this function's or the caller's, borrowed
-        // until the pass ends; those written are distinct buffers.
-        Run::new(self, self.device.as_ref(), &p, &weights).forward(spans)?;
-        Ok((Output { data, final_states }, KeptReserve::Host(reserve), p))
+        // SAFETY: every span is a buffer of this function's or the caller's,
+        // borrowed until the pass ends; those written are distinct buffers.
+        let kept = unsafe { host_passes::forward(self, &p, spans, None, training) }?;
+        let kept = kept.map_or(KeptReserve::Host(reserve), KeptReserve::Device);
+        Ok((Output { data, final_states }, kept, p))
     }
 
     /// Backpropagation through the whole model: `d_output` is laid out like
@@ -365,28 +335,18 @@ impl Model {
         d_final: Option<&[Vec<f32>]>,
     ) -> Result<Gradients> {
         let p = &trace.batch;
-        let reserve = match &trace.reserve {
-            KeptReserve::Host(reserve) => reserve,
-            KeptReserve::Device(kept) => {
-                let how = (trace.dropout, trace.masking.clone());
-                let d_final: Option<Vec<&[f32]>> = d_final.map(|d| d.iter().map(Vec::as_slice).collect());
-                return self.backward_staged(
-                    p,
-                    (Kept::OnDevice(kept), None),
-                    (d_output, d_final.as_deref()),
-                    how,
-                );
-            }
+        let (reserve, kept) = match &trace.reserve {
+            KeptReserve::Host(reserve) => (Span::of(reserve), None),
+            KeptReserve::Device(kept) => (Span::of(&[]), Some(kept)),
         };
         let batch = p.order.batch();
         let mut d_input = vec![0.0f32; p.rows * self.input_size()];
         let mut d_h0: Vec<Vec<f32>> =
             self.state_shapes(batch).iter().map(|s| vec![0.0; s.iter().product()]).collect();
         let mut d_params = self.zeroed_params();
-        let weights = self.own_host_weights()?;
         let spans = BackwardSpans {
             input: Span::of(Self::input_data(&trace.input)),
-            reserve: Span::of(reserve),
+            reserve,
             d_output: Span::of(d_output),
             d_final: d_final.map(|d| d.iter().map(|s| Span::of(s)).collect()),
             d_input: Span::of_mut(&mut d_input),
@@ -398,8 +358,8 @@ impl Model {
             dropout: trace.dropout,
             masking: trace.masking.clone(),
         };
-        // As in `forward_owned`.
-        Run::new(self, self.device.as_ref(), p, &weights).backward(spans)?;
+        // SAFETY: as in `forward_owned`.
+        unsafe { host_passes::backward(self, p, spans, None, kept) }?;
         Ok(Gradients { d_input, d_h0, d_params })
     }
 }

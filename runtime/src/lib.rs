@@ -48,6 +48,7 @@ pub mod error;
 pub mod exact;
 pub mod exec;
 pub mod files;
+pub(crate) mod host_passes;
 pub mod input;
 pub mod layers;
 pub mod masks;
@@ -58,7 +59,6 @@ pub mod plan;
 pub mod pool;
 pub mod resets;
 pub mod sequence;
-pub(crate) mod staged;
 pub mod stream;
 pub mod weights;
 

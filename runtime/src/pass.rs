@@ -250,7 +250,8 @@ pub struct LayerForward<'a> {
     pub finals: Vec<Span>,
     /// Training: the tape (the layout's rows times the layer's tape floats per row), written.
     pub tape: Option<Span>,
-    /// The masks its steps read, filled ([`crate::backend::Device::fill_masks`]); `None` for a cell without.
+    /// The masks its steps read, filled
+    /// ([`crate::backend::Device::fill_masks`]); `None` for a cell without.
     pub masks: Option<RowSpan>,
 }
 

@@ -3,9 +3,10 @@
 //! from the [`crate::pool`], spans read as slices, rows copied and added,
 //! the masks of a pass filled into host rows and host rows multiplied by
 //! masks (dropout between layers, DropConnect), and a layer's spans as the
-//! rows and slices its host code reads ([`HostForward`], [`HostBackward`]). Masks are drawn with the CPU's generator ([`super::masks`]);
-//! a pass's sequences are shared out between the process's threads where
-//! the masks are large enough to pay for waking them.
+//! rows and slices its host code reads ([`HostForward`], [`HostBackward`]).
+//! Masks are drawn with the CPU's generator ([`super::masks`]); a pass's
+//! sequences are shared out between the process's threads where the masks
+//! are large enough to pay for waking them.
 
 use super::masks::{fill, MaskRow};
 use super::threads;

@@ -11,7 +11,7 @@ use super::device::{Buf, Device as Target};
 use super::forward::{forward_on, ForwardIo};
 use super::storage::{Home, LayerRun};
 use super::Cuda;
-use crate::backend::{Device, StepRunner, StreamJob};
+use crate::backend::Device;
 use crate::error::Result;
 use crate::masks::MaskRows;
 use crate::pass::{Dropping, LayerBackward, LayerForward, Memory, Pass, RowPairs, RowSpan, Span};
@@ -198,16 +198,19 @@ impl Device for On<'_> {
     }
 }
 
-/// A device whose every operation is `On`'s, on the target `$on` names.
+/// A device whose every operation is `On`'s, on the target `$on` names
+/// (it has no step path: a stream runs each call as a batch).
 macro_rules! on_target {
     ($ty:ty, |$s:ident| $on:expr) => {
         impl Device for $ty {
             fn name(&self) -> &'static str {
-                "cuda"
+                let $s = self;
+                $on.name()
             }
 
             fn memory(&self) -> Memory {
-                Memory::Device
+                let $s = self;
+                $on.memory()
             }
 
             fn scratch(&self, pass: &Pass, floats: usize, zeroed: bool) -> Result<Buf> {
@@ -260,11 +263,6 @@ macro_rules! on_target {
                 let cuda = $on.cuda;
                 let target = cuda.device.on_stream(stream)?;
                 Ok(target.map(|target| Box::new(OnStream { cuda, target }) as Box<dyn Device + '_>))
-            }
-
-            fn stream<'a>(&'a self, job: StreamJob<'a>) -> Result<Option<Box<dyn StepRunner + 'a>>> {
-                let _ = job;
-                Ok(None)
             }
         }
     };
