@@ -111,7 +111,7 @@ pub enum RuntimeError {
     },
     /// The backend cannot run here (e.g. no CUDA driver).
     Backend {
-        /// The back end's name ([`crate::backend::Backend::name`]).
+        /// The back end's name ([`crate::backend::Device::name`]).
         backend: String,
         /// What went wrong.
         message: String,

@@ -4,7 +4,7 @@
 //!
 //! A pass's masks come from the call's [`MaskSeed`] (training) or from
 //! none (evaluation), and from the rates the call runs at: the cell's
-//! defaults, the model's ([`Model::with_rates`]) or the call's own. Mask
+//! defaults, the model's ([`crate::Model::with_rates`]) or the call's own. Mask
 //! `i`'s unit `u` of the sequence at index `b` of the caller's batch at its
 //! step `t` is kept by `draw(MaskStream { seed, offset, layer, direction,
 //! mask: i }.key(), b, t, u)`, where a per-sequence mask draws at step
@@ -142,7 +142,7 @@ impl CellMasking {
 }
 
 /// The masks of one of a cell's mask calls in one layer and direction, as
-/// a call drew them ([`Model::cell_masks`]).
+/// a call drew them ([`crate::Model::cell_masks`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SeenMask {
     /// `<function>#<mask>_l<layer>` (`_reverse` for the reverse

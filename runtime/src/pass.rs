@@ -194,8 +194,8 @@ pub struct Pass<'a> {
     pub cell: &'a CompiledCell,
     /// The model's layers, first to last.
     pub layers: &'a [Layer],
-    /// The caller's batch; the layers run [`LaidOutBatch::running`] (its
-    /// segments, where it has resets), and masks are filled over the
+    /// The caller's batch; the layers run its segments where it has
+    /// resets ([`crate::resets`]), and masks are filled over the
     /// caller's own rows.
     pub batch: &'a LaidOutBatch,
 }
