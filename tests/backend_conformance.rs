@@ -11,7 +11,7 @@ use cellc_difftest::check::{check, Case, Checks};
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Device;
-use cellc_runtime::{Align, CompiledCell, Input, Major, MaskSeed, Model, ModelConfig};
+use cellc_runtime::{Align, CallOptions, CompiledCell, Input, Major, MaskSeed, Model, ModelConfig};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -113,9 +113,9 @@ proptest! {
             Input::Padded { data: &x, batch: b, steps: t, major: Major::TimeFirst, align: Align::Right, lengths: &lengths };
         // Training mode, the same masks (where the cell draws any) both times.
         let masks = Some(MaskSeed { seed, offset: 1 });
-        let (o1, tr1) = cpu.forward_traced(input, None, masks).expect("cpu forward");
+        let (o1, tr1) = cpu.forward_traced(input, None, &CallOptions { masks, ..Default::default() }).expect("cpu forward");
         let g1 = cpu.backward(&tr1, &dy, None).expect("cpu backward");
-        let (o2, tr2) = cpu.forward_traced(input, None, masks).expect("cpu forward again");
+        let (o2, tr2) = cpu.forward_traced(input, None, &CallOptions { masks, ..Default::default() }).expect("cpu forward again");
         let g2 = cpu.backward(&tr2, &dy, None).expect("cpu backward again");
         prop_assert_eq!(&o2.data, &o1.data);
         prop_assert_eq!(&o2.final_states, &o1.final_states);

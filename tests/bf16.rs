@@ -20,7 +20,7 @@ use cellc::fuzzgen::Entropy;
 use cellc_difftest::batch::{Batch, LaidOut, Layout};
 use cellc_difftest::oracle::{oracle_in, Oracle};
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
-use cellc_runtime::{Model, Precision};
+use cellc_runtime::{CallOptions, Model, Precision};
 
 const LENGTHS: [usize; 4] = [24, 7, 40, 1];
 const STEPS: usize = 40;
@@ -49,7 +49,8 @@ fn errors(model: &Model, batch: &Batch, want: &Oracle) -> Vec<(String, f64)> {
         .iter()
         .map(|v| if v.is_nan() { 0.0 } else { *v })
         .collect();
-    let (out, trace) = model.forward_traced(x.input(batch), Some(&batch.h0), None).expect("forward");
+    let (out, trace) =
+        model.forward_traced(x.input(batch), Some(&batch.h0), &CallOptions::default()).expect("forward");
     let grads = model.backward(&trace, &dy, Some(&batch.d_final)).expect("backward");
     let at = batch.row_layout(layout).expect("layout");
     let gather = |data: &[f32], width: usize| -> Vec<f32> {
@@ -104,10 +105,8 @@ fn ideal_errors(ideal: &Oracle, want: &Oracle) -> Vec<(String, f64)> {
 
 #[test]
 fn bf16_products_are_as_accurate_as_bf16_arithmetic_on_every_shipped_cell() {
-    let cpu = |precision| {
-        move || -> Box<dyn cellc_runtime::backend::Device> {
-            Box::new(Cpu::new(2, Kernels::Fastest).and_then(|c| c.with_precision(precision)).expect("cpu"))
-        }
+    let cpu = || -> Box<dyn cellc_runtime::backend::Device> {
+        Box::new(Cpu::new(2, Kernels::Fastest).expect("cpu"))
     };
     let kernel = cellc_runtime::backend::cpu::bf16::Bf16Kernel::detect();
     support::report(&format!(
@@ -120,8 +119,10 @@ fn bf16_products_are_as_accurate_as_bf16_arithmetic_on_every_shipped_cell() {
     support::report("|---|---|---|---|---|---|---|");
     let mut failures = Vec::new();
     for cell in support::compiled_cells() {
-        let bf16 = support::two_layer_model(&cell, (64, 32, 48), 5, &cpu(Precision::Bf16));
-        let f32 = support::two_layer_model(&cell, (64, 32, 48), 5, &cpu(Precision::F32));
+        let bf16 = support::two_layer_model(&cell, (64, 32, 48), 5, &cpu)
+            .with_precision(Precision::Bf16)
+            .expect("bf16");
+        let f32 = support::two_layer_model(&cell, (64, 32, 48), 5, &cpu);
         let ld = bf16.layers().len() * bf16.directions();
         let states = bf16.layers()[0].state_sizes.clone();
         let mut rng = Entropy::seeded(17);
@@ -164,10 +165,8 @@ fn bf16_products_are_as_accurate_as_bf16_arithmetic_on_every_shipped_cell() {
 fn nan_and_infinity_propagate_in_bf16_as_in_f32() {
     use cellc_runtime::{Align, Input, Major};
     let cell = support::compiled_cells().into_iter().find(|c| c.forward.name == "lstm").expect("lstm ships");
-    let cpu = |precision| {
-        move || -> Box<dyn cellc_runtime::backend::Device> {
-            Box::new(Cpu::new(2, Kernels::Fastest).and_then(|c| c.with_precision(precision)).expect("cpu"))
-        }
+    let cpu = || -> Box<dyn cellc_runtime::backend::Device> {
+        Box::new(Cpu::new(2, Kernels::Fastest).expect("cpu"))
     };
     let (batch, steps, features) = (3, 5, 48);
     let lengths = [5, 4, 5];
@@ -175,8 +174,8 @@ fn nan_and_infinity_propagate_in_bf16_as_in_f32() {
         let mut finite_by_precision = Vec::new();
         for precision in [Precision::F32, Precision::Bf16] {
             let config = cellc_runtime::ModelConfig { layers: 2, bidirectional: false };
-            let model =
-                support::try_model(&cell, (16, 8, features), &config, 3, cpu(precision)()).expect("stacks");
+            let model = support::try_model(&cell, (16, 8, features), &config, 3, cpu()).expect("stacks");
+            let model = model.with_precision(precision).expect("f32 and bf16 products");
             let mut x: Vec<f32> = (0..batch * steps * features).map(|i| (i as f32 * 0.37).sin()).collect();
             x[(5 + 2) * features + 7] = poison; // sequence 1, step 2 (batch-first)
             let input = Input::Padded {
@@ -218,10 +217,8 @@ fn cuda_half_precision_products_on_the_emulated_device_are_that_arithmetic() {
         eprintln!("skipped: no g++ for the emulated device");
         return;
     }
-    let cuda = |precision| {
-        move || -> Box<dyn cellc_runtime::backend::Device> {
-            Box::new(Cuda::emulated().expect("emulated device").with_precision(precision))
-        }
+    let cuda = || -> Box<dyn cellc_runtime::backend::Device> {
+        Box::new(Cuda::emulated().expect("emulated device"))
     };
     let lengths = [6, 2, 5];
     let cells = support::compiled_cells();
@@ -229,8 +226,9 @@ fn cuda_half_precision_products_on_the_emulated_device_are_that_arithmetic() {
     for (cell, precision) in
         cells.flat_map(|c| [Precision::Bf16, Precision::F16, Precision::Tf32].map(|p| (c, p)))
     {
-        let half = support::two_layer_model(cell, (16, 8, 12), 5, &cuda(precision));
-        let f32 = support::two_layer_model(cell, (16, 8, 12), 5, &cuda(Precision::F32));
+        let half =
+            support::two_layer_model(cell, (16, 8, 12), 5, &cuda).with_precision(precision).expect("half");
+        let f32 = support::two_layer_model(cell, (16, 8, 12), 5, &cuda);
         let ld = half.layers().len() * half.directions();
         let states = half.layers()[0].state_sizes.clone();
         let mut rng = Entropy::seeded(23);
@@ -264,12 +262,74 @@ fn cuda_half_precision_products_on_the_emulated_device_are_that_arithmetic() {
 
 /// fp16 and TF32 products are the CUDA back end's: the CPU, which has no
 /// unit that multiplies fp16 or TF32 pairs into f32 sums, refuses them by
-/// name.
+/// name, for a model and for one call.
 #[test]
 fn the_cpu_refuses_fp16_and_tf32_products_by_name() {
+    let cell = support::compiled_cells().into_iter().find(|c| c.forward.name == "lstm").expect("lstm ships");
+    let cpu = || -> Box<dyn cellc_runtime::backend::Device> {
+        Box::new(Cpu::new(1, Kernels::Fastest).expect("cpu"))
+    };
+    let model = support::two_layer_model(&cell, (8, 4, 6), 5, &cpu);
+    let x = vec![0.5f32; 2 * 3 * 6];
+    let input = cellc_runtime::Input::Padded {
+        data: &x,
+        batch: 2,
+        steps: 3,
+        major: cellc_runtime::Major::BatchFirst,
+        align: cellc_runtime::Align::Left,
+        lengths: &[3, 2],
+    };
     for (precision, name) in [(Precision::F16, "fp16"), (Precision::Tf32, "TF32")] {
-        let e = Cpu::new(1, Kernels::Fastest).and_then(|c| c.with_precision(precision)).unwrap_err();
+        let options = CallOptions { precision: Some(precision), ..Default::default() };
+        let e = model.forward_with(input, None, &options).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains(name) && text.contains("cuda"), "{text}");
+        let e = support::two_layer_model(&cell, (8, 4, 6), 5, &cpu).with_precision(precision).unwrap_err();
         let text = e.to_string();
         assert!(text.contains(name) && text.contains("cuda"), "{text}");
     }
+}
+
+/// A call's precision is its own: one model's calls alternate between f32
+/// and bf16 products, each giving the bits of a model made for that
+/// precision (its prepared weights are kept per precision, never mixed),
+/// and its training passes' gradients follow the forward's precision.
+#[test]
+fn a_call_asks_for_its_own_precision() {
+    use cellc_runtime::{Align, Input, Major};
+    let cell = support::compiled_cells().into_iter().find(|c| c.forward.name == "lstm").expect("lstm ships");
+    let cpu = || -> Box<dyn cellc_runtime::backend::Device> {
+        Box::new(Cpu::new(2, Kernels::Fastest).expect("cpu"))
+    };
+    let model = support::two_layer_model(&cell, (32, 16, 24), 5, &cpu);
+    let bf16_model =
+        support::two_layer_model(&cell, (32, 16, 24), 5, &cpu).with_precision(Precision::Bf16).expect("bf16");
+    assert_eq!((model.precision(), bf16_model.precision()), (Precision::F32, Precision::Bf16));
+    let x: Vec<f32> = (0..3 * 7 * 24).map(|i| (i as f32 * 0.37).sin()).collect();
+    let input = Input::Padded {
+        data: &x,
+        batch: 3,
+        steps: 7,
+        major: Major::BatchFirst,
+        align: Align::Left,
+        lengths: &[7, 3, 5],
+    };
+    let bf16 = CallOptions { precision: Some(Precision::Bf16), ..Default::default() };
+    let f32_call = CallOptions { precision: Some(Precision::F32), ..Default::default() };
+    let want_f32 = model.forward(input, None).expect("f32");
+    let want_bf16 = bf16_model.forward(input, None).expect("bf16 model");
+    assert_ne!(want_f32.data, want_bf16.data, "bf16 products differ from f32 ones");
+    for _ in 0..2 {
+        assert_eq!(model.forward_with(input, None, &bf16).expect("bf16 call").data, want_bf16.data);
+        assert_eq!(model.forward(input, None).expect("f32 again").data, want_f32.data);
+        assert_eq!(bf16_model.forward_with(input, None, &f32_call).expect("f32 call").data, want_f32.data);
+    }
+    let d_out: Vec<f32> = want_f32.data.iter().map(|v| v * 0.5 + 0.1).collect();
+    let (out, trace) = model.forward_traced(input, None, &bf16).expect("bf16 traced");
+    let (out_b, trace_b) =
+        bf16_model.forward_traced(input, None, &CallOptions::default()).expect("bf16 model traced");
+    assert_eq!(out.data, out_b.data);
+    let grads = model.backward(&trace, &d_out, None).expect("bf16 backward");
+    let grads_b = bf16_model.backward(&trace_b, &d_out, None).expect("bf16 model backward");
+    assert_eq!(grads, grads_b, "the backward follows its forward's precision");
 }

@@ -13,7 +13,7 @@ use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Device;
 use cellc_runtime::{
-    Align, BackwardOut, Call, ForwardOut, Input, Major, Model, PackedSequence, RuntimeError,
+    Align, BackwardOut, Call, CallOptions, ForwardOut, Input, Major, Model, PackedSequence, RuntimeError,
 };
 
 const LENGTHS: [usize; 4] = [3, 5, 1, 5];
@@ -77,7 +77,8 @@ fn through_caller_memory(model: &Model, input: Input, h0: &[Vec<f32>], d_out: &[
 /// The model's own passes, for the same batch, in evaluation mode as the
 /// calls (no masks: a cell's own are compared in `tests/cell_masks.rs`).
 fn through_model(model: &Model, input: Input, h0: &[Vec<f32>], d_out: &[f32]) -> Results {
-    let (out, trace) = model.forward_traced(input, Some(h0), None).expect("forward_traced");
+    let (out, trace) =
+        model.forward_traced(input, Some(h0), &CallOptions::default()).expect("forward_traced");
     let d_final: Vec<Vec<f32>> =
         out.final_states.iter().enumerate().map(|(k, s)| data(s.len(), 70 + k as u64)).collect();
     let g = model.backward(&trace, d_out, Some(&d_final)).expect("backward");

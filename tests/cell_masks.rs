@@ -19,8 +19,8 @@ use cellc_runtime::backend::cuda::Cuda;
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Device;
 use cellc_runtime::{
-    Align, BackwardOut, Call, CompiledCell, ForwardOut, Input, Major, MaskSeed, Model, ModelConfig,
-    RuntimeError,
+    Align, BackwardOut, Call, CallOptions, CompiledCell, ForwardOut, Input, Major, MaskSeed, Model,
+    ModelConfig, RuntimeError,
 };
 use std::sync::Arc;
 
@@ -83,7 +83,10 @@ fn unit(seed: MaskSeed, mask: u32, rate: f32, (b, t, u): (usize, Option<usize>, 
 fn training_output(m: &Model, x: &[f32], align: Align, seed: MaskSeed, rates: Option<&[f32]>) -> Vec<f32> {
     let mut output = vec![f32::NAN; 4 * STEPS * m.output_size()];
     let mut finals: Vec<Vec<f32>> = m.state_shapes(4).iter().map(|s| vec![0.0; s.iter().product()]).collect();
-    let call = Call { masks: Some(seed), rates, ..Call::new(padded(x, align)) };
+    let call = Call {
+        options: CallOptions { masks: Some(seed), rates, ..Default::default() },
+        ..Call::new(padded(x, align))
+    };
     let out =
         ForwardOut { output: &mut output, final_states: finals.iter_mut().map(Vec::as_mut_slice).collect() };
     m.forward_into(&call, out, None).expect("forward_into");
@@ -267,7 +270,11 @@ fn awd_lstm_training_is_an_lstm_over_the_input_and_recurrent_weight_masked_by_ha
 
         // The call: forward and backward through the caller's memory, the same seed.
         let w: Vec<Vec<&[f32]>> = vec![weights.iter().map(Vec::as_slice).collect()];
-        let call = Call { weights: Some(&w), masks: Some(seed), ..Call::new(padded(&x, Align::Left)) };
+        let call = Call {
+            weights: Some(&w),
+            options: CallOptions { masks: Some(seed), ..Default::default() },
+            ..Call::new(padded(&x, Align::Left))
+        };
         let (output, d_input, d_params) = forward_backward(&awd, &call, &d_out);
 
         let close = |a: &[f32], b: &[f32], what: &str| {
@@ -306,7 +313,11 @@ fn a_zoneout_lstms_training_gradient_matches_central_differences_of_the_same_cal
     let weights: Vec<Vec<f32>> = m.params(0, false).to_vec();
     let loss = |w: &[Vec<f32>]| -> f64 {
         let slices: Vec<Vec<&[f32]>> = vec![w.iter().map(Vec::as_slice).collect()];
-        let call = Call { weights: Some(&slices), masks: Some(seed), ..Call::new(padded(&x, Align::Left)) };
+        let call = Call {
+            weights: Some(&slices),
+            options: CallOptions { masks: Some(seed), ..Default::default() },
+            ..Call::new(padded(&x, Align::Left))
+        };
         let mut output = vec![0.0; 4 * STEPS * H];
         let mut finals: Vec<Vec<f32>> = (0..2).map(|_| vec![0.0; 4 * H]).collect();
         let out = ForwardOut {
@@ -317,7 +328,11 @@ fn a_zoneout_lstms_training_gradient_matches_central_differences_of_the_same_cal
         output.iter().zip(&d_out).map(|(&y, &g)| y as f64 * g as f64).sum()
     };
     let slices: Vec<Vec<&[f32]>> = vec![weights.iter().map(Vec::as_slice).collect()];
-    let call = Call { weights: Some(&slices), masks: Some(seed), ..Call::new(padded(&x, Align::Left)) };
+    let call = Call {
+        weights: Some(&slices),
+        options: CallOptions { masks: Some(seed), ..Default::default() },
+        ..Call::new(padded(&x, Align::Left))
+    };
     let (_, _, d_params) = forward_backward(&m, &call, &d_out);
     let eps = 1e-2f32;
     let mut checked = 0;
@@ -367,7 +382,10 @@ fn rates_are_set_per_model_and_per_call_and_bad_ones_are_typed_errors() {
     let mut output = vec![0.0; 4 * STEPS * H];
     let mut finals: Vec<Vec<f32>> = (0..2).map(|_| vec![0.0; 4 * H]).collect();
     for (rates, needle) in [(&[0.1f32][..], "rates"), (&[0.1, 1.5][..], "[0, 1)")] {
-        let call = Call { masks: Some(seed), rates: Some(rates), ..Call::new(padded(&x, Align::Left)) };
+        let call = Call {
+            options: CallOptions { masks: Some(seed), rates: Some(rates), ..Default::default() },
+            ..Call::new(padded(&x, Align::Left))
+        };
         let out = ForwardOut {
             output: &mut output,
             final_states: finals.iter_mut().map(Vec::as_mut_slice).collect(),
@@ -458,7 +476,11 @@ fn device_memory_draws_what_host_memory_draws() {
         let states = m.state_shapes(4);
         let want = {
             let w: Vec<Vec<&[f32]>> = vec![weights.iter().map(Vec::as_slice).collect()];
-            let call = Call { weights: Some(&w), masks: Some(seed), ..Call::new(padded(&x, Align::Right)) };
+            let call = Call {
+                weights: Some(&w),
+                options: CallOptions { masks: Some(seed), ..Default::default() },
+                ..Call::new(padded(&x, Align::Right))
+            };
             forward_backward(&host, &call, &d_out)
         };
         let (at, at_mut) = (DeviceFloats::emulated, DeviceFloats::emulated_mut);
@@ -470,10 +492,7 @@ fn device_memory_draws_what_host_memory_draws() {
             weights: &w,
             h0: None,
             stream: 0,
-            masks: Some(seed),
-            rates: None,
-            dropout: None,
-            resets: None,
+            options: CallOptions { masks: Some(seed), ..Default::default() },
         };
         let mut output = vec![f32::NAN; rows * H];
         let mut finals: Vec<Vec<f32>> = states.iter().map(|s| vec![0.0; s.iter().product()]).collect();

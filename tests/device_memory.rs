@@ -16,7 +16,7 @@ use cellc_runtime::backend::cuda::{self, Cuda};
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Device;
 use cellc_runtime::{
-    Align, DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut, Input, Major, Model,
+    Align, CallOptions, DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut, Input, Major, Model,
     PackedSequence, RuntimeError,
 };
 use std::sync::Arc;
@@ -89,10 +89,7 @@ fn through_device_memory(
         weights: &weights,
         h0: h0.as_deref(),
         stream: mem.stream(),
-        masks: None,
-        rates: None,
-        dropout: None,
-        resets: None,
+        options: CallOptions::default(),
     };
     let nan = |n: usize| vec![f32::NAN; n];
     let out = DeviceForwardOut {
@@ -136,7 +133,7 @@ fn through_model(
     d_final: &[Vec<f32>],
 ) -> Results {
     // Evaluation mode, as the calls (a cell's own masks: `tests/cell_masks.rs`).
-    let (out, trace) = model.forward_traced(input, h0, None).expect("forward_traced");
+    let (out, trace) = model.forward_traced(input, h0, &CallOptions::default()).expect("forward_traced");
     let g = model.backward(&trace, d_out, Some(d_final)).expect("backward");
     Results {
         output: bits(&out.data),
@@ -298,10 +295,7 @@ fn graphs_replay_over_device_memory(cuda: Cuda, mem: &mut dyn Memory) {
         weights: &weights,
         h0: None,
         stream: mem.stream(),
-        masks: None,
-        rates: None,
-        dropout: None,
-        resets: None,
+        options: CallOptions::default(),
     };
     let reserve = mem.put(&vec![0.0; b * STEPS * model.reserve_floats_per_row()]);
     let mut first = None;
@@ -361,17 +355,8 @@ fn bad_device_buffers_get_typed_errors() {
         RuntimeError::Shape { ref tensor, .. } if tensor == want => {}
         other => panic!("expected a shape error for `{want}`, got {other:?}"),
     };
-    let call = |weights| DeviceCall {
-        shape,
-        input,
-        weights,
-        h0: None,
-        stream: 0,
-        masks: None,
-        rates: None,
-        dropout: None,
-        resets: None,
-    };
+    let call =
+        |weights| DeviceCall { shape, input, weights, h0: None, stream: 0, options: CallOptions::default() };
 
     let short = DeviceForwardOut { output: DeviceFloats { len: 3, ..out.output }, ..out.clone() };
     shape_error(model.forward_into(&call(&weights), &short, None).unwrap_err(), "output");

@@ -17,8 +17,8 @@ use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Device;
 use cellc_runtime::dropout::BETWEEN_LAYERS;
 use cellc_runtime::{
-    Align, BackwardOut, Call, CompiledCell, DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut,
-    ForwardOut, Input, Major, MaskSeed, Model, ModelConfig, RuntimeError,
+    Align, BackwardOut, Call, CallOptions, CompiledCell, DeviceBackwardOut, DeviceCall, DeviceFloats,
+    DeviceForwardOut, ForwardOut, Input, Major, MaskSeed, Model, ModelConfig, RuntimeError,
 };
 use std::sync::Arc;
 
@@ -187,10 +187,7 @@ fn the_callers_memory_draws_the_masks_its_seed_says_on_host_and_device() {
                 weights: &w,
                 h0: None,
                 stream: 0,
-                masks: Some(seed),
-                rates: None,
-                dropout: None,
-                resets: None,
+                options: CallOptions { masks: Some(seed), ..Default::default() },
             };
             let out = DeviceForwardOut {
                 output: at_mut(&mut output),
@@ -207,7 +204,11 @@ fn the_callers_memory_draws_the_masks_its_seed_says_on_host_and_device() {
         } else {
             let w: Vec<Vec<&[f32]>> =
                 weights.iter().map(|ps| ps.iter().map(Vec::as_slice).collect()).collect();
-            let call = Call { weights: Some(&w), masks: Some(seed), ..Call::new(padded(&x)) };
+            let call = Call {
+                weights: Some(&w),
+                options: CallOptions { masks: Some(seed), ..Default::default() },
+                ..Call::new(padded(&x))
+            };
             let out = ForwardOut {
                 output: &mut output,
                 final_states: finals.iter_mut().map(Vec::as_mut_slice).collect(),
@@ -250,7 +251,10 @@ fn bad_rates_are_typed_errors_and_a_call_without_masks_drops_nothing() {
     }
     // Training mode without a reserve (no gradients) drops as a training forward does.
     let (trained, _) = m.forward_train(padded(&x), None).expect("training");
-    let training = Call { masks: Some(MaskSeed { seed: SEED, offset: 0 }), ..call };
+    let training = Call {
+        options: CallOptions { masks: Some(MaskSeed { seed: SEED, offset: 0 }), ..Default::default() },
+        ..call
+    };
     let finals = finals.iter_mut().map(Vec::as_mut_slice).collect();
     m.forward_into(&training, ForwardOut { output: &mut output, final_states: finals }, None)
         .expect("training");

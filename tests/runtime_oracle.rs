@@ -11,7 +11,9 @@ use cellc_difftest::oracle::oracle_in;
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Device;
-use cellc_runtime::{Align, CompiledCell, Input, Major, Model, PackedSequence, Precision, RowLayout};
+use cellc_runtime::{
+    Align, CallOptions, CompiledCell, Input, Major, Model, PackedSequence, Precision, RowLayout,
+};
 use std::sync::Arc;
 use support::Rng;
 
@@ -126,7 +128,7 @@ fn conformance(backend: &dyn Fn() -> Box<dyn Device>) {
             let name = format!("{} {major:?} {align:?}", m.compiled().forward.name);
             // Evaluation mode, as the interpreter runs (a cell's own masks: tests/cell_masks.rs).
             let (out, trace) = m
-                .forward_traced(input, Some(&case.h0), None)
+                .forward_traced(input, Some(&case.h0), &CallOptions::default())
                 .unwrap_or_else(|e| panic!("{name}: forward: {e}"));
             let grads = m
                 .backward(&trace, &dy, Some(&case.d_final))

@@ -13,8 +13,9 @@ lengths = torch.tensor([5, 2, 4])
 
 # The call rnn(x, lengths=lengths) makes, spelled out: the model named by its spec (compiled
 # once per process), the layout of x's rows, the lengths, no initial states (zeros), the
-# weights, training (fill the reserve the backward reads), no masks, the model's own rates.
-args = (rnn.spec, "batch_first/left", x, [lengths], [], list(rnn.parameters()), True, None, None)
+# weights, training (fill the reserve the backward reads), no masks, the model's own rates,
+# no resets, float32 products.
+args = (rnn.spec, "batch_first/left", x, [lengths], [], list(rnn.parameters()), True, None, None, None, "f32")
 out, finals, reserve = torch.ops.cellc.rnn_forward(*args)
 want, (h, c) = rnn(x, lengths=lengths)
 torch.testing.assert_close(out, want)

@@ -6,8 +6,8 @@
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::{
-    Align, BackwardOut, Call, CompiledCell, ForwardOut, Input, Major, Model, ModelConfig, PackedSequence,
-    RuntimeError, Weights,
+    Align, BackwardOut, Call, CallOptions, CompiledCell, ForwardOut, Input, Major, Model, ModelConfig,
+    PackedSequence, RuntimeError, Weights,
 };
 use charlm::paths::repo_root;
 use std::error::Error;
@@ -182,7 +182,8 @@ fn a_reset_restarts_a_sequence_from_its_initial_state() -> Result {
         align: Align::Left,
         lengths: &[6, 6],
     };
-    let out = model.forward_with_resets(input, None, Some(&resets))?;
+    let out =
+        model.forward_with(input, None, &CallOptions { resets: Some(&resets), ..Default::default() })?;
     // ANCHOR_END: resets
 
     // Steps 3..6 of sequence 0 as a sequence of its own give the same outputs.
@@ -244,7 +245,7 @@ fn passes_over_the_callers_memory_equal_the_models_own() -> Result {
     // ANCHOR_END: backward_from
 
     // The model's own passes in evaluation mode (no masks) give the same bits.
-    let (own, trace) = model.forward_traced(input, None, None)?;
+    let (own, trace) = model.forward_traced(input, None, &CallOptions::default())?;
     let grads = model.backward(&trace, &d_output, None)?;
     assert_eq!(own.data, output);
     assert_eq!(own.final_states, finals);

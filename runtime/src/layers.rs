@@ -94,7 +94,7 @@ fn infer(
 /// Each layer's sizes, plans and schedule, as [`crate::Model::new`] makes them
 /// (`sizes` explicit, then bound from `input_size` and `weights`), without
 /// parameters or a back end: what an ahead-of-time compiler needs.
-pub fn plan(
+pub fn build(
     compiled: &CompiledCell,
     config: &ModelConfig,
     sizes: &Bindings,

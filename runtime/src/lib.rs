@@ -39,27 +39,23 @@
 #![warn(missing_docs)]
 
 pub mod backend;
-pub mod call;
 pub mod cell;
-pub mod device_call;
-pub(crate) mod driver;
 pub mod dropout;
 pub mod error;
 pub mod exact;
-pub mod exec;
 pub mod files;
-pub(crate) mod host_passes;
 pub mod input;
 pub mod layers;
 pub mod masks;
 pub(crate) mod memory;
 pub mod model;
+pub mod options;
 pub mod pass;
 pub mod plan;
 pub mod pool;
 pub mod resets;
+pub mod results;
 pub mod sequence;
-pub mod stream;
 pub mod weights;
 
 pub use call::{Call, CallerMemory};
@@ -67,9 +63,13 @@ pub use cellc::precision::Precision;
 pub use device_call::{DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut};
 pub use dropout::MaskSeed;
 pub use error::{Result, RuntimeError};
-pub use exec::{BackwardOut, BatchShape, ForwardOut, Gradients, Input, Output, Trace};
 pub use files::{read_at_most, write_atomically, MOST_CELL_BYTES};
+pub use input::{BatchShape, Input};
+pub use model::passes::Trace;
+pub use model::{call, device_call, stream};
 pub use model::{CompiledCell, Layer, Model, ModelConfig, Side};
+pub use options::CallOptions;
+pub use results::{BackwardOut, ForwardOut, Gradients, Output};
 pub use sequence::{Align, BatchOrder, Major, PackedIndex, PackedSequence, PackedView, RowLayout};
 pub use stream::Stream;
 pub use weights::{

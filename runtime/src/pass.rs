@@ -8,6 +8,7 @@ use crate::cell::{CompiledCell, Layer};
 use crate::dropout::LayerMasks;
 use crate::masks::MaskFill;
 use crate::sequence::LaidOutBatch;
+use cellc::precision::Precision;
 use std::any::Any;
 use std::ops::Range;
 
@@ -113,7 +114,10 @@ pub enum Memory {
 /// never read in an old form.
 #[derive(Default)]
 pub struct PreparedWeights {
-    form: std::sync::OnceLock<std::sync::Arc<dyn Any + Send + Sync>>,
+    /// One form per precision of the products that read it
+    /// ([`Precision`]'s variants in order): a model whose calls ask for
+    /// several keeps each.
+    forms: [std::sync::OnceLock<std::sync::Arc<dyn Any + Send + Sync>>; 4],
     for_one_pass: bool,
 }
 
@@ -131,16 +135,27 @@ impl PreparedWeights {
         self.for_one_pass
     }
 
-    /// The prepared form, made by `make` if the slot is empty; `None` if
-    /// the slot holds some other type (another device's form).
-    pub fn get_or_init<T: Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> Option<&T> {
-        self.form.get_or_init(|| std::sync::Arc::new(make())).downcast_ref::<T>()
+    /// The form prepared for products in `precision`, made by `make` if
+    /// there is none yet; `None` if the slot holds some other type
+    /// (another device's form).
+    pub fn get_or_init<T: Any + Send + Sync>(
+        &self,
+        precision: Precision,
+        make: impl FnOnce() -> T,
+    ) -> Option<&T> {
+        let slot = match precision {
+            Precision::F32 => 0,
+            Precision::Bf16 => 1,
+            Precision::F16 => 2,
+            Precision::Tf32 => 3,
+        };
+        self.forms[slot].get_or_init(|| std::sync::Arc::new(make())).downcast_ref::<T>()
     }
 }
 
 impl std::fmt::Debug for PreparedWeights {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.form.get().is_some() {
+        f.write_str(if self.forms.iter().any(|f| f.get().is_some()) {
             "PreparedWeights(made)"
         } else {
             "PreparedWeights(empty)"
@@ -182,8 +197,8 @@ impl<'a> PassWeights<'a> {
     }
 }
 
-/// What every operation of one pass shares: the cell, the model's layers
-/// and the batch.
+/// What every operation of one pass shares: the cell, the model's layers,
+/// the batch and the precision of its products.
 ///
 /// Only the crate's driver makes a pass (it is non-exhaustive): its spans
 /// are then memory that lives, as [`crate::backend::Device`]'s contract says.
@@ -198,6 +213,9 @@ pub struct Pass<'a> {
     /// resets ([`crate::resets`]), and masks are filled over the
     /// caller's own rows.
     pub batch: &'a LaidOutBatch,
+    /// The precision of the products of matrix parameters, one the device
+    /// computes ([`crate::backend::Device::precision`] chose it).
+    pub precision: Precision,
 }
 
 /// Rows to copy or add: for each `(i, j)` of `pairs`, row `j` of `from`

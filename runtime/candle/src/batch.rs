@@ -12,7 +12,7 @@ pub(crate) struct Padded {
     pub major: Major,
     pub align: Align,
     pub lengths: Vec<usize>,
-    /// Per-step resets, one flag per row of the input (`Call::resets`).
+    /// Per-step resets, one flag per row of the input (`CallOptions::resets`).
     pub resets: Option<Vec<bool>>,
 }
 

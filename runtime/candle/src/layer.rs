@@ -166,7 +166,7 @@ impl Rnn {
     /// row-major), `true` where a sequence's state restarts from `h0`
     /// before that step (an episode's first step). The gradient of `h0`
     /// sums every stretch's that starts from it
-    /// ([`cellc_runtime::Call::resets`]).
+    /// ([`cellc_runtime::CallOptions::resets`]).
     pub fn forward_with_resets_t(
         &self,
         x: &Tensor,
@@ -211,7 +211,7 @@ impl Rnn {
             // Half precision: computed from f32 copies (differentiable casts, so gradients
             // reach x and h0 in their dtype), returned in x's dtype. The products are the
             // model's back end's: bf16 operands with f32 sums where it was made with
-            // `Cpu::with_precision(Precision::Bf16)`, f32 otherwise.
+            // `Model::with_precision(Precision::Bf16)`, f32 otherwise.
             let dtype = x.dtype();
             let x32 = x.to_dtype(DType::F32)?;
             let h32 =

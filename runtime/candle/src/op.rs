@@ -10,7 +10,7 @@
 use crate::batch::Padded;
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
-use cellc_runtime::{BackwardOut, Call, ForwardOut, MaskSeed, Model, RuntimeError};
+use cellc_runtime::{BackwardOut, Call, CallOptions, ForwardOut, MaskSeed, Model, RuntimeError};
 use std::sync::{Arc, Mutex};
 
 /// One forward pass of a model over one padded batch.
@@ -170,15 +170,17 @@ struct Operands<'a> {
 }
 
 impl Operands<'_> {
-    fn call<'c>(&'c self, batch: &'c Padded) -> Call<'c> {
+    /// The call over these operands of `batch`, drawing `masks` at `rates` (training).
+    fn call<'c>(
+        &'c self,
+        batch: &'c Padded,
+        (masks, rates): (Option<MaskSeed>, Option<&'c [f32]>),
+    ) -> Call<'c> {
         Call {
             input: batch.input(self.x),
             weights: Some(&self.weights),
             h0: (!self.h0.is_empty()).then_some(&self.h0[..]),
-            masks: None,
-            rates: None,
-            dropout: None,
-            resets: batch.resets.as_deref(),
+            options: CallOptions { masks, rates, resets: batch.resets.as_deref(), ..Default::default() },
         }
     }
 }
@@ -218,7 +220,7 @@ impl CustomOp3 for RnnOp {
         let keep = self.keep.then_some(&mut reserve[..]);
         self.model
             .forward_into(
-                &Call { masks: self.masks, rates: self.rates.as_deref(), ..operands.call(&self.batch) },
+                &operands.call(&self.batch, (self.masks, self.rates.as_deref())),
                 ForwardOut { output, final_states },
                 keep,
             )
@@ -258,7 +260,7 @@ impl CustomOp3 for RnnOp {
             };
             self.model
                 .backward_from(
-                    &Call { masks: self.masks, rates: self.rates.as_deref(), ..operands.call(&self.batch) },
+                    &operands.call(&self.batch, (self.masks, self.rates.as_deref())),
                     &reserve,
                     d_output,
                     d_final.as_deref(),

@@ -12,7 +12,7 @@ use cellc_candle::{Align, Major, Padding, Rnn};
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Device as RnnDevice;
-use cellc_runtime::{CompiledCell, Input, Model, ModelConfig, RuntimeError, Weights};
+use cellc_runtime::{CallOptions, CompiledCell, Input, Model, ModelConfig, RuntimeError, Weights};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -152,8 +152,8 @@ fn agrees_with_reference(name: &str, layers: usize, bidirectional: bool, padding
     };
     let seed = Some(oracle.next_mask_seed());
     let flags = resets.then_some(&flags[..]);
-    let (expected, trace) =
-        oracle.forward_traced_with_resets(input, Some(&h0_data), flags, seed).expect("oracle forward");
+    let options = CallOptions { masks: seed, resets: flags, ..Default::default() };
+    let (expected, trace) = oracle.forward_traced(input, Some(&h0_data), &options).expect("oracle forward");
     close(&format!("{name} output"), &flat(&out), &expected.data, 1e-5);
     for (i, (f, e)) in finals.iter().zip(&expected.final_states).enumerate() {
         close(&format!("{name} final state {i}"), &flat(f), e, 1e-5);

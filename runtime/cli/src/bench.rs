@@ -150,12 +150,12 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
         }
     };
     sizes.retain(|k, _| compiled.forward.sizes.contains(k));
-    let backend =
-        crate::run::make_backend(args.backend, args.threads, args.cuda_graphs, (args.kernels, args.dtype))?;
+    let backend = crate::run::make_backend(args.backend, args.threads, args.cuda_graphs, args.kernels)?;
     let config = ModelConfig { layers: args.layers, bidirectional: args.bidirectional };
     let model = Model::new(compiled, config, &sizes, Some(input_size), None, 1, backend)?
         .with_dropout(args.dropout)?
         .with_rates(&args.rates.iter().map(|(n, r)| (n.as_str(), *r)).collect::<Vec<_>>())?;
+    let model = crate::run::with_dtype(model, args.dtype)?;
 
     let (b, t) = (args.batch as usize, args.steps as usize);
     let streaming = args.stream || (t == 1 && args.mode == Mode::Infer && !args.bidirectional);
@@ -226,8 +226,9 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
     let gflops = gemm_flops(&model, tokens as f64, args.mode == Mode::Train) / median / 1e9;
     let sizes_text: Vec<String> = model.layers()[0].sizes.iter().map(|(k, v)| format!("{k}={v}")).collect();
     // The same products timed alone (CPU inference, f32): the bound the model is measured against.
-    let gemm_only = match (args.mode, model.backend_name()) {
-        (Mode::Infer, "cpu") if !streaming && args.dtype == DtypeChoice::F32 => {
+    let on_cpu = args.backend.unwrap_or(BackendChoice::Cpu) == BackendChoice::Cpu;
+    let gemm_only = match args.mode {
+        Mode::Infer if on_cpu && !streaming && model.precision() == Precision::F32 => {
             let threads = args
                 .threads
                 .map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), |n| n as usize);
@@ -249,7 +250,7 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
             "{{\"cell\": \"{}\", \"backend\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"batch\": {b}, \"steps\": {t}, \"layers\": {}, \"bidirectional\": {}, \"dropout\": {}, \"route\": \"{}\", \"sizes\": \"{}\", \"tokens\": {tokens}, \"runs\": {}, \"median_s\": {median:.6e}, \"min_s\": {min:.6e}, \"compile_s\": {compile_s:.6e}, \"tokens_per_s\": {tokens_per_s:.6e}, \"gflops\": {gflops:.4}{gemm_only_json}}}",
             model.compiled().forward.name,
             model.backend_name(),
-            args.dtype.precision(),
+            model.precision(),
             if args.mode == Mode::Train { "train" } else { "infer" },
             args.layers,
             args.bidirectional,
@@ -267,7 +268,7 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
             sizes_text.join(" "),
             if args.mode == Mode::Train { "train" } else { "infer" },
             model.backend_name(),
-            match args.dtype.precision() {
+            match model.precision() {
                 Precision::F32 => String::new(),
                 low => format!(" with {low} products"),
             },

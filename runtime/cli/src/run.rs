@@ -24,8 +24,8 @@ use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Device;
 use cellc_runtime::{
-    read_tensors, write_tensors, Align, CompiledCell, Input, Major, MaskSeed, Model, ModelConfig, Precision,
-    RuntimeError, Tensor, TensorData, Weights,
+    read_tensors, write_tensors, Align, CallOptions, CompiledCell, Input, Major, MaskSeed, Model,
+    ModelConfig, Precision, RuntimeError, Tensor, TensorData, Weights,
 };
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -168,33 +168,30 @@ pub fn make_backend(
     choice: Option<BackendChoice>,
     threads: Option<u64>,
     cuda_graphs: bool,
-    (kernels, dtype): (KernelsChoice, DtypeChoice),
+    kernels: KernelsChoice,
 ) -> Result<Box<dyn Device>, RuntimeError> {
-    let choice = choice.unwrap_or(BackendChoice::Cpu);
-    let precision = dtype.precision();
-    if dtype != DtypeChoice::F32 && choice == BackendChoice::Reference {
-        return Err(RuntimeError::Backend {
-            backend: "reference".into(),
-            message: format!(
-                "computes in f32 only: `--dtype {precision}` runs on the {}",
-                if precision == Precision::Bf16 { "cpu and cuda back ends" } else { "cuda back end" }
-            ),
-        });
-    }
-    match choice {
+    match choice.unwrap_or(BackendChoice::Cpu) {
         BackendChoice::Reference => Ok(Box::new(Reference)),
-        BackendChoice::Cpu => Ok(Box::new(
-            Cpu::new(threads.unwrap_or(0) as usize, kernels.kernels())?.with_precision(precision)?,
-        )),
-        BackendChoice::Cuda => Ok(Box::new(
-            cellc_runtime::backend::cuda::Cuda::gpu(0)?.with_graphs(cuda_graphs).with_precision(precision),
-        )),
-        BackendChoice::CudaEmulated => Ok(Box::new(
-            cellc_runtime::backend::cuda::Cuda::emulated()?
-                .with_graphs(cuda_graphs)
-                .with_precision(precision),
-        )),
+        BackendChoice::Cpu => Ok(Box::new(Cpu::new(threads.unwrap_or(0) as usize, kernels.kernels())?)),
+        BackendChoice::Cuda => {
+            Ok(Box::new(cellc_runtime::backend::cuda::Cuda::gpu(0)?.with_graphs(cuda_graphs)))
+        }
+        BackendChoice::CudaEmulated => {
+            Ok(Box::new(cellc_runtime::backend::cuda::Cuda::emulated()?.with_graphs(cuda_graphs)))
+        }
     }
+}
+
+/// `model` computing its products in `--dtype`'s precision; where its
+/// device has no such products, the device's error, naming the flag.
+pub fn with_dtype(model: Model, dtype: DtypeChoice) -> Result<Model, RuntimeError> {
+    let precision = dtype.precision();
+    model.with_precision(precision).map_err(|e| match e {
+        RuntimeError::Backend { backend, message } => {
+            RuntimeError::Backend { backend, message: format!("{message} (`--dtype {precision}`)") }
+        }
+        other => other,
+    })
 }
 
 /// A tensor's shape and f32 data.
@@ -283,9 +280,10 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
         Some(features),
         Some(&weights),
         0,
-        make_backend(args.backend, args.threads, args.cuda_graphs, (args.kernels, args.dtype))?,
+        make_backend(args.backend, args.threads, args.cuda_graphs, args.kernels)?,
     )?
     .with_dropout(args.dropout)?;
+    let model = with_dtype(model, args.dtype)?;
     let rates: Vec<(&str, f32)> = args.rates.iter().map(|(n, r)| (n.as_str(), *r)).collect();
     let model = model.with_rates(&rates)?;
     let seed = args.train.then_some(MaskSeed { seed: args.seed, offset: args.offset });
@@ -327,7 +325,8 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
             })?;
         expect_shape("grad_output", &dy_shape, &[batch, steps, o])?;
         let d_final = read_states("grad_final", &mut x)?;
-        let (output, trace) = model.forward_traced_with_resets(input, h0.as_deref(), resets, seed)?;
+        let options = CallOptions { masks: seed, resets, ..Default::default() };
+        let (output, trace) = model.forward_traced(input, h0.as_deref(), &options)?;
         let grads = model.backward(&trace, &dy, d_final.as_deref())?;
         out.insert("grad.input".into(), Tensor::f32(vec![batch, steps, features], grads.d_input));
         for ((name, d), &n) in state_names.iter().zip(grads.d_h0).zip(&state_sizes) {
@@ -338,10 +337,8 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
         }
         insert_forward(&mut out, &state_names, &state_sizes, output, [batch, steps, o], ld);
     } else {
-        let output = match seed {
-            None => model.forward_with_resets(input, h0.as_deref(), resets)?,
-            Some(_) => model.forward_traced_with_resets(input, h0.as_deref(), resets, seed)?.0,
-        };
+        let options = CallOptions { masks: seed, resets, ..Default::default() };
+        let output = model.forward_with(input, h0.as_deref(), &options)?;
         insert_forward(&mut out, &state_names, &state_sizes, output, [batch, steps, o], ld);
     }
     if args.masks {

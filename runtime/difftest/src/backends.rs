@@ -33,6 +33,14 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
+    /// The precision its models' products compute in (`Model::with_precision`).
+    pub fn precision(self) -> Precision {
+        match self {
+            BackendKind::CpuBf16 => Precision::Bf16,
+            _ => Precision::F32,
+        }
+    }
+
     pub const ALL: [BackendKind; 7] = [
         BackendKind::Reference,
         BackendKind::CpuJit,
@@ -80,20 +88,18 @@ pub fn cuda_emulation_available() -> bool {
 
 /// Makes back end `kind` for a model of `cell` whose layers are `layers`.
 pub fn make(kind: BackendKind, cell: &CompiledCell, layers: &[Layer]) -> Result<Box<dyn Device>, String> {
-    let cpu_in = |kernels, precision| {
+    let cpu = |kernels| {
         Cpu::new(2, kernels)
-            .and_then(|c| c.with_precision(precision))
             .map(|c| Box::new(c.split_every_step()) as Box<dyn Device>)
             .map_err(|e| e.to_string())
     };
-    let cpu = |kernels| cpu_in(kernels, Precision::F32);
     match kind {
         BackendKind::Reference => Ok(Box::new(Reference)),
         BackendKind::CpuJit => cpu(Kernels::Jit),
         BackendKind::CpuAvx512 => cpu(Kernels::Avx512),
         BackendKind::CpuInterpreted => cpu(Kernels::Interpreted),
         BackendKind::CpuLinked => cpu(Kernels::Linked(linked(cell, layers)?)),
-        BackendKind::CpuBf16 => cpu_in(Kernels::Fastest, Precision::Bf16),
+        BackendKind::CpuBf16 => cpu(Kernels::Fastest),
         BackendKind::CudaEmulated => {
             Cuda::emulated().map(|c| Box::new(c) as Box<dyn Device>).map_err(|e| e.to_string())
         }

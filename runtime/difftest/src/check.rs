@@ -22,8 +22,9 @@ use cellc::dims::Bindings;
 use cellc::fuzzgen::Entropy;
 use cellc_runtime::masks::SeenMask;
 use cellc_runtime::{
-    BackwardOut, Call, CompiledCell, DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut,
-    ForwardOut, Gradients, Input, MaskSeed, Model, ModelConfig, Precision, RowLayout, RuntimeError,
+    BackwardOut, Call, CallOptions, CompiledCell, DeviceBackwardOut, DeviceCall, DeviceFloats,
+    DeviceForwardOut, ForwardOut, Gradients, Input, MaskSeed, Model, ModelConfig, Precision, RowLayout,
+    RuntimeError,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -321,10 +322,11 @@ pub fn check(source: &str, case: &Case, plan: &Checks) -> Result<Passed, Failure
     }
     let model = |kind: BackendKind, layers: usize| -> Result<Model, RuntimeError> {
         let config = ModelConfig { layers, bidirectional: case.bidirectional };
-        let layer_programs = cellc_runtime::layers::plan(&cell, &config, &sizes, None, None)?;
+        let layer_programs = cellc_runtime::layers::build(&cell, &config, &sizes, None, None)?;
         let backend = backends::make(kind, &cell, &layer_programs)
             .map_err(|message| RuntimeError::Backend { backend: kind.name().into(), message })?;
-        Model::new(cell.clone(), config, &sizes, None, None, case.seed, backend)
+        Model::new(cell.clone(), config, &sizes, None, None, case.seed, backend)?
+            .with_precision(kind.precision())
     };
     // A cell whose input size is tied to its states stacks only where the
     // sizes agree: one layer otherwise.
@@ -474,8 +476,8 @@ fn train(
         weights.iter().map(|ps| ps.iter().map(|p| nan(p.len())).collect()).collect();
     match route {
         Route::Owned => {
-            let (out, trace) =
-                m.forward_traced_with_resets(input, Some(h0), resets, Some(m.next_mask_seed()))?;
+            let options = CallOptions { masks: Some(m.next_mask_seed()), resets, ..Default::default() };
+            let (out, trace) = m.forward_traced(input, Some(h0), &options)?;
             let grads = m.backward(&trace, d_out, Some(d_final))?;
             return Ok(Trained { output: out.data, finals: out.final_states, grads });
         }
@@ -483,7 +485,8 @@ fn train(
             let w: Vec<Vec<&[f32]>> =
                 weights.iter().map(|ps| ps.iter().map(Vec::as_slice).collect()).collect();
             let h0: Vec<&[f32]> = h0.iter().map(Vec::as_slice).collect();
-            let call = Call { weights: Some(&w), h0: Some(&h0), masks, resets, ..Call::new(input) };
+            let options = CallOptions { masks, resets, ..Default::default() };
+            let call = Call { weights: Some(&w), h0: Some(&h0), options, ..Call::new(input) };
             let out = ForwardOut {
                 output: &mut output,
                 final_states: finals.iter_mut().map(Vec::as_mut_slice).collect(),
@@ -513,10 +516,7 @@ fn train(
                 weights: &w,
                 h0: Some(&h0),
                 stream: 0,
-                masks,
-                rates: None,
-                dropout: None,
-                resets,
+                options: CallOptions { masks, resets, ..Default::default() },
             };
             let out = DeviceForwardOut {
                 output: at_mut(&mut output),
@@ -699,7 +699,11 @@ fn infer(m: &Model, batch: &Batch, w: &Oracle, layout: Layout, tol: f64) -> Resu
     let x = LaidOut::inputs(batch, layout, m.input_size())?;
     let resets = batch.reset_flags(layout)?;
     let out = m
-        .forward_with_resets(x.input(batch), Some(&batch.h0), resets.as_deref())
+        .forward_with(
+            x.input(batch),
+            Some(&batch.h0),
+            &CallOptions { resets: resets.as_deref(), ..Default::default() },
+        )
         .map_err(|e| format!("inference ({layout}): {e}"))?;
     let at = batch.row_layout(layout)?;
     let against = Against::interpreter(tol);

@@ -57,7 +57,7 @@ pub fn exact_pass(
     adjoints: Option<ExactAdjoints>,
 ) -> PyResult<ExactOut> {
     py.detach(|| -> Result<ExactOut> {
-        let model = spec::model(spec, 0, Precision::F32)?;
+        let model = spec::model(spec, 0)?;
         let xs = rows(&x, &lengths, model.input_size(), "input")?;
         let weights = model.group_by_slot(weights)?;
         let d_out = adjoints

@@ -13,7 +13,7 @@ use crate::errors::to_python;
 use crate::recycled;
 use crate::spec;
 use cellc_runtime::backend::cpu::threads;
-use cellc_runtime::{Align, Call, ForwardOut, Input, Major, Model, Precision};
+use cellc_runtime::{Align, Call, ForwardOut, Input, Major, Model};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -66,7 +66,7 @@ impl Eager {
     /// `batch_first`: the module's layout.
     #[new]
     fn new(py: Python<'_>, spec: &str, batch_first: bool) -> PyResult<Eager> {
-        let model = py.detach(|| spec::model(spec, 0, Precision::F32)).map_err(|e| to_python(py, e))?;
+        let model = py.detach(|| spec::model(spec, 0)).map_err(|e| to_python(py, e))?;
         Ok(Eager { model, major: if batch_first { Major::BatchFirst } else { Major::TimeFirst } })
     }
 
@@ -143,15 +143,8 @@ impl Eager {
             let weights = model.group_by_slot(weights)?;
             let input =
                 Input::Padded { data, batch, steps, major: self.major, align, lengths: &lengths_or_full };
-            let call = Call {
-                input,
-                weights: Some(&weights),
-                h0: (!h0.is_empty()).then_some(&h0[..]),
-                masks: None,
-                rates: None,
-                dropout: None,
-                resets: None,
-            };
+            let call =
+                Call { weights: Some(&weights), h0: (!h0.is_empty()).then_some(&h0[..]), ..Call::new(input) };
             let out = ForwardOut { output, final_states: finals };
             threads::with_limit(threads, || model.forward_into(&call, out, None))
         };

@@ -7,8 +7,8 @@ use crate::spec;
 use crate::tensors::{Tensor, TensorArg};
 use cellc_runtime::backend::cpu::threads;
 use cellc_runtime::{
-    Align, BackwardOut, BatchShape, Call, DeviceBackwardOut, DeviceCall, DeviceFloats, DeviceForwardOut,
-    ForwardOut, Major, MaskSeed, Model, PackedIndex, Precision, Result, RuntimeError,
+    Align, BackwardOut, BatchShape, Call, CallOptions, DeviceBackwardOut, DeviceCall, DeviceFloats,
+    DeviceForwardOut, ForwardOut, Major, MaskSeed, Model, PackedIndex, Precision, Result, RuntimeError,
 };
 use pyo3::prelude::*;
 
@@ -21,7 +21,7 @@ struct Batch {
     /// Padded: `(B, T)`; packed: `(N, 0)`.
     dims: (usize, usize),
     features: usize,
-    /// Per-step resets, one flag per layout row (`Call::resets`).
+    /// Per-step resets, one flag per layout row (`CallOptions::resets`).
     resets: Option<Vec<bool>>,
 }
 
@@ -43,23 +43,21 @@ fn layout(name: &str) -> Result<Layout> {
 }
 
 impl Batch {
-    /// A layout name ending in `+resets` has the resets as the last index
-    /// tensor (i64, nonzero where the state restarts).
+    /// The batch of `x` laid out as `layout_name` says, its `index`
+    /// tensors and its per-step `resets` if any (i64, nonzero where the
+    /// state restarts).
     ///
     /// # Safety
-    /// `index` per [`Tensor::indices`] (`x` is only measured).
-    unsafe fn read(layout_name: &str, x: &Tensor, index: &[Tensor]) -> Result<Batch> {
-        let (layout_name, index, resets) = match layout_name.strip_suffix("+resets") {
-            None => (layout_name, index, None),
-            Some(name) => {
-                let (flags, index) = index
-                    .split_last()
-                    .ok_or_else(|| RuntimeError::Internal("a `+resets` layout without its resets".into()))?;
-                // SAFETY: per the contract.
-                let flags = unsafe { flags.indices(false, 0)? };
-                (name, index, Some(flags.into_iter().map(|v| v != 0).collect()))
-            }
-        };
+    /// `index` and `resets` per [`Tensor::indices`] (`x` is only measured).
+    unsafe fn read(
+        layout_name: &str,
+        x: &Tensor,
+        index: &[Tensor],
+        resets: Option<&Tensor>,
+    ) -> Result<Batch> {
+        // SAFETY: per the contract.
+        let resets = resets.map(|r| unsafe { r.indices(false, 0) }).transpose()?;
+        let resets = resets.map(|flags| flags.into_iter().map(|v| v != 0).collect());
         let layout = layout(layout_name)?;
         let rank = match layout {
             Layout::Padded(..) => 3,
@@ -135,19 +133,26 @@ fn on_device(tensors: &[Tensor]) -> Vec<DeviceFloats> {
 }
 
 /// The tensors every call takes, named for its errors: the input, the
-/// batch's index tensors, the initial states and the weights.
+/// batch's index tensors and resets, the initial states and the weights.
 struct CallTensors {
     x: Tensor,
     index: Vec<Tensor>,
+    resets: Option<Tensor>,
     h0: Vec<Tensor>,
     weights: Vec<Tensor>,
 }
 
 impl CallTensors {
-    fn new(x: TensorArg, index: Vec<TensorArg>, h0: Vec<TensorArg>, weights: Vec<TensorArg>) -> CallTensors {
+    fn new(
+        x: TensorArg,
+        (index, resets): (Vec<TensorArg>, Option<TensorArg>),
+        h0: Vec<TensorArg>,
+        weights: Vec<TensorArg>,
+    ) -> CallTensors {
         CallTensors {
             x: Tensor::new("input", x),
             index: Tensor::each("index", index),
+            resets: resets.map(|r| Tensor::new("resets", r)),
             h0: Tensor::each("h0", h0),
             weights: Tensor::each("weights", weights),
         }
@@ -161,7 +166,7 @@ impl CallTensors {
         // SAFETY (block): per the contract.
         unsafe {
             Ok(Inputs {
-                batch: Batch::read(layout, &self.x, &self.index)?,
+                batch: Batch::read(layout, &self.x, &self.index, self.resets.as_ref())?,
                 data: self.x.floats()?,
                 weights: model.group_by_slot(read_all(&self.weights)?)?,
                 h0: read_all(&self.h0)?,
@@ -176,7 +181,7 @@ impl CallTensors {
     unsafe fn on_device(&self, model: &Model, layout: &str) -> Result<DeviceInputs> {
         Ok(DeviceInputs {
             // SAFETY: per the contract.
-            batch: unsafe { Batch::read(layout, &self.x, &self.index)? },
+            batch: unsafe { Batch::read(layout, &self.x, &self.index, self.resets.as_ref())? },
             data: self.x.on_device(),
             weights: model.group_by_slot(on_device(&self.weights))?,
             h0: on_device(&self.h0),
@@ -193,15 +198,13 @@ struct Inputs<'a> {
 }
 
 impl Inputs<'_> {
-    fn call(&self) -> Call<'_> {
+    /// The call over these inputs, with `options` (and the batch's resets).
+    fn call<'a>(&'a self, options: CallOptions<'a>) -> Call<'a> {
         Call {
             input: self.batch.shape().with_data(self.data),
             weights: Some(&self.weights),
             h0: (!self.h0.is_empty()).then_some(&self.h0[..]),
-            masks: None,
-            rates: None,
-            dropout: None,
-            resets: self.batch.resets.as_deref(),
+            options: CallOptions { resets: self.batch.resets.as_deref(), ..options },
         }
     }
 }
@@ -215,17 +218,15 @@ struct DeviceInputs {
 }
 
 impl DeviceInputs {
-    fn call(&self, stream: u64) -> DeviceCall<'_> {
+    /// The call over these inputs queued on `stream`, with `options` (and the batch's resets).
+    fn call<'a>(&'a self, stream: u64, options: CallOptions<'a>) -> DeviceCall<'a> {
         DeviceCall {
             shape: self.batch.shape(),
             input: self.data,
             weights: &self.weights,
             h0: (!self.h0.is_empty()).then_some(&self.h0[..]),
             stream,
-            masks: None,
-            rates: None,
-            dropout: None,
-            resets: self.batch.resets.as_deref(),
+            options: CallOptions { resets: self.batch.resets.as_deref(), ..options },
         }
     }
 }
@@ -247,26 +248,45 @@ impl Memory {
         }
     }
 
-    /// The model of `spec`, on this memory's device, with its products in `precision`.
-    fn model(self, spec: &str, precision: Precision) -> Result<std::sync::Arc<Model>> {
+    /// The model of `spec`, on this memory's device.
+    fn model(self, spec: &str) -> Result<std::sync::Arc<Model>> {
         match self {
-            Memory::Host { .. } => spec::model(spec, 0, precision),
-            Memory::Device { ordinal, .. } => spec::model(spec, ordinal, precision),
+            Memory::Host { .. } => spec::model(spec, 0),
+            Memory::Device { ordinal, .. } => spec::model(spec, ordinal),
         }
     }
 }
 
-/// A call's layout name without its precision suffix, and the precision:
-/// `+bf16` or `+f16` last asks for bf16 or fp16 products
-/// ([`Precision::Bf16`], [`Precision::F16`]; what `cellc.RNN` asks under
-/// autocast and for half-precision tensors), `+tf32` for TF32 products
-/// ([`Precision::Tf32`]; what it asks of float32 calls on the GPU where
-/// PyTorch lets cuDNN's RNN use TF32).
-fn precision_of(layout: &str) -> (&str, Precision) {
-    [("+bf16", Precision::Bf16), ("+f16", Precision::F16), ("+tf32", Precision::Tf32)]
-        .into_iter()
-        .find_map(|(suffix, precision)| Some((layout.strip_suffix(suffix)?, precision)))
-        .unwrap_or((layout, Precision::F32))
+/// A call's options as the operators give them: `masks` (`(seed,
+/// offset)`), the rates, the dropout between layers, and the precision
+/// asked for the products (`"f32"`, `"bf16"`, `"f16"` or `"tf32"`: what
+/// `cellc.RNN` asks under autocast, for half-precision tensors, and of
+/// float32 calls on the GPU where PyTorch lets cuDNN's RNN use TF32),
+/// which `model`'s device computes or, where it has no such products,
+/// computes in f32 ([`products`]).
+fn options<'a>(
+    model: &Model,
+    masks: Option<(u64, u64)>,
+    (rates, dropout): (Option<&'a [f32]>, Option<f32>),
+    precision: &str,
+) -> Result<CallOptions<'a>> {
+    let asked = precision.parse::<Precision>().map_err(RuntimeError::Internal)?;
+    Ok(CallOptions {
+        masks: masks.map(|(seed, offset)| MaskSeed { seed, offset }),
+        rates,
+        dropout,
+        resets: None,
+        precision: Some(products(model, asked)?),
+    })
+}
+
+/// The precision `model`'s device computes for a call of `cellc.RNN` that
+/// asks for `asked`, or f32 where it has no such products: autocast asks,
+/// it does not demand (PyTorch leaves ops without a lower-precision kernel
+/// in f32 too), so the CPU's calls under fp16 autocast and the reference's
+/// under any compute f32 products rather than fail.
+fn products(model: &Model, asked: Precision) -> Result<Precision> {
+    model.computes(asked).or_else(|_| model.computes(Precision::F32))
 }
 
 /// A forward pass over the caller's tensors, in host or device memory
@@ -290,16 +310,16 @@ pub fn forward(
     masks: Option<(u64, u64)>,
     rates: Option<Vec<f32>>,
     dropout: Option<f32>,
+    resets: Option<TensorArg>,
+    precision: &str,
 ) -> PyResult<()> {
-    let masks = masks.map(|(seed, offset)| MaskSeed { seed, offset });
-    let rates = rates.as_deref();
-    let tensors = CallTensors::new(x, index, h0, weights);
+    let tensors = CallTensors::new(x, (index, resets), h0, weights);
     let (output, finals) = (Tensor::new("output", output), Tensor::each("final_states", finals));
     let reserve = reserve.map(|r| Tensor::new("reserve", r));
     let memory = Memory::new(threads, device);
-    let (layout, precision) = precision_of(layout);
     py.detach(|| -> Result<()> {
-        let model = memory.model(spec, precision)?;
+        let model = memory.model(spec)?;
+        let options = options(&model, masks, (rates.as_deref(), dropout), precision)?;
         match memory {
             // SAFETY (block): the Python half checked every tensor (contiguous,
             // on the CPU, f32 or i64) and holds them for the call; the outputs
@@ -308,8 +328,7 @@ pub fn forward(
                 let inputs = tensors.read(&model, layout)?;
                 let out = ForwardOut { output: output.floats_mut()?, final_states: write_all(&finals)? };
                 let reserve = reserve.as_ref().map(|r| r.floats_mut()).transpose()?;
-                let call = Call { masks, rates, dropout, ..inputs.call() };
-                threads::with_limit(threads, || model.forward_into(&call, out, reserve))
+                threads::with_limit(threads, || model.forward_into(&inputs.call(options), out, reserve))
             },
             Memory::Device { stream, .. } => {
                 // SAFETY: the Python half checked the index tensors (contiguous i64 on the CPU) and
@@ -317,11 +336,7 @@ pub fn forward(
                 let inputs = unsafe { tensors.on_device(&model, layout)? };
                 let out = DeviceForwardOut { output: output.on_device(), final_states: on_device(&finals) };
                 let reserve = reserve.as_ref().map(Tensor::on_device);
-                model.forward_into(
-                    &DeviceCall { masks, rates, dropout, ..inputs.call(stream) },
-                    &out,
-                    reserve,
-                )
+                model.forward_into(&inputs.call(stream, options), &out, reserve)
             }
         }
     })
@@ -352,18 +367,18 @@ pub fn backward(
     masks: Option<(u64, u64)>,
     rates: Option<Vec<f32>>,
     dropout: Option<f32>,
+    resets: Option<TensorArg>,
+    precision: &str,
 ) -> PyResult<()> {
-    let masks = masks.map(|(seed, offset)| MaskSeed { seed, offset });
-    let rates = rates.as_deref();
-    let tensors = CallTensors::new(x, index, h0, weights);
+    let tensors = CallTensors::new(x, (index, resets), h0, weights);
     let (reserve, grad_output) = (Tensor::new("reserve", reserve), Tensor::new("grad_output", grad_output));
     let grad_finals = Tensor::each("grad_final_states", grad_finals);
     let (grad_input, grad_h0) = (Tensor::new("grad_input", grad_input), Tensor::each("grad_h0", grad_h0));
     let grad_weights = Tensor::each("grad_weights", grad_weights);
     let memory = Memory::new(threads, device);
-    let (layout, precision) = precision_of(layout);
     py.detach(|| -> Result<()> {
-        let model = memory.model(spec, precision)?;
+        let model = memory.model(spec)?;
+        let options = options(&model, masks, (rates.as_deref(), dropout), precision)?;
         match memory {
             // SAFETY (block): as in `forward`.
             Memory::Host { threads } => unsafe {
@@ -375,7 +390,7 @@ pub fn backward(
                 let d_final = (!grad_finals.is_empty()).then_some(&grad_finals[..]);
                 threads::with_limit(threads, || {
                     model.backward_from(
-                        &Call { masks, rates, dropout, ..inputs.call() },
+                        &inputs.call(options),
                         reserve.floats()?,
                         grad_output.floats()?,
                         d_final,
@@ -393,7 +408,7 @@ pub fn backward(
                     d_params: model.group_by_slot(on_device(&grad_weights))?,
                 };
                 let d_final = (!grad_finals.is_empty()).then_some(&grad_finals[..]);
-                let call = DeviceCall { masks, rates, dropout, ..inputs.call(stream) };
+                let call = inputs.call(stream, options);
                 model.backward_from(&call, reserve.on_device(), grad_output.on_device(), d_final, &out)
             }
         }
@@ -420,10 +435,10 @@ pub fn cell_masks(
     let (x, index) = (Tensor::new("input", x), Tensor::each("index", index));
     let seed = masks.map(|(seed, offset)| MaskSeed { seed, offset });
     py.detach(|| -> Result<Vec<SeenMask>> {
-        let model = Memory::Host { threads: 1 }.model(spec, Precision::F32)?;
+        let model = Memory::Host { threads: 1 }.model(spec)?;
         // SAFETY: the Python half checked the tensors (contiguous, on the CPU,
         // f32 or i64) and holds them for the call.
-        let (batch, data) = unsafe { (Batch::read(layout, &x, &index)?, x.floats()?) };
+        let (batch, data) = unsafe { (Batch::read(layout, &x, &index, None)?, x.floats()?) };
         let seen = model.cell_masks(batch.shape().with_data(data), seed, rates.as_deref())?;
         Ok(seen.into_iter().map(|m| (m.name, m.shape, m.values)).collect())
     })
@@ -448,10 +463,10 @@ pub fn dropout_masks(
     let (x, index) = (Tensor::new("input", x), Tensor::each("index", index));
     let (seed, offset) = masks;
     py.detach(|| -> Result<Vec<Vec<f32>>> {
-        let model = Memory::Host { threads: 1 }.model(spec, Precision::F32)?;
+        let model = Memory::Host { threads: 1 }.model(spec)?;
         // SAFETY: the Python half checked the tensors (contiguous, on the CPU,
         // f32 or i64) and holds them for the call.
-        let (batch, data) = unsafe { (Batch::read(layout, &x, &index)?, x.floats()?) };
+        let (batch, data) = unsafe { (Batch::read(layout, &x, &index, None)?, x.floats()?) };
         model.dropout_masks(batch.shape().with_data(data), MaskSeed { seed, offset }, Some(dropout))
     })
     .map_err(|e| to_python(py, e))

@@ -12,7 +12,7 @@ use cellc_runtime::backend::cpu::{Cpu, Kernels};
 use cellc_runtime::backend::cuda::Cuda;
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Device;
-use cellc_runtime::{CompiledCell, Model, ModelConfig, Precision, Result, RuntimeError};
+use cellc_runtime::{CompiledCell, Model, ModelConfig, Result, RuntimeError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::collections::{BTreeMap, HashMap};
@@ -35,8 +35,8 @@ struct Spec {
     /// Dropout between layers in training mode (`nn.LSTM`'s `dropout`).
     #[serde(default)]
     dropout: f32,
-    /// `cpu`, `reference`, `cuda` or `cuda-emulated`.
-    backend: String,
+    /// The device its models run on.
+    backend: Backend,
     /// The version of cellc that wrote it: a spec is a constant argument of
     /// the package's operators, so caches keyed by a graph's constants
     /// (`torch.compile`'s) never reuse shapes, such as the reserve's, that
@@ -50,61 +50,88 @@ fn parse(spec: &str) -> Result<Spec> {
         .map_err(|e| RuntimeError::Internal(format!("a model spec that does not parse: {e}")))
 }
 
-/// The precision back end `name` computes a call asked in `asked` in: the
-/// reference back end's products are f32, and so are the CPU's where fp16
-/// or TF32 is asked (it has neither, see `Cpu::with_precision`). One
-/// model per precision computed, not per precision asked.
-fn computed_precision(name: &str, asked: Precision) -> Precision {
-    match (name, asked) {
-        ("reference", _) | ("cpu", Precision::F16 | Precision::Tf32) => Precision::F32,
-        _ => asked,
+/// The device a spec names: `cellc.RNN`'s `backend` (`cpu`, `reference`,
+/// `cuda` or `cuda-emulated`), parsed once with the spec. What the Python
+/// half needs to know of a device before any call is its description's
+/// (see [`Description`]), never its name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum Backend {
+    Cpu,
+    Reference,
+    Cuda,
+    CudaEmulated,
+}
+
+impl Backend {
+    /// The device (the CPU's: every usable core, each call capped by its
+    /// caller's thread count; CUDA's on device `device`). Every call asks
+    /// for its own precision ([`cellc_runtime::CallOptions::precision`]).
+    fn device(self, device: usize) -> Result<Box<dyn Device>> {
+        match self {
+            Backend::Cpu => Ok(Box::new(Cpu::new(0, Kernels::Fastest)?)),
+            Backend::Reference => Ok(Box::new(Reference)),
+            Backend::Cuda => Ok(Box::new(cuda(Some(device))?)),
+            Backend::CudaEmulated => Ok(Box::new(cuda(None)?)),
+        }
+    }
+
+    /// How the device reads CPU tensors, known without opening it:
+    /// `"host"` where they lie (its memory is the host's), `"staged"`
+    /// (a GPU: uploaded, and the results downloaded), or `"device"` (the
+    /// emulated device, whose memory is the host's: CPU tensors are its
+    /// device memory, as CUDA tensors are a GPU's).
+    fn cpu_tensors(self) -> &'static str {
+        match self {
+            Backend::Cpu | Backend::Reference => "host",
+            Backend::Cuda => "staged",
+            Backend::CudaEmulated => "device",
+        }
+    }
+
+    /// Whether it reads CUDA tensors (a GPU's device; the others read CPU tensors only).
+    fn cuda_tensors(self) -> bool {
+        self == Backend::Cuda
+    }
+
+    /// Whether a module's plain inference calls take the native fast path
+    /// (`fast::Eager`): the CPU's; the reference device, the oracle, runs
+    /// every call as the operators run it.
+    fn fast_path(self) -> bool {
+        self == Backend::Cpu
+    }
+
+    /// The name `cellc.RNN` gave it, for messages.
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Reference => "reference",
+            Backend::Cuda => "cuda",
+            Backend::CudaEmulated => "cuda-emulated",
+        }
     }
 }
 
-/// The back end `name` (the CPU's: every usable core, each call capped by
-/// its caller's thread count) or CUDA device `device`, its products in
-/// `precision` (as [`computed_precision`] gives it).
-fn backend(name: &str, device: usize, precision: Precision) -> Result<Box<dyn Device>> {
-    match name {
-        "cpu" => Ok(Box::new(Cpu::new(0, Kernels::Fastest)?.with_precision(precision)?)),
-        "reference" => Ok(Box::new(Reference)),
-        "cuda" => Ok(Box::new(cuda(Some(device), precision)?)),
-        "cuda-emulated" => Ok(Box::new(cuda(None, precision)?)),
-        other => Err(no_such_backend(other)),
-    }
-}
-
-/// The CUDA back end on `device` (`None`: the emulated device) with its
-/// products in `precision`, one per device and precision for every model
-/// of the process: they share its stream, its compiled kernels and its
-/// memory pools (kept for the process's life).
+/// The CUDA device on `device` (`None`: the emulated device), one per
+/// device for every model of the process: they share its stream, its
+/// compiled kernels and its memory pools (kept for the process's life).
 /// On a GPU, passes run as CUDA graphs (launched on PyTorch's stream;
 /// see `Cuda::with_graphs`) unless `CELLC_CUDA_GRAPHS=0`.
-fn cuda(device: Option<usize>, precision: Precision) -> Result<Arc<Cuda>> {
-    type Devices = Mutex<HashMap<(Option<usize>, Precision), Arc<Cuda>>>;
+fn cuda(device: Option<usize>) -> Result<Arc<Cuda>> {
+    type Devices = Mutex<HashMap<Option<usize>, Arc<Cuda>>>;
     static DEVICES: OnceLock<Devices> = OnceLock::new();
     let mut devices = DEVICES.get_or_init(Default::default).lock().map_err(|_| poisoned())?;
-    if let Some(d) = devices.get(&(device, precision)) {
+    if let Some(d) = devices.get(&device) {
         return Ok(d.clone());
     }
-    let made = Arc::new(
-        match device {
-            Some(ordinal) => {
-                Cuda::gpu(ordinal)?.with_graphs(std::env::var("CELLC_CUDA_GRAPHS").as_deref() != Ok("0"))
-            }
-            None => Cuda::emulated()?,
+    let made = Arc::new(match device {
+        Some(ordinal) => {
+            Cuda::gpu(ordinal)?.with_graphs(std::env::var("CELLC_CUDA_GRAPHS").as_deref() != Ok("0"))
         }
-        .with_precision(precision),
-    );
-    devices.insert((device, precision), made.clone());
+        None => Cuda::emulated()?,
+    });
+    devices.insert(device, made.clone());
     Ok(made)
-}
-
-fn no_such_backend(name: &str) -> RuntimeError {
-    RuntimeError::Backend {
-        backend: name.into(),
-        message: "no such back end (there are `cpu`, `cuda`, `cuda-emulated` and `reference`)".into(),
-    }
 }
 
 /// The model `spec` describes on `backend`, keeping no weights (every call passes the module's).
@@ -140,11 +167,10 @@ fn poisoned() -> RuntimeError {
 }
 
 /// The models of the specs that modules hold: per spec, how many
-/// [`Handle`]s hold it and its model per device (the CPU's at 0) and
-/// precision asked (several keys may share one model).
+/// [`Handle`]s hold it and its model per device (the CPU's at 0).
 struct Held {
     handles: usize,
-    models: HashMap<(usize, Precision), Arc<Model>>,
+    models: HashMap<usize, Arc<Model>>,
 }
 
 fn held() -> std::sync::MutexGuard<'static, HashMap<String, Held>> {
@@ -152,33 +178,24 @@ fn held() -> std::sync::MutexGuard<'static, HashMap<String, Held>> {
     HELD.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The model for `spec` on CUDA device `device` (0 for the CPU) with its
-/// products in `precision`, made on first use and kept while a module
-/// holds the spec; without one (an operator called directly), made for
-/// the call alone.
-/// A call asking for `asked` gets the model of the precision its back end
-/// computes ([`computed_precision`]), kept under both keys, so that every
-/// later call is one lookup.
-pub fn model(spec: &str, device: usize, asked: Precision) -> Result<Arc<Model>> {
+/// The model for `spec` on CUDA device `device` (0 for the CPU), made on
+/// first use and kept while a module holds the spec; without one (an
+/// operator called directly), made for the call alone. Its calls ask for
+/// their own precision.
+pub fn model(spec: &str, device: usize) -> Result<Arc<Model>> {
     let mut held = held();
     if let Some(entry) = held.get_mut(spec) {
-        if let Some(m) = entry.models.get(&(device, asked)) {
+        if let Some(m) = entry.models.get(&device) {
             return Ok(m.clone());
         }
         let parsed = parse(spec)?;
-        let precision = computed_precision(&parsed.backend, asked);
-        let model = match entry.models.get(&(device, precision)) {
-            Some(m) => m.clone(),
-            None => Arc::new(make(&parsed, backend(&parsed.backend, device, precision)?)?),
-        };
-        entry.models.insert((device, precision), model.clone());
-        entry.models.insert((device, asked), model.clone());
+        let model = Arc::new(make(&parsed, parsed.backend.device(device)?)?);
+        entry.models.insert(device, model.clone());
         return Ok(model);
     }
     drop(held);
     let parsed = parse(spec)?;
-    let precision = computed_precision(&parsed.backend, asked);
-    Ok(Arc::new(make(&parsed, backend(&parsed.backend, device, precision)?)?))
+    Ok(Arc::new(make(&parsed, parsed.backend.device(device)?)?))
 }
 
 /// A module's hold on its spec's models: they live while some handle of
@@ -232,13 +249,7 @@ impl Drop for Handle {
 /// The number of specs held and of models made for them (for tests).
 pub fn held_counts() -> (usize, usize) {
     let held = held();
-    let distinct = |h: &Held| {
-        let mut models: Vec<*const Model> = h.models.values().map(Arc::as_ptr).collect();
-        models.sort_unstable();
-        models.dedup();
-        models.len()
-    };
-    (held.len(), held.values().map(distinct).sum())
+    (held.len(), held.values().map(|h| h.models.len()).sum())
 }
 
 /// What `spec`'s model is ([`Description`]), without opening a device:
@@ -247,10 +258,11 @@ pub fn held_counts() -> (usize, usize) {
 /// reference model describes them.
 pub fn describe(text: &str) -> Result<Description> {
     let spec = parse(text)?;
-    match spec.backend.as_str() {
-        "cpu" => Description::of(&*model(text, 0, Precision::F32)?),
-        "reference" | "cuda" | "cuda-emulated" => Description::of(&make(&spec, Box::new(Reference))?),
-        other => Err(no_such_backend(other)),
+    match spec.backend {
+        Backend::Cpu => Description::of(&*model(text, 0)?, spec.backend),
+        Backend::Reference | Backend::Cuda | Backend::CudaEmulated => {
+            Description::of(&make(&spec, Box::new(Reference))?, spec.backend)
+        }
     }
 }
 
@@ -306,6 +318,14 @@ pub fn param_inits(text: &str) -> Result<Vec<(&'static str, f64)>> {
 /// What `cellc.RNN` needs to know of a model.
 #[derive(Debug)]
 pub struct Description {
+    /// Its device's name, for messages.
+    device: &'static str,
+    /// How its device reads CPU tensors (`Backend::cpu_tensors`).
+    cpu_tensors: &'static str,
+    /// Whether its device reads CUDA tensors (`Backend::cuda_tensors`).
+    cuda_tensors: bool,
+    /// Whether plain inference calls take the native fast path (`Backend::fast_path`).
+    fast_path: bool,
     cell: String,
     /// Layers times directions: the first dimension of every state tensor.
     slots: usize,
@@ -321,10 +341,15 @@ pub struct Description {
 }
 
 impl Description {
-    pub fn of(model: &Model) -> Result<Description> {
+    /// What `model`, on `backend`'s device, is.
+    fn of(model: &Model, backend: Backend) -> Result<Description> {
         let forward = &model.compiled().forward;
         let sizes = model.layers().first().map(|l| l.state_sizes.clone()).unwrap_or_default();
         Ok(Description {
+            device: backend.name(),
+            cpu_tensors: backend.cpu_tensors(),
+            cuda_tensors: backend.cuda_tensors(),
+            fast_path: backend.fast_path(),
             cell: forward.name.clone(),
             slots: model.layers().len() * model.directions(),
             weights: model.weight_names(),
@@ -345,6 +370,10 @@ impl<'py> IntoPyObject<'py> for Description {
 
     fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
+        d.set_item("device", self.device)?;
+        d.set_item("cpu_tensors", self.cpu_tensors)?;
+        d.set_item("cuda_tensors", self.cuda_tensors)?;
+        d.set_item("fast_path", self.fast_path)?;
         d.set_item("cell", self.cell)?;
         d.set_item("slots", self.slots)?;
         d.set_item("weights", self.weights)?;

@@ -66,19 +66,25 @@ def op_samples(backend="cpu"):
     zoneout = cellc.RNN("zoneout_lstm", 3, {"H": 5}, backend=backend)
     z_weights = [w.detach().clone().requires_grad_() for w in zoneout._weights()]
     z_h0 = [torch.randn(1, 3, 5, requires_grad=True) for _ in range(2)]
+    resets = torch.zeros(4, 3, dtype=torch.int64)
+    resets[2, 0] = resets[1, 2] = 1
     return [
-        (rnn.spec, "time_first/left", x, [lengths], h0, weights, True, None, None),
-        (rnn.spec, "time_first/right", x, [lengths], [], weights, True, None, None),
-        (rnn.spec, "packed", packed.data.clone().requires_grad_(), index, h0, weights, True, None, None),
-        (rnn.spec, "time_first/left", x.detach(), [lengths], [], [w.detach() for w in weights], False, None, None),
-        (dropping.spec, "time_first/left", x, [lengths], h0, weights, True, masks, None),
+        (rnn.spec, "time_first/left", x, [lengths], h0, weights, True, None, None, None, "f32"),
+        (rnn.spec, "time_first/right", x, [lengths], [], weights, True, None, None, None, "f32"),
+        (rnn.spec, "packed", packed.data.clone().requires_grad_(), index, h0, weights, True, None, None, None, "f32"),
+        (rnn.spec, "time_first/left", x.detach(), [lengths], [], [w.detach() for w in weights], False, None, None,
+         None, "f32"),
+        (dropping.spec, "time_first/left", x, [lengths], h0, weights, True, masks, None, None, "f32"),
         # The call's rates: dropout between layers, then the cell's (zh, zc).
         (zoneout.spec, "time_first/left", x, [lengths], z_h0, z_weights, True, masks,
-         torch.tensor([0.0, 0.2, 0.4], dtype=torch.float64)),
+         torch.tensor([0.0, 0.2, 0.4], dtype=torch.float64), None, "f32"),
+        # Per-step resets ([T, B] flags), and bf16 products.
+        (rnn.spec, "time_first/left", x, [lengths], h0, weights, True, None, None, resets, "f32"),
+        (rnn.spec, "time_first/left", x, [lengths], h0, weights, True, None, None, None, "bf16"),
     ]
 
 
-SAMPLES = ["padded", "right", "packed", "inference", "dropout", "zoneout"]
+SAMPLES = ["padded", "right", "packed", "inference", "dropout", "zoneout", "resets", "bf16"]
 
 
 @pytest.mark.parametrize("backend", ["cpu", EMULATED])
@@ -88,11 +94,12 @@ def test_opcheck_forward(sample, backend):
 
 
 @pytest.mark.parametrize("backend", ["cpu", EMULATED])
-@pytest.mark.parametrize("sample", [0, 4, 5], ids=["padded", "dropout", "zoneout"])
+@pytest.mark.parametrize("sample", [0, 4, 5, 6, 7], ids=["padded", "dropout", "zoneout", "resets", "bf16"])
 def test_opcheck_backward(backend, sample):
-    spec, layout, x, index, h0, weights, _, masks, rates = op_samples(backend)[sample]
-    out, finals, reserve = torch.ops.cellc.rnn_forward(spec, layout, x, index, h0, weights, True, masks, rates)
+    spec, layout, x, index, h0, weights, _, masks, rates, resets, precision = op_samples(backend)[sample]
+    out, finals, reserve = torch.ops.cellc.rnn_forward(spec, layout, x, index, h0, weights, True, masks, rates,
+                                                       resets, precision)
     grads = (torch.randn_like(out), [torch.randn_like(f) for f in finals])
     detached = [h.detach() for h in h0], [w.detach() for w in weights], reserve.detach()
-    args = (spec, layout, x.detach(), index, *detached, *grads, masks, rates)
+    args = (spec, layout, x.detach(), index, *detached, *grads, masks, rates, resets, precision)
     torch.library.opcheck(torch.ops.cellc.rnn_backward.default, args)

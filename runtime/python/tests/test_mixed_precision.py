@@ -11,7 +11,6 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
 import cellc
-from cellc.errors import DTypeError
 
 LENGTHS = [5, 2, 4]
 
@@ -56,7 +55,7 @@ def test_bf16_results_come_from_bf16_products_with_float32_sums(backend):
     # The internal call, before the result is rounded to bf16: the loop's values to float32's
     # rounding, and far from float32's products (bf16's 8-bit operands); on the CPU's kernels
     # and the (emulated) CUDA device's cuBLAS products alike.
-    got, _ = rnn._forward(x, None, None, "left", None, "+bf16")
+    got, _ = rnn._forward(x, None, None, "left", None, "bf16")
     exact, _ = rnn._forward(x, None, None, "left", None, "")
     assert (got - bf16).abs().max() < 1e-5
     assert (exact - bf16).abs().max() > 1e-3
@@ -74,7 +73,7 @@ def test_bf16_results_come_from_bf16_products_with_float32_sums(backend):
 def test_fp16_results_come_from_fp16_products_on_cuda_and_float32_ones_on_the_cpu(backend):
     ref, rnn, x = lstm_and_data(backend)
     fp16 = lstm_loop(ref, x, lambda t: t.half().float())
-    got, _ = rnn._forward(x, None, None, "left", None, "+f16")
+    got, _ = rnn._forward(x, None, None, "left", None, "f16")
     exact, _ = rnn._forward(x, None, None, "left", None, "")
     if backend == "cuda-emulated":
         # The loop's values to float32's rounding, and away from float32's products (fp16's
@@ -84,11 +83,11 @@ def test_fp16_results_come_from_fp16_products_on_cuda_and_float32_ones_on_the_cp
     else:
         assert torch.equal(got, exact)
     # fp16 inputs take that route, and return it rounded to fp16.
-    assert torch.equal(rnn(x.half())[0], rnn._forward(x.half().float(), None, None, "left", None, "+f16")[0].half())
+    assert torch.equal(rnn(x.half())[0], rnn._forward(x.half().float(), None, None, "left", None, "f16")[0].half())
 
 
 def lstm_like_bf16(rnn, x):
-    out, _ = rnn._forward(x.float(), None, None, "left", None, "+bf16")
+    out, _ = rnn._forward(x.float(), None, None, "left", None, "bf16")
     return out.bfloat16()
 
 

@@ -19,6 +19,7 @@ use crate::masks::{CellMasking, MaskRows};
 use crate::pass::{
     Buf, Dropping, LayerBackward, LayerForward, Memory, Pass, PreparedWeights, RowPairs, RowSpan, Span,
 };
+use cellc::precision::Precision;
 
 /// What runs a model's layers. A [`crate::Model`] owns one and the
 /// crate's driver calls it for each pass: memory first (scratch, zeros,
@@ -39,6 +40,12 @@ pub trait Device: Send + Sync {
 
     /// Where its passes' memory lies.
     fn memory(&self) -> Memory;
+
+    /// The precision its products compute in for a call that asks for
+    /// `asked` (see [`cellc::precision`]), or why it cannot: the one place
+    /// that decides what a device computes. Every pass's
+    /// [`Pass::precision`] is an answer of this.
+    fn precision(&self, asked: Precision) -> Result<Precision>;
 
     /// `floats` floats of the device's memory for one pass, zeroed if
     /// `zeroed`, else holding anything.
@@ -101,6 +108,10 @@ impl<D: Device + ?Sized> Device for std::sync::Arc<D> {
         (**self).memory()
     }
 
+    fn precision(&self, asked: Precision) -> Result<Precision> {
+        (**self).precision(asked)
+    }
+
     fn scratch(&self, pass: &Pass, floats: usize, zeroed: bool) -> Result<Buf> {
         (**self).scratch(pass, floats, zeroed)
     }
@@ -147,7 +158,7 @@ impl<D: Device + ?Sized> Device for std::sync::Arc<D> {
 }
 
 /// Every layer of a one-directional model, for a stream of steps over a
-/// batch of `batch` sequences (see [`crate::stream`]).
+/// batch of `batch` sequences (see [`crate::model::stream`]).
 #[derive(Clone, Debug)]
 pub struct StreamJob<'a> {
     /// The cell every layer runs.
@@ -162,6 +173,8 @@ pub struct StreamJob<'a> {
     pub batch: usize,
     /// The cell's masks, in evaluation (a stream never trains), at the model's rates.
     pub masking: CellMasking,
+    /// The precision of the products ([`Device::precision`] chose it).
+    pub precision: Precision,
 }
 
 /// A back end's workspace for a stream: made once, then each call runs a

@@ -19,6 +19,7 @@ use crate::pass::{LayerBackward, LayerForward, Pass};
 use crate::plan::{Home, PassPlan, TapeSource};
 use cellc::ir::{Graph, ValueId};
 use cellc::kernel::eval::RowEvaluator;
+use cellc::precision::Precision;
 use cellc::program::{Kept, Side, TapePart};
 use cellc::schedule::{Placement, Stage};
 use cellc::shapes::Shapes;
@@ -183,6 +184,19 @@ impl Device for Reference {
     }
 
     host::host_memory!();
+
+    /// f32 only: it states the cell's semantics, products included.
+    fn precision(&self, asked: Precision) -> Result<Precision> {
+        if asked == Precision::F32 {
+            return Ok(asked);
+        }
+        let elsewhere =
+            if asked == Precision::Bf16 { "the cpu and cuda back ends" } else { "the cuda back end" };
+        Err(RuntimeError::Backend {
+            backend: "reference".into(),
+            message: format!("computes in f32 only: {asked} runs on {elsewhere}"),
+        })
+    }
 
     fn forward(&self, pass: &Pass, job: LayerForward) -> Result<()> {
         // SAFETY: per the trait's contract, every span is host memory of the pass.

@@ -31,7 +31,7 @@ impl Model {
     }
 
     /// The model's rates with those named in `rates` changed, checked: a
-    /// call's own rates ([`crate::Call::rates`]).
+    /// call's own rates ([`crate::CallOptions::rates`]).
     pub fn rates_with(&self, rates: &[(&str, f32)]) -> Result<Vec<f32>> {
         self.change_rates(&self.rates, rates)
     }
@@ -155,7 +155,7 @@ impl Model {
     /// boundary, laid out like `input` with the layer's output features
     /// (`output_size * directions`) per row, each value 0 (dropped) or
     /// `1 / (1 - rate)` (kept), zeros at padding. Empty without dropout.
-    /// `rate`: the call's rate ([`crate::Call::dropout`]); `None`: the model's.
+    /// `rate`: the call's rate ([`crate::CallOptions::dropout`]); `None`: the model's.
     pub fn dropout_masks(&self, input: Input, masks: MaskSeed, rate: Option<f32>) -> Result<Vec<Vec<f32>>> {
         let (shape, data) = input.split();
         let batch = self.lay_out(&shape, data.len())?;

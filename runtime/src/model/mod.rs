@@ -7,16 +7,25 @@
 //! variables of the input are bound per layer: layer `k > 0` reads the
 //! previous layer's output (`O * directions` features).
 
+pub mod call;
+mod checks;
+pub mod device_call;
+pub(crate) mod driver;
+pub(crate) mod host_passes;
 mod masks;
+pub mod passes;
+pub mod stream;
 
 use crate::backend::Device;
 pub use crate::cell::{CompiledCell, Layer, Side};
 use crate::error::{Result, RuntimeError};
 pub use crate::layers::{weight_suffix, ModelConfig};
+use crate::options::{CallOptions, Settled};
 use crate::pass::{PassWeights, PreparedWeights, Span};
 use crate::weights::Weights;
 use cellc::dims::Bindings;
 use cellc::interp::ConcreteInit;
+use cellc::precision::Precision;
 use std::sync::Arc;
 
 /// A runnable model: a compiled cell stacked into layers and directions,
@@ -83,6 +92,9 @@ pub struct Model {
     pub(crate) dropout: f32,
     /// The rate of each of the cell's `rate`s ([`Model::with_rates`]).
     pub(crate) rates: Vec<f32>,
+    /// The precision of its calls' products unless a call asks for
+    /// another ([`Model::with_precision`]), one the device computes.
+    pub(crate) precision: Precision,
     /// The seed the model's own training passes draw masks from, and how
     /// many have drawn (each the next offset).
     mask_seed: u64,
@@ -96,6 +108,7 @@ impl std::fmt::Debug for Model {
             .field("config", &self.config)
             .field("sizes", &self.layers.iter().map(|l| &l.sizes).collect::<Vec<_>>())
             .field("device", &self.device.name())
+            .field("precision", &self.precision)
             .finish()
     }
 }
@@ -113,7 +126,7 @@ impl Model {
         seed: u64,
         device: Box<dyn Device>,
     ) -> Result<Model> {
-        let layers = crate::layers::plan(&compiled, &config, sizes, input_size, weights)?;
+        let layers = crate::layers::build(&compiled, &config, sizes, input_size, weights)?;
         let mut model = Self::unweighted(compiled, config, layers, device);
         model.ensure_weights_fit()?;
         model.params = match weights {
@@ -136,7 +149,7 @@ impl Model {
         input_size: Option<usize>,
         device: Box<dyn Device>,
     ) -> Result<Model> {
-        let layers = crate::layers::plan(&compiled, &config, sizes, input_size, None)?;
+        let layers = crate::layers::build(&compiled, &config, sizes, input_size, None)?;
         Ok(Self::unweighted(compiled, config, layers, device))
     }
 
@@ -160,6 +173,7 @@ impl Model {
             owns_weights: false,
             dropout: 0.0,
             rates,
+            precision: Precision::F32,
             mask_seed: 0,
             mask_calls: Default::default(),
         }
@@ -179,6 +193,45 @@ impl Model {
     /// Its dropout rate between layers ([`Model::with_dropout`]).
     pub fn dropout(&self) -> f32 {
         self.dropout
+    }
+
+    /// The model with its calls' products of matrix parameters in the
+    /// precision its device computes for `asked` (see
+    /// [`cellc::precision`]; bf16, fp16 and TF32 products have f32 sums),
+    /// unless a call asks for another ([`crate::CallOptions::precision`]):
+    /// an error if the device has no such products.
+    pub fn with_precision(mut self, asked: Precision) -> Result<Model> {
+        self.precision = self.computes(asked)?;
+        Ok(self)
+    }
+
+    /// The precision its device computes the products of a call that asks
+    /// for `asked` in ([`Device::precision`]): an error naming the
+    /// precision if it has no such products.
+    pub fn computes(&self, asked: Precision) -> Result<Precision> {
+        self.device.precision(asked)
+    }
+
+    /// The precision of its calls' products unless a call asks for another
+    /// ([`Model::with_precision`]; f32 by default).
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// The precision a call that asks for `asked` computes in: the
+    /// device's answer ([`Device::precision`]), or the model's for `None`.
+    pub(crate) fn call_precision(&self, asked: Option<Precision>) -> Result<Precision> {
+        asked.map_or(Ok(self.precision), |asked| self.computes(asked))
+    }
+
+    /// A call's options settled against the model, each checked: what its
+    /// pass runs, and what a training forward keeps for its backward.
+    pub(crate) fn settle(&self, options: &CallOptions) -> Result<Settled> {
+        Ok(Settled {
+            dropout: self.caller_dropout(options.masks, options.dropout)?,
+            masking: self.caller_masking(options.masks, options.rates)?,
+            precision: self.call_precision(options.precision)?,
+        })
     }
 
     /// The dropout between layers of a caller's pass: a call in training

@@ -27,7 +27,6 @@ inputs where they lie, with the interpreter lock released:
 from __future__ import annotations
 
 import functools
-import json
 
 import torch
 from torch import Tensor
@@ -115,21 +114,16 @@ def _forward_outputs(spec: str, layout: str, x: Tensor, index: list[Tensor], tra
     return out, finals, x.new_empty((0,)) if reserve_tensor else None
 
 
-@functools.lru_cache(maxsize=256)
-def backend(spec: str) -> str:
-    """The back end a spec names."""
-    return json.loads(spec)["backend"]
-
-
 def in_device_memory(spec: str, x: Tensor) -> bool:
-    """Whether a call runs over device memory: CUDA tensors, or the emulated device's."""
-    return runs_in_device_memory(backend(spec), x)
+    """Whether a call runs over device memory: CUDA tensors, or CPU tensors of a device whose
+    memory they are (the emulated device's; its description says, see :func:`describe`)."""
+    return runs_in_device_memory(describe(spec)["cpu_tensors"] == "device", x)
 
 
-def runs_in_device_memory(backend_name: str | None, x: Tensor) -> bool:
-    """:func:`in_device_memory` by the back end's name (``None``: the tensors' device decides),
-    without reading the spec: traceable by ``torch.compile``."""
-    return x.device.type == "cuda" or backend_name == "cuda-emulated"
+def runs_in_device_memory(cpu_tensors_on_device: bool, x: Tensor) -> bool:
+    """:func:`in_device_memory` with the description's answer for CPU tensors given (a module
+    keeps it): traceable by ``torch.compile``."""
+    return x.device.type == "cuda" or cpu_tensors_on_device
 
 
 def cudnn_rnn_allows_tf32() -> bool:
@@ -145,25 +139,24 @@ def cudnn_rnn_allows_tf32() -> bool:
     return next((p for p in chain if p not in (None, "none")), "ieee") == "tf32"
 
 
-def float32_products(backend_name: str | None, x: Tensor) -> str:
-    """The layout suffix of a float32 call's products by a module of back end ``backend_name``
-    (``None``: the tensors' device decides): ``"+tf32"`` over device memory (CUDA tensors, or the
-    emulated device's) where PyTorch lets cuDNN's RNN use TF32 (see
-    :func:`cudnn_rnn_allows_tf32`), so that cellc computes what ``nn.LSTM`` does there; else
-    ``""``, full float32. Traceable by ``torch.compile``, which guards on the switch."""
-    return "+tf32" if runs_in_device_memory(backend_name, x) and cudnn_rnn_allows_tf32() else ""
+def float32_products(in_device_memory: bool) -> str:
+    """The precision a float32 call asks for its products (the operators' ``precision``):
+    ``"tf32"`` over device memory (CUDA tensors, or the emulated device's) where PyTorch lets
+    cuDNN's RNN use TF32 (see :func:`cudnn_rnn_allows_tf32`), so that cellc computes what
+    ``nn.LSTM`` does there; else ``"f32"``. Traceable by ``torch.compile``, which guards on the
+    switch."""
+    return "tf32" if in_device_memory and cudnn_rnn_allows_tf32() else "f32"
 
 
 def _check_devices(spec: str, tensors: list[Tensor]) -> None:
     """Every tensor on the device the spec's back end reads (the first tensor's, for CUDA)."""
-    name = backend(spec)
+    info = describe(spec)
     device = tensors[0].device
-    runs_cuda = name == "cuda"
     for t in tensors:
-        if t.device.type == "cuda" and not runs_cuda:
+        if t.device.type == "cuda" and not info["cuda_tensors"]:
             raise DeviceError(
-                f"a tensor on {t.device}, but the `{name}` back end runs CPU tensors: make the module with "
-                "backend=None (the tensors' device decides) or backend='cuda'"
+                f"a tensor on {t.device}, but the `{info['device']}` back end runs CPU tensors: make the "
+                "module with backend=None (the tensors' device decides) or backend='cuda'"
             )
         if t.device != device:
             raise DeviceError(f"tensors on both {device} and {t.device}: a call runs on one device")
@@ -197,6 +190,11 @@ def _recycled(shape) -> Tensor:
 def _call_refs(x: Tensor, index: list[Tensor], h0: list[Tensor], weights: list[Tensor]):
     """The tensors every call takes, as the Rust side reads them."""
     return _ref(x), [_ref(t) for t in index], [_ref(t) for t in h0], [_ref(t) for t in weights]
+
+
+def _resets_ref(resets: Tensor | None):
+    """Per-step resets (int64 on the CPU, one flag per row) as the runtime takes them."""
+    return None if resets is None else _ref(resets)
 
 
 def _seed(masks: Tensor | None):
@@ -259,8 +257,8 @@ def cell_masks(spec: str, layout: str, x: Tensor, index: list[Tensor], masks: Te
     return _cellc.cell_masks(spec, layout, _ref(x), [_ref(t) for t in index], _seed(masks), rates or None)
 
 
-def _forward_impl(spec, layout, x, index, h0, weights, training, masks=None, rates=None, checked=False,
-                  reserve_tensor=True):
+def _forward_impl(spec, layout, x, index, h0, weights, training, masks=None, rates=None, resets=None,
+                  precision="f32", checked=False, reserve_tensor=True):
     """The forward operator's work (see ``rnn_forward``); ``checked``: the caller (cellc.RNN)
     has checked the tensors' devices; ``reserve_tensor``: an empty reserve is made when not
     training (the operator's schema returns one)."""
@@ -274,7 +272,8 @@ def _forward_impl(spec, layout, x, index, h0, weights, training, masks=None, rat
     outputs = _ref(out), [_ref(t) for t in finals]
     reserve_ref = _ref(reserve) if training else None
     dropout, cell_rates = _rates(rates)
-    _cellc.forward(spec, *memory, layout, *inputs, *outputs, reserve_ref, _seed(masks), cell_rates, dropout)
+    _cellc.forward(spec, *memory, layout, *inputs, *outputs, reserve_ref, _seed(masks), cell_rates, dropout,
+                   _resets_ref(resets), precision)
     return out, finals, reserve
 
 
@@ -289,6 +288,8 @@ def rnn_forward(
     training: bool,
     masks: Tensor | None,
     rates: Tensor | None,
+    resets: Tensor | None,
+    precision: str,
 ) -> tuple[Tensor, list[Tensor], Tensor]:
     """The operator ``torch.ops.cellc.rnn_forward``: every layer and direction of a model over
     a batch. ``cellc.RNN`` calls it under ``torch.compile``, fake tensors, tensor subclasses
@@ -305,12 +306,10 @@ def rnn_forward(
             JSON), compiled once per process; a constant of a compiled graph.
         layout: how ``x``'s rows are laid: ``"batch_first/left"``, ``"batch_first/right"``,
             ``"time_first/left"``, ``"time_first/right"`` (padded, padding after or before each
-            sequence) or ``"packed"``, then ``"+resets"`` where ``index`` ends with reset
-            flags, and ``"+bf16"``, ``"+f16"`` or ``"+tf32"`` for products in that precision.
+            sequence) or ``"packed"``.
         x: the input, float32: ``[B, T, I]`` or ``[T, B, I]`` padded, ``[N, I]`` packed.
         index: int64 CPU tensors: padded, ``[lengths]`` (``[B]``; none: every sequence runs
-            all ``T`` steps); packed, ``[batch_sizes, sorted_indices, unsorted_indices]``;
-            then, with ``"+resets"``, the flags (1 where the state restarts), one per row.
+            all ``T`` steps); packed, ``[batch_sizes, sorted_indices, unsorted_indices]``.
         h0: the initial states, one ``[layers * directions, B, size]`` tensor per state of the
             cell, or none (zeros).
         weights: every layer's and direction's parameters, in the model's order (the order of
@@ -321,21 +320,26 @@ def rnn_forward(
         rates: the call's rates (:func:`call_rates`): a float64 CPU tensor of the rate of
             dropout between layers, then one rate per rate of the cell, in its order; ``None``:
             the model's (the spec's dropout, the cell's defaults).
+        resets: per-step resets, an int64 CPU tensor of one flag per row of ``x``'s layout
+            (1 where the state restarts before that step); ``None``: none.
+        precision: the precision the call asks for its products: ``"f32"``, ``"bf16"``,
+            ``"f16"`` or ``"tf32"`` (a device without such products computes f32 ones).
 
     Returns:
         ``(output, finals, reserve)``: the output (laid out as ``x``, zeros at padding), the
         final states (one ``[layers * directions, B, size]`` tensor per state) and the reserve
         (what the backward reads; empty when not ``training``).
     """
-    return _forward_impl(spec, layout, x, index, h0, weights, training, masks, rates)
+    return _forward_impl(spec, layout, x, index, h0, weights, training, masks, rates, resets, precision)
 
 
 @rnn_forward.register_fake
-def _(spec, layout, x, index, h0, weights, training, masks, rates):
+def _(spec, layout, x, index, h0, weights, training, masks, rates, resets, precision):
     return _forward_outputs(spec, layout, x, index, training, x.new_empty)
 
 
-def _backward_impl(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals, masks, rates):
+def _backward_impl(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals, masks, rates, resets,
+                   precision):
     """The backward operator's work (see ``rnn_backward``)."""
     _check_devices(spec, [x, *h0, *weights, grad_output, *grad_finals])
     inputs = _call_refs(x, index, h0, weights)
@@ -349,7 +353,7 @@ def _backward_impl(spec, layout, x, index, h0, weights, reserve, grad_output, gr
     outputs = _ref(grad_x), [_ref(t) for t in grad_h0], [_ref(t) for t in grad_weights]
     dropout, cell_rates = _rates(rates)
     _cellc.backward(spec, *memory, layout, *inputs, _ref(reserve), *grads, *outputs, _seed(masks), cell_rates,
-                    dropout)
+                    dropout, _resets_ref(resets), precision)
     return grad_x, grad_h0, grad_weights
 
 
@@ -366,6 +370,8 @@ def rnn_backward(
     grad_finals: list[Tensor],
     masks: Tensor | None,
     rates: Tensor | None,
+    resets: Tensor | None,
+    precision: str,
 ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
     """The operator ``torch.ops.cellc.rnn_backward``: the gradients of a
     :func:`rnn_forward` call, which autograd runs for it (a second backward through it raises
@@ -383,27 +389,31 @@ def rnn_backward(
         grad_finals: the gradients of the final states, one per state, or none (zeros).
         masks: the forward's ``masks``: its masks are drawn again, not stored.
         rates: the forward's ``rates``.
+        resets: the forward's ``resets``.
+        precision: the forward's ``precision``.
 
     Returns:
         ``(grad_x, grad_h0, grad_weights)``: the gradients of the input, of each initial state
         given, and of each weight.
     """
-    return _backward_impl(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals, masks, rates)
+    return _backward_impl(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals, masks, rates,
+                          resets, precision)
 
 
 @rnn_backward.register_fake
-def _(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals, masks, rates):
+def _(spec, layout, x, index, h0, weights, reserve, grad_output, grad_finals, masks, rates, resets, precision):
     return torch.empty_like(x), [torch.empty_like(h) for h in h0], [torch.empty_like(w) for w in weights]
 
 
 def _setup_context(ctx, inputs, output, eager=False):
-    spec, layout, x, index, h0, weights, training, masks, rates = inputs
+    spec, layout, x, index, h0, weights, training, masks, rates, resets, precision = inputs
     _, finals, reserve = output
-    ctx.spec, ctx.layout, ctx.eager = spec, layout, eager
-    # A tensor of rates is saved as the masks are; a list (eager mode) kept as it is.
+    ctx.spec, ctx.layout, ctx.precision, ctx.eager = spec, layout, precision, eager
+    # A tensor of rates is saved as the masks and resets are; a list (eager mode) kept as it is.
     ctx.rates = None if isinstance(rates, Tensor) else rates
-    extras = [t for t in (masks, rates) if isinstance(t, Tensor)]
-    ctx.has_masks, ctx.has_rates_tensor = masks is not None, isinstance(rates, Tensor)
+    extras = [t for t in (resets, masks, rates) if isinstance(t, Tensor)]
+    ctx.has_resets, ctx.has_masks = resets is not None, masks is not None
+    ctx.has_rates_tensor = isinstance(rates, Tensor)
     ctx.counts = (len(index), len(h0), len(weights))
     ctx.final_shapes = [f.shape for f in finals]
     ctx.mark_non_differentiable(reserve)
@@ -423,6 +433,7 @@ def _backward(ctx, grad_output, grad_finals, _grad_reserve):
     weights = saved[1 + n_index + n_h0 : 1 + n_index + n_h0 + n_weights]
     rates = saved.pop() if ctx.has_rates_tensor else ctx.rates
     masks = saved.pop() if ctx.has_masks else None
+    resets = saved.pop() if ctx.has_resets else None
     reserve = saved[-1]
     if grad_output is None:
         grad_output = x.new_zeros((*x.shape[:-1], describe(ctx.spec)["output_size"]))
@@ -433,15 +444,16 @@ def _backward(ctx, grad_output, grad_finals, _grad_reserve):
             (g if g is not None else x.new_zeros(s)).contiguous()
             for g, s in zip(grad_finals, ctx.final_shapes)
         ]
-    args = [ctx.spec, ctx.layout, x, index, h0, weights, reserve, grad_output.contiguous(), grad_finals, masks, rates]
+    args = [ctx.spec, ctx.layout, x, index, h0, weights, reserve, grad_output.contiguous(), grad_finals, masks, rates,
+            resets, ctx.precision]
     if ctx.eager and not torch.is_grad_enabled():
         grad_x, grad_h0, grad_weights = _backward_impl(*args)
     else:
         # Through the operator: under create_graph its gradients carry the refusal of a
         # second backward.
-        args[-1] = _rates_tensor(rates)
+        args[10] = _rates_tensor(rates)
         grad_x, grad_h0, grad_weights = rnn_backward(*args)
-    return None, None, grad_x, [None] * n_index, grad_h0, grad_weights, None, None, None
+    return None, None, grad_x, [None] * n_index, grad_h0, grad_weights, None, None, None, None, None
 
 
 rnn_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -467,19 +479,20 @@ class _Eager(torch.autograd.Function):
     generation loop of one step per call pays on every word."""
 
     @staticmethod
-    def forward(ctx, spec, layout, n_index, n_h0, masks, rates, x, *tensors):
+    def forward(ctx, spec, layout, n_index, n_h0, masks, rates, resets, precision, x, *tensors):
         index, h0 = list(tensors[:n_index]), list(tensors[n_index : n_index + n_h0])
         weights = list(tensors[n_index + n_h0 :])
         checked = x.device.type == "cpu"  # as in `run`
-        out, finals, reserve = _forward_impl(spec, layout, x, index, h0, weights, True, masks, rates, checked)
-        inputs = (spec, layout, x, index, h0, weights, True, masks, rates)
+        out, finals, reserve = _forward_impl(spec, layout, x, index, h0, weights, True, masks, rates, resets,
+                                             precision, checked)
+        inputs = (spec, layout, x, index, h0, weights, True, masks, rates, resets, precision)
         _setup_context(ctx, inputs, (out, finals, reserve), eager=True)
         return out, reserve, *finals
 
     @staticmethod
     def backward(ctx, grad_output, _grad_reserve, *grad_finals):
         _, _, grad_x, none_index, grad_h0, grad_weights, *_ = _backward(ctx, grad_output, list(grad_finals), None)
-        return None, None, None, None, None, None, grad_x, *none_index, *grad_h0, *grad_weights
+        return None, None, None, None, None, None, None, None, grad_x, *none_index, *grad_h0, *grad_weights
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -500,10 +513,12 @@ def _eager(tensors) -> bool:
 
 
 def run(spec: str, layout: str, x: Tensor, index: list[Tensor], h0: list[Tensor], weights: list[Tensor],
-        masks: Tensor | None = None, rates: list[float] | None = None):
+        masks: Tensor | None = None, rates: list[float] | None = None, resets: Tensor | None = None,
+        precision: str = "f32"):
     """Output and final states of the model `spec` (the reserve only when autograd needs it);
     ``masks``: a training-mode call's seed (``draw_masks``), ``None`` in evaluation mode;
-    ``rates``: :func:`call_rates`'s list (``None``: the model's own)."""
+    ``rates``: :func:`call_rates`'s list (``None``: the model's own); ``resets`` and
+    ``precision``: as the operators take them (see :func:`rnn_forward`)."""
     for name, t in [("input", x), *((f"h0[{i}]", h) for i, h in enumerate(h0))]:
         if t.dtype != torch.float32:
             raise DTypeError(f"`{name}` is {t.dtype}: cellc computes in float32 (call .float() on it)")
@@ -514,10 +529,12 @@ def run(spec: str, layout: str, x: Tensor, index: list[Tensor], h0: list[Tensor]
         if not training:
             # cellc.RNN has checked that every tensor is on x's device: on the CPU, nothing more to check.
             checked = x.device.type == "cpu"
-            out, finals, _ = _forward_impl(spec, layout, x, index, h0, weights, False, masks, rates, checked, False)
+            out, finals, _ = _forward_impl(spec, layout, x, index, h0, weights, False, masks, rates, resets,
+                                           precision, checked, False)
             return out, finals
-        out, _, *finals = _Eager.apply(spec, layout, len(index), len(h0), masks, rates, x, *index, *h0, *weights)
+        out, _, *finals = _Eager.apply(spec, layout, len(index), len(h0), masks, rates, resets, precision, x, *index,
+                                       *h0, *weights)
         return out, finals
     out, finals, _ = torch.ops.cellc.rnn_forward(spec, layout, x, index, h0, weights, training, masks,
-                                                 _rates_tensor(rates))
+                                                 _rates_tensor(rates), resets, precision)
     return out, finals

@@ -575,9 +575,9 @@ class RNN(nn.Module):
             input = input.float()
         if hx is not None:
             hx = hx.float() if isinstance(hx, Tensor) else tuple(h.float() for h in hx)
-        # bf16 or fp16 products where the result is (the layout's suffix asks the back end;
-        # the CPU has no fp16 products and computes those in float32).
-        precision = {torch.bfloat16: "+bf16", torch.float16: "+f16"}.get(result, "")
+        # bf16 or fp16 products where the result is (asked of the device; one without fp16
+        # products, the CPU, computes those in float32).
+        precision = {torch.bfloat16: "bf16", torch.float16: "f16"}.get(result, "")
         out, finals = self._forward(input, hx, lengths, align, resets, precision)
         if isinstance(out, PackedSequence):
             out = out._replace(data=out.data.to(result))
@@ -630,13 +630,11 @@ class RNN(nn.Module):
         if resets is not None:
             shape = tuple(input.shape[:-1])
             rows = "[T] (a step of the unbatched input)" if unbatched else "[B, T]" if self.batch_first else "[T, B]"
-            flags = _reset_flags(resets, shape, rows)
-            index.append(flags.reshape(x.shape[:-1]))
-            layout += "+resets"
+            resets = _reset_flags(resets, shape, rows).reshape(x.shape[:-1])
         spec, masks = self._spec_for(x), self._masks()
         rates = self._call_rates(masks)
-        layout += precision or _ops.float32_products(self.backend, x)
-        out, finals = _ops.run(spec, layout, x.contiguous(), index, h0, weights, masks, rates)
+        precision = precision or _ops.float32_products(self._in_device_memory(x))
+        out, finals = _ops.run(spec, layout, x.contiguous(), index, h0, weights, masks, rates, resets, precision)
         if unbatched:
             out = out.squeeze(0 if self.batch_first else 1)
             finals = [f.squeeze(1) for f in finals]
@@ -648,37 +646,38 @@ class RNN(nn.Module):
             raise ShapeError(
                 f"`input.data` has shape {list(data.shape)}, expected [N, {self.input_size}]"
             )
-        layout, flags = "packed", []
+        layout = "packed"
         if resets is not None:
             if isinstance(resets, PackedSequence):
                 _check_same_packing(resets, packed)
                 resets = resets.data
-            flags, layout = [_reset_flags(resets, (data.shape[0],), "[N] (one per row of input.data)")], "packed+resets"
+            resets = _reset_flags(resets, (data.shape[0],), "[N] (one per row of input.data)")
         batch = int(batch_sizes[0]) if batch_sizes.numel() > 0 else 0
         self._check_device(data, weights)
         h0 = self._initial_states(hx, batch, data, False)
         spec = self._spec_for(data)
-        layout += precision or _ops.float32_products(self.backend, data)
+        in_device_memory = self._in_device_memory(data)
+        precision = precision or _ops.float32_products(in_device_memory)
         batch_sizes_cpu = batch_sizes.to(device="cpu", dtype=torch.int64).contiguous()
-        if sorted_indices is not None and _ops.in_device_memory(spec, data):
+        if sorted_indices is not None and in_device_memory:
             # As nn.LSTM does on a GPU: the states are put in the packing's
             # order on the device, so its permutations are never read on the host.
             identity = torch.arange(batch)
-            index = [batch_sizes_cpu, identity, identity, *flags]
+            index = [batch_sizes_cpu, identity, identity]
             h0 = [h.index_select(1, sorted_indices) for h in h0]
             masks = self._masks()
             rates = self._call_rates(masks)
-            out, finals = _ops.run(spec, layout, data.contiguous(), index, h0, weights, masks, rates)
+            out, finals = _ops.run(spec, layout, data.contiguous(), index, h0, weights, masks, rates, resets, precision)
             finals = [f.index_select(1, unsorted_indices) for f in finals]
         else:
             if sorted_indices is None:
                 sorted_indices = unsorted_indices = torch.arange(batch)
             index = [batch_sizes_cpu] + [
                 t.to(device="cpu", dtype=torch.int64).contiguous() for t in (sorted_indices, unsorted_indices)
-            ] + flags
+            ]
             masks = self._masks()
             rates = self._call_rates(masks)
-            out, finals = _ops.run(spec, layout, data.contiguous(), index, h0, weights, masks, rates)
+            out, finals = _ops.run(spec, layout, data.contiguous(), index, h0, weights, masks, rates, resets, precision)
         return PackedSequence(out, batch_sizes, packed.sorted_indices, packed.unsorted_indices), self._states_out(finals)
 
     def dropout_masks(self, input: Tensor, masks: Tensor, *, lengths=None, align: str = "left") -> list[Tensor]:
@@ -755,10 +754,15 @@ class RNN(nn.Module):
 
     def _make_fast_path(self) -> None:
         """The native fast path of the module's plain CPU inference calls (``_cellc.Eager``;
-        never pickled, made again when a pickled module is loaded): for a CPU model of a cell
-        without rates, whose calls read nothing but their tensors."""
-        cpu = self.backend in (None, "cpu")  # the spec's back end: "cpu" for both
-        self._eager = _cellc.Eager(self.spec, self.batch_first) if cpu and not self._rate_defaults else None
+        never pickled, made again when a pickled module is loaded): for a model whose device
+        takes it (its description says: the CPU's) of a cell without rates, whose calls read
+        nothing but their tensors."""
+        info = _ops.describe(self.spec)
+        # Whether its device's memory is the CPU tensors' (the emulated device's), kept for
+        # `_in_device_memory`, which torch.compile traces.
+        self._cpu_tensors_on_device = info["cpu_tensors"] == "device"
+        fast = info["fast_path"] and not self._rate_defaults
+        self._eager = _cellc.Eager(self.spec, self.batch_first) if fast else None
 
     def __getstate__(self) -> dict:
         """What pickling keeps (``torch.save(model)``, ``copy.deepcopy``): the module's
@@ -886,6 +890,11 @@ class RNN(nn.Module):
         if x.device.type == "cuda" and self._cuda_spec is not None:
             return self._cuda_spec
         return self.spec
+
+    def _in_device_memory(self, x: Tensor) -> bool:
+        """Whether a call on ``x`` runs over device memory (see ``_ops.in_device_memory``), from
+        what the module keeps: traceable by ``torch.compile``."""
+        return _ops.runs_in_device_memory(self._cpu_tensors_on_device, x)
 
     def _check_device(self, x: Tensor, weights: list[Tensor]) -> None:
         for name, w in zip(self._weight_names, weights):

@@ -360,17 +360,17 @@ pub unsafe fn forward(
             masks,
         )
     };
-    let view = HostForward {
+    let shared = HostLayer {
         cell: pass.cell,
         layer: job.layer,
         params: &params,
         order: &pass.batch.running().order,
         reverse: job.reverse,
         input,
-        h0: &h0,
         prepared: job.prepared,
         masks,
     };
+    let view = HostForward { shared, h0: &h0 };
     let finals = run(&view, &mut output, tape)?;
     // SAFETY: per the contract.
     unsafe { write_each(&job.finals, &finals, "final states") }
@@ -395,18 +395,17 @@ pub unsafe fn backward(
         let (input, d_output) = (rows_of(pass, job.input), rows_of(pass, job.d_output));
         (params, d_final, floats(job.tape), rows_mut_of(pass, job.d_input), input, d_output, masks)
     };
-    let view = HostBackward {
+    let shared = HostLayer {
         cell: pass.cell,
         layer: job.layer,
         params: &params,
         order: &pass.batch.running().order,
         reverse: job.reverse,
         input,
-        d_output,
-        d_final: &d_final,
         prepared: job.prepared,
         masks,
     };
+    let view = HostBackward { shared, d_output, d_final: &d_final };
     let r = run(&view, tape, &mut d_input)?;
     // SAFETY: per the contract.
     unsafe {
@@ -489,10 +488,12 @@ impl RowsMut<'_> {
     }
 }
 
-/// One layer, one direction, forwards, as a host device reads it: a
-/// [`LayerForward`]'s spans as slices and rows of host memory.
+/// One layer and direction as a host device reads it, forwards or
+/// backwards: a [`LayerForward`]'s or [`LayerBackward`]'s spans as slices
+/// and rows of host memory, what both directions read. [`HostForward`]
+/// and [`HostBackward`] add their own, and read through to these.
 #[derive(Clone, Copy, Debug)]
-pub struct HostForward<'a> {
+pub struct HostLayer<'a> {
     /// The cell the layer runs.
     pub cell: &'a CompiledCell,
     /// The cell's program at this layer's sizes.
@@ -505,52 +506,53 @@ pub struct HostForward<'a> {
     pub reverse: bool,
     /// The layer's input rows (the batch's input, or the previous layer's output).
     pub input: Rows<'a>,
-    /// Initial states, one `[B * size]` buffer per state.
-    pub h0: &'a [&'a [f32]],
     /// The device's own form of `params`, kept across calls.
     pub prepared: &'a PreparedWeights,
-    /// The masks the steps read, mask `i` at the layer's `mask_slices[i]`;
-    /// `None` for a cell without.
+    /// The masks the (forward's) steps read, mask `i` at the layer's
+    /// `mask_slices[i]`; `None` for a cell without.
     pub masks: Option<Rows<'a>>,
 }
 
-/// One layer, one direction, backwards, as a host device reads it (see
-/// [`HostForward`]).
-#[derive(Clone, Copy, Debug)]
-pub struct HostBackward<'a> {
-    /// The cell the layer runs.
-    pub cell: &'a CompiledCell,
-    /// The cell's program at this layer's sizes.
-    pub layer: &'a Layer,
-    /// This layer-direction's parameters, in the cell's order, each row-major.
-    pub params: &'a [&'a [f32]],
-    /// The batch's sequences by decreasing length, and how many run at each step.
-    pub order: &'a BatchOrder,
-    /// Runs each sequence from its last step to its first (a bidirectional layer's second direction).
-    pub reverse: bool,
-    /// The layer's input rows (the batch's input, or the previous layer's output).
-    pub input: Rows<'a>,
-    /// The adjoint of this direction's output rows.
-    pub d_output: Rows<'a>,
-    /// The adjoints of the final states, one `[B * size]` buffer per state.
-    pub d_final: &'a [&'a [f32]],
-    /// The device's own form of `params`, kept across calls.
-    pub prepared: &'a PreparedWeights,
-    /// The masks the forward's steps read, as in [`HostForward::masks`].
-    pub masks: Option<Rows<'a>>,
-}
-
-impl HostForward<'_> {
+impl HostLayer<'_> {
     /// Rows of the batch's layout (a padded batch's `B * T`, a packed one's `N`).
     pub fn layout_rows(&self) -> usize {
         self.input.data.len() / self.input.width.max(1)
     }
 }
 
-impl HostBackward<'_> {
-    /// Rows of the batch's layout, as [`HostForward::layout_rows`].
-    pub fn layout_rows(&self) -> usize {
-        self.input.data.len() / self.input.width.max(1)
+/// One layer, one direction, forwards, as a host device reads it.
+#[derive(Clone, Copy, Debug)]
+pub struct HostForward<'a> {
+    /// What both directions read.
+    pub shared: HostLayer<'a>,
+    /// Initial states, one `[B * size]` buffer per state.
+    pub h0: &'a [&'a [f32]],
+}
+
+/// One layer, one direction, backwards, as a host device reads it.
+#[derive(Clone, Copy, Debug)]
+pub struct HostBackward<'a> {
+    /// What both directions read (the input as the forward read it).
+    pub shared: HostLayer<'a>,
+    /// The adjoint of this direction's output rows.
+    pub d_output: Rows<'a>,
+    /// The adjoints of the final states, one `[B * size]` buffer per state.
+    pub d_final: &'a [&'a [f32]],
+}
+
+impl<'a> std::ops::Deref for HostForward<'a> {
+    type Target = HostLayer<'a>;
+
+    fn deref(&self) -> &HostLayer<'a> {
+        &self.shared
+    }
+}
+
+impl<'a> std::ops::Deref for HostBackward<'a> {
+    type Target = HostLayer<'a>;
+
+    fn deref(&self) -> &HostLayer<'a> {
+        &self.shared
     }
 }
 

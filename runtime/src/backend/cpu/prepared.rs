@@ -39,11 +39,6 @@ impl PreparedParams {
         PreparedParams { forms: Vec::new(), in_place: true, precision: Precision::F32 }
     }
 
-    /// The precision of the products that read these weights.
-    pub fn precision(&self) -> Precision {
-        self.precision
-    }
-
     /// Whether the products read the weights in place.
     pub fn reads_in_place(&self) -> bool {
         self.in_place
@@ -56,7 +51,7 @@ impl PreparedParams {
     /// Parameter `i` as the packed right operand of `X · Wᵀ`, one panel set
     /// per head: `w` is `heads` blocks `[m, n]` one after another.
     pub fn t_panels(&self, i: usize, w: &[f32], (heads, m, n): (usize, usize, usize)) -> &[PackedB] {
-        // fp16 never reaches the CPU (`Cpu::with_precision` refuses it).
+        // fp16 never reaches the CPU (its `Device::precision` refuses it).
         let p = self.forms(i).t_panels.get_or_init(|| {
             per_head(w, heads, |w| match self.precision {
                 Precision::F32 | Precision::F16 | Precision::Tf32 => PackedB::of_transpose(w, m, n),

@@ -33,7 +33,7 @@ pub trait StageExec: Send + Sync {
 /// A stage run by [`Shapes::compute`], value by value.
 pub struct Interpreted {
     graph: Arc<Graph>,
-    plan: Arc<Shapes>,
+    shapes: Arc<Shapes>,
     values: Vec<ValueId>,
     inputs: Vec<ValueId>,
     outputs: Vec<ValueId>,
@@ -46,15 +46,15 @@ impl Interpreted {
     /// sizes, reading `inputs` and writing `outputs` through the table.
     pub fn new(
         graph: Arc<Graph>,
-        plan: Arc<Shapes>,
+        shapes: Arc<Shapes>,
         values: &[ValueId],
         inputs: &[ValueId],
         outputs: &[ValueId],
     ) -> Interpreted {
-        let constants = plan.constant_values(&graph);
+        let constants = shapes.constant_values(&graph);
         Interpreted {
             graph,
-            plan,
+            shapes,
             values: values.to_vec(),
             inputs: inputs.to_vec(),
             outputs: outputs.to_vec(),
@@ -90,7 +90,7 @@ impl StageExec for Interpreted {
                 if self.constants.iter().any(|(c, _)| *c == v) {
                     continue; // a literal, as in compiled kernels
                 }
-                let n = self.plan.elements(v);
+                let n = self.shapes.elements(v);
                 // SAFETY: the caller guarantees n valid floats behind each input pointer.
                 store[v.index()] = Some(unsafe { std::slice::from_raw_parts(ptrs[i], n) }.to_vec());
             }
@@ -99,12 +99,12 @@ impl StageExec for Interpreted {
                 let out = {
                     let a: Vec<&[f32]> =
                         operands.iter().map(|o| store[o.index()].as_deref().unwrap_or(&[])).collect();
-                    self.plan.compute(&self.graph, v, &a)
+                    self.shapes.compute(&self.graph, v, &a)
                 };
                 store[v.index()] = Some(out);
             }
             for (i, &v) in self.outputs.iter().enumerate() {
-                let n = self.plan.elements(v);
+                let n = self.shapes.elements(v);
                 let src = store[v.index()].as_deref().unwrap_or(&[]);
                 // SAFETY: n writable floats behind each output pointer, not aliasing inputs.
                 let dst = unsafe { std::slice::from_raw_parts_mut(ptrs[self.inputs.len() + i], n) };

@@ -3,7 +3,8 @@
 //! the caller's per-row bookkeeping (outputs, tape, next states) for the
 //! rows the thread owns.
 
-use super::driver::{locate, product_rows, Buffers, Frame, ReadyStage};
+use super::buffers::{locate, Buffers, Frame};
+use super::stages::{product_rows, ReadyStage};
 use super::team::{Barrier, Split, Team};
 use super::threads;
 use crate::error::{Result, RuntimeError};

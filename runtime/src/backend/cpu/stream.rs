@@ -13,10 +13,11 @@
 //! out rows, waking the pool's threads: 7-10 µs from outside it) are gone,
 //! which is what a caller feeding one frame at a time pays for.
 
-use super::driver::{constants, locate, Buffers, Frame, ProductCall, ReadyStage};
+use super::buffers::{constants, leaf_locations, locate, Buffers, Frame};
 use super::host::{Rows, SharedRows};
 use super::stage::StageExec;
-use super::{leaf_locations, Cpu, LayerCode};
+use super::stages::{ProductCall, ReadyStage};
+use super::{Cpu, LayerCode};
 use crate::backend::{StepRunner, StreamJob};
 use crate::error::{Result, RuntimeError};
 use crate::sequence::{Align, BatchOrder, Major, RowLayout};
@@ -75,7 +76,7 @@ impl Cpu {
         let mut layers = Vec::with_capacity(job.layers.len());
         for (k, layer) in job.layers.iter().enumerate() {
             let code = self.code(job.cell, layer)?;
-            layers.push(LayerStep::new(code, &job, k, self.precision)?);
+            layers.push(LayerStep::new(code, &job, k)?);
         }
         let between = layers[..layers.len().saturating_sub(1)]
             .iter()
@@ -86,22 +87,17 @@ impl Cpu {
 }
 
 impl LayerStep {
-    fn new(
-        code: Arc<LayerCode>,
-        job: &StreamJob,
-        k: usize,
-        precision: cellc::precision::Precision,
-    ) -> Result<LayerStep> {
-        let (g, plan) = (&*code.fwd_graph, &*code.fwd_plan);
+    fn new(code: Arc<LayerCode>, job: &StreamJob, k: usize) -> Result<LayerStep> {
+        let precision = job.precision;
+        let (g, shapes) = (&*code.fwd_graph, &*code.fwd_shapes);
         let (layer, batch) = (&job.layers[k], job.batch);
         let weights = job.prepared[k]
-            .get_or_init(|| super::prepared::PreparedParams::new(job.params[k].len(), precision))
-            .filter(|w| w.precision() == precision)
+            .get_or_init(precision, || super::prepared::PreparedParams::new(job.params[k].len(), precision))
             .ok_or_else(|| RuntimeError::Internal("another back end's weights in a cpu model".into()))?;
         let mut bufs = Buffers::new();
-        constants(g, plan, &mut bufs);
+        constants(g, shapes, &mut bufs);
         let pass = layer.pass(Side::Forward, false);
-        leaf_locations(pass, plan, &mut bufs);
+        leaf_locations(pass, shapes, &mut bufs);
         // Hoisted stages read only inputs and parameters: on one step's rows
         // they run first, as over all rows before the loop.
         let order = [Placement::BeforeLoop, Placement::EachStep, Placement::AfterLoop];
@@ -109,7 +105,7 @@ impl LayerStep {
             order.iter().flat_map(|&at| pass.stages_at(at)).map(|&k| &code.forward[k]).collect();
         for st in &stages {
             for v in st.outputs() {
-                bufs.rank_buf(v, plan.elements(v), batch);
+                bufs.rank_buf(v, shapes.elements(v), batch);
             }
         }
         let input = vec![0.0f32; batch * layer.input_size];
@@ -142,7 +138,7 @@ impl LayerStep {
                             (0, 0, 0),
                             batch,
                             1,
-                            plan,
+                            shapes,
                         )?));
                     }
                 }

@@ -89,6 +89,15 @@ impl Team {
         &self.order
     }
 
+    /// Per-sequence rows (`[B, size]` each, sequence `b`'s at row `b`) in
+    /// rank order: the states a loop carries, or their adjoints.
+    pub fn by_rank(&self, rows: &[&[f32]], sizes: &[usize]) -> Vec<Vec<f32>> {
+        let ranked = |(i, &n): (usize, &usize)| {
+            self.order.iter().flat_map(|&b| rows[i][b * n..(b + 1) * n].iter().copied()).collect()
+        };
+        sizes.iter().enumerate().map(ranked).collect()
+    }
+
     /// The ranks active at step `s` (a sequence of length `l` runs steps `0..l`).
     fn active(&self, segment: &Range<usize>, s: usize) -> Range<usize> {
         let n = self.lengths[segment.clone()].partition_point(|&l| l > s);

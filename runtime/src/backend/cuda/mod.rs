@@ -2,7 +2,7 @@
 //! NVRTC and driven through cudarc, all loaded at run time, so the project
 //! builds and runs where CUDA is absent.
 //!
-//! The drivers (`forward`, `backward`) are written against the
+//! The layer passes (`forward`, `backward`) are written against the
 //! `device::Device` trait, so they run on the emulated device (host
 //! memory, kernels as host C++) and are tested against the reference back
 //! end on machines without a GPU. A pass uploads its pointer tables first
@@ -35,8 +35,6 @@ pub struct Cuda {
     /// Compiled layers by the cell's identity and the layer's sizes: a model compiles once.
     loaded: Mutex<HashMap<String, Arc<LoadedKernels>>>,
     graphs: bool,
-    /// The precision of the products of matrix parameters ([`Cuda::with_precision`]).
-    precision: cellc::precision::Precision,
 }
 
 /// A layer's kernels, forward and backward, loaded as one module.
@@ -66,12 +64,7 @@ impl Cuda {
     }
 
     fn on(device: Box<dyn Device>) -> Cuda {
-        Cuda {
-            device,
-            loaded: Mutex::new(HashMap::new()),
-            graphs: false,
-            precision: cellc::precision::Precision::F32,
-        }
+        Cuda { device, loaded: Mutex::new(HashMap::new()), graphs: false }
     }
 
     /// Runs every pass as a CUDA graph: its calls run as they are the
@@ -83,18 +76,6 @@ impl Cuda {
     /// device's own stream), unless that stream is being captured itself.
     pub fn with_graphs(mut self, graphs: bool) -> Cuda {
         self.graphs = graphs;
-        self
-    }
-
-    /// This back end computing the products of the cell's matrix parameters
-    /// in `precision`: at [`cellc::precision::Precision::Bf16`],
-    /// [`cellc::precision::Precision::F16`] or [`cellc::precision::Precision::Tf32`], cuBLAS
-    /// rounds their operands to bf16, fp16 or TF32 and sums in f32 on the
-    /// tensor cores (`CUBLAS_COMPUTE_32F_FAST_16BF`, `_16F` or `_TF32`); the
-    /// emulated device rounds them the same way. Everything else stays f32,
-    /// as on the CPU.
-    pub fn with_precision(mut self, precision: cellc::precision::Precision) -> Cuda {
-        self.precision = precision;
         self
     }
 

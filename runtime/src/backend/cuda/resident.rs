@@ -1,5 +1,5 @@
 //! The CUDA device's side of [`Device`]: passes over device memory (the
-//! model's own, staged there, or a caller's, [`crate::device_call`]),
+//! model's own, staged there, or a caller's, [`crate::model::device_call`]),
 //! every operation queued on the device, with nothing copied to or from
 //! the host but pointer tables. A pass over a caller's memory runs on the
 //! device as it works on the caller's stream ([`Device::on_stream`]); its
@@ -15,6 +15,7 @@ use crate::backend::Device;
 use crate::error::Result;
 use crate::masks::MaskRows;
 use crate::pass::{Dropping, LayerBackward, LayerForward, Memory, Pass, RowPairs, RowSpan, Span};
+use cellc::precision::Precision;
 
 /// The CUDA device working on one target: its own, or a caller's stream.
 struct On<'a> {
@@ -37,7 +38,7 @@ impl On<'_> {
         let kernels = self.cuda.kernels(pass.cell, layer)?;
         let batch = pass.batch;
         let mut run = LayerRun::new(self.target, &batch.layout, batch.rows, &batch.order, false);
-        let mut calls = Calls::new(self.target.block_size(), self.cuda.precision);
+        let mut calls = Calls::new(self.target.block_size(), pass.precision);
         make(&mut calls, &mut run)?;
         self.target.run(&kernels.module, &calls.list, false)
     }
@@ -45,8 +46,7 @@ impl On<'_> {
     /// A layer's run over the batch the layers run (its segments, where it has resets).
     fn layer_run<'p>(&'p self, pass: &'p Pass, reverse: bool) -> LayerRun<'p> {
         let run = pass.batch.running();
-        LayerRun::new(self.target, &run.layout, run.rows, &run.order, reverse)
-            .in_precision(self.cuda.precision)
+        LayerRun::new(self.target, &run.layout, run.rows, &run.order, reverse).in_precision(pass.precision)
     }
 
     /// Row pairs `(i, j)` of `to` and `from` as address pairs.
@@ -85,6 +85,14 @@ impl Device for On<'_> {
 
     fn memory(&self) -> Memory {
         Memory::Device
+    }
+
+    /// Every precision: at bf16, fp16 or TF32, cuBLAS rounds the operands
+    /// of the products of matrix parameters and sums in f32 on the tensor
+    /// cores (`CUBLAS_COMPUTE_32F_FAST_16BF`, `_16F` or `_TF32`); the
+    /// emulated device rounds them the same way. Everything else stays f32.
+    fn precision(&self, asked: Precision) -> Result<Precision> {
+        Ok(asked)
     }
 
     fn scratch(&self, _: &Pass, floats: usize, _zeroed: bool) -> Result<Buf> {
@@ -211,6 +219,11 @@ macro_rules! on_target {
             fn memory(&self) -> Memory {
                 let $s = self;
                 $on.memory()
+            }
+
+            fn precision(&self, asked: Precision) -> Result<Precision> {
+                let $s = self;
+                $on.precision(asked)
             }
 
             fn scratch(&self, pass: &Pass, floats: usize, zeroed: bool) -> Result<Buf> {

@@ -130,7 +130,7 @@ pub fn compile_model(
     for s in &free_sizes {
         bound.insert(s.clone(), 1);
     }
-    let layers = crate::layers::plan(cell, config, &bound, None, None)?;
+    let layers = crate::layers::build(cell, config, &bound, None, None)?;
     for layer in &layers {
         let needed = kernel_sizes(cell, layer);
         if let Some(s) = free_sizes.iter().find(|s| needed.contains_key(*s)) {

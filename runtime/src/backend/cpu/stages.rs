@@ -1,18 +1,12 @@
-//! Drives one layer and direction over a batch on the CPU: the schedule's
-//! products (through packed panels, or `gemm` for weight gradients and
-//! computed matrices) and pointwise kernels behind [`StageExec`], with
-//! every row found through pointers.
-//!
-//! Where values live:
-//! - hoisted values (before the loop), values kept for the backward, and
-//!   backward values needed after the loop: one row per `(sequence, step)`
-//!   at the caller's row layout (`RowBuf`);
-//! - per-step values and states: one row per sequence in *rank* order
-//!   (longest first), so the active sequences of a step are a contiguous
-//!   prefix and a per-step GEMM is one call on `n` rows (`RankBuf`).
+//! A layer's schedule stages ready to run on the CPU ([`ReadyStage`]), and
+//! how each kind runs over rows: the products (through packed panels, or
+//! `gemm` for weight gradients and computed matrices) and the pointwise
+//! kernels ([`StageExec`], the kernels' ABI in [`super::stage`]), every row
+//! found through [`super::buffers::locate`]. When each stage runs is the
+//! pass's plan's decision.
 
+use super::buffers::{locate, Buffers, Frame, Loc};
 use super::gemm::{column_share, matmul, matmul_split, View};
-use super::host::{Rows, SharedRows};
 use super::prepared::PreparedParams;
 use super::stage::StageExec;
 use super::threads;
@@ -94,232 +88,6 @@ pub fn ready_stages(
             })
         })
         .collect()
-}
-
-/// Where a value is found for row `(b, t)` with rank `r`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Loc {
-    /// Features `[offset, offset + len)` of the layer input's row.
-    Input(usize),
-    /// The current state `i`, rank-ordered.
-    State(usize),
-    Param(usize),
-    /// Mask `i`'s units of the row `(b, t)` of the pass's masks.
-    Mask(usize),
-    /// This direction's output adjoint (backward).
-    DOutput,
-    /// The carried adjoint of state `i`, rank-ordered (backward).
-    Carry(usize),
-    /// A computed constant.
-    Const,
-    /// One row per `(b, t)` at the layer's row layout.
-    RowBuf,
-    /// One row per sequence, rank-ordered.
-    RankBuf,
-    /// One row per `(b, t)` at the layer's row layout, in the forward's
-    /// tape (owned elsewhere, outliving the run): written by the forward's
-    /// kernels that save straight into it, only read by the backward.
-    TapeRows(*mut f32),
-}
-
-/// One value's storage.
-struct Slot {
-    loc: Option<Loc>,
-    /// Floats per row.
-    len: usize,
-    data: Vec<f32>,
-    /// `data`'s first float, taken when the buffer is set, so that threads
-    /// holding the buffers shared can write the rows they own.
-    ptr: *mut f32,
-}
-
-impl Default for Slot {
-    fn default() -> Slot {
-        Slot { loc: None, len: 0, data: Vec::new(), ptr: std::ptr::null_mut() }
-    }
-}
-
-impl Slot {
-    fn set_data(&mut self, mut data: Vec<f32>) {
-        self.ptr = data.as_mut_ptr();
-        crate::pool::give(std::mem::replace(&mut self.data, data));
-    }
-}
-
-/// Value buffers of one run, indexed by value (a lookup is an array index:
-/// the driver resolves several pointers per row and step). Row and rank
-/// buffers come from the [`super::pool`] unzeroed: every row a stage reads
-/// was written by an earlier stage, step or run.
-#[derive(Default)]
-pub struct Buffers {
-    slots: Vec<Slot>,
-}
-
-// SAFETY: the buffers are owned; threads that share them write disjoint rows
-// (each thread the ranks or layout rows it owns), through the pointers taken
-// when each buffer was set.
-unsafe impl Send for Buffers {}
-unsafe impl Sync for Buffers {}
-
-impl Drop for Buffers {
-    fn drop(&mut self) {
-        for s in &mut self.slots {
-            crate::pool::give(std::mem::take(&mut s.data));
-        }
-    }
-}
-
-impl Buffers {
-    pub fn new() -> Buffers {
-        Buffers::default()
-    }
-
-    fn slot(&mut self, v: ValueId) -> &mut Slot {
-        if self.slots.len() <= v.index() {
-            self.slots.resize_with(v.index() + 1, Slot::default);
-        }
-        &mut self.slots[v.index()]
-    }
-
-    /// Where `v` lives, if it has storage.
-    pub fn loc(&self, v: ValueId) -> Option<Loc> {
-        self.slots.get(v.index()).and_then(|s| s.loc)
-    }
-
-    /// Floats per row of `v` (0 without storage).
-    pub fn len(&self, v: ValueId) -> usize {
-        self.slots.get(v.index()).map_or(0, |s| s.len)
-    }
-
-    /// Places `v` somewhere that needs no buffer of its own.
-    pub fn place(&mut self, v: ValueId, loc: Loc, len: usize) {
-        let s = self.slot(v);
-        s.loc = Some(loc);
-        s.len = len;
-    }
-
-    /// A layout-row buffer for `v` (kept if it already has one).
-    pub fn row_buf(&mut self, v: ValueId, len: usize, rows: usize) {
-        let s = self.slot(v);
-        if s.loc != Some(Loc::RowBuf) || s.len != len {
-            s.set_data(crate::pool::take(rows * len));
-        }
-        s.loc = Some(Loc::RowBuf);
-        s.len = len;
-    }
-
-    /// Layout rows of `v` in `data`, which becomes its storage.
-    pub fn row_data(&mut self, v: ValueId, data: Vec<f32>) {
-        let s = self.slot(v);
-        s.loc = Some(Loc::RowBuf);
-        s.set_data(data);
-    }
-
-    /// A rank-ordered buffer for `v`, unless `v` already lives elsewhere.
-    pub fn rank_buf(&mut self, v: ValueId, len: usize, batch: usize) {
-        let s = self.slot(v);
-        if s.loc.is_none() {
-            s.loc = Some(Loc::RankBuf);
-            s.set_data(crate::pool::take(batch * len));
-        }
-        s.len = len;
-    }
-
-    pub fn constant(&mut self, v: ValueId, value: Vec<f32>) {
-        let s = self.slot(v);
-        s.loc = Some(Loc::Const);
-        s.len = value.len();
-        s.set_data(value);
-    }
-}
-
-/// Everything a pointer lookup needs for one step.
-pub struct Frame<'a> {
-    pub input: Rows<'a>,
-    pub input_slices: &'a [(usize, usize)],
-    /// The masks the steps read (mask `i` at `mask_slices[i]`), if any.
-    pub masks: Option<Rows<'a>>,
-    pub mask_slices: &'a [Option<(usize, usize)>],
-    pub params: &'a [&'a [f32]],
-    /// Matrix parameters prepared for the products that read them.
-    pub weights: &'a PreparedParams,
-    pub states: &'a [SharedRows],
-    pub state_sizes: &'a [usize],
-    pub carry: &'a [SharedRows],
-    pub d_output: Option<(Rows<'a>, usize)>,
-    pub layout: &'a RowLayout,
-}
-
-impl<'a> Frame<'a> {
-    /// A layer's frame over `input` (rows at its layout) and `masks`
-    /// (rows at the same layout) with no states, carried adjoints or
-    /// output adjoint: callers add those they have.
-    pub fn new(
-        (input, masks): (Rows<'a>, Option<Rows<'a>>),
-        layer: &'a crate::cell::Layer,
-        params: &'a [&'a [f32]],
-        weights: &'a PreparedParams,
-    ) -> Frame<'a> {
-        Frame {
-            input,
-            input_slices: &layer.input_slices,
-            masks,
-            mask_slices: &layer.mask_slices,
-            params,
-            weights,
-            states: &[],
-            state_sizes: &layer.state_sizes,
-            carry: &[],
-            d_output: None,
-            layout: input.layout,
-        }
-    }
-}
-
-/// The pointer to value `v` for `(b, t)` at rank `r`. Inputs are only read.
-pub fn locate(bufs: &Buffers, f: &Frame, v: ValueId, b: usize, t: usize, r: usize) -> Result<*mut f32> {
-    let missing = || RuntimeError::Internal(format!("cpu backend: no storage for {v}"));
-    let slot = bufs.slots.get(v.index()).ok_or_else(missing)?;
-    let len = slot.len;
-    let within = |row: usize| {
-        if (row + 1) * len <= slot.data.len() {
-            // SAFETY: in bounds of the slot's buffer, checked just above.
-            Ok(unsafe { slot.ptr.add(row * len) })
-        } else {
-            Err(RuntimeError::Internal(format!("cpu backend: row {row} of {v} is out of its buffer")))
-        }
-    };
-    Ok(match slot.loc.ok_or_else(missing)? {
-        Loc::Input(i) => {
-            let (o, l) = f.input_slices[i];
-            f.input.get(b, t, o + l)[o..].as_ptr() as *mut f32
-        }
-        // SAFETY: state and carry buffers hold a row of their size for every rank.
-        Loc::State(i) => unsafe { f.states.get(i).ok_or_else(missing)?.at(r * f.state_sizes[i]) },
-        Loc::Param(i) => f.params[i].as_ptr() as *mut f32,
-        Loc::Mask(i) => {
-            let (o, l) = f.mask_slices.get(i).copied().flatten().ok_or_else(missing)?;
-            f.masks.ok_or_else(missing)?.get(b, t, o + l)[o..].as_ptr() as *mut f32
-        }
-        // SAFETY: as for states.
-        Loc::Carry(i) => unsafe { f.carry.get(i).ok_or_else(missing)?.at(r * f.state_sizes[i]) },
-        Loc::DOutput => {
-            let (rows, n) = f.d_output.ok_or_else(missing)?;
-            rows.get(b, t, n).as_ptr() as *mut f32
-        }
-        Loc::Const => slot.ptr,
-        Loc::RowBuf => within(f.layout.row(b, t))?,
-        Loc::RankBuf => within(r)?,
-        // SAFETY: the owner holds a row of `len` floats for every (b, t) of the layout.
-        Loc::TapeRows(p) => unsafe { p.add(f.layout.row(b, t) * len) },
-    })
-}
-
-/// Constants (and values of constants only) as tiny buffers.
-pub fn constants(graph: &Graph, plan: &Shapes, bufs: &mut Buffers) {
-    for (v, value) in plan.constant_values(graph) {
-        bufs.constant(v, value);
-    }
 }
 
 /// Runs a pointwise kernel over `rows`: `(b, t, rank)` per row.
@@ -534,8 +302,8 @@ fn weight_t(bufs: &Buffers, f: &Frame, m: ValueId, rows_w: usize, cols_w: usize)
 }
 
 /// This layer-direction's prepared weights for a pass over `rows` valid
-/// rows whose products compute in `precision`, from the model's slot (or,
-/// if another back end's or precision's form is there, `local`), with the
+/// rows whose products compute in `precision`, from the model's slot for
+/// that precision (or, if another device's form is there, `local`), with the
 /// forms that `steps`
 /// read made before any thread needs them (see [`super::prepared`]): every
 /// product of a parameter, per step or over all rows, reads it packed into
@@ -561,9 +329,9 @@ pub fn prepared_params<'a>(
         // depend on how many rows it has.
         return local.insert(PreparedParams::in_place());
     }
-    let weights = match slot.get_or_init(|| PreparedParams::new(params.len(), precision)) {
-        Some(w) if w.precision() == precision => w,
-        _ => local.insert(PreparedParams::new(params.len(), precision)),
+    let weights = match slot.get_or_init(precision, || PreparedParams::new(params.len(), precision)) {
+        Some(w) => w,
+        None => local.insert(PreparedParams::new(params.len(), precision)),
     };
     for st in steps {
         let ReadyStage::Gemm { products, .. } = st else { continue };

@@ -28,10 +28,10 @@
 //!   and its gradients times the same masks.
 
 use crate::backend::Device;
-use crate::dropout::BetweenLayers;
 use crate::error::{Result, RuntimeError};
-use crate::masks::{CellMasking, DropConnect};
+use crate::masks::DropConnect;
 use crate::model::Model;
+use crate::options::Settled;
 use crate::pass::{
     Buf, Dropping, LayerBackward, LayerForward, Pass, PassWeights, PreparedWeights, RowPairs, RowSpan, Span,
 };
@@ -48,10 +48,6 @@ pub struct ForwardSpans {
     pub finals: Vec<Span>,
     /// Training: [`Model::reserve_floats_per_row`] floats per layout row.
     pub reserve: Option<Span>,
-    /// Training mode: the dropout between layers, if any.
-    pub dropout: Option<BetweenLayers>,
-    /// Training or evaluation, and the rates, of the cell's own masks.
-    pub masking: CellMasking,
 }
 
 /// The memory of a backward pass.
@@ -67,10 +63,6 @@ pub struct BackwardSpans {
     pub d_h0: Option<Vec<Span>>,
     /// `[layer * directions + direction][param]`.
     pub d_params: Vec<Vec<Span>>,
-    /// The dropout between layers of the forward, if any.
-    pub dropout: Option<BetweenLayers>,
-    /// The cell's masks, as the forward drew them.
-    pub masking: CellMasking,
 }
 
 /// One layer's part of a reserve: each direction's tape, then (but for the
@@ -90,72 +82,61 @@ impl ReserveLayer {
     }
 }
 
-impl Model {
-    /// Where each layer's tapes and output lie in a reserve of `rows` layout rows.
-    pub(crate) fn reserve_layout(&self, rows: usize) -> Vec<ReserveLayer> {
-        let dirs = self.directions();
-        let mut at = 0;
-        let mut out = Vec::with_capacity(self.layers.len());
-        for (k, layer) in self.layers.iter().enumerate() {
-            let tape_len = rows * layer.tape().floats_per_row();
-            let tapes = at..at + dirs * tape_len;
-            let out_len = if k + 1 < self.layers.len() { rows * layer.output_size * dirs } else { 0 };
-            let output = tapes.end..tapes.end + out_len;
-            at = output.end;
-            out.push(ReserveLayer { tapes, tape_len, output });
-        }
-        out
+/// Where each layer's tapes and output lie in a reserve of `rows` layout rows.
+pub(crate) fn reserve_layout(model: &Model, rows: usize) -> Vec<ReserveLayer> {
+    let dirs = model.directions();
+    let mut at = 0;
+    let mut out = Vec::with_capacity(model.layers.len());
+    for (k, layer) in model.layers.iter().enumerate() {
+        let tape_len = rows * layer.tape().floats_per_row();
+        let tapes = at..at + dirs * tape_len;
+        let out_len = if k + 1 < model.layers.len() { rows * layer.output_size * dirs } else { 0 };
+        let output = tapes.end..tapes.end + out_len;
+        at = output.end;
+        out.push(ReserveLayer { tapes, tape_len, output });
     }
+    out
+}
 
-    /// Floats per layout row (each of a padded batch's `B * T` rows, or a
-    /// packed batch's `N`) of the reserve in which a training forward keeps
-    /// what its backward reads ([`Model::forward_into`]): every layer's
-    /// tapes, laid out as its program says ([`cellc::program::TapeLayout`]),
-    /// and the outputs the next layers read.
-    pub fn reserve_floats_per_row(&self) -> usize {
-        self.reserve_layout(1).last().map_or(0, |l| l.output.end)
+/// The reserve's layout for `rows` layout rows, checked against its length.
+fn checked_reserve_layout(model: &Model, rows: usize, len: usize) -> Result<Vec<ReserveLayer>> {
+    let layout = reserve_layout(model, rows);
+    let need = layout.last().map_or(0, |l| l.output.end);
+    if need != len {
+        return Err(RuntimeError::Shape {
+            tensor: "reserve".into(),
+            expected: format!("{need} floats ({rows} rows of {})", need / rows.max(1)),
+            found: format!("{len} floats"),
+        });
     }
+    Ok(layout)
+}
 
-    /// The reserve's layout for `rows` layout rows, checked against its length.
-    pub(crate) fn checked_reserve_layout(&self, rows: usize, len: usize) -> Result<Vec<ReserveLayer>> {
-        let layout = self.reserve_layout(rows);
-        let need = layout.last().map_or(0, |l| l.output.end);
-        if need != len {
-            return Err(RuntimeError::Shape {
-                tensor: "reserve".into(),
-                expected: format!("{need} floats ({rows} rows of {})", need / rows.max(1)),
-                found: format!("{len} floats"),
-            });
-        }
-        Ok(layout)
+/// Checks every buffer of a forward pass against its shape, naming it:
+/// the same checks for the model's own buffers and a caller's, on the
+/// host or a device.
+fn check_forward_spans(model: &Model, p: &LaidOutBatch, spans: &ForwardSpans) -> Result<()> {
+    let batch = p.order.batch();
+    if let Some(h0) = &spans.h0 {
+        model.check_states(h0.len(), |i| h0[i].len, batch, "h0")?;
     }
+    check_len("output", spans.output.len, &[p.rows, model.output_size()])?;
+    model.check_states(spans.finals.len(), |i| spans.finals[i].len, batch, "final_states")
+}
 
-    /// Checks every buffer of a forward pass against its shape, naming it:
-    /// the same checks for the model's own buffers and a caller's, on the
-    /// host or a device.
-    pub(crate) fn check_forward_spans(&self, p: &LaidOutBatch, spans: &ForwardSpans) -> Result<()> {
-        let batch = p.order.batch();
-        if let Some(h0) = &spans.h0 {
-            self.check_states(h0.len(), |i| h0[i].len, batch, "h0")?;
-        }
-        check_len("output", spans.output.len, &[p.rows, self.output_size()])?;
-        self.check_states(spans.finals.len(), |i| spans.finals[i].len, batch, "final_states")
+/// Checks every buffer of a backward pass but the reserve (checked
+/// where it is laid out) against its shape, naming it.
+fn check_backward_spans(model: &Model, p: &LaidOutBatch, spans: &BackwardSpans) -> Result<()> {
+    let batch = p.order.batch();
+    check_len("grad_output", spans.d_output.len, &[p.rows, model.output_size()])?;
+    check_len("grad_input", spans.d_input.len, &[p.rows, model.input_size()])?;
+    if let Some(d) = &spans.d_final {
+        model.check_states(d.len(), |i| d[i].len, batch, "grad_final")?;
     }
-
-    /// Checks every buffer of a backward pass but the reserve (checked
-    /// where it is laid out) against its shape, naming it.
-    pub(crate) fn check_backward_spans(&self, p: &LaidOutBatch, spans: &BackwardSpans) -> Result<()> {
-        let batch = p.order.batch();
-        check_len("grad_output", spans.d_output.len, &[p.rows, self.output_size()])?;
-        check_len("grad_input", spans.d_input.len, &[p.rows, self.input_size()])?;
-        if let Some(d) = &spans.d_final {
-            self.check_states(d.len(), |i| d[i].len, batch, "grad_final")?;
-        }
-        if let Some(d) = &spans.d_h0 {
-            self.check_states(d.len(), |i| d[i].len, batch, "grad_h0")?;
-        }
-        self.check_weights(&spans.d_params).map_err(RuntimeError::named_as_gradient)
+    if let Some(d) = &spans.d_h0 {
+        model.check_states(d.len(), |i| d[i].len, batch, "grad_h0")?;
     }
+    model.check_weights(&spans.d_params).map_err(RuntimeError::named_as_gradient)
 }
 
 /// One pass of a model on a device: what every operation shares, and the
@@ -165,6 +146,7 @@ pub(crate) struct Run<'a> {
     device: &'a dyn Device,
     pass: Pass<'a>,
     weights: &'a PassWeights<'a>,
+    settled: &'a Settled,
     held: Vec<Buf>,
 }
 
@@ -183,15 +165,16 @@ impl LayerParams<'_> {
 }
 
 impl<'a> Run<'a> {
-    /// A pass of `model` on `device` over `batch`, reading `weights`.
+    /// A pass of `model` on `device` over `batch`, reading `weights`, as
+    /// its call's options were `settled`.
     pub(crate) fn new(
         model: &'a Model,
         device: &'a dyn Device,
-        batch: &'a LaidOutBatch,
+        (batch, settled): (&'a LaidOutBatch, &'a Settled),
         weights: &'a PassWeights<'a>,
     ) -> Run<'a> {
-        let pass = Pass { cell: &model.compiled, layers: &model.layers, batch };
-        Run { model, device, pass, weights, held: Vec::new() }
+        let pass = Pass { cell: &model.compiled, layers: &model.layers, batch, precision: settled.precision };
+        Run { model, device, pass, weights, settled, held: Vec::new() }
     }
 
     /// `floats` floats of the device's memory, held until the pass ends.
@@ -266,11 +249,10 @@ impl<'a> Run<'a> {
     /// its DropConnect masks.
     fn fill_masks(
         &mut self,
-        masking: &CellMasking,
         (k, d): (usize, usize),
         rows: &mut Option<Span>,
     ) -> Result<(Option<RowSpan>, DropConnect)> {
-        let model = self.model;
+        let (model, masking) = (self.model, &self.settled.masking);
         let layer = &model.layers[k];
         let (step_masks, drop_connect) = masking.of_layer(&model.compiled.forward, layer, k, d);
         let Some(step_masks) = step_masks else { return Ok((None, drop_connect)) };
@@ -298,9 +280,9 @@ impl<'a> Run<'a> {
     pub(crate) fn forward(&mut self, spans: ForwardSpans) -> Result<()> {
         let (model, p) = (self.model, self.pass.batch);
         let batch = p.order.batch();
-        model.check_forward_spans(p, &spans)?;
+        check_forward_spans(model, p, &spans)?;
         let reserve = match spans.reserve {
-            Some(r) => Some((r, model.checked_reserve_layout(p.rows, r.len)?)),
+            Some(r) => Some((r, checked_reserve_layout(model, p.rows, r.len)?)),
             None => None,
         };
         let h0 = self.states_or_scratch(spans.h0, batch)?;
@@ -335,7 +317,7 @@ impl<'a> Run<'a> {
                 let states = |tensors: &[Span]| -> Vec<Span> {
                     tensors.iter().zip(&layer.state_sizes).map(|(s, &n)| s.slot(slot, batch, n)).collect()
                 };
-                let (masks, drop_connect) = self.fill_masks(&spans.masking, (k, d), &mut mask_rows)?;
+                let (masks, drop_connect) = self.fill_masks((k, d), &mut mask_rows)?;
                 let params = self.layer_params(slot, &drop_connect)?;
                 // With resets, the layer runs the batch's segments (see crate::resets).
                 let sizes = &layer.state_sizes;
@@ -364,7 +346,7 @@ impl<'a> Run<'a> {
             }
             // In training mode, what the next layer reads (and what a
             // reserve keeps for its backward) is dropped out.
-            if let (Some(dropout), false) = (&spans.dropout, k + 1 == model.layers.len()) {
+            if let (Some(dropout), false) = (&self.settled.dropout, k + 1 == model.layers.len()) {
                 let masks = dropout.after(k, dirs, layer.output_size);
                 self.device.drop_out(&self.pass, output, Dropping::Rows(&masks))?;
             }
@@ -379,7 +361,7 @@ impl<'a> Run<'a> {
     pub(crate) fn backward(&mut self, spans: BackwardSpans) -> Result<()> {
         let (model, p) = (self.model, self.pass.batch);
         let batch = p.order.batch();
-        model.check_backward_spans(p, &spans)?;
+        check_backward_spans(model, p, &spans)?;
         let d_h0 = self.states_or_scratch(spans.d_h0, batch)?;
         if batch == 0 {
             for &s in d_h0.iter().chain(spans.d_params.iter().flatten()).chain([&spans.d_input]) {
@@ -387,7 +369,7 @@ impl<'a> Run<'a> {
             }
             return Ok(());
         }
-        let parts = model.checked_reserve_layout(p.rows, spans.reserve.len)?;
+        let parts = checked_reserve_layout(model, p.rows, spans.reserve.len)?;
         let d_final = self.states_or_scratch(spans.d_final, batch)?;
         let segments = p.segments.as_deref();
         let dirs = model.directions();
@@ -416,7 +398,7 @@ impl<'a> Run<'a> {
                 let states = |tensors: &[Span]| -> Vec<Span> {
                     tensors.iter().zip(&layer.state_sizes).map(|(s, &n)| s.slot(slot, batch, n)).collect()
                 };
-                let (masks, drop_connect) = self.fill_masks(&spans.masking, (k, d), &mut mask_rows)?;
+                let (masks, drop_connect) = self.fill_masks((k, d), &mut mask_rows)?;
                 let params = self.layer_params(slot, &drop_connect)?;
                 let sizes = &layer.state_sizes;
                 let (job_d_final, job_d_h0) = match segments {
@@ -451,7 +433,7 @@ impl<'a> Run<'a> {
                 }
             }
             // The adjoint of the layer below's output, through the forward's dropout (drawn again).
-            if let (Some(dropout), Some(below)) = (&spans.dropout, k.checked_sub(1)) {
+            if let (Some(dropout), Some(below)) = (&self.settled.dropout, k.checked_sub(1)) {
                 let rows = RowSpan { span: d_input, width: layer.input_size, offset: 0 };
                 let masks = dropout.after(below, dirs, model.layers[below].output_size);
                 self.device.drop_out(&self.pass, rows, Dropping::Rows(&masks))?;

@@ -2,7 +2,7 @@
 //! [`Model::backward_from`] given a [`DeviceCall`]): a framework's CUDA
 //! tensors read and written where they lie, the pass's work queued on the
 //! caller's stream after the framework's own and before what it queues
-//! next, with no host wait. The same checks as [`crate::call`]'s host
+//! next, with no host wait. The same checks as [`crate::model::call`]'s host
 //! passes (every buffer's length against its shape, named) and the same
 //! driver; the device must have memory of its own
 //! ([`crate::pass::Memory::Device`]: the CUDA device).
@@ -13,12 +13,12 @@
 //! framework's autograd holds between the two passes.
 
 use crate::backend::Device;
-use crate::call::CallerMemory;
-use crate::driver::{BackwardSpans, ForwardSpans, Run};
-use crate::dropout::MaskSeed;
 use crate::error::{Result, RuntimeError};
 use crate::input::BatchShape;
+use crate::model::call::CallerMemory;
+use crate::model::driver::{BackwardSpans, ForwardSpans, Run};
 use crate::model::Model;
+use crate::options::{CallOptions, Settled};
 use crate::pass::{Memory, PassWeights, Span};
 use crate::sequence::Floats;
 use crate::sequence::LaidOutBatch;
@@ -67,17 +67,8 @@ pub struct DeviceCall<'a> {
     /// The stream the pass is queued on (a `CUstream` handle; 0 is the
     /// legacy default stream). Ignored by a device without streams.
     pub stream: u64,
-    /// Training mode: where the call draws the masks of the model's
-    /// dropout ([`Model::with_dropout`]); give its backward the same.
-    /// `None`: evaluation mode, nothing dropped (as PyTorch's
-    /// `module.eval()`, with or without a reserve).
-    pub masks: Option<MaskSeed>,
-    /// The call's rates, as [`crate::Call::rates`]; `None`: the model's.
-    pub rates: Option<&'a [f32]>,
-    /// The call's dropout between layers, as [`crate::Call::dropout`]; `None`: the model's.
-    pub dropout: Option<f32>,
-    /// Per-step resets, on the host, as [`crate::Call::resets`].
-    pub resets: Option<&'a [bool]>,
+    /// How it runs, as [`crate::Call::options`] (its resets on the host).
+    pub options: CallOptions<'a>,
 }
 
 /// Where a forward pass on the device writes: laid out as
@@ -103,10 +94,10 @@ pub struct DeviceBackwardOut {
     pub d_params: Vec<Vec<DeviceFloats>>,
 }
 
-impl crate::call::sealed::Sealed for DeviceCall<'_> {}
+impl crate::model::call::sealed::Sealed for DeviceCall<'_> {}
 
 /// A device call's batch, weights and device ([`DeviceCall::on_device`]).
-type OnDevice<'m> = (Option<Box<dyn Device + 'm>>, LaidOutBatch, PassWeights<'m>);
+type OnDevice<'m> = (Option<Box<dyn Device + 'm>>, (LaidOutBatch, Settled), PassWeights<'m>);
 
 impl DeviceCall<'_> {
     /// The call's batch laid out, its weights checked (the driver checks
@@ -119,13 +110,14 @@ impl DeviceCall<'_> {
                 message: "this device runs on host memory: device memory needs the cuda device".into(),
             });
         }
-        let p = model.lay_out(&self.shape, self.input.len)?.with_resets(self.resets)?;
+        let p = model.lay_out(&self.shape, self.input.len)?.with_resets(self.options.resets)?;
         model.ensure_pass_fits(&p, training)?;
         model.check_weights(self.weights)?;
         let weights = PassWeights::caller(
             self.weights.iter().map(|ps| ps.iter().copied().map(span).collect()).collect(),
         );
-        Ok((model.device.on_stream(self.stream)?, p, weights))
+        let settled = model.settle(&self.options)?;
+        Ok((model.device.on_stream(self.stream)?, (p, settled), weights))
     }
 }
 
@@ -141,7 +133,7 @@ impl CallerMemory for DeviceCall<'_> {
     type BackwardOut<'o> = &'o DeviceBackwardOut;
 
     fn forward(&self, model: &Model, out: &DeviceForwardOut, reserve: Option<DeviceFloats>) -> Result<()> {
-        let (on_stream, p, weights) = self.on_device(model, reserve.is_some())?;
+        let (on_stream, (p, settled), weights) = self.on_device(model, reserve.is_some())?;
         let finals = &out.final_states;
         let spans = ForwardSpans {
             input: span(self.input),
@@ -149,11 +141,9 @@ impl CallerMemory for DeviceCall<'_> {
             output: span(out.output),
             finals: finals.iter().copied().map(span).collect(),
             reserve: reserve.map(span),
-            dropout: model.caller_dropout(self.masks, self.dropout)?,
-            masking: model.caller_masking(self.masks, self.rates)?,
         };
         let device = on_stream.as_deref().unwrap_or(model.device.as_ref());
-        Run::new(model, device, &p, &weights).forward(spans)
+        Run::new(model, device, (&p, &settled), &weights).forward(spans)
     }
 
     fn backward(
@@ -164,7 +154,7 @@ impl CallerMemory for DeviceCall<'_> {
         d_final: Option<&[DeviceFloats]>,
         out: &DeviceBackwardOut,
     ) -> Result<()> {
-        let (on_stream, p, weights) = self.on_device(model, true)?;
+        let (on_stream, (p, settled), weights) = self.on_device(model, true)?;
         let spans = BackwardSpans {
             input: span(self.input),
             reserve: span(reserve),
@@ -173,10 +163,8 @@ impl CallerMemory for DeviceCall<'_> {
             d_input: span(out.d_input),
             d_h0: (!out.d_h0.is_empty()).then(|| out.d_h0.iter().copied().map(span).collect()),
             d_params: out.d_params.iter().map(|ps| ps.iter().copied().map(span).collect()).collect(),
-            dropout: model.caller_dropout(self.masks, self.dropout)?,
-            masking: model.caller_masking(self.masks, self.rates)?,
         };
         let device = on_stream.as_deref().unwrap_or(model.device.as_ref());
-        Run::new(model, device, &p, &weights).backward(spans)
+        Run::new(model, device, (&p, &settled), &weights).backward(spans)
     }
 }

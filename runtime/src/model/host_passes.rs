@@ -11,11 +11,13 @@
 
 use crate::backend::cpu::host::{floats, floats_mut};
 use crate::backend::Device;
-use crate::driver::{BackwardSpans, ForwardSpans, Run};
 use crate::error::{Result, RuntimeError};
+use crate::model::driver::{BackwardSpans, ForwardSpans, Run};
 use crate::model::Model;
+use crate::options::Settled;
 use crate::pass::{Buf, Memory, PassWeights, Span};
 use crate::sequence::LaidOutBatch;
+use cellc::precision::Precision;
 use std::sync::{Arc, Mutex};
 
 /// The weights of a pass over host memory: the model's own, or the caller's.
@@ -64,7 +66,8 @@ fn device_weights<'m>(
     model.ensure_owns_weights()?;
     for (params, prepared) in model.params.iter().zip(&model.prepared) {
         let slot = prepared
-            .get_or_init(Uploaded::default)
+            // Uploaded as they are, whatever the products' precision.
+            .get_or_init(Precision::F32, Uploaded::default)
             .ok_or_else(|| RuntimeError::Internal("another device's form of a model's weights".into()))?;
         let mut kept =
             slot.0.lock().map_err(|_| RuntimeError::Internal("uploaded weights poisoned".into()))?;
@@ -91,7 +94,7 @@ fn device_weights<'m>(
 /// it writes (output, final states, reserve) are the caller's alone.
 pub(crate) unsafe fn forward(
     model: &Model,
-    p: &LaidOutBatch,
+    (p, settled): (&LaidOutBatch, &Settled),
     spans: ForwardSpans,
     weights: HostWeights,
     keep: bool,
@@ -99,7 +102,7 @@ pub(crate) unsafe fn forward(
     let device = model.device.as_ref();
     let mut held = Vec::new();
     let weights = device_weights(model, weights, &mut held)?;
-    let mut run = Run::new(model, device, p, &weights);
+    let mut run = Run::new(model, device, (p, settled), &weights);
     if device.memory() == Memory::Host {
         run.forward(spans)?;
         return Ok(None);
@@ -122,8 +125,6 @@ pub(crate) unsafe fn forward(
         output: output.span(),
         finals: finals.iter().map(Buf::span).collect(),
         reserve: reserve.as_ref().map(Buf::span),
-        dropout: spans.dropout,
-        masking: spans.masking.clone(),
     };
     run.forward(on_device)?;
     // SAFETY (block): the written spans are the caller's alone, per the contract.
@@ -152,7 +153,7 @@ pub(crate) unsafe fn forward(
 /// As [`forward`]; the written spans are the gradients.
 pub(crate) unsafe fn backward(
     model: &Model,
-    p: &LaidOutBatch,
+    (p, settled): (&LaidOutBatch, &Settled),
     spans: BackwardSpans,
     weights: HostWeights,
     kept: Option<&DeviceReserve>,
@@ -160,7 +161,7 @@ pub(crate) unsafe fn backward(
     let device = model.device.as_ref();
     let mut held = Vec::new();
     let weights = device_weights(model, weights, &mut held)?;
-    let mut run = Run::new(model, device, p, &weights);
+    let mut run = Run::new(model, device, (p, settled), &weights);
     if device.memory() == Memory::Host {
         return run.backward(spans);
     }
@@ -195,8 +196,6 @@ pub(crate) unsafe fn backward(
         d_input: d_input.span(),
         d_h0: d_h0.as_ref().map(|d| d.iter().map(Buf::span).collect()),
         d_params: d_params.iter().map(|ps| ps.iter().map(Buf::span).collect()).collect(),
-        dropout: spans.dropout,
-        masking: spans.masking.clone(),
     })?;
     // SAFETY (block): the written spans are the caller's alone, per the contract.
     unsafe {

@@ -10,14 +10,14 @@
 //! device memory ([`crate::DeviceCall`], addresses) alike: the call's type
 //! says which ([`CallerMemory`]), and both run through the one driver.
 
-use crate::driver::{BackwardSpans, ForwardSpans};
-use crate::dropout::MaskSeed;
 use crate::error::Result;
-use crate::exec::{BackwardOut, ForwardOut};
-use crate::host_passes;
-use crate::input::{BatchShape, Input};
+use crate::input::Input;
+use crate::model::driver::{BackwardSpans, ForwardSpans};
+use crate::model::host_passes;
 use crate::model::Model;
+use crate::options::{CallOptions, Settled};
 use crate::pass::Span;
+use crate::results::{BackwardOut, ForwardOut};
 use crate::sequence::LaidOutBatch;
 
 /// The inputs of a pass on the caller's host memory.
@@ -30,26 +30,9 @@ pub struct Call<'a> {
     pub weights: Option<&'a [Vec<&'a [f32]>]>,
     /// Initial states, `[layers * directions, B, size]` each; `None`: zeros.
     pub h0: Option<&'a [&'a [f32]]>,
-    /// Training mode: where the call draws the masks of the model's
-    /// dropout ([`Model::with_dropout`]); give its backward the same.
-    /// `None`: evaluation mode, nothing dropped (as PyTorch's
-    /// `module.eval()`, with or without a reserve).
-    pub masks: Option<MaskSeed>,
-    /// The rate of each of the cell's `rate`s for this call, in the order
-    /// of [`Model::rate_names`] ([`Model::rates_with`] makes one by name);
-    /// `None`: the model's ([`Model::rates`]). Give its backward the same.
-    pub rates: Option<&'a [f32]>,
-    /// The rate of dropout between layers for this call (in training
-    /// mode, as `masks` says); `None`: the model's ([`Model::with_dropout`]).
-    /// Give its backward the same.
-    pub dropout: Option<f32>,
-    /// Per-step resets: one flag per row of the input's layout (a padded
-    /// batch's `[B, T]` or `[T, B]`, as its input; a packed batch's `[N]`),
-    /// `true` where the state restarts from the initial state before that
-    /// step is computed; flags at padding and at a sequence's first step
-    /// change nothing. Give its backward the same. The initial states'
-    /// gradients sum every segment's (see [`crate::resets`]).
-    pub resets: Option<&'a [bool]>,
+    /// How it runs (training mode, rates, dropout, resets, precision);
+    /// give its backward the same.
+    pub options: CallOptions<'a>,
 }
 
 pub(crate) mod sealed {
@@ -92,60 +75,25 @@ pub trait CallerMemory: sealed::Sealed {
     ) -> Result<()>;
 }
 
-impl Model {
-    /// Checks a batch of `shape` with `data_len` floats of input, and its
-    /// per-step resets if any ([`Call::resets`]), against the model
-    /// without running it: the errors a pass would give.
-    pub fn check_batch(&self, shape: &BatchShape, data_len: usize, resets: Option<&[bool]>) -> Result<()> {
-        self.lay_out(shape, data_len)?.with_resets(resets).map(|_| ())
-    }
-
-    /// A forward pass over the caller's memory, writing `out`. With a
-    /// `reserve` of [`Model::reserve_floats_per_row`] floats per layout
-    /// row, it keeps there what [`Model::backward_from`] reads.
-    pub fn forward_into<C: CallerMemory>(
-        &self,
-        call: &C,
-        out: C::ForwardOut<'_>,
-        reserve: Option<C::ReserveMut<'_>>,
-    ) -> Result<()> {
-        call.forward(self, out, reserve)
-    }
-
-    /// The backward of a [`Model::forward_into`] with the same `call` and
-    /// its `reserve`: `d_output` is laid out like the output, `d_final`
-    /// (optional; `None`: zeros) like the final states.
-    pub fn backward_from<C: CallerMemory>(
-        &self,
-        call: &C,
-        reserve: C::Reserve<'_>,
-        d_output: C::Floats<'_>,
-        d_final: Option<&[C::Floats<'_>]>,
-        out: C::BackwardOut<'_>,
-    ) -> Result<()> {
-        call.backward(self, reserve, d_output, d_final, out)
-    }
-}
-
 impl<'a> Call<'a> {
-    /// A call on `input` with the model's own weights, zero initial states,
-    /// in evaluation mode, at the model's rates and dropout, without resets;
-    /// the other fields are set with struct update syntax
-    /// (`Call { masks: Some(seed), ..Call::new(input) }`).
+    /// A call on `input` with the model's own weights, zero initial states
+    /// and the model's settings ([`CallOptions::default`]: evaluation
+    /// mode, no resets); the other fields are set with struct update
+    /// syntax (`Call { h0: Some(&h0), ..Call::new(input) }`).
     pub fn new(input: Input<'a>) -> Call<'a> {
-        Call { input, weights: None, h0: None, masks: None, rates: None, dropout: None, resets: None }
+        Call { input, weights: None, h0: None, options: CallOptions::default() }
     }
 
     /// The call's batch laid out and checked to fit in memory, and its
     /// weights checked (before its rates and masks, whose errors come after).
-    fn laid_out(&self, model: &Model, training: bool) -> Result<LaidOutBatch> {
-        let p = model.prepare(&self.input)?.with_resets(self.resets)?;
+    fn laid_out(&self, model: &Model, training: bool) -> Result<(LaidOutBatch, Settled)> {
+        let p = model.prepare(&self.input)?.with_resets(self.options.resets)?;
         model.ensure_pass_fits(&p, training)?;
         match self.weights {
             Some(weights) => model.check_weights(weights)?,
             None => model.ensure_owns_weights()?,
         }
-        Ok(p)
+        Ok((p, model.settle(&self.options)?))
     }
 
     fn h0_spans(&self) -> Option<Vec<Span>> {
@@ -161,20 +109,18 @@ impl CallerMemory for Call<'_> {
     type BackwardOut<'o> = BackwardOut<'o>;
 
     fn forward(&self, model: &Model, out: ForwardOut, reserve: Option<&mut [f32]>) -> Result<()> {
-        let p = self.laid_out(model, reserve.is_some())?;
+        let (p, settled) = self.laid_out(model, reserve.is_some())?;
         let spans = ForwardSpans {
             input: Span::of(self.input.split().1),
             h0: self.h0_spans(),
             output: Span::of_mut(out.output),
             finals: out.final_states.into_iter().map(Span::of_mut).collect(),
-            dropout: model.caller_dropout(self.masks, self.dropout)?,
-            masking: model.caller_masking(self.masks, self.rates)?,
             reserve: reserve.map(Span::of_mut),
         };
         // SAFETY: every span is borrowed from the call, `out` or `reserve`
         // until the pass ends; the ones written are mutable borrows, so
         // distinct from every other.
-        unsafe { host_passes::forward(model, &p, spans, self.weights, false) }.map(|_| ())
+        unsafe { host_passes::forward(model, (&p, &settled), spans, self.weights, false) }.map(|_| ())
     }
 
     fn backward(
@@ -185,7 +131,7 @@ impl CallerMemory for Call<'_> {
         d_final: Option<&[&[f32]]>,
         out: BackwardOut,
     ) -> Result<()> {
-        let p = self.laid_out(model, true)?;
+        let (p, settled) = self.laid_out(model, true)?;
         let BackwardOut { d_input, d_h0, d_params } = out;
         let spans = BackwardSpans {
             input: Span::of(self.input.split().1),
@@ -195,10 +141,8 @@ impl CallerMemory for Call<'_> {
             d_input: Span::of_mut(d_input),
             d_h0: (!d_h0.is_empty()).then(|| d_h0.into_iter().map(Span::of_mut).collect()),
             d_params: d_params.into_iter().map(|ps| ps.into_iter().map(Span::of_mut).collect()).collect(),
-            dropout: model.caller_dropout(self.masks, self.dropout)?,
-            masking: model.caller_masking(self.masks, self.rates)?,
         };
         // SAFETY: as in `forward`.
-        unsafe { host_passes::backward(model, &p, spans, self.weights, None) }
+        unsafe { host_passes::backward(model, (&p, &settled), spans, self.weights, None) }
     }
 }

@@ -62,14 +62,11 @@ impl std::fmt::Debug for Stream<'_> {
     }
 }
 
-impl Model {
-    /// A workspace that runs this model a few steps at a time over `batch`
-    /// sequences, starting from zero states. Only a one-directional model
-    /// streams: a reverse direction reads each sequence from its end.
-    /// [`Stream`] has an example.
-    pub fn stream(&self, batch: usize) -> Result<Stream<'_>> {
-        self.ensure_owns_weights()?;
-        if self.config.bidirectional {
+impl<'m> Stream<'m> {
+    /// The workspace of [`Model::stream`].
+    pub(crate) fn new(model: &'m Model, batch: usize) -> Result<Stream<'m>> {
+        model.ensure_owns_weights()?;
+        if model.config.bidirectional {
             return Err(RuntimeError::NotStreamable {
                 reason: "it is bidirectional, and its reverse direction reads each sequence from its end; \
                          run whole sequences with Model::forward"
@@ -84,30 +81,31 @@ impl Model {
             });
         }
         // Each layer holds at least its input, output and states per sequence.
-        let per_sequence: u128 = self
+        let per_sequence: u128 = model
             .layers
             .iter()
             .map(|l| (l.input_size + l.output_size + l.state_sizes.iter().sum::<usize>()) as u128)
             .sum();
         crate::memory::ensure_fits(
-            || format!("a stream of cell `{}` over {batch} sequences", self.compiled.forward.name),
+            || format!("a stream of cell `{}` over {batch} sequences", model.compiled.forward.name),
             crate::memory::f32_bytes(per_sequence * batch as u128),
         )?;
         let job = StreamJob {
-            cell: &self.compiled,
-            layers: &self.layers,
-            params: (0..self.layers.len())
-                .map(|k| self.params(k, false).iter().map(Vec::as_slice).collect())
+            cell: &model.compiled,
+            layers: &model.layers,
+            params: (0..model.layers.len())
+                .map(|k| model.params(k, false).iter().map(Vec::as_slice).collect())
                 .collect(),
-            prepared: (0..self.layers.len()).map(|k| self.prepared(k, false)).collect(),
+            prepared: (0..model.layers.len()).map(|k| model.prepared(k, false)).collect(),
             batch,
-            masking: self.caller_masking(None, None)?,
+            masking: model.caller_masking(None, None)?,
+            precision: model.precision,
         };
-        let runner = match self.device.stream(job)? {
+        let runner = match model.device.stream(job)? {
             Some(runner) => runner,
-            None => Box::new(Batched::new(self, batch)),
+            None => Box::new(Batched::new(model, batch)),
         };
-        Ok(Stream { model: self, batch, runner })
+        Ok(Stream { model, batch, runner })
     }
 }
 

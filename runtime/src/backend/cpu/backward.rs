@@ -1,0 +1,294 @@
+//! One layer and direction backwards on the CPU, in the plan's phases:
+//! where each value lives (the forward's tape read in place), the stages
+//! before the loop over every row, the time loop backwards (step by step,
+//! or one whole-sequence kernel), then the stages after the loop and the
+//! gradients of the parameters, the input and the initial states.
+
+use super::all_rows::{run_all_rows, sum_rows, valid_rows, AllRows};
+use super::buffers::{constants, leaf_locations, locate, Buffers, Frame, Loc};
+use super::host::{HostBackward, HostGradients, RowsMut, SharedRows};
+use super::prepared::PreparedParams;
+use super::stages::{prepared_params, ReadyStage};
+use super::step_loop::StepLoop;
+use super::tape::CpuTape;
+use super::team::Team;
+use super::whole_sequence::{backward_whole_sequence, seeds_per_row, Walk};
+use super::LayerCode;
+use crate::error::{Result, RuntimeError};
+use crate::plan::{Home, ParamGradient, PassPlan, TimeLoop};
+use crate::pool;
+use cellc::ir::ValueId;
+use cellc::precision::Precision;
+use cellc::program::Side;
+use cellc::schedule::Placement;
+use cellc::shapes::Shapes;
+use std::collections::HashMap;
+
+/// Copies each value's row for `(b, t)` at rank `r` into layout row `row`
+/// of its buffer (the backward's values kept for after the loop).
+///
+/// # Safety
+/// Each buffer holds layout row `row` of its value's length, and no other
+/// thread writes it.
+unsafe fn keep_row(
+    kept: &[(ValueId, SharedRows)],
+    bufs: &Buffers,
+    frame: &Frame,
+    shapes: &Shapes,
+    (b, t, r): (usize, usize, usize),
+    row: usize,
+) -> Result<()> {
+    for &(v, dst) in kept {
+        let len = shapes.elements(v);
+        // SAFETY: the located row is valid for `len` floats; dst per the contract.
+        unsafe { std::ptr::copy_nonoverlapping(locate(bufs, frame, v, b, t, r)?, dst.at(row * len), len) };
+    }
+    Ok(())
+}
+
+/// One layer and direction backwards over `job`'s batch, reading the
+/// forward's `tape` and adding the input's adjoint into `d_input`: the
+/// initial states' and the parameters' gradients.
+pub(super) fn backward(
+    (threads, precision): (usize, Precision),
+    code: &LayerCode,
+    job: &HostBackward,
+    tape: &CpuTape,
+    d_input: &mut RowsMut,
+) -> Result<HostGradients> {
+    let (g, shapes) = (&*code.bwd_graph, &*code.bwd_shapes);
+    let layer = job.layer;
+    let pass = layer.pass(Side::Backward, true);
+    let (mut bufs, mut kept) = place_values(code, job, pass, tape)?;
+    let team = Team::new(job.order, threads);
+    let mut carry = team.by_rank(job.d_final, &layer.state_sizes);
+    let mut local = None;
+    let rows = (job.order.rows(), precision);
+    let weights = prepared_params(job.prepared, &mut local, g, &code.backward, job.params, shapes, rows);
+
+    // Before the loop: products that read no carried adjoint, over every valid row.
+    let all_rows = valid_rows(job.order);
+    let all = AllRows { order: job.order, rows: &all_rows, shapes, threads };
+    run_all_rows(
+        &code.backward,
+        &pass.before_loop,
+        &mut bufs,
+        &frame_of(job, weights, &[]),
+        &all,
+        &mut HashMap::new(),
+    )?;
+
+    // The loop, backwards in time.
+    match pass.time_loop {
+        TimeLoop::WholeSequence(k) => {
+            let ReadyStage::Pointwise { exec } = &code.backward[k] else {
+                return Err(RuntimeError::Internal("a whole-sequence stage that is not a kernel".into()));
+            };
+            let walk = Walk { job, exec: exec.as_ref(), threads };
+            backward_whole_sequence(&walk, &mut bufs, weights, pass, team.order(), &mut carry)?;
+            // The kernel kept every value per row; the carried adjoints are
+            // the next row's state adjoints, or the final ones.
+            kept.clear();
+            for &(v, i) in &pass.carries_for_after_loop {
+                kept.insert(v, seeds_per_row(job, pass, &bufs, i, job.layout_rows())?);
+            }
+        }
+        TimeLoop::Steps(_) => {
+            let carry_rows = SharedRows::each(&mut carry);
+            let frame = frame_of(job, weights, &carry_rows);
+            let steps = Steps { code, job, pass, team: &team, bufs: &bufs, frame: &frame };
+            steps.run(&mut kept)?;
+        }
+    }
+
+    // After the loop, over every valid row.
+    for (v, data) in kept {
+        bufs.row_data(v, data);
+    }
+    let carry_rows = SharedRows::each(&mut carry);
+    let frame = frame_of(job, weights, &carry_rows);
+    let mut matrices: HashMap<ValueId, Vec<f32>> = HashMap::new();
+    run_all_rows(&code.backward, &pass.after_loop, &mut bufs, &frame, &all, &mut matrices)?;
+    let d_params = param_gradients(job, pass, (&bufs, &frame), &all, matrices)?;
+    add_input_adjoint(job, pass, (&bufs, &frame), &all_rows, d_input)?;
+    let d_h0 = layer
+        .state_sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &m)| {
+            let mut out = vec![0.0; job.order.batch() * m];
+            for (r, &b) in team.order().iter().enumerate() {
+                out[b * m..(b + 1) * m].copy_from_slice(&carry[i][r * m..(r + 1) * m]);
+            }
+            out
+        })
+        .collect();
+    Ok(HostGradients { d_h0, d_params })
+}
+
+/// The backward's frame over `job`'s rows, with the carried adjoints `carry`.
+fn frame_of<'a>(job: &'a HostBackward, weights: &'a PreparedParams, carry: &'a [SharedRows]) -> Frame<'a> {
+    let layer = job.layer;
+    let d_output = Some((job.d_output, layer.output_size));
+    Frame { carry, d_output, ..Frame::new((job.input, job.masks), layer, job.params, weights) }
+}
+
+/// Layout rows per value the backward keeps for after its loop.
+type Kept = HashMap<ValueId, Vec<f32>>;
+
+/// The values' storage for a backward pass: constants, the leaves where
+/// the plan says, the forward's values it reads in the tape's rows,
+/// per-step values in rank rows and the rest in layout rows; and the
+/// layout rows each step copies into, of the values the plan keeps for
+/// after the loop.
+fn place_values(
+    code: &LayerCode,
+    job: &HostBackward,
+    pass: &PassPlan,
+    tape: &CpuTape,
+) -> Result<(Buffers, Kept)> {
+    let (g, shapes) = (&*code.bwd_graph, &*code.bwd_shapes);
+    let (batch, layout_rows) = (job.order.batch(), job.layout_rows());
+    let mut bufs = Buffers::new();
+    constants(g, shapes, &mut bufs);
+    leaf_locations(pass, shapes, &mut bufs);
+    for (v, home) in pass.homes() {
+        if let Home::Tape(kept) = home {
+            bufs.place(v, Loc::TapeRows(tape.part(kept)?.as_ptr() as *mut f32), shapes.elements(v));
+        }
+    }
+    let each_step = pass.stages_at(Placement::EachStep);
+    for (k, st) in code.backward.iter().enumerate() {
+        for v in st.outputs() {
+            match pass.home(v) {
+                Some(Home::Fixed) => {}
+                _ if each_step.contains(&k) => bufs.rank_buf(v, shapes.elements(v), batch),
+                _ => bufs.row_buf(v, shapes.elements(v), layout_rows),
+            }
+        }
+    }
+    let persisted = pass.kept_for_after_loop.iter().copied();
+    let persisted = persisted.chain(pass.carries_for_after_loop.iter().map(|&(v, _)| v));
+    let kept = persisted.map(|v| (v, pool::take(layout_rows * shapes.elements(v)))).collect();
+    Ok((bufs, kept))
+}
+
+/// The plan's step-by-step loop backwards over a pass's placed values.
+struct Steps<'a> {
+    code: &'a LayerCode,
+    job: &'a HostBackward<'a>,
+    pass: &'a PassPlan,
+    team: &'a Team,
+    bufs: &'a Buffers,
+    frame: &'a Frame<'a>,
+}
+
+impl Steps<'_> {
+    /// Runs every step backwards in time across the batch's ranks, each
+    /// thread writing only its ranks' carried adjoints (`frame.carry`) and
+    /// its sequences' rows of `kept`.
+    fn run(&self, kept: &mut Kept) -> Result<()> {
+        let Steps { code, job, pass, team, bufs, frame } = *self;
+        let (layer, order, shapes) = (job.layer, team.order(), &*code.bwd_shapes);
+        let kept_rows: Vec<(ValueId, SharedRows)> =
+            kept.iter_mut().map(|(&v, b)| (v, SharedRows::of(b))).collect();
+        let after = |s: usize, ranks: std::ops::Range<usize>| -> Result<()> {
+            for r in ranks {
+                let b = order[r];
+                let t = job.order.time(b, s, job.reverse);
+                let row = job.input.layout.row(b, t);
+                // SAFETY (block): rank r's carried adjoints and sequence b's
+                // kept rows belong to this thread alone; located rows are
+                // valid for their values' lengths.
+                unsafe {
+                    keep_row(&kept_rows, bufs, frame, shapes, (b, t, r), row)?;
+                    // The carry is replaced in place: this row's stages have
+                    // read it, and the kept rows above were copied first.
+                    for (i, &m) in layer.state_sizes.iter().enumerate() {
+                        let dst = frame.carry[i].at(r * m);
+                        match pass.carried[i] {
+                            Some(v) => std::ptr::copy(locate(bufs, frame, v, b, t, r)?, dst, m),
+                            None => std::ptr::write_bytes(dst, 0, m),
+                        }
+                    }
+                }
+            }
+            Ok(())
+        };
+        let steps: Vec<usize> = (0..job.order.steps()).rev().collect();
+        let each_step = StepLoop {
+            team,
+            stages: &code.backward,
+            each_step: pass.stages_at(Placement::EachStep),
+            bufs,
+            frame,
+            shapes,
+            order: job.order,
+            reverse: job.reverse,
+        };
+        each_step.run(&steps, &after)
+    }
+}
+
+/// The parameters' gradients, in the cell's order: products accumulated
+/// over rows (`matrices`, from the stages after the loop), or per-row
+/// values summed over every valid row.
+fn param_gradients(
+    job: &HostBackward,
+    pass: &PassPlan,
+    (bufs, frame): (&Buffers, &Frame),
+    all: &AllRows,
+    mut matrices: HashMap<ValueId, Vec<f32>>,
+) -> Result<Vec<Vec<f32>>> {
+    let mut d_params = Vec::with_capacity(job.params.len());
+    for (i, d) in pass.d_params.iter().enumerate() {
+        let len = job.params[i].len();
+        match *d {
+            None => d_params.push(vec![0.0; len]),
+            Some(ParamGradient::Matrix(v)) => {
+                // Two parameters may share one gradient (`w @ x + u @ x`): the last takes it.
+                let shared = pass.d_params[i + 1..].iter().flatten().any(|g| g.value() == v);
+                let matrix = if shared { matrices.get(&v).cloned() } else { matrices.remove(&v) };
+                d_params.push(
+                    matrix.ok_or_else(|| {
+                        RuntimeError::Internal(format!("weight gradient {v} is not computed"))
+                    })?,
+                )
+            }
+            Some(ParamGradient::SumOfRows(v)) => {
+                let rows: Vec<*const f32> = all
+                    .rows
+                    .iter()
+                    .map(|&(b, t, _)| locate(bufs, frame, v, b, t, 0).map(|p| p as *const f32))
+                    .collect::<Result<_>>()?;
+                let mut acc = vec![0.0f32; len];
+                // SAFETY: each pointer is a located row of `len` floats of v.
+                unsafe { sum_rows(&rows, &mut acc, all.threads) };
+                d_params.push(acc);
+            }
+        }
+    }
+    Ok(d_params)
+}
+
+/// Adds the input's adjoint, every valid row of each input's slice, into `d_input`.
+fn add_input_adjoint(
+    job: &HostBackward,
+    pass: &PassPlan,
+    (bufs, frame): (&Buffers, &Frame),
+    all_rows: &[(usize, usize, usize)],
+    d_input: &mut RowsMut,
+) -> Result<()> {
+    let layer = job.layer;
+    for (d, &(o, l)) in pass.d_inputs.iter().zip(&layer.input_slices) {
+        let Some(v) = d else { continue };
+        for &(b, t, _) in all_rows {
+            let p = locate(bufs, frame, *v, b, t, 0)?;
+            // SAFETY: a located row of `l` floats of v, in a buffer of this run (not d_input).
+            let row = unsafe { std::slice::from_raw_parts(p, l) };
+            let dst = d_input.get_mut(b, t, layer.input_size);
+            dst[o..o + l].iter_mut().zip(row).for_each(|(a, x)| *a += x);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,208 @@
+//! One layer and direction forwards on the CPU, in the plan's phases:
+//! where each value lives, the stages before the loop over every row, then
+//! the time loop (step by step across the batch's ranks, or one
+//! whole-sequence kernel); the final states.
+
+use super::all_rows::{run_all_rows, valid_rows, AllRows};
+use super::buffers::{constants, leaf_locations, locate, Buffers, Frame, Loc};
+use super::host::{HostForward, RowsMut, SharedRows};
+use super::stages::{prepared_params, ReadyStage};
+use super::step_loop::StepLoop;
+use super::tape::CpuTape;
+use super::team::Team;
+use super::whole_sequence::{forward_whole_sequence, Walk};
+use super::LayerCode;
+use crate::error::{Result, RuntimeError};
+use crate::plan::{Home, PassPlan, TapeSource, TimeLoop};
+use cellc::ir::ValueId;
+use cellc::precision::Precision;
+use cellc::program::Side;
+use cellc::schedule::Placement;
+use std::collections::HashMap;
+
+/// One layer and direction forwards over `job`'s batch, writing `output`
+/// and, training, `tape`: the final states.
+pub(super) fn forward(
+    (threads, precision): (usize, Precision),
+    code: &LayerCode,
+    job: &HostForward,
+    output: &mut RowsMut,
+    tape: Option<&mut [f32]>,
+) -> Result<Vec<Vec<f32>>> {
+    let (g, shapes) = (&*code.fwd_graph, &*code.fwd_shapes);
+    let layer = job.layer;
+    let pass = layer.pass(Side::Forward, tape.is_some());
+    let (mut bufs, mut tape) = place_values(code, job, pass, tape)?;
+    let team = Team::new(job.order, threads);
+    let mut states = team.by_rank(job.h0, &layer.state_sizes);
+    let mut local = None;
+    let rows = (job.order.rows(), precision);
+    let weights = prepared_params(job.prepared, &mut local, g, &code.forward, job.params, shapes, rows);
+    let state_rows = SharedRows::each(&mut states);
+    let frame =
+        Frame { states: &state_rows, ..Frame::new((job.input, job.masks), layer, job.params, weights) };
+
+    // Before the loop: every valid row.
+    let all_rows = valid_rows(job.order);
+    let all = AllRows { order: job.order, rows: &all_rows, shapes, threads };
+    run_all_rows(&code.forward, &pass.before_loop, &mut bufs, &frame, &all, &mut HashMap::new())?;
+
+    // The loop.
+    let output_value =
+        pass.output.ok_or_else(|| RuntimeError::Internal("a forward without an output".into()))?;
+    let next_states: Vec<ValueId> = pass
+        .carried
+        .iter()
+        .map(|v| v.ok_or_else(|| RuntimeError::Internal("a next state that is never computed".into())))
+        .collect::<Result<_>>()?;
+    let chained = (output_value, &next_states[..]);
+    match pass.time_loop {
+        TimeLoop::WholeSequence(k) => {
+            let ReadyStage::Pointwise { exec } = &code.forward[k] else {
+                return Err(RuntimeError::Internal("a whole-sequence stage that is not a kernel".into()));
+            };
+            let walk = Walk { job, exec: exec.as_ref(), threads };
+            forward_whole_sequence(&walk, chained, output, &mut bufs, weights, pass, tape.as_mut())
+        }
+        TimeLoop::Steps(_) => {
+            let steps = Steps { code, job, pass, team: &team, bufs: &bufs, frame: &frame };
+            steps.run(chained, output, tape.as_mut())
+        }
+    }
+}
+
+/// The values' storage for a forward pass: constants, the leaves where the
+/// plan says, the values it writes straight into the tape (laid over the
+/// caller's memory, its padding rows zeroed), layout rows for what runs
+/// before the loop and what the plan keeps by layout row, rank rows for
+/// the rest (a whole-sequence kernel's outputs are given layout rows
+/// where it runs).
+fn place_values(
+    code: &LayerCode,
+    job: &HostForward,
+    pass: &PassPlan,
+    tape: Option<&mut [f32]>,
+) -> Result<(Buffers, Option<CpuTape>)> {
+    let (g, shapes) = (&*code.fwd_graph, &*code.fwd_shapes);
+    let (batch, layout_rows) = (job.order.batch(), job.layout_rows());
+    let mut bufs = Buffers::new();
+    constants(g, shapes, &mut bufs);
+    leaf_locations(pass, shapes, &mut bufs);
+    let mut tape = match tape {
+        None => None,
+        // SAFETY: the tape lives for this call, which borrows `memory` mutably.
+        Some(memory) => {
+            let mut t =
+                unsafe { CpuTape::in_caller(job.layer, layout_rows, memory.as_mut_ptr(), memory.len())? };
+            t.zero_padding(job, layout_rows);
+            Some(t)
+        }
+    };
+    if let Some(t) = tape.as_mut() {
+        for (write, (_, rows)) in pass.tape.iter().zip(&mut t.parts) {
+            if let (true, TapeSource::Value(v)) = (write.direct, write.source) {
+                bufs.place(v, Loc::TapeRows(rows.as_mut_ptr()), shapes.elements(v));
+            }
+        }
+    }
+    for (k, st) in code.forward.iter().enumerate() {
+        let hoisted = pass.before_loop.contains(&k);
+        for v in st.outputs() {
+            match pass.home(v) {
+                Some(Home::Tape(_)) => {}
+                Some(Home::Layout) => bufs.row_buf(v, shapes.elements(v), layout_rows),
+                _ if hoisted => bufs.row_buf(v, shapes.elements(v), layout_rows),
+                _ => bufs.rank_buf(v, shapes.elements(v), batch),
+            }
+        }
+    }
+    Ok((bufs, tape))
+}
+
+/// The plan's step-by-step loop forwards over a pass's placed values.
+struct Steps<'a> {
+    code: &'a LayerCode,
+    job: &'a HostForward<'a>,
+    pass: &'a PassPlan,
+    team: &'a Team,
+    bufs: &'a Buffers,
+    frame: &'a Frame<'a>,
+}
+
+impl Steps<'_> {
+    /// Runs every step across the batch's ranks, each thread writing only
+    /// the rows of its ranks: their output rows, their tape rows, their
+    /// states, and their sequences' final states (returned).
+    fn run(
+        &self,
+        (output_value, next_states): (ValueId, &[ValueId]),
+        output: &mut RowsMut,
+        tape: Option<&mut CpuTape>,
+    ) -> Result<Vec<Vec<f32>>> {
+        let Steps { code, job, pass, team, bufs, frame } = *self;
+        let layer = job.layer;
+        let order = team.order();
+        let mut finals: Vec<Vec<f32>> =
+            layer.state_sizes.iter().map(|&n| vec![0.0; job.order.batch() * n]).collect();
+        let out = SharedRows::of(output.data);
+        let (out_width, out_offset, out_layout) = (output.width, output.offset, output.layout);
+        let finals_rows = SharedRows::each(&mut finals);
+        // The tape's parts that are copied each step, and what from.
+        let copies: Vec<(TapeSource, SharedRows, usize)> = match tape {
+            None => Vec::new(),
+            Some(t) => pass
+                .tape
+                .iter()
+                .zip(&mut t.parts)
+                .filter(|(write, _)| !write.direct)
+                .map(|(write, (part, rows))| (write.source, SharedRows::of(rows), part.floats))
+                .collect(),
+        };
+        let after = |s: usize, ranks: std::ops::Range<usize>| -> Result<()> {
+            let o = layer.output_size;
+            for r in ranks {
+                let b = order[r];
+                let t = job.order.time(b, s, job.reverse);
+                // SAFETY (block): every row written is this rank's (sequence b's
+                // row at t, rank r's state), which no other thread touches; the
+                // located rows are valid for their values' lengths.
+                unsafe {
+                    let out_row = out.at(out_layout.row(b, t) * out_width + out_offset);
+                    std::ptr::copy_nonoverlapping(locate(bufs, frame, output_value, b, t, r)?, out_row, o);
+                    // The tape's rows, before the states move on.
+                    let row = job.input.layout.row(b, t);
+                    for &(source, dst, len) in &copies {
+                        let src = match source {
+                            TapeSource::StateBefore(i) => frame.states[i].at(r * len),
+                            TapeSource::Value(v) => locate(bufs, frame, v, b, t, r)?,
+                        };
+                        std::ptr::copy_nonoverlapping(src, dst.at(row * len), len);
+                    }
+                    for (i, &m) in layer.state_sizes.iter().enumerate() {
+                        let state = frame.states[i].at(r * m);
+                        // The new state replaces the old in place: this row's
+                        // stages have read it, and no other row reads it.
+                        std::ptr::copy(locate(bufs, frame, next_states[i], b, t, r)?, state, m);
+                        if s + 1 == job.order.lengths()[b] {
+                            std::ptr::copy_nonoverlapping(state, finals_rows[i].at(b * m), m);
+                        }
+                    }
+                }
+            }
+            Ok(())
+        };
+        let steps: Vec<usize> = (0..job.order.steps()).collect();
+        let each_step = StepLoop {
+            team,
+            stages: &code.forward,
+            each_step: pass.stages_at(Placement::EachStep),
+            bufs,
+            frame,
+            shapes: &code.fwd_shapes,
+            order: job.order,
+            reverse: job.reverse,
+        };
+        each_step.run(&steps, &after)?;
+        Ok(finals)
+    }
+}
