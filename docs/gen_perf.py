@@ -53,6 +53,8 @@ MACHINE_NOTES = {
 NOT_SHOWN = {
     "ab_issue30_zen3.json": "A/B of two cellc builds (issue 30), old / new; internal",
     "ab_issue30_plan_zen3.json": "A/B of two cellc builds (issue 30's pass plan), old / new; internal",
+    "ab_issue50_cli_zen5.json": "A/B of two cellc builds (issue 50's device trait), `cellc bench`, old / new; internal",
+    "ab_issue50_python_zen5.json": "A/B of two cellc packages (issue 50's device trait), cellc.RNN, old / new; internal",
     "python_vs_nn_zen3_issue30_quick.json": "`--quick` run (B=16, H=256) after issue 30; superseded by the full grid",
     "python_vs_nn_zen3_issue30_plan_quick.json": "`--quick` run (B=16, H=256) after issue 30's pass plan; superseded",
 }
