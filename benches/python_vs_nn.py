@@ -18,11 +18,14 @@ build of the CLI (`cargo build --release`) for `cellc bench`, the runtime alone.
 Inference runs under no_grad, training is forward + backward of out.sum(); 1 and 2 threads
 (torch.set_num_threads). Each measurement alternates cellc, PyTorch, cellc, PyTorch and keeps
 each one's faster median. Ratios are PyTorch time / cellc time: above 1, cellc is faster.
+Each cellc row also gives its matrix products' rate as a fraction of this machine's f32 FMA
+peak at that thread count, measured first (`cellc peak`).
 """
 import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 
@@ -30,7 +33,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_pytorch import cellc_time, lengths_uniform, time_it  # noqa: E402
+from compare_pytorch import CELLC, cellc_time, lengths_uniform, time_it  # noqa: E402
 
 import cellc  # noqa: E402
 
@@ -87,6 +90,26 @@ def times(cell, b, t, h, mode, lengths, min_time, device="cpu", stack=(1, 0.0)):
     return best
 
 
+# Matrix-product flops per valid step and unit of H², one layer, I = H: the LSTM's two [4H, H]
+# products forwards (2 flops per multiply-add), the GRU's two [3H, H]; training adds the
+# backward's four products (the inputs' and the states' adjoints, the two weight gradients).
+FLOPS_PER_H2 = {"lstm": 16, "gru": 12}
+
+
+def product_flops(cell, h, tokens, mode, layers=1):
+    """The matrix products' flops of a call over `tokens` valid steps."""
+    forward = FLOPS_PER_H2[cell] * h * h * tokens * layers
+    return forward * (3 if mode == "train" else 1)
+
+
+def machine_peaks(threads):
+    """This machine's f32 FMA peak in GFLOP/s at each thread count (`cellc peak`)."""
+    cmd = [CELLC, "peak", "--json", "--min-time", "0.5"] + [a for t in threads for a in ("--threads", str(t))]
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    peaks = json.loads(done.stdout)["peaks"]
+    return {p["threads"]: p["gflops"] for p in peaks if p["kind"] == "f32_fma"}
+
+
 def generate_time(cell, h, words, threads):
     """Seconds per step of a loop that feeds one step per call, carrying the state."""
     mod, rnn = pair(cell, 1, 1, h, [1])
@@ -126,6 +149,8 @@ def main():
     meta = {"torch": torch.__version__, "machine": platform.processor() or platform.machine(),
             "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), "threading": cellc.threading(),
             "layers": args.layers, "dropout": args.dropout}
+    peaks = machine_peaks(args.threads)
+    meta["f32_fma_peak_gflops"] = peaks
     print(meta, flush=True)
     for threads in args.threads:
         torch.set_num_threads(threads)
@@ -138,13 +163,16 @@ def main():
                     lengths = lengths_uniform(b, t) if kind == "varlen" else [t] * b
                     s = times(cell, b, t, h, mode, lengths, args.min_time, stack=stack)
                     nn_best = min(v for k, v in s.items() if k != "cellc")
+                    gflops = product_flops(cell, h, sum(lengths), mode, args.layers) / s["cellc"] / 1e9
                     row = dict(kind=kind, cell=cell, mode=mode, threads=threads, batch=b, hidden=h, steps=t,
                                cellc_s=s["cellc"], nn_padded_s=s["padded"], nn_packed_s=s.get("packed"),
-                               ratio=nn_best / s["cellc"])
+                               ratio=nn_best / s["cellc"], cellc_gflops=gflops,
+                               peak_fraction=gflops / peaks[threads])
                     rows.append(row)
                     print(f"{kind:<7}{cell:<5}{mode:<6}{threads}t B={b:<3} T={t:<4} H={h:<4} cellc "
-                          f"{s['cellc'] * 1e3:8.3f} ms  nn padded {s['padded'] * 1e3:8.3f}  packed "
-                          f"{(s.get('packed') or float('nan')) * 1e3:8.3f}  ratio {row['ratio']:.2f}", flush=True)
+                          f"{s['cellc'] * 1e3:8.3f} ms ({row['peak_fraction']:4.0%} of peak)  nn padded "
+                          f"{s['padded'] * 1e3:8.3f}  packed {(s.get('packed') or float('nan')) * 1e3:8.3f}  "
+                          f"ratio {row['ratio']:.2f}", flush=True)
             if args.shape:
                 continue
             g = generate_time(cell, 256, 2000, threads)

@@ -227,11 +227,11 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
     let sizes_text: Vec<String> = model.layers()[0].sizes.iter().map(|(k, v)| format!("{k}={v}")).collect();
     // The same products timed alone (CPU inference, f32): the bound the model is measured against.
     let on_cpu = args.backend.unwrap_or(BackendChoice::Cpu) == BackendChoice::Cpu;
+    let threads = args
+        .threads
+        .map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), |n| n as usize);
     let gemm_only = match args.mode {
         Mode::Infer if on_cpu && !streaming && model.precision() == Precision::F32 => {
-            let threads = args
-                .threads
-                .map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), |n| n as usize);
             let (flops, secs) = cellc_runtime::backend::cpu::roofline::forward_gemms(
                 (model.compiled(), model.layers(), model.directions()),
                 &lengths,
@@ -245,9 +245,20 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
     let gemm_only_json = gemm_only.map_or_else(String::new, |g| {
         format!(", \"gemm_only_gflops\": {g:.4}, \"gemm_fraction\": {:.4}", gflops / g)
     });
+    // On the CPU, the machine's measured peak for these products at these threads.
+    let peak = if on_cpu { crate::peak::for_products(model.precision(), threads) } else { None };
+    let peak_json = peak.map_or_else(String::new, |p| {
+        let g = p.flops / 1e9;
+        format!(
+            ", \"peak_gflops\": {g:.4}, \"peak_isa\": \"{}\", \"peak_threads\": {}, \"peak_fraction\": {:.4}",
+            p.isa,
+            p.threads,
+            gflops / g
+        )
+    });
     if args.json {
         println!(
-            "{{\"cell\": \"{}\", \"backend\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"batch\": {b}, \"steps\": {t}, \"layers\": {}, \"bidirectional\": {}, \"dropout\": {}, \"route\": \"{}\", \"sizes\": \"{}\", \"tokens\": {tokens}, \"runs\": {}, \"median_s\": {median:.6e}, \"min_s\": {min:.6e}, \"compile_s\": {compile_s:.6e}, \"tokens_per_s\": {tokens_per_s:.6e}, \"gflops\": {gflops:.4}{gemm_only_json}}}",
+            "{{\"cell\": \"{}\", \"backend\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"batch\": {b}, \"steps\": {t}, \"layers\": {}, \"bidirectional\": {}, \"dropout\": {}, \"route\": \"{}\", \"sizes\": \"{}\", \"tokens\": {tokens}, \"runs\": {}, \"median_s\": {median:.6e}, \"min_s\": {min:.6e}, \"compile_s\": {compile_s:.6e}, \"tokens_per_s\": {tokens_per_s:.6e}, \"gflops\": {gflops:.4}{gemm_only_json}{peak_json}}}",
             model.compiled().forward.name,
             model.backend_name(),
             model.precision(),
@@ -284,6 +295,15 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
             println!(
                 "the same matrix products alone: {g:.2} GFLOP/s; the whole model runs at {:.0}% of that",
                 100.0 * gflops / g
+            );
+        }
+        if let Some(p) = peak {
+            println!(
+                "{:.0}% of this machine's measured peak ({:.1} GFLOP/s, {} on {} threads: `cellc peak`)",
+                100.0 * gflops / (p.flops / 1e9),
+                p.flops / 1e9,
+                p.isa,
+                p.threads
             );
         }
     }

@@ -36,6 +36,7 @@ enum Stage {
 mod bench;
 mod compile;
 mod fuzz;
+mod peak;
 mod run;
 
 #[derive(Subcommand, Debug)]
@@ -44,6 +45,8 @@ enum Command {
     Run(run::RunArgs),
     /// Time a model on synthetic data (compilation reported apart).
     Bench(bench::BenchArgs),
+    /// Measure this machine's arithmetic peak: every speed is a fraction of it.
+    Peak(peak::PeakArgs),
     /// Write a cell's kernels for a target: CUDA C++, or PTX / SASS through NVRTC.
     Compile(compile::CompileArgs),
     /// Differential fuzzing: random cells (or your own) on every back end against the interpreter.
@@ -134,7 +137,7 @@ impl Command {
             Command::Run(args) => &args.define,
             Command::Bench(args) => &args.define,
             Command::Compile(args) => &args.define,
-            Command::Fuzz(_) | Command::Devices => &[],
+            Command::Fuzz(_) | Command::Peak(_) | Command::Devices => &[],
         }
     }
 }
@@ -218,6 +221,13 @@ fn main() -> ExitCode {
             graph(&file, cell.as_deref(), dot, stage, &define, color)
         }
         Command::Bench(args) => match bench::bench(&args) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("error: {e}");
+                false
+            }
+        },
+        Command::Peak(args) => match peak::peak(&args) {
             Ok(()) => true,
             Err(e) => {
                 eprintln!("error: {e}");

@@ -696,3 +696,25 @@ fn endless_streams_as_cells_weights_or_inputs_are_errors_at_once() {
         assert!(started.elapsed().as_secs() < 10, "{stream}: {:?}", started.elapsed());
     }
 }
+
+/// `cellc peak` measures the f32 FMA peak on one thread and on every
+/// usable core (bf16 dot products too where the processor has them), and
+/// `cellc bench` gives the CPU's rate as a fraction of the peak at its
+/// thread count.
+#[test]
+fn peak_measures_the_machine_and_bench_reports_a_fraction_of_it() {
+    let out = cellc(&["peak", "--json", "--min-time", "0.05", "--threads", "1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let peaks = v["peaks"].as_array().expect("peaks");
+    let f32_fma = peaks.iter().find(|p| p["kind"] == "f32_fma").expect("an f32 peak on x86-64");
+    assert_eq!(f32_fma["threads"], 1);
+    assert!(f32_fma["gflops"].as_f64().expect("a rate") > 1.0, "{v}");
+    let out = tiny_bench(&["--threads", "1", "--json", "--min-time", "0.01"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let (rate, peak) = (v["gflops"].as_f64().expect("a rate"), v["peak_gflops"].as_f64().expect("the peak"));
+    assert_eq!(v["peak_threads"], 1);
+    let fraction = v["peak_fraction"].as_f64().expect("a fraction");
+    assert!((fraction - rate / peak).abs() < 1e-3 && fraction > 0.0 && fraction < 1.5, "{v}");
+}

@@ -28,6 +28,7 @@ pub mod masks;
 pub mod native;
 pub(crate) mod openmp;
 pub mod panels;
+pub mod peak;
 pub(crate) mod prepared;
 pub mod product;
 pub mod roofline;
