@@ -79,6 +79,20 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a sentence.
     #[arg(long)]
     pub json: bool,
+    /// After the timed runs, run a few more with the CPU back end's phases
+    /// timed, and print where a pass's time goes (`profile` in `--json`).
+    #[arg(long)]
+    pub profile: bool,
+}
+
+/// Whether the model runs on the CPU back end.
+fn on_cpu(args: &BenchArgs) -> bool {
+    args.backend.unwrap_or(BackendChoice::Cpu) == BackendChoice::Cpu
+}
+
+/// The threads a CPU pass uses: `--threads`, else every core.
+fn threads(args: &BenchArgs) -> usize {
+    args.threads.map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), |n| n as usize)
 }
 
 /// SplitMix64, for reproducible lengths and data.
@@ -219,6 +233,20 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
         times.push(t0.elapsed());
     }
     times.sort();
+    // Where a pass's time goes (CPU), from passes of their own, so the timed ones carry no clocks.
+    let profile = if args.profile && on_cpu(args) {
+        use cellc_runtime::backend::cpu::profile;
+        let runs = times.len().clamp(3, 20);
+        profile::take();
+        profile::enable(true);
+        let done = (0..runs).try_for_each(|_| run_once());
+        profile::enable(false);
+        done?;
+        let per_pass = |s: f64| s / runs as f64;
+        Some(profile::take().into_iter().map(|(p, s)| (p.name(), per_pass(s))).collect::<Vec<_>>())
+    } else {
+        None
+    };
     let median = times[times.len() / 2].as_secs_f64();
     let min = times[0].as_secs_f64();
     let tokens: usize = lengths.iter().sum();
@@ -226,10 +254,7 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
     let gflops = gemm_flops(&model, tokens as f64, args.mode == Mode::Train) / median / 1e9;
     let sizes_text: Vec<String> = model.layers()[0].sizes.iter().map(|(k, v)| format!("{k}={v}")).collect();
     // The same products timed alone (CPU inference, f32): the bound the model is measured against.
-    let on_cpu = args.backend.unwrap_or(BackendChoice::Cpu) == BackendChoice::Cpu;
-    let threads = args
-        .threads
-        .map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), |n| n as usize);
+    let (on_cpu, threads) = (on_cpu(args), threads(args));
     let gemm_only = match args.mode {
         Mode::Infer if on_cpu && !streaming && model.precision() == Precision::F32 => {
             let (flops, secs) = cellc_runtime::backend::cpu::roofline::forward_gemms(
@@ -247,6 +272,10 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
     });
     // On the CPU, the machine's measured peak for these products at these threads.
     let peak = if on_cpu { crate::peak::for_products(model.precision(), threads) } else { None };
+    let profile_json = profile.as_ref().map_or_else(String::new, |phases| {
+        let each: Vec<String> = phases.iter().map(|(name, s)| format!("\"{name}\": {s:.6e}")).collect();
+        format!(", \"profile\": {{{}}}", each.join(", "))
+    });
     let peak_json = peak.map_or_else(String::new, |p| {
         let g = p.flops / 1e9;
         format!(
@@ -258,7 +287,7 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
     });
     if args.json {
         println!(
-            "{{\"cell\": \"{}\", \"backend\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"batch\": {b}, \"steps\": {t}, \"layers\": {}, \"bidirectional\": {}, \"dropout\": {}, \"route\": \"{}\", \"sizes\": \"{}\", \"tokens\": {tokens}, \"runs\": {}, \"median_s\": {median:.6e}, \"min_s\": {min:.6e}, \"compile_s\": {compile_s:.6e}, \"tokens_per_s\": {tokens_per_s:.6e}, \"gflops\": {gflops:.4}{gemm_only_json}{peak_json}}}",
+            "{{\"cell\": \"{}\", \"backend\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"batch\": {b}, \"steps\": {t}, \"layers\": {}, \"bidirectional\": {}, \"dropout\": {}, \"route\": \"{}\", \"sizes\": \"{}\", \"tokens\": {tokens}, \"runs\": {}, \"median_s\": {median:.6e}, \"min_s\": {min:.6e}, \"compile_s\": {compile_s:.6e}, \"tokens_per_s\": {tokens_per_s:.6e}, \"gflops\": {gflops:.4}{gemm_only_json}{peak_json}{profile_json}}}",
             model.compiled().forward.name,
             model.backend_name(),
             model.precision(),
@@ -305,6 +334,14 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
                 p.isa,
                 p.threads
             );
+        }
+        if let Some(phases) = &profile {
+            // Each phase's wall time per pass (the loop's threads each adding their share).
+            let timed: f64 = phases.iter().map(|(_, s)| s).sum();
+            println!("where a pass's time goes ({:.3} ms timed in the back end's layers):", timed * 1e3);
+            for (name, s) in phases.iter().filter(|(_, s)| *s > 0.0) {
+                println!("  {name:<28} {:8.3} ms  {:5.1}%", s * 1e3, 100.0 * s / timed);
+            }
         }
     }
     Ok(())

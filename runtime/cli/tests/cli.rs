@@ -718,3 +718,22 @@ fn peak_measures_the_machine_and_bench_reports_a_fraction_of_it() {
     let fraction = v["peak_fraction"].as_f64().expect("a fraction");
     assert!((fraction - rate / peak).abs() < 1e-3 && fraction > 0.0 && fraction < 1.5, "{v}");
 }
+
+/// `cellc bench --profile` says where a CPU pass's time goes, phase by
+/// phase, from passes of its own: a training pass has a loop and work
+/// after it, and the phases add up to no more than the pass.
+#[test]
+fn bench_profiles_a_cpu_pass_by_phase() {
+    let out = tiny_bench(&["--mode", "train", "--json", "--min-time", "0.01", "--profile"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let phases = v["profile"].as_object().expect("a profile");
+    let seconds = |name: &str| phases[name].as_f64().expect("seconds");
+    assert!(seconds("loop: products") + seconds("loop: whole-sequence kernel") > 0.0, "{v}");
+    assert!(seconds("after the loop") > 0.0, "{v}");
+    let total: f64 = phases.values().map(|s| s.as_f64().expect("seconds")).sum();
+    assert!(total > 0.0 && total <= 1.5 * v["median_s"].as_f64().expect("a time"), "{v}");
+    let out = tiny_bench(&["--json", "--min-time", "0.01"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert!(v.get("profile").is_none(), "profiled only when asked: {v}");
+}

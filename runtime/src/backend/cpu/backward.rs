@@ -8,6 +8,7 @@ use super::all_rows::{run_all_rows, sum_rows, valid_rows, AllRows};
 use super::buffers::{constants, leaf_locations, locate, Buffers, Frame, Loc};
 use super::host::{HostBackward, HostGradients, RowsMut, SharedRows};
 use super::prepared::PreparedParams;
+use super::profile::{Clock, Phase};
 use super::stages::{prepared_params, ReadyStage};
 use super::step_loop::StepLoop;
 use super::tape::CpuTape;
@@ -59,6 +60,7 @@ pub(super) fn backward(
     let (g, shapes) = (&*code.bwd_graph, &*code.bwd_shapes);
     let layer = job.layer;
     let pass = layer.pass(Side::Backward, true);
+    let mut clock = Clock::start();
     let (mut bufs, mut kept) = place_values(code, job, pass, tape)?;
     let team = Team::new(job.order, threads);
     let mut carry = team.by_rank(job.d_final, &layer.state_sizes);
@@ -69,6 +71,7 @@ pub(super) fn backward(
     // Before the loop: products that read no carried adjoint, over every valid row.
     let all_rows = valid_rows(job.order);
     let all = AllRows { order: job.order, rows: &all_rows, shapes, threads };
+    clock.lap(Phase::Setup);
     run_all_rows(
         &code.backward,
         &pass.before_loop,
@@ -77,6 +80,7 @@ pub(super) fn backward(
         &all,
         &mut HashMap::new(),
     )?;
+    clock.lap(Phase::BeforeLoop);
 
     // The loop, backwards in time.
     match pass.time_loop {
@@ -92,12 +96,15 @@ pub(super) fn backward(
             for &(v, i) in &pass.carries_for_after_loop {
                 kept.insert(v, seeds_per_row(job, pass, &bufs, i, job.layout_rows())?);
             }
+            clock.lap(Phase::WholeSequence);
         }
         TimeLoop::Steps(_) => {
             let carry_rows = SharedRows::each(&mut carry);
             let frame = frame_of(job, weights, &carry_rows);
             let steps = Steps { code, job, pass, team: &team, bufs: &bufs, frame: &frame };
             steps.run(&mut kept)?;
+            // The loop's threads timed their own phases: the clock starts again after it.
+            clock = Clock::start();
         }
     }
 
@@ -123,6 +130,7 @@ pub(super) fn backward(
             out
         })
         .collect();
+    clock.lap(Phase::AfterLoop);
     Ok(HostGradients { d_h0, d_params })
 }
 

@@ -6,6 +6,7 @@
 use super::all_rows::{run_all_rows, valid_rows, AllRows};
 use super::buffers::{constants, leaf_locations, locate, Buffers, Frame, Loc};
 use super::host::{HostForward, RowsMut, SharedRows};
+use super::profile::{Clock, Phase};
 use super::stages::{prepared_params, ReadyStage};
 use super::step_loop::StepLoop;
 use super::tape::CpuTape;
@@ -32,6 +33,7 @@ pub(super) fn forward(
     let (g, shapes) = (&*code.fwd_graph, &*code.fwd_shapes);
     let layer = job.layer;
     let pass = layer.pass(Side::Forward, tape.is_some());
+    let mut clock = Clock::start();
     let (mut bufs, mut tape) = place_values(code, job, pass, tape)?;
     let team = Team::new(job.order, threads);
     let mut states = team.by_rank(job.h0, &layer.state_sizes);
@@ -41,11 +43,13 @@ pub(super) fn forward(
     let state_rows = SharedRows::each(&mut states);
     let frame =
         Frame { states: &state_rows, ..Frame::new((job.input, job.masks), layer, job.params, weights) };
+    clock.lap(Phase::Setup);
 
     // Before the loop: every valid row.
     let all_rows = valid_rows(job.order);
     let all = AllRows { order: job.order, rows: &all_rows, shapes, threads };
     run_all_rows(&code.forward, &pass.before_loop, &mut bufs, &frame, &all, &mut HashMap::new())?;
+    clock.lap(Phase::BeforeLoop);
 
     // The loop.
     let output_value =
@@ -62,7 +66,10 @@ pub(super) fn forward(
                 return Err(RuntimeError::Internal("a whole-sequence stage that is not a kernel".into()));
             };
             let walk = Walk { job, exec: exec.as_ref(), threads };
-            forward_whole_sequence(&walk, chained, output, &mut bufs, weights, pass, tape.as_mut())
+            let finals =
+                forward_whole_sequence(&walk, chained, output, &mut bufs, weights, pass, tape.as_mut());
+            clock.lap(Phase::WholeSequence);
+            finals
         }
         TimeLoop::Steps(_) => {
             let steps = Steps { code, job, pass, team: &team, bufs: &bufs, frame: &frame };

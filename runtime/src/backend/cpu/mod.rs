@@ -31,6 +31,7 @@ pub mod panels;
 pub mod peak;
 pub(crate) mod prepared;
 pub mod product;
+pub mod profile;
 pub mod roofline;
 pub mod stage;
 mod stages;

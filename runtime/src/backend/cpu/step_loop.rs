@@ -4,6 +4,7 @@
 //! rows the thread owns.
 
 use super::buffers::{locate, Buffers, Frame};
+use super::profile::{Clock, Phase};
 use super::stages::{product_rows, ReadyStage};
 use super::team::{Barrier, Split, Team};
 use super::threads;
@@ -64,33 +65,40 @@ impl StepLoop<'_> {
         };
         let parts = if units { (i, self.team.threads) } else { (0, 1) };
         let mut table: Vec<*mut f32> = Vec::new();
+        let mut clock = Clock::start();
         for &s in steps {
             for &k in self.each_step {
-                let done = match &self.stages[k] {
+                let (done, phase) = match &self.stages[k] {
                     ReadyStage::Gemm { products, .. } => {
                         let rows = self.team.product_rows(i, s);
-                        products.iter().try_for_each(|p| {
+                        let done = products.iter().try_for_each(|p| {
                             product_rows(p, self.bufs, self.frame, rows.clone(), parts, self.shapes)
-                        })
+                        });
+                        (done, Phase::Products)
                     }
                     ReadyStage::Pointwise { exec, .. } => {
-                        self.pointwise(exec.as_ref(), s, self.team.rows(i, s), &mut table)
+                        let done = self.pointwise(exec.as_ref(), s, self.team.rows(i, s), &mut table);
+                        (done, Phase::Pointwise)
                     }
-                    ReadyStage::Sum | ReadyStage::AddMatrices { .. } => Ok(()),
+                    ReadyStage::Sum | ReadyStage::AddMatrices { .. } => (Ok(()), Phase::Bookkeeping),
                 };
+                clock.lap_of(phase, self.team.threads);
                 if let Err(e) = done {
                     return fail(e);
                 }
                 if units && !barrier.wait() {
                     return Ok(());
                 }
+                clock.lap_of(Phase::Wait, self.team.threads);
             }
             if let Err(e) = after(s, self.team.rows(i, s)) {
                 return fail(e);
             }
+            clock.lap_of(Phase::Bookkeeping, self.team.threads);
             if units && !barrier.wait() {
                 return Ok(());
             }
+            clock.lap_of(Phase::Wait, self.team.threads);
         }
         Ok(())
     }
