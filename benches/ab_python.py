@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -116,10 +117,7 @@ def main() -> None:
                      "old_s": old, "new_s": new, "ratio": old / new})
         print(f"| {cell} | {b} | {t} | {h} | {mode} | {old * 1e3:.3f} | {new * 1e3:.3f} | {old / new:.3f} |")
     ratios = [r["ratio"] for r in rows]
-    geo = 1.0
-    for r in ratios:
-        geo *= r
-    geo **= 1 / len(ratios)
+    geo = statistics.geometric_mean(ratios)
     print(f"geometric mean {geo:.3f}; lowest {min(ratios):.3f}")
     if args.json:
         with open(args.json, "w") as f:

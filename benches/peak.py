@@ -13,6 +13,7 @@ as a fraction of it.
 import argparse
 import json
 import os
+import platform
 import subprocess
 import time
 
@@ -25,7 +26,7 @@ def cpu_name():
         with open("/proc/cpuinfo") as f:
             return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
-        return "unknown"
+        return platform.processor() or "unknown"
 
 
 def cpu_flags():

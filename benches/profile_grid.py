@@ -15,10 +15,11 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CELLC = os.path.join(ROOT, "target", "release", "cellc")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peak import CELLC, ROOT, cpu_name  # noqa: E402
 
 
 def profile(cell, b, h, mode, threads, min_time):
@@ -52,9 +53,7 @@ def main():
                     print(f"{cell:<15}B={b:<3} H={h:<4} {mode:<6} {r['median_s'] * 1e3:8.3f} ms  "
                           f"{(r.get('peak_fraction') or 0):4.0%} of peak  {top}", flush=True)
     if args.json:
-        meta = {"date": time.strftime("%Y-%m-%d"), "threads": args.threads}
-        with open("/proc/cpuinfo") as f:
-            meta["cpu"] = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+        meta = {"date": time.strftime("%Y-%m-%d"), "threads": args.threads, "cpu": cpu_name()}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
 

@@ -34,6 +34,7 @@ import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare_pytorch import CELLC, cellc_time, lengths_uniform, time_it  # noqa: E402
+from peak import cpu_name  # noqa: E402
 
 import cellc  # noqa: E402
 
@@ -196,14 +197,6 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor()
 
 
 if __name__ == "__main__":

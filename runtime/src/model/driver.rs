@@ -139,6 +139,12 @@ fn check_backward_spans(model: &Model, p: &LaidOutBatch, spans: &BackwardSpans) 
     model.check_weights(&spans.d_params).map_err(RuntimeError::named_as_gradient)
 }
 
+/// Slot `slot`'s `[B, size]` rows of each `[layers * directions, B, size]`
+/// state tensor (or its adjoint), `sizes` the cell's state sizes.
+fn slot_states(tensors: &[Span], sizes: &[usize], (slot, batch): (usize, usize)) -> Vec<Span> {
+    tensors.iter().zip(sizes).map(|(s, &n)| s.slot(slot, batch, n)).collect()
+}
+
 /// One pass of a model on a device: what every operation shares, and the
 /// scratch memory it holds until it ends.
 pub(crate) struct Run<'a> {
@@ -314,9 +320,7 @@ impl<'a> Run<'a> {
             let output = RowSpan { span: output, width, offset: 0 };
             for d in 0..dirs {
                 let slot = k * dirs + d;
-                let states = |tensors: &[Span]| -> Vec<Span> {
-                    tensors.iter().zip(&layer.state_sizes).map(|(s, &n)| s.slot(slot, batch, n)).collect()
-                };
+                let states = |tensors: &[Span]| slot_states(tensors, &layer.state_sizes, (slot, batch));
                 let (masks, drop_connect) = self.fill_masks((k, d), &mut mask_rows)?;
                 let params = self.layer_params(slot, &drop_connect)?;
                 // With resets, the layer runs the batch's segments (see crate::resets).
@@ -395,9 +399,7 @@ impl<'a> Run<'a> {
             let width = layer.output_size * dirs;
             for d in 0..dirs {
                 let slot = k * dirs + d;
-                let states = |tensors: &[Span]| -> Vec<Span> {
-                    tensors.iter().zip(&layer.state_sizes).map(|(s, &n)| s.slot(slot, batch, n)).collect()
-                };
+                let states = |tensors: &[Span]| slot_states(tensors, &layer.state_sizes, (slot, batch));
                 let (masks, drop_connect) = self.fill_masks((k, d), &mut mask_rows)?;
                 let params = self.layer_params(slot, &drop_connect)?;
                 let sizes = &layer.state_sizes;

@@ -419,7 +419,7 @@ class RNN(nn.Module):
         self._has_masks = bool(info["has_masks"])
         self._rate_defaults = dict(info["rates"])  # the cell's rates in its order, by name
         self.rates = {} if rates is None else rates
-        self._make_fast_path()
+        self._read_description()
         self._weight_names = [name for name, _ in info["weights"]]
         for name, shape in info["weights"]:
             self.register_parameter(name, nn.Parameter(torch.empty(shape, device=device)))
@@ -752,10 +752,11 @@ class RNN(nn.Module):
         never pickled, made again when a pickled module is loaded)."""
         self._handles = [_cellc.Handle(s) for s in (self.spec, self._cuda_spec) if s is not None]
 
-    def _make_fast_path(self) -> None:
-        """The native fast path of the module's plain CPU inference calls (``_cellc.Eager``;
-        never pickled, made again when a pickled module is loaded): for a model whose device
-        takes it (its description says: the CPU's) of a cell without rates, whose calls read
+    def _read_description(self) -> None:
+        """What the module keeps of its device's description (made again when a pickled module
+        is loaded): whether CPU tensors are its device memory, and the native fast path of its
+        plain CPU inference calls (``_cellc.Eager``; never pickled): for a model whose device
+        takes it (the description says: the CPU's) of a cell without rates, whose calls read
         nothing but their tensors."""
         info = _ops.describe(self.spec)
         # Whether its device's memory is the CPU tensors' (the emulated device's), kept for
@@ -797,7 +798,7 @@ class RNN(nn.Module):
             state["_rate_defaults"] = {name: default for name, default in _ops.describe(state["spec"])["rates"]}
         self.__dict__.update(state)
         self._hold_models()
-        self._make_fast_path()
+        self._read_description()
 
     @property
     def rates(self) -> dict:
