@@ -304,6 +304,25 @@ impl Program {
         self.kernels.iter().find(|k| k.side == side && k.stage == stage)
     }
 
+    /// Fusion `f`'s pointwise stage (forward, `graph` the forward step) planned for one tile of
+    /// `width` units: the shapes it runs at and its kernel, named as the
+    /// stage's with the width after it. Errs where a size of the cell
+    /// cannot take that width (a size `H - 64` at `H = 32`).
+    pub fn tile_kernel(
+        &self,
+        graph: &Graph,
+        f: &crate::schedule::Fusion,
+        width: usize,
+    ) -> Result<(Shapes, ProgramKernel), InterpError> {
+        let shapes = Shapes::new(graph, &f.tile_sizes(&self.sizes, width), &self.cell)?;
+        let stage = &self.schedule.forward[f.pointwise];
+        let plan = KernelPlan::new(graph, &shapes, stage, &[]).map_err(|e| InterpError::Internal {
+            message: format!("stage {} of the forward step on tiles of {width}: {e}", f.pointwise),
+        })?;
+        let name = format!("{}_w{width}", kernel_name(&self.cell, Side::Forward, f.pointwise));
+        Ok((shapes, ProgramKernel { side: Side::Forward, stage: f.pointwise, name, plan }))
+    }
+
     /// The name of the kernel of stage `stage` of `side`, the same for every
     /// target: `<cell>_fwd_s<i>` / `<cell>_bwd_s<i>`. (Linked objects put a
     /// fingerprint after the cell and the sizes at the end, with the same

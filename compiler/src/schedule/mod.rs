@@ -25,9 +25,11 @@
 
 mod print;
 pub mod saved;
+pub mod tiles;
 
 pub use print::to_text;
 pub use saved::{choose_saved, SavedValues};
+pub use tiles::Fusion;
 
 use crate::autodiff::Gradient;
 use crate::dims::{Bindings, Dim};
@@ -108,6 +110,9 @@ pub struct Schedule {
     pub saved_elements: Dim,
     /// Elements of the state history per step per sequence.
     pub state_elements: Dim,
+    /// The forward step's per-step pointwise stages that run on tiles of
+    /// units, fused with the products before them ([`tiles`]).
+    pub fusion: Vec<Fusion>,
 }
 
 impl Schedule {
@@ -127,6 +132,7 @@ pub fn schedule(cell: &Cell, grad: &Gradient, sizes: &Bindings) -> Schedule {
     let saved_here: Vec<ValueId> = saved.saved.iter().copied().filter(|v| cell.contains(*v)).collect();
     roots.extend(&saved_here);
     let forward = stage_forward(cell, &roots);
+    let fusion = tiles::fusions(cell, &forward, &roots.iter().copied().collect());
     let elementwise_recurrence =
         !forward.iter().any(|s| s.placement == Placement::EachStep && s.kind == StageKind::Gemm);
     let backward = stage_backward(grad, &saved);
@@ -146,6 +152,7 @@ pub fn schedule(cell: &Cell, grad: &Gradient, sizes: &Bindings) -> Schedule {
         elementwise_recurrence,
         saved,
         state_elements,
+        fusion,
     }
 }
 

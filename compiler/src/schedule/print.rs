@@ -168,6 +168,17 @@ pub fn to_text(cell: &Cell, grad: &Gradient, sched: &Schedule, sizes: &Bindings)
     let _ = writeln!(out, "\nforward");
     let names = LeafNames::of(cell, &[]);
     stages_text(&mut out, cell, &names, &sched.forward, &fwd_roles, false);
+    for f in &sched.fusion {
+        let ordered = match f.tile_ordered.len() {
+            0 => "every vector is one block".to_string(),
+            _ => format!("in tile order: {}", list(cell, &names, &f.tile_ordered, &HashMap::new(), false)),
+        };
+        let _ = writeln!(
+            out,
+            "  fused: [{}] and [{}] run on tiles of {} units ({ordered})",
+            f.gemm, f.pointwise, f.unit
+        );
+    }
 
     let _ = writeln!(out, "\nsaved for the backward, per step and sequence:");
     let saved: Vec<String> = sched.saved.saved.iter().map(|v| format!("{v} {}", grad.graph.ty(*v))).collect();

@@ -200,29 +200,31 @@ impl Steps<'_> {
         let (layer, order, shapes) = (job.layer, team.order(), &*code.bwd_shapes);
         let kept_rows: Vec<(ValueId, SharedRows)> =
             kept.iter_mut().map(|(&v, b)| (v, SharedRows::of(b))).collect();
-        let after = |s: usize, ranks: std::ops::Range<usize>| -> Result<()> {
-            for r in ranks {
-                let b = order[r];
-                let t = job.order.time(b, s, job.reverse);
-                let row = job.input.layout.row(b, t);
-                // SAFETY (block): rank r's carried adjoints and sequence b's
-                // kept rows belong to this thread alone; located rows are
-                // valid for their values' lengths.
-                unsafe {
-                    keep_row(&kept_rows, bufs, frame, shapes, (b, t, r), row)?;
-                    // The carry is replaced in place: this row's stages have
-                    // read it, and the kept rows above were copied first.
-                    for (i, &m) in layer.state_sizes.iter().enumerate() {
-                        let dst = frame.carry[i].at(r * m);
-                        match pass.carried[i] {
-                            Some(v) => std::ptr::copy(locate(bufs, frame, v, b, t, r)?, dst, m),
-                            None => std::ptr::write_bytes(dst, 0, m),
+        // The backward's steps are never fused: whole rows, always.
+        let after =
+            |s: usize, ranks: std::ops::Range<usize>, _units: Option<std::ops::Range<usize>>| -> Result<()> {
+                for r in ranks {
+                    let b = order[r];
+                    let t = job.order.time(b, s, job.reverse);
+                    let row = job.input.layout.row(b, t);
+                    // SAFETY (block): rank r's carried adjoints and sequence b's
+                    // kept rows belong to this thread alone; located rows are
+                    // valid for their values' lengths.
+                    unsafe {
+                        keep_row(&kept_rows, bufs, frame, shapes, (b, t, r), row)?;
+                        // The carry is replaced in place: this row's stages have
+                        // read it, and the kept rows above were copied first.
+                        for (i, &m) in layer.state_sizes.iter().enumerate() {
+                            let dst = frame.carry[i].at(r * m);
+                            match pass.carried[i] {
+                                Some(v) => std::ptr::copy(locate(bufs, frame, v, b, t, r)?, dst, m),
+                                None => std::ptr::write_bytes(dst, 0, m),
+                            }
                         }
                     }
                 }
-            }
-            Ok(())
-        };
+                Ok(())
+            };
         let steps: Vec<usize> = (0..job.order.steps()).rev().collect();
         let each_step = StepLoop {
             team,
@@ -233,6 +235,8 @@ impl Steps<'_> {
             shapes,
             order: job.order,
             reverse: job.reverse,
+            odd_frame: None,
+            tiles: None,
         };
         each_step.run(&steps, &after)
     }

@@ -155,6 +155,7 @@ impl Buffers {
 }
 
 /// Everything a pointer lookup needs for one step.
+#[derive(Clone, Copy)]
 pub struct Frame<'a> {
     pub input: Rows<'a>,
     pub input_slices: &'a [(usize, usize)],
@@ -169,6 +170,8 @@ pub struct Frame<'a> {
     pub carry: &'a [SharedRows],
     pub d_output: Option<(Rows<'a>, usize)>,
     pub layout: &'a RowLayout,
+    /// A fused step's tiles: which products come out in tile order.
+    pub tiles: Option<&'a super::tiles::PassTiles<'a>>,
 }
 
 impl<'a> Frame<'a> {
@@ -193,6 +196,7 @@ impl<'a> Frame<'a> {
             carry: &[],
             d_output: None,
             layout: input.layout,
+            tiles: None,
         }
     }
 }

@@ -10,7 +10,8 @@ use super::profile::{Clock, Phase};
 use super::stages::{prepared_params, ReadyStage};
 use super::step_loop::StepLoop;
 use super::tape::CpuTape;
-use super::team::Team;
+use super::team::{Split, Team};
+use super::tiles::{FusedStep, PassTiles};
 use super::whole_sequence::{forward_whole_sequence, Walk};
 use super::LayerCode;
 use crate::error::{Result, RuntimeError};
@@ -24,7 +25,7 @@ use std::collections::HashMap;
 /// One layer and direction forwards over `job`'s batch, writing `output`
 /// and, training, `tape`: the final states.
 pub(super) fn forward(
-    (threads, precision): (usize, Precision),
+    (threads, precision, fuse): (usize, Precision, bool),
     code: &LayerCode,
     job: &HostForward,
     output: &mut RowsMut,
@@ -40,9 +41,22 @@ pub(super) fn forward(
     let mut local = None;
     let rows = (job.order.rows(), precision);
     let weights = prepared_params(job.prepared, &mut local, g, &code.forward, job.params, shapes, rows);
+    // A fused step's states ping-pong between two buffers (see `StepLoop::frame_at`).
+    let mut spare = states.clone();
     let state_rows = SharedRows::each(&mut states);
-    let frame =
-        Frame { states: &state_rows, ..Frame::new((job.input, job.masks), layer, job.params, weights) };
+    let spare_rows = SharedRows::each(&mut spare);
+    let tiles = match &code.fused {
+        Some(step) if fuse && team.split == Split::Units && fuses(step, pass, job, tape.as_ref()) => {
+            let products = code.forward[step.fusion.gemm].outputs();
+            PassTiles::new(step, (g, &products), (job.params, weights), team.threads)?
+        }
+        _ => None,
+    };
+    let frame = Frame {
+        states: &state_rows,
+        tiles: tiles.as_ref(),
+        ..Frame::new((job.input, job.masks), layer, job.params, weights)
+    };
     clock.lap(Phase::Setup);
 
     // Before the loop: every valid row.
@@ -72,10 +86,27 @@ pub(super) fn forward(
             finals
         }
         TimeLoop::Steps(_) => {
-            let steps = Steps { code, job, pass, team: &team, bufs: &bufs, frame: &frame };
+            let odd_frame = tiles.as_ref().map(|_| Frame { states: &spare_rows, ..frame });
+            let frames = (&frame, odd_frame.as_ref());
+            let steps = Steps { code, job, pass, team: &team, bufs: &bufs, frames, tiles: tiles.as_ref() };
             steps.run(chained, output, tape.as_mut())
         }
     }
+}
+
+/// Whether a pass may run `step` fused: it is the pass's last per-step
+/// stage, and everything the per-row bookkeeping moves (the output, the
+/// states, the tape's copied rows) is one block of the unit, so that each
+/// thread moves its own units of it.
+fn fuses(step: &FusedStep, pass: &PassPlan, job: &HostForward, tape: Option<&CpuTape>) -> bool {
+    let units = step.units;
+    let layer = job.layer;
+    pass.stages_at(Placement::EachStep).last() == Some(&step.fusion.pointwise)
+        && layer.output_size == units
+        && layer.state_sizes.iter().all(|&n| n == units)
+        && tape.is_none_or(|t| {
+            pass.tape.iter().zip(&t.parts).all(|(write, (part, _))| write.direct || part.floats == units)
+        })
 }
 
 /// The values' storage for a forward pass: constants, the leaves where the
@@ -133,7 +164,9 @@ struct Steps<'a> {
     pass: &'a PassPlan,
     team: &'a Team,
     bufs: &'a Buffers,
-    frame: &'a Frame<'a>,
+    /// The frame, and the odd steps' if the states ping-pong.
+    frames: (&'a Frame<'a>, Option<&'a Frame<'a>>),
+    tiles: Option<&'a PassTiles<'a>>,
 }
 
 impl Steps<'_> {
@@ -146,7 +179,13 @@ impl Steps<'_> {
         output: &mut RowsMut,
         tape: Option<&mut CpuTape>,
     ) -> Result<Vec<Vec<f32>>> {
-        let Steps { code, job, pass, team, bufs, frame } = *self;
+        let Steps { code, job, pass, team, bufs, frames, tiles } = *self;
+        // Step `s` reads its states in one frame and writes the next ones
+        // in the other's (the same frame unless the states ping-pong).
+        let frame_at = |s: usize| match frames.1 {
+            Some(odd) if s % 2 == 1 => odd,
+            _ => frames.0,
+        };
         let layer = job.layer;
         let order = team.order();
         let mut finals: Vec<Vec<f32>> =
@@ -165,49 +204,67 @@ impl Steps<'_> {
                 .map(|(write, (part, rows))| (write.source, SharedRows::of(rows), part.floats))
                 .collect(),
         };
-        let after = |s: usize, ranks: std::ops::Range<usize>| -> Result<()> {
-            let o = layer.output_size;
-            for r in ranks {
-                let b = order[r];
-                let t = job.order.time(b, s, job.reverse);
-                // SAFETY (block): every row written is this rank's (sequence b's
-                // row at t, rank r's state), which no other thread touches; the
-                // located rows are valid for their values' lengths.
-                unsafe {
-                    let out_row = out.at(out_layout.row(b, t) * out_width + out_offset);
-                    std::ptr::copy_nonoverlapping(locate(bufs, frame, output_value, b, t, r)?, out_row, o);
-                    // The tape's rows, before the states move on.
-                    let row = job.input.layout.row(b, t);
-                    for &(source, dst, len) in &copies {
-                        let src = match source {
-                            TapeSource::StateBefore(i) => frame.states[i].at(r * len),
-                            TapeSource::Value(v) => locate(bufs, frame, v, b, t, r)?,
-                        };
-                        std::ptr::copy_nonoverlapping(src, dst.at(row * len), len);
-                    }
-                    for (i, &m) in layer.state_sizes.iter().enumerate() {
-                        let state = frame.states[i].at(r * m);
-                        // The new state replaces the old in place: this row's
-                        // stages have read it, and no other row reads it.
-                        std::ptr::copy(locate(bufs, frame, next_states[i], b, t, r)?, state, m);
-                        if s + 1 == job.order.lengths()[b] {
-                            std::ptr::copy_nonoverlapping(state, finals_rows[i].at(b * m), m);
+        // Each row's `units` of a value of `n` floats (all of them, unfused):
+        // the offset and the length.
+        let part = |n: usize, units: &Option<std::ops::Range<usize>>| match units {
+            Some(u) => (u.start, u.len()),
+            None => (0, n),
+        };
+        let after =
+            |s: usize, ranks: std::ops::Range<usize>, units: Option<std::ops::Range<usize>>| -> Result<()> {
+                let (o, o_len) = part(layer.output_size, &units);
+                for r in ranks {
+                    let b = order[r];
+                    let t = job.order.time(b, s, job.reverse);
+                    // SAFETY (block): every row written is this rank's (sequence b's
+                    // row at t, rank r's state), or this thread's units of it (a
+                    // fused step: see `fuses`), which no other thread touches; the
+                    // located rows are valid for their values' lengths.
+                    let (frame, next) = (frame_at(s), frame_at(s + 1));
+                    unsafe {
+                        let out_row = out.at(out_layout.row(b, t) * out_width + out_offset + o);
+                        std::ptr::copy_nonoverlapping(
+                            locate(bufs, frame, output_value, b, t, r)?.add(o),
+                            out_row,
+                            o_len,
+                        );
+                        // The tape's rows, before the states move on.
+                        let row = job.input.layout.row(b, t);
+                        for &(source, dst, len) in &copies {
+                            let src = match source {
+                                TapeSource::StateBefore(i) => frame.states[i].at(r * len),
+                                TapeSource::Value(v) => locate(bufs, frame, v, b, t, r)?,
+                            };
+                            let (at, n) = part(len, &units);
+                            std::ptr::copy_nonoverlapping(src.add(at), dst.at(row * len + at), n);
+                        }
+                        for (i, &m) in layer.state_sizes.iter().enumerate() {
+                            let (at, n) = part(m, &units);
+                            let state = next.states[i].at(r * m + at);
+                            // The new state replaces the old (in place, unless
+                            // they ping-pong): this row's stages have read it, and
+                            // no other row reads it.
+                            std::ptr::copy(locate(bufs, frame, next_states[i], b, t, r)?.add(at), state, n);
+                            if s + 1 == job.order.lengths()[b] {
+                                std::ptr::copy_nonoverlapping(state, finals_rows[i].at(b * m + at), n);
+                            }
                         }
                     }
                 }
-            }
-            Ok(())
-        };
+                Ok(())
+            };
         let steps: Vec<usize> = (0..job.order.steps()).collect();
         let each_step = StepLoop {
             team,
             stages: &code.forward,
             each_step: pass.stages_at(Placement::EachStep),
             bufs,
-            frame,
+            frame: frames.0,
+            odd_frame: frames.1,
             shapes: &code.fwd_shapes,
             order: job.order,
             reverse: job.reverse,
+            tiles,
         };
         each_step.run(&steps, &after)?;
         Ok(finals)

@@ -40,6 +40,7 @@ mod stream;
 mod tape;
 mod team;
 pub mod threads;
+mod tiles;
 mod whole_sequence;
 
 use super::{Device, StepRunner, StreamJob};
@@ -88,6 +89,9 @@ pub struct Cpu {
     /// threads ([`STEP_FMAS_PER_THREAD`]; 0: every step is split).
     step_fmas_per_thread: usize,
     kernels: Kernels,
+    /// Whether a step whose threads split units runs fused where the
+    /// compiler fused it ([`tiles`]).
+    fuse: bool,
     /// The compiled layers this back end has run, kept while it lives.
     code: Mutex<HashMap<String, Arc<LayerCode>>>,
 }
@@ -119,6 +123,9 @@ struct LayerCode {
     /// ([`step_fmas_per_row`]).
     fwd_step_fmas: usize,
     bwd_step_fmas: usize,
+    /// The forward's last per-step stage fused with its products, where
+    /// the compiler found it may be and these kernels can be planned per tile.
+    fused: Option<tiles::FusedStep>,
 }
 
 impl Cpu {
@@ -141,7 +148,7 @@ impl Cpu {
             other => other,
         };
         let step_fmas_per_thread = STEP_FMAS_PER_THREAD;
-        Ok(Cpu { threads, step_fmas_per_thread, kernels, code: Mutex::new(HashMap::new()) })
+        Ok(Cpu { threads, step_fmas_per_thread, kernels, fuse: true, code: Mutex::new(HashMap::new()) })
     }
 
     /// This back end with every step split between its threads, however
@@ -150,6 +157,16 @@ impl Cpu {
     /// small sizes, and for timing the split itself.
     pub fn split_every_step(self) -> Cpu {
         Cpu { step_fmas_per_thread: 0, ..self }
+    }
+
+    /// This back end with no step fused: each thread computes its columns
+    /// of a step's products, meets the others, then runs the pointwise
+    /// stages on its rows (by default, a step whose threads split units
+    /// runs the compiler's fused stage on each thread's own tiles: see
+    /// [`cellc::schedule::tiles`]). The results are the same bits; for
+    /// tests of the fused step and for timing it.
+    pub fn unfused(self) -> Cpu {
+        Cpu { fuse: false, ..self }
     }
 
     /// The most threads one of its calls uses ([`Cpu::new`]'s `threads`,
@@ -218,14 +235,10 @@ impl Cpu {
         let make = |side: aot::Side, g: &Arc<Graph>, p: &Arc<Shapes>| {
             let (g, p) = (g.clone(), p.clone());
             move |index: usize, st: &cellc::schedule::Stage| -> Result<Arc<dyn StageExec>> {
-                Ok(match kernels {
-                    Kernels::Interpreted => {
-                        Arc::new(Interpreted::new(g.clone(), p.clone(), &st.values, &st.inputs, &st.outputs))
-                    }
-                    Kernels::Jit | Kernels::Fastest => jit_stage(&p, layer.kernel(side, index), st)?,
-                    Kernels::Avx512 => avx512_stage(&p, layer.kernel(side, index), st)?,
-                    Kernels::Linked(linked) => Arc::new(linked.stage(cell, layer, side, index, st)?),
-                })
+                match kernels {
+                    Kernels::Linked(linked) => Ok(Arc::new(linked.stage(cell, layer, side, index, st)?)),
+                    _ => planned_stage(kernels, (&g, &p), layer.kernel(side, index), st),
+                }
             }
         };
         let forward = stages::ready_stages(
@@ -241,6 +254,7 @@ impl Cpu {
         // Training or not, the forward's loop runs the same stages.
         let fwd_step_fmas = step_fmas_per_row(&forward, layer.pass(Side::Forward, false), &fwd_shapes);
         let bwd_step_fmas = step_fmas_per_row(&backward, layer.pass(Side::Backward, true), &bwd_shapes);
+        let fused = fused_step(kernels, layer, &fwd_graph);
         let code = Arc::new(LayerCode {
             fwd_graph,
             fwd_shapes,
@@ -250,6 +264,7 @@ impl Cpu {
             backward,
             fwd_step_fmas,
             bwd_step_fmas,
+            fused,
         });
         cache.insert(key.clone(), Arc::downgrade(&code));
         held.insert(key, code.clone());
@@ -287,6 +302,45 @@ fn avx512_stage(
         let _ = (p, kernel, st);
         Err(RuntimeError::Internal("AVX-512 kernels on a processor without AVX-512".into()))
     }
+}
+
+/// A stage's kernel of the `kernels` kind, from its plan at `shapes` (linked kernels are
+/// looked up instead, by the stage's name).
+fn planned_stage(
+    kernels: Kernels,
+    (g, p): (&Arc<Graph>, &Arc<Shapes>),
+    kernel: Option<&ProgramKernel>,
+    st: &cellc::schedule::Stage,
+) -> Result<Arc<dyn StageExec>> {
+    match kernels {
+        Kernels::Interpreted => {
+            Ok(Arc::new(Interpreted::new(g.clone(), p.clone(), &st.values, &st.inputs, &st.outputs)))
+        }
+        Kernels::Jit | Kernels::Fastest => jit_stage(p, kernel, st),
+        Kernels::Avx512 => avx512_stage(p, kernel, st),
+        Kernels::Linked(_) => Err(RuntimeError::Internal("a linked kernel has no plan to build".into())),
+    }
+}
+
+/// The layer's fused step, if the compiler fused its forward's last per-step
+/// stage with the products before it and these kernels are built from
+/// plans (a tile's kernel is planned at the tile's width, on first use).
+fn fused_step(kernels: Kernels, layer: &Layer, graph: &Arc<Graph>) -> Option<tiles::FusedStep> {
+    let last = layer.pass(Side::Forward, false).stages_at(Placement::EachStep).last().copied();
+    let fusion = layer.schedule.fusion.iter().find(|f| Some(f.pointwise) == last)?.clone();
+    if matches!(kernels, Kernels::Linked(_)) {
+        return None;
+    }
+    let units = *layer.sizes.get(&fusion.unit)?;
+    let (program, graph, for_tile) = (Arc::new(layer.program.clone()), graph.clone(), fusion.clone());
+    let build = move |width: usize| -> Result<Arc<dyn StageExec>> {
+        let (shapes, kernel) = program
+            .tile_kernel(&graph, &for_tile, width)
+            .map_err(|e| RuntimeError::Internal(format!("a tile of {width} units: {e}")))?;
+        let st = kernel.stage(&program);
+        planned_stage(kernels, (&graph, &Arc::new(shapes)), Some(&kernel), st)
+    };
+    Some(tiles::FusedStep::new(fusion, units, Box::new(build)))
 }
 
 /// A stage's kernel plan compiled by the JIT.
@@ -350,7 +404,7 @@ impl Device for Cpu {
         unsafe {
             host::forward(pass, job, |job, output, tape| {
                 self.alone(code.fwd_step_fmas, job.order.batch(), |threads| {
-                    forward::forward((threads, pass.precision), &code, job, output, tape)
+                    forward::forward((threads, pass.precision, self.fuse), &code, job, output, tape)
                 })
             })
         }

@@ -5,7 +5,8 @@
 
 use super::panels::PackedB;
 use cellc::precision::Precision;
-use std::sync::OnceLock;
+use cellc::schedule::tiles::tile_position;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// One layer-direction's weights in the forms its products read, each made
 /// on first use and kept until the weights change: the model keeps this in
@@ -26,6 +27,41 @@ struct Forms {
     t_panels: OnceLock<Vec<PackedB>>,
     /// `W` in panels, per head: a per-step `D · W`.
     panels: OnceLock<Vec<PackedB>>,
+    /// In tile order ([`TileOrder`]), per tile width: `Wᵀ` in panels (a
+    /// matrix), or the vector.
+    tiled: Mutex<Vec<(usize, Tiled)>>,
+}
+
+/// A parameter in tile order.
+#[derive(Clone, Debug)]
+enum Tiled {
+    TPanels(Arc<PackedB>),
+    Vector(Arc<[f32]>),
+}
+
+/// How a fused step holds a vector of `blocks` blocks of `units` units:
+/// tile by tile, `width` units a tile (see [`cellc::schedule::tiles`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileOrder {
+    pub blocks: usize,
+    pub units: usize,
+    pub width: usize,
+}
+
+impl TileOrder {
+    /// Row `g * units + u` of `rows` (`blocks * units` rows of `cols`
+    /// floats) at its place in tile order.
+    pub fn permute(&self, rows: &[f32], cols: usize) -> Vec<f32> {
+        let mut out = vec![0.0; rows.len()];
+        for g in 0..self.blocks {
+            for u in 0..self.units {
+                let (from, to) =
+                    (g * self.units + u, tile_position(self.blocks, self.units, self.width, (g, u)));
+                out[to * cols..(to + 1) * cols].copy_from_slice(&rows[from * cols..(from + 1) * cols]);
+            }
+        }
+        out
+    }
 }
 
 impl PreparedParams {
@@ -60,6 +96,48 @@ impl PreparedParams {
         });
         debug_assert!(p.iter().all(|p| (p.k(), p.n()) == (n, m)));
         p
+    }
+
+    /// Parameter `i` (`W: [m, n]`, one head) in tile order `order`, as the
+    /// packed right operand of `X · Wᵀ`: its rows permuted, so that the
+    /// product's columns come out in tile order.
+    pub fn t_panels_tiled(
+        &self,
+        i: usize,
+        w: &[f32],
+        (m, n): (usize, usize),
+        order: TileOrder,
+    ) -> Arc<PackedB> {
+        let made = self.tiled(i, order.width, || {
+            let rows = order.permute(w, n);
+            Tiled::TPanels(Arc::new(match self.precision {
+                Precision::F32 | Precision::F16 | Precision::Tf32 => PackedB::of_transpose(&rows, m, n),
+                Precision::Bf16 => PackedB::of_transpose_bf16(&rows, m, n),
+            }))
+        });
+        match made {
+            Tiled::TPanels(p) => p,
+            Tiled::Vector(_) => unreachable!("parameter {i} is a matrix and a vector"),
+        }
+    }
+
+    /// Vector parameter `i` in tile order `order`.
+    pub fn vector_tiled(&self, i: usize, v: &[f32], order: TileOrder) -> Arc<[f32]> {
+        match self.tiled(i, order.width, || Tiled::Vector(order.permute(v, 1).into())) {
+            Tiled::Vector(v) => v,
+            Tiled::TPanels(_) => unreachable!("parameter {i} is a matrix and a vector"),
+        }
+    }
+
+    /// Parameter `i`'s tile-ordered form at `width`, made by `make` on first use.
+    fn tiled(&self, i: usize, width: usize, make: impl FnOnce() -> Tiled) -> Tiled {
+        let mut held = self.forms(i).tiled.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, t)) = held.iter().find(|(w, _)| *w == width) {
+            return t.clone();
+        }
+        let t = make();
+        held.push((width, t.clone()));
+        t
     }
 
     /// Parameter `i` as the packed right operand of `D · W`, one panel set

@@ -166,6 +166,15 @@ pub fn runs(order: &BatchOrder, layout: &RowLayout) -> Vec<(usize, usize, usize,
                 .map(|(j, &(b, _))| (j, 0, lengths[b], strided(b)))
                 .collect()
         }
+        // A full grid (every sequence as long as the padding, none
+        // shifted): its rows are all valid and contiguous, one run from row
+        // 0 (sequence 0's first step, in either major), so the weight
+        // gradients are one long product instead of one per sequence.
+        RowLayout::Padded { steps, shift, .. }
+            if order.lengths().iter().all(|l| l == steps) && shift.iter().all(|&s| s == 0) =>
+        {
+            vec![(0, 0, order.batch() * steps, 1)]
+        }
         // Padded rows: one evenly strided run per sequence.
         RowLayout::Padded { .. } => (0..order.batch())
             .map(|b| {
@@ -471,9 +480,16 @@ impl ProductCall {
             (Op::MatVecT, Some(Loc::Param(i))) if f.weights.reads_in_place() => {
                 RightOperand::InPlace { w: f.params[i].as_ptr(), k: rows_w, n: cols_w }
             }
-            (Op::MatVec, Some(Loc::Param(i))) => {
-                RightOperand::Packed(f.weights.t_panels(i, f.params[i], block).as_ptr())
-            }
+            (Op::MatVec, Some(Loc::Param(i))) => match f.tiles.and_then(|t| t.order(out)) {
+                // A fused step's product, in tile order (one head, the fusion's condition).
+                Some(order) => RightOperand::Packed(std::sync::Arc::as_ptr(&f.weights.t_panels_tiled(
+                    i,
+                    f.params[i],
+                    (rows_w, cols_w),
+                    order,
+                ))),
+                None => RightOperand::Packed(f.weights.t_panels(i, f.params[i], block).as_ptr()),
+            },
             (Op::MatVecT, Some(Loc::Param(i))) => {
                 RightOperand::Packed(f.weights.panels(i, f.params[i], block).as_ptr())
             }
@@ -504,6 +520,27 @@ impl ProductCall {
             // its block of the weight lie inside the located values.
             unsafe { run_one(rows, self.right.head(h, w), share) };
         }
+    }
+}
+
+impl ProductCall {
+    /// Computes columns `columns` of a product of one head with a packed
+    /// weight (a fused step's: see [`super::tiles`]); `columns.start` on a
+    /// panel's first column.
+    ///
+    /// # Safety
+    /// As [`ProductCall::run`], for these columns.
+    pub unsafe fn run_columns(&self, columns: std::ops::Range<usize>) -> Result<()> {
+        let RightOperand::Packed(packed) = self.right else {
+            return Err(RuntimeError::Internal("a fused product whose weight is not packed".into()));
+        };
+        if self.heads.count != 1 || !columns.start.is_multiple_of(super::panels::PANEL) {
+            return Err(RuntimeError::Internal(format!("fused product columns {columns:?}")));
+        }
+        let panels = columns.start / super::panels::PANEL..columns.end.div_ceil(super::panels::PANEL);
+        // SAFETY: per the contract; the packed weight is [k, n] of the product.
+        unsafe { super::product::multiply(self.rows, &*packed, panels, false) };
+        Ok(())
     }
 }
 

@@ -8,12 +8,14 @@ use super::profile::{Clock, Phase};
 use super::stages::{product_rows, ReadyStage};
 use super::team::{Barrier, Split, Team};
 use super::threads;
+use super::tiles::PassTiles;
 use crate::error::{Result, RuntimeError};
 use crate::sequence::BatchOrder;
 use std::ops::Range;
 
-/// What the per-row bookkeeping after a step is: `(step, ranks)`.
-pub type AfterStep<'a> = dyn Fn(usize, Range<usize>) -> Result<()> + Sync + 'a;
+/// What the per-row bookkeeping after a step is: `(step, ranks, units)`,
+/// `units` a fused step's share of every row (`None`: whole rows).
+pub type AfterStep<'a> = dyn Fn(usize, Range<usize>, Option<Range<usize>>) -> Result<()> + Sync + 'a;
 
 /// Everything the threads share.
 pub struct StepLoop<'a> {
@@ -24,9 +26,14 @@ pub struct StepLoop<'a> {
     pub each_step: &'a [usize],
     pub bufs: &'a Buffers,
     pub frame: &'a Frame<'a>,
+    /// The frame of odd steps, whose states are the other of two buffers,
+    /// if the states ping-pong (a fused step: see [`StepLoop::frame_at`]).
+    pub odd_frame: Option<&'a Frame<'a>>,
     pub shapes: &'a cellc::shapes::Shapes,
     pub order: &'a BatchOrder,
     pub reverse: bool,
+    /// The pass's fused step, when its threads split units ([`super::tiles`]).
+    pub tiles: Option<&'a PassTiles<'a>>,
 }
 
 impl StepLoop<'_> {
@@ -68,11 +75,24 @@ impl StepLoop<'_> {
         let mut clock = Clock::start();
         for &s in steps {
             for &k in self.each_step {
+                // A fused step: the products and the stage that reads them
+                // on this thread's tiles, with no barrier until the step's end.
+                if let Some(tiles) =
+                    self.tiles.filter(|t| [t.step.fusion.gemm, t.step.fusion.pointwise].contains(&k))
+                {
+                    if tiles.step.fusion.gemm == k {
+                        if let Err(e) = self.fused(tiles, k, (i, s), &mut table) {
+                            return fail(e);
+                        }
+                        clock.lap_of(Phase::Products, self.team.threads);
+                    }
+                    continue;
+                }
                 let (done, phase) = match &self.stages[k] {
                     ReadyStage::Gemm { products, .. } => {
                         let rows = self.team.product_rows(i, s);
                         let done = products.iter().try_for_each(|p| {
-                            product_rows(p, self.bufs, self.frame, rows.clone(), parts, self.shapes)
+                            product_rows(p, self.bufs, self.frame_at(s), rows.clone(), parts, self.shapes)
                         });
                         (done, Phase::Products)
                     }
@@ -91,7 +111,11 @@ impl StepLoop<'_> {
                 }
                 clock.lap_of(Phase::Wait, self.team.threads);
             }
-            if let Err(e) = after(s, self.team.rows(i, s)) {
+            let share = match self.tiles {
+                Some(t) => (self.team.product_rows(i, s), Some(t.units_of(i))),
+                None => (self.team.rows(i, s), None),
+            };
+            if let Err(e) = after(s, share.0, share.1) {
                 return fail(e);
             }
             clock.lap_of(Phase::Bookkeeping, self.team.threads);
@@ -101,6 +125,38 @@ impl StepLoop<'_> {
             clock.lap_of(Phase::Wait, self.team.threads);
         }
         Ok(())
+    }
+
+    /// Thread `i`'s share of fused stage `k`'s products and the pointwise
+    /// stage after them, at step `s` ([`PassTiles::run`]).
+    fn fused(
+        &self,
+        tiles: &PassTiles,
+        k: usize,
+        (i, s): (usize, usize),
+        table: &mut Vec<*mut f32>,
+    ) -> Result<()> {
+        let ReadyStage::Gemm { products } = &self.stages[k] else {
+            return Err(RuntimeError::Internal(format!("fused stage {k} is not a product")));
+        };
+        let ranked = |r: usize| {
+            let b = self.team.order()[r];
+            (b, self.order.time(b, s, self.reverse))
+        };
+        let rows = (i, self.team.product_rows(i, s), &ranked as &super::tiles::RankRow);
+        // SAFETY: every thread of the team runs its own tiles, which no other writes.
+        unsafe { tiles.run((self.bufs, self.frame_at(s), self.shapes), products, rows, table) }
+    }
+
+    /// The frame of step `s`. A fused step has no barrier between its
+    /// products, which read every unit of the states, and each thread's
+    /// move of its units of the next states: those go to the other of two
+    /// state buffers (the odd steps' frame), read the step after.
+    fn frame_at(&self, s: usize) -> &Frame<'_> {
+        match self.odd_frame {
+            Some(odd) if s % 2 == 1 => odd,
+            _ => self.frame,
+        }
     }
 
     /// A pointwise stage on ranks `rows` of step `s`.
@@ -116,7 +172,7 @@ impl StepLoop<'_> {
             let b = self.team.order()[r];
             let t = self.order.time(b, s, self.reverse);
             for &v in exec.inputs().iter().chain(exec.outputs()) {
-                table.push(locate(self.bufs, self.frame, v, b, t, r)?);
+                table.push(locate(self.bufs, self.frame_at(s), v, b, t, r)?);
             }
         }
         // SAFETY: every pointer comes from `locate`, valid for its value's

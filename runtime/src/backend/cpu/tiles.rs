@@ -1,0 +1,203 @@
+//! The fused step on the CPU: a per-step product and the pointwise stage
+//! that reads it, run by each thread on its own tiles of units
+//! ([`cellc::schedule::tiles`] decides which stages may).
+//!
+//! When the threads split a step's units (a batch too small for each to
+//! own whole sequences), the unfused step meets at a barrier after the
+//! products, runs the pointwise stage on a share of the rows, meets again,
+//! then moves the states on. Fused, each thread computes its tiles'
+//! columns of the products for every row, then the stage's kernel planned
+//! for one tile on them while they are in its cache, then its units of the
+//! outputs and states: one barrier a step, before the next step's
+//! products, which read every unit. The products' weights are packed with
+//! their rows in tile order, so a tile's columns of every gate are
+//! contiguous ([`super::prepared::TileOrder`]); vector parameters the
+//! stage reads are copied into the same order. Results are bitwise the
+//! unfused step's.
+
+use super::buffers::{locate, Buffers, Frame};
+use super::prepared::{PreparedParams, TileOrder};
+use super::stage::StageExec;
+use super::stages::ProductCall;
+use crate::error::{Result, RuntimeError};
+use cellc::ir::{Graph, Op, ValueId};
+use cellc::schedule::Fusion;
+use cellc::shapes::Shapes;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+/// The fewest units of a tile whose columns of a product of `blocks`
+/// blocks are whole panels ([`super::panels::PANEL`] columns), so that a
+/// thread's tiles are a range of the packed weight's panels: 8 for an
+/// LSTM's four gates, 32 for a GRU's three.
+fn quantum(blocks: usize) -> usize {
+    let panel = super::panels::PANEL;
+    panel / gcd(blocks, panel)
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// A step's sequence and time of rank `r`: `(b, t)`.
+pub type RankRow<'a> = dyn Fn(usize) -> (usize, usize) + 'a;
+
+/// Builds the fused stage's kernel for one tile of a given width.
+pub type TileBuilder = dyn Fn(usize) -> Result<Arc<dyn StageExec>> + Send + Sync;
+
+/// A layer's fused step: the compiler's [`Fusion`] and its tile kernels,
+/// built on first use for each width.
+pub struct FusedStep {
+    pub fusion: Fusion,
+    /// The unit variable's value.
+    pub units: usize,
+    build: Box<TileBuilder>,
+    kernels: Mutex<HashMap<usize, Arc<dyn StageExec>>>,
+}
+
+impl std::fmt::Debug for FusedStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FusedStep").field("fusion", &self.fusion).field("units", &self.units).finish()
+    }
+}
+
+impl FusedStep {
+    pub fn new(fusion: Fusion, units: usize, build: Box<TileBuilder>) -> FusedStep {
+        FusedStep { fusion, units, build, kernels: Mutex::new(HashMap::new()) }
+    }
+
+    /// The kernel for a tile of `width` units.
+    fn kernel(&self, width: usize) -> Result<Arc<dyn StageExec>> {
+        let mut held =
+            self.kernels.lock().map_err(|_| RuntimeError::Internal("tile kernels poisoned".into()))?;
+        if let Some(k) = held.get(&width) {
+            return Ok(k.clone());
+        }
+        let k = (self.build)(width)?;
+        held.insert(width, k.clone());
+        Ok(k)
+    }
+}
+
+/// One pass's fused step: the tile width, each tile's kernel, where the
+/// stage's tile-ordered parameters lie, and each thread's tiles.
+pub struct PassTiles<'a> {
+    pub step: &'a FusedStep,
+    width: usize,
+    /// The kernel of a full tile, and of the narrower last one if there is one.
+    full: Arc<dyn StageExec>,
+    last: Option<Arc<dyn StageExec>>,
+    /// The stage's vector parameters in tile order.
+    params: HashMap<ValueId, Arc<[f32]>>,
+    threads: usize,
+}
+
+impl<'a> PassTiles<'a> {
+    /// The tiles of a pass on `threads` threads that split units, if it
+    /// fuses: whole panels per tile, a tile or more per thread, the
+    /// weights packed (not read in place). `None` runs the step unfused.
+    pub fn new(
+        step: &'a FusedStep,
+        (graph, products): (&Graph, &[ValueId]),
+        (params, weights): (&[&[f32]], &PreparedParams),
+        threads: usize,
+    ) -> Result<Option<PassTiles<'a>>> {
+        let units = step.units;
+        // Tiles whose columns are whole panels of each of the step's `products`.
+        let q = products.iter().map(|&v| quantum(step.fusion.blocks_of(v))).fold(1, |a, b| a / gcd(a, b) * b);
+        let width = units.div_ceil(threads.max(1)).div_ceil(q) * q;
+        if threads < 2 || weights.reads_in_place() || units.div_ceil(width) < threads {
+            return Ok(None);
+        }
+        // A size of the cell that cannot take a tile's width (`H - 64` at
+        // `H = 32`) leaves the step unfused.
+        let Ok(full) = step.kernel(width) else { return Ok(None) };
+        let last = match units % width {
+            0 => None,
+            rest => match step.kernel(rest) {
+                Ok(k) => Some(k),
+                Err(_) => return Ok(None),
+            },
+        };
+        let mut tiles = PassTiles { step, width, full, last, params: HashMap::new(), threads };
+        for &v in &step.fusion.tile_ordered {
+            if let Op::Param(i) = graph.node(v).op {
+                let order =
+                    tiles.order(v).ok_or_else(|| RuntimeError::Internal(format!("{v}: no tile order")))?;
+                tiles.params.insert(v, weights.vector_tiled(i, params[i], order));
+            }
+        }
+        Ok(Some(tiles))
+    }
+
+    /// How `v` is held, if in tile order.
+    pub fn order(&self, v: ValueId) -> Option<TileOrder> {
+        let f = &self.step.fusion;
+        f.is_tile_ordered(v).then(|| TileOrder {
+            blocks: f.blocks_of(v),
+            units: self.step.units,
+            width: self.width,
+        })
+    }
+
+    /// Thread `i`'s units: whole tiles, the threads' shares as even as tiles allow.
+    pub fn units_of(&self, i: usize) -> Range<usize> {
+        let tiles = self.step.units.div_ceil(self.width);
+        let (from, to) = (tiles * i / self.threads, tiles * (i + 1) / self.threads);
+        (from * self.width).min(self.step.units)..(to * self.width).min(self.step.units)
+    }
+
+    /// Thread `i`'s share of the fused step at rank rows `rows`: its columns
+    /// of each product, then the stage on its tiles.
+    ///
+    /// # Safety
+    /// The frame's and buffers' rows are valid, no other thread writes
+    /// these units of them, and `rows` are ranks of rank-ordered storage.
+    pub unsafe fn run(
+        &self,
+        (bufs, frame, shapes): (&Buffers, &Frame, &Shapes),
+        products: &[(ValueId, Op, ValueId, ValueId)],
+        (i, rows, step): (usize, Range<usize>, &RankRow),
+        table: &mut Vec<*mut f32>,
+    ) -> Result<()> {
+        let units = self.units_of(i);
+        if rows.is_empty() || units.is_empty() {
+            return Ok(());
+        }
+        let f = &self.step.fusion;
+        for p in products {
+            let call = ProductCall::locate(p, bufs, frame, (0, 0, rows.start), rows.len(), 1, shapes)?;
+            let k = f.blocks_of(p.0);
+            // SAFETY: per the contract; these columns are this thread's units' in tile order.
+            unsafe { call.run_columns(k * units.start..k * units.end)? };
+        }
+        for from in units.clone().step_by(self.width) {
+            let to = (from + self.width).min(units.end);
+            let exec =
+                if to - from == self.width { &self.full } else { self.last.as_ref().unwrap_or(&self.full) };
+            table.clear();
+            for r in rows.clone() {
+                let (b, t) = step(r);
+                for &v in exec.inputs().iter().chain(exec.outputs()) {
+                    let base = match self.params.get(&v) {
+                        Some(p) => p.as_ptr() as *mut f32,
+                        None => locate(bufs, frame, v, b, t, r)?,
+                    };
+                    // A vector's tile starts `blocks * from` floats in (a scalar is whole).
+                    let at = f.blocks.get(&v).map_or(0, |k| k * from);
+                    table.push(base.wrapping_add(at));
+                }
+            }
+            // SAFETY: every pointer is its value's row at this tile, valid
+            // for the tile's length at the kernel's sizes; this thread alone
+            // writes these units of the outputs.
+            unsafe { exec.run(rows.len(), table) };
+        }
+        Ok(())
+    }
+}
