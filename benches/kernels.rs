@@ -1,23 +1,22 @@
 //! The CPU back end's building blocks, one at a time: the LSTM's fused
-//! pointwise stages (forward and backward step) JIT-compiled against the
-//! same stages interpreted, the JIT's own exp/tanh/sigmoid polynomials
-//! against the standard library's, and `gemm` and the packed-panel kernel on
+//! pointwise stages (forward and backward step) JIT-compiled, walked on
+//! AVX-512 and on AVX2 where the processor has them, and interpreted, the
+//! kernels' own exp/tanh/sigmoid polynomials against the standard library's, and `gemm` and the packed-panel kernel on
 //! the shapes an RNN runs. Everything is built through the public API, the way the back
 //! end builds it, so a change inside the back end shows up here unchanged.
 //!
 //! `cargo bench -p cellc-benches --bench kernels`
 
-use cellc::ir::Op;
+use cellc::ir::{Op, ValueId};
 use cellc::kernel::KernelPlan;
 use cellc::schedule::StageKind;
 use cellc::shapes::Shapes;
-use cellc_runtime::backend::cpu::avx512::Avx512Stage;
-use cellc_runtime::backend::cpu::avx512_supported;
 use cellc_runtime::backend::cpu::codegen::jit::compile_stage;
 use cellc_runtime::backend::cpu::gemm::{matmul, View};
 use cellc_runtime::backend::cpu::panels::{PackedB, Rows};
 use cellc_runtime::backend::cpu::product::multiply;
 use cellc_runtime::backend::cpu::stage::{Interpreted, StageExec};
+use cellc_runtime::backend::cpu::walker::{Avx2, Avx512, Lanes, WalkedStage};
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::{CompiledCell, Model, ModelConfig};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -54,6 +53,25 @@ fn table(exec: &dyn StageExec, plan: &Shapes, rows: usize) -> Table {
     Table { _buffers: buffers, ptrs }
 }
 
+/// A stage's plan walked on each instruction set this processor has, by name.
+fn walked(
+    shapes: &Shapes,
+    plan: &KernelPlan,
+    inputs: &[ValueId],
+    outputs: &[ValueId],
+) -> Vec<(&'static str, Box<dyn StageExec>)> {
+    fn on<S: Lanes>(
+        name: &'static str,
+        (shapes, plan, inputs, outputs): (&Shapes, &KernelPlan, &[ValueId], &[ValueId]),
+    ) -> Option<(&'static str, Box<dyn StageExec>)> {
+        S::detect()?;
+        let stage = WalkedStage::<S>::new(shapes, plan, inputs, outputs).expect("a walked stage");
+        Some((name, Box::new(stage)))
+    }
+    let stage = (shapes, plan, inputs, outputs);
+    [on::<Avx512>("avx512", stage), on::<Avx2>("avx2", stage)].into_iter().flatten().collect()
+}
+
 fn pointwise(c: &mut Criterion) {
     let mut g = c.benchmark_group("lstm pointwise stage");
     g.measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(500));
@@ -84,13 +102,9 @@ fn pointwise(c: &mut Criterion) {
             let kernel_plan = KernelPlan::new(&graph, plan, st, &[]).expect("a kernel plan");
             let jit = compile_stage(plan, &kernel_plan, &st.inputs, &st.outputs).expect("compiles");
             let interp = Interpreted::new(graph.clone(), plan_arc, &st.values, &st.inputs, &st.outputs);
-            let mut kinds: Vec<(&str, Box<dyn StageExec>)> =
-                vec![("jit", Box::new(jit)), ("interpreted", Box::new(interp))];
-            if avx512_supported() {
-                let wide =
-                    Avx512Stage::new(plan, &kernel_plan, &st.inputs, &st.outputs).expect("avx512 stage");
-                kinds.insert(1, ("avx512", Box::new(wide)));
-            }
+            let mut kinds: Vec<(&str, Box<dyn StageExec>)> = vec![("jit", Box::new(jit))];
+            kinds.extend(walked(plan, &kernel_plan, &st.inputs, &st.outputs));
+            kinds.push(("interpreted", Box::new(interp)));
             for rows in [1, 16, 64] {
                 g.throughput(Throughput::Elements((rows * h) as u64));
                 for (kind, exec) in &kinds {
@@ -109,8 +123,8 @@ fn pointwise(c: &mut Criterion) {
 
 /// `y = op(x)` over `n` floats as one stage, through the same pipeline as a
 /// cell's kernels (the math module itself only emits IR): JIT-compiled,
-/// and walked by the AVX-512 kernels where the processor has them.
-fn unary_kernel(op: &str, n: usize) -> (Box<dyn StageExec>, Option<Box<dyn StageExec>>) {
+/// and walked on each instruction set the processor has.
+fn unary_kernel(op: &str, n: usize) -> Vec<(&'static str, Box<dyn StageExec>)> {
     let src = format!("cell t {{ input x[N] state h[N] h' = {op}(x) + 0 * h\n output {op}(x) }}");
     let module = cellc::compile("t.cell", &src).into_result().expect("the one-op cell compiles");
     let cell = module.cells.into_iter().next().expect("one cell");
@@ -121,11 +135,9 @@ fn unary_kernel(op: &str, n: usize) -> (Box<dyn StageExec>, Option<Box<dyn Stage
     let kernel_plan =
         KernelPlan::of_values(&cell, &plan, &outputs, &inputs, &outputs).expect("a kernel plan");
     let jit = compile_stage(&plan, &kernel_plan, &inputs, &outputs).expect("compiles");
-    let wide = avx512_supported().then(|| {
-        Box::new(Avx512Stage::new(&plan, &kernel_plan, &inputs, &outputs).expect("avx512 stage"))
-            as Box<dyn StageExec>
-    });
-    (Box::new(jit), wide)
+    let mut kinds: Vec<(&str, Box<dyn StageExec>)> = vec![("jit", Box::new(jit))];
+    kinds.extend(walked(&plan, &kernel_plan, &inputs, &outputs));
+    kinds
 }
 
 fn math(c: &mut Criterion) {
@@ -138,14 +150,11 @@ fn math(c: &mut Criterion) {
     let sigmoid = |v: f32| 1.0 / (1.0 + (-v).exp());
     let libm = [("exp", f32::exp as fn(f32) -> f32), ("tanh", f32::tanh), ("sigmoid", sigmoid)];
     for (op, std_fn) in libm {
-        let (jit, wide) = unary_kernel(op, N);
         let ptrs = [x.as_mut_ptr(), y.as_mut_ptr()];
-        // SAFETY: one row; both pointers are valid for N floats and outlive the closure.
-        g.bench_function(BenchmarkId::new(op, "jit"), |b| b.iter(|| unsafe { jit.run(1, black_box(&ptrs)) }));
-        if let Some(wide) = wide {
-            // SAFETY: as above.
-            g.bench_function(BenchmarkId::new(op, "avx512"), |b| {
-                b.iter(|| unsafe { wide.run(1, black_box(&ptrs)) })
+        for (kind, exec) in unary_kernel(op, N) {
+            // SAFETY: one row; both pointers are valid for N floats and outlive the closure.
+            g.bench_function(BenchmarkId::new(op, kind), |b| {
+                b.iter(|| unsafe { exec.run(1, black_box(&ptrs)) })
             });
         }
         g.bench_function(BenchmarkId::new(op, "std"), |b| {

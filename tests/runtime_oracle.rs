@@ -66,12 +66,15 @@ fn cpu_backend_with_jit_kernels_matches_per_sequence_interpreter() {
 }
 
 #[test]
-fn cpu_backend_with_avx512_kernels_matches_per_sequence_interpreter() {
-    if !cellc_runtime::backend::cpu::avx512_supported() {
-        eprintln!("skipped: this processor has no AVX-512F");
-        return;
+fn cpu_backend_with_walked_kernels_matches_per_sequence_interpreter() {
+    use cellc_runtime::backend::cpu::{avx2_supported, avx512_supported};
+    for (kernels, supported) in [(Kernels::Avx512, avx512_supported()), (Kernels::Avx2, avx2_supported())] {
+        if !supported {
+            eprintln!("skipped {kernels:?}: this processor lacks its instruction set");
+            continue;
+        }
+        conformance(&|| Box::new(Cpu::new(2, kernels).expect("cpu backend").split_every_step()));
     }
-    conformance(&|| Box::new(Cpu::new(2, Kernels::Avx512).expect("cpu backend").split_every_step()));
 }
 
 /// The whole suite, for one backend.

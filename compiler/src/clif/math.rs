@@ -5,8 +5,8 @@
 //! polynomials (Cephes' single-precision coefficients): `exp` by
 //! `2^n · e^r` with `|r| <= ln2/2`, `log` by `e·ln2 + log(m)` with
 //! `m ∈ [√½, √2)`, `tanh` by a rational function (Eigen's); the constants
-//! live in [`crate::kernel::cpu_math`], shared with the runtime's AVX-512
-//! kernels. The accuracy sweep (the runtime's codegen tests) holds each to
+//! live in [`crate::kernel::cpu_math`], shared with the runtime's walked
+//! (AVX-512 and AVX2) kernels. The accuracy sweep (the runtime's codegen tests) holds each to
 //! [`MAX_ULP`].
 
 /// The most units in the last place any function here may be from the

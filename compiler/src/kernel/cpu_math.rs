@@ -1,8 +1,8 @@
 //! The constants of the CPU kernels' elementwise math: the clamps, range
 //! reductions and polynomial coefficients that the Cranelift emitter
 //! (`cellc::clif::math`, with the `cranelift` feature) and the runtime's
-//! AVX-512 kernels both evaluate, in the same order. Kept here, in one
-//! place, because the two must compute the same bits.
+//! walked kernels (AVX-512 and AVX2) both evaluate, in the same order.
+//! Kept here, in one place, because the two must compute the same bits.
 //!
 //! `exp` is `2^n · e^r` with `|r| <= ln2/2` (Cephes' `expf`); `tanh` one
 //! odd/even rational function of the clamped argument (Eigen's

@@ -45,12 +45,14 @@ pub enum BackendChoice {
 /// How the CPU back end runs pointwise stages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum KernelsChoice {
-    /// AVX-512 where the processor has it, else Cranelift's code (the same results).
+    /// AVX-512 where the processor has it, else AVX2, else Cranelift's code (the same results).
     Fastest,
     /// Compiled by Cranelift in the process (f32x4).
     Jit,
     /// The kernel plans walked by AVX-512 code.
     Avx512,
+    /// The kernel plans walked by AVX2 code (with FMA).
+    Avx2,
     /// The interpreter's semantics, value by value (slow: a check).
     Interpreted,
 }
@@ -61,6 +63,7 @@ impl KernelsChoice {
             KernelsChoice::Fastest => Kernels::Fastest,
             KernelsChoice::Jit => Kernels::Jit,
             KernelsChoice::Avx512 => Kernels::Avx512,
+            KernelsChoice::Avx2 => Kernels::Avx2,
             KernelsChoice::Interpreted => Kernels::Interpreted,
         }
     }

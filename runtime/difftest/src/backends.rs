@@ -1,6 +1,7 @@
 //! The back ends a cell is checked on, and how each is made for a cell:
-//! the reference back end, the CPU back end with JIT-compiled and with
-//! interpreted kernels, the CPU back end with kernels compiled ahead of
+//! the reference back end, the CPU back end with JIT-compiled, walked
+//! (AVX-512 and AVX2, where the processor has them) and interpreted
+//! kernels, the CPU back end with kernels compiled ahead of
 //! time (an object file, linked by the system linker into a shared library
 //! and loaded, as `cellc-build` links it into a program), the CUDA back
 //! end on the emulated device (the generated CUDA C++ compiled by g++), and
@@ -24,6 +25,7 @@ pub enum BackendKind {
     Reference,
     CpuJit,
     CpuAvx512,
+    CpuAvx2,
     CpuInterpreted,
     CpuLinked,
     CudaEmulated,
@@ -41,10 +43,11 @@ impl BackendKind {
         }
     }
 
-    pub const ALL: [BackendKind; 7] = [
+    pub const ALL: [BackendKind; 8] = [
         BackendKind::Reference,
         BackendKind::CpuJit,
         BackendKind::CpuAvx512,
+        BackendKind::CpuAvx2,
         BackendKind::CpuInterpreted,
         BackendKind::CpuLinked,
         BackendKind::CudaEmulated,
@@ -58,10 +61,12 @@ impl BackendKind {
         match self {
             // The interpreter's op semantics: the host's libm.
             BackendKind::Reference | BackendKind::CpuInterpreted => 1.0,
-            // Cranelift's range-reduced polynomials (the AVX-512 kernels compute the same bits).
-            BackendKind::CpuJit | BackendKind::CpuAvx512 | BackendKind::CpuLinked | BackendKind::CpuBf16 => {
-                cellc_runtime::backend::cpu::codegen::math::MAX_ULP
-            }
+            // Cranelift's range-reduced polynomials (the walked kernels compute the same bits).
+            BackendKind::CpuJit
+            | BackendKind::CpuAvx512
+            | BackendKind::CpuAvx2
+            | BackendKind::CpuLinked
+            | BackendKind::CpuBf16 => cellc_runtime::backend::cpu::codegen::math::MAX_ULP,
             // CUDA's expf, tanhf, logf: 2 ulp (CUDA's math guide); the
             // emulated device compiles them with the host's libm.
             BackendKind::CudaEmulated => 2.0,
@@ -73,6 +78,7 @@ impl BackendKind {
             BackendKind::Reference => "reference",
             BackendKind::CpuJit => "cpu (JIT kernels)",
             BackendKind::CpuAvx512 => "cpu (AVX-512 kernels)",
+            BackendKind::CpuAvx2 => "cpu (AVX2 kernels)",
             BackendKind::CpuInterpreted => "cpu (interpreted kernels)",
             BackendKind::CpuLinked => "cpu (kernels linked ahead of time)",
             BackendKind::CudaEmulated => "cuda (emulated device)",
@@ -97,6 +103,7 @@ pub fn make(kind: BackendKind, cell: &CompiledCell, layers: &[Layer]) -> Result<
         BackendKind::Reference => Ok(Box::new(Reference)),
         BackendKind::CpuJit => cpu(Kernels::Jit),
         BackendKind::CpuAvx512 => cpu(Kernels::Avx512),
+        BackendKind::CpuAvx2 => cpu(Kernels::Avx2),
         BackendKind::CpuInterpreted => cpu(Kernels::Interpreted),
         BackendKind::CpuLinked => cpu(Kernels::Linked(linked(cell, layers)?)),
         BackendKind::CpuBf16 => cpu(Kernels::Fastest),

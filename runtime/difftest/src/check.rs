@@ -162,16 +162,18 @@ pub struct Checks {
 
 impl Checks {
     /// Every check; the emulated CUDA device only where g++ is installed,
-    /// the AVX-512 kernels only where the processor has them.
+    /// the AVX-512 and AVX2 kernels only where the processor has them.
     pub fn everything() -> Checks {
         let cuda = backends::cuda_emulation_available();
-        let avx512 = cellc_runtime::backend::cpu::avx512_supported();
+        let (avx512, avx2) =
+            (cellc_runtime::backend::cpu::avx512_supported(), cellc_runtime::backend::cpu::avx2_supported());
         Checks {
             gradcheck: true,
             backends: BackendKind::ALL
                 .into_iter()
                 .filter(|&b| cuda || b != BackendKind::CudaEmulated)
                 .filter(|&b| avx512 || b != BackendKind::CpuAvx512)
+                .filter(|&b| avx2 || b != BackendKind::CpuAvx2)
                 .collect(),
         }
     }

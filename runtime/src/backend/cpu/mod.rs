@@ -13,8 +13,6 @@
 pub(crate) mod aligned;
 mod all_rows;
 pub mod aot;
-#[cfg(target_arch = "x86_64")]
-pub mod avx512;
 mod backward;
 pub mod bf16;
 mod buffers;
@@ -41,6 +39,8 @@ mod tape;
 mod team;
 pub mod threads;
 mod tiles;
+#[cfg(target_arch = "x86_64")]
+pub mod walker;
 mod whole_sequence;
 
 use super::{Device, StepRunner, StreamJob};
@@ -62,17 +62,22 @@ use std::sync::{Arc, Mutex, Weak};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Kernels {
     /// The fastest this processor runs, decided once when the back end is
-    /// made: [`Kernels::Avx512`] where it has AVX-512F, else [`Kernels::Jit`].
-    /// Both compute the same bits.
+    /// made: [`Kernels::Avx512`] where it has AVX-512F, else
+    /// [`Kernels::Avx2`] where it has AVX2 and FMA, else [`Kernels::Jit`].
+    /// All three compute the same bits.
     #[default]
     Fastest,
     /// Compiled with Cranelift in the process (f32x4 SIMD, own
     /// exp/log/tanh polynomials); needs the `jit` feature.
     Jit,
     /// Each stage's kernel plan walked by AVX-512 code in the runtime
-    /// ([`avx512`]): no code generator, 16 lanes, bitwise the results of
+    /// ([`walker`]): no code generator, 16 lanes, bitwise the results of
     /// Cranelift's code. x86-64 processors with AVX-512F only.
     Avx512,
+    /// The same walker on AVX2 with FMA, 8 lanes, the same bits: for
+    /// x86-64 processors with AVX2 but not AVX-512 (AMD Zen 1 to 3, most
+    /// Intel desktop and laptop parts).
+    Avx2,
     /// The interpreter's op semantics, value by value (a check on the driver and the JIT).
     Interpreted,
     /// The same machine code, compiled ahead of time by `cellc-build` and
@@ -136,15 +141,10 @@ impl Cpu {
         let threads = if threads == 0 { cores } else { threads.min(cores) };
         let kernels = match kernels {
             Kernels::Fastest if avx512_supported() => Kernels::Avx512,
+            Kernels::Fastest if avx2_supported() => Kernels::Avx2,
             Kernels::Fastest => Kernels::Jit,
-            Kernels::Avx512 if !avx512_supported() => {
-                return Err(RuntimeError::Backend {
-                    backend: "cpu".into(),
-                    message: "Kernels::Avx512 needs a processor with AVX-512F; this one has none \
-                              (Kernels::Fastest picks what it has)"
-                        .into(),
-                })
-            }
+            Kernels::Avx512 if !avx512_supported() => return Err(unsupported("Kernels::Avx512", "AVX-512F")),
+            Kernels::Avx2 if !avx2_supported() => return Err(unsupported("Kernels::Avx2", "AVX2 and FMA")),
             other => other,
         };
         let step_fmas_per_thread = STEP_FMAS_PER_THREAD;
@@ -275,9 +275,27 @@ impl Cpu {
 /// Whether this processor runs [`Kernels::Avx512`].
 pub fn avx512_supported() -> bool {
     #[cfg(target_arch = "x86_64")]
-    return avx512::supported();
+    return <walker::Avx512 as walker::Lanes>::detect().is_some();
     #[cfg(not(target_arch = "x86_64"))]
     false
+}
+
+/// Whether this processor runs [`Kernels::Avx2`].
+pub fn avx2_supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return <walker::Avx2 as walker::Lanes>::detect().is_some();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// The error for kernels `kind` on a processor without instruction set `set`.
+fn unsupported(kind: &str, set: &str) -> RuntimeError {
+    RuntimeError::Backend {
+        backend: "cpu".into(),
+        message: format!(
+            "{kind} needs a processor with {set}; this one has none (Kernels::Fastest picks what it has)"
+        ),
+    }
 }
 
 /// A kernel stage's plan, which the program always has (else a compiler bug).
@@ -285,22 +303,37 @@ fn plan_of(kernel: Option<&ProgramKernel>) -> Result<&ProgramKernel> {
     kernel.ok_or_else(|| RuntimeError::Internal("a kernel stage without a kernel plan".into()))
 }
 
-/// A stage's kernel plan, to be walked by AVX-512 code.
-fn avx512_stage(
+/// A stage's kernel plan, to be walked by the vector code of `kernels`
+/// (AVX-512 or AVX2).
+fn walked_stage(
+    kernels: Kernels,
     p: &Shapes,
     kernel: Option<&ProgramKernel>,
     st: &cellc::schedule::Stage,
 ) -> Result<Arc<dyn StageExec>> {
     let kernel = plan_of(kernel)?;
     #[cfg(target_arch = "x86_64")]
-    return avx512::Avx512Stage::new(p, &kernel.plan, &st.inputs, &st.outputs)
-        .map(|s| Arc::new(s) as Arc<dyn StageExec>)
-        .map_err(|e| RuntimeError::Internal(e.to_string()));
+    {
+        fn walked<S: walker::Lanes>(
+            p: &Shapes,
+            kernel: &ProgramKernel,
+            st: &cellc::schedule::Stage,
+        ) -> Result<Arc<dyn StageExec>> {
+            walker::WalkedStage::<S>::new(p, &kernel.plan, &st.inputs, &st.outputs)
+                .map(|s| Arc::new(s) as Arc<dyn StageExec>)
+                .map_err(|e| RuntimeError::Internal(e.to_string()))
+        }
+        match kernels {
+            Kernels::Avx512 => walked::<walker::Avx512>(p, kernel, st),
+            Kernels::Avx2 => walked::<walker::Avx2>(p, kernel, st),
+            other => Err(RuntimeError::Internal(format!("{other:?} kernels do not walk plans"))),
+        }
+    }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        // `Cpu::new` refuses Kernels::Avx512 off x86-64: never reached.
-        let _ = (p, kernel, st);
-        Err(RuntimeError::Internal("AVX-512 kernels on a processor without AVX-512".into()))
+        // `Cpu::new` refuses walked kernels off x86-64: never reached.
+        let _ = (kernels, p, kernel, st);
+        Err(RuntimeError::Internal("walked kernels on a processor without AVX-512 or AVX2".into()))
     }
 }
 
@@ -317,7 +350,7 @@ fn planned_stage(
             Ok(Arc::new(Interpreted::new(g.clone(), p.clone(), &st.values, &st.inputs, &st.outputs)))
         }
         Kernels::Jit | Kernels::Fastest => jit_stage(p, kernel, st),
-        Kernels::Avx512 => avx512_stage(p, kernel, st),
+        Kernels::Avx512 | Kernels::Avx2 => walked_stage(kernels, p, kernel, st),
         Kernels::Linked(_) => Err(RuntimeError::Internal("a linked kernel has no plan to build".into())),
     }
 }

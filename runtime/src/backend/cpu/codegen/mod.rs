@@ -52,23 +52,34 @@ pub fn compile_unary_for_test(op: UnaryOp, n: usize) -> impl Fn(&[f32]) -> Vec<f
 }
 
 #[cfg(all(test, feature = "jit"))]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::backend::cpu::native::NativeStage;
     use crate::backend::cpu::stage::{Interpreted, StageExec};
     use std::sync::Arc;
 
-    /// Every pointwise stage of every shipped cell, forward and backward,
-    /// compiled and run against the interpreted stage on random rows.
-    #[test]
-    fn every_stage_of_every_cell_matches_the_interpreter() {
+    /// Every shipped cell's file name and source, in name order.
+    pub(crate) fn shipped_cells() -> Vec<(String, String)> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../cells");
         let mut files: Vec<_> =
             std::fs::read_dir(&dir).expect("cells/").map(|e| e.expect("entry").path()).collect();
         files.sort();
+        files
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "cell"))
+            .map(|path| {
+                let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                (name, std::fs::read_to_string(path).expect("readable"))
+            })
+            .collect()
+    }
+
+    /// Every pointwise stage of every shipped cell, forward and backward,
+    /// compiled and run against the interpreted stage on random rows.
+    #[test]
+    fn every_stage_of_every_cell_matches_the_interpreter() {
         let mut compiled = 0;
-        for path in files.iter().filter(|p| p.extension().is_some_and(|e| e == "cell")) {
-            let src = std::fs::read_to_string(path).expect("readable");
+        for (_, src) in shipped_cells() {
             let module = cellc::compile("c.cell", &src).into_result().expect("compiles");
             for cell in &module.cells {
                 let steps = cellc::program::Steps::compile(cell).expect("verifies");

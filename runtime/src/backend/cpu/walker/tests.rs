@@ -1,11 +1,35 @@
-//! The AVX-512 kernels against Cranelift's code, bit for bit: every stage
-//! of every shipped cell and of random cells, forward and backward, at
-//! lengths that fill whole registers, part of one, and several chunks, on
-//! rows holding ordinary values and every special one.
+//! The walked kernels against Cranelift's code, bit for bit, on each
+//! instruction set this processor has: every stage of every shipped cell
+//! and of random cells, forward and backward, at lengths that fill whole
+//! registers, part of one, and several passes, on rows holding ordinary
+//! values and every special one.
+
+use super::{Avx2, Avx512, Lanes};
+
+/// `#[test]` functions, each running a check generic over the instruction
+/// set on every set this processor has.
+macro_rules! on_each_set {
+    ($($(#[$doc:meta])* $test:ident: $check:path;)*) => {$(
+        $(#[$doc])*
+        #[test]
+        fn $test() {
+            $crate::backend::cpu::walker::tests::on::<$crate::backend::cpu::walker::Avx512>($check);
+            $crate::backend::cpu::walker::tests::on::<$crate::backend::cpu::walker::Avx2>($check);
+        }
+    )*};
+}
+
+/// Runs `check` where the processor has set `S`.
+fn on<S: Lanes>(check: impl FnOnce(S)) {
+    match S::detect() {
+        Some(s) => check(s),
+        None => eprintln!("skipped on {}: this processor lacks it", S::NAME),
+    }
+}
 
 #[cfg(feature = "jit")]
 mod against_the_jit {
-    use super::super::{supported, Avx512Stage};
+    use super::super::{Lanes, WalkedStage};
     use crate::backend::cpu::codegen::jit;
     use crate::backend::cpu::stage::StageExec;
     use cellc::program::{Side, Steps};
@@ -34,8 +58,8 @@ mod against_the_jit {
     ];
 
     /// Every kernel stage of the cell in `src` at each of `sizes`, run by
-    /// both and compared; returns how many stages ran.
-    fn every_stage(src: &str, name: &str, sizes: &[usize]) -> usize {
+    /// the JIT and walked on `S`, and compared; returns how many stages ran.
+    fn every_stage<S: Lanes>(src: &str, name: &str, sizes: &[usize]) -> usize {
         let module = cellc::compile("c.cell", src).into_result().unwrap_or_else(|e| panic!("{name}: {e:?}"));
         let mut stages = 0;
         for cell in &module.cells {
@@ -52,10 +76,10 @@ mod against_the_jit {
                         let what = format!("{name}/{} H={h} {side:?} stage {i}", cell.name);
                         let jit = jit::compile_stage(shapes, &kernel.plan, &st.inputs, &st.outputs)
                             .unwrap_or_else(|e| panic!("{what}: {e}"));
-                        let wide = Avx512Stage::new(shapes, &kernel.plan, &st.inputs, &st.outputs)
+                        let wide = WalkedStage::<S>::new(shapes, &kernel.plan, &st.inputs, &st.outputs)
                             .unwrap_or_else(|e| panic!("{what}: {e}"));
                         for special in [false, true] {
-                            compare(&jit, &wide, shapes, special, &what);
+                            compare(&jit, &wide, shapes, special, &format!("{what} on {}", S::NAME));
                         }
                         stages += 1;
                     }
@@ -111,7 +135,7 @@ mod against_the_jit {
             for (e, (x, y)) in a.iter().zip(b).enumerate() {
                 assert!(
                     x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
-                    "{what}: output {} [{e}] (row {}): Cranelift {x:e} ({:#x}), AVX-512 {y:e} ({:#x})",
+                    "{what}: output {} [{e}] (row {}): Cranelift {x:e} ({:#x}), walked {y:e} ({:#x})",
                     jit.outputs()[k % no],
                     k / no,
                     x.to_bits(),
@@ -121,61 +145,68 @@ mod against_the_jit {
         }
     }
 
-    #[test]
-    fn every_stage_of_every_shipped_cell_is_bitwise_the_jits() {
-        if !supported() {
-            eprintln!("skipped: this processor has no AVX-512F");
-            return;
-        }
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../cells");
-        let mut files: Vec<_> =
-            std::fs::read_dir(&dir).expect("cells/").map(|e| e.expect("entry").path()).collect();
-        files.sort();
+    /// Every stage of every shipped cell, walked on `S`.
+    fn shipped_cells<S: Lanes>(_: S) {
         let mut stages = 0;
-        for path in files.iter().filter(|p| p.extension().is_some_and(|e| e == "cell")) {
-            let src = std::fs::read_to_string(path).expect("readable");
-            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            // Under a register, one, part of a second, several chunks with a ragged end.
-            stages += every_stage(&src, &name, &[1, 5, 16, 37, 64, 130]);
+        for (name, src) in crate::backend::cpu::codegen::tests::shipped_cells() {
+            // Under a register, one, part of a second, several passes with a ragged end.
+            stages += every_stage::<S>(&src, &name, &[1, 5, 16, 37, 64, 130]);
         }
-        assert!(stages >= 200, "only {stages} stages compared");
+        assert!(stages >= 200, "only {stages} stages compared on {}", S::NAME);
     }
 
-    #[test]
-    fn every_stage_of_random_cells_is_bitwise_the_jits() {
-        if !supported() {
-            eprintln!("skipped: this processor has no AVX-512F");
-            return;
-        }
+    /// Every stage of 60 random cells, walked on `S`.
+    fn random_cells<S: Lanes>(_: S) {
         let mut stages = 0;
         for seed in 0..60u64 {
             let spec =
                 cellc::fuzzgen::generate(&mut cellc::fuzzgen::Entropy::seeded(seed), &format!("fuzz{seed}"));
-            stages += every_stage(&spec.to_string(), &format!("seed {seed}"), &[3, 19, 70]);
+            stages += every_stage::<S>(&spec.to_string(), &format!("seed {seed}"), &[3, 19, 70]);
         }
-        eprintln!("{stages} stages of random cells compared");
-        assert!(stages > 100, "only {stages} stages compared");
+        eprintln!("{stages} stages of random cells compared on {}", S::NAME);
+        assert!(stages > 100, "only {stages} stages compared on {}", S::NAME);
+    }
+
+    on_each_set! {
+        every_stage_of_every_shipped_cell_is_bitwise_the_jits: shipped_cells;
+        every_stage_of_random_cells_is_bitwise_the_jits: random_cells;
     }
 }
 
-#[test]
-fn masks_cover_exactly_the_floats_left() {
-    for left in [0, 1, 15, 16, 17, 48, 63, super::CHUNK - 1, super::CHUNK, super::CHUNK + 40] {
-        let masks = super::masks(left);
-        for (k, &m) in masks.iter().enumerate() {
-            let lanes = left.saturating_sub(16 * k).min(16);
-            assert_eq!(m, ((1u32 << lanes) - 1) as u16, "{left} floats left, register {k}");
+/// A loop's passes read and write each of its floats once, whole
+/// registers but in the last pass, and nothing past its end; the last
+/// pass's registers hold zeros there.
+fn passes_cover_each_float_once<S: Lanes>(s: S) {
+    let chunk = super::chunk::<S>();
+    let lens = (1..=2 * S::LANES + 1).chain([chunk - 1, chunk, chunk + 1, chunk + 40, 3 * chunk + 5]);
+    for len in lens {
+        let mut src: Vec<f32> = (1..=len).map(|i| i as f32).collect();
+        let mut dst = vec![-1.0f32; len + chunk];
+        let mut regs = vec![super::Line([f32::NAN; 16]); chunk / 16];
+        let regs = regs.as_mut_ptr().cast::<S::V>();
+        for off in (0..len).step_by(chunk) {
+            let left = len - off;
+            // SAFETY: `src` holds `len` floats, `dst` more, `regs` a pass's registers; the set was detected.
+            let got = unsafe {
+                super::load_pass(s, &super::Held::Mem(src.as_mut_ptr()), off, left, regs);
+                super::store_pass(s, regs, dst.as_mut_ptr().add(off), left);
+                std::slice::from_raw_parts(regs.cast::<f32>(), left.min(chunk).next_multiple_of(S::LANES))
+            };
+            let (inside, past) = got.split_at(left.min(chunk));
+            assert_eq!(inside, &src[off..off + inside.len()], "{}: {len} floats, pass at {off}", S::NAME);
+            assert!(past.iter().all(|&x| x == 0.0), "{}: {len} floats, zeros past the end", S::NAME);
         }
-        let covered: u32 = masks.iter().map(|m| m.count_ones()).sum();
-        assert_eq!(covered as usize, left.min(super::CHUNK), "{left} floats left");
+        assert_eq!(&dst[..len], &src[..], "{}: {len} floats", S::NAME);
+        assert!(dst[len..].iter().all(|&x| x == -1.0), "{}: {len} floats, nothing past the end", S::NAME);
     }
+}
+
+on_each_set! {
+    passes_cover_every_float_once: passes_cover_each_float_once;
 }
 
 #[test]
 fn row_sums_add_in_the_emitters_order() {
-    if !super::supported() {
-        return;
-    }
     // Four chains over blocks of 16, pairwise; one f32x4 over the rest; lanes pairwise; the tail.
     let reference = |x: &[f32]| -> f32 {
         let (wide, vec) = (x.len() / 16 * 16, x.len() / 4 * 4);
@@ -201,22 +232,29 @@ fn row_sums_add_in_the_emitters_order() {
     };
     for n in [0usize, 1, 3, 4, 7, 15, 16, 17, 33, 63, 64, 100, 1000] {
         let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 * 1.37e-3 - 0.61).collect();
-        // SAFETY: n floats; AVX-512F checked above.
+        // SAFETY: n floats.
         let got = unsafe { super::sum(x.as_ptr(), n) };
         assert_eq!(got.to_bits(), reference(&x).to_bits(), "n = {n}");
     }
 }
 
 #[test]
-fn fastest_is_avx512_exactly_where_the_processor_has_it() {
+fn fastest_is_the_widest_set_the_processor_has() {
     use crate::backend::cpu::{Cpu, Kernels};
+    let (avx512, avx2) = (Avx512::detect().is_some(), Avx2::detect().is_some());
+    let widest = if avx512 {
+        Kernels::Avx512
+    } else if avx2 {
+        Kernels::Avx2
+    } else {
+        Kernels::Jit
+    };
     let cpu = Cpu::new(1, Kernels::Fastest).expect("a cpu back end");
-    assert_eq!(cpu.kernels() == Kernels::Avx512, super::supported(), "{:?}", cpu.kernels());
-    assert_ne!(cpu.kernels(), Kernels::Fastest, "Fastest is resolved when the back end is made");
-    if !super::supported() {
-        match Cpu::new(1, Kernels::Avx512) {
-            Ok(_) => panic!("Kernels::Avx512 accepted without AVX-512F"),
-            Err(e) => assert!(e.to_string().contains("AVX-512F"), "{e}"),
+    assert_eq!(cpu.kernels(), widest, "Fastest is resolved when the back end is made");
+    for (kind, has, set) in [(Kernels::Avx512, avx512, Avx512::NAME), (Kernels::Avx2, avx2, Avx2::NAME)] {
+        match Cpu::new(1, kind) {
+            Ok(cpu) => assert!(has && cpu.kernels() == kind, "{kind:?} accepted without {set}"),
+            Err(e) => assert!(!has && e.to_string().contains(set), "{kind:?}: {e}"),
         }
     }
 }

@@ -1,14 +1,16 @@
-//! Pointwise stages run by AVX-512 code that walks their kernel plans.
+//! Pointwise stages run by vector code that walks their kernel plans, on
+//! AVX-512 or on AVX2 with FMA: one walker, generic over the instruction
+//! set ([`Lanes`]).
 //!
 //! Cranelift's x86-64 back end stops at 128-bit vectors and sixteen `xmm`
 //! registers: an LSTM's step spent as long in its `f32x4` kernels, mostly
 //! spilling polynomial constants, as in its products. Here a stage's
 //! [`KernelPlan`] is turned once into a list of steps, and each row walks
-//! it: a fused loop runs 128 floats (eight `zmm` registers) at a time, each
-//! member's op on all eight at once (the arithmetic inline, the rest
-//! through its `math` module), its result kept in a small register file in L1 for
-//! the members after it. The per-op dispatch is paid once per 128 elements
-//! (measured against 64 and 256: 13% and 20% faster on the LSTM's forward
+//! it: a fused loop runs 128 floats at a time (eight `zmm` registers, or
+//! sixteen `ymm`), each member's op on all of them at once (its `math`),
+//! its result kept in a small register file in L1 for the members after
+//! it. The per-op dispatch is paid once per 128 elements (measured on
+//! AVX-512 against 64 and 256: 13% and 20% faster on the LSTM's forward
 //! stage at H=128).
 //!
 //! Every decision is the plan's, as for the emitter ([`cellc::clif`]): the
@@ -16,36 +18,36 @@
 //! copies, and row sums added in the emitter's order. Each lane computes
 //! what the emitter's instruction computes, so the results are bitwise
 //! those of Cranelift's code (tested against the JIT on every stage of
-//! every shipped cell and on random cells); which of the two runs a stage
-//! never changes a number.
+//! every shipped cell and on random cells, for both sets); which of the
+//! three runs a stage never changes a number.
+//!
+//! The walker and its math are written once, `#[inline(always)]`, and a
+//! stage's rows run inside [`Lanes::enter`]: each set gets its own copy,
+//! compiled for it, with every operation one of its instructions.
 
+mod lanes;
 mod math;
 
+pub use lanes::{Avx2, Avx512, Lanes};
+
 use super::stage::StageExec;
-use cellc::ir::{BinaryOp, Op, ReduceOp, ValueId};
+use cellc::ir::{Op, ReduceOp, ValueId};
 use cellc::kernel::{Item, KernelPlan, Kind, Literal, Operand};
 use cellc::shapes::Shapes;
-use math::V;
-use std::arch::x86_64::*;
 
-/// Registers of sixteen lanes per value in a fused loop's pass (see the module's doc).
-const REGS: usize = 8;
-
-/// Floats of a fused loop per pass.
-const CHUNK: usize = 16 * REGS;
-
-/// Whether this processor runs these kernels.
-pub fn supported() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
-}
-
-/// Why a plan cannot run here (a plan reading a value it never holds: a compiler bug).
+/// Why a plan cannot run here: the processor lacks the set, or the plan
+/// reads a value before it holds it (a compiler bug).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlanError(pub String);
+pub struct PlanError {
+    /// The instruction set's name ([`Lanes::NAME`]).
+    pub set: &'static str,
+    /// What is wrong.
+    pub message: String,
+}
 
 impl std::fmt::Display for PlanError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "avx512 kernel: {}", self.0)
+        write!(f, "{} kernel: {}", self.set, self.message)
     }
 }
 
@@ -123,9 +125,10 @@ enum Step {
     },
 }
 
-/// A stage's plan, ready to run on AVX-512.
+/// A stage's plan, ready to be walked on instruction set `S`.
 #[derive(Debug)]
-pub struct Avx512Stage {
+pub struct WalkedStage<S> {
+    set: S,
     inputs: Vec<ValueId>,
     outputs: Vec<ValueId>,
     literals: Vec<(ValueId, Literal)>,
@@ -142,22 +145,21 @@ pub struct Avx512Stage {
 
 // SAFETY: the `Item`s it keeps are descriptions (ids and numbers); a run's
 // pointers live in the thread's own workspace.
-unsafe impl Send for Avx512Stage {}
-unsafe impl Sync for Avx512Stage {}
+unsafe impl<S: Lanes> Send for WalkedStage<S> {}
+unsafe impl<S: Lanes> Sync for WalkedStage<S> {}
 
-impl Avx512Stage {
+impl<S: Lanes> WalkedStage<S> {
     /// The plan of a stage at `shapes` that reads `inputs` and writes
     /// `outputs` through the row pointer table. Fails on a processor
-    /// without AVX-512F, or if the plan reads a value before it holds it.
+    /// without the set, or if the plan reads a value before it holds it.
     pub fn new(
         shapes: &Shapes,
         plan: &KernelPlan,
         inputs: &[ValueId],
         outputs: &[ValueId],
-    ) -> Result<Avx512Stage, PlanError> {
-        if !supported() {
-            return Err(PlanError("this processor has no AVX-512F".into()));
-        }
+    ) -> Result<WalkedStage<S>, PlanError> {
+        let fail = |message: String| PlanError { set: S::NAME, message };
+        let set = S::detect().ok_or_else(|| fail("this processor has none".into()))?;
         let named: Vec<ValueId> = inputs
             .iter()
             .chain(outputs)
@@ -176,7 +178,7 @@ impl Avx512Stage {
             plan.scratch
                 .get(&v)
                 .map(|&at| Place::Scratch(at))
-                .ok_or_else(|| PlanError(format!("{v} has no storage")))
+                .ok_or_else(|| fail(format!("{v} has no storage")))
         };
         let mut held: std::collections::HashSet<ValueId> =
             plan.literals.iter().map(|&(v, _)| v).chain(plan.inputs.iter().map(|&(_, v, _)| v)).collect();
@@ -184,7 +186,7 @@ impl Avx512Stage {
             if held.contains(&v) {
                 Ok(())
             } else {
-                Err(PlanError(format!("{reader} reads {v}, not available")))
+                Err(fail(format!("{reader} reads {v}, not available")))
             }
         };
         let mut steps = Vec::with_capacity(plan.items.len());
@@ -209,7 +211,7 @@ impl Avx512Stage {
                         .iter()
                         .map(|m| {
                             let (a, b, c) = match m.operands.as_slice() {
-                                [] => return Err(PlanError(format!("{} has no operands", m.value))),
+                                [] => return Err(fail(format!("{} has no operands", m.value))),
                                 [a] => (slot(a), slot(a), slot(a)),
                                 [a, b] => (slot(a), slot(b), slot(b)),
                                 [a, b, c, ..] => (slot(a), slot(b), slot(c)),
@@ -223,7 +225,7 @@ impl Avx512Stage {
                     steps.push(Step::Fused(Fused { len: l.len, outside: l.outside.clone(), members }));
                 }
                 single => {
-                    let v = single.value().ok_or_else(|| PlanError("a loop is not a single value".into()))?;
+                    let v = single.value().ok_or_else(|| fail("a loop is not a single value".into()))?;
                     let place = match single {
                         Item::Pad { .. } | Item::Concat { .. } => Some(place(v)?),
                         _ => None,
@@ -240,7 +242,8 @@ impl Avx512Stage {
                 copies.push((i, out.value));
             }
         }
-        Ok(Avx512Stage {
+        Ok(WalkedStage {
+            set,
             inputs: inputs.to_vec(),
             outputs: outputs.to_vec(),
             literals: plan.literals.clone(),
@@ -256,8 +259,8 @@ impl Avx512Stage {
     /// One row: `row` holds its input then output pointers.
     ///
     /// # Safety
-    /// As [`StageExec::run`] for this row; `w` sized for this stage; AVX-512F.
-    #[target_feature(enable = "avx512f")]
+    /// As [`StageExec::run`] for this row; `w` sized for this stage.
+    #[inline(always)]
     unsafe fn row(&self, row: &[*mut f32], w: &mut Workspace) {
         let outs = &row[self.inputs.len()..];
         let scratch = w.scratch.as_mut_ptr();
@@ -301,59 +304,40 @@ impl Avx512Stage {
     }
 
     /// # Safety
-    /// As [`Avx512Stage::row`].
-    #[target_feature(enable = "avx512f")]
+    /// As [`WalkedStage::row`].
+    #[inline(always)]
     unsafe fn fused(&self, l: &Fused, at: &dyn Fn(Place) -> *mut f32, w: &mut Workspace) {
+        let s = self.set;
         let Workspace { regs, held, stores, .. } = w;
         stores.clear();
         stores.extend(l.members.iter().map(|m| m.store.map(at)));
-        let regs = regs.as_mut_ptr();
-        let slot = |i: usize| regs.wrapping_add(i * REGS);
+        let regs = regs.as_mut_ptr().cast::<S::V>();
+        let slot = |i: usize| regs.wrapping_add(i * S::REGISTERS);
         let base = l.outside.len();
-        for off in (0..l.len).step_by(CHUNK) {
+        for off in (0..l.len).step_by(chunk::<S>()) {
             let left = l.len - off;
-            let (masks, live) = (masks(left), left.min(CHUNK).div_ceil(16));
+            let live = left.min(chunk::<S>()).div_ceil(S::LANES);
             // SAFETY (block): the register file has a slot per outside value
             // and member (`registers`); a held vector and a member's storage
-            // have `len` floats, and the masks stop at them.
+            // have `len` floats, and the pass's masks stop at them.
             unsafe {
                 for (i, v) in l.outside.iter().enumerate() {
                     // By reference: the value was just written field by
                     // field, and a copy reads it whole, which waits for the
                     // stores to retire instead of forwarding them.
-                    load(&held[v.index()], off, &masks, slot(i), live);
+                    load_pass(s, &held[v.index()], off, left, slot(i));
                 }
                 for (j, (m, store)) in l.members.iter().zip(stores.iter()).enumerate() {
                     let out = slot(base + j);
                     let (a, b, c) = (slot(m.a), slot(m.b), slot(m.c));
-                    // The arithmetic ops inline (a call would cost more than
-                    // the op), the rest through the math module.
-                    macro_rules! each {
-                        ($op:ident) => {
-                            if live == REGS {
-                                for k in 0..REGS {
-                                    *out.add(k) = $op(*a.add(k), *b.add(k));
-                                }
-                            } else {
-                                for k in 0..live {
-                                    *out.add(k) = $op(*a.add(k), *b.add(k));
-                                }
-                            }
-                        };
-                    }
                     match m.op {
-                        Code::Binary(BinaryOp::Add) => each!(_mm512_add_ps),
-                        Code::Binary(BinaryOp::Sub) => each!(_mm512_sub_ps),
-                        Code::Binary(BinaryOp::Mul) => each!(_mm512_mul_ps),
-                        Code::Unary(u) => math::unary(u, a, out, live),
-                        Code::Binary(o) => math::binary(o, a, b, out, live),
-                        Code::Select => math::select(a, b, c, out, live),
+                        Code::Unary(u) => math::unary(s, u, a, out, live),
+                        Code::Binary(o) => math::binary(s, o, [a, b], out, live),
+                        Code::Select => math::select(s, [a, b, c], out, live),
                         Code::First => std::ptr::copy_nonoverlapping(a, out, live),
                     }
                     if let Some(p) = store {
-                        for (k, &mask) in masks.iter().enumerate().take(live) {
-                            _mm512_mask_storeu_ps(p.add(off + 16 * k), mask, *out.add(k));
-                        }
+                        store_pass(s, out, p.add(off), left);
                     }
                 }
             }
@@ -368,15 +352,16 @@ impl Avx512Stage {
     /// The value of an item other than a loop.
     ///
     /// # Safety
-    /// As [`Avx512Stage::row`]; `place` holds the item's value.
-    #[target_feature(enable = "avx512f")]
+    /// As [`WalkedStage::row`]; `place` holds the item's value.
+    #[inline(always)]
     unsafe fn single(&self, item: &Item, place: Option<*mut f32>, held: &[Held]) -> Held {
+        let s = self.set;
         let get = |v: ValueId| held[v.index()];
         // SAFETY (block): held vectors hold their lengths; `place` the item's.
         unsafe {
             match item {
                 Item::Broadcast { src, .. } => match get(*src) {
-                    Held::Scalar(s) | Held::Splat(s) => Held::Splat(s),
+                    Held::Scalar(x) | Held::Splat(x) => Held::Splat(x),
                     Held::Mem(p) => Held::Splat(*p),
                     Held::Absent => Held::Absent,
                 },
@@ -389,15 +374,15 @@ impl Avx512Stage {
                     let a = args.first().map_or(0.0, |&v| first(get(v)));
                     let b = args.get(1).map_or(a, |&v| first(get(v)));
                     let c = args.get(2).map_or(b, |&v| first(get(v)));
-                    let (a, b, c) = (_mm512_set1_ps(a), _mm512_set1_ps(b), _mm512_set1_ps(c));
+                    let (a, b, c) = (s.splat(a), s.splat(b), s.splat(c));
                     let mut r = a;
                     match Code::of(op) {
-                        Code::Unary(u) => math::unary(u, &a, &mut r, 1),
-                        Code::Binary(o) => math::binary(o, &a, &b, &mut r, 1),
-                        Code::Select => math::select(&a, &b, &c, &mut r, 1),
+                        Code::Unary(u) => math::unary(s, u, &a, &mut r, 1),
+                        Code::Binary(o) => math::binary(s, o, [&a, &b], &mut r, 1),
+                        Code::Select => math::select(s, [&a, &b, &c], &mut r, 1),
                         Code::First => {}
                     }
-                    let r = _mm512_cvtss_f32(r);
+                    let r = s.first(r);
                     if *splat {
                         Held::Splat(r)
                     } else {
@@ -406,7 +391,7 @@ impl Avx512Stage {
                 }
                 Item::Reduce { src, op, len, .. } => {
                     let sum = match get(*src) {
-                        Held::Scalar(s) | Held::Splat(s) => s * *len as f32,
+                        Held::Scalar(x) | Held::Splat(x) => x * *len as f32,
                         Held::Mem(p) => sum(p, *len),
                         Held::Absent => 0.0,
                     };
@@ -458,31 +443,74 @@ unsafe fn first(h: Held) -> f32 {
     }
 }
 
-/// The lanes of each register that `left` floats still fill.
-fn masks(left: usize) -> [u16; REGS] {
-    std::array::from_fn(|k| {
-        let n = left.saturating_sub(16 * k).min(16);
-        ((1u32 << n) - 1) as u16
-    })
+/// Floats of a fused loop per pass.
+const fn chunk<S: Lanes>() -> usize {
+    S::REGISTERS * S::LANES
 }
 
-/// Floats `off..` of a held value into `live` registers at `to` (zeros
-/// past the masks).
+/// Floats `off..` of a held value, `left` of them still to go, into a
+/// pass's registers at `to` (zeros past the end): whole registers but in
+/// the loop's last pass, which is masked.
+///
+/// Here and in [`store_pass`], loops rather than a closure handed to one: a
+/// closure is a function of its own, compiled for the set only if inlined.
 ///
 /// # Safety
-/// A held vector has every float the masks cover; `to` writable for `live` registers.
-#[target_feature(enable = "avx512f")]
-unsafe fn load(h: &Held, off: usize, masks: &[u16; REGS], to: *mut V, live: usize) {
-    for (k, &mask) in masks.iter().enumerate().take(live) {
-        // SAFETY: per the contract.
-        unsafe {
-            *to.add(k) = match *h {
-                Held::Scalar(s) | Held::Splat(s) => _mm512_set1_ps(s),
-                Held::Mem(p) => _mm512_maskz_loadu_ps(mask, p.add(off + 16 * k)),
-                Held::Absent => _mm512_setzero_ps(),
+/// A held vector has those floats; `to` writable for the pass's registers.
+#[inline(always)]
+unsafe fn load_pass<S: Lanes>(s: S, h: &Held, off: usize, left: usize, to: *mut S::V) {
+    let live = left.min(chunk::<S>()).div_ceil(S::LANES);
+    // SAFETY (block): per the contract.
+    unsafe {
+        match *h {
+            Held::Mem(p) if left >= chunk::<S>() => {
+                for k in 0..S::REGISTERS {
+                    *to.add(k) = s.load(p.add(off + k * S::LANES));
+                }
+            }
+            Held::Mem(p) => {
+                for k in 0..live {
+                    *to.add(k) = s.load_masked(p.add(off + k * S::LANES), lanes(s, left, k));
+                }
+            }
+            Held::Scalar(x) | Held::Splat(x) => {
+                for k in 0..live {
+                    *to.add(k) = s.splat(x);
+                }
+            }
+            Held::Absent => {
+                for k in 0..live {
+                    *to.add(k) = s.splat(0.0);
+                }
             }
         }
     }
+}
+
+/// A pass's registers at `from` to `to`, `left` floats still to go (see [`load_pass`]).
+///
+/// # Safety
+/// `to` writable for the floats of the pass; `from` readable for its registers.
+#[inline(always)]
+unsafe fn store_pass<S: Lanes>(s: S, from: *const S::V, to: *mut f32, left: usize) {
+    // SAFETY (block): per the contract.
+    unsafe {
+        if left >= chunk::<S>() {
+            for k in 0..S::REGISTERS {
+                s.store(to.add(k * S::LANES), *from.add(k));
+            }
+        } else {
+            for k in 0..left.div_ceil(S::LANES) {
+                s.store_masked(to.add(k * S::LANES), lanes(s, left, k), *from.add(k));
+            }
+        }
+    }
+}
+
+/// The lanes of register `k` of the loop's last pass that its `left` floats fill.
+#[inline(always)]
+fn lanes<S: Lanes>(s: S, left: usize, k: usize) -> S::Mask {
+    s.mask((left - k * S::LANES).min(S::LANES))
 }
 
 /// Writes `n` floats of a held value to `dst`.
@@ -501,14 +529,17 @@ unsafe fn copy(src: Held, dst: *mut f32, n: usize) {
 }
 
 /// The sum of `n` floats at `p`, added in the emitter's order: four
-/// `f32x4` chains over blocks of 16 (one `zmm` here, lane for lane the
-/// same adds), the chains added pairwise, one `f32x4` over the rest in
-/// fours, its lanes pairwise, then the tail one float at a time.
+/// `f32x4` chains over blocks of 16, the chains added pairwise, one
+/// `f32x4` over the rest in fours, its lanes pairwise, then the tail one
+/// float at a time. The same code on either set, in SSE, which every
+/// x86-64 has: the four chains are the emitter's own, and a sum waits on
+/// each chain's additions in turn whatever width holds them.
 ///
 /// # Safety
 /// `p` readable for `n` floats.
-#[target_feature(enable = "avx512f")]
+#[inline(always)]
 unsafe fn sum(p: *const f32, n: usize) -> f32 {
+    use std::arch::x86_64::{__m128, _mm_add_ps, _mm_loadu_ps, _mm_setzero_ps, _mm_storeu_ps};
     let (wide_n, vec_n) = (n / 16 * 16, n / 4 * 4);
     let mut total = 0.0f32;
     // SAFETY (block): every load is below n.
@@ -516,17 +547,13 @@ unsafe fn sum(p: *const f32, n: usize) -> f32 {
         if vec_n > 0 {
             let mut acc = _mm_setzero_ps();
             if wide_n > 0 {
-                let mut chains = _mm512_setzero_ps();
+                let mut chains: [__m128; 4] = [_mm_setzero_ps(); 4];
                 for i in (0..wide_n).step_by(16) {
-                    chains = _mm512_add_ps(chains, _mm512_loadu_ps(p.add(i)));
+                    for (c, chain) in chains.iter_mut().enumerate() {
+                        *chain = _mm_add_ps(*chain, _mm_loadu_ps(p.add(i + 4 * c)));
+                    }
                 }
-                let c: [__m128; 4] = [
-                    _mm512_extractf32x4_ps::<0>(chains),
-                    _mm512_extractf32x4_ps::<1>(chains),
-                    _mm512_extractf32x4_ps::<2>(chains),
-                    _mm512_extractf32x4_ps::<3>(chains),
-                ];
-                acc = _mm_add_ps(_mm_add_ps(c[0], c[1]), _mm_add_ps(c[2], c[3]));
+                acc = _mm_add_ps(_mm_add_ps(chains[0], chains[1]), _mm_add_ps(chains[2], chains[3]));
             }
             for i in (wide_n..vec_n).step_by(4) {
                 acc = _mm_add_ps(acc, _mm_loadu_ps(p.add(i)));
@@ -542,18 +569,24 @@ unsafe fn sum(p: *const f32, n: usize) -> f32 {
     total
 }
 
-/// What one thread reuses from run to run: scratch, the register file and
-/// the held values.
+/// A 64-byte line of the register file: a slot is [`chunk`] floats of
+/// these, aligned for either set's vectors.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+/// What one thread reuses from run to run, whichever set it walks with:
+/// scratch, the register file and the held values.
 struct Workspace {
     scratch: Vec<f32>,
-    /// [`REGS`] registers per slot.
-    regs: Vec<V>,
+    /// A slot per register-file value, [`chunk`] floats each.
+    regs: Vec<Line>,
     held: Vec<Held>,
     /// Where the current loop's members are stored.
     stores: Vec<Option<*mut f32>>,
 }
 
-impl StageExec for Avx512Stage {
+impl<S: Lanes> StageExec for WalkedStage<S> {
     fn inputs(&self) -> &[ValueId] {
         &self.inputs
     }
@@ -572,6 +605,7 @@ impl StageExec for Avx512Stage {
                     stores: Vec::new(),
                 }) };
         }
+        const { assert!(chunk::<S>().is_multiple_of(16), "a slot is whole lines") };
         let k = self.inputs.len() + self.outputs.len();
         WORKSPACE.with(|w| {
             let mut w = w.borrow_mut();
@@ -579,17 +613,23 @@ impl StageExec for Avx512Stage {
             if w.scratch.len() < self.scratch.max(1) {
                 w.scratch.resize(self.scratch.max(1), 0.0);
             }
-            if w.regs.len() < self.registers * REGS {
-                // SAFETY: an all-zero __m512 is a valid value.
-                w.regs.resize(self.registers * REGS, unsafe { std::mem::zeroed() });
+            let lines = self.registers * chunk::<S>() / 16;
+            if w.regs.len() < lines {
+                w.regs.resize(lines, Line([0.0; 16]));
             }
             w.held.clear();
             w.held.resize(self.lens.len(), Held::Absent);
-            for row in args.chunks_exact(k).take(rows) {
-                // SAFETY: the caller's contract for each row; the workspace is
-                // sized for this stage; stages are made only where AVX-512F is.
-                unsafe { self.row(row, w) };
-            }
+            // Inlined into the set's function, and everything it calls with it.
+            self.set.enter(
+                #[inline(always)]
+                || {
+                    for row in args.chunks_exact(k).take(rows) {
+                        // SAFETY: the caller's contract for each row; the
+                        // workspace is sized for this stage.
+                        unsafe { self.row(row, w) };
+                    }
+                },
+            );
         });
     }
 }
