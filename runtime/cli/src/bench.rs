@@ -63,6 +63,10 @@ pub struct BenchArgs {
     /// CPU backend: how pointwise stages run.
     #[arg(long, value_enum, default_value_t = KernelsChoice::Fastest)]
     pub kernels: KernelsChoice,
+    /// CPU backend: run no step fused (each thread's share of a step's
+    /// products, a barrier, then the pointwise stages by rows), to compare.
+    #[arg(long)]
+    pub unfused: bool,
     /// The precision of the products of the cell's matrix parameters
     /// (`bf16`: bf16 operands, f32 sums, on the CPU and CUDA back ends;
     /// `f16` and `tf32`: fp16 or TF32 operands, f32 sums, on the CUDA back end).
@@ -164,7 +168,8 @@ pub fn bench(args: &BenchArgs) -> Result<(), RuntimeError> {
         }
     };
     sizes.retain(|k, _| compiled.forward.sizes.contains(k));
-    let backend = crate::run::make_backend(args.backend, args.threads, args.cuda_graphs, args.kernels)?;
+    let backend =
+        crate::run::make_backend(args.backend, args.threads, args.cuda_graphs, (args.kernels, args.unfused))?;
     let config = ModelConfig { layers: args.layers, bidirectional: args.bidirectional };
     let model = Model::new(compiled, config, &sizes, Some(input_size), None, 1, backend)?
         .with_dropout(args.dropout)?

@@ -141,6 +141,10 @@ pub struct RunArgs {
     /// CPU backend: how pointwise stages run.
     #[arg(long, value_enum, default_value_t = KernelsChoice::Fastest)]
     pub kernels: KernelsChoice,
+    /// CPU backend: run no step fused (each thread's share of a step's
+    /// products, a barrier, then the pointwise stages by rows), to compare.
+    #[arg(long)]
+    pub unfused: bool,
     /// The precision of the products of the cell's matrix parameters
     /// (`bf16`: bf16 operands, f32 sums, on the CPU and CUDA back ends;
     /// `f16` and `tf32`: fp16 or TF32 operands, f32 sums, on the CUDA back end).
@@ -171,11 +175,14 @@ pub fn make_backend(
     choice: Option<BackendChoice>,
     threads: Option<u64>,
     cuda_graphs: bool,
-    kernels: KernelsChoice,
+    (kernels, unfused): (KernelsChoice, bool),
 ) -> Result<Box<dyn Device>, RuntimeError> {
     match choice.unwrap_or(BackendChoice::Cpu) {
         BackendChoice::Reference => Ok(Box::new(Reference)),
-        BackendChoice::Cpu => Ok(Box::new(Cpu::new(threads.unwrap_or(0) as usize, kernels.kernels())?)),
+        BackendChoice::Cpu => {
+            let cpu = Cpu::new(threads.unwrap_or(0) as usize, kernels.kernels())?;
+            Ok(Box::new(if unfused { cpu.unfused() } else { cpu }))
+        }
         BackendChoice::Cuda => {
             Ok(Box::new(cellc_runtime::backend::cuda::Cuda::gpu(0)?.with_graphs(cuda_graphs)))
         }
@@ -283,7 +290,7 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
         Some(features),
         Some(&weights),
         0,
-        make_backend(args.backend, args.threads, args.cuda_graphs, args.kernels)?,
+        make_backend(args.backend, args.threads, args.cuda_graphs, (args.kernels, args.unfused))?,
     )?
     .with_dropout(args.dropout)?;
     let model = with_dtype(model, args.dtype)?;

@@ -10,8 +10,8 @@ use super::profile::{Clock, Phase};
 use super::stages::{prepared_params, ReadyStage};
 use super::step_loop::StepLoop;
 use super::tape::CpuTape;
-use super::team::{Split, Team};
-use super::tiles::{FusedStep, PassTiles};
+use super::team::Team;
+use super::tiles::{self, FusedStep, PassTiles};
 use super::whole_sequence::{forward_whole_sequence, Walk};
 use super::LayerCode;
 use crate::error::{Result, RuntimeError};
@@ -46,9 +46,9 @@ pub(super) fn forward(
     let state_rows = SharedRows::each(&mut states);
     let spare_rows = SharedRows::each(&mut spare);
     let tiles = match &code.fused {
-        Some(step) if fuse && team.split == Split::Units && fuses(step, pass, job, tape.as_ref()) => {
+        Some(step) if fuse && tiles::worth_fusing(&team) && fuses(step, pass, job, tape.as_ref()) => {
             let products = code.forward[step.fusion.gemm].outputs();
-            PassTiles::new(step, (g, &products), (job.params, weights), team.threads)?
+            PassTiles::new(step, (g, shapes, &products), (job.params, weights), team.threads)?
         }
         _ => None,
     };

@@ -480,14 +480,9 @@ impl ProductCall {
             (Op::MatVecT, Some(Loc::Param(i))) if f.weights.reads_in_place() => {
                 RightOperand::InPlace { w: f.params[i].as_ptr(), k: rows_w, n: cols_w }
             }
-            (Op::MatVec, Some(Loc::Param(i))) => match f.tiles.and_then(|t| t.order(out)) {
-                // A fused step's product, in tile order (one head, the fusion's condition).
-                Some(order) => RightOperand::Packed(std::sync::Arc::as_ptr(&f.weights.t_panels_tiled(
-                    i,
-                    f.params[i],
-                    (rows_w, cols_w),
-                    order,
-                ))),
+            (Op::MatVec, Some(Loc::Param(i))) => match f.tiles.and_then(|t| t.panels_of(out)) {
+                // A fused step's product, in tile order.
+                Some(tiled) => RightOperand::Packed(tiled),
                 None => RightOperand::Packed(f.weights.t_panels(i, f.params[i], block).as_ptr()),
             },
             (Op::MatVecT, Some(Loc::Param(i))) => {

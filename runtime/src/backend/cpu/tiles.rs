@@ -16,9 +16,11 @@
 //! unfused step's.
 
 use super::buffers::{locate, Buffers, Frame};
+use super::panels::PackedB;
 use super::prepared::{PreparedParams, TileOrder};
 use super::stage::StageExec;
 use super::stages::ProductCall;
+use super::team::{Split, Team};
 use crate::error::{Result, RuntimeError};
 use cellc::ir::{Graph, Op, ValueId};
 use cellc::schedule::Fusion;
@@ -26,6 +28,24 @@ use cellc::shapes::Shapes;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
+
+/// Sequences a thread from which a step whose threads split units runs
+/// unfused. Below it some threads would have no row of the pointwise stage
+/// (a step of one sequence on two threads ran it on one), and the fused
+/// step's one barrier a step pays; from two sequences a thread the rows
+/// balance, the barriers cost little on two cores, and the fused step's
+/// every-row bookkeeping per thread costs more. Measured on an AMD Zen 5,
+/// 2 threads, T=100, against `Cpu::unfused`: LSTM B=1 H=128/256/512
+/// 0.90/0.92/0.95x the unfused time, GRU B=1 H=256 0.91x, LSTM B=3 H=256
+/// 0.99x; at B=4 (two a thread) LSTM H=256 1.05x, GRU 1.03x.
+const FUSE_BELOW_ROWS_PER_THREAD: usize = 2;
+
+/// Whether `team`'s steps are worth running fused: its threads split
+/// units, and there are fewer than [`FUSE_BELOW_ROWS_PER_THREAD`]
+/// sequences a thread.
+pub fn worth_fusing(team: &Team) -> bool {
+    team.split == Split::Units && team.order().len() < FUSE_BELOW_ROWS_PER_THREAD * team.threads
+}
 
 /// The fewest units of a tile whose columns of a product of `blocks`
 /// blocks are whole panels ([`super::panels::PANEL`] columns), so that a
@@ -84,32 +104,52 @@ impl FusedStep {
     }
 }
 
-/// One pass's fused step: the tile width, each tile's kernel, where the
-/// stage's tile-ordered parameters lie, and each thread's tiles.
+/// One pass's fused step: the tile width, each tile's kernel, where its
+/// pointers come from, the tile-ordered weights, and each thread's tiles.
 pub struct PassTiles<'a> {
     pub step: &'a FusedStep,
     width: usize,
     /// The kernel of a full tile, and of the narrower last one if there is one.
     full: Arc<dyn StageExec>,
     last: Option<Arc<dyn StageExec>>,
-    /// The stage's vector parameters in tile order.
-    params: HashMap<ValueId, Arc<[f32]>>,
+    /// Each of the kernels' inputs then outputs (the same for both): where
+    /// a row's pointer comes from, and how many blocks of the unit the
+    /// value has (a tile starts `blocks * from` floats in; 0 for a scalar).
+    slots: Vec<(Slot, usize)>,
+    /// The tile-ordered products' weights, packed (their rows permuted).
+    panels: Vec<(ValueId, Arc<PackedB>)>,
+    /// Keeps the tile-ordered vector parameters that `slots` point into.
+    _vectors: Vec<Arc<[f32]>>,
     threads: usize,
 }
+
+/// Where a tile kernel's pointer for a value comes from.
+#[derive(Clone, Copy, Debug)]
+enum Slot {
+    /// The value's row, located as for any stage.
+    Located(ValueId),
+    /// A vector parameter's copy in tile order.
+    Vector(*const f32),
+}
+
+// SAFETY: `Slot::Vector` points into an `Arc<[f32]>` the tiles keep and only read.
+unsafe impl Send for Slot {}
+unsafe impl Sync for Slot {}
 
 impl<'a> PassTiles<'a> {
     /// The tiles of a pass on `threads` threads that split units, if it
     /// fuses: whole panels per tile, a tile or more per thread, the
     /// weights packed (not read in place). `None` runs the step unfused.
+    /// `products` are the fused GEMM stage's.
     pub fn new(
         step: &'a FusedStep,
-        (graph, products): (&Graph, &[ValueId]),
+        (graph, shapes, products): (&Graph, &Shapes, &[ValueId]),
         (params, weights): (&[&[f32]], &PreparedParams),
         threads: usize,
     ) -> Result<Option<PassTiles<'a>>> {
-        let units = step.units;
+        let (f, units) = (&step.fusion, step.units);
         // Tiles whose columns are whole panels of each of the step's `products`.
-        let q = products.iter().map(|&v| quantum(step.fusion.blocks_of(v))).fold(1, |a, b| a / gcd(a, b) * b);
+        let q = products.iter().map(|&v| quantum(f.blocks_of(v))).fold(1, |a, b| a / gcd(a, b) * b);
         let width = units.div_ceil(threads.max(1)).div_ceil(q) * q;
         if threads < 2 || weights.reads_in_place() || units.div_ceil(width) < threads {
             return Ok(None);
@@ -124,25 +164,35 @@ impl<'a> PassTiles<'a> {
                 Err(_) => return Ok(None),
             },
         };
-        let mut tiles = PassTiles { step, width, full, last, params: HashMap::new(), threads };
-        for &v in &step.fusion.tile_ordered {
-            if let Op::Param(i) = graph.node(v).op {
-                let order =
-                    tiles.order(v).ok_or_else(|| RuntimeError::Internal(format!("{v}: no tile order")))?;
-                tiles.params.insert(v, weights.vector_tiled(i, params[i], order));
+        let mut vectors: HashMap<ValueId, Arc<[f32]>> = HashMap::new();
+        let mut panels = Vec::new();
+        for &v in &f.tile_ordered {
+            let order = TileOrder { blocks: f.blocks_of(v), units, width };
+            let ops = graph.operands(v);
+            match (&graph.node(v).op, ops.first().map(|&w| &graph.node(w).op)) {
+                (Op::Param(i), _) => {
+                    vectors.insert(v, weights.vector_tiled(*i, params[*i], order));
+                }
+                (Op::MatVec, Some(&Op::Param(i))) => {
+                    let (_, rows, cols) = shapes.block(ops[0]);
+                    panels.push((v, weights.t_panels_tiled(i, params[i], (rows, cols), order)));
+                }
+                (op, _) => return Err(RuntimeError::Internal(format!("{v} ({op:?}) in tile order"))),
             }
         }
-        Ok(Some(tiles))
+        let slots = (full.inputs().iter().chain(full.outputs()))
+            .map(|v| {
+                let slot = vectors.get(v).map_or(Slot::Located(*v), |p| Slot::Vector(p.as_ptr()));
+                (slot, f.blocks.get(v).copied().unwrap_or(0))
+            })
+            .collect();
+        let _vectors = vectors.into_values().collect();
+        Ok(Some(PassTiles { step, width, full, last, slots, panels, _vectors, threads }))
     }
 
-    /// How `v` is held, if in tile order.
-    pub fn order(&self, v: ValueId) -> Option<TileOrder> {
-        let f = &self.step.fusion;
-        f.is_tile_ordered(v).then(|| TileOrder {
-            blocks: f.blocks_of(v),
-            units: self.step.units,
-            width: self.width,
-        })
+    /// Product `v`'s weight packed for its output in tile order, if it is one.
+    pub fn panels_of(&self, v: ValueId) -> Option<&PackedB> {
+        self.panels.iter().find(|(p, _)| *p == v).map(|(_, packed)| &**packed)
     }
 
     /// Thread `i`'s units: whole tiles, the threads' shares as even as tiles allow.
@@ -183,14 +233,12 @@ impl<'a> PassTiles<'a> {
             table.clear();
             for r in rows.clone() {
                 let (b, t) = step(r);
-                for &v in exec.inputs().iter().chain(exec.outputs()) {
-                    let base = match self.params.get(&v) {
-                        Some(p) => p.as_ptr() as *mut f32,
-                        None => locate(bufs, frame, v, b, t, r)?,
+                for &(slot, blocks) in &self.slots {
+                    let base = match slot {
+                        Slot::Vector(p) => p as *mut f32,
+                        Slot::Located(v) => locate(bufs, frame, v, b, t, r)?,
                     };
-                    // A vector's tile starts `blocks * from` floats in (a scalar is whole).
-                    let at = f.blocks.get(&v).map_or(0, |k| k * from);
-                    table.push(base.wrapping_add(at));
+                    table.push(base.wrapping_add(blocks * from));
                 }
             }
             // SAFETY: every pointer is its value's row at this tile, valid
