@@ -436,6 +436,18 @@ def gen_slstm():
          "heads vs dense", "largest output difference"], body)}
 
 
+def gen_fused_step():
+    src = "fused_step_zen5.json"
+    d = load(src)
+    body = [[r["cell"], r["batch"], r["hidden"], f"{r['fused_s'] * 1e3:.3f}", f"{r['unfused_s'] * 1e3:.3f}",
+             f"**{r['ratio']:.2f}x**"] for r in d["rows"]]
+    meta = d["meta"]
+    return {"cpu_fused_step.md": header([src], f" {meta['threads']} threads.") + [
+        f"T={d['rows'][0]['steps']}, inference, every sequence full length; medians of {meta['rounds']} "
+        "alternating rounds of `cellc bench` and `cellc bench --unfused`; ratio = unfused time / fused time.",
+        ""] + table(["cell", "B", "H", "fused (ms)", "unfused (ms)", "ratio"], body)}
+
+
 # ---- GPU: tests/gpu/check.py ------------------------------------------------------------------
 
 # Shorter names for runs whose JSON note is a sentence.
@@ -622,7 +634,7 @@ PAGES = {
     "word_language_model.json": "From Python", "module_comparison.json": "From Python",
     "charlm_side_by_side.json": "The main job", "charlm_side_by_side_zen5.json": "The main job",
     "bf16_speed_xeon.json": "Mixed precision", "bf16_speed_zen3.json": "Mixed precision",
-    "slstm_speed_xeon.json": "sLSTM heads",
+    "slstm_speed_xeon.json": "sLSTM heads", "fused_step_zen5.json": "CPU against PyTorch",
 }
 
 
@@ -642,7 +654,8 @@ def gen_sources():
 
 def generate():
     files = {}
-    for part in (gen_cpu, gen_masks, gen_python, gen_charlm, gen_bf16, gen_slstm, gen_gpu, gen_sources):
+    for part in (gen_cpu, gen_masks, gen_python, gen_charlm, gen_bf16, gen_slstm, gen_fused_step, gen_gpu,
+                 gen_sources):
         files.update(part())
     return {name: "\n".join(lines).rstrip("\n") + "\n" for name, lines in files.items()}
 

@@ -170,8 +170,8 @@ pub struct Frame<'a> {
     pub carry: &'a [SharedRows],
     pub d_output: Option<(Rows<'a>, usize)>,
     pub layout: &'a RowLayout,
-    /// A fused step's tiles: which products come out in tile order.
-    pub tiles: Option<&'a super::tiles::PassTiles<'a>>,
+    /// A fused step's products that come out in tile order ([`super::tiles`]).
+    pub tiles: Option<&'a super::prepared::TiledProducts>,
 }
 
 impl<'a> Frame<'a> {

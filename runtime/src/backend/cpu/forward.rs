@@ -54,7 +54,7 @@ pub(super) fn forward(
     };
     let frame = Frame {
         states: &state_rows,
-        tiles: tiles.as_ref(),
+        tiles: tiles.as_ref().map(|t| &t.products),
         ..Frame::new((job.input, job.masks), layer, job.params, weights)
     };
     clock.lap(Phase::Setup);

@@ -48,6 +48,18 @@ pub struct TileOrder {
     pub width: usize,
 }
 
+/// A pass's products that come out in tile order, with their weights
+/// packed for it (see [`super::tiles`]).
+#[derive(Debug, Default)]
+pub struct TiledProducts(pub Vec<(cellc::ir::ValueId, Arc<PackedB>)>);
+
+impl TiledProducts {
+    /// Product `v`'s weight packed for its output in tile order, if it is one.
+    pub fn panels_of(&self, v: cellc::ir::ValueId) -> Option<&PackedB> {
+        self.0.iter().find(|(p, _)| *p == v).map(|(_, packed)| &**packed)
+    }
+}
+
 impl TileOrder {
     /// Row `g * units + u` of `rows` (`blocks * units` rows of `cols`
     /// floats) at its place in tile order.

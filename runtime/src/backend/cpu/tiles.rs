@@ -16,8 +16,7 @@
 //! unfused step's.
 
 use super::buffers::{locate, Buffers, Frame};
-use super::panels::PackedB;
-use super::prepared::{PreparedParams, TileOrder};
+use super::prepared::{PreparedParams, TileOrder, TiledProducts};
 use super::stage::StageExec;
 use super::stages::ProductCall;
 use super::team::{Split, Team};
@@ -30,14 +29,14 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 /// Sequences a thread from which a step whose threads split units runs
-/// unfused. Below it some threads would have no row of the pointwise stage
-/// (a step of one sequence on two threads ran it on one), and the fused
-/// step's one barrier a step pays; from two sequences a thread the rows
-/// balance, the barriers cost little on two cores, and the fused step's
-/// every-row bookkeeping per thread costs more. Measured on an AMD Zen 5,
-/// 2 threads, T=100, against `Cpu::unfused`: LSTM B=1 H=128/256/512
-/// 0.90/0.92/0.95x the unfused time, GRU B=1 H=256 0.91x, LSTM B=3 H=256
-/// 0.99x; at B=4 (two a thread) LSTM H=256 1.05x, GRU 1.03x.
+/// unfused. Below one a thread, the unfused step runs its pointwise stage
+/// on fewer threads than the products (a step of one sequence on two
+/// threads ran it on one) and meets three times a step; from two a thread
+/// the rows balance, two quiet cores meet cheaply, and the fused step's
+/// bookkeeping over every row costs more. Measured on an AMD Zen 5, 2
+/// threads, T=100, unfused time / fused time (`benches/fused_step.py`):
+/// LSTM B=1 H=128/256/512 1.27/1.08/1.03x, GRU B=1 H=256 1.08x; B=2-3
+/// 0.98-1.01x; at B=4, LSTM H=256 0.95x, GRU 0.97x.
 const FUSE_BELOW_ROWS_PER_THREAD: usize = 2;
 
 /// Whether `team`'s steps are worth running fused: its threads split
@@ -117,7 +116,7 @@ pub struct PassTiles<'a> {
     /// value has (a tile starts `blocks * from` floats in; 0 for a scalar).
     slots: Vec<(Slot, usize)>,
     /// The tile-ordered products' weights, packed (their rows permuted).
-    panels: Vec<(ValueId, Arc<PackedB>)>,
+    pub products: TiledProducts,
     /// Keeps the tile-ordered vector parameters that `slots` point into.
     _vectors: Vec<Arc<[f32]>>,
     threads: usize,
@@ -187,12 +186,16 @@ impl<'a> PassTiles<'a> {
             })
             .collect();
         let _vectors = vectors.into_values().collect();
-        Ok(Some(PassTiles { step, width, full, last, slots, panels, _vectors, threads }))
-    }
-
-    /// Product `v`'s weight packed for its output in tile order, if it is one.
-    pub fn panels_of(&self, v: ValueId) -> Option<&PackedB> {
-        self.panels.iter().find(|(p, _)| *p == v).map(|(_, packed)| &**packed)
+        Ok(Some(PassTiles {
+            step,
+            width,
+            full,
+            last,
+            slots,
+            products: TiledProducts(panels),
+            _vectors,
+            threads,
+        }))
     }
 
     /// Thread `i`'s units: whole tiles, the threads' shares as even as tiles allow.
