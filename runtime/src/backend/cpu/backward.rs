@@ -10,7 +10,7 @@ use super::host::{HostBackward, HostGradients, RowsMut, SharedRows};
 use super::prepared::PreparedParams;
 use super::profile::{Clock, Phase};
 use super::stages::{prepared_params, ReadyStage};
-use super::step_loop::StepLoop;
+use super::step_loop::{Frames, StepLoop};
 use super::tape::CpuTape;
 use super::team::Team;
 use super::whole_sequence::{backward_whole_sequence, seeds_per_row, Walk};
@@ -231,11 +231,10 @@ impl Steps<'_> {
             stages: &code.backward,
             each_step: pass.stages_at(Placement::EachStep),
             bufs,
-            frame,
+            frames: Frames::one(frame),
             shapes,
             order: job.order,
             reverse: job.reverse,
-            odd_frame: None,
             tiles: None,
         };
         each_step.run(&steps, &after)

@@ -8,7 +8,7 @@ use super::buffers::{constants, leaf_locations, locate, Buffers, Frame, Loc};
 use super::host::{HostForward, RowsMut, SharedRows};
 use super::profile::{Clock, Phase};
 use super::stages::{prepared_params, ReadyStage};
-use super::step_loop::StepLoop;
+use super::step_loop::{Frames, StepLoop};
 use super::tape::CpuTape;
 use super::team::Team;
 use super::tiles::{self, FusedStep, PassTiles};
@@ -41,10 +41,6 @@ pub(super) fn forward(
     let mut local = None;
     let rows = (job.order.rows(), precision);
     let weights = prepared_params(job.prepared, &mut local, g, &code.forward, job.params, shapes, rows);
-    // A fused step's states ping-pong between two buffers (see `StepLoop::frame_at`).
-    let mut spare = states.clone();
-    let state_rows = SharedRows::each(&mut states);
-    let spare_rows = SharedRows::each(&mut spare);
     let tiles = match &code.fused {
         Some(step) if fuse && tiles::worth_fusing(&team) && fuses(step, pass, job, tape.as_ref()) => {
             let products = code.forward[step.fusion.gemm].outputs();
@@ -52,6 +48,10 @@ pub(super) fn forward(
         }
         _ => None,
     };
+    // A fused step's states take two buffers in turn (see `Frames`).
+    let mut spare = if tiles.is_some() { states.clone() } else { Vec::new() };
+    let state_rows = SharedRows::each(&mut states);
+    let spare_rows = SharedRows::each(&mut spare);
     let frame = Frame {
         states: &state_rows,
         tiles: tiles.as_ref().map(|t| &t.products),
@@ -87,7 +87,7 @@ pub(super) fn forward(
         }
         TimeLoop::Steps(_) => {
             let odd_frame = tiles.as_ref().map(|_| Frame { states: &spare_rows, ..frame });
-            let frames = (&frame, odd_frame.as_ref());
+            let frames = Frames { even: &frame, odd: odd_frame.as_ref() };
             let steps = Steps { code, job, pass, team: &team, bufs: &bufs, frames, tiles: tiles.as_ref() };
             steps.run(chained, output, tape.as_mut())
         }
@@ -164,8 +164,7 @@ struct Steps<'a> {
     pass: &'a PassPlan,
     team: &'a Team,
     bufs: &'a Buffers,
-    /// The frame, and the odd steps' if the states ping-pong.
-    frames: (&'a Frame<'a>, Option<&'a Frame<'a>>),
+    frames: Frames<'a>,
     tiles: Option<&'a PassTiles<'a>>,
 }
 
@@ -180,12 +179,6 @@ impl Steps<'_> {
         tape: Option<&mut CpuTape>,
     ) -> Result<Vec<Vec<f32>>> {
         let Steps { code, job, pass, team, bufs, frames, tiles } = *self;
-        // Step `s` reads its states in one frame and writes the next ones
-        // in the other's (the same frame unless the states ping-pong).
-        let frame_at = |s: usize| match frames.1 {
-            Some(odd) if s % 2 == 1 => odd,
-            _ => frames.0,
-        };
         let layer = job.layer;
         let order = team.order();
         let mut finals: Vec<Vec<f32>> =
@@ -220,7 +213,9 @@ impl Steps<'_> {
                     // row at t, rank r's state), or this thread's units of it (a
                     // fused step: see `fuses`), which no other thread touches; the
                     // located rows are valid for their values' lengths.
-                    let (frame, next) = (frame_at(s), frame_at(s + 1));
+                    // Step `s` reads its states in one frame and writes the
+                    // next ones in the next step's (the same frame unfused).
+                    let (frame, next) = (frames.at(s), frames.at(s + 1));
                     unsafe {
                         let out_row = out.at(out_layout.row(b, t) * out_width + out_offset + o);
                         std::ptr::copy_nonoverlapping(
@@ -259,8 +254,7 @@ impl Steps<'_> {
             stages: &code.forward,
             each_step: pass.stages_at(Placement::EachStep),
             bufs,
-            frame: frames.0,
-            odd_frame: frames.1,
+            frames,
             shapes: &code.fwd_shapes,
             order: job.order,
             reverse: job.reverse,

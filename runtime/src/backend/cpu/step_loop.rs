@@ -17,6 +17,32 @@ use std::ops::Range;
 /// `units` a fused step's share of every row (`None`: whole rows).
 pub type AfterStep<'a> = dyn Fn(usize, Range<usize>, Option<Range<usize>>) -> Result<()> + Sync + 'a;
 
+/// A loop's frames: one, or two whose states are two buffers taken in
+/// turn. A fused step has no barrier between its products, which read
+/// every unit of the states, and each thread's move of its units of the
+/// next states: those go to the other buffer (the odd steps' frame),
+/// read the step after.
+#[derive(Clone, Copy)]
+pub struct Frames<'a> {
+    pub even: &'a Frame<'a>,
+    pub odd: Option<&'a Frame<'a>>,
+}
+
+impl<'a> Frames<'a> {
+    /// One frame for every step: the states are updated in place.
+    pub fn one(frame: &'a Frame<'a>) -> Frames<'a> {
+        Frames { even: frame, odd: None }
+    }
+
+    /// The frame whose states step `s` reads (and step `s - 1` wrote).
+    pub fn at(&self, s: usize) -> &'a Frame<'a> {
+        match self.odd {
+            Some(odd) if s % 2 == 1 => odd,
+            _ => self.even,
+        }
+    }
+}
+
 /// Everything the threads share.
 pub struct StepLoop<'a> {
     pub team: &'a Team,
@@ -25,10 +51,7 @@ pub struct StepLoop<'a> {
     /// The stages the loop runs each step, in order (the pass's plan's).
     pub each_step: &'a [usize],
     pub bufs: &'a Buffers,
-    pub frame: &'a Frame<'a>,
-    /// The frame of odd steps, whose states are the other of two buffers,
-    /// if the states ping-pong (a fused step: see [`StepLoop::frame_at`]).
-    pub odd_frame: Option<&'a Frame<'a>>,
+    pub frames: Frames<'a>,
     pub shapes: &'a cellc::shapes::Shapes,
     pub order: &'a BatchOrder,
     pub reverse: bool,
@@ -92,7 +115,7 @@ impl StepLoop<'_> {
                     ReadyStage::Gemm { products, .. } => {
                         let rows = self.team.product_rows(i, s);
                         let done = products.iter().try_for_each(|p| {
-                            product_rows(p, self.bufs, self.frame_at(s), rows.clone(), parts, self.shapes)
+                            product_rows(p, self.bufs, self.frames.at(s), rows.clone(), parts, self.shapes)
                         });
                         (done, Phase::Products)
                     }
@@ -145,18 +168,7 @@ impl StepLoop<'_> {
         };
         let rows = (i, self.team.product_rows(i, s), &ranked as &super::tiles::RankRow);
         // SAFETY: every thread of the team runs its own tiles, which no other writes.
-        unsafe { tiles.run((self.bufs, self.frame_at(s), self.shapes), products, rows, table) }
-    }
-
-    /// The frame of step `s`. A fused step has no barrier between its
-    /// products, which read every unit of the states, and each thread's
-    /// move of its units of the next states: those go to the other of two
-    /// state buffers (the odd steps' frame), read the step after.
-    fn frame_at(&self, s: usize) -> &Frame<'_> {
-        match self.odd_frame {
-            Some(odd) if s % 2 == 1 => odd,
-            _ => self.frame,
-        }
+        unsafe { tiles.run((self.bufs, self.frames.at(s), self.shapes), products, rows, table) }
     }
 
     /// A pointwise stage on ranks `rows` of step `s`.
@@ -172,7 +184,7 @@ impl StepLoop<'_> {
             let b = self.team.order()[r];
             let t = self.order.time(b, s, self.reverse);
             for &v in exec.inputs().iter().chain(exec.outputs()) {
-                table.push(locate(self.bufs, self.frame_at(s), v, b, t, r)?);
+                table.push(locate(self.bufs, self.frames.at(s), v, b, t, r)?);
             }
         }
         // SAFETY: every pointer comes from `locate`, valid for its value's
