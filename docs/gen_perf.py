@@ -439,13 +439,13 @@ def gen_slstm():
 def gen_fused_step():
     src = "fused_step_zen5.json"
     d = load(src)
-    body = [[r["cell"], r["batch"], r["hidden"], f"{r['fused_s'] * 1e3:.3f}", f"{r['unfused_s'] * 1e3:.3f}",
-             f"**{r['ratio']:.2f}x**"] for r in d["rows"]]
+    body = [[r["cell"], r["batch"], r["hidden"], r.get("mode", "infer"), f"{r['fused_s'] * 1e3:.3f}",
+             f"{r['unfused_s'] * 1e3:.3f}", f"**{r['ratio']:.2f}x**"] for r in d["rows"]]
     meta = d["meta"]
     return {"cpu_fused_step.md": header([src], f" {meta['threads']} threads.") + [
-        f"T={d['rows'][0]['steps']}, inference, every sequence full length; medians of {meta['rounds']} "
+        f"T={d['rows'][0]['steps']}, every sequence full length; medians of {meta['rounds']} "
         "alternating rounds of `cellc bench` and `cellc bench --unfused`; ratio = unfused time / fused time.",
-        ""] + table(["cell", "B", "H", "fused (ms)", "unfused (ms)", "ratio"], body)}
+        ""] + table(["cell", "B", "H", "mode", "fused (ms)", "unfused (ms)", "ratio"], body)}
 
 
 # ---- GPU: tests/gpu/check.py ------------------------------------------------------------------

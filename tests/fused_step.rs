@@ -1,11 +1,13 @@
 //! The fused step on the CPU (each thread computes its tiles' columns of a
-//! step's products and then the pointwise stage on them, one barrier a
-//! step) against the unfused step: the same bits, forwards and backwards,
-//! on every shipped cell the compiler fuses, at sizes whose last tile is
-//! narrower than the others, with unsorted variable lengths and on one,
-//! two and three sequences (the threads split units below four sequences
-//! a thread). And proof that the fused step ran: its pointwise work is
-//! timed with the products.
+//! step's products and then the pointwise stage on them) against the
+//! unfused step: the same bits, forwards and backwards, on every shipped
+//! cell the compiler fuses, at sizes whose last tile is narrower than the
+//! others, with unsorted variable lengths; on one, two and three sequences
+//! (two threads split units, one barrier a step), and on sixteen and more
+//! on one and two threads (each owns its sequences and runs the input
+//! projection in the step, tile by tile). And proof that the fused step
+//! ran: its pointwise work, and the input projection of a thread that owns
+//! its rows, are timed with the products.
 
 mod support;
 
@@ -18,27 +20,39 @@ use std::sync::{Arc, Mutex};
 /// The profiler's switch and counters are the process's: one test at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn cpu(fused: bool) -> Box<Cpu> {
-    let cpu = Cpu::new(2, Kernels::default()).expect("cpu").split_every_step();
+fn cpu(threads: usize, fused: bool) -> Box<Cpu> {
+    let cpu = Cpu::new(threads, Kernels::default()).expect("cpu").split_every_step();
     Box::new(if fused { cpu } else { cpu.unfused() })
 }
 
 fn model(
     cell: &Arc<CompiledCell>,
     (h, layers, precision): (usize, usize, Precision),
-    fused: bool,
+    (threads, fused): (usize, bool),
 ) -> Option<Model> {
     let config = ModelConfig { layers, bidirectional: layers > 1 };
-    let m = support::try_model(cell, (h, (h / 2).max(1), 5), &config, 11, cpu(fused))?;
+    let m = support::try_model(cell, (h, (h / 2).max(1), 5), &config, 11, cpu(threads, fused))?;
     Some(m.with_precision(precision).expect("the cpu computes f32 and bf16"))
 }
 
-/// Both steps on `lengths`, training (masks drawn alike) and inference:
-/// outputs, final states, and the backward's gradients, bit for bit.
-fn same_bits(cell: &Arc<CompiledCell>, (h, layers, precision): (usize, usize, Precision), lengths: &[usize]) {
+/// Both steps on `lengths` on two threads, training (masks drawn alike)
+/// and inference: outputs, final states, and the backward's gradients,
+/// bit for bit.
+fn same_bits(cell: &Arc<CompiledCell>, at: (usize, usize, Precision), lengths: &[usize]) {
+    same_bits_on(2, cell, at, lengths)
+}
+
+/// [`same_bits`] on `threads` threads.
+fn same_bits_on(
+    threads: usize,
+    cell: &Arc<CompiledCell>,
+    (h, layers, precision): (usize, usize, Precision),
+    lengths: &[usize],
+) {
     let name = &cell.forward.name;
     let at = (h, layers, precision);
-    let (Some(fused), Some(unfused)) = (model(cell, at, true), model(cell, at, false)) else {
+    let (Some(fused), Some(unfused)) = (model(cell, at, (threads, true)), model(cell, at, (threads, false)))
+    else {
         return;
     };
     let (b, t) = (lengths.len(), lengths.iter().copied().max().unwrap_or(1));
@@ -47,7 +61,7 @@ fn same_bits(cell: &Arc<CompiledCell>, (h, layers, precision): (usize, usize, Pr
     let dy: Vec<f32> = rng.vec(b * t * fused.output_size(), 1.0).iter().map(|&v| v as f32).collect();
     let input =
         Input::Padded { data: &x, batch: b, steps: t, major: Major::TimeFirst, align: Align::Left, lengths };
-    let what = format!("{name} H={h} layers={layers} {precision:?} lengths={lengths:?}");
+    let what = format!("{name} H={h} layers={layers} {precision:?} lengths={lengths:?} threads={threads}");
     let (a, z) = (fused.forward(input, None).expect("fused"), unfused.forward(input, None).expect("unfused"));
     assert_eq!(a.data, z.data, "{what}: outputs");
     assert_eq!(a.final_states, z.final_states, "{what}: final states");
@@ -79,6 +93,15 @@ fn every_fused_cell_gives_the_unfused_bits() {
         }
         same_bits(&cell, (24, 2, Precision::F32), &[2, 5, 3]);
         same_bits(&cell, (40, 1, Precision::Bf16), &[3, 6]);
+        // Threads that own their sequences: unsorted lengths, a full grid,
+        // tiles narrower than the units and a narrower last one.
+        let ragged: Vec<usize> = (0..17).map(|i| 1 + (i * 7) % 6).collect();
+        for (h, lengths) in [(40, &ragged[..]), (300, &[4; 16][..])] {
+            same_bits(&cell, (h, 1, Precision::F32), lengths);
+        }
+        same_bits(&cell, (24, 2, Precision::F32), &ragged);
+        same_bits(&cell, (40, 1, Precision::Bf16), &ragged);
+        same_bits_on(1, &cell, (300, 1, Precision::F32), &ragged[..9]);
     }
     assert!(fused_cells >= 8, "the compiler fuses the LSTMs, GRUs and the RNN: {fused_cells}");
 }
@@ -99,31 +122,47 @@ fn states_that_swap_fuse_and_read_the_previous_step() {
     }
 }
 
+/// The pointwise, products and before-the-loop times of an LSTM's
+/// forward on `lengths`, fused or not.
+fn phases(fused: bool, lengths: &[usize]) -> [f64; 3] {
+    let cell = support::compiled_cells().into_iter().find(|c| c.forward.name == "lstm").expect("lstm");
+    let m = model(&cell, (64, 1, Precision::F32), (2, fused)).expect("model");
+    let steps = lengths.iter().copied().max().unwrap_or(1);
+    let x = vec![0.5f32; lengths.len() * steps * m.input_size()];
+    let input = Input::Padded {
+        data: &x,
+        batch: lengths.len(),
+        steps,
+        major: Major::TimeFirst,
+        align: Align::Left,
+        lengths,
+    };
+    profile::enable(true);
+    let _ = profile::take();
+    m.forward(input, None).expect("forward");
+    let taken = profile::take();
+    profile::enable(false);
+    let phase = |p: profile::Phase| taken.iter().find(|(q, _)| *q == p).map_or(0.0, |(_, s)| *s);
+    [phase(profile::Phase::Pointwise), phase(profile::Phase::Products), phase(profile::Phase::BeforeLoop)]
+}
+
 #[test]
 fn the_fused_step_runs_its_pointwise_work_with_the_products() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let cell = support::compiled_cells().into_iter().find(|c| c.forward.name == "lstm").expect("lstm");
-    let pointwise = |fused: bool| {
-        let m = model(&cell, (64, 1, Precision::F32), fused).expect("model");
-        let x = vec![0.5f32; 6 * m.input_size()];
-        let input = Input::Padded {
-            data: &x,
-            batch: 2,
-            steps: 3,
-            major: Major::TimeFirst,
-            align: Align::Left,
-            lengths: &[3, 2],
-        };
-        profile::enable(true);
-        let _ = profile::take();
-        m.forward(input, None).expect("forward");
-        let taken = profile::take();
-        profile::enable(false);
-        let phase = |p: profile::Phase| taken.iter().find(|(q, _)| *q == p).map_or(0.0, |(_, s)| *s);
-        (phase(profile::Phase::Pointwise), phase(profile::Phase::Products))
-    };
-    let (fused_pointwise, fused_products) = pointwise(true);
-    assert_eq!(fused_pointwise, 0.0, "no pointwise stage of its own");
-    assert!(fused_products > 0.0);
-    assert!(pointwise(false).0 > 0.0, "the unfused step runs its pointwise stage apart");
+    // Threads that split units.
+    let [pointwise, products, _] = phases(true, &[3, 2]);
+    assert_eq!(pointwise, 0.0, "no pointwise stage of its own");
+    assert!(products > 0.0);
+    assert!(phases(false, &[3, 2])[0] > 0.0, "the unfused step runs its pointwise stage apart");
+    // Threads that own their rows also run the input projection in the step.
+    let many = [20; 16];
+    let [pointwise, _, before_loop] = phases(true, &many);
+    assert_eq!(pointwise, 0.0, "no pointwise stage of its own");
+    let unfused = phases(false, &many);
+    assert!(unfused[0] > 0.0);
+    assert!(
+        before_loop < unfused[2] / 4.0,
+        "the input projection runs in the step: {before_loop} s before the loop, {} s unfused",
+        unfused[2]
+    );
 }

@@ -178,6 +178,10 @@ pub fn to_text(cell: &Cell, grad: &Gradient, sched: &Schedule, sizes: &Bindings)
             "  fused: [{}] and [{}] run on tiles of {} units ({ordered})",
             f.gemm, f.pointwise, f.unit
         );
+        if !f.hoisted.is_empty() {
+            let stages: Vec<String> = f.hoisted.iter().map(|k| format!("[{k}]")).collect();
+            let _ = writeln!(out, "  {} may run with them, tile by tile, in the step", stages.join(", "));
+        }
     }
 
     let _ = writeln!(out, "\nsaved for the backward, per step and sequence:");

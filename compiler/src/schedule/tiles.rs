@@ -25,6 +25,13 @@
 //! the next step's products. Every number is the one the unfused step
 //! computes: a product's column is the same sum wherever it is stored, and
 //! the stage's ops are elementwise.
+//!
+//! A product hoisted before the loop (an input projection `W @ x`) that
+//! only the stage reads may also run in the step, on each tile's rows, as
+//! [`Fusion::hoisted`] records: its tile then comes from the core's cache
+//! instead of a buffer of every row and step written before the loop.
+//! Whether a pass does is the runtime's choice (it pays where each thread
+//! has rows enough to reuse the weight).
 
 use super::{Placement, Stage, StageKind};
 use crate::dims::{Bindings, Dim};
@@ -46,6 +53,10 @@ pub struct Fusion {
     /// The vectors of more than one block held in tile order: the products
     /// the stage reads (per step or before the loop) and vector parameters.
     pub tile_ordered: Vec<ValueId>,
+    /// The GEMM stages before the loop that may instead run in the step,
+    /// tile by tile: each of products of a parameter that only the stage
+    /// reads.
+    pub hoisted: Vec<usize>,
 }
 
 impl Fusion {
@@ -126,7 +137,15 @@ fn fusion(g: &Graph, stages: &[Stage], p: usize, roots: &HashSet<ValueId>) -> Op
     if st.outputs.iter().any(|v| blocks.get(v).copied().unwrap_or(1) != 1) {
         return None;
     }
-    Some(Fusion { gemm: p - 1, pointwise: p, unit, blocks, tile_ordered })
+    let hoisted = (stages.iter().enumerate())
+        .filter(|(_, s)| s.placement == Placement::BeforeLoop && s.kind == StageKind::Gemm)
+        .filter(|(_, s)| {
+            !s.values.is_empty()
+                && s.values.iter().all(|&v| weight_product(g, v) && only_here(v) && blocks.contains_key(&v))
+        })
+        .map(|(k, _)| k)
+        .collect();
+    Some(Fusion { gemm: p - 1, pointwise: p, unit, blocks, tile_ordered, hoisted })
 }
 
 /// `W @ x` with `W` a parameter of one head.
@@ -216,6 +235,8 @@ mod tests {
         let (cell, schedule) = forward(&src);
         let [f] = &schedule.fusion[..] else { panic!("one fusion: {:?}", schedule.fusion) };
         assert_eq!((f.gemm, f.pointwise, f.unit.as_str()), (1, 2, "H"));
+        // The input projection may run in the step.
+        assert_eq!(f.hoisted, vec![0]);
         // Both products of the gates (per step and before the loop) and both biases.
         assert_eq!(f.tile_ordered.len(), 4, "{f:?}");
         for &v in &f.tile_ordered {

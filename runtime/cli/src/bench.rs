@@ -63,8 +63,8 @@ pub struct BenchArgs {
     /// CPU backend: how pointwise stages run.
     #[arg(long, value_enum, default_value_t = KernelsChoice::Fastest)]
     pub kernels: KernelsChoice,
-    /// CPU backend: run no step fused (each thread's share of a step's
-    /// products, a barrier, then the pointwise stages by rows), to compare.
+    /// CPU backend: run no step fused (the products, then the pointwise
+    /// stages; input projections before the loop), to compare.
     #[arg(long)]
     pub unfused: bool,
     /// The precision of the products of the cell's matrix parameters

@@ -35,19 +35,21 @@ pub(super) fn forward(
     let layer = job.layer;
     let pass = layer.pass(Side::Forward, tape.is_some());
     let mut clock = Clock::start();
-    let (mut bufs, mut tape) = place_values(code, job, pass, tape)?;
     let team = Team::new(job.order, threads);
     let mut states = team.by_rank(job.h0, &layer.state_sizes);
     let mut local = None;
     let rows = (job.order.rows(), precision);
     let weights = prepared_params(job.prepared, &mut local, g, &code.forward, job.params, shapes, rows);
     let tiles = match &code.fused {
-        Some(step) if fuse && tiles::worth_fusing(&team) && fuses(step, pass, job, tape.as_ref()) => {
+        Some(step) if fuse && fuses(step, pass, job, tape.is_some()) => {
             let products = code.forward[step.fusion.gemm].outputs();
-            PassTiles::new(step, (g, shapes, &products), (job.params, weights), team.threads)?
+            let hoisted = sinkable(step, pass, &code.forward);
+            PassTiles::new(step, (g, shapes, &products), (job.params, weights), &team, hoisted)?
         }
         _ => None,
     };
+    let sunk = tiles.as_ref().map_or(&[][..], |t| &t.sunk[..]);
+    let (mut bufs, mut tape) = place_values(code, job, pass, tape, sunk)?;
     // A fused step's states take two buffers in turn (see `Frames`).
     let mut spare = if tiles.is_some() { states.clone() } else { Vec::new() };
     let state_rows = SharedRows::each(&mut states);
@@ -62,7 +64,8 @@ pub(super) fn forward(
     // Before the loop: every valid row.
     let all_rows = valid_rows(job.order);
     let all = AllRows { order: job.order, rows: &all_rows, shapes, threads };
-    run_all_rows(&code.forward, &pass.before_loop, &mut bufs, &frame, &all, &mut HashMap::new())?;
+    let before_loop: Vec<usize> = pass.before_loop.iter().copied().filter(|k| !sunk.contains(k)).collect();
+    run_all_rows(&code.forward, &before_loop, &mut bufs, &frame, &all, &mut HashMap::new())?;
     clock.lap(Phase::BeforeLoop);
 
     // The loop.
@@ -98,15 +101,36 @@ pub(super) fn forward(
 /// stage, and everything the per-row bookkeeping moves (the output, the
 /// states, the tape's copied rows) is one block of the unit, so that each
 /// thread moves its own units of it.
-fn fuses(step: &FusedStep, pass: &PassPlan, job: &HostForward, tape: Option<&CpuTape>) -> bool {
+fn fuses(step: &FusedStep, pass: &PassPlan, job: &HostForward, training: bool) -> bool {
     let units = step.units;
     let layer = job.layer;
     pass.stages_at(Placement::EachStep).last() == Some(&step.fusion.pointwise)
         && layer.output_size == units
         && layer.state_sizes.iter().all(|&n| n == units)
-        && tape.is_none_or(|t| {
-            pass.tape.iter().zip(&t.parts).all(|(write, (part, _))| write.direct || part.floats == units)
+        && (!training
+            || pass
+                .tape
+                .iter()
+                .zip(layer.tape().parts())
+                .all(|(write, part)| write.direct || part.floats == units))
+}
+
+/// The fusion's hoisted GEMM stages that this pass runs before the loop
+/// and whose products live nowhere but in their layout rows (the plan
+/// keeps none of them in the tape), with their products: those the step
+/// may run tile by tile instead.
+fn sinkable(step: &FusedStep, pass: &PassPlan, stages: &[ReadyStage]) -> Vec<(usize, Vec<tiles::Product>)> {
+    (step.fusion.hoisted.iter())
+        .filter(|k| pass.before_loop.contains(k))
+        .filter_map(|&k| match &stages[k] {
+            ReadyStage::Gemm { products }
+                if products.iter().all(|p| matches!(pass.home(p.0), None | Some(Home::Layout))) =>
+            {
+                Some((k, products.clone()))
+            }
+            _ => None,
         })
+        .collect()
 }
 
 /// The values' storage for a forward pass: constants, the leaves where the
@@ -120,6 +144,7 @@ fn place_values(
     job: &HostForward,
     pass: &PassPlan,
     tape: Option<&mut [f32]>,
+    sunk: &[usize],
 ) -> Result<(Buffers, Option<CpuTape>)> {
     let (g, shapes) = (&*code.fwd_graph, &*code.fwd_shapes);
     let (batch, layout_rows) = (job.order.batch(), job.layout_rows());
@@ -146,6 +171,11 @@ fn place_values(
     for (k, st) in code.forward.iter().enumerate() {
         let hoisted = pass.before_loop.contains(&k);
         for v in st.outputs() {
+            if sunk.contains(&k) {
+                // Run in the step instead, for the step's rows.
+                bufs.rank_buf(v, shapes.elements(v), batch);
+                continue;
+            }
             match pass.home(v) {
                 Some(Home::Tape(_)) => {}
                 Some(Home::Layout) => bufs.row_buf(v, shapes.elements(v), layout_rows),

@@ -94,8 +94,8 @@ pub struct Cpu {
     /// threads ([`STEP_FMAS_PER_THREAD`]; 0: every step is split).
     step_fmas_per_thread: usize,
     kernels: Kernels,
-    /// Whether a step whose threads split units runs fused where the
-    /// compiler fused it ([`tiles`]).
+    /// Whether a step runs fused where the compiler fused it and the
+    /// batch is worth it ([`tiles`]).
     fuse: bool,
     /// The compiled layers this back end has run, kept while it lives.
     code: Mutex<HashMap<String, Arc<LayerCode>>>,
@@ -159,10 +159,10 @@ impl Cpu {
         Cpu { step_fmas_per_thread: 0, ..self }
     }
 
-    /// This back end with no step fused: each thread computes its columns
-    /// of a step's products, meets the others, then runs the pointwise
-    /// stages on its rows (by default, a step whose threads split units
-    /// runs the compiler's fused stage on each thread's own tiles: see
+    /// This back end with no step fused: a step's products, then its
+    /// pointwise stages, and the input projections before the loop (by
+    /// default, where the batch is small or large enough, each thread
+    /// runs the compiler's fused stage on its own tiles: see
     /// [`cellc::schedule::tiles`]). The results are the same bits; for
     /// tests of the fused step and for timing it.
     pub fn unfused(self) -> Cpu {

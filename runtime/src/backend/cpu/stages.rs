@@ -519,6 +519,11 @@ impl ProductCall {
 }
 
 impl ProductCall {
+    /// The same product with its left operand's rows at `a`, `lda` floats apart.
+    pub fn with_left(self, a: *const f32, lda: usize) -> ProductCall {
+        ProductCall { rows: super::panels::Rows { a, lda, ..self.rows }, ..self }
+    }
+
     /// Computes columns `columns` of a product of one head with a packed
     /// weight (a fused step's: see [`super::tiles`]); `columns.start` on a
     /// panel's first column.

@@ -8,7 +8,7 @@ use super::profile::{Clock, Phase};
 use super::stages::{product_rows, ReadyStage};
 use super::team::{Barrier, Split, Team};
 use super::threads;
-use super::tiles::PassTiles;
+use super::tiles::{PassTiles, TileScratch};
 use crate::error::{Result, RuntimeError};
 use crate::sequence::BatchOrder;
 use std::ops::Range;
@@ -94,7 +94,7 @@ impl StepLoop<'_> {
             Err(e)
         };
         let parts = if units { (i, self.team.threads) } else { (0, 1) };
-        let mut table: Vec<*mut f32> = Vec::new();
+        let mut scratch = TileScratch::default();
         let mut clock = Clock::start();
         for &s in steps {
             for &k in self.each_step {
@@ -104,7 +104,7 @@ impl StepLoop<'_> {
                     self.tiles.filter(|t| [t.step.fusion.gemm, t.step.fusion.pointwise].contains(&k))
                 {
                     if tiles.step.fusion.gemm == k {
-                        if let Err(e) = self.fused(tiles, k, (i, s), &mut table) {
+                        if let Err(e) = self.fused(tiles, k, (i, s), &mut scratch) {
                             return fail(e);
                         }
                         clock.lap_of(Phase::Products, self.team.threads);
@@ -120,7 +120,7 @@ impl StepLoop<'_> {
                         (done, Phase::Products)
                     }
                     ReadyStage::Pointwise { exec, .. } => {
-                        let done = self.pointwise(exec.as_ref(), s, self.team.rows(i, s), &mut table);
+                        let done = self.pointwise(exec.as_ref(), s, self.team.rows(i, s), &mut scratch.table);
                         (done, Phase::Pointwise)
                     }
                     ReadyStage::Sum | ReadyStage::AddMatrices { .. } => (Ok(()), Phase::Bookkeeping),
@@ -157,7 +157,7 @@ impl StepLoop<'_> {
         tiles: &PassTiles,
         k: usize,
         (i, s): (usize, usize),
-        table: &mut Vec<*mut f32>,
+        scratch: &mut TileScratch,
     ) -> Result<()> {
         let ReadyStage::Gemm { products } = &self.stages[k] else {
             return Err(RuntimeError::Internal(format!("fused stage {k} is not a product")));
@@ -168,7 +168,7 @@ impl StepLoop<'_> {
         };
         let rows = (i, self.team.product_rows(i, s), &ranked as &super::tiles::RankRow);
         // SAFETY: every thread of the team runs its own tiles, which no other writes.
-        unsafe { tiles.run((self.bufs, self.frames.at(s), self.shapes), products, rows, table) }
+        unsafe { tiles.run((self.bufs, self.frames.at(s), self.shapes), products, rows, scratch) }
     }
 
     /// A pointwise stage on ranks `rows` of step `s`.

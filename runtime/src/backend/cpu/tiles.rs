@@ -14,6 +14,15 @@
 //! contiguous ([`super::prepared::TileOrder`]); vector parameters the
 //! stage reads are copied into the same order. Results are bitwise the
 //! unfused step's.
+//!
+//! When each thread owns whole sequences, it never meets the others, and
+//! fusing alone gains nothing measurable; what gains is the input
+//! projection hoisted before the loop ([`Fusion::hoisted`]) run in the
+//! step instead, tile by tile on the thread's rows (gathered from the
+//! input rank by rank): its columns are read from the core's cache while
+//! the stage runs, instead of from a buffer of every row and step that
+//! outgrows the caches, and its product runs at the per-step products'
+//! rate. Such a pass fuses only where the step runs it.
 
 use super::buffers::{locate, Buffers, Frame};
 use super::prepared::{PreparedParams, TileOrder, TiledProducts};
@@ -39,11 +48,24 @@ use std::sync::{Arc, Mutex};
 /// 0.98-1.01x; at B=4, LSTM H=256 0.95x, GRU 0.97x.
 const FUSE_BELOW_ROWS_PER_THREAD: usize = 2;
 
-/// Whether `team`'s steps are worth running fused: its threads split
-/// units, and there are fewer than [`FUSE_BELOW_ROWS_PER_THREAD`]
-/// sequences a thread.
-pub fn worth_fusing(team: &Team) -> bool {
-    team.split == Split::Units && team.order().len() < FUSE_BELOW_ROWS_PER_THREAD * team.threads
+/// Sequences a thread from which a fused step whose threads own their rows
+/// also runs the input projections hoisted before the loop
+/// ([`Fusion::hoisted`]) tile by tile: a step then reads their weight once
+/// for the thread's rows instead of once for every step's rows.
+const SINK_FROM_ROWS_PER_THREAD: usize = 8;
+
+/// Units of a tile of a thread that owns its rows: its products' columns
+/// stay in the core's cache until the stage reads them, and the stage's
+/// loops run whole passes of registers (128 floats on AVX-512). Measured
+/// on an AMD Zen 5 (2 threads, T=100, LSTM B=16 H=256): tiles of 64 units
+/// were 4-10% slower than of 128 to 512, which measured alike.
+const ROW_TILE_UNITS: usize = 256;
+
+/// Whether each of `team`'s threads owns whole rows (sequences) for the
+/// whole loop: it then runs every tile of its rows, and never meets the
+/// others. One thread owns every row.
+fn owns_rows(team: &Team) -> bool {
+    team.split == Split::Rows || team.threads == 1
 }
 
 /// The fewest units of a tile whose columns of a product of `blocks`
@@ -61,6 +83,15 @@ fn gcd(a: usize, b: usize) -> usize {
     } else {
         gcd(b, a % b)
     }
+}
+
+/// What a thread reuses from step to step of a fused loop: the kernels'
+/// pointer table, and the rows gathered for the products run in the step.
+#[derive(Default)]
+pub struct TileScratch {
+    pub table: Vec<*mut f32>,
+    rows_base: Vec<*mut f32>,
+    gathered: Vec<Vec<f32>>,
 }
 
 /// A step's sequence and time of rank `r`: `(b, t)`.
@@ -103,10 +134,17 @@ impl FusedStep {
     }
 }
 
+/// A product `(out, op, matrix, vector)` as a GEMM stage holds it.
+pub type Product = (ValueId, Op, ValueId, ValueId);
+
 /// One pass's fused step: the tile width, each tile's kernel, where its
 /// pointers come from, the tile-ordered weights, and each thread's tiles.
 pub struct PassTiles<'a> {
     pub step: &'a FusedStep,
+    /// The GEMM stages hoisted before the loop that this pass runs in the
+    /// step instead, and their products.
+    pub sunk: Vec<usize>,
+    sunk_products: Vec<Product>,
     width: usize,
     /// The kernel of a full tile, and of the narrower last one if there is one.
     full: Arc<dyn StageExec>,
@@ -120,6 +158,9 @@ pub struct PassTiles<'a> {
     /// Keeps the tile-ordered vector parameters that `slots` point into.
     _vectors: Vec<Arc<[f32]>>,
     threads: usize,
+    /// Each thread owns its rows and runs every tile of them (else the
+    /// threads share out the tiles, each for every row).
+    owns_rows: bool,
 }
 
 /// Where a tile kernel's pointer for a value comes from.
@@ -136,23 +177,39 @@ unsafe impl Send for Slot {}
 unsafe impl Sync for Slot {}
 
 impl<'a> PassTiles<'a> {
-    /// The tiles of a pass on `threads` threads that split units, if it
-    /// fuses: whole panels per tile, a tile or more per thread, the
-    /// weights packed (not read in place). `None` runs the step unfused.
+    /// The tiles of a pass run by `team`, if it fuses: where its threads
+    /// split units and have fewer than [`FUSE_BELOW_ROWS_PER_THREAD`]
+    /// sequences each, a tile or more per thread; where they own their
+    /// rows, [`SINK_FROM_ROWS_PER_THREAD`] or more each, and `hoisted` (the
+    /// fusion's hoisted stages this pass could run in the step, with their
+    /// products) is not empty, [`ROW_TILE_UNITS`] a tile, the hoisted
+    /// products run in the step. Tiles are whole panels, the weights
+    /// packed (not read in place). `None` runs the step unfused.
     /// `products` are the fused GEMM stage's.
     pub fn new(
         step: &'a FusedStep,
         (graph, shapes, products): (&Graph, &Shapes, &[ValueId]),
         (params, weights): (&[&[f32]], &PreparedParams),
-        threads: usize,
+        team: &Team,
+        hoisted: Vec<(usize, Vec<Product>)>,
     ) -> Result<Option<PassTiles<'a>>> {
-        let (f, units) = (&step.fusion, step.units);
-        // Tiles whose columns are whole panels of each of the step's `products`.
-        let q = products.iter().map(|&v| quantum(f.blocks_of(v))).fold(1, |a, b| a / gcd(a, b) * b);
-        let width = units.div_ceil(threads.max(1)).div_ceil(q) * q;
-        if threads < 2 || weights.reads_in_place() || units.div_ceil(width) < threads {
+        let (f, units, threads) = (&step.fusion, step.units, team.threads.max(1));
+        let (owns_rows, sequences) = (owns_rows(team), team.order().len());
+        let worth = match owns_rows {
+            true => !hoisted.is_empty() && sequences >= SINK_FROM_ROWS_PER_THREAD * threads,
+            false => sequences < FUSE_BELOW_ROWS_PER_THREAD * threads,
+        };
+        if !worth {
             return Ok(None);
         }
+        // Tiles whose columns are whole panels of each of the step's `products`.
+        let q = products.iter().map(|&v| quantum(f.blocks_of(v))).fold(1, |a, b| a / gcd(a, b) * b);
+        let width =
+            if owns_rows { ROW_TILE_UNITS.div_ceil(q) * q } else { units.div_ceil(threads).div_ceil(q) * q };
+        if weights.reads_in_place() || (!owns_rows && units.div_ceil(width) < threads) {
+            return Ok(None);
+        }
+        let width = width.min(units.div_ceil(q) * q);
         // A size of the cell that cannot take a tile's width (`H - 64` at
         // `H = 32`) leaves the step unfused.
         let Ok(full) = step.kernel(width) else { return Ok(None) };
@@ -186,8 +243,17 @@ impl<'a> PassTiles<'a> {
             })
             .collect();
         let _vectors = vectors.into_values().collect();
+        let (sunk, sunk_products) = match owns_rows {
+            true => (
+                hoisted.iter().map(|(k, _)| *k).collect(),
+                hoisted.into_iter().flat_map(|(_, p)| p).collect(),
+            ),
+            false => (Vec::new(), Vec::new()),
+        };
         Ok(Some(PassTiles {
             step,
+            sunk,
+            sunk_products,
             width,
             full,
             last,
@@ -195,18 +261,23 @@ impl<'a> PassTiles<'a> {
             products: TiledProducts(panels),
             _vectors,
             threads,
+            owns_rows,
         }))
     }
 
-    /// Thread `i`'s units: whole tiles, the threads' shares as even as tiles allow.
+    /// Thread `i`'s units: every unit when each thread owns its rows, else
+    /// whole tiles, the threads' shares as even as tiles allow.
     pub fn units_of(&self, i: usize) -> Range<usize> {
+        if self.owns_rows {
+            return 0..self.step.units;
+        }
         let tiles = self.step.units.div_ceil(self.width);
         let (from, to) = (tiles * i / self.threads, tiles * (i + 1) / self.threads);
         (from * self.width).min(self.step.units)..(to * self.width).min(self.step.units)
     }
 
-    /// Thread `i`'s share of the fused step at rank rows `rows`: its columns
-    /// of each product, then the stage on its tiles.
+    /// Thread `i`'s share of the fused step at rank rows `rows`: tile by
+    /// tile, the tile's columns of each product, then the stage on them.
     ///
     /// # Safety
     /// The frame's and buffers' rows are valid, no other thread writes
@@ -214,36 +285,58 @@ impl<'a> PassTiles<'a> {
     pub unsafe fn run(
         &self,
         (bufs, frame, shapes): (&Buffers, &Frame, &Shapes),
-        products: &[(ValueId, Op, ValueId, ValueId)],
+        products: &[Product],
         (i, rows, step): (usize, Range<usize>, &RankRow),
-        table: &mut Vec<*mut f32>,
+        scratch: &mut TileScratch,
     ) -> Result<()> {
         let units = self.units_of(i);
         if rows.is_empty() || units.is_empty() {
             return Ok(());
         }
         let f = &self.step.fusion;
+        let TileScratch { table, rows_base, gathered } = scratch;
+        let mut calls = Vec::with_capacity(products.len() + self.sunk_products.len());
         for p in products {
             let call = ProductCall::locate(p, bufs, frame, (0, 0, rows.start), rows.len(), 1, shapes)?;
-            let k = f.blocks_of(p.0);
-            // SAFETY: per the contract; these columns are this thread's units' in tile order.
-            unsafe { call.run_columns(k * units.start..k * units.end)? };
+            calls.push((call, f.blocks_of(p.0)));
+        }
+        // The hoisted products run here read their vectors' rows of this
+        // step, gathered rank by rank into rows of their own.
+        gathered.resize(self.sunk_products.len(), Vec::new());
+        for (p, rows_of_x) in self.sunk_products.iter().zip(gathered.iter_mut()) {
+            let n = shapes.elements(p.3);
+            rows_of_x.clear();
+            for r in rows.clone() {
+                let (b, t) = step(r);
+                let x = locate(bufs, frame, p.3, b, t, r)?;
+                // SAFETY: a located row holds its value's `n` floats.
+                rows_of_x.extend_from_slice(unsafe { std::slice::from_raw_parts(x, n) });
+            }
+            let call = ProductCall::locate(p, bufs, frame, (0, 0, rows.start), rows.len(), 1, shapes)?;
+            calls.push((call.with_left(rows_of_x.as_ptr(), n), f.blocks_of(p.0)));
+        }
+        // Each row's pointers at the tiles' start, located once a step.
+        rows_base.clear();
+        for r in rows.clone() {
+            let (b, t) = step(r);
+            for &(slot, _) in &self.slots {
+                rows_base.push(match slot {
+                    Slot::Vector(p) => p as *mut f32,
+                    Slot::Located(v) => locate(bufs, frame, v, b, t, r)?,
+                });
+            }
         }
         for from in units.clone().step_by(self.width) {
             let to = (from + self.width).min(units.end);
+            for (call, k) in &calls {
+                // SAFETY: per the contract; these columns are this tile's in tile order.
+                unsafe { call.run_columns(k * from..k * to)? };
+            }
             let exec =
                 if to - from == self.width { &self.full } else { self.last.as_ref().unwrap_or(&self.full) };
             table.clear();
-            for r in rows.clone() {
-                let (b, t) = step(r);
-                for &(slot, blocks) in &self.slots {
-                    let base = match slot {
-                        Slot::Vector(p) => p as *mut f32,
-                        Slot::Located(v) => locate(bufs, frame, v, b, t, r)?,
-                    };
-                    table.push(base.wrapping_add(blocks * from));
-                }
-            }
+            let offsets = self.slots.iter().map(|&(_, blocks)| blocks * from).cycle();
+            table.extend(rows_base.iter().zip(offsets).map(|(&p, at)| p.wrapping_add(at)));
             // SAFETY: every pointer is its value's row at this tile, valid
             // for the tile's length at the kernel's sizes; this thread alone
             // writes these units of the outputs.
