@@ -8,7 +8,8 @@ A cell whose per-step pointwise stage the compiler fuses runs each thread's shar
 products and of that stage together (`runtime/src/backend/cpu/tiles.rs`): where a step's
 threads split its units (below two sequences a thread), with one barrier a step; where each
 owns its sequences (from eight a thread), tile by tile with the input projection, which then
-runs in the step instead of before the loop. This times both ways, same binary, same run,
+runs in the step instead of before the loop (a cell whose step does not fuse, such as the
+LayerNorm-LSTM, runs it at each step's start: `runtime/src/backend/cpu/sink.rs`). This times both ways, same binary, same run,
 alternating, `--rounds` times each, over LSTM and GRU at B 1-64 and H 128-512, T=100, 2
 threads, every sequence full length, inference and training, and keeps each side's median.
 `fused` is what the runtime chose at that batch (B=4 runs unfused either way on 2 threads);
@@ -30,6 +31,7 @@ SHAPES = [("lstm", 1, 128, "infer"), ("lstm", 1, 256, "infer"), ("lstm", 1, 512,
           ("gru", 2, 256, "infer"),
           ("lstm", 16, 256, "infer"), ("lstm", 64, 256, "infer"), ("lstm", 64, 512, "infer"),
           ("gru", 16, 256, "infer"), ("gru", 64, 512, "infer"),
+          ("layernorm_lstm", 16, 256, "infer"), ("layernorm_lstm", 64, 512, "infer"),
           ("lstm", 16, 256, "train"), ("lstm", 64, 512, "train"), ("gru", 16, 256, "train")]
 
 
@@ -57,7 +59,7 @@ def main():
         fused_s, unfused_s = statistics.median(times[False]), statistics.median(times[True])
         rows.append({"cell": cell, "batch": b, "hidden": h, "steps": 100, "mode": mode,
                      "fused_s": fused_s, "unfused_s": unfused_s, "ratio": unfused_s / fused_s})
-        print(f"{cell:<5} B={b:<2} H={h:<4} {mode} fused {fused_s * 1e3:7.3f} ms  unfused {unfused_s * 1e3:7.3f} ms  "
+        print(f"{cell:<14} B={b:<2} H={h:<4} {mode} fused {fused_s * 1e3:7.3f} ms  unfused {unfused_s * 1e3:7.3f} ms  "
               f"ratio {unfused_s / fused_s:.3f}", flush=True)
     if args.json:
         meta = {"date": time.strftime("%Y-%m-%d"), "threads": args.threads, "rounds": args.rounds,

@@ -5,9 +5,11 @@
 //! others, with unsorted variable lengths; on one, two and three sequences
 //! (two threads split units, one barrier a step), and on sixteen and more
 //! on one and two threads (each owns its sequences and runs the input
-//! projection in the step, tile by tile). And proof that the fused step
-//! ran: its pointwise work, and the input projection of a thread that owns
-//! its rows, are timed with the products.
+//! projection in the step, tile by tile). Cells whose step does not fuse
+//! but whose input projection may run in the step run it there on sixteen
+//! sequences and more, with the same bits as before the loop. And proof
+//! that each ran: the fused step's pointwise work, and the input
+//! projection of a thread that owns its rows, are timed with the products.
 
 mod support;
 
@@ -55,55 +57,117 @@ fn same_bits_on(
     else {
         return;
     };
+    let what = format!("{name} H={h} layers={layers} {precision:?} lengths={lengths:?} threads={threads}");
+    compare(&fused, &unfused, lengths, &what);
+}
+
+/// The fused and unfused models' results on `lengths`, bit for bit (see [`same_bits`]).
+fn compare(fused: &Model, unfused: &Model, lengths: &[usize], what: &str) {
+    let h = fused.output_size();
     let (b, t) = (lengths.len(), lengths.iter().copied().max().unwrap_or(1));
     let mut rng = support::Rng::new(h as u64 * 31 + b as u64);
     let x: Vec<f32> = rng.vec(b * t * fused.input_size(), 1.0).iter().map(|&v| v as f32).collect();
     let dy: Vec<f32> = rng.vec(b * t * fused.output_size(), 1.0).iter().map(|&v| v as f32).collect();
     let input =
         Input::Padded { data: &x, batch: b, steps: t, major: Major::TimeFirst, align: Align::Left, lengths };
-    let what = format!("{name} H={h} layers={layers} {precision:?} lengths={lengths:?} threads={threads}");
     let (a, z) = (fused.forward(input, None).expect("fused"), unfused.forward(input, None).expect("unfused"));
-    assert_eq!(a.data, z.data, "{what}: outputs");
-    assert_eq!(a.final_states, z.final_states, "{what}: final states");
+    assert_eq!(bits(&a.data), bits(&z.data), "{what}: outputs");
+    assert_eq!(bits(&a.final_states.concat()), bits(&z.final_states.concat()), "{what}: final states");
     let options = CallOptions { masks: Some(MaskSeed { seed: 5, offset: 0 }), ..Default::default() };
     let (a, ta) = fused.forward_traced(input, None, &options).expect("fused training");
     let (z, tz) = unfused.forward_traced(input, None, &options).expect("unfused training");
-    assert_eq!(a.data, z.data, "{what}: training outputs");
+    assert_eq!(bits(&a.data), bits(&z.data), "{what}: training outputs");
     let (ga, gz) =
         (fused.backward(&ta, &dy, None).expect("backward"), unfused.backward(&tz, &dy, None).expect("b"));
-    assert_eq!(ga.d_input, gz.d_input, "{what}: input gradients");
-    assert_eq!(ga.d_params, gz.d_params, "{what}: parameter gradients");
+    assert_eq!(bits(&ga.d_input), bits(&gz.d_input), "{what}: input gradients");
+    let params = |g: &cellc_runtime::Gradients| bits(&g.d_params.concat().concat());
+    assert_eq!(params(&ga), params(&gz), "{what}: parameter gradients");
+}
+
+/// Each float's bits (a NaN equals the same NaN).
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
+#[test]
+fn random_cells_give_the_same_bits_fused_sunk_or_not() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (mut fused, mut sunk) = (0, 0);
+    for seed in 0..60u64 {
+        let spec =
+            cellc::fuzzgen::generate(&mut cellc::fuzzgen::Entropy::seeded(seed), &format!("fuzz{seed}"));
+        let Ok(cell) = CompiledCell::from_source("fuzz.cell", &spec.to_string(), None) else { continue };
+        let cell = Arc::new(cell);
+        let schedule = cell.schedule(&support::cell_sizes(&cell, 24, 8));
+        if schedule.fusion.is_empty() && schedule.sinkable.is_empty() {
+            continue;
+        }
+        fused += usize::from(!schedule.fusion.is_empty());
+        sunk += usize::from(!schedule.sinkable.is_empty());
+        // Every size 24 (the input's from them): a random cell's input may be `[I + J]`.
+        let sizes: cellc::dims::Bindings = cell.forward.sizes.iter().map(|k| (k.clone(), 24)).collect();
+        let input = cell.forward.input_dim().eval(&sizes).map_or(24, |n| n as usize);
+        let config = ModelConfig { layers: 1, bidirectional: false };
+        let model =
+            |fused| Model::new(cell.clone(), config.clone(), &sizes, Some(input), None, 7, cpu(2, fused));
+        let (Ok(f), Ok(u)) = (model(true), model(false)) else { continue };
+        let ragged: Vec<usize> = (0..17).map(|i| 1 + (i * 3) % 5).collect();
+        for lengths in [&[4, 2][..], &ragged] {
+            compare(&f, &u, lengths, &format!("random cell {seed} lengths={lengths:?}:\n{spec}"));
+        }
+    }
+    assert!(fused >= 5 && sunk >= 5, "random cells that fuse: {fused}, that sink: {sunk}");
+}
+
+/// The shipped cells whose schedule satisfies `which` (which stages fuse
+/// or may run in the step does not depend on the sizes).
+fn shipped_cells_where(which: fn(&cellc::schedule::Schedule) -> bool) -> Vec<Arc<CompiledCell>> {
+    let schedule = |c: &Arc<CompiledCell>| c.schedule(&support::cell_sizes(c, 64, 32));
+    support::compiled_cells().into_iter().filter(|c| which(&schedule(c))).collect()
 }
 
 #[test]
 fn every_fused_cell_gives_the_unfused_bits() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut fused_cells = 0;
-    for cell in support::compiled_cells() {
-        // Which stages fuse does not depend on the sizes.
-        if cell.schedule(&support::cell_sizes(&cell, 64, 32)).fusion.is_empty() {
-            continue;
-        }
-        fused_cells += 1;
+    let fused = shipped_cells_where(|s| !s.fusion.is_empty());
+    for cell in &fused {
         // 40 and 17 units: a last tile narrower than the first; 64: even tiles.
         for h in [17, 40, 64] {
             for lengths in [&[5][..], &[3, 6], &[4, 1, 6]] {
-                same_bits(&cell, (h, 1, Precision::F32), lengths);
+                same_bits(cell, (h, 1, Precision::F32), lengths);
             }
         }
-        same_bits(&cell, (24, 2, Precision::F32), &[2, 5, 3]);
-        same_bits(&cell, (40, 1, Precision::Bf16), &[3, 6]);
+        same_bits(cell, (24, 2, Precision::F32), &[2, 5, 3]);
+        same_bits(cell, (40, 1, Precision::Bf16), &[3, 6]);
         // Threads that own their sequences: unsorted lengths, a full grid,
         // tiles narrower than the units and a narrower last one.
         let ragged: Vec<usize> = (0..17).map(|i| 1 + (i * 7) % 6).collect();
         for (h, lengths) in [(40, &ragged[..]), (300, &[4; 16][..])] {
-            same_bits(&cell, (h, 1, Precision::F32), lengths);
+            same_bits(cell, (h, 1, Precision::F32), lengths);
         }
-        same_bits(&cell, (24, 2, Precision::F32), &ragged);
-        same_bits(&cell, (40, 1, Precision::Bf16), &ragged);
-        same_bits_on(1, &cell, (300, 1, Precision::F32), &ragged[..9]);
+        same_bits(cell, (24, 2, Precision::F32), &ragged);
+        same_bits(cell, (40, 1, Precision::Bf16), &ragged);
+        same_bits_on(1, cell, (300, 1, Precision::F32), &ragged[..9]);
     }
-    assert!(fused_cells >= 8, "the compiler fuses the LSTMs, GRUs and the RNN: {fused_cells}");
+    assert!(fused.len() >= 8, "the compiler fuses the LSTMs, GRUs and the RNN: {}", fused.len());
+}
+
+#[test]
+fn input_projections_run_in_the_step_give_the_bits_of_before_the_loop() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let sinking = shipped_cells_where(|s| !s.sinkable.is_empty());
+    for cell in &sinking {
+        let ragged: Vec<usize> = (0..17).map(|i| 1 + (i * 5) % 7).collect();
+        same_bits(cell, (40, 1, Precision::F32), &ragged);
+        same_bits(cell, (24, 2, Precision::F32), &ragged);
+        same_bits(cell, (40, 1, Precision::Bf16), &[6; 16]);
+        same_bits_on(1, cell, (40, 1, Precision::F32), &ragged[..9]);
+    }
+    assert!(
+        sinking.len() >= 10,
+        "most shipped cells' input projections may run in the step: {}",
+        sinking.len()
+    );
 }
 
 #[test]
@@ -125,7 +189,12 @@ fn states_that_swap_fuse_and_read_the_previous_step() {
 /// The pointwise, products and before-the-loop times of an LSTM's
 /// forward on `lengths`, fused or not.
 fn phases(fused: bool, lengths: &[usize]) -> [f64; 3] {
-    let cell = support::compiled_cells().into_iter().find(|c| c.forward.name == "lstm").expect("lstm");
+    phases_of("lstm", fused, lengths)
+}
+
+/// [`phases`] of the shipped cell `name`.
+fn phases_of(name: &str, fused: bool, lengths: &[usize]) -> [f64; 3] {
+    let cell = support::compiled_cells().into_iter().find(|c| c.forward.name == name).expect("cell");
     let m = model(&cell, (64, 1, Precision::F32), (2, fused)).expect("model");
     let steps = lengths.iter().copied().max().unwrap_or(1);
     let x = vec![0.5f32; lengths.len() * steps * m.input_size()];
@@ -163,6 +232,15 @@ fn the_fused_step_runs_its_pointwise_work_with_the_products() {
     assert!(
         before_loop < unfused[2] / 4.0,
         "the input projection runs in the step: {before_loop} s before the loop, {} s unfused",
+        unfused[2]
+    );
+    // A step that does not fuse (a LayerNorm's reductions) runs it there too.
+    let [pointwise, _, before_loop] = phases_of("layernorm_lstm", true, &many);
+    let unfused = phases_of("layernorm_lstm", false, &many);
+    assert!(pointwise > 0.0, "the LayerNorm-LSTM's step does not fuse");
+    assert!(
+        before_loop < unfused[2] / 4.0,
+        "its input projection runs in the step: {before_loop} s before the loop, {} s unfused",
         unfused[2]
     );
 }

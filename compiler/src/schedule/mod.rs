@@ -25,6 +25,7 @@
 
 mod print;
 pub mod saved;
+pub mod sink;
 pub mod tiles;
 
 pub use print::to_text;
@@ -113,6 +114,9 @@ pub struct Schedule {
     /// The forward step's per-step pointwise stages that run on tiles of
     /// units, fused with the products before them ([`tiles`]).
     pub fusion: Vec<Fusion>,
+    /// The forward's GEMM stages before the loop that may run in the step
+    /// instead ([`sink`]).
+    pub sinkable: Vec<usize>,
 }
 
 impl Schedule {
@@ -132,7 +136,9 @@ pub fn schedule(cell: &Cell, grad: &Gradient, sizes: &Bindings) -> Schedule {
     let saved_here: Vec<ValueId> = saved.saved.iter().copied().filter(|v| cell.contains(*v)).collect();
     roots.extend(&saved_here);
     let forward = stage_forward(cell, &roots);
-    let fusion = tiles::fusions(cell, &forward, &roots.iter().copied().collect());
+    let roots: HashSet<ValueId> = roots.into_iter().collect();
+    let sinkable = sink::sinkable(cell, &forward, &roots);
+    let fusion = tiles::fusions(cell, &forward, &roots, &sinkable);
     let elementwise_recurrence =
         !forward.iter().any(|s| s.placement == Placement::EachStep && s.kind == StageKind::Gemm);
     let backward = stage_backward(grad, &saved);
@@ -153,6 +159,7 @@ pub fn schedule(cell: &Cell, grad: &Gradient, sizes: &Bindings) -> Schedule {
         saved,
         state_elements,
         fusion,
+        sinkable,
     }
 }
 

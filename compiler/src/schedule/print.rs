@@ -168,6 +168,11 @@ pub fn to_text(cell: &Cell, grad: &Gradient, sched: &Schedule, sizes: &Bindings)
     let _ = writeln!(out, "\nforward");
     let names = LeafNames::of(cell, &[]);
     stages_text(&mut out, cell, &names, &sched.forward, &fwd_roles, false);
+    if !sched.sinkable.is_empty() {
+        let stages: Vec<String> = sched.sinkable.iter().map(|k| format!("[{k}]")).collect();
+        let _ =
+            writeln!(out, "  {} may run in the step instead, on a thread's own sequences", stages.join(", "));
+    }
     for f in &sched.fusion {
         let ordered = match f.tile_ordered.len() {
             0 => "every vector is one block".to_string(),

@@ -26,12 +26,9 @@
 //! computes: a product's column is the same sum wherever it is stored, and
 //! the stage's ops are elementwise.
 //!
-//! A product hoisted before the loop (an input projection `W @ x`) that
-//! only the stage reads may also run in the step, on each tile's rows, as
-//! [`Fusion::hoisted`] records: its tile then comes from the core's cache
-//! instead of a buffer of every row and step written before the loop.
-//! Whether a pass does is the runtime's choice (it pays where each thread
-//! has rows enough to reuse the weight).
+//! A GEMM stage hoisted before the loop that may run in the step
+//! ([`super::sink`]) and whose products only the fused stage reads may run
+//! with it, tile by tile, as [`Fusion::hoisted`] records.
 
 use super::{Placement, Stage, StageKind};
 use crate::dims::{Bindings, Dim};
@@ -53,9 +50,9 @@ pub struct Fusion {
     /// The vectors of more than one block held in tile order: the products
     /// the stage reads (per step or before the loop) and vector parameters.
     pub tile_ordered: Vec<ValueId>,
-    /// The GEMM stages before the loop that may instead run in the step,
-    /// tile by tile: each of products of a parameter that only the stage
-    /// reads.
+    /// The GEMM stages before the loop that may instead run in the step
+    /// ([`super::sink`]) with the fused ones, tile by tile: their products
+    /// are of one head and only the stage reads them.
     pub hoisted: Vec<usize>,
 }
 
@@ -94,12 +91,18 @@ pub fn tile_position(blocks: usize, units: usize, width: usize, (g, u): (usize, 
 /// products of parameters and vector parameters, paired with the per-step
 /// GEMM stage just before it when only that stage reads its products.
 /// `roots` are the values read from outside the step (the output, next
-/// states and values saved for the backward).
-pub fn fusions(g: &Graph, stages: &[Stage], roots: &HashSet<ValueId>) -> Vec<Fusion> {
-    (1..stages.len()).filter_map(|p| fusion(g, stages, p, roots)).collect()
+/// states and values saved for the backward); `sinkable` the stages before
+/// the loop that may run in the step.
+pub fn fusions(g: &Graph, stages: &[Stage], roots: &HashSet<ValueId>, sinkable: &[usize]) -> Vec<Fusion> {
+    (1..stages.len()).filter_map(|p| fusion(g, stages, p, (roots, sinkable))).collect()
 }
 
-fn fusion(g: &Graph, stages: &[Stage], p: usize, roots: &HashSet<ValueId>) -> Option<Fusion> {
+fn fusion(
+    g: &Graph,
+    stages: &[Stage],
+    p: usize,
+    (roots, sinkable): (&HashSet<ValueId>, &[usize]),
+) -> Option<Fusion> {
     let (gemm, st) = (&stages[p - 1], &stages[p]);
     let each_step = |s: &Stage| s.placement == Placement::EachStep;
     if !(each_step(gemm) && gemm.kind == StageKind::Gemm && each_step(st)) {
@@ -137,13 +140,11 @@ fn fusion(g: &Graph, stages: &[Stage], p: usize, roots: &HashSet<ValueId>) -> Op
     if st.outputs.iter().any(|v| blocks.get(v).copied().unwrap_or(1) != 1) {
         return None;
     }
-    let hoisted = (stages.iter().enumerate())
-        .filter(|(_, s)| s.placement == Placement::BeforeLoop && s.kind == StageKind::Gemm)
-        .filter(|(_, s)| {
-            !s.values.is_empty()
-                && s.values.iter().all(|&v| weight_product(g, v) && only_here(v) && blocks.contains_key(&v))
+    let hoisted = (sinkable.iter().copied())
+        .filter(|&k| {
+            let values = &stages[k].values;
+            values.iter().all(|&v| weight_product(g, v) && only_here(v) && blocks.contains_key(&v))
         })
-        .map(|(k, _)| k)
         .collect();
     Some(Fusion { gemm: p - 1, pointwise: p, unit, blocks, tile_ordered, hoisted })
 }

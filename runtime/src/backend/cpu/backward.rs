@@ -9,6 +9,7 @@ use super::buffers::{constants, leaf_locations, locate, Buffers, Frame, Loc};
 use super::host::{HostBackward, HostGradients, RowsMut, SharedRows};
 use super::prepared::PreparedParams;
 use super::profile::{Clock, Phase};
+use super::sink::Sunk;
 use super::stages::{prepared_params, ReadyStage};
 use super::step_loop::{Frames, StepLoop};
 use super::tape::CpuTape;
@@ -236,6 +237,7 @@ impl Steps<'_> {
             order: job.order,
             reverse: job.reverse,
             tiles: None,
+            sunk: &Sunk::default(),
         };
         each_step.run(&steps, &after)
     }

@@ -7,11 +7,12 @@ use super::all_rows::{run_all_rows, valid_rows, AllRows};
 use super::buffers::{constants, leaf_locations, locate, Buffers, Frame, Loc};
 use super::host::{HostForward, RowsMut, SharedRows};
 use super::profile::{Clock, Phase};
+use super::sink::{self, Sunk};
 use super::stages::{prepared_params, ReadyStage};
 use super::step_loop::{Frames, StepLoop};
 use super::tape::CpuTape;
 use super::team::Team;
-use super::tiles::{self, FusedStep, PassTiles};
+use super::tiles::{FusedStep, PassTiles};
 use super::whole_sequence::{forward_whole_sequence, Walk};
 use super::LayerCode;
 use crate::error::{Result, RuntimeError};
@@ -40,16 +41,24 @@ pub(super) fn forward(
     let mut local = None;
     let rows = (job.order.rows(), precision);
     let weights = prepared_params(job.prepared, &mut local, g, &code.forward, job.params, shapes, rows);
+    // Hoisted products run in the step instead, each thread on its sequences.
+    let to_sink = match fuse {
+        true => sink::stages_to_sink(&team, &layer.schedule.sinkable, pass, &code.forward),
+        false => Vec::new(),
+    };
     let tiles = match &code.fused {
         Some(step) if fuse && fuses(step, pass, job, tape.is_some()) => {
             let products = code.forward[step.fusion.gemm].outputs();
-            let hoisted = sinkable(step, pass, &code.forward);
-            PassTiles::new(step, (g, shapes, &products), (job.params, weights), &team, hoisted)?
+            PassTiles::new(step, (g, shapes, &products), (job.params, weights), &team, &to_sink)?
         }
         _ => None,
     };
-    let sunk = tiles.as_ref().map_or(&[][..], |t| &t.sunk[..]);
-    let (mut bufs, mut tape) = place_values(code, job, pass, tape, sunk)?;
+    let sunk: Vec<usize> = to_sink.iter().map(|(k, _)| *k).collect();
+    // What the fused step does not run tile by tile runs at each step's start.
+    let at_step_start: Vec<(usize, Vec<sink::Product>)> =
+        (to_sink.into_iter()).filter(|(k, _)| !tiles.as_ref().is_some_and(|t| t.sunk.contains(k))).collect();
+    let at_step_start = Sunk::of(&at_step_start);
+    let (mut bufs, mut tape) = place_values(code, job, pass, tape, &sunk)?;
     // A fused step's states take two buffers in turn (see `Frames`).
     let mut spare = if tiles.is_some() { states.clone() } else { Vec::new() };
     let state_rows = SharedRows::each(&mut states);
@@ -91,7 +100,16 @@ pub(super) fn forward(
         TimeLoop::Steps(_) => {
             let odd_frame = tiles.as_ref().map(|_| Frame { states: &spare_rows, ..frame });
             let frames = Frames { even: &frame, odd: odd_frame.as_ref() };
-            let steps = Steps { code, job, pass, team: &team, bufs: &bufs, frames, tiles: tiles.as_ref() };
+            let steps = Steps {
+                code,
+                job,
+                pass,
+                team: &team,
+                bufs: &bufs,
+                frames,
+                tiles: tiles.as_ref(),
+                sunk: &at_step_start,
+            };
             steps.run(chained, output, tape.as_mut())
         }
     }
@@ -113,24 +131,6 @@ fn fuses(step: &FusedStep, pass: &PassPlan, job: &HostForward, training: bool) -
                 .iter()
                 .zip(layer.tape().parts())
                 .all(|(write, part)| write.direct || part.floats == units))
-}
-
-/// The fusion's hoisted GEMM stages that this pass runs before the loop
-/// and whose products live nowhere but in their layout rows (the plan
-/// keeps none of them in the tape), with their products: those the step
-/// may run tile by tile instead.
-fn sinkable(step: &FusedStep, pass: &PassPlan, stages: &[ReadyStage]) -> Vec<(usize, Vec<tiles::Product>)> {
-    (step.fusion.hoisted.iter())
-        .filter(|k| pass.before_loop.contains(k))
-        .filter_map(|&k| match &stages[k] {
-            ReadyStage::Gemm { products }
-                if products.iter().all(|p| matches!(pass.home(p.0), None | Some(Home::Layout))) =>
-            {
-                Some((k, products.clone()))
-            }
-            _ => None,
-        })
-        .collect()
 }
 
 /// The values' storage for a forward pass: constants, the leaves where the
@@ -196,6 +196,8 @@ struct Steps<'a> {
     bufs: &'a Buffers,
     frames: Frames<'a>,
     tiles: Option<&'a PassTiles<'a>>,
+    /// Products hoisted before the loop run at each step's start instead.
+    sunk: &'a Sunk,
 }
 
 impl Steps<'_> {
@@ -208,7 +210,7 @@ impl Steps<'_> {
         output: &mut RowsMut,
         tape: Option<&mut CpuTape>,
     ) -> Result<Vec<Vec<f32>>> {
-        let Steps { code, job, pass, team, bufs, frames, tiles } = *self;
+        let Steps { code, job, pass, team, bufs, frames, tiles, sunk } = *self;
         let layer = job.layer;
         let order = team.order();
         let mut finals: Vec<Vec<f32>> =
@@ -289,6 +291,7 @@ impl Steps<'_> {
             order: job.order,
             reverse: job.reverse,
             tiles,
+            sunk,
         };
         each_step.run(&steps, &after)?;
         Ok(finals)

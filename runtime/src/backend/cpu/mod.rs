@@ -31,6 +31,7 @@ pub(crate) mod prepared;
 pub mod product;
 pub mod profile;
 pub mod roofline;
+mod sink;
 pub mod stage;
 mod stages;
 mod step_loop;

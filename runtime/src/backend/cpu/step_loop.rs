@@ -5,6 +5,7 @@
 
 use super::buffers::{locate, Buffers, Frame};
 use super::profile::{Clock, Phase};
+use super::sink::Sunk;
 use super::stages::{product_rows, ReadyStage};
 use super::team::{Barrier, Split, Team};
 use super::threads;
@@ -55,8 +56,11 @@ pub struct StepLoop<'a> {
     pub shapes: &'a cellc::shapes::Shapes,
     pub order: &'a BatchOrder,
     pub reverse: bool,
-    /// The pass's fused step, when its threads split units ([`super::tiles`]).
+    /// The pass's fused step ([`super::tiles`]).
     pub tiles: Option<&'a PassTiles<'a>>,
+    /// Products hoisted before the loop that each thread runs on its
+    /// sequences at each step's start ([`super::sink`]).
+    pub sunk: &'a Sunk,
 }
 
 impl StepLoop<'_> {
@@ -97,6 +101,12 @@ impl StepLoop<'_> {
         let mut scratch = TileScratch::default();
         let mut clock = Clock::start();
         for &s in steps {
+            if !self.sunk.products.is_empty() {
+                if let Err(e) = self.sunk_products(i, s, &mut scratch.gathered) {
+                    return fail(e);
+                }
+                clock.lap_of(Phase::Products, self.team.threads);
+            }
             for &k in self.each_step {
                 // A fused step: the products and the stage that reads them
                 // on this thread's tiles, with no barrier until the step's end.
@@ -166,9 +176,29 @@ impl StepLoop<'_> {
             let b = self.team.order()[r];
             (b, self.order.time(b, s, self.reverse))
         };
-        let rows = (i, self.team.product_rows(i, s), &ranked as &super::tiles::RankRow);
+        let rows = (i, self.team.product_rows(i, s), &ranked as &super::sink::RankRow);
         // SAFETY: every thread of the team runs its own tiles, which no other writes.
         unsafe { tiles.run((self.bufs, self.frames.at(s), self.shapes), products, rows, scratch) }
+    }
+
+    /// Thread `i`'s rows of the products run in step `s` instead of
+    /// before the loop: its threads own their sequences
+    /// ([`super::sink::stages_to_sink`]).
+    fn sunk_products(&self, i: usize, s: usize, gathered: &mut Vec<Vec<f32>>) -> Result<()> {
+        let ranked = |r: usize| {
+            let b = self.team.order()[r];
+            (b, self.order.time(b, s, self.reverse))
+        };
+        let rows = self.team.rows(i, s);
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let at = (self.bufs, self.frames.at(s), self.shapes);
+        for (call, _) in self.sunk.locate(at, rows, &ranked, gathered)? {
+            // SAFETY: the thread's own rows of the product's rank buffer.
+            unsafe { call.run((0, 1)) };
+        }
+        Ok(())
     }
 
     /// A pointwise stage on ranks `rows` of step `s`.

@@ -84,6 +84,12 @@ impl Team {
         Team { threads, split, order, lengths, segments }
     }
 
+    /// Whether each thread owns whole sequences for the whole loop, and so
+    /// never meets the others. One thread owns every sequence.
+    pub fn owns_rows(&self) -> bool {
+        self.split == Split::Rows || self.threads == 1
+    }
+
     /// Rank → sequence.
     pub fn order(&self) -> &[usize] {
         &self.order

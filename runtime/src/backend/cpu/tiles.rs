@@ -16,19 +16,18 @@
 //! unfused step's.
 //!
 //! When each thread owns whole sequences, it never meets the others, and
-//! fusing alone gains nothing measurable; what gains is the input
-//! projection hoisted before the loop ([`Fusion::hoisted`]) run in the
-//! step instead, tile by tile on the thread's rows (gathered from the
-//! input rank by rank): its columns are read from the core's cache while
-//! the stage runs, instead of from a buffer of every row and step that
-//! outgrows the caches, and its product runs at the per-step products'
-//! rate. Such a pass fuses only where the step runs it.
+//! fusing alone gains nothing measurable: such a pass fuses only where it
+//! runs a hoisted input projection in the step ([`super::sink`]), which
+//! then runs tile by tile with the per-step products ([`Fusion::hoisted`]),
+//! so that both products' columns of a tile are in the core's cache when
+//! the stage reads them.
 
 use super::buffers::{locate, Buffers, Frame};
 use super::prepared::{PreparedParams, TileOrder, TiledProducts};
+use super::sink::{Product, RankRow, Sunk};
 use super::stage::StageExec;
 use super::stages::ProductCall;
-use super::team::{Split, Team};
+use super::team::Team;
 use crate::error::{Result, RuntimeError};
 use cellc::ir::{Graph, Op, ValueId};
 use cellc::schedule::Fusion;
@@ -48,25 +47,12 @@ use std::sync::{Arc, Mutex};
 /// 0.98-1.01x; at B=4, LSTM H=256 0.95x, GRU 0.97x.
 const FUSE_BELOW_ROWS_PER_THREAD: usize = 2;
 
-/// Sequences a thread from which a fused step whose threads own their rows
-/// also runs the input projections hoisted before the loop
-/// ([`Fusion::hoisted`]) tile by tile: a step then reads their weight once
-/// for the thread's rows instead of once for every step's rows.
-const SINK_FROM_ROWS_PER_THREAD: usize = 8;
-
 /// Units of a tile of a thread that owns its rows: its products' columns
 /// stay in the core's cache until the stage reads them, and the stage's
 /// loops run whole passes of registers (128 floats on AVX-512). Measured
 /// on an AMD Zen 5 (2 threads, T=100, LSTM B=16 H=256): tiles of 64 units
 /// were 4-10% slower than of 128 to 512, which measured alike.
 const ROW_TILE_UNITS: usize = 256;
-
-/// Whether each of `team`'s threads owns whole rows (sequences) for the
-/// whole loop: it then runs every tile of its rows, and never meets the
-/// others. One thread owns every row.
-fn owns_rows(team: &Team) -> bool {
-    team.split == Split::Rows || team.threads == 1
-}
 
 /// The fewest units of a tile whose columns of a product of `blocks`
 /// blocks are whole panels ([`super::panels::PANEL`] columns), so that a
@@ -85,17 +71,15 @@ fn gcd(a: usize, b: usize) -> usize {
     }
 }
 
-/// What a thread reuses from step to step of a fused loop: the kernels'
-/// pointer table, and the rows gathered for the products run in the step.
+/// What a thread reuses from step to step of its loop: the kernels'
+/// pointer table, each row's pointers (a fused step), and the rows
+/// gathered for the products run in the step ([`Sunk::locate`]).
 #[derive(Default)]
 pub struct TileScratch {
     pub table: Vec<*mut f32>,
     rows_base: Vec<*mut f32>,
-    gathered: Vec<Vec<f32>>,
+    pub gathered: Vec<Vec<f32>>,
 }
-
-/// A step's sequence and time of rank `r`: `(b, t)`.
-pub type RankRow<'a> = dyn Fn(usize) -> (usize, usize) + 'a;
 
 /// Builds the fused stage's kernel for one tile of a given width.
 pub type TileBuilder = dyn Fn(usize) -> Result<Arc<dyn StageExec>> + Send + Sync;
@@ -134,17 +118,14 @@ impl FusedStep {
     }
 }
 
-/// A product `(out, op, matrix, vector)` as a GEMM stage holds it.
-pub type Product = (ValueId, Op, ValueId, ValueId);
-
 /// One pass's fused step: the tile width, each tile's kernel, where its
 /// pointers come from, the tile-ordered weights, and each thread's tiles.
 pub struct PassTiles<'a> {
     pub step: &'a FusedStep,
     /// The GEMM stages hoisted before the loop that this pass runs in the
-    /// step instead, and their products.
+    /// step instead, with the fused ones, and their products.
     pub sunk: Vec<usize>,
-    sunk_products: Vec<Product>,
+    sunk_products: Sunk,
     width: usize,
     /// The kernel of a full tile, and of the narrower last one if there is one.
     full: Arc<dyn StageExec>,
@@ -180,24 +161,26 @@ impl<'a> PassTiles<'a> {
     /// The tiles of a pass run by `team`, if it fuses: where its threads
     /// split units and have fewer than [`FUSE_BELOW_ROWS_PER_THREAD`]
     /// sequences each, a tile or more per thread; where they own their
-    /// rows, [`SINK_FROM_ROWS_PER_THREAD`] or more each, and `hoisted` (the
-    /// fusion's hoisted stages this pass could run in the step, with their
-    /// products) is not empty, [`ROW_TILE_UNITS`] a tile, the hoisted
-    /// products run in the step. Tiles are whole panels, the weights
-    /// packed (not read in place). `None` runs the step unfused.
-    /// `products` are the fused GEMM stage's.
+    /// rows, if the pass runs some of the fusion's hoisted stages in the
+    /// step (`sunk`: the stages [`super::sink::stages_to_sink`] chose, with
+    /// their products), [`ROW_TILE_UNITS`] a tile, those stages' products
+    /// with the per-step ones. Tiles are whole panels, the weights packed
+    /// (not read in place). `None` runs the step unfused. `products` are
+    /// the fused GEMM stage's.
     pub fn new(
         step: &'a FusedStep,
         (graph, shapes, products): (&Graph, &Shapes, &[ValueId]),
         (params, weights): (&[&[f32]], &PreparedParams),
         team: &Team,
-        hoisted: Vec<(usize, Vec<Product>)>,
+        sunk: &[(usize, Vec<Product>)],
     ) -> Result<Option<PassTiles<'a>>> {
         let (f, units, threads) = (&step.fusion, step.units, team.threads.max(1));
-        let (owns_rows, sequences) = (owns_rows(team), team.order().len());
+        let owns_rows = team.owns_rows();
+        let hoisted: Vec<(usize, Vec<Product>)> =
+            sunk.iter().filter(|(k, _)| f.hoisted.contains(k)).cloned().collect();
         let worth = match owns_rows {
-            true => !hoisted.is_empty() && sequences >= SINK_FROM_ROWS_PER_THREAD * threads,
-            false => sequences < FUSE_BELOW_ROWS_PER_THREAD * threads,
+            true => !hoisted.is_empty(),
+            false => team.order().len() < FUSE_BELOW_ROWS_PER_THREAD * threads,
         };
         if !worth {
             return Ok(None);
@@ -243,13 +226,7 @@ impl<'a> PassTiles<'a> {
             })
             .collect();
         let _vectors = vectors.into_values().collect();
-        let (sunk, sunk_products) = match owns_rows {
-            true => (
-                hoisted.iter().map(|(k, _)| *k).collect(),
-                hoisted.into_iter().flat_map(|(_, p)| p).collect(),
-            ),
-            false => (Vec::new(), Vec::new()),
-        };
+        let (sunk, sunk_products) = (hoisted.iter().map(|(k, _)| *k).collect(), Sunk::of(&hoisted));
         Ok(Some(PassTiles {
             step,
             sunk,
@@ -295,26 +272,13 @@ impl<'a> PassTiles<'a> {
         }
         let f = &self.step.fusion;
         let TileScratch { table, rows_base, gathered } = scratch;
-        let mut calls = Vec::with_capacity(products.len() + self.sunk_products.len());
+        let mut calls = Vec::with_capacity(products.len() + self.sunk_products.products.len());
         for p in products {
             let call = ProductCall::locate(p, bufs, frame, (0, 0, rows.start), rows.len(), 1, shapes)?;
             calls.push((call, f.blocks_of(p.0)));
         }
-        // The hoisted products run here read their vectors' rows of this
-        // step, gathered rank by rank into rows of their own.
-        gathered.resize(self.sunk_products.len(), Vec::new());
-        for (p, rows_of_x) in self.sunk_products.iter().zip(gathered.iter_mut()) {
-            let n = shapes.elements(p.3);
-            rows_of_x.clear();
-            for r in rows.clone() {
-                let (b, t) = step(r);
-                let x = locate(bufs, frame, p.3, b, t, r)?;
-                // SAFETY: a located row holds its value's `n` floats.
-                rows_of_x.extend_from_slice(unsafe { std::slice::from_raw_parts(x, n) });
-            }
-            let call = ProductCall::locate(p, bufs, frame, (0, 0, rows.start), rows.len(), 1, shapes)?;
-            calls.push((call.with_left(rows_of_x.as_ptr(), n), f.blocks_of(p.0)));
-        }
+        let sunk = self.sunk_products.locate((bufs, frame, shapes), rows.clone(), step, gathered)?;
+        calls.extend(sunk.into_iter().map(|(call, v)| (call, f.blocks_of(v))));
         // Each row's pointers at the tiles' start, located once a step.
         rows_base.clear();
         for r in rows.clone() {

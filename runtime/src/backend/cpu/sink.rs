@@ -1,0 +1,104 @@
+//! GEMM stages hoisted before the loop run in the step instead, on each
+//! thread's own sequences ([`cellc::schedule::sink`] says which may).
+//!
+//! Before the loop, an input projection is one product over every row and
+//! step (column-split between the threads), and its result, a row per
+//! sequence and step, outgrows the caches: at B=64, H=512, T=100 an LSTM's
+//! is 52 MB, which each step's pointwise stage reads back from memory. It
+//! ran at 85-87% of the FMA peak where the per-step products run at 95%
+//! (AMD Zen 5). Where each thread owns whole sequences, with rows enough
+//! to reuse the weight ([`SINK_FROM_ROWS_PER_THREAD`]), the pass runs it in
+//! each step instead, on the thread's rows: their input rows are gathered
+//! rank by rank, and the result is read from the core's cache. A fused
+//! step runs it tile by tile with the per-step products
+//! ([`super::tiles`]). The results are the same bits: a product's row is
+//! the same sum whichever rows are multiplied with it.
+
+use super::buffers::{locate, Buffers, Frame};
+use super::stages::{ProductCall, ReadyStage};
+use super::team::Team;
+use crate::error::Result;
+use crate::plan::{Home, PassPlan, TimeLoop};
+use cellc::ir::{Op, ValueId};
+use cellc::shapes::Shapes;
+use std::ops::Range;
+
+/// Sequences a thread from which a pass whose threads own their sequences
+/// runs the sinkable stages in the step (measured on an AMD Zen 5, 2
+/// threads, LSTM H=256/512: at 4 a thread 0.97-1.03x the hoisted
+/// product's time, from 8 1.05-1.10x faster; `benches/fused_step.py`).
+pub const SINK_FROM_ROWS_PER_THREAD: usize = 8;
+
+/// A product `(out, op, matrix, vector)` as a GEMM stage holds it.
+pub type Product = (ValueId, Op, ValueId, ValueId);
+
+/// A step's sequence and time of rank `r`: `(b, t)`.
+pub type RankRow<'a> = dyn Fn(usize) -> (usize, usize) + 'a;
+
+/// The schedule's sinkable stages (`sinkable`) that a pass of `team` runs
+/// in the step, with their products: the loop runs step by step (not one
+/// whole-sequence kernel), each thread owns
+/// [`SINK_FROM_ROWS_PER_THREAD`] sequences or more, and the stage is one
+/// the plan runs before the loop with its products kept nowhere but in
+/// their layout rows (not in the tape).
+pub fn stages_to_sink(
+    team: &Team,
+    sinkable: &[usize],
+    pass: &PassPlan,
+    stages: &[ReadyStage],
+) -> Vec<(usize, Vec<Product>)> {
+    let steps = matches!(pass.time_loop, TimeLoop::Steps(_));
+    if !steps || !team.owns_rows() || team.order().len() < SINK_FROM_ROWS_PER_THREAD * team.threads {
+        return Vec::new();
+    }
+    (sinkable.iter())
+        .filter(|k| pass.before_loop.contains(k))
+        .filter_map(|&k| match &stages[k] {
+            ReadyStage::Gemm { products }
+                if products.iter().all(|p| matches!(pass.home(p.0), None | Some(Home::Layout))) =>
+            {
+                Some((k, products.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The products a pass runs in the step.
+#[derive(Debug, Default)]
+pub struct Sunk {
+    pub products: Vec<Product>,
+}
+
+impl Sunk {
+    /// The products of `stages` (from [`stages_to_sink`]).
+    pub fn of(stages: &[(usize, Vec<Product>)]) -> Sunk {
+        Sunk { products: stages.iter().flat_map(|(_, p)| p.iter().cloned()).collect() }
+    }
+
+    /// Each product on rank rows `rows` of a step, whose vectors' rows are
+    /// gathered into `gathered` (one buffer a product, reused).
+    pub fn locate(
+        &self,
+        (bufs, frame, shapes): (&Buffers, &Frame, &Shapes),
+        rows: Range<usize>,
+        step: &RankRow,
+        gathered: &mut Vec<Vec<f32>>,
+    ) -> Result<Vec<(ProductCall, ValueId)>> {
+        gathered.resize(self.products.len(), Vec::new());
+        let mut calls = Vec::with_capacity(self.products.len());
+        for (p, rows_of_x) in self.products.iter().zip(gathered.iter_mut()) {
+            let n = shapes.elements(p.3);
+            rows_of_x.clear();
+            for r in rows.clone() {
+                let (b, t) = step(r);
+                let x = locate(bufs, frame, p.3, b, t, r)?;
+                // SAFETY: a located row holds its value's `n` floats.
+                rows_of_x.extend_from_slice(unsafe { std::slice::from_raw_parts(x, n) });
+            }
+            let call = ProductCall::locate(p, bufs, frame, (0, 0, rows.start), rows.len(), 1, shapes)?;
+            calls.push((call.with_left(rows_of_x.as_ptr(), n), p.0));
+        }
+        Ok(calls)
+    }
+}
