@@ -10,7 +10,7 @@ use super::host::{HostBackward, HostGradients, RowsMut, SharedRows};
 use super::prepared::PreparedParams;
 use super::profile::{Clock, Phase};
 use super::sink::Sunk;
-use super::stages::{prepared_params, ReadyStage};
+use super::stages::{pack_products, prepared_params, ReadyStage};
 use super::step_loop::{Frames, StepLoop};
 use super::tape::CpuTape;
 use super::team::Team;
@@ -67,7 +67,8 @@ pub(super) fn backward(
     let mut carry = team.by_rank(job.d_final, &layer.state_sizes);
     let mut local = None;
     let rows = (job.order.rows(), precision);
-    let weights = prepared_params(job.prepared, &mut local, g, &code.backward, job.params, shapes, rows);
+    let weights = prepared_params(job.prepared, &mut local, job.params.len(), rows);
+    pack_products(weights, (g, &code.backward, shapes), job.params, None);
 
     // Before the loop: products that read no carried adjoint, over every valid row.
     let all_rows = valid_rows(job.order);

@@ -52,10 +52,21 @@ impl PackedB {
     /// [`PackedB::of_transpose`] rounded to bf16 (ties to even), in pair
     /// panels: the two elements of a word are neighbours in a row of `W`.
     pub fn of_transpose_bf16(w: &[f32], rows: usize, cols: usize) -> PackedB {
+        PackedB::of_transpose_bf16_by(w, rows, cols, |r| r)
+    }
+
+    /// [`PackedB::of_transpose_bf16`] of `W`'s rows in another order (see
+    /// [`PackedB::of_transpose_by`]).
+    pub fn of_transpose_bf16_by(
+        w: &[f32],
+        rows: usize,
+        cols: usize,
+        source: impl Fn(usize) -> usize + Sync,
+    ) -> PackedB {
         assert!(w.len() >= rows * cols, "weight of {} floats packed as [{rows}, {cols}]", w.len());
         PackedB::build_pairs(cols, rows, |p, words| {
             for c in 0..PANEL.min(rows - p * PANEL) {
-                let row = &w[(p * PANEL + c) * cols..][..cols];
+                let row = &w[source(p * PANEL + c) * cols..][..cols];
                 for (q, two) in row.chunks(2).enumerate() {
                     words[q * PANEL + c] = pair(two[0], two.get(1).copied().unwrap_or(0.0));
                 }

@@ -8,7 +8,7 @@ use super::buffers::{constants, leaf_locations, locate, Buffers, Frame, Loc};
 use super::host::{HostForward, RowsMut, SharedRows};
 use super::profile::{Clock, Phase};
 use super::sink::{self, Sunk};
-use super::stages::{prepared_params, ReadyStage};
+use super::stages::{pack_products, prepared_params, ReadyStage};
 use super::step_loop::{Frames, StepLoop};
 use super::tape::CpuTape;
 use super::team::Team;
@@ -40,7 +40,7 @@ pub(super) fn forward(
     let mut states = team.by_rank(job.h0, &layer.state_sizes);
     let mut local = None;
     let rows = (job.order.rows(), precision);
-    let weights = prepared_params(job.prepared, &mut local, g, &code.forward, job.params, shapes, rows);
+    let weights = prepared_params(job.prepared, &mut local, job.params.len(), rows);
     // Hoisted products run in the step instead, each thread on its sequences.
     let to_sink = match fuse {
         true => sink::stages_to_sink(&team, &layer.schedule.sinkable, pass, &code.forward),
@@ -53,6 +53,7 @@ pub(super) fn forward(
         }
         _ => None,
     };
+    pack_products(weights, (g, &code.forward, shapes), job.params, tiles.as_ref().map(|t| &t.products));
     let sunk: Vec<usize> = to_sink.iter().map(|(k, _)| *k).collect();
     // What the fused step does not run tile by tile runs at each step's start.
     let at_step_start: Vec<(usize, Vec<sink::Product>)> =

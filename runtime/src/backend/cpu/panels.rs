@@ -219,20 +219,34 @@ impl PackedB {
 
     /// `B = Wᵀ` for a row-major `W: [rows, cols]`: the right operand of `X · Wᵀ`.
     pub fn of_transpose(w: &[f32], rows: usize, cols: usize) -> PackedB {
+        PackedB::of_transpose_by(w, rows, cols, |r| r)
+    }
+
+    /// [`PackedB::of_transpose`] of `W`'s rows in another order: row `r`
+    /// of the `Wᵀ` packed is row `source(r)` of `w` (a fused step's tile
+    /// order), gathered as it is packed.
+    pub fn of_transpose_by(
+        w: &[f32],
+        rows: usize,
+        cols: usize,
+        source: impl Fn(usize) -> usize + Sync,
+    ) -> PackedB {
         assert!(w.len() >= rows * cols, "weight of {} floats packed as [{rows}, {cols}]", w.len());
-        // Panel p holds rows p*PANEL.. of W: each panel row gathers one
-        // column of those rows, whose current cache lines stay in L1.
+        // Panel p holds rows p*PANEL.. (in order): each panel row gathers
+        // one column of those rows, whose current cache lines stay in L1.
         PackedB::build(cols, rows, |p, panel| {
-            let src = &w[p * PANEL * cols..];
             let width = PANEL.min(rows - p * PANEL);
+            let first = source(p * PANEL);
+            let contiguous = (1..width).all(|c| source(p * PANEL + c) == first + c);
             // Whole 16x16 blocks in registers where the processor can (the
             // scalar gather took 9x as long as a B=1 step's product), the
             // edges one float at a time.
-            let done = transpose_blocks(src, cols, width, panel);
+            let done =
+                if contiguous { transpose_blocks(&w[first * cols..], cols, width, panel) } else { (0, 0) };
             for (kk, dst) in panel.chunks_mut(PANEL).enumerate() {
                 let from = if kk < done.1 { done.0 } else { 0 };
                 for (c, x) in dst[..width].iter_mut().enumerate().skip(from) {
-                    *x = src[c * cols + kk];
+                    *x = w[source(p * PANEL + c) * cols + kk];
                 }
             }
         })

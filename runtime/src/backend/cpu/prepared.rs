@@ -61,18 +61,21 @@ impl TiledProducts {
 }
 
 impl TileOrder {
+    /// For each place in tile order, the row (`g * units + u`) it holds.
+    pub fn sources(&self) -> Vec<usize> {
+        let mut from = vec![0; self.blocks * self.units];
+        for g in 0..self.blocks {
+            for u in 0..self.units {
+                from[tile_position(self.blocks, self.units, self.width, (g, u))] = g * self.units + u;
+            }
+        }
+        from
+    }
+
     /// Row `g * units + u` of `rows` (`blocks * units` rows of `cols`
     /// floats) at its place in tile order.
     pub fn permute(&self, rows: &[f32], cols: usize) -> Vec<f32> {
-        let mut out = vec![0.0; rows.len()];
-        for g in 0..self.blocks {
-            for u in 0..self.units {
-                let (from, to) =
-                    (g * self.units + u, tile_position(self.blocks, self.units, self.width, (g, u)));
-                out[to * cols..(to + 1) * cols].copy_from_slice(&rows[from * cols..(from + 1) * cols]);
-            }
-        }
-        out
+        self.sources().iter().flat_map(|&from| &rows[from * cols..(from + 1) * cols]).copied().collect()
     }
 }
 
@@ -121,10 +124,13 @@ impl PreparedParams {
         order: TileOrder,
     ) -> Arc<PackedB> {
         let made = self.tiled(i, order.width, || {
-            let rows = order.permute(w, n);
+            let source = order.sources();
+            let source = |r: usize| source[r];
             Tiled::TPanels(Arc::new(match self.precision {
-                Precision::F32 | Precision::F16 | Precision::Tf32 => PackedB::of_transpose(&rows, m, n),
-                Precision::Bf16 => PackedB::of_transpose_bf16(&rows, m, n),
+                Precision::F32 | Precision::F16 | Precision::Tf32 => {
+                    PackedB::of_transpose_by(w, m, n, source)
+                }
+                Precision::Bf16 => PackedB::of_transpose_bf16_by(w, m, n, source),
             }))
         });
         match made {
@@ -169,4 +175,31 @@ impl PreparedParams {
 /// `pack` of each of the `heads` equal blocks of `w`, in order.
 fn per_head(w: &[f32], heads: usize, pack: impl Fn(&[f32]) -> PackedB) -> Vec<PackedB> {
     w.chunks_exact(w.len() / heads.max(1)).map(pack).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weights_packed_in_tile_order_are_the_permuted_weights_packed() {
+        // 4 blocks of 40 units in tiles of 24 (a panel straddles two blocks'
+        // runs of rows), 37 columns (ragged 16x16 blocks).
+        let (order, cols) = (TileOrder { blocks: 4, units: 40, width: 24 }, 37);
+        let rows = order.blocks * order.units;
+        let w: Vec<f32> = (0..rows * cols).map(|i| (i as f32 * 0.37).sin()).collect();
+        let permuted = order.permute(&w, cols);
+        let source = order.sources();
+        let by = |r: usize| source[r];
+        let f32s = |p: &PackedB| p.data.as_slice().to_vec();
+        assert_eq!(
+            f32s(&PackedB::of_transpose_by(&w, rows, cols, by)),
+            f32s(&PackedB::of_transpose(&permuted, rows, cols))
+        );
+        let bits = |p: &PackedB| p.data.as_slice().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&PackedB::of_transpose_bf16_by(&w, rows, cols, by)),
+            bits(&PackedB::of_transpose_bf16(&permuted, rows, cols))
+        );
+    }
 }

@@ -312,18 +312,12 @@ fn weight_t(bufs: &Buffers, f: &Frame, m: ValueId, rows_w: usize, cols_w: usize)
 
 /// This layer-direction's prepared weights for a pass over `rows` valid
 /// rows whose products compute in `precision`, from the model's slot for
-/// that precision (or, if another device's form is there, `local`), with the
-/// forms that `steps`
-/// read made before any thread needs them (see [`super::prepared`]): every
-/// product of a parameter, per step or over all rows, reads it packed into
-/// panels (`Wᵀ` for `X · Wᵀ`, `W` for `D · W`).
+/// that precision (or, if another device's form is there, `local`), with
+/// nothing made yet: [`pack_products`] makes what the pass's products read.
 pub fn prepared_params<'a>(
     slot: &'a PreparedWeights,
     local: &'a mut Option<PreparedParams>,
-    graph: &Graph,
-    steps: &[ReadyStage],
-    params: &[&[f32]],
-    shapes: &Shapes,
+    params: usize,
     (rows, precision): (usize, cellc::precision::Precision),
 ) -> &'a PreparedParams {
     if slot.is_for_one_pass()
@@ -338,15 +332,34 @@ pub fn prepared_params<'a>(
         // depend on how many rows it has.
         return local.insert(PreparedParams::in_place());
     }
-    let weights = match slot.get_or_init(precision, || PreparedParams::new(params.len(), precision)) {
+    match slot.get_or_init(precision, || PreparedParams::new(params, precision)) {
         Some(w) => w,
-        None => local.insert(PreparedParams::new(params.len(), precision)),
-    };
+        None => local.insert(PreparedParams::new(params, precision)),
+    }
+}
+
+/// Makes the forms of `weights` that the products of `steps` read, before
+/// any thread needs them (see [`super::prepared`]): every product of a
+/// parameter, per step or over all rows, reads it packed into panels (`Wᵀ`
+/// for `X · Wᵀ`, `W` for `D · W`), but those a fused step reads in tile
+/// order (`tiled`, packed already): a weight that comes with each call (a
+/// framework's tensors) is packed on every call, and only in the forms
+/// the pass reads.
+pub fn pack_products(
+    weights: &PreparedParams,
+    (graph, steps, shapes): (&Graph, &[ReadyStage], &Shapes),
+    params: &[&[f32]],
+    tiled: Option<&super::prepared::TiledProducts>,
+) {
+    if weights.reads_in_place() {
+        return;
+    }
     for st in steps {
         let ReadyStage::Gemm { products, .. } = st else { continue };
-        for &(_, ref op, m, _) in products {
+        for &(out, ref op, m, _) in products {
             let Op::Param(i) = graph.node(m).op else { continue };
             match op {
+                Op::MatVec if tiled.is_some_and(|t| t.panels_of(out).is_some()) => {}
                 Op::MatVec => {
                     weights.t_panels(i, params[i], shapes.block(m));
                 }
@@ -357,7 +370,6 @@ pub fn prepared_params<'a>(
             }
         }
     }
-    weights
 }
 
 /// A per-step product on ranks `rows`: `Y = X · Wᵀ` (or `X · W`), the
