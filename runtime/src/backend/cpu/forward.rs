@@ -8,7 +8,7 @@ use super::buffers::{constants, leaf_locations, locate, Buffers, Frame, Loc};
 use super::host::{HostForward, RowsMut, SharedRows};
 use super::profile::{Clock, Phase};
 use super::sink::{self, Sunk};
-use super::stages::{pack_products, prepared_params, ReadyStage};
+use super::stages::{pack_products, prepared_params, Product, ReadyStage};
 use super::step_loop::{Frames, StepLoop};
 use super::tape::CpuTape;
 use super::team::Team;
@@ -56,7 +56,7 @@ pub(super) fn forward(
     pack_products(weights, (g, &code.forward, shapes), job.params, tiles.as_ref().map(|t| &t.products));
     let sunk: Vec<usize> = to_sink.iter().map(|(k, _)| *k).collect();
     // What the fused step does not run tile by tile runs at each step's start.
-    let at_step_start: Vec<(usize, Vec<sink::Product>)> =
+    let at_step_start: Vec<(usize, Vec<Product>)> =
         (to_sink.into_iter()).filter(|(k, _)| !tiles.as_ref().is_some_and(|t| t.sunk.contains(k))).collect();
     let at_step_start = Sunk::of(&at_step_start);
     let (mut bufs, mut tape) = place_values(code, job, pass, tape, &sunk)?;

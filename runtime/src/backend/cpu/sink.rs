@@ -15,11 +15,11 @@
 //! the same sum whichever rows are multiplied with it.
 
 use super::buffers::{locate, Buffers, Frame};
-use super::stages::{ProductCall, ReadyStage};
+use super::stages::{Product, ProductCall, ReadyStage};
 use super::team::Team;
 use crate::error::Result;
 use crate::plan::{Home, PassPlan, TimeLoop};
-use cellc::ir::{Op, ValueId};
+use cellc::ir::ValueId;
 use cellc::shapes::Shapes;
 use std::ops::Range;
 
@@ -28,9 +28,6 @@ use std::ops::Range;
 /// threads, LSTM H=256/512: at 4 a thread 0.97-1.03x the hoisted
 /// product's time, from 8 1.05-1.10x faster; `benches/fused_step.py`).
 pub const SINK_FROM_ROWS_PER_THREAD: usize = 8;
-
-/// A product `(out, op, matrix, vector)` as a GEMM stage holds it.
-pub type Product = (ValueId, Op, ValueId, ValueId);
 
 /// A step's sequence and time of rank `r`: `(b, t)`.
 pub type RankRow<'a> = dyn Fn(usize) -> (usize, usize) + 'a;

@@ -19,13 +19,16 @@ use cellc::shapes::Shapes;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// A product as a GEMM stage holds it: `(out, op, matrix, vector)` or, for
+/// `outer`, `(out, Outer, left, right)`.
+pub type Product = (ValueId, Op, ValueId, ValueId);
+
 /// A schedule stage ready to run. When it runs (before, in or after the
 /// time loop, and whether the loop is one whole-sequence kernel) is the
 /// pass's plan's decision ([`crate::plan::PassPlan`]).
 pub enum ReadyStage {
-    /// Products sharing an operand; each `(out, op, matrix, vector)` or, for
-    /// `outer`, `(out, Outer, left, right)`.
-    Gemm { products: Vec<(ValueId, Op, ValueId, ValueId)> },
+    /// Products sharing an operand.
+    Gemm { products: Vec<Product> },
     /// A generated kernel: a pointwise stage, or a whole recurrence.
     Pointwise { exec: Arc<dyn StageExec> },
     /// Vector parameters' gradients, summed over rows as the results are read.
@@ -192,7 +195,7 @@ pub fn runs(order: &BatchOrder, layout: &RowLayout) -> Vec<(usize, usize, usize,
 /// weight gradients are summed per task and the partial sums added in task
 /// order, so results are the same run to run for a given thread count.
 pub fn gemm_all_rows(
-    products: &[(ValueId, Op, ValueId, ValueId)],
+    products: &[Product],
     bufs: &mut Buffers,
     f: &Frame,
     order: &BatchOrder,
@@ -375,7 +378,7 @@ pub fn pack_products(
 /// A per-step product on ranks `rows`: `Y = X · Wᵀ` (or `X · W`), the
 /// columns of share `part` of `parts` (the whole product with one part).
 pub fn product_rows(
-    product: &(ValueId, Op, ValueId, ValueId),
+    product: &Product,
     bufs: &Buffers,
     f: &Frame,
     rows: std::ops::Range<usize>,
@@ -465,7 +468,7 @@ impl ProductCall {
     /// Locates `(out, op, matrix, x)` on `count` rows from `(b, t, r)`,
     /// consecutive rows `step` rows of each value's storage apart.
     pub fn locate(
-        &(out, ref op, m, x): &(ValueId, Op, ValueId, ValueId),
+        &(out, ref op, m, x): &Product,
         bufs: &Buffers,
         f: &Frame,
         (b, t, r): (usize, usize, usize),

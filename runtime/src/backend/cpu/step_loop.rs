@@ -172,10 +172,7 @@ impl StepLoop<'_> {
         let ReadyStage::Gemm { products } = &self.stages[k] else {
             return Err(RuntimeError::Internal(format!("fused stage {k} is not a product")));
         };
-        let ranked = |r: usize| {
-            let b = self.team.order()[r];
-            (b, self.order.time(b, s, self.reverse))
-        };
+        let ranked = self.rank_row(s);
         let rows = (i, self.team.product_rows(i, s), &ranked as &super::sink::RankRow);
         // SAFETY: every thread of the team runs its own tiles, which no other writes.
         unsafe { tiles.run((self.bufs, self.frames.at(s), self.shapes), products, rows, scratch) }
@@ -185,10 +182,7 @@ impl StepLoop<'_> {
     /// before the loop: its threads own their sequences
     /// ([`super::sink::stages_to_sink`]).
     fn sunk_products(&self, i: usize, s: usize, gathered: &mut Vec<Vec<f32>>) -> Result<()> {
-        let ranked = |r: usize| {
-            let b = self.team.order()[r];
-            (b, self.order.time(b, s, self.reverse))
-        };
+        let ranked = self.rank_row(s);
         let rows = self.team.rows(i, s);
         if rows.is_empty() {
             return Ok(());
@@ -201,6 +195,14 @@ impl StepLoop<'_> {
         Ok(())
     }
 
+    /// Step `s`'s sequence and time of each rank.
+    fn rank_row(&self, s: usize) -> impl Fn(usize) -> (usize, usize) + '_ {
+        move |r| {
+            let b = self.team.order()[r];
+            (b, self.order.time(b, s, self.reverse))
+        }
+    }
+
     /// A pointwise stage on ranks `rows` of step `s`.
     fn pointwise(
         &self,
@@ -210,9 +212,9 @@ impl StepLoop<'_> {
         table: &mut Vec<*mut f32>,
     ) -> Result<()> {
         table.clear();
+        let ranked = self.rank_row(s);
         for r in rows.clone() {
-            let b = self.team.order()[r];
-            let t = self.order.time(b, s, self.reverse);
+            let (b, t) = ranked(r);
             for &v in exec.inputs().iter().chain(exec.outputs()) {
                 table.push(locate(self.bufs, self.frames.at(s), v, b, t, r)?);
             }

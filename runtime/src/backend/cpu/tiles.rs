@@ -24,9 +24,9 @@
 
 use super::buffers::{locate, Buffers, Frame};
 use super::prepared::{PreparedParams, TileOrder, TiledProducts};
-use super::sink::{Product, RankRow, Sunk};
+use super::sink::{RankRow, Sunk};
 use super::stage::StageExec;
-use super::stages::ProductCall;
+use super::stages::{Product, ProductCall};
 use super::team::Team;
 use crate::error::{Result, RuntimeError};
 use cellc::ir::{Graph, Op, ValueId};
