@@ -46,6 +46,8 @@ MACHINE_NOTES = {
     "masks_speed_zen3.json": "Zen 3, 2 cores, AVX2 + FMA, no AVX-512",
     "bf16_speed_zen3.json": "Zen 3, 2 cores, AVX2 + FMA: no bf16 instructions",
     "bf16_speed_xeon.json": "2 cores, AVX-512 with AVX512-BF16, no AMX",
+    "bf16_speed_xeon_amx.json": "2 cores, AVX-512 with AVX512-BF16 and AMX",
+    "peak_xeon_amx.json": "2 cores, AVX-512 with AVX512-BF16 and AMX",
     "slstm_speed_xeon.json": "2 cores, AVX-512 with AVX512-BF16, no AMX",
 }
 
@@ -386,7 +388,8 @@ def gen_charlm():
 
 def gen_bf16():
     files = {}
-    for src, name in (("bf16_speed_xeon.json", "bf16_xeon.md"), ("bf16_speed_zen3.json", "bf16_zen3.md")):
+    for src, name in (("bf16_speed_xeon_amx.json", "bf16_xeon_amx.md"), ("bf16_speed_xeon.json", "bf16_xeon.md"),
+                      ("bf16_speed_zen3.json", "bf16_zen3.md")):
         d = load(src)
         body = []
         for r in d["rows"]:
@@ -634,6 +637,7 @@ PAGES = {
     "word_language_model.json": "From Python", "module_comparison.json": "From Python",
     "charlm_side_by_side.json": "The main job", "charlm_side_by_side_zen5.json": "The main job",
     "bf16_speed_xeon.json": "Mixed precision", "bf16_speed_zen3.json": "Mixed precision",
+    "bf16_speed_xeon_amx.json": "Mixed precision",
     "slstm_speed_xeon.json": "sLSTM heads", "fused_step_zen5.json": "CPU against PyTorch",
 }
 

@@ -1,5 +1,5 @@
 //! `cellc peak`: this machine's measured arithmetic peak (f32 fused
-//! multiply-adds, bf16 dot products where it has them), on one thread and
+//! multiply-adds, bf16 dot products and AMX tile products where it has them), on one thread and
 //! on several at once: what every rate `cellc bench` reports is a
 //! fraction of.
 
@@ -20,13 +20,16 @@ pub struct PeakArgs {
 }
 
 /// The peak of the products `cellc bench` times at `precision` on
-/// `threads` threads: bf16 dot products where the processor has them, else
-/// f32 multiply-adds (bf16 products then run at the f32 rate); `None` off
+/// `threads` threads: for bf16, AMX's tile products where the process may
+/// use them, else bf16 dot products where the processor has them, else f32
+/// multiply-adds (bf16 products then run at the f32 rate); `None` off
 /// x86-64 or without FMA.
 pub fn for_products(precision: Precision, threads: usize) -> Option<Peak> {
     let measured = |kind| measure(kind, threads, 0.2).ok();
     match precision {
-        Precision::Bf16 => measured(PeakKind::Bf16Dot).or_else(|| measured(PeakKind::F32Fma)),
+        Precision::Bf16 => measured(PeakKind::Bf16Tiles)
+            .or_else(|| measured(PeakKind::Bf16Dot))
+            .or_else(|| measured(PeakKind::F32Fma)),
         _ => measured(PeakKind::F32Fma),
     }
 }
@@ -39,20 +42,17 @@ pub fn peak(args: &PeakArgs) -> Result<(), RuntimeError> {
         args.threads.iter().map(|&t| t as usize).collect()
     };
     let mut peaks = Vec::new();
-    for kind in [PeakKind::F32Fma, PeakKind::Bf16Dot] {
+    for kind in PeakKind::ALL {
         for &t in &threads {
             match measure(kind, t, args.min_time) {
                 Ok(p) => peaks.push(p),
-                // A processor without bf16 dot products has only the f32 peak.
-                Err(_) if kind == PeakKind::Bf16Dot => break,
+                // A processor without bf16 instructions has only the f32 peak.
+                Err(_) if kind != PeakKind::F32Fma => break,
                 Err(e) => return Err(e),
             }
         }
     }
-    let name = |k| match k {
-        PeakKind::F32Fma => "f32_fma",
-        PeakKind::Bf16Dot => "bf16_dot",
-    };
+    let name = PeakKind::name;
     if args.json {
         let rows: Vec<String> = peaks
             .iter()

@@ -12,6 +12,7 @@
 
 pub(crate) mod aligned;
 mod all_rows;
+pub mod amx;
 pub mod aot;
 mod backward;
 pub mod bf16;

@@ -192,9 +192,11 @@ pub(super) unsafe fn transposed16(src: *const f32, ld: usize) -> [std::arch::x86
 pub struct PackedB {
     pub(super) k: usize,
     pub(super) n: usize,
-    /// Panels of bf16 pairs ([`super::bf16`]): `k.div_ceil(2)` rows of
-    /// [`PANEL`] 32-bit words each, held in `data`'s float slots.
+    /// Panels of bf16 pairs ([`super::bf16`]): rows of [`PANEL`] 32-bit
+    /// words, held in `data`'s float slots.
     pub(super) bf16: bool,
+    /// Rows of each panel: `k`, or for bf16 pairs [`super::bf16::pair_rows`].
+    pub(super) panel_rows: usize,
     pub(super) data: AlignedBuf,
 }
 
@@ -214,7 +216,7 @@ impl PackedB {
             }
             fill(p, panel);
         });
-        PackedB { k, n, bf16: false, data }
+        PackedB { k, n, bf16: false, panel_rows: k, data }
     }
 
     /// `B = Wᵀ` for a row-major `W: [rows, cols]`: the right operand of `X · Wᵀ`.
@@ -292,9 +294,8 @@ impl PackedB {
 
     /// Panel `p`'s first float (or, for bf16 panels, word).
     pub(super) fn panel(&self, p: usize) -> *const f32 {
-        let rows = if self.bf16 { self.k.div_ceil(2) } else { self.k };
         // SAFETY: p < panels, so the offset is inside the buffer.
-        unsafe { self.data.as_ptr().add(p * rows * PANEL) }
+        unsafe { self.data.as_ptr().add(p * self.panel_rows * PANEL) }
     }
 
     /// Floats of output column panel `p` that exist.
@@ -703,6 +704,48 @@ mod tests {
                 unsafe { multiply(rows(&mut row, &a[i * k..], 1, k, n), &b, b.share(part, 3), false) };
             }
             assert_eq!(row, whole[i * n..(i + 1) * n], "row {i}");
+        }
+    }
+
+    /// Every bf16 kernel's bits depend on neither the rows that share its
+    /// tiles (AMX's: 32 rows) nor the panels a thread takes.
+    #[test]
+    fn bf16_results_do_not_depend_on_the_split_or_the_rows() {
+        use super::super::bf16::{multiply_with as multiply_bf16_with, Bf16Kernel};
+        let (m, k, n) = (45, 70, 70);
+        let a = data(m * k, 3.0);
+        let b = PackedB::of_bf16(&data(k * n, 4.0), k, n);
+        for kernel in Bf16Kernel::available() {
+            let mut whole = vec![0.0; m * n];
+            // SAFETY (each call): shapes as declared.
+            unsafe { multiply_bf16_with(kernel, rows(&mut whole, &a, m, k, n), &b, 0..b.panels(), false) };
+            // The rows from the third on, so that each shares tiles with others.
+            let mut shifted = vec![0.0; (m - 3) * n];
+            unsafe {
+                multiply_bf16_with(
+                    kernel,
+                    rows(&mut shifted, &a[3 * k..], m - 3, k, n),
+                    &b,
+                    0..b.panels(),
+                    false,
+                )
+            };
+            assert_eq!(shifted, whole[3 * n..], "{kernel:?}: rows shifted");
+            for i in 0..m {
+                let mut row = vec![0.0; n];
+                for part in 0..3 {
+                    unsafe {
+                        multiply_bf16_with(
+                            kernel,
+                            rows(&mut row, &a[i * k..], 1, k, n),
+                            &b,
+                            b.share(part, 3),
+                            false,
+                        )
+                    };
+                }
+                assert_eq!(row, whole[i * n..(i + 1) * n], "{kernel:?}: row {i}");
+            }
         }
     }
 

@@ -1,7 +1,8 @@
 //! This machine's arithmetic peak, measured: the rate of independent
 //! chains of the widest f32 fused multiply-add it has (AVX-512, else AVX2
-//! with FMA), and of its bf16 dot product (`vdpbf16ps`, where it has
-//! AVX512-BF16), on one core and on several at once. Every speed the
+//! with FMA), of its bf16 dot product (`vdpbf16ps`, where it has
+//! AVX512-BF16), and of its bf16 tile product (AMX's `tdpbf16ps`, where
+//! Linux lets the process use the tiles), on one core and on several at once. Every speed the
 //! project reports is a fraction of it (`cellc peak`, `cellc bench`), so a
 //! rate says how much of the machine it uses, whatever the machine.
 //!
@@ -24,6 +25,22 @@ pub enum PeakKind {
     F32Fma,
     /// bf16 pair dot products into f32 (`vdpbf16ps`).
     Bf16Dot,
+    /// bf16 tile products into f32 (AMX's `tdpbf16ps`).
+    Bf16Tiles,
+}
+
+impl PeakKind {
+    /// Every kind, in the order `cellc peak` prints them.
+    pub const ALL: [PeakKind; 3] = [PeakKind::F32Fma, PeakKind::Bf16Dot, PeakKind::Bf16Tiles];
+
+    /// The name `cellc peak --json` gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            PeakKind::F32Fma => "f32_fma",
+            PeakKind::Bf16Dot => "bf16_dot",
+            PeakKind::Bf16Tiles => "bf16_tiles",
+        }
+    }
 }
 
 /// A measured peak.
@@ -31,7 +48,7 @@ pub enum PeakKind {
 pub struct Peak {
     /// What was measured.
     pub kind: PeakKind,
-    /// The instruction set: `"avx512"`, `"avx2"` or `"avx512bf16"`.
+    /// The instruction set: `"avx512"`, `"avx2"`, `"avx512bf16"` or `"amx"`.
     pub isa: &'static str,
     /// Threads that ran at once.
     pub threads: usize,
@@ -45,11 +62,10 @@ pub struct Peak {
 /// processor has no such instructions (bf16 dot products without
 /// AVX512-BF16; anything off x86-64).
 pub fn measure(kind: PeakKind, threads: usize, min_time: f64) -> Result<Peak> {
-    let Kernel { isa, run, lanes } = kernel(kind)?;
-    // Two operations per lane and chain: one multiply-add, or (bf16) two
-    // products summed into a lane's f32 (counted per product, as a GEMM's
-    // flops are).
-    let per_iter = (CHAINS * lanes * 2) as f64;
+    let Kernel { isa, run, macs } = kernel(kind)?;
+    // Two operations per multiply-add (a bf16 dot product's two products
+    // summed into a lane count as two multiply-adds, as a GEMM's flops do).
+    let per_iter = (macs * 2) as f64;
     let threads = threads.max(1);
     // Calibrate: iterations that take about a tenth of the time on one thread.
     let mut iters = 1u64 << 12;
@@ -84,9 +100,8 @@ struct Kernel {
     isa: &'static str,
     /// Runs every chain this many times.
     run: fn(u64),
-    /// Multiply-adds per chain and iteration (a bf16 dot product's 16 f32
-    /// lanes each add two products: 32).
-    lanes: usize,
+    /// Multiply-adds per iteration, all chains together.
+    macs: usize,
 }
 
 /// The loop that measures `kind` on this processor.
@@ -96,13 +111,17 @@ fn kernel(kind: PeakKind) -> Result<Kernel> {
         use std::arch::is_x86_feature_detected as has;
         let found = match kind {
             PeakKind::F32Fma if has!("avx512f") => {
-                Some(Kernel { isa: "avx512", run: x86::fma_avx512, lanes: 16 })
+                Some(Kernel { isa: "avx512", run: x86::fma_avx512, macs: CHAINS * 16 })
             }
             PeakKind::F32Fma if has!("avx2") && has!("fma") => {
-                Some(Kernel { isa: "avx2", run: x86::fma_avx2, lanes: 8 })
+                Some(Kernel { isa: "avx2", run: x86::fma_avx2, macs: CHAINS * 8 })
             }
+            // 16 f32 lanes, each adding two products.
             PeakKind::Bf16Dot if has!("avx512f") && has!("avx512bf16") => {
-                Some(Kernel { isa: "avx512bf16", run: x86::dot_bf16, lanes: 32 })
+                Some(Kernel { isa: "avx512bf16", run: x86::dot_bf16, macs: CHAINS * 32 })
+            }
+            PeakKind::Bf16Tiles if super::amx::usable() => {
+                Some(Kernel { isa: "amx", run: x86::tiles_bf16, macs: super::amx::DOT_ROUND_MACS })
             }
             _ => None,
         };
@@ -113,6 +132,7 @@ fn kernel(kind: PeakKind) -> Result<Kernel> {
     let what = match kind {
         PeakKind::F32Fma => "f32 fused multiply-adds (AVX2 with FMA, or AVX-512)",
         PeakKind::Bf16Dot => "bf16 dot products (AVX512-BF16)",
+        PeakKind::Bf16Tiles => "bf16 tile products (AMX-BF16, permitted by the kernel)",
     };
     Err(RuntimeError::Backend { backend: "cpu".into(), message: format!("this processor has no {what}") })
 }
@@ -188,6 +208,12 @@ mod x86 {
         let sum = acc.iter().fold(_mm512_setzero_ps(), |s, &x| _mm512_add_ps(s, x));
         _mm512_reduce_add_ps(sum)
     }
+
+    /// `iters` rounds of four independent tile products ([`super::super::amx::dot_rounds`]).
+    pub fn tiles_bf16(iters: u64) {
+        // SAFETY: chosen only where AMX is usable.
+        unsafe { super::super::amx::dot_rounds(black_box(iters)) };
+    }
 }
 
 #[cfg(test)]
@@ -211,6 +237,10 @@ mod tests {
         match measure(PeakKind::Bf16Dot, 1, 0.05) {
             Ok(p) => assert!(p.flops > 1e9 && p.isa == "avx512bf16", "{p:?}"),
             Err(e) => assert!(e.to_string().contains("AVX512-BF16"), "{e}"),
+        }
+        match measure(PeakKind::Bf16Tiles, 1, 0.05) {
+            Ok(p) => assert!(p.flops > 1e9 && p.isa == "amx", "{p:?}"),
+            Err(e) => assert!(e.to_string().contains("AMX-BF16"), "{e}"),
         }
     }
 }
