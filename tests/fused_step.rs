@@ -189,13 +189,13 @@ fn states_that_swap_fuse_and_read_the_previous_step() {
 /// The pointwise, products and before-the-loop times of an LSTM's
 /// forward on `lengths`, fused or not.
 fn phases(fused: bool, lengths: &[usize]) -> [f64; 3] {
-    phases_of("lstm", fused, lengths)
+    phases_of(("lstm", Precision::F32), fused, lengths)
 }
 
-/// [`phases`] of the shipped cell `name`.
-fn phases_of(name: &str, fused: bool, lengths: &[usize]) -> [f64; 3] {
+/// [`phases`] of the shipped cell `name` with products at `precision`.
+fn phases_of((name, precision): (&str, Precision), fused: bool, lengths: &[usize]) -> [f64; 3] {
     let cell = support::compiled_cells().into_iter().find(|c| c.forward.name == name).expect("cell");
-    let m = model(&cell, (64, 1, Precision::F32), (2, fused)).expect("model");
+    let m = model(&cell, (64, 1, precision), (2, fused)).expect("model");
     let steps = lengths.iter().copied().max().unwrap_or(1);
     let x = vec![0.5f32; lengths.len() * steps * m.input_size()];
     let input = Input::Padded {
@@ -235,12 +235,33 @@ fn the_fused_step_runs_its_pointwise_work_with_the_products() {
         unfused[2]
     );
     // A step that does not fuse (a LayerNorm's reductions) runs it there too.
-    let [pointwise, _, before_loop] = phases_of("layernorm_lstm", true, &many);
-    let unfused = phases_of("layernorm_lstm", false, &many);
+    let layernorm = ("layernorm_lstm", Precision::F32);
+    let [pointwise, _, before_loop] = phases_of(layernorm, true, &many);
+    let unfused = phases_of(layernorm, false, &many);
     assert!(pointwise > 0.0, "the LayerNorm-LSTM's step does not fuse");
     assert!(
         before_loop < unfused[2] / 4.0,
         "its input projection runs in the step: {before_loop} s before the loop, {} s unfused",
         unfused[2]
     );
+}
+
+/// Products bound by streaming their weights (bf16 on AMX tiles) keep the
+/// input projection before the loop, where each thread reads its share of
+/// the weight once; elsewhere bf16 runs it in the step, as f32 does.
+#[test]
+fn products_bound_by_their_weights_keep_the_input_projection_before_the_loop() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let many = [20; 16];
+    let lstm = ("lstm", Precision::Bf16);
+    let [_, _, before_loop] = phases_of(lstm, true, &many);
+    let unfused = phases_of(lstm, false, &many)[2];
+    if cellc_runtime::backend::cpu::product::bound_by_weights(Precision::Bf16) {
+        assert!(before_loop > unfused / 4.0, "before the loop: {before_loop} s, {unfused} s unfused");
+    } else {
+        assert!(
+            before_loop < unfused / 4.0,
+            "in the step: {before_loop} s before the loop, {unfused} s unfused"
+        );
+    }
 }

@@ -4,7 +4,18 @@
 
 use super::bf16::{self, Bf16Kernel};
 use super::panels::{Isa, PackedB, Rows};
+use cellc::precision::Precision;
 use std::ops::Range;
+
+/// Whether products at `precision` are bound by streaming their weights
+/// rather than by arithmetic: bf16 on AMX tiles, whose products outrun
+/// the rate at which even L2 supplies a weight's tiles (a 1 KiB tile loads
+/// in 9 ns from L2, 43 ns from memory; a tile product takes about 6 ns, on
+/// a Xeon with AMX). Such a pass should read each weight as few times as
+/// it can.
+pub fn bound_by_weights(precision: Precision) -> bool {
+    precision == Precision::Bf16 && Bf16Kernel::detect() == Bf16Kernel::Amx
+}
 
 /// `Y[i, j] (+)= Σ_kk A[i, kk] · B[kk, j]` for rows `i < m` and the columns
 /// of `panels`, on the calling thread.
