@@ -1,9 +1,9 @@
 //! bf16 products on Intel's AMX tiles (`tdpbf16ps`: Sapphire Rapids and later).
 //!
 //! One `tdpbf16ps` multiplies a 16-row tile of bf16 pairs by a 16-column
-//! tile of pair rows into a 16x16 f32 tile: 8192 multiply-adds, at 16.7
-//! times the rate of AVX-512 f32 FMAs on the Xeon it was measured on
-//! (`cellc peak`: 2.54 against 0.152 TFLOP/s a core). Its operands are exactly
+//! tile of pair rows into a 16x16 f32 tile: 8192 multiply-adds, at about
+//! 15 times the rate of AVX-512 f32 FMAs on the Xeon it was measured on
+//! (`cellc peak`: 2.5 against 0.17 TFLOP/s a core). Its operands are exactly
 //! [`super::bf16`]'s layouts: the left rows as pairs (`vdpbf16ps`'s), and a
 //! pair panel's rows, 16 of them a tile, each half panel (16 columns, 64
 //! bytes) one tile `PANEL` words apart. So the weight is packed once, as for
