@@ -116,11 +116,9 @@ impl Drop for Tiles {
 /// Up to 32 rows of the left operand's pairs times one pair panel.
 pub(super) struct Block {
     pub out: TileOut,
-    /// The rows' pairs, `row_words` words apart, with rows up to a
-    /// multiple of [`TILE_ROWS`] readable (zeros past the block).
+    /// The rows' pairs, `pairs` words a row, with rows up to a multiple
+    /// of [`TILE_ROWS`] readable (zeros past the block).
     pub a: *const u32,
-    /// Words from one left row to the next: at least `pairs`.
-    pub row_words: usize,
     /// Pairs of the inner dimension, a multiple of [`TILE_PAIRS`] (zeros past the operands').
     pub pairs: usize,
     /// The pair panel, `pairs` rows of [`PANEL`] words (64-byte aligned).
@@ -152,8 +150,8 @@ impl Block {
         use std::arch::asm;
         use std::arch::x86_64::*;
         debug_assert!((1..=2 * TILE_ROWS).contains(&rows) && self.pairs.is_multiple_of(TILE_PAIRS));
-        let (a_stride, b_stride) = (self.row_words * 4, PANEL * 4);
-        let second = self.a.wrapping_add(TILE_ROWS * self.row_words);
+        let (a_stride, b_stride) = (self.pairs * 4, PANEL * 4);
+        let second = self.a.wrapping_add(TILE_ROWS * self.pairs);
         // SAFETY (every block below): the tiles are configured (16 rows of
         // 64 bytes); each load reads 16 rows of 64 bytes inside the operands
         // (the contract); the stores write inside `stored`.

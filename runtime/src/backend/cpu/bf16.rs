@@ -14,7 +14,8 @@
 //! subnormals to zero.
 //!
 //! The kernel is chosen once per process from what the processor has:
-//! AMX tiles ([`super::amx`]: Intel Sapphire Rapids and later), else AVX512-BF16 (`vdpbf16ps`: AMD Zen 4 and later, Intel Cooper Lake and
+//! AMX tiles ([`super::amx`]: Intel Sapphire Rapids and later), else
+//! AVX512-BF16 (`vdpbf16ps`: AMD Zen 4 and later, Intel Cooper Lake and
 //! Sapphire Rapids and later), else AVX2 + FMA (the pairs widened to f32 in
 //! registers: half the weight's memory traffic, the f32 path's arithmetic),
 //! else portable Rust. Rounding to bf16 is round-to-nearest-even; NaN stays
@@ -35,7 +36,7 @@ pub fn pair(even: f32, odd: f32) -> u32 {
 /// Packing into pair panels.
 impl PackedB {
     /// Pair panels ([`super::bf16`]) written by `fill(p, words)`, each
-    /// panel `k.div_ceil(2)` rows of [`PANEL`] words; the columns past `n`
+    /// panel [`pair_rows`] rows of [`PANEL`] words; the columns past `n`
     /// in the last panel are zeros, and so is an odd `k`'s last high half.
     fn build_pairs(k: usize, n: usize, fill: impl Fn(usize, &mut [u32]) + Sync) -> PackedB {
         let (panels, kp) = (n.div_ceil(PANEL), pair_rows(k));
@@ -96,10 +97,7 @@ impl PackedB {
 /// pairs, and zero rows up to a whole tile where the AMX kernel runs
 /// (which reads 16 pair rows at a time).
 pub fn pair_rows(k: usize) -> usize {
-    match Bf16Kernel::detect() {
-        Bf16Kernel::Amx => k.div_ceil(2).next_multiple_of(amx::TILE_PAIRS),
-        _ => k.div_ceil(2),
-    }
+    Bf16Kernel::detect().padded_pairs(k.div_ceil(2))
 }
 
 /// The even (low) element of a pair word, as f32.
@@ -199,13 +197,18 @@ impl Bf16Kernel {
         }
     }
 
-    /// Words a row of the left operand takes for an inner dimension of
-    /// `kp` pairs: AMX reads whole tiles, 16 pairs a row (zeros past `kp`).
-    fn row_words(self, kp: usize) -> usize {
+    /// `kp` pairs of an inner dimension as this kernel reads them: AMX
+    /// reads whole tiles, 16 pairs at a time (zeros past `kp`).
+    fn padded_pairs(self, kp: usize) -> usize {
         match self {
             Bf16Kernel::Amx => kp.next_multiple_of(amx::TILE_PAIRS),
-            _ => kp * self.left_words(),
+            _ => kp,
         }
+    }
+
+    /// Words a row of the left operand takes for an inner dimension of `kp` pairs.
+    fn row_words(self, kp: usize) -> usize {
+        self.padded_pairs(kp) * self.left_words()
     }
 
     /// A row of the left operand, rounded to bf16, as this kernel reads it
@@ -345,7 +348,8 @@ pub(crate) unsafe fn multiply_with(
                     );
                     #[cfg(target_arch = "x86_64")]
                     if kernel == Bf16Kernel::Amx {
-                        let block = amx::Block { out, a, row_words, pairs: b.panel_rows, panel: words };
+                        debug_assert_eq!(row_words, b.panel_rows, "the left rows and the panel pad alike");
+                        let block = amx::Block { out, a, pairs: row_words, panel: words };
                         // SAFETY: the tiles are configured; the left rows
                         // are padded to whole tiles, the panel to whole
                         // tiles of pairs (`pair_rows`); the rows and columns exist.
