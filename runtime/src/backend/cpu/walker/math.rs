@@ -198,11 +198,11 @@ macro_rules! each {
     ($set:ident: $s:ident, $n:ident, $out:ident = $f:expr, $($a:ident),+) => {
         if $n == $set::REGISTERS {
             for k in 0..$set::REGISTERS {
-                *$out.add(k) = $f($s, $(*$a.add(k)),+);
+                *$out.add(k) = $f($s, $($s.load($a.add(k * $set::LANES))),+);
             }
         } else {
             for k in 0..$n {
-                *$out.add(k) = $f($s, $(*$a.add(k)),+);
+                *$out.add(k) = $f($s, $($s.load($a.add(k * $set::LANES))),+);
             }
         }
     };
@@ -214,7 +214,7 @@ macro_rules! each {
 /// # Safety
 /// `cond`, `a`, `b` readable and `out` writable for `n` registers.
 #[inline(always)]
-pub unsafe fn select<S: Lanes>(s: S, [cond, a, b]: [*const S::V; 3], out: *mut S::V, n: usize) {
+pub unsafe fn select<S: Lanes>(s: S, [cond, a, b]: [*const f32; 3], out: *mut S::V, n: usize) {
     // SAFETY: per the contract.
     unsafe { each!(S: s, n, out = select_one, cond, a, b) }
 }
@@ -225,7 +225,7 @@ pub unsafe fn select<S: Lanes>(s: S, [cond, a, b]: [*const S::V; 3], out: *mut S
 /// # Safety
 /// `a` readable and `out` writable for `n` registers.
 #[inline(always)]
-pub unsafe fn unary<S: Lanes>(s: S, op: UnaryOp, a: *const S::V, out: *mut S::V, n: usize) {
+pub unsafe fn unary<S: Lanes>(s: S, op: UnaryOp, a: *const f32, out: *mut S::V, n: usize) {
     // SAFETY (every arm): per the contract.
     unsafe {
         match op {
@@ -252,7 +252,7 @@ pub unsafe fn unary<S: Lanes>(s: S, op: UnaryOp, a: *const S::V, out: *mut S::V,
 /// # Safety
 /// `a`, `b` readable and `out` writable for `n` registers.
 #[inline(always)]
-pub unsafe fn binary<S: Lanes>(s: S, op: BinaryOp, [a, b]: [*const S::V; 2], out: *mut S::V, n: usize) {
+pub unsafe fn binary<S: Lanes>(s: S, op: BinaryOp, [a, b]: [*const f32; 2], out: *mut S::V, n: usize) {
     // SAFETY (every arm): per the contract.
     unsafe {
         match op {
