@@ -43,7 +43,9 @@ pub(super) fn forward(
     let weights = prepared_params(job.prepared, &mut local, job.params.len(), rows);
     // Hoisted products run in the step instead, each thread on its sequences.
     let to_sink = match fuse {
-        true => sink::stages_to_sink(&team, &layer.schedule.sinkable, (pass, precision), &code.forward),
+        true => {
+            sink::stages_to_sink(&team, &layer.schedule.sinkable, (pass, precision, shapes), &code.forward)
+        }
         false => Vec::new(),
     };
     let tiles = match &code.fused {

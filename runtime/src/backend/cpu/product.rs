@@ -17,6 +17,15 @@ pub fn bound_by_weights(precision: Precision) -> bool {
     precision == Precision::Bf16 && Bf16Kernel::detect() == Bf16Kernel::Amx
 }
 
+/// Bytes a packed weight takes per element with products at `precision`:
+/// bf16 pairs, else f32.
+pub fn packed_bytes(precision: Precision) -> usize {
+    match precision {
+        Precision::Bf16 => 2,
+        _ => 4,
+    }
+}
+
 /// `Y[i, j] (+)= Σ_kk A[i, kk] · B[kk, j]` for rows `i < m` and the columns
 /// of `panels`, on the calling thread.
 ///
