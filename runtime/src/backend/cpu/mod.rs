@@ -17,7 +17,7 @@ pub mod aot;
 mod backward;
 pub mod bf16;
 mod buffers;
-pub mod cache;
+mod cache;
 #[cfg(feature = "codegen")]
 pub mod codegen;
 mod forward;
