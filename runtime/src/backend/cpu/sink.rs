@@ -73,23 +73,28 @@ pub fn stages_to_sink(
             _ => None,
         })
         .collect();
-    let bytes = |products: &mut dyn Iterator<Item = &Product>| {
-        let mut weights: Vec<ValueId> = products.map(|p| p.2).collect();
-        weights.sort();
-        weights.dedup();
-        let elements: usize = weights.iter().map(|&w| shapes.elements(w)).sum();
-        elements * super::product::packed_bytes(precision)
-    };
     let each_step = pass.stages_at(Placement::EachStep).iter().filter_map(|&k| match &stages[k] {
         ReadyStage::Gemm { products } => Some(products),
         _ => None,
     });
-    let step_bytes = bytes(&mut each_step.flatten());
-    let sunk_bytes = bytes(&mut chosen.iter().flat_map(|(_, p)| p));
+    let step_bytes = weight_bytes(each_step.flatten(), (shapes, precision));
+    let sunk_bytes = weight_bytes(chosen.iter().flat_map(|(_, p)| p), (shapes, precision));
     if evicts_resident_weights(step_bytes, sunk_bytes, super::cache::l2_bytes()) {
         return Vec::new();
     }
     chosen
+}
+
+/// Bytes of the distinct weights of `products`, packed at `precision`.
+fn weight_bytes<'a>(
+    products: impl Iterator<Item = &'a Product>,
+    (shapes, precision): (&Shapes, Precision),
+) -> usize {
+    let mut weights: Vec<ValueId> = products.map(|p| p.2).collect();
+    weights.sort();
+    weights.dedup();
+    let elements: usize = weights.iter().map(|&w| shapes.elements(w)).sum();
+    elements * super::product::packed_bytes(precision)
 }
 
 /// Whether the weights of the products sunk into the step (`sunk_bytes`),
