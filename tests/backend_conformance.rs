@@ -161,6 +161,46 @@ fn large_batches_split_across_threads_identically() {
 }
 
 #[test]
+fn weight_gradients_over_long_runs_split_by_rows() {
+    // A full-length batch is one run of B*T rows; with at least 512 rows a
+    // thread, each thread sums its own rows' weight gradients (and with
+    // fewer, its columns): both against the reference back end, and the
+    // two-thread result bitwise run to run.
+    let config = ModelConfig { layers: 1, bidirectional: false };
+    for (name, steps) in [("lstm", 400), ("gru", 400), ("lstm", 100)] {
+        let c =
+            cells().iter().map(|(_, c)| c).find(|c| c.forward.name == name).expect("shipped cell").clone();
+        let cpu = Cpu::new(2, Kernels::default()).expect("cpu").split_every_step();
+        let two = build(&c, 40, 24, &config, Box::new(cpu)).expect("model");
+        let reference = build(&c, 40, 24, &config, Box::new(Reference)).expect("model");
+        let (b, t) = (3, steps);
+        let lengths = vec![t; b];
+        let mut rng = support::Rng::new(5);
+        let x: Vec<f32> = rng.vec(b * t * 24, 1.0).iter().map(|&v| v as f32).collect();
+        let dy: Vec<f32> = rng.vec(b * t * two.output_size(), 0.1).iter().map(|&v| v as f32).collect();
+        let input = Input::Padded {
+            data: &x,
+            batch: b,
+            steps: t,
+            major: Major::BatchFirst,
+            align: Align::Left,
+            lengths: &lengths,
+        };
+        let gradients = |m: &Model| {
+            let (_, trace) = m.forward_traced(input, None, &CallOptions::default()).expect("forward");
+            m.backward(&trace, &dy, None).expect("backward")
+        };
+        let (ours, want) = (gradients(&two), gradients(&reference));
+        for (k, (a, w)) in ours.d_params[0].iter().zip(&want.d_params[0]).enumerate() {
+            let norm = w.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-3);
+            let err = a.iter().zip(w).map(|(a, w)| (a - w) * (a - w)).sum::<f32>().sqrt() / norm;
+            assert!(err < 1e-4, "{name} T={t}: parameter {k}'s gradient off by {err:e} (relative norm)");
+        }
+        assert_eq!(gradients(&two).d_params, ours.d_params, "{name} T={t}: 2 threads, bitwise run to run");
+    }
+}
+
+#[test]
 fn calls_from_inside_the_pool_take_turns() {
     // A program running on the back end's own threads (`Cpu::install`)
     // makes two calls at once: rayon may run the second on the very thread
