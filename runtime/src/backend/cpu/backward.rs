@@ -6,11 +6,12 @@
 
 use super::all_rows::{run_all_rows, sum_rows, valid_rows, AllRows};
 use super::buffers::{constants, leaf_locations, locate, Buffers, Frame, Loc};
+use super::cache::stays_in_l2;
 use super::host::{HostBackward, HostGradients, RowsMut, SharedRows};
 use super::prepared::PreparedParams;
 use super::profile::{Clock, Phase};
 use super::sink::Sunk;
-use super::stages::{pack_products, prepared_params, ReadyStage};
+use super::stages::{pack_products, prepared_params, step_weight_bytes, ReadyStage};
 use super::step_loop::{Frames, StepLoop};
 use super::tape::CpuTape;
 use super::team::Team;
@@ -63,7 +64,8 @@ pub(super) fn backward(
     let pass = layer.pass(Side::Backward, true);
     let mut clock = Clock::start();
     let (mut bufs, mut kept) = place_values(code, job, pass, tape)?;
-    let team = Team::new(job.order, threads);
+    let step_bytes = step_weight_bytes(pass, &code.backward, (shapes, precision));
+    let team = Team::new(job.order, threads, stays_in_l2(step_bytes, super::cache::l2_bytes()));
     let mut carry = team.by_rank(job.d_final, &layer.state_sizes);
     let mut local = None;
     let rows = (job.order.rows(), precision);

@@ -1,6 +1,7 @@
 //! The size of this processor's per-core L2 cache, which decides whether a
-//! step's weights stay in a core's cache from one step to the next
-//! ([`super::sink`]). Read once from Linux's sysfs; `None` where it cannot
+//! step's weights stay in a core's cache from one step to the next (how a
+//! step is shared out, [`super::team`], and what runs in it,
+//! [`super::sink`]). Read once from Linux's sysfs; `None` where it cannot
 //! be read (another system, a sandbox without `/sys`), and the decisions
 //! that would use it then keep their defaults.
 
@@ -10,6 +11,14 @@ use std::path::Path;
 pub fn l2_bytes() -> Option<usize> {
     static L2: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     *L2.get_or_init(|| l2_in(Path::new("/sys/devices/system/cpu/cpu0/cache")))
+}
+
+/// Whether `bytes` of weights, read by a core at every step, stay in its L2
+/// (`l2` bytes) from one step to the next: they may take half of it, the
+/// rest being the rows that the products and the pointwise stages read and
+/// write. `None` where the L2's size is unknown.
+pub fn stays_in_l2(bytes: usize, l2: Option<usize>) -> Option<bool> {
+    l2.map(|l2| bytes <= l2 / 2)
 }
 
 /// The L2 cache's size among the `index*` directories of `caches`.

@@ -12,9 +12,11 @@ use super::stage::StageExec;
 use super::threads;
 use crate::error::{Result, RuntimeError};
 use crate::pass::PreparedWeights;
+use crate::plan::PassPlan;
 use crate::sequence::{BatchOrder, RowLayout};
 use cellc::ir::{Graph, Op, ValueId};
-use cellc::schedule::{Stage, StageKind};
+use cellc::precision::Precision;
+use cellc::schedule::{Placement, Stage, StageKind};
 use cellc::shapes::Shapes;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,6 +24,32 @@ use std::sync::Arc;
 /// A product as a GEMM stage holds it: `(out, op, matrix, vector)` or, for
 /// `outer`, `(out, Outer, left, right)`.
 pub type Product = (ValueId, Op, ValueId, ValueId);
+
+/// Bytes of the distinct weights of `products`, packed at `precision`.
+pub fn weight_bytes<'a>(
+    products: impl Iterator<Item = &'a Product>,
+    (shapes, precision): (&Shapes, Precision),
+) -> usize {
+    let mut weights: Vec<ValueId> = products.map(|p| p.2).collect();
+    weights.sort();
+    weights.dedup();
+    let elements: usize = weights.iter().map(|&w| shapes.elements(w)).sum();
+    elements * super::product::packed_bytes(precision)
+}
+
+/// Bytes of the weights a pass's per-step products read at every step,
+/// packed at `precision` (`stages` and `shapes` of the pass's side).
+pub fn step_weight_bytes(
+    pass: &PassPlan,
+    stages: &[ReadyStage],
+    (shapes, precision): (&Shapes, Precision),
+) -> usize {
+    let each_step = pass.stages_at(Placement::EachStep).iter().filter_map(|&k| match &stages[k] {
+        ReadyStage::Gemm { products } => Some(products),
+        _ => None,
+    });
+    weight_bytes(each_step.flatten(), (shapes, precision))
+}
 
 /// A schedule stage ready to run. When it runs (before, in or after the
 /// time loop, and whether the loop is one whole-sequence kernel) is the
