@@ -6,7 +6,6 @@
 
 use super::all_rows::{run_all_rows, sum_rows, valid_rows, AllRows};
 use super::buffers::{constants, leaf_locations, locate, Buffers, Frame, Loc};
-use super::cache::stays_in_l2;
 use super::host::{HostBackward, HostGradients, RowsMut, SharedRows};
 use super::prepared::PreparedParams;
 use super::profile::{Clock, Phase};
@@ -65,7 +64,7 @@ pub(super) fn backward(
     let mut clock = Clock::start();
     let (mut bufs, mut kept) = place_values(code, job, pass, tape)?;
     let step_bytes = step_weight_bytes(pass, &code.backward, (shapes, precision));
-    let team = Team::new(job.order, threads, stays_in_l2(step_bytes, super::cache::l2_bytes()));
+    let team = Team::new(job.order, threads, step_bytes);
     let mut carry = team.by_rank(job.d_final, &layer.state_sizes);
     let mut local = None;
     let rows = (job.order.rows(), precision);

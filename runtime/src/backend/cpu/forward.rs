@@ -5,7 +5,6 @@
 
 use super::all_rows::{run_all_rows, valid_rows, AllRows};
 use super::buffers::{constants, leaf_locations, locate, Buffers, Frame, Loc};
-use super::cache::stays_in_l2;
 use super::host::{HostForward, RowsMut, SharedRows};
 use super::profile::{Clock, Phase};
 use super::sink::{self, Sunk};
@@ -38,7 +37,7 @@ pub(super) fn forward(
     let pass = layer.pass(Side::Forward, tape.is_some());
     let mut clock = Clock::start();
     let step_bytes = step_weight_bytes(pass, &code.forward, (shapes, precision));
-    let team = Team::new(job.order, threads, stays_in_l2(step_bytes, super::cache::l2_bytes()));
+    let team = Team::new(job.order, threads, step_bytes);
     let mut states = team.by_rank(job.h0, &layer.state_sizes);
     let mut local = None;
     let rows = (job.order.rows(), precision);

@@ -26,18 +26,20 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 /// Sequences per thread from which threads own rows rather than units.
 const ROWS_PER_THREAD: usize = 4;
 
-/// Sequences per thread up to which threads split units rather than own
-/// rows where the step's weights do not stay in a core's L2: owning rows,
-/// every thread streams every weight from L3 at every step for few rows
-/// of work; splitting units, each streams its share (its own panels,
-/// which may stay in its L2). Measured on an Intel Xeon (2 MiB of L2), 2
-/// threads, T=100, first quartile of per-round minima, units against rows:
-/// LSTM H=512 1.48x at B=8, 1.36x at B=16, 1.14x at B=32 (training alike
-/// at B=32, 0.94x at B=64); GRU H=512 B=16 1.21x; LayerNorm-LSTM H=512
-/// B=16 1.22x; bf16 LSTM H=512 B=16 1.49x; LSTM H=1024 B=16 1.36x. Where
-/// the weights stay in the L2 (LSTM H=256, 1 MiB), rows: units 0.95x at
-/// B=32.
-const UNITS_UP_TO_ROWS_PER_THREAD: usize = 16;
+/// Bytes of the step's weights per sequence of a thread from which
+/// threads split units rather than own rows, where those weights do not
+/// stay in a core's L2: owning rows, every thread streams every weight
+/// from L3 at every step for its few rows of work; splitting units, each
+/// streams its share (its own panels, which may stay in its L2). Measured
+/// on an Intel Xeon (2 MiB of L2), 2 threads, T=100, first quartile of
+/// per-round minima, units against rows, by weight bytes a sequence of a
+/// thread: LSTM H=1024 B=16 (2 MiB) 1.36x, B=64 (512 KiB) 1.29x; LSTM
+/// H=512 B=8 (1 MiB) 1.48x, B=16 (512 KiB) 1.36x, B=32 (256 KiB) 1.14x
+/// (training alike), B=64 (128 KiB) 1.06x, training 0.94x; GRU H=512 B=16
+/// 1.21x; LayerNorm-LSTM H=512 B=16 1.22x; bf16 LSTM H=512 B=16 (256 KiB)
+/// 1.49x. Where the weights stay in the L2 (LSTM H=256, 1 MiB), rows:
+/// units 0.95x at B=32.
+const UNITS_FROM_WEIGHT_BYTES_PER_ROW: usize = 256 << 10;
 
 /// How a step's work is shared out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,11 +50,14 @@ pub enum Split {
 
 impl Split {
     /// Rows where each of `threads` gets [`ROWS_PER_THREAD`] of the `batch`'s
-    /// sequences or more, unless the step's weights do not stay in a core's
-    /// L2 (`weights_stay`) and the threads would own no more than
-    /// [`UNITS_UP_TO_ROWS_PER_THREAD`] each; units otherwise.
-    pub fn choose(batch: usize, threads: usize, weights_stay: Option<bool>) -> Split {
-        let streamed = weights_stay == Some(false) && batch <= UNITS_UP_TO_ROWS_PER_THREAD * threads;
+    /// sequences or more, unless the step's weights (`step_bytes`) do not
+    /// stay in a core's L2 (of `l2` bytes, [`super::cache::stays_in_l2`])
+    /// and come to [`UNITS_FROM_WEIGHT_BYTES_PER_ROW`] or more for each
+    /// sequence a thread would own; units otherwise.
+    pub fn choose(batch: usize, threads: usize, (step_bytes, l2): (usize, Option<usize>)) -> Split {
+        let rows_per_thread = (batch / threads.max(1)).max(1);
+        let streamed = super::cache::stays_in_l2(step_bytes, l2) == Some(false)
+            && step_bytes / rows_per_thread >= UNITS_FROM_WEIGHT_BYTES_PER_ROW;
         if threads > 1 && batch >= ROWS_PER_THREAD * threads && !streamed {
             Split::Rows
         } else {
@@ -75,12 +80,12 @@ pub struct Team {
 }
 
 impl Team {
-    /// The team of `threads` for `batch`, whose step's weights do or do not
-    /// stay in a core's L2 when every thread reads them all
-    /// (`weights_stay`, [`super::cache::stays_in_l2`]; `None`: unknown).
-    pub fn new(batch: &BatchOrder, threads: usize, weights_stay: Option<bool>) -> Team {
+    /// The team of `threads` for `batch`, whose step reads `step_bytes` of
+    /// weights ([`Split::choose`], with this processor's L2).
+    pub fn new(batch: &BatchOrder, threads: usize, step_bytes: usize) -> Team {
         let threads = threads.max(1);
-        Team::with_split(batch, threads, Split::choose(batch.batch(), threads, weights_stay))
+        let split = Split::choose(batch.batch(), threads, (step_bytes, super::cache::l2_bytes()));
+        Team::with_split(batch, threads, split)
     }
 
     pub fn with_split(batch: &BatchOrder, threads: usize, split: Split) -> Team {
@@ -309,13 +314,21 @@ mod tests {
 
     #[test]
     fn threads_split_units_where_the_weights_would_be_streamed_for_few_rows() {
-        assert_eq!(Split::choose(16, 2, Some(true)), Split::Rows);
-        assert_eq!(Split::choose(16, 2, None), Split::Rows, "an unknown L2 keeps the default");
-        assert_eq!(Split::choose(16, 2, Some(false)), Split::Units);
-        assert_eq!(Split::choose(32, 2, Some(false)), Split::Units);
-        assert_eq!(Split::choose(34, 2, Some(false)), Split::Rows, "enough rows to reuse the weight");
-        assert_eq!(Split::choose(7, 2, Some(true)), Split::Units, "too few sequences to share out");
-        assert_eq!(Split::choose(64, 1, Some(false)), Split::Units, "one thread: its rows and units are all");
+        const MIB: usize = 1 << 20;
+        let xeon = Some(2 * MIB);
+        let lstm = |h: usize| 4 * h * h * 4; // the recurrent weight, f32
+        assert_eq!(Split::choose(16, 2, (lstm(256), xeon)), Split::Rows, "1 MiB stays in 2 MiB of L2");
+        assert_eq!(Split::choose(16, 2, (lstm(512), None)), Split::Rows, "an unknown L2 keeps the default");
+        assert_eq!(Split::choose(16, 2, (lstm(512), xeon)), Split::Units);
+        assert_eq!(Split::choose(32, 2, (lstm(512), xeon)), Split::Units);
+        assert_eq!(Split::choose(64, 2, (lstm(512), xeon)), Split::Rows, "rows enough to reuse the weight");
+        assert_eq!(Split::choose(64, 2, (lstm(1024), xeon)), Split::Units);
+        assert_eq!(Split::choose(7, 2, (lstm(64), xeon)), Split::Units, "too few sequences to share out");
+        assert_eq!(
+            Split::choose(64, 1, (lstm(64), xeon)),
+            Split::Units,
+            "one thread: its rows and units are all"
+        );
     }
 
     #[test]
