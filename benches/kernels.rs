@@ -1,5 +1,5 @@
-//! The CPU back end's building blocks, one at a time: the LSTM's fused
-//! pointwise stages (forward and backward step) JIT-compiled, walked on
+//! The CPU back end's building blocks, one at a time: the LSTM's and the
+//! LayerNorm-LSTM's pointwise stages (forward and backward step) JIT-compiled, walked on
 //! AVX-512 and on AVX2 where the processor has them, and interpreted, the
 //! kernels' own exp/tanh/sigmoid polynomials against the standard library's, and `gemm` and the packed-panel kernel on
 //! the shapes an RNN runs. Everything is built through the public API, the way the back
@@ -25,9 +25,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-fn lstm(h: usize) -> Model {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cells/lstm.cell");
-    let cell = Arc::new(CompiledCell::from_file(&path, None).expect("lstm.cell compiles"));
+/// The shipped cell `name` at `H = I = h`, one layer.
+fn shipped(name: &str, h: usize) -> Model {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../cells/{name}.cell"));
+    let cell = Arc::new(CompiledCell::from_file(&path, None).expect("the cell compiles"));
     let sizes = [("H".to_string(), h), ("I".to_string(), h)].into();
     let config = ModelConfig { layers: 1, bidirectional: false };
     Model::new(cell, config, &sizes, Some(h), None, 1, Box::new(Reference)).expect("model")
@@ -73,10 +74,17 @@ fn walked(
 }
 
 fn pointwise(c: &mut Criterion) {
-    let mut g = c.benchmark_group("lstm pointwise stage");
+    for (name, sizes) in [("lstm", &[128, 512][..]), ("layernorm_lstm", &[256][..])] {
+        pointwise_stages(c, name, sizes);
+    }
+}
+
+/// The per-step pointwise stages of the shipped cell `name`, forward and backward, at each `H`.
+fn pointwise_stages(c: &mut Criterion, name: &str, sizes: &[usize]) {
+    let mut g = c.benchmark_group(format!("{name} pointwise stage"));
     g.measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(500));
-    for h in [128, 512] {
-        let model = lstm(h);
+    for &h in sizes {
+        let model = shipped(name, h);
         let layer = &model.layers()[0];
         let compiled = model.compiled();
         let sides = [
