@@ -3,6 +3,7 @@
 correctness first, then speed at the sizes people train, inside a time budget.
 
     python3 check.py --out DIR [--pack ARCHIVE_OR_FOLDER] [--budget SECONDS] [--resume]
+    python3 check.py --out DIR --grid-from EARLIER_RESULTS.json   # every step; the grid goes on
     python3 check.py --out DIR --emulated --cuda-lib-dir NVRTC_FOLDER
     python3 check.py --plan [--emulated]       # the speed step's tasks and estimates; runs nothing
 
@@ -36,7 +37,11 @@ in DIR/summary.md (its tables are report.py's, as the book's). With --resume, st
 in DIR/results.json are not run again, and the speed step measures only the rows it lacks. Each
 step gets at most its own cap and what is left of the budget; a step that would start with
 under 10 s left is not run, and a speed task whose estimate exceeds what is left is left for
-the next call. With --emulated the same control flow runs on a machine without a GPU: the
+the next call. The whole grid takes several calls of 540 s, more than a lent GPU's session
+allows: with --grid-from, every step runs again, and the speed step measures only the rows that
+an earlier check's results (a committed benches/results/gpu_check_*.json) lack, carrying that
+check's rows into this one's results, each marked with the commit and date it was measured at
+(`measured`) and judged again by this check's rule. With --emulated the same control flow runs on a machine without a GPU: the
 `cuda-emulated` back end, PyTorch on the CPU, tiny shapes, skips allowed.
 """
 import argparse
@@ -86,6 +91,8 @@ class Check:
         manifest = json.load(open(os.path.join(self.pack, "manifest.json")))
         manifest.pop("built_from", None)  # a path of the build machine: not for the results
         self.results.update(emulated=self.emulated, budget_s=args.budget, manifest=manifest)
+        if args.grid_from:
+            self.carry_grid(args.grid_from)
         self.arch = self.results.get("device", {}).get("arch")
         self.env = dict(os.environ, CELLC_TEST_ROOT=self.pack,
                         CELLC_VERIFICATION_LOG=os.path.join(self.logs, "verification.log"), PYTHONUNBUFFERED="1")
@@ -107,6 +114,21 @@ class Check:
                 "print(os.pathsep.join(sorted(d, key=lambda p: 'cu13' not in p)))")
         r = subprocess.run([self.python, "-c", code], capture_output=True, text=True)
         return [d for d in r.stdout.strip().split(os.pathsep) if d]
+
+    def carry_grid(self, path):
+        """The speed rows of an earlier check's results at `path` that this one lacks, each
+        marked with the commit and date it was measured at (its own mark, where an earlier
+        carry gave it one); they are judged again in the speed step."""
+        with open(path) as f:
+            earlier = json.load(f)
+        mark = {"commit": earlier.get("manifest", {}).get("commit"), "date": earlier.get("device", {}).get("date"),
+                "device": earlier.get("device", {}).get("name")}
+        rows = self.results.setdefault("speed", [])
+        have = {grid.key_of(r) for r in rows}
+        carried = [dict(r, measured=r.get("measured", mark)) for r in earlier.get("speed", [])
+                   if grid.key_of(r) not in have]
+        rows.extend(carried)
+        self.results["grid_from"] = dict(mark, rows=len(carried), file=os.path.basename(path))
 
     def left(self):
         return self.deadline - time.monotonic()
@@ -284,6 +306,7 @@ class Check:
         m = measure.Measure("cpu" if self.emulated else "cuda", self.backend, self.args.min_time, self.cellc,
                             os.path.join(self.pack, "cells"), reference_chunk=2 if self.emulated else None)
         rows = self.results.setdefault("speed", [])
+        measure.judge_again([r for r in rows if "measured" in r], rows)
         recorded = {grid.key_of(r): r for r in rows}
         tasks, compiled, new = grid.plan(self.emulated), set(), 0
         for task in tasks:
@@ -409,6 +432,8 @@ def main():
                     help="seconds for the whole check (default 540: one 10-minute call with room to unpack)")
     ap.add_argument("--resume", action="store_true",
                     help="skip the steps that passed in OUT/results.json, and the speed rows it holds")
+    ap.add_argument("--grid-from", metavar="RESULTS_JSON",
+                    help="an earlier check's results: its speed rows are carried, and the grid goes on from them")
     ap.add_argument("--steps", nargs="+", choices=STEPS, help="only these steps")
     ap.add_argument("--emulated", action="store_true", help="no GPU: the emulated device, PyTorch on the CPU")
     ap.add_argument("--cuda-lib-dir", action="append", default=[], help="a folder with CUDA's libraries (NVRTC)")

@@ -420,6 +420,19 @@ def judge(row, ours, theirs, precision, f32_theirs=None):
     row["status"] = "wrong" if bad else "measured"
 
 
+def judge_again(carried, rows):
+    """Judges the Python rows of `carried` (rows an earlier check measured) again by this
+    check's rule, from the errors they recorded, with PyTorch's f32 errors of the same unit
+    among `rows`."""
+    unit = lambda r: (r["cell"], r["batch"], r["hidden"], r["steps"], r["mode"])  # noqa: E731
+    f32 = {unit(r): (r.get("errors") or {}).get("torch") for r in rows
+           if r["source"] == "python" and r["precision"] == "f32"}
+    for row in carried:
+        if row["source"] == "python" and row.get("cellc_ms") is not None:
+            errors = row.get("errors") or {}
+            judge(row, errors.get("cellc"), errors.get("torch"), row["precision"], f32.get(unit(row)))
+
+
 def add_ratios(row, cell):
     """ratio: PyTorch's faster route of the same cell / cellc; for the LayerNorm-LSTM the
     vendor's plain nn.LSTM (its faster route: `ratio`) and its TorchScript cell (`ratio_torchscript`)."""

@@ -141,4 +141,10 @@ def speed_report(run):
     """Every table of a run's speed rows, or nothing where it has none."""
     if not run.get("speed"):
         return []
-    return [counts(run), ""] + python_tables(run) + bench_table(run) + profile_table(run)
+    head = [counts(run), ""]
+    carried = run.get("grid_from")
+    if carried and carried.get("rows"):
+        head += [f"{carried['rows']} of these rows were carried from an earlier check ({carried.get('device') or 'emulated device'}, "
+                 f"{carried.get('date')}, commit `{str(carried.get('commit'))[:7]}`, `{carried.get('file')}`), "
+                 "judged again by this check's rule; the rest were measured by this one.", ""]
+    return head + python_tables(run) + bench_table(run) + profile_table(run)
