@@ -155,8 +155,9 @@ pub fn run_pointwise(
     Ok(())
 }
 
-/// One run's (and head's) share of a weight gradient: the float offset of
-/// its head's block in the gradient, `Dᵀ` and `X`.
+/// One run's (or one piece of a run's) and head's share of a weight
+/// gradient: the float offset of its head's block in the gradient, `Dᵀ`
+/// and `X`.
 type OuterJob = (usize, View, View);
 
 /// Pointers each handed to one thread (or read by all), which write disjoint memory.
@@ -219,7 +220,8 @@ pub fn runs(order: &BatchOrder, layout: &RowLayout) -> Vec<(usize, usize, usize,
 
 /// Runs GEMM products over every valid row (before or after the loop).
 /// `MatVec`: `Y = X · Wᵀ`; `MatVecT`: `Y = D · W`; `Outer`: `dW += Dᵀ · X`
-/// summed over rows. The runs are shared out between `threads` tasks;
+/// summed over rows. The runs (a long one cut into pieces,
+/// [`pieces_per_run`]) are shared out between `threads` tasks;
 /// weight gradients are summed per task and the partial sums added in task
 /// order, so results are the same run to run for a given thread count.
 pub fn gemm_all_rows(
@@ -308,9 +310,10 @@ pub fn gemm_all_rows(
 
 /// Rows below which a run's share of a weight gradient is not worth its own
 /// partial sum: a long run split by rows into pieces of at least this many
-/// runs as fast as split by output columns or faster (the gemm crate packs
-/// `Dᵀ` for a whole gradient's columns, not for a thread's share of them:
-/// `[1024, 256]` over 1600 rows, 2 threads, an Intel Xeon: 1.35x).
+/// runs as fast as split by output columns or faster (given a thread's
+/// narrow share of the columns, the gemm crate reads `Dᵀ` unpacked, a row
+/// of `D` apart: `[1024, 256]` over 1600 rows, 2 threads, an Intel Xeon:
+/// 1.35x faster by rows).
 const ROWS_PER_PIECE: usize = 512;
 
 /// Into how many pieces by rows each run of a weight gradient is split, so

@@ -11,10 +11,11 @@
 //!   their total lengths balance, and each thread's sequences sit longest
 //!   first in a segment of the rank-ordered buffers, so a step's active
 //!   rows are a prefix of each segment and a product is one call.
-//! - **Units** (few sequences, batch 1): each product's output columns are
-//!   split between threads, always the same panels to the same thread (so
-//!   each core keeps its share of the weight in its own L2), and the
-//!   threads meet at a spinning barrier after each stage.
+//! - **Units** (few sequences, batch 1; or weights too large to stay in a
+//!   core's L2 for the few rows each thread would own): each product's
+//!   output columns are split between threads, always the same panels to
+//!   the same thread (so each core keeps its share of the weight in its own
+//!   L2), and the threads meet at a spinning barrier after each stage.
 //!
 //! Results do not depend on the split: every product adds its terms in the
 //! same order whatever rows or columns a thread takes.
