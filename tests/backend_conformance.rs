@@ -31,9 +31,14 @@ fn cells() -> &'static Vec<(String, Arc<CompiledCell>)> {
     })
 }
 
+/// The shipped cell `name`.
+fn shipped(name: &str) -> Arc<CompiledCell> {
+    cells().iter().map(|(_, c)| c).find(|c| c.forward.name == name).expect("a shipped cell").clone()
+}
+
 /// The shipped LSTM.
 fn lstm() -> Arc<CompiledCell> {
-    cells().iter().map(|(_, c)| c).find(|c| c.forward.name == "lstm").expect("lstm").clone()
+    shipped("lstm")
 }
 
 fn build(
@@ -168,8 +173,7 @@ fn weight_gradients_over_long_runs_split_by_rows() {
     // two-thread result bitwise run to run.
     let config = ModelConfig { layers: 1, bidirectional: false };
     for (name, steps) in [("lstm", 400), ("gru", 400), ("lstm", 100)] {
-        let c =
-            cells().iter().map(|(_, c)| c).find(|c| c.forward.name == name).expect("shipped cell").clone();
+        let c = shipped(name);
         let cpu = Cpu::new(2, Kernels::default()).expect("cpu").split_every_step();
         let two = build(&c, 40, 24, &config, Box::new(cpu)).expect("model");
         let reference = build(&c, 40, 24, &config, Box::new(Reference)).expect("model");

@@ -82,7 +82,7 @@ class Measure:
         started = time.monotonic()
         setup = Setup(self, unit)
         reference = Reference(setup) if want else None
-        f32_torch_error = ((recorded.get(unit.key("python", "f32")) or {}).get("errors") or {}).get("torch")
+        f32_torch_error = torch_errors(recorded.get(unit.key("python", "f32")))
         for precision in unit.precisions:
             if precision in want:
                 row = self.python_row(unit, setup, reference, precision, f32_torch_error)
@@ -420,17 +420,21 @@ def judge(row, ours, theirs, precision, f32_theirs=None):
     row["status"] = "wrong" if bad else "measured"
 
 
+def torch_errors(row):
+    """PyTorch's errors a recorded Python row holds (None where there are none, or no row)."""
+    return ((row or {}).get("errors") or {}).get("torch")
+
+
 def judge_again(carried, rows):
     """Judges the Python rows of `carried` (rows an earlier check measured) again by this
     check's rule, from the errors they recorded, with PyTorch's f32 errors of the same unit
     among `rows`."""
-    unit = lambda r: (r["cell"], r["batch"], r["hidden"], r["steps"], r["mode"])  # noqa: E731
-    f32 = {unit(r): (r.get("errors") or {}).get("torch") for r in rows
-           if r["source"] == "python" and r["precision"] == "f32"}
+    by_key = {grid.key_of(r): r for r in rows}
     for row in carried:
         if row["source"] == "python" and row.get("cellc_ms") is not None:
-            errors = row.get("errors") or {}
-            judge(row, errors.get("cellc"), errors.get("torch"), row["precision"], f32.get(unit(row)))
+            f32 = by_key.get(grid.key_of(dict(row, precision="f32")))
+            judge(row, (row.get("errors") or {}).get("cellc"), torch_errors(row), row["precision"],
+                  torch_errors(f32))
 
 
 def add_ratios(row, cell):

@@ -45,7 +45,8 @@ pub(super) fn forward(
     // Hoisted products run in the step instead, each thread on its sequences.
     let to_sink = match fuse {
         true => {
-            sink::stages_to_sink(&team, &layer.schedule.sinkable, (pass, precision, shapes), &code.forward)
+            let sinkable = &layer.schedule.sinkable;
+            sink::stages_to_sink(&team, sinkable, (pass, precision, shapes), (&code.forward, step_bytes))
         }
         false => Vec::new(),
     };

@@ -16,7 +16,7 @@
 
 use super::buffers::{locate, Buffers, Frame};
 use super::cache::stays_in_l2;
-use super::stages::{step_weight_bytes, weight_bytes, Product, ProductCall, ReadyStage};
+use super::stages::{weight_bytes, Product, ProductCall, ReadyStage};
 use super::team::Team;
 use crate::error::Result;
 use crate::plan::{Home, PassPlan, TimeLoop};
@@ -47,12 +47,14 @@ pub type RankRow<'a> = dyn Fn(usize) -> (usize, usize) + 'a;
 /// the step 0.74x at B=16 H=512, 0.91-0.92x at B=16 H=256 and B=64
 /// H=512, 1.14x at B=64 H=256, alternating, on a Xeon.) None either where
 /// they would push the step's own weights out of a core's L2
-/// ([`evicts_resident_weights`]). `shapes` are the forward's.
+/// ([`evicts_resident_weights`]; `step_bytes`: the weights the step's own
+/// products read, [`super::stages::step_weight_bytes`]). `shapes` are the
+/// forward's.
 pub fn stages_to_sink(
     team: &Team,
     sinkable: &[usize],
     (pass, precision, shapes): (&PassPlan, Precision, &Shapes),
-    stages: &[ReadyStage],
+    (stages, step_bytes): (&[ReadyStage], usize),
 ) -> Vec<(usize, Vec<Product>)> {
     let steps = matches!(pass.time_loop, TimeLoop::Steps(_));
     if !steps
@@ -73,7 +75,6 @@ pub fn stages_to_sink(
             _ => None,
         })
         .collect();
-    let step_bytes = step_weight_bytes(pass, stages, (shapes, precision));
     let sunk_bytes = weight_bytes(chosen.iter().flat_map(|(_, p)| p), (shapes, precision));
     if evicts_resident_weights(step_bytes, sunk_bytes, super::cache::l2_bytes()) {
         return Vec::new();
