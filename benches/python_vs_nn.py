@@ -12,7 +12,8 @@ build of the CLI (`cargo build --release`) for `cellc bench`, the runtime alone.
   512}, I=H: cellc.RNN on the padded batch with its lengths, against nn.LSTM/nn.GRU's faster
   route: the padded batch as it is (oneDNN, computing the padding too) or a PackedSequence;
 - **full**: every sequence at full length, T=35 and T=100 (no padding for PyTorch to waste);
-- **generate**: one step per call (B=1, T=1, H=256, the state carried), as a generation loop;
+- **generate**: one step per call (B=1, T=1, H=256, the state carried), as a generation loop,
+  also inside `RNN.frozen()` (the weights packed once for the loop);
 - **fixed cost**: B=1, T=4, H=64 inference, cellc.RNN against `cellc bench` at the same shape.
 
 Inference runs under no_grad, training is forward + backward of out.sum(); 1 and 2 threads
@@ -22,6 +23,7 @@ Each cellc row also gives its matrix products' rate as a fraction of this machin
 peak at that thread count, measured first (`cellc peak`).
 """
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -112,20 +114,22 @@ def machine_peaks(threads):
 
 
 def generate_time(cell, h, words, threads):
-    """Seconds per step of a loop that feeds one step per call, carrying the state."""
+    """Seconds per step of a loop that feeds one step per call, carrying the state: cellc.RNN
+    as it is, inside `RNN.frozen()` (its weights packed once for the loop), and PyTorch."""
     mod, rnn = pair(cell, 1, 1, h, [1])
     x = torch.randn(1, 1, h)
     result = {}
     with torch.no_grad():
         for _ in range(2):
-            for name, fn in (("cellc", rnn), ("nn", mod)):
-                state = None
-                for _ in range(20):
-                    _, state = fn(x, state)
-                start = time.perf_counter()
-                for _ in range(words):
-                    _, state = fn(x, state)
-                s = (time.perf_counter() - start) / words
+            for name, fn in (("cellc", rnn), ("frozen", rnn), ("nn", mod)):
+                with rnn.frozen() if name == "frozen" else contextlib.nullcontext():
+                    state = None
+                    for _ in range(20):
+                        _, state = fn(x, state)
+                    start = time.perf_counter()
+                    for _ in range(words):
+                        _, state = fn(x, state)
+                    s = (time.perf_counter() - start) / words
                 result[name] = min(result.get(name, s), s)
     return result
 
@@ -178,9 +182,11 @@ def main():
                 continue
             g = generate_time(cell, 256, 2000, threads)
             rows.append(dict(kind="generate", cell=cell, mode="infer", threads=threads, batch=1, hidden=256, steps=1,
-                             cellc_s=g["cellc"], nn_s=g["nn"], ratio=g["nn"] / g["cellc"]))
-            print(f"generate {cell} {threads}t B=1 T=1 H=256: cellc {g['cellc'] * 1e6:.1f} us/step, nn "
-                  f"{g['nn'] * 1e6:.1f}, ratio {g['nn'] / g['cellc']:.2f}", flush=True)
+                             cellc_s=g["cellc"], frozen_s=g["frozen"], nn_s=g["nn"], ratio=g["nn"] / g["cellc"],
+                             frozen_ratio=g["nn"] / g["frozen"]))
+            print(f"generate {cell} {threads}t B=1 T=1 H=256: cellc {g['cellc'] * 1e6:.1f} us/step (frozen "
+                  f"{g['frozen'] * 1e6:.1f}), nn {g['nn'] * 1e6:.1f}, ratio {g['nn'] / g['cellc']:.2f} (frozen "
+                  f"{g['nn'] / g['frozen']:.2f})", flush=True)
         if args.shape:
             continue
         # The Python layer's fixed cost over the runtime alone.

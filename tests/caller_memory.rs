@@ -221,6 +221,33 @@ fn the_weights_of_each_call_are_the_ones_read() {
 }
 
 #[test]
+fn a_weightless_model_given_weights_runs_as_the_model_they_came_from() {
+    let cell = support::compiled_cells().into_iter().find(|c| c.forward.name == "gru").expect("gru");
+    let model = support::two_layer_model(&cell, (8, 4, 3), 6, &cpu);
+    let sizes = support::cell_sizes(&cell, 8, 4);
+    let weightless = || {
+        Model::without_weights(cell.clone(), model.config().clone(), &sizes, Some(model.input_size()), cpu())
+    };
+    let mut given = weightless().expect("model");
+    given.set_weights(&model.weights()).expect("set_weights");
+    assert!(given.owns_weights());
+    let x = data(LENGTHS.len() * STEPS * model.input_size(), 5);
+    let input = padded(&x, Major::BatchFirst, Align::Left);
+    let (want, got) =
+        (model.forward(input, None).expect("forward"), given.forward(input, None).expect("forward"));
+    assert_eq!(got.data, want.data);
+    assert_eq!(got.final_states, want.final_states);
+    // A weight of another shape is refused by name; the weights kept stay.
+    let mut wrong = model.weights();
+    wrong.insert("weight_hh_l1".into(), vec![3, 8], vec![0.0; 24]);
+    match given.set_weights(&wrong) {
+        Err(RuntimeError::Shape { tensor, .. }) => assert!(tensor.starts_with("weight_hh_l1"), "{tensor}"),
+        other => panic!("expected a shape error, got {other:?}"),
+    }
+    assert_eq!(given.forward(input, None).expect("forward").data, want.data);
+}
+
+#[test]
 fn bad_caller_buffers_get_typed_errors() {
     let cell = support::compiled_cells().into_iter().find(|c| c.forward.name == "gru").expect("gru");
     let model = support::two_layer_model(&cell, (6, 3, 3), 5, &cpu);

@@ -13,12 +13,12 @@ use crate::errors::to_python;
 use crate::recycled;
 use crate::spec;
 use cellc_runtime::backend::cpu::threads;
-use cellc_runtime::{Align, Call, ForwardOut, Input, Major, Model};
+use cellc_runtime::{Align, Call, ForwardOut, Input, Major, Model, Weights};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyTuple};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The PyTorch objects a plain call is checked against, looked up once.
 struct Torch {
@@ -47,8 +47,19 @@ type Outputs<'py> = (Bound<'py, PyAny>, Vec<Bound<'py, PyAny>>);
 /// A model's eager inference calls on the CPU (see the module documentation).
 #[pyclass(module = "cellc._cellc", frozen)]
 pub struct Eager {
+    spec: String,
     model: Arc<Model>,
     major: Major,
+    frozen: Mutex<Frozen>,
+}
+
+/// A module's frozen blocks ([`Eager::freeze`]).
+#[derive(Debug, Default)]
+struct Frozen {
+    /// How many blocks the calls are inside: none, they read the module's weights.
+    depth: usize,
+    /// The model keeping the weights of the outermost block's entry.
+    model: Option<Arc<Model>>,
 }
 
 impl std::fmt::Debug for Eager {
@@ -67,7 +78,63 @@ impl Eager {
     #[new]
     fn new(py: Python<'_>, spec: &str, batch_first: bool) -> PyResult<Eager> {
         let model = py.detach(|| spec::model(spec, 0)).map_err(|e| to_python(py, e))?;
-        Ok(Eager { model, major: if batch_first { Major::BatchFirst } else { Major::TimeFirst } })
+        let major = if batch_first { Major::BatchFirst } else { Major::TimeFirst };
+        Ok(Eager { spec: spec.to_string(), model, major, frozen: Mutex::default() })
+    }
+
+    /// Freezes the module's plain calls on `weights` (the module's, in the
+    /// operators' order): until as many [`Eager::thaw`]s, they read a copy
+    /// of them, packed for the products once, not the tensors of each call.
+    /// False (nothing frozen) where a weight is not a plain float32 CPU
+    /// tensor: the calls then read the module's weights as ever.
+    fn freeze(&self, py: Python<'_>, weights: &Bound<'_, PyList>) -> PyResult<bool> {
+        let mut frozen = self.frozen.lock().map_err(|_| poisoned())?;
+        if frozen.depth > 0 {
+            frozen.depth += 1;
+            return Ok(true);
+        }
+        let t = torch(py)?;
+        let names = self.model.weight_names();
+        if names.len() != weights.len() {
+            return Ok(false);
+        }
+        let mut copy = Weights::default();
+        for ((name, _), w) in names.into_iter().zip(weights.iter()) {
+            let Some((addr, shape)) = plain(t, &w, &t.float32)? else { return Ok(false) };
+            let n = shape.iter().product::<usize>();
+            // SAFETY: `plain` checked a contiguous float32 CPU tensor of `n` elements,
+            // which the caller holds for this call; it is copied here.
+            let data = unsafe { std::slice::from_raw_parts(addr as *const f32, n) }.to_vec();
+            // A shape other than the model's is refused by `set_weights`, naming the weight.
+            copy.insert(name, shape, data);
+        }
+        // The module's own model, made at its first block and kept between blocks with
+        // its compiled kernels (a block of a few calls would pay their compilation again).
+        let kept = frozen.model.take().and_then(|m| Arc::try_unwrap(m).ok());
+        let model = py
+            .detach(|| {
+                let mut model = match kept {
+                    Some(m) => m,
+                    None => spec::unshared_model(&self.spec)?,
+                };
+                model.set_weights(&copy).map(|()| model)
+            })
+            .map_err(|e| to_python(py, e))?;
+        *frozen = Frozen { depth: 1, model: Some(Arc::new(model)) };
+        Ok(true)
+    }
+
+    /// Undoes one [`Eager::freeze`]; the last one lets the calls read the module's weights
+    /// again and drops the copy (the model stays, for the next block).
+    fn thaw(&self) -> PyResult<()> {
+        let mut frozen = self.frozen.lock().map_err(|_| poisoned())?;
+        frozen.depth = frozen.depth.saturating_sub(1);
+        if frozen.depth == 0 {
+            if let Some(model) = frozen.model.as_mut().and_then(Arc::get_mut) {
+                model.params_mut().iter_mut().flatten().for_each(|p| *p = Vec::new());
+            }
+        }
+        Ok(())
     }
 
     /// The output and final states of an inference call, or `None` where the call is not a
@@ -85,7 +152,11 @@ impl Eager {
         threads: usize,
     ) -> PyResult<Option<Outputs<'py>>> {
         let t = torch(py)?;
-        let model = &*self.model;
+        let frozen = {
+            let frozen = self.frozen.lock().map_err(|_| poisoned())?;
+            frozen.model.clone().filter(|_| frozen.depth > 0)
+        };
+        let model: &Model = frozen.as_deref().unwrap_or(&self.model);
         let align = match align {
             "left" => Align::Left,
             "right" => Align::Right,
@@ -105,7 +176,8 @@ impl Eager {
         let state_sizes = model.layers().first().map(|l| l.state_sizes.clone()).unwrap_or_default();
         let Some(h0) = read_states(t, hx, slots, batch, &state_sizes)? else { return Ok(None) };
         let mut weight_slices = Vec::with_capacity(weights.len());
-        for w in weights.iter() {
+        // Frozen, the model's own copy is read instead.
+        for w in weights.iter().filter(|_| frozen.is_none()) {
             let Some((addr, shape)) = plain(t, &w, &t.float32)? else { return Ok(None) };
             weight_slices.push((addr, shape.iter().product::<usize>()));
         }
@@ -140,17 +212,25 @@ impl Eager {
                     .collect();
                 (data, weights, h0, output, finals)
             };
-            let weights = model.group_by_slot(weights)?;
+            let weights = if frozen.is_some() { None } else { Some(model.group_by_slot(weights)?) };
             let input =
                 Input::Padded { data, batch, steps, major: self.major, align, lengths: &lengths_or_full };
-            let call =
-                Call { weights: Some(&weights), h0: (!h0.is_empty()).then_some(&h0[..]), ..Call::new(input) };
+            let call = Call {
+                weights: weights.as_deref(),
+                h0: (!h0.is_empty()).then_some(&h0[..]),
+                ..Call::new(input)
+            };
             let out = ForwardOut { output, final_states: finals };
             threads::with_limit(threads, || model.forward_into(&call, out, None))
         };
         py.detach(run).map_err(|e| to_python(py, e))?;
         Ok(Some((output, finals)))
     }
+}
+
+/// The error of a lock whose holder panicked.
+fn poisoned() -> PyErr {
+    pyo3::exceptions::PyRuntimeError::new_err("cellc: a frozen module's state was poisoned by a panic")
 }
 
 /// A plain tensor's address and shape: a `torch.Tensor` or `nn.Parameter` (no subclass) of

@@ -198,6 +198,14 @@ pub fn model(spec: &str, device: usize) -> Result<Arc<Model>> {
     Ok(Arc::new(make(&parsed, parsed.backend.device(device)?)?))
 }
 
+/// A model of `spec` (on device 0 of its back end, the CPU for a CPU spec)
+/// that nothing else shares, not kept with the spec's models: one that is
+/// given weights of its own (a module's frozen calls, [`crate::fast`]).
+pub fn unshared_model(spec: &str) -> Result<Model> {
+    let parsed = parse(spec)?;
+    make(&parsed, parsed.backend.device(0)?)
+}
+
 /// A module's hold on its spec's models: they live while some handle of
 /// the spec does. Dropping a spec's last handle frees its models and gives
 /// the memory kept for reuse back to the system.

@@ -81,3 +81,53 @@ def test_cells_with_rates_and_other_back_ends_take_the_python_layers_steps():
     assert cellc.RNN("zoneout_lstm", 3, {"H": 4})._eager is None
     assert cellc.RNN("lstm", 3, 4, backend="reference")._eager is None
     assert cellc.RNN("lstm", 3, 4, backend="cpu")._eager is not None
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru", "layernorm_lstm"])
+def test_frozen_calls_give_the_unfrozen_bits(cell):
+    rnn = cellc.RNN(cell, 5, 7, 2, bidirectional=True, batch_first=True)
+    x, lengths = torch.randn(3, 6, 5), [6, 2, 4]
+    with torch.no_grad():
+        plain = rnn(x, lengths=lengths)
+        with rnn.frozen():
+            frozen = rnn(x, lengths=lengths)
+    assert same(frozen, plain)
+    # A generation loop: one step a call, the state carried.
+    rnn = cellc.RNN(cell, 5, 5, 2, batch_first=True)
+    with torch.no_grad():
+        whole = rnn(x)[0]
+        state, steps = None, []
+        with rnn.frozen():
+            for t in range(6):
+                y, state = rnn(x[:, t : t + 1], state)
+                steps.append(y)
+    assert torch.equal(torch.cat(steps, 1), whole)
+
+
+def test_frozen_calls_read_the_weights_of_the_blocks_entry_until_its_end():
+    rnn = cellc.RNN("gru", 4, 6)
+    x = torch.randn(2, 3, 4)
+    with torch.no_grad():
+        before = rnn(x)[0]
+        with rnn.frozen():
+            with rnn.frozen():
+                rnn.weight_hh_l0.mul_(0.5)
+            # Still inside the outer block: the copy made on entering it.
+            assert torch.equal(rnn(x)[0], before)
+        after = rnn(x)[0]
+    assert not torch.equal(after, before)
+    with torch.no_grad():
+        assert torch.equal(rnn(x)[0], after)
+    # Calls that record autograd read the module's weights as ever, frozen or not.
+    with rnn.frozen():
+        assert torch.equal(rnn(x)[0].detach(), after)
+
+
+def test_frozen_weights_that_are_not_plain_tensors_leave_the_calls_as_they_were():
+    rnn = cellc.RNN("lstm", 4, 6)
+    x = torch.randn(2, 3, 4)
+    with torch.no_grad():
+        rnn.weight_ih_l0.data = rnn.weight_ih_l0.data.t().contiguous().t()  # not contiguous
+        expected = rnn(x)[0]
+        with rnn.frozen():
+            assert torch.equal(rnn(x)[0], expected)

@@ -153,6 +153,20 @@ impl Model {
         Ok(Self::unweighted(compiled, config, layers, device))
     }
 
+    /// Keeps a copy of `weights` as the model's own (every name and shape
+    /// of [`Model::weight_names`], checked as [`Model::new`] checks them),
+    /// in place of any it had: a model made [`Model::without_weights`] for
+    /// a framework's calls, given weights that will not change for a while,
+    /// packs them once for all its calls instead of on every call. The
+    /// back end's packed copies of the old ones are dropped.
+    pub fn set_weights(&mut self, weights: &Weights) -> Result<()> {
+        self.ensure_weights_fit()?;
+        self.params = self.take_weights(weights)?;
+        self.prepared.iter_mut().for_each(|p| *p = Default::default());
+        self.owns_weights = true;
+        Ok(())
+    }
+
     /// A model of `layers` whose parameter lists are empty.
     fn unweighted(
         compiled: Arc<CompiledCell>,

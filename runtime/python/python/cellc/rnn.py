@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
@@ -453,6 +454,36 @@ class RNN(nn.Module):
                 return
             for p, data in zip(params, _cellc.initial_weights(self.spec, int(seed))):
                 p.copy_(torch.frombuffer(bytearray(data), dtype=torch.float32).view(p.shape))
+
+    @contextlib.contextmanager
+    def frozen(self):
+        """A block whose CPU inference calls read the weights as they are on entering it, packed
+        for the products once instead of on every call: for a generation loop, whose calls of one
+        step each would otherwise spend as long reading the weights as computing with them.
+
+        Inside it the weights must not change (an optimiser step, ``load_state_dict``, a write
+        through ``.data``): the calls would not see the change. Calls that record autograd, run
+        under ``torch.autocast`` or draw masks read the weights as ever, as do calls on CUDA and
+        everything after the block. Blocks nest; the weights are copied at the outermost.
+
+        Returns:
+            A context manager, which gives the module itself to ``as``.
+
+        Example:
+            >>> import torch, cellc
+            >>> rnn = cellc.RNN("gru", 8, 8)
+            >>> x, state = torch.randn(1, 1, 8), None
+            >>> with torch.no_grad(), rnn.frozen():
+            ...     for _ in range(3):
+            ...         x, state = rnn(x, state)
+        """
+        eager = self._eager
+        froze = eager is not None and eager.freeze(self._weights())
+        try:
+            yield self
+        finally:
+            if froze:
+                eager.thaw()
 
     def flatten_parameters(self) -> None:
         """``nn.LSTM``'s: a no-op here (cellc reads each weight where it lies, with no flat buffer)."""
