@@ -250,6 +250,9 @@ def python_tables(src):
         if r["kind"] == "generate":
             body.append([f"one step per call, {r['cell']}, B=1, T=1, H={r['hidden']}", r["threads"],
                          f"{r['cellc_s'] * 1e6:.1f}", f"`nn` {r['nn_s'] * 1e6:.1f}", f"**{r2(r['ratio'])}**"])
+            if "frozen_s" in r:  # measured since RNN.frozen() (2026-11-30)
+                body.append([f"the same inside `RNN.frozen()`", r["threads"], f"{r['frozen_s'] * 1e6:.1f}",
+                             f"`nn` {r['nn_s'] * 1e6:.1f}", f"**{r2(r['frozen_ratio'])}**"])
     for r in rows:
         if r["kind"] == "fixed":
             body.append([f"fixed cost, {r['cell']}, B=1, T={r['steps']}, H={r['hidden']}, inference", r["threads"],

@@ -8,6 +8,12 @@
 //! and the Python layer takes the call, so that every error keeps the one
 //! type and message that layer gives it: this module decides nothing
 //! about errors, only whether a call is plain.
+//!
+//! Inside `RNN.frozen()` ([`Eager::freeze`]) the plain calls read a copy
+//! of the weights that a model of the module's own keeps, packed once for
+//! the block, instead of the tensors of each call: a generation loop's
+//! calls of one step otherwise spend as long reading the weights as
+//! computing with them.
 
 use crate::errors::to_python;
 use crate::recycled;
