@@ -104,9 +104,9 @@ impl Eager {
         if names.len() != weights.len() {
             return Ok(false);
         }
+        let Some(tensors) = plain_all(t, weights)? else { return Ok(false) };
         let mut copy = Weights::default();
-        for ((name, _), w) in names.into_iter().zip(weights.iter()) {
-            let Some((addr, shape)) = plain(t, &w, &t.float32)? else { return Ok(false) };
+        for ((name, _), (addr, shape)) in names.into_iter().zip(tensors) {
             let n = shape.iter().product::<usize>();
             // SAFETY: `plain` checked a contiguous float32 CPU tensor of `n` elements,
             // which the caller holds for this call; it is copied here.
@@ -121,7 +121,7 @@ impl Eager {
             .detach(|| {
                 let mut model = match kept {
                     Some(m) => m,
-                    None => spec::unshared_model(&self.spec)?,
+                    None => spec::unshared_model(&self.spec, 0)?,
                 };
                 model.set_weights(&copy).map(|()| model)
             })
@@ -181,12 +181,16 @@ impl Eager {
         let slots = model.layers().len() * model.directions();
         let state_sizes = model.layers().first().map(|l| l.state_sizes.clone()).unwrap_or_default();
         let Some(h0) = read_states(t, hx, slots, batch, &state_sizes)? else { return Ok(None) };
-        let mut weight_slices = Vec::with_capacity(weights.len());
         // Frozen, the model's own copy is read instead.
-        for w in weights.iter().filter(|_| frozen.is_none()) {
-            let Some((addr, shape)) = plain(t, &w, &t.float32)? else { return Ok(None) };
-            weight_slices.push((addr, shape.iter().product::<usize>()));
-        }
+        let weight_slices = match frozen {
+            Some(_) => Vec::new(),
+            None => match plain_all(t, weights)? {
+                Some(tensors) => {
+                    tensors.into_iter().map(|(addr, shape)| (addr, shape.iter().product())).collect()
+                }
+                None => return Ok(None),
+            },
+        };
         // The outputs, fresh: the output laid out as the input, the final states.
         let out_shape = [x_shape[0], x_shape[1], model.output_size()];
         let output = recycled::recycled_tensor(py, out_shape.to_vec())?;
@@ -239,9 +243,22 @@ fn poisoned() -> PyErr {
     pyo3::exceptions::PyRuntimeError::new_err("cellc: a frozen module's state was poisoned by a panic")
 }
 
+/// A plain tensor's address and shape ([`plain`]).
+type Plain = (usize, Vec<usize>);
+
+/// Every weight's address and shape ([`plain`], float32), or `None` where one is not plain.
+fn plain_all(t: &Torch, weights: &Bound<'_, PyList>) -> PyResult<Option<Vec<Plain>>> {
+    let mut tensors = Vec::with_capacity(weights.len());
+    for w in weights.iter() {
+        let Some(tensor) = plain(t, &w, &t.float32)? else { return Ok(None) };
+        tensors.push(tensor);
+    }
+    Ok(Some(tensors))
+}
+
 /// A plain tensor's address and shape: a `torch.Tensor` or `nn.Parameter` (no subclass) of
 /// `dtype`, on the CPU, contiguous; `None` for anything else.
-fn plain(t: &Torch, x: &Bound<'_, PyAny>, dtype: &Py<PyAny>) -> PyResult<Option<(usize, Vec<usize>)>> {
+fn plain(t: &Torch, x: &Bound<'_, PyAny>, dtype: &Py<PyAny>) -> PyResult<Option<Plain>> {
     let py = x.py();
     let ty = x.get_type();
     if !(ty.is(t.tensor.bind(py)) || ty.is(t.parameter.bind(py))) {

@@ -188,22 +188,20 @@ pub fn model(spec: &str, device: usize) -> Result<Arc<Model>> {
         if let Some(m) = entry.models.get(&device) {
             return Ok(m.clone());
         }
-        let parsed = parse(spec)?;
-        let model = Arc::new(make(&parsed, parsed.backend.device(device)?)?);
+        let model = Arc::new(unshared_model(spec, device)?);
         entry.models.insert(device, model.clone());
         return Ok(model);
     }
     drop(held);
-    let parsed = parse(spec)?;
-    Ok(Arc::new(make(&parsed, parsed.backend.device(device)?)?))
+    Ok(Arc::new(unshared_model(spec, device)?))
 }
 
-/// A model of `spec` (on device 0 of its back end, the CPU for a CPU spec)
-/// that nothing else shares, not kept with the spec's models: one that is
-/// given weights of its own (a module's frozen calls, [`crate::fast`]).
-pub fn unshared_model(spec: &str) -> Result<Model> {
+/// A model of `spec` on device `device` of its back end (0 for the CPU),
+/// made now and not kept with the spec's models: what [`model`] keeps, or
+/// one given weights of its own (a module's frozen calls, [`crate::fast`]).
+pub fn unshared_model(spec: &str, device: usize) -> Result<Model> {
     let parsed = parse(spec)?;
-    make(&parsed, parsed.backend.device(0)?)
+    make(&parsed, parsed.backend.device(device)?)
 }
 
 /// A module's hold on its spec's models: they live while some handle of
