@@ -40,6 +40,15 @@ macro_rules! lanes {
                 }
             )*
         }
+        access {
+            $(
+                $(#[$acc_doc:meta])*
+                fn $acc:ident ($($acc_arg:ident: $acc_ty:ty),*) -> $acc_ret:ty {
+                    $a_acc:expr,
+                    $b_acc:expr $(,)?
+                }
+            )*
+        }
         memory {
             $(
                 $(#[$mem_doc:meta])*
@@ -50,16 +59,28 @@ macro_rules! lanes {
             )*
         }
     ) => {
-        /// A vector instruction set: its vectors, and the per-lane
-        /// operations the walker and its math use (see the module's doc).
-        /// A value of it is proof that the processor has the set.
-        pub trait Lanes: Copy + std::fmt::Debug + Send + Sync + 'static {
-            /// A vector of [`Lanes::LANES`] floats.
+        /// The per-lane operations of the walker's math (`walker/math.rs`) on vectors
+        /// of some width: an instruction set's ([`Lanes`]), or a trace of
+        /// them that is compiled later (`walker/trace.rs`).
+        pub trait Math: Copy + std::fmt::Debug + Send + Sync + 'static {
+            /// A vector of floats.
             type V: Copy;
             /// The same bits as 32-bit integers.
             type Int: Copy;
             /// A comparison's result, lane by lane.
             type Cmp: Copy;
+
+            $(
+                $(#[$doc])*
+                fn $op $(<const $p: $pt>)? (self, $($arg: $ty),*) -> $ret;
+            )*
+        }
+
+        /// A vector instruction set: its vectors, the per-lane operations
+        /// ([`Math`]), and the lane access and memory operations the walker
+        /// uses (see the module's doc). A value of it is proof that the
+        /// processor has the set.
+        pub trait Lanes: Math {
             /// The lanes a masked load or store touches.
             type Mask: Copy;
             /// The set's name, for messages.
@@ -69,6 +90,9 @@ macro_rules! lanes {
             /// Vectors of a value that the walker's fused loops compute per
             /// pass (see the walker's module doc).
             const REGISTERS: usize;
+            /// Whether the walker runs its fused loops as code compiled for
+            /// the set (`walker/compiled.rs`) rather than walking them.
+            const COMPILED: bool;
 
             /// The set, if this processor has it.
             fn detect() -> Option<Self>;
@@ -81,8 +105,8 @@ macro_rules! lanes {
             fn enter<R>(self, f: impl FnOnce() -> R) -> R;
 
             $(
-                $(#[$doc])*
-                fn $op $(<const $p: $pt>)? (self, $($arg: $ty),*) -> $ret;
+                $(#[$acc_doc])*
+                fn $acc(self, $($acc_arg: $acc_ty),*) -> $acc_ret;
             )*
 
             $(
@@ -93,9 +117,11 @@ macro_rules! lanes {
 
         lanes!(@set [$(#[$a_doc])*] $a $a_set
             $($op $(<const $p: $pt>)? ($($arg: $ty),*) -> $ret { $a_op })*;
+            $($acc ($($acc_arg: $acc_ty),*) -> $acc_ret { $a_acc })*;
             $($mem ($($mem_arg: $mem_ty),*) $(-> $mem_ret)? { $a_mem })*);
         lanes!(@set [$(#[$b_doc])*] $b $b_set
             $($op $(<const $p: $pt>)? ($($arg: $ty),*) -> $ret { $b_op })*;
+            $($acc ($($acc_arg: $acc_ty),*) -> $acc_ret { $b_acc })*;
             $($mem ($($mem_arg: $mem_ty),*) $(-> $mem_ret)? { $b_mem })*);
     };
 
@@ -106,23 +132,37 @@ macro_rules! lanes {
             detected: $detected:expr,
             lanes: $lanes:literal,
             registers: $registers:literal,
+            compiled: $compiled:literal,
             types: $v:ty, $int:ty, $cmp:ty, $mask:ty $(,)?
         }
         $($op:ident $(<const $p:ident: $pt:ty>)? ($($arg:ident: $ty:ty),*) -> $ret:ty { $e:expr })*;
+        $($acc:ident ($($acc_arg:ident: $acc_ty:ty),*) -> $acc_ret:ty { $acc_e:expr })*;
         $($mem:ident ($($mem_arg:ident: $mem_ty:ty),*) $(-> $mem_ret:ty)? { $mem_e:expr })*
     ) => {
         $(#[$set_doc])*
         #[derive(Clone, Copy, Debug)]
         pub struct $set(());
 
-        impl Lanes for $set {
+        impl Math for $set {
             type V = $v;
             type Int = $int;
             type Cmp = $cmp;
+
+            $(
+                #[inline(always)]
+                fn $op $(<const $p: $pt>)? (self, $($arg: $ty),*) -> $ret {
+                    // SAFETY: a value of the set exists only where the processor has it.
+                    unsafe { $e }
+                }
+            )*
+        }
+
+        impl Lanes for $set {
             type Mask = $mask;
             const NAME: &'static str = $name;
             const LANES: usize = $lanes;
             const REGISTERS: usize = $registers;
+            const COMPILED: bool = $compiled;
 
             fn detect() -> Option<Self> {
                 ($detected).then_some($set(()))
@@ -140,9 +180,9 @@ macro_rules! lanes {
 
             $(
                 #[inline(always)]
-                fn $op $(<const $p: $pt>)? (self, $($arg: $ty),*) -> $ret {
+                fn $acc(self, $($acc_arg: $acc_ty),*) -> $acc_ret {
                     // SAFETY: as in `enter`.
-                    unsafe { $e }
+                    unsafe { $acc_e }
                 }
             )*
 
@@ -167,6 +207,7 @@ lanes! {
             detected: std::arch::is_x86_feature_detected!("avx512f"),
             lanes: 16,
             registers: 8,
+            compiled: true,
             types: __m512, __m512i, __mmask16, __mmask16,
         }
         /// AVX2 with FMA: eight lanes in a `ymm` register, comparisons into
@@ -178,14 +219,13 @@ lanes! {
                 && std::arch::is_x86_feature_detected!("fma"),
             lanes: 8,
             registers: 16,
+            compiled: false,
             types: __m256, __m256i, __m256, __m256i,
         }
     }
     values {
         /// Every lane `x`.
         fn splat(x: f32) -> Self::V { _mm512_set1_ps(x), _mm256_set1_ps(x) }
-        /// Lane 0.
-        fn first(x: Self::V) -> f32 { _mm512_cvtss_f32(x), _mm256_cvtss_f32(x) }
         /// `x + y`.
         fn add(x: Self::V, y: Self::V) -> Self::V { _mm512_add_ps(x, y), _mm256_add_ps(x, y) }
         /// `x - y`.
@@ -235,6 +275,10 @@ lanes! {
         fn shr_23(x: Self::Int) -> Self::Int { _mm512_srli_epi32::<23>(x), _mm256_srli_epi32::<23>(x) }
         /// The integers as floats, rounded to nearest.
         fn int_to_float(x: Self::Int) -> Self::V { _mm512_cvtepi32_ps(x), _mm256_cvtepi32_ps(x) }
+    }
+    access {
+        /// Lane 0.
+        fn first(x: Self::V) -> f32 { _mm512_cvtss_f32(x), _mm256_cvtss_f32(x) }
         /// The first `lanes` lanes (at most [`Lanes::LANES`]).
         fn mask(lanes: usize) -> Self::Mask {
             _cvtu32_mask16((1 << lanes) - 1),

@@ -9,7 +9,7 @@
 //! Everything here is `#[inline(always)]`: it becomes the set's
 //! instructions inside the walker's [`Lanes::enter`].
 
-use super::lanes::Lanes;
+use super::lanes::{Lanes, Math};
 use cellc::ir::{BinaryOp, UnaryOp};
 use cellc::kernel::cpu_math::*;
 use std::arch::x86_64::{
@@ -18,35 +18,35 @@ use std::arch::x86_64::{
 
 /// `r`, or NaN (`x + y`) where `x` or `y` is NaN.
 #[inline(always)]
-fn keep_nan<S: Lanes>(s: S, x: S::V, y: S::V, r: S::V) -> S::V {
+fn keep_nan<S: Math>(s: S, x: S::V, y: S::V, r: S::V) -> S::V {
     let unordered = s.cmp::<_CMP_UNORD_Q>(x, y);
     s.blend(unordered, r, s.add(x, y))
 }
 
 #[inline(always)]
-fn neg<S: Lanes>(s: S, x: S::V) -> S::V {
+fn neg<S: Math>(s: S, x: S::V) -> S::V {
     s.float(s.xor(s.bits(x), s.splat_int(i32::MIN)))
 }
 
 #[inline(always)]
-fn abs<S: Lanes>(s: S, x: S::V) -> S::V {
+fn abs<S: Math>(s: S, x: S::V) -> S::V {
     s.float(s.and(s.bits(x), s.splat_int(i32::MAX)))
 }
 
 /// 1.0 where the comparison `P` holds, else 0.0; NaN if `a` or `c` is.
 #[inline(always)]
-fn indicator<S: Lanes, const P: i32>(s: S, a: S::V, c: S::V) -> S::V {
+fn indicator<S: Math, const P: i32>(s: S, a: S::V, c: S::V) -> S::V {
     let r = s.blend(s.cmp::<P>(a, c), s.splat(0.0), s.splat(1.0));
     keep_nan(s, a, c, r)
 }
 
 #[inline(always)]
-fn exp<S: Lanes>(s: S, x: S::V) -> S::V {
+fn exp<S: Math>(s: S, x: S::V) -> S::V {
     keep_nan(s, x, x, exp_of_ordered(s, x))
 }
 
 #[inline(always)]
-fn exp_of_ordered<S: Lanes>(s: S, x: S::V) -> S::V {
+fn exp_of_ordered<S: Math>(s: S, x: S::V) -> S::V {
     let x = s.max(x, s.splat(EXP_LO));
     let x = s.min(x, s.splat(EXP_HI));
     let magic = s.splat(EXP_MAGIC);
@@ -67,14 +67,14 @@ fn exp_of_ordered<S: Lanes>(s: S, x: S::V) -> S::V {
 }
 
 #[inline(always)]
-fn sigmoid<S: Lanes>(s: S, x: S::V) -> S::V {
+fn sigmoid<S: Math>(s: S, x: S::V) -> S::V {
     let e = exp(s, neg(s, x));
     let one = s.splat(1.0);
     s.div(one, s.add(one, e))
 }
 
 #[inline(always)]
-fn tanh<S: Lanes>(s: S, x: S::V) -> S::V {
+fn tanh<S: Math>(s: S, x: S::V) -> S::V {
     let clamped = s.min(x, s.splat(TANH_BOUND));
     let clamped = s.max(clamped, s.splat(-TANH_BOUND));
     let x2 = s.mul(clamped, clamped);
@@ -94,7 +94,7 @@ fn tanh<S: Lanes>(s: S, x: S::V) -> S::V {
 }
 
 #[inline(always)]
-fn log<S: Lanes>(s: S, x: S::V) -> S::V {
+fn log<S: Math>(s: S, x: S::V) -> S::V {
     // Subnormals: scale by 2^23 first, and take 23 off the exponent after.
     let is_sub = s.cmp::<_CMP_LT_OQ>(x, s.splat(f32::MIN_POSITIVE));
     let xn = s.blend(is_sub, x, s.mul(x, s.splat(8_388_608.0)));
@@ -130,64 +130,169 @@ fn log<S: Lanes>(s: S, x: S::V) -> S::V {
 
 /// The smaller of `x` and `y`; NaN if either is.
 #[inline(always)]
-fn min<S: Lanes>(s: S, x: S::V, y: S::V) -> S::V {
+fn min<S: Math>(s: S, x: S::V, y: S::V) -> S::V {
     keep_nan(s, x, y, s.min(x, y))
 }
 
 /// The larger of `x` and `y`; NaN if either is.
 #[inline(always)]
-fn max<S: Lanes>(s: S, x: S::V, y: S::V) -> S::V {
+fn max<S: Math>(s: S, x: S::V, y: S::V) -> S::V {
     keep_nan(s, x, y, s.max(x, y))
 }
 
 /// `x < 0 ? 0 : x`: NaN stays NaN.
 #[inline(always)]
-fn relu<S: Lanes>(s: S, x: S::V) -> S::V {
+fn relu<S: Math>(s: S, x: S::V) -> S::V {
     let zero = s.splat(0.0);
     s.blend(s.cmp::<_CMP_LT_OQ>(x, zero), x, zero)
 }
 
 #[inline(always)]
-fn rsqrt<S: Lanes>(s: S, x: S::V) -> S::V {
+fn rsqrt<S: Math>(s: S, x: S::V) -> S::V {
     s.div(s.splat(1.0), s.sqrt(x))
 }
 
 /// `max(x, 0) + log(1 + exp(-|x|))`.
 #[inline(always)]
-fn softplus<S: Lanes>(s: S, x: S::V) -> S::V {
+fn softplus<S: Math>(s: S, x: S::V) -> S::V {
     let m = max(s, x, s.splat(0.0));
     let e = exp(s, neg(s, abs(s, x)));
     s.add(m, log(s, s.add(s.splat(1.0), e)))
 }
 
 #[inline(always)]
-fn silu<S: Lanes>(s: S, x: S::V) -> S::V {
+fn silu<S: Math>(s: S, x: S::V) -> S::V {
     s.mul(x, sigmoid(s, x))
 }
 
 /// Each indicator is NaN for NaN, and so is their difference.
 #[inline(always)]
-fn sign<S: Lanes>(s: S, x: S::V) -> S::V {
+fn sign<S: Math>(s: S, x: S::V) -> S::V {
     let zero = s.splat(0.0);
     s.sub(indicator::<S, _CMP_GT_OQ>(s, x, zero), indicator::<S, _CMP_LT_OQ>(s, x, zero))
 }
 
 #[inline(always)]
-fn copy<S: Lanes>(_: S, x: S::V) -> S::V {
+fn copy<S: Math>(_: S, x: S::V) -> S::V {
     x
 }
 
 #[inline(always)]
-fn step<S: Lanes>(s: S, x: S::V) -> S::V {
+fn step<S: Math>(s: S, x: S::V) -> S::V {
     indicator::<S, _CMP_GT_OQ>(s, x, s.splat(0.0))
 }
 
 /// `where(c, a, b)`: `a` where `c` is nonzero, `b` where zero, and a NaN `c` itself.
 #[inline(always)]
-fn select_one<S: Lanes>(s: S, c: S::V, a: S::V, b: S::V) -> S::V {
+pub fn select_one<S: Math>(s: S, c: S::V, a: S::V, b: S::V) -> S::V {
     // Unordered-or-not-equal: a NaN picks `a`, then is kept below.
     let chosen = s.blend(s.cmp::<_CMP_NEQ_UQ>(c, s.splat(0.0)), b, a);
     s.blend(s.cmp::<_CMP_UNORD_Q>(c, c), chosen, c)
+}
+
+/// `$body` with `$f` the function that computes unary op `$op` on one
+/// vector: the one table of which function computes which op.
+macro_rules! by_unary_op {
+    ($op:expr, $f:ident => $body:expr) => {
+        match $op {
+            UnaryOp::Neg => {
+                let $f = neg;
+                $body
+            }
+            UnaryOp::Copy | UnaryOp::StopGradient => {
+                let $f = copy;
+                $body
+            }
+            UnaryOp::Sigmoid => {
+                let $f = sigmoid;
+                $body
+            }
+            UnaryOp::Tanh => {
+                let $f = tanh;
+                $body
+            }
+            UnaryOp::Relu => {
+                let $f = relu;
+                $body
+            }
+            UnaryOp::Exp => {
+                let $f = exp;
+                $body
+            }
+            UnaryOp::Log => {
+                let $f = log;
+                $body
+            }
+            UnaryOp::Sqrt => {
+                let $f = S::sqrt;
+                $body
+            }
+            UnaryOp::Rsqrt => {
+                let $f = rsqrt;
+                $body
+            }
+            UnaryOp::Abs => {
+                let $f = abs;
+                $body
+            }
+            UnaryOp::Softplus => {
+                let $f = softplus;
+                $body
+            }
+            UnaryOp::Silu => {
+                let $f = silu;
+                $body
+            }
+            UnaryOp::Step => {
+                let $f = step;
+                $body
+            }
+            UnaryOp::Sign => {
+                let $f = sign;
+                $body
+            }
+        }
+    };
+}
+
+/// As [`by_unary_op`], for binary ops.
+macro_rules! by_binary_op {
+    ($op:expr, $f:ident => $body:expr) => {
+        match $op {
+            BinaryOp::Add => {
+                let $f = S::add;
+                $body
+            }
+            BinaryOp::Sub => {
+                let $f = S::sub;
+                $body
+            }
+            BinaryOp::Mul => {
+                let $f = S::mul;
+                $body
+            }
+            BinaryOp::Div => {
+                let $f = S::div;
+                $body
+            }
+            BinaryOp::Min => {
+                let $f = min;
+                $body
+            }
+            BinaryOp::Max => {
+                let $f = max;
+                $body
+            }
+            BinaryOp::Ge => {
+                let $f = indicator::<S, _CMP_GE_OQ>;
+                $body
+            }
+            BinaryOp::Gt => {
+                let $f = indicator::<S, _CMP_GT_OQ>;
+                $body
+            }
+        }
+    };
 }
 
 /// `out[k] = f(s, a[k], ...)` for registers `k < n` of set `S`: a loop of constant
@@ -227,24 +332,7 @@ pub unsafe fn select<S: Lanes>(s: S, [cond, a, b]: [*const f32; 3], out: *mut S:
 #[inline(always)]
 pub unsafe fn unary<S: Lanes>(s: S, op: UnaryOp, a: *const f32, out: *mut S::V, n: usize) {
     // SAFETY (every arm): per the contract.
-    unsafe {
-        match op {
-            UnaryOp::Neg => each!(S: s, n, out = neg, a),
-            UnaryOp::Copy | UnaryOp::StopGradient => each!(S: s, n, out = copy, a),
-            UnaryOp::Sigmoid => each!(S: s, n, out = sigmoid, a),
-            UnaryOp::Tanh => each!(S: s, n, out = tanh, a),
-            UnaryOp::Relu => each!(S: s, n, out = relu, a),
-            UnaryOp::Exp => each!(S: s, n, out = exp, a),
-            UnaryOp::Log => each!(S: s, n, out = log, a),
-            UnaryOp::Sqrt => each!(S: s, n, out = S::sqrt, a),
-            UnaryOp::Rsqrt => each!(S: s, n, out = rsqrt, a),
-            UnaryOp::Abs => each!(S: s, n, out = abs, a),
-            UnaryOp::Softplus => each!(S: s, n, out = softplus, a),
-            UnaryOp::Silu => each!(S: s, n, out = silu, a),
-            UnaryOp::Step => each!(S: s, n, out = step, a),
-            UnaryOp::Sign => each!(S: s, n, out = sign, a),
-        }
-    }
+    unsafe { by_unary_op!(op, f => each!(S: s, n, out = f, a)) }
 }
 
 /// One binary op on registers `a[..n]` and `b[..n]` into `out[..n]`.
@@ -254,16 +342,17 @@ pub unsafe fn unary<S: Lanes>(s: S, op: UnaryOp, a: *const f32, out: *mut S::V, 
 #[inline(always)]
 pub unsafe fn binary<S: Lanes>(s: S, op: BinaryOp, [a, b]: [*const f32; 2], out: *mut S::V, n: usize) {
     // SAFETY (every arm): per the contract.
-    unsafe {
-        match op {
-            BinaryOp::Add => each!(S: s, n, out = S::add, a, b),
-            BinaryOp::Sub => each!(S: s, n, out = S::sub, a, b),
-            BinaryOp::Mul => each!(S: s, n, out = S::mul, a, b),
-            BinaryOp::Div => each!(S: s, n, out = S::div, a, b),
-            BinaryOp::Min => each!(S: s, n, out = min, a, b),
-            BinaryOp::Max => each!(S: s, n, out = max, a, b),
-            BinaryOp::Ge => each!(S: s, n, out = indicator::<S, _CMP_GE_OQ>, a, b),
-            BinaryOp::Gt => each!(S: s, n, out = indicator::<S, _CMP_GT_OQ>, a, b),
-        }
-    }
+    unsafe { by_binary_op!(op, f => each!(S: s, n, out = f, a, b)) }
+}
+
+/// One unary op on one vector (the trace's: [`super::trace`]).
+#[inline(always)]
+pub fn unary_vector<S: Math>(s: S, op: UnaryOp, x: S::V) -> S::V {
+    by_unary_op!(op, f => f(s, x))
+}
+
+/// One binary op on one vector each.
+#[inline(always)]
+pub fn binary_vector<S: Math>(s: S, op: BinaryOp, x: S::V, y: S::V) -> S::V {
+    by_binary_op!(op, f => f(s, x, y))
 }
