@@ -654,7 +654,16 @@ mod tests {
 
     #[test]
     fn products_match_a_naive_loop_at_ragged_sizes() {
-        for &(m, k, n) in &[(1, 1, 1), (3, 5, 7), (8, 64, 32), (9, 17, 33), (20, 31, 100), (200, 40, 65)] {
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (3, 5, 7),
+            (8, 64, 32),
+            (9, 17, 33),
+            (20, 31, 100),
+            (23, 19, 40),
+            (34, 8, 33),
+            (200, 40, 65),
+        ] {
             let a = data(m * k, 1.0);
             let w = data(n * k, 2.0); // [n, k]: X · Wᵀ
             let want: Vec<f32> = (0..m * n)
