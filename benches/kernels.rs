@@ -55,7 +55,7 @@ fn table(exec: &dyn StageExec, plan: &Shapes, rows: usize) -> Table {
 }
 
 /// A stage's plan walked on each instruction set this processor has, by
-/// name (on AVX-512 its fused loops compiled, then walked).
+/// name: its fused loops compiled, then walked.
 fn walked(
     shapes: &Shapes,
     plan: &KernelPlan,
@@ -77,6 +77,7 @@ fn walked(
         on::<Avx512>("avx512", stage, false),
         on::<Avx512>("avx512 walked", stage, true),
         on::<Avx2>("avx2", stage, false),
+        on::<Avx2>("avx2 walked", stage, true),
     ]
     .into_iter()
     .flatten()

@@ -1,17 +1,18 @@
-//! A fused loop compiled to AVX-512 code instead of walked: the walker's
-//! own math traced once ([`super::trace`]), register-allocated and encoded
-//! ([`super::emit`]) into a function that runs the whole loop of a row with
-//! every value in registers. The same instructions on the same operands as
-//! the walker's AVX-512 set, so the same bits (tested on every stage of
-//! every shipped cell and of random cells); on an LSTM's forward stage it
-//! takes about half the walker's time (`benches/kernels.rs`).
+//! A fused loop compiled to machine code for the walker's instruction set
+//! (AVX-512 or AVX2) instead of walked: the walker's own math traced once
+//! ([`super::trace`]), register-allocated and encoded ([`super::emit`])
+//! into a function that runs the whole loop of a row with every value in
+//! registers. The same instructions on the same operands as the walker's
+//! set, so the same bits (tested on every stage of every shipped cell and
+//! of random cells); the pointwise stages take about 0.5-0.85x the
+//! walker's time (`benches/kernels.rs`).
 //!
 //! A loop's inputs must be held as the walker's plan says they will be
 //! (vectors in memory, or floats for every lane), and a store may lie
 //! exactly where an input does or apart from it; a row where either does
 //! not hold is walked instead.
 
-use super::emit::{emit, Header, Source, Trace};
+use super::emit::{emit, Header, Source, Target, Trace};
 use super::lanes::Math;
 use super::math;
 use super::trace::{record, Traced};
@@ -33,6 +34,9 @@ pub struct CompiledLoop {
     pub spill_bytes: usize,
     /// Vectors of its wide iterations.
     width: usize,
+    /// The instruction set it runs on: its scalars are given in
+    /// [`Target::copies`] copies each.
+    pub target: Target,
 }
 
 /// The compiled loop's ABI (see [`super::emit`]).
@@ -79,7 +83,7 @@ impl CompiledLoop {
     /// `program` compiled, its inputs read as `vector` says (`true`: a
     /// vector in memory; `false`: one float for every lane). An error
     /// names what the emitter could not do.
-    pub fn new(program: &impl Program, vector: &[bool]) -> Result<CompiledLoop, String> {
+    pub fn new(target: Target, program: &impl Program, vector: &[bool]) -> Result<CompiledLoop, String> {
         let mut sources = Vec::with_capacity(vector.len());
         let (mut pointers, mut scalars) = (0, 0);
         for &v in vector {
@@ -102,7 +106,7 @@ impl CompiledLoop {
             } else {
                 trace::<2>(program, inputs, pointers)
             };
-            let e = emit(&wide, width, &narrow, &sources)?;
+            let e = emit(target, (&wide, width), &narrow, &sources)?;
             let spills = e.spill_slots > 0;
             emitted = Some((width, e));
             if !spills {
@@ -122,9 +126,14 @@ impl CompiledLoop {
             sources,
             pointers: pointers + stores,
             scalars,
-            constants: emitted.constants,
+            constants: emitted
+                .constants
+                .iter()
+                .flat_map(|&c| std::iter::repeat_n(c, target.copies()))
+                .collect(),
             spill_bytes: emitted.spill_bytes,
             width,
+            target,
         })
     }
 
@@ -136,15 +145,20 @@ impl CompiledLoop {
     /// its scalars; `spill` is 64-byte aligned, writable for
     /// [`CompiledLoop::spill_bytes`].
     pub unsafe fn run(&self, pointers: &[*mut f32], scalars: &[f32], spill: *mut u8, len: usize) {
-        debug_assert!(pointers.len() >= self.pointers && scalars.len() >= self.scalars);
-        let header = Header {
-            tail_mask: (1 << (len % 16)) - 1,
-            wide_bytes: (len / (16 * self.width) * 64 * self.width) as u64,
-        };
+        debug_assert!(
+            pointers.len() >= self.pointers && scalars.len() >= self.scalars * self.target.copies()
+        );
+        let header = Header::new(self.target, self.width, len);
         // SAFETY: per the contract; the header is the spill area's first bytes.
         unsafe {
             spill.cast::<Header>().write(header);
-            (self.func)(pointers.as_ptr(), len / 16 * 64, self.constants.as_ptr(), scalars.as_ptr(), spill)
+            (self.func)(
+                pointers.as_ptr(),
+                len / self.target.lanes() * self.target.bytes(),
+                self.constants.as_ptr(),
+                scalars.as_ptr(),
+                spill,
+            )
         }
     }
 }

@@ -1,12 +1,14 @@
-//! A fused loop's traces ([`super::trace`]) as AVX-512 machine code: the
-//! loop over a row's vectors, several vectors of sixteen floats an
+//! A fused loop's traces ([`super::trace`]) as machine code for AVX-512
+//! or AVX2 ([`Target`]): the loop over a row's vectors, several vectors an
 //! iteration (the wide trace), then one at a time (the narrow trace), then
-//! a masked last one; every value in a `zmm` register, constants and
-//! scalars read by embedded broadcast. Encoded by `iced-x86`.
+//! a masked last one; every value in a register. On AVX-512 constants and
+//! scalars are read by embedded broadcast and comparisons go to mask
+//! registers; on AVX2 they are read whole from pools of eight copies, and
+//! comparisons are vectors. Encoded by `iced-x86`.
 //!
 //! Registers are given out over the iteration's straight line of
 //! operations as it goes: an operand that dies frees its register for the
-//! result, and when all 32 are taken the value needed furthest ahead
+//! result, and when all are taken the value needed furthest ahead
 //! leaves: a loop's input or a constant is read again from memory, a
 //! computed value is spilled to the caller's spill area (and read from
 //! there as a memory operand where an instruction takes one).
@@ -22,6 +24,47 @@ use super::trace::{Binary, Node, Op, Unary};
 use iced_x86::code_asm::*;
 use iced_x86::IcedError;
 
+/// The instruction set a loop is emitted for: the walker's sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// Sixteen lanes in 32 `zmm` registers, comparisons in mask registers.
+    Avx512,
+    /// Eight lanes in 16 `ymm` registers (VEX encodings), comparisons as vectors.
+    Avx2,
+}
+
+impl Target {
+    /// Bytes of a vector.
+    pub fn bytes(self) -> usize {
+        match self {
+            Target::Avx512 => 64,
+            Target::Avx2 => 32,
+        }
+    }
+
+    /// Floats of a vector.
+    pub fn lanes(self) -> usize {
+        self.bytes() / 4
+    }
+
+    /// Copies of each constant and scalar its pools hold: one where
+    /// instructions broadcast them, else a vector's.
+    pub fn copies(self) -> usize {
+        match self {
+            Target::Avx512 => 1,
+            Target::Avx2 => 8,
+        }
+    }
+
+    /// Vector registers the allocator gives out.
+    fn registers(self) -> usize {
+        match self {
+            Target::Avx512 => 32,
+            Target::Avx2 => 16,
+        }
+    }
+}
+
 /// Where a loop's input comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
@@ -31,13 +74,34 @@ pub enum Source {
     Scalar(usize),
 }
 
-/// The first bytes of the spill area, which the caller writes.
-#[repr(C)]
+/// The first 64 bytes of the spill area, which the caller writes.
+#[repr(C, align(64))]
 pub struct Header {
-    /// The last, partial vector's lanes (zero when there is none).
-    pub tail_mask: u64,
+    /// The last, partial vector's lanes as mask bits (AVX-512).
+    pub tail_bits: u64,
     /// The bytes of the row the wide iterations cover.
     pub wide_bytes: u64,
+    /// Floats in the last, partial vector (zero when there is none).
+    pub tail_lanes: u64,
+    pub _pad: u64,
+    /// The last, partial vector's lanes as all-ones integers (AVX2).
+    pub tail_vector: [i32; 8],
+}
+
+impl Header {
+    /// The header of a row of `len` floats whose wide iterations take
+    /// `width` vectors of `target`'s.
+    pub fn new(target: Target, width: usize, len: usize) -> Header {
+        let (lanes, step) = (target.lanes(), target.lanes() * width);
+        let tail = len % lanes;
+        Header {
+            tail_bits: (1 << tail) - 1,
+            wide_bytes: (len / step * step * 4) as u64,
+            tail_lanes: tail as u64,
+            _pad: 0,
+            tail_vector: std::array::from_fn(|i| if i < tail { -1 } else { 0 }),
+        }
+    }
 }
 
 /// A loop's operations on an iteration's vectors, and what it stores:
@@ -60,10 +124,15 @@ pub struct Emitted {
     pub spill_slots: usize,
 }
 
-/// The machine code of the loop that computes `wide` for each `width`
+/// The `target` code of the loop that computes `wide` for each `width`
 /// vectors of a row, then `narrow` for each vector left, reading input
 /// slot `i` from `sources[i]`.
-pub fn emit(wide: &Trace, width: usize, narrow: &Trace, sources: &[Source]) -> Result<Emitted, String> {
+pub fn emit(
+    target: Target,
+    (wide, width): (&Trace, usize),
+    narrow: &Trace,
+    sources: &[Source],
+) -> Result<Emitted, String> {
     let (wide_live, narrow_live) = (live_ops(wide), live_ops(narrow));
     let mut constants: Vec<u32> = Vec::new();
     for (t, live) in [(wide, &wide_live), (narrow, &narrow_live)] {
@@ -91,16 +160,29 @@ pub fn emit(wide: &Trace, width: usize, narrow: &Trace, sources: &[Source]) -> R
     let mut labels = [(); 5].map(|_| a.create_label());
     let [wide_top, narrow_start, narrow_top, tail, done] = &mut labels;
     let wide_bytes = qword_ptr(SPILL + 8);
-    let wide =
-        Body { ops: &wide.ops, live: &wide_live, sources, stores: &wide.stores, constants: &constants };
-    let narrow =
-        Body { ops: &narrow.ops, live: &narrow_live, sources, stores: &narrow.stores, constants: &constants };
+    let wide = Body {
+        target,
+        ops: &wide.ops,
+        live: &wide_live,
+        sources,
+        stores: &wide.stores,
+        constants: &constants,
+    };
+    let narrow = Body {
+        target,
+        ops: &narrow.ops,
+        live: &narrow_live,
+        sources,
+        stores: &narrow.stores,
+        constants: &constants,
+    };
+    let bytes = target.bytes() as i32;
     a.xor(rax, rax).map_err(fail)?;
     a.cmp(wide_bytes, 0).map_err(fail)?;
     a.je(*narrow_start).map_err(fail)?;
     a.set_label(wide_top).map_err(fail)?;
     let mut spill_slots = wide.emit(&mut a, false)?;
-    a.add(rax, 64 * width as i32).map_err(fail)?;
+    a.add(rax, bytes * width as i32).map_err(fail)?;
     a.cmp(rax, wide_bytes).map_err(fail)?;
     a.jb(*wide_top).map_err(fail)?;
     a.set_label(narrow_start).map_err(fail)?;
@@ -108,13 +190,17 @@ pub fn emit(wide: &Trace, width: usize, narrow: &Trace, sources: &[Source]) -> R
     a.jae(*tail).map_err(fail)?;
     a.set_label(narrow_top).map_err(fail)?;
     spill_slots = spill_slots.max(narrow.emit(&mut a, false)?);
-    a.add(rax, 64).map_err(fail)?;
+    a.add(rax, bytes).map_err(fail)?;
     a.cmp(rax, WHOLE_BYTES).map_err(fail)?;
     a.jb(*narrow_top).map_err(fail)?;
     a.set_label(tail).map_err(fail)?;
-    a.kmovw(k1, word_ptr(SPILL)).map_err(fail)?;
-    a.kortestw(k1, k1).map_err(fail)?;
-    a.jz(*done).map_err(fail)?;
+    a.cmp(qword_ptr(SPILL + 16), 0).map_err(fail)?;
+    a.je(*done).map_err(fail)?;
+    match target {
+        Target::Avx512 => a.kmovw(k1, word_ptr(SPILL)),
+        Target::Avx2 => a.vmovdqa(YMM[TAIL_MASK], ymmword_ptr(SPILL + 32)),
+    }
+    .map_err(fail)?;
     spill_slots = spill_slots.max(narrow.emit(&mut a, true)?);
     a.set_label(done).map_err(fail)?;
     a.vzeroupper().map_err(fail)?;
@@ -145,6 +231,11 @@ const ZMM: [AsmRegisterZmm; 32] = [
     zmm16, zmm17, zmm18, zmm19, zmm20, zmm21, zmm22, zmm23, zmm24, zmm25, zmm26, zmm27, zmm28, zmm29, zmm30,
     zmm31,
 ];
+const YMM: [AsmRegisterYmm; 16] =
+    [ymm0, ymm1, ymm2, ymm3, ymm4, ymm5, ymm6, ymm7, ymm8, ymm9, ymm10, ymm11, ymm12, ymm13, ymm14, ymm15];
+/// On AVX2, the register that holds the last vector's lanes in the masked
+/// iteration (which gives out the others only).
+const TAIL_MASK: usize = 15;
 const K: [AsmRegisterK; 8] = [k0, k1, k2, k3, k4, k5, k6, k7];
 /// The mask registers comparisons get (`k0` masks nothing; `k1` is the
 /// last vector's lanes).
@@ -179,6 +270,7 @@ fn operands(op: &Op) -> Vec<Node> {
 
 /// One iteration's code, emitted for whole vectors or for the masked last one.
 struct Body<'a> {
+    target: Target,
     ops: &'a [Op],
     live: &'a [bool],
     sources: &'a [Source],
@@ -199,13 +291,18 @@ impl Body<'_> {
         for (j, &(n, _, _)) in self.stores.iter().enumerate() {
             uses[n.index()].push(order.len() + j);
         }
+        let registers = match (self.target, masked) {
+            (Target::Avx2, true) => TAIL_MASK,
+            (target, _) => target.registers(),
+        };
         let mut r = Registers {
             a,
             body: self,
             masked,
+            registers,
             uses,
             at: 0,
-            zmm: [None; 32],
+            regs: [None; 32],
             k: [None; 8],
             home: vec![Home::Nowhere; self.ops.len()],
             spilled: vec![None; self.ops.len()],
@@ -217,10 +314,15 @@ impl Body<'_> {
         }
         for (j, &(n, pointer, group)) in self.stores.iter().enumerate() {
             r.at = order.len() + j;
-            let x = r.zmm(n, &[])?;
+            let x = r.reg(n, &[])?;
             let to = r.row(pointer, group)?;
-            let to = if masked { zmmword_ptr(to).k1() } else { zmmword_ptr(to) };
-            r.a.vmovups(to, ZMM[x]).map_err(asm)?;
+            match (self.target, masked) {
+                (Target::Avx512, false) => r.a.vmovups(zmmword_ptr(to), ZMM[x]),
+                (Target::Avx512, true) => r.a.vmovups(zmmword_ptr(to).k1(), ZMM[x]),
+                (Target::Avx2, false) => r.a.vmovups(ymmword_ptr(to), YMM[x]),
+                (Target::Avx2, true) => r.a.vmaskmovps(ymmword_ptr(to), YMM[TAIL_MASK], YMM[x]),
+            }
+            .map_err(asm)?;
         }
         Ok(r.slots)
     }
@@ -234,7 +336,9 @@ fn asm(e: IcedError) -> String {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Home {
     Nowhere,
-    Zmm(usize),
+    /// A vector register.
+    Reg(usize),
+    /// A mask register (AVX-512's comparisons).
     K(usize),
 }
 
@@ -244,16 +348,43 @@ enum Operand {
     Mem(AsmMemoryOperand),
 }
 
+/// `$i d, a, b` on the target's registers (`$i2` the AVX2 name), `b` a
+/// register or memory.
+macro_rules! three {
+    ($r:ident, $i:ident / $i2:ident, $d:expr, $a:expr, $b:expr $(, $imm:expr)?) => {
+        match ($r.body.target, $b) {
+            (Target::Avx512, Operand::Reg(x)) => $r.a.$i(ZMM[$d], ZMM[$a], ZMM[x] $(, $imm)?),
+            (Target::Avx512, Operand::Mem(m)) => $r.a.$i(ZMM[$d], ZMM[$a], m $(, $imm)?),
+            (Target::Avx2, Operand::Reg(x)) => $r.a.$i2(YMM[$d], YMM[$a], YMM[x] $(, $imm)?),
+            (Target::Avx2, Operand::Mem(m)) => $r.a.$i2(YMM[$d], YMM[$a], m $(, $imm)?),
+        }
+    };
+}
+
+/// `$i d, a` on the target's registers, `a` a register or memory.
+macro_rules! two {
+    ($r:ident, $i:ident, $d:expr, $a:expr $(, $imm:expr)?) => {
+        match ($r.body.target, $a) {
+            (Target::Avx512, Operand::Reg(x)) => $r.a.$i(ZMM[$d], ZMM[x] $(, $imm)?),
+            (Target::Avx512, Operand::Mem(m)) => $r.a.$i(ZMM[$d], m $(, $imm)?),
+            (Target::Avx2, Operand::Reg(x)) => $r.a.$i(YMM[$d], YMM[x] $(, $imm)?),
+            (Target::Avx2, Operand::Mem(m)) => $r.a.$i(YMM[$d], m $(, $imm)?),
+        }
+    };
+}
+
 /// The register allocator of one iteration, emitting as it goes.
 struct Registers<'a, 'b> {
     a: &'a mut CodeAssembler,
     body: &'a Body<'b>,
     masked: bool,
+    /// Vector registers it gives out: `0..registers`.
+    registers: usize,
     /// Each node's uses, by position in the iteration.
     uses: Vec<Vec<usize>>,
     /// The position being emitted.
     at: usize,
-    zmm: [Option<Node>; 32],
+    regs: [Option<Node>; 32],
     k: [Option<Node>; 8],
     home: Vec<Home>,
     /// Each computed node's spill slot, once it has one.
@@ -264,6 +395,27 @@ struct Registers<'a, 'b> {
 impl Registers<'_, '_> {
     fn op_of(&self, n: Node) -> Op {
         self.body.ops[n.index()]
+    }
+
+    fn target(&self) -> Target {
+        self.body.target
+    }
+
+    /// A whole vector at `m`.
+    fn vector_at(&self, m: AsmMemoryOperand) -> AsmMemoryOperand {
+        match self.target() {
+            Target::Avx512 => zmmword_ptr(m),
+            Target::Avx2 => ymmword_ptr(m),
+        }
+    }
+
+    /// Float `i` of a pool at `base` as an operand: broadcast on AVX-512,
+    /// the vector of its copies on AVX2.
+    fn pooled(&self, base: AsmRegister64, i: usize) -> AsmMemoryOperand {
+        match self.target() {
+            Target::Avx512 => dword_bcst(base + 4 * i as i32),
+            Target::Avx2 => ymmword_ptr(base + 32 * i as i32),
+        }
     }
 
     /// The position of `n`'s next use after the current one (`usize::MAX` if none).
@@ -288,21 +440,24 @@ impl Registers<'_, '_> {
                 SCRATCH
             }
         };
-        Ok(base + rax + 64 * group as i32)
+        Ok(base + rax + (self.target().bytes() * group) as i32)
     }
 
     /// `n` as an instruction's memory operand, if it can be read from
     /// memory where it is: a vector input (but in the masked iteration), a
-    /// scalar or constant (broadcast), or a spilled value.
+    /// scalar or constant, or a spilled value.
     fn memory(&mut self, n: Node) -> Result<Option<AsmMemoryOperand>, String> {
         Ok(match self.op_of(n) {
             Op::Input { slot, group } => match self.body.sources[slot] {
-                Source::Vector(p) if !self.masked => Some(zmmword_ptr(self.row(p, group)?)),
+                Source::Vector(p) if !self.masked => {
+                    let at = self.row(p, group)?;
+                    Some(self.vector_at(at))
+                }
                 Source::Vector(_) => None,
-                Source::Scalar(j) => Some(dword_bcst(SCALARS + 4 * j as i32)),
+                Source::Scalar(j) => Some(self.pooled(SCALARS, j)),
             },
-            Op::Const(bits) => Some(dword_bcst(CONSTANTS + 4 * self.constant(bits) as i32)),
-            _ => self.spilled[n.index()].map(|s| zmmword_ptr(spill_slot(s))),
+            Op::Const(bits) => Some(self.pooled(CONSTANTS, self.constant(bits))),
+            _ => self.spilled[n.index()].map(|s| self.vector_at(spill_slot(s))),
         })
     }
 
@@ -315,13 +470,13 @@ impl Registers<'_, '_> {
     /// Call [`Registers::operand`] for its operand, after every other load
     /// of the instruction (a memory operand may take the scratch register).
     fn prepare(&mut self, n: Node, keep: &[Node]) -> Result<Option<usize>, String> {
-        if let Home::Zmm(r) = self.home[n.index()] {
+        if let Home::Reg(r) = self.home[n.index()] {
             return Ok(Some(r));
         }
         if self.reads_from_memory(n) {
             return Ok(None);
         }
-        self.zmm(n, keep).map(Some)
+        self.reg(n, keep).map(Some)
     }
 
     /// The operand [`Registers::prepare`] made ready: its register, or memory.
@@ -334,7 +489,7 @@ impl Registers<'_, '_> {
 
     /// Whether `n` would be read from memory as an operand.
     fn reads_from_memory(&self, n: Node) -> bool {
-        if matches!(self.home[n.index()], Home::Zmm(_)) {
+        if matches!(self.home[n.index()], Home::Reg(_)) {
             return false;
         }
         match self.op_of(n) {
@@ -344,66 +499,83 @@ impl Registers<'_, '_> {
         }
     }
 
-    /// `n` in a `zmm` register, loaded into one if it is not (never evicting `keep`).
-    fn zmm(&mut self, n: Node, keep: &[Node]) -> Result<usize, String> {
-        if let Home::Zmm(r) = self.home[n.index()] {
+    /// `n` in a vector register, loaded into one if it is not (never evicting `keep`).
+    fn reg(&mut self, n: Node, keep: &[Node]) -> Result<usize, String> {
+        if let Home::Reg(r) = self.home[n.index()] {
             return Ok(r);
         }
-        let r = self.free_zmm(keep)?;
+        let r = self.free_reg(keep)?;
         self.load(n, r)?;
-        self.zmm[r] = Some(n);
-        self.home[n.index()] = Home::Zmm(r);
+        self.regs[r] = Some(n);
+        self.home[n.index()] = Home::Reg(r);
         Ok(r)
     }
 
     /// Loads `n`'s value into register `r` (which does not become its home).
     fn load(&mut self, n: Node, r: usize) -> Result<(), String> {
-        let z = ZMM[r];
-        if let Home::Zmm(from) = self.home[n.index()] {
-            return self.a.vmovaps(z, ZMM[from]).map_err(asm);
+        let t = self.target();
+        if let Home::Reg(from) = self.home[n.index()] {
+            return match t {
+                Target::Avx512 => self.a.vmovaps(ZMM[r], ZMM[from]),
+                Target::Avx2 => self.a.vmovaps(YMM[r], YMM[from]),
+            }
+            .map_err(asm);
         }
-        match self.op_of(n) {
+        let whole = match self.op_of(n) {
             Op::Input { slot, group } => match self.body.sources[slot] {
                 Source::Vector(p) => {
-                    let m = zmmword_ptr(self.row(p, group)?);
-                    if self.masked {
-                        self.a.vmovups(z.k1().z(), m)
-                    } else {
-                        self.a.vmovups(z, m)
+                    let at = self.row(p, group)?;
+                    let m = self.vector_at(at);
+                    return match (t, self.masked) {
+                        (Target::Avx512, false) => self.a.vmovups(ZMM[r], m),
+                        (Target::Avx512, true) => self.a.vmovups(ZMM[r].k1().z(), m),
+                        (Target::Avx2, false) => self.a.vmovups(YMM[r], m),
+                        (Target::Avx2, true) => self.a.vmaskmovps(YMM[r], YMM[TAIL_MASK], m),
                     }
+                    .map_err(asm);
                 }
-                Source::Scalar(j) => self.a.vbroadcastss(z, dword_ptr(SCALARS + 4 * j as i32)),
+                Source::Scalar(j) => self.pooled(SCALARS, j),
             },
-            Op::Const(bits) => {
-                let c = self.constant(bits);
-                self.a.vbroadcastss(z, dword_ptr(CONSTANTS + 4 * c as i32))
-            }
+            Op::Const(bits) => self.pooled(CONSTANTS, self.constant(bits)),
             _ => match self.spilled[n.index()] {
-                Some(s) => self.a.vmovaps(z, zmmword_ptr(spill_slot(s))),
+                Some(s) => self.vector_at(spill_slot(s)),
                 None => return Err(format!("node {} read before it is computed", n.0)),
             },
+        };
+        // A broadcast operand loads as a broadcast; a whole vector as itself.
+        match (t, self.op_of(n)) {
+            (Target::Avx512, Op::Input { .. } | Op::Const(_)) => {
+                self.a.vbroadcastss(ZMM[r], dword_ptr(whole))
+            }
+            (Target::Avx512, _) => self.a.vmovaps(ZMM[r], whole),
+            (Target::Avx2, _) => self.a.vmovups(YMM[r], whole),
         }
         .map_err(asm)
     }
 
-    /// A free `zmm` register, evicting the value needed furthest ahead
+    /// A free vector register, evicting the value needed furthest ahead
     /// (never one of `keep`).
-    fn free_zmm(&mut self, keep: &[Node]) -> Result<usize, String> {
-        if let Some(r) = self.zmm.iter().position(Option::is_none) {
+    fn free_reg(&mut self, keep: &[Node]) -> Result<usize, String> {
+        if let Some(r) = self.regs[..self.registers].iter().position(Option::is_none) {
             return Ok(r);
         }
-        let victim = (0..32)
-            .filter(|&r| self.zmm[r].is_some_and(|n| !keep.contains(&n)))
-            .max_by_key(|&r| self.zmm[r].map_or(0, |n| self.next_use(n)))
+        let victim = (0..self.registers)
+            .filter(|&r| self.regs[r].is_some_and(|n| !keep.contains(&n)))
+            .max_by_key(|&r| self.regs[r].map_or(0, |n| self.next_use(n)))
             .ok_or("every register holds an operand")?;
-        let n = self.zmm[victim].take().ok_or("no victim")?;
+        let n = self.regs[victim].take().ok_or("no victim")?;
         self.home[n.index()] = Home::Nowhere;
         let computed = !matches!(self.op_of(n), Op::Input { .. } | Op::Const(_));
         if computed && self.spilled[n.index()].is_none() && self.next_use(n) != usize::MAX {
             let s = self.slots;
             self.slots += 1;
             self.spilled[n.index()] = Some(s);
-            self.a.vmovaps(zmmword_ptr(spill_slot(s)), ZMM[victim]).map_err(asm)?;
+            let to = self.vector_at(spill_slot(s));
+            match self.target() {
+                Target::Avx512 => self.a.vmovaps(to, ZMM[victim]),
+                Target::Avx2 => self.a.vmovaps(to, YMM[victim]),
+            }
+            .map_err(asm)?;
         }
         Ok(victim)
     }
@@ -430,11 +602,11 @@ impl Registers<'_, '_> {
         Ok(victim)
     }
 
-    /// `n`, a comparison, in a mask register.
+    /// `n`, a comparison, in a mask register (AVX-512).
     fn mask(&mut self, n: Node, keep: &[Node]) -> Result<usize, String> {
         match self.home[n.index()] {
             Home::K(r) => Ok(r),
-            Home::Zmm(_) => Err(format!("node {} is a vector, read as a comparison", n.0)),
+            Home::Reg(_) => Err(format!("node {} is a vector, read as a comparison", n.0)),
             Home::Nowhere => {
                 let s = self.spilled[n.index()].ok_or_else(|| format!("comparison {} not computed", n.0))?;
                 let r = self.free_k(keep)?;
@@ -451,7 +623,7 @@ impl Registers<'_, '_> {
         for &n in operands {
             if self.dies_here(n) {
                 match self.home[n.index()] {
-                    Home::Zmm(r) => self.zmm[r] = None,
+                    Home::Reg(r) => self.regs[r] = None,
                     Home::K(r) => self.k[r] = None,
                     Home::Nowhere => {}
                 }
@@ -462,25 +634,25 @@ impl Registers<'_, '_> {
 
     /// A register for the result `v`.
     fn result(&mut self, v: Node, keep: &[Node]) -> Result<usize, String> {
-        let r = self.free_zmm(keep)?;
-        self.zmm[r] = Some(v);
-        self.home[v.index()] = Home::Zmm(r);
+        let r = self.free_reg(keep)?;
+        self.regs[r] = Some(v);
+        self.home[v.index()] = Home::Reg(r);
         Ok(r)
     }
 
     /// The register a destructive instruction writes `v` to, holding `n`'s
     /// value first: `n`'s own if it dies here, else a copy.
     fn overwrite(&mut self, n: Node, v: Node, keep: &[Node]) -> Result<usize, String> {
-        if let (Home::Zmm(r), true) = (self.home[n.index()], self.dies_here(n)) {
-            self.zmm[r] = Some(v);
+        if let (Home::Reg(r), true) = (self.home[n.index()], self.dies_here(n)) {
+            self.regs[r] = Some(v);
             self.home[n.index()] = Home::Nowhere;
-            self.home[v.index()] = Home::Zmm(r);
+            self.home[v.index()] = Home::Reg(r);
             return Ok(r);
         }
-        let r = self.free_zmm(keep)?;
+        let r = self.free_reg(keep)?;
         self.load(n, r)?;
-        self.zmm[r] = Some(v);
-        self.home[v.index()] = Home::Zmm(r);
+        self.regs[r] = Some(v);
+        self.home[v.index()] = Home::Reg(r);
         Ok(r)
     }
 
@@ -490,23 +662,19 @@ impl Registers<'_, '_> {
             // Read where they are used.
             Op::Input { .. } | Op::Const(_) => Ok(()),
             Op::Unary(u, x) => {
-                let px = self.prepare(x, &[x])?;
+                // AVX2's shifts by a constant take a register only.
+                let px = match (self.target(), u) {
+                    (Target::Avx2, Unary::Shl23 | Unary::Shr23) => Some(self.reg(x, &[x])?),
+                    _ => self.prepare(x, &[x])?,
+                };
                 self.release_dying(&[x]);
-                let d = ZMM[self.result(v, &[x])?];
+                let d = self.result(v, &[x])?;
                 let b = self.operand(x, px)?;
-                macro_rules! unary {
-                    ($i:ident $(, $imm:expr)?) => {
-                        match b {
-                            Operand::Reg(r) => self.a.$i(d, ZMM[r] $(, $imm)?),
-                            Operand::Mem(m) => self.a.$i(d, m $(, $imm)?),
-                        }
-                    };
-                }
                 match u {
-                    Unary::Sqrt => unary!(vsqrtps),
-                    Unary::IntToFloat => unary!(vcvtdq2ps),
-                    Unary::Shl23 => unary!(vpslld, 23),
-                    Unary::Shr23 => unary!(vpsrld, 23),
+                    Unary::Sqrt => two!(self, vsqrtps, d, b),
+                    Unary::IntToFloat => two!(self, vcvtdq2ps, d, b),
+                    Unary::Shl23 => two!(self, vpslld, d, b, 23),
+                    Unary::Shr23 => two!(self, vpsrld, d, b, 23),
                 }
                 .map_err(asm)
             }
@@ -521,58 +689,66 @@ impl Registers<'_, '_> {
                     (x, y)
                 };
                 let keep = [x, y];
-                let a = ZMM[self.zmm(x, &keep)?];
+                let a = self.reg(x, &keep)?;
                 let py = self.prepare(y, &keep)?;
                 self.release_dying(&keep);
-                let d = ZMM[self.result(v, &keep)?];
+                let d = self.result(v, &keep)?;
                 let b = self.operand(y, py)?;
-                macro_rules! binary {
-                    ($i:ident) => {
-                        match b {
-                            Operand::Reg(r) => self.a.$i(d, a, ZMM[r]),
-                            Operand::Mem(m) => self.a.$i(d, a, m),
-                        }
-                    };
-                }
                 match o {
-                    Binary::Add => binary!(vaddps),
-                    Binary::Sub => binary!(vsubps),
-                    Binary::Mul => binary!(vmulps),
-                    Binary::Div => binary!(vdivps),
-                    Binary::Min => binary!(vminps),
-                    Binary::Max => binary!(vmaxps),
-                    Binary::IntAdd => binary!(vpaddd),
-                    Binary::IntSub => binary!(vpsubd),
-                    Binary::And => binary!(vpandd),
-                    Binary::Or => binary!(vpord),
-                    Binary::Xor => binary!(vpxord),
+                    Binary::Add => three!(self, vaddps / vaddps, d, a, b),
+                    Binary::Sub => three!(self, vsubps / vsubps, d, a, b),
+                    Binary::Mul => three!(self, vmulps / vmulps, d, a, b),
+                    Binary::Div => three!(self, vdivps / vdivps, d, a, b),
+                    Binary::Min => three!(self, vminps / vminps, d, a, b),
+                    Binary::Max => three!(self, vmaxps / vmaxps, d, a, b),
+                    Binary::IntAdd => three!(self, vpaddd / vpaddd, d, a, b),
+                    Binary::IntSub => three!(self, vpsubd / vpsubd, d, a, b),
+                    Binary::And => three!(self, vpandd / vpand, d, a, b),
+                    Binary::Or => three!(self, vpord / vpor, d, a, b),
+                    Binary::Xor => three!(self, vpxord / vpxor, d, a, b),
                 }
                 .map_err(asm)
             }
             Op::Cmp(p, x, y) => {
                 let keep = [x, y];
-                let a = ZMM[self.zmm(x, &keep)?];
+                let a = self.reg(x, &keep)?;
                 let py = self.prepare(y, &keep)?;
                 self.release_dying(&keep);
+                if self.target() == Target::Avx2 {
+                    let d = self.result(v, &keep)?;
+                    let b = self.operand(y, py)?;
+                    return match b {
+                        Operand::Reg(r) => self.a.vcmpps(YMM[d], YMM[a], YMM[r], p),
+                        Operand::Mem(m) => self.a.vcmpps(YMM[d], YMM[a], m, p),
+                    }
+                    .map_err(asm);
+                }
                 let d = self.free_k(&keep)?;
                 self.k[d] = Some(v);
                 self.home[v.index()] = Home::K(d);
                 match self.operand(y, py)? {
-                    Operand::Reg(r) => self.a.vcmpps(K[d], a, ZMM[r], p),
-                    Operand::Mem(m) => self.a.vcmpps(K[d], a, m, p),
+                    Operand::Reg(r) => self.a.vcmpps(K[d], ZMM[a], ZMM[r], p),
+                    Operand::Mem(m) => self.a.vcmpps(K[d], ZMM[a], m, p),
                 }
                 .map_err(asm)
             }
             Op::Blend(c, no, yes) => {
                 let keep = [c, no, yes];
-                let k = self.mask(c, &keep)?;
-                let a = ZMM[self.zmm(no, &keep)?];
+                let mask = match self.target() {
+                    Target::Avx512 => self.mask(c, &keep)?,
+                    Target::Avx2 => self.reg(c, &keep)?,
+                };
+                let a = self.reg(no, &keep)?;
                 let py = self.prepare(yes, &keep)?;
                 self.release_dying(&keep);
-                let d = with_mask(ZMM[self.result(v, &keep)?], k);
-                match self.operand(yes, py)? {
-                    Operand::Reg(r) => self.a.vblendmps(d, a, ZMM[r]),
-                    Operand::Mem(m) => self.a.vblendmps(d, a, m),
+                let d = self.result(v, &keep)?;
+                match (self.target(), self.operand(yes, py)?) {
+                    (Target::Avx512, Operand::Reg(r)) => {
+                        self.a.vblendmps(with_mask(ZMM[d], mask), ZMM[a], ZMM[r])
+                    }
+                    (Target::Avx512, Operand::Mem(m)) => self.a.vblendmps(with_mask(ZMM[d], mask), ZMM[a], m),
+                    (Target::Avx2, Operand::Reg(r)) => self.a.vblendvps(YMM[d], YMM[a], YMM[r], YMM[mask]),
+                    (Target::Avx2, Operand::Mem(m)) => self.a.vblendvps(YMM[d], YMM[a], m, YMM[mask]),
                 }
                 .map_err(asm)
             }
@@ -589,40 +765,31 @@ impl Registers<'_, '_> {
         if self.reads_from_memory(z) || !self.reads_from_memory(y) {
             // 213: d = y · d + z, d holding x (or y, the other then in a register).
             let (x, y) = if !self.dies_here(x) && self.dies_here(y) { (y, x) } else { (x, y) };
-            let ry = ZMM[self.zmm(y, &keep)?];
+            let ry = self.reg(y, &keep)?;
             let pz = self.prepare(z, &keep)?;
-            let d = ZMM[self.overwrite(x, v, &keep)?];
+            let d = self.overwrite(x, v, &keep)?;
             self.release_dying(&[y, z]);
-            match self.operand(z, pz)? {
-                Operand::Reg(r) => self.a.vfmadd213ps(d, ry, ZMM[r]),
-                Operand::Mem(m) => self.a.vfmadd213ps(d, ry, m),
-            }
-            .map_err(asm)
+            let b = self.operand(z, pz)?;
+            three!(self, vfmadd213ps / vfmadd213ps, d, ry, b).map_err(asm)
         } else if self.dies_here(z) && !self.dies_here(x) {
             // 231: d = x · y + d, d holding z, y from memory.
-            let rx = ZMM[self.zmm(x, &keep)?];
-            let d = ZMM[self.overwrite(z, v, &keep)?];
+            let rx = self.reg(x, &keep)?;
+            let d = self.overwrite(z, v, &keep)?;
             self.release_dying(&[x, y]);
-            match self.operand(y, None)? {
-                Operand::Reg(r) => self.a.vfmadd231ps(d, rx, ZMM[r]),
-                Operand::Mem(m) => self.a.vfmadd231ps(d, rx, m),
-            }
-            .map_err(asm)
+            let b = self.operand(y, None)?;
+            three!(self, vfmadd231ps / vfmadd231ps, d, rx, b).map_err(asm)
         } else {
             // 132: d = d · y + z, d holding x, y from memory.
-            let rz = ZMM[self.zmm(z, &keep)?];
-            let d = ZMM[self.overwrite(x, v, &keep)?];
+            let rz = self.reg(z, &keep)?;
+            let d = self.overwrite(x, v, &keep)?;
             self.release_dying(&[y, z]);
-            match self.operand(y, None)? {
-                Operand::Reg(r) => self.a.vfmadd132ps(d, rz, ZMM[r]),
-                Operand::Mem(m) => self.a.vfmadd132ps(d, rz, m),
-            }
-            .map_err(asm)
+            let b = self.operand(y, None)?;
+            three!(self, vfmadd132ps / vfmadd132ps, d, rz, b).map_err(asm)
         }
     }
 }
 
-/// Spill slot `s`: 64 bytes past the lane mask's line.
+/// Spill slot `s`: 64 bytes each, past the header's line.
 fn spill_slot(s: usize) -> AsmMemoryOperand {
     SPILL + 64 * (1 + s as i32)
 }

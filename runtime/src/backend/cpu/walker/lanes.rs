@@ -90,9 +90,9 @@ macro_rules! lanes {
             /// Vectors of a value that the walker's fused loops compute per
             /// pass (see the walker's module doc).
             const REGISTERS: usize;
-            /// Whether the walker runs its fused loops as code compiled for
-            /// the set (`walker/compiled.rs`) rather than walking them.
-            const COMPILED: bool;
+            /// The set the walker compiles its fused loops for
+            /// (`walker/compiled.rs`) rather than walking them, if any.
+            const COMPILED: Option<super::emit::Target>;
 
             /// The set, if this processor has it.
             fn detect() -> Option<Self>;
@@ -132,7 +132,7 @@ macro_rules! lanes {
             detected: $detected:expr,
             lanes: $lanes:literal,
             registers: $registers:literal,
-            compiled: $compiled:literal,
+            compiled: $compiled:ident,
             types: $v:ty, $int:ty, $cmp:ty, $mask:ty $(,)?
         }
         $($op:ident $(<const $p:ident: $pt:ty>)? ($($arg:ident: $ty:ty),*) -> $ret:ty { $e:expr })*;
@@ -162,7 +162,7 @@ macro_rules! lanes {
             const NAME: &'static str = $name;
             const LANES: usize = $lanes;
             const REGISTERS: usize = $registers;
-            const COMPILED: bool = $compiled;
+            const COMPILED: Option<super::emit::Target> = Some(super::emit::Target::$compiled);
 
             fn detect() -> Option<Self> {
                 ($detected).then_some($set(()))
@@ -207,7 +207,7 @@ lanes! {
             detected: std::arch::is_x86_feature_detected!("avx512f"),
             lanes: 16,
             registers: 8,
-            compiled: true,
+            compiled: Avx512,
             types: __m512, __m512i, __mmask16, __mmask16,
         }
         /// AVX2 with FMA: eight lanes in a `ymm` register, comparisons into
@@ -219,7 +219,7 @@ lanes! {
                 && std::arch::is_x86_feature_detected!("fma"),
             lanes: 8,
             registers: 16,
-            compiled: false,
+            compiled: Avx2,
             types: __m256, __m256i, __m256, __m256i,
         }
     }

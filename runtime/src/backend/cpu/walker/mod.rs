@@ -28,12 +28,12 @@
 //! stage's rows run inside [`Lanes::enter`]: each set gets its own copy,
 //! compiled for it, with every operation one of its instructions.
 //!
-//! On AVX-512 ([`Lanes::COMPILED`]) each fused loop is also compiled to
+//! On either set ([`Lanes::COMPILED`]) each fused loop is also compiled to
 //! machine code (`compiled.rs`): the same math traced once (`trace.rs`)
 //! and emitted with every value in registers (`emit.rs`), several vectors an
 //! iteration, instead of a pass's values going through the register file
-//! op by op. Same instructions, same bits; the pointwise stages take
-//! 0.55-0.9x the walked time. A row whose loop cannot run compiled (an
+//! op by op. Same instructions, same bits; the pointwise stages take about
+//! 0.5-0.85x the walked time. A row whose loop cannot run compiled (an
 //! input held otherwise than the plan said, a store overlapping an input
 //! but exactly) is walked.
 
@@ -127,7 +127,7 @@ struct Fused {
     len: usize,
     outside: Vec<ValueId>,
     members: Vec<Member>,
-    /// The loop as code, where the set compiles loops ([`Lanes::COMPILED`]).
+    /// The loop as machine code, where the set compiles loops ([`Lanes::COMPILED`]).
     compiled: Option<compiled::CompiledLoop>,
 }
 
@@ -243,9 +243,10 @@ impl<S: Lanes> WalkedStage<S> {
                     held.extend(members.iter().filter(|m| m.store.is_some()).map(|m| m.value));
                     registers = registers.max(l.outside.len() + members.len());
                     let mut fused = Fused { len: l.len, outside: l.outside.clone(), members, compiled: None };
-                    if S::COMPILED {
+                    if let Some(target) = S::COMPILED {
                         let vector: Vec<bool> = l.outside.iter().map(|v| vectors.contains(v)).collect();
-                        fused.compiled = Some(compiled::CompiledLoop::new(&fused, &vector).map_err(fail)?);
+                        fused.compiled =
+                            Some(compiled::CompiledLoop::new(target, &fused, &vector).map_err(fail)?);
                     }
                     vectors.extend(fused.members.iter().filter(|m| m.store.is_some()).map(|m| m.value));
                     steps.push(Step::Fused(fused));
@@ -521,7 +522,9 @@ unsafe fn run_compiled(
     for (v, source) in l.outside.iter().zip(&c.sources) {
         match (held[v.index()], source) {
             (Held::Mem(p), emit::Source::Vector(_)) => table.push(p),
-            (Held::Scalar(x) | Held::Splat(x), emit::Source::Scalar(_)) => scalars.push(x),
+            (Held::Scalar(x) | Held::Splat(x), emit::Source::Scalar(_)) => {
+                scalars.extend(std::iter::repeat_n(x, c.target.copies()))
+            }
             _ => return false,
         }
     }

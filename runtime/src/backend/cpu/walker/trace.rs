@@ -1,9 +1,9 @@
 //! The math as a trace: a [`Math`] whose vectors are the nodes of a list
 //! of operations, recorded as the walker's own math functions call them,
 //! for the compiler of fused loops ([`super::compiled`]) to turn into
-//! AVX-512 code. Each recorded operation is one of [`Math`]'s methods, so
-//! the compiled code runs the instructions the walker's AVX-512 set runs,
-//! in the same order on the same operands, and computes the same bits.
+//! machine code. Each recorded operation is one of [`Math`]'s methods, so
+//! the compiled code runs the instructions the walker's set runs, in the
+//! same order on the same operands, and computes the same bits.
 //!
 //! A traced vector is `U` vectors side by side (`[Node; U]`), each method
 //! recording its operation on each in turn: the compiled loop works on

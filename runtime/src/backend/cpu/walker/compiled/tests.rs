@@ -1,10 +1,11 @@
-//! Compiled loops against the same programs run on the AVX-512 set, bit
-//! for bit, where the emitter must spill: more values alive than `zmm`
-//! registers, more comparisons alive than mask registers; over rows
-//! that take the wide iterations, the narrow ones and the masked last
-//! vector; with a store exactly over its input.
+//! Compiled loops against the same programs run on their instruction set
+//! (AVX-512 and AVX2, where the processor has them), bit for bit, where
+//! the emitter must spill: more values alive than vector registers, more
+//! comparisons alive than mask registers; over rows that take the wide
+//! iterations, the narrow ones and the masked last vector; with a store
+//! exactly over its input.
 
-use super::super::lanes::{Avx512, Lanes, Math};
+use super::super::lanes::{Avx2, Avx512, Lanes, Math};
 use super::{CompiledLoop, Program};
 use std::arch::x86_64::{_CMP_LT_OQ, _CMP_NEQ_UQ};
 
@@ -63,8 +64,8 @@ fn row(seed: u64, len: usize) -> Vec<f32> {
 }
 
 /// `program` on the set, a vector at a time (the last one masked).
-fn reference(
-    s: Avx512,
+fn reference<S: Lanes>(
+    s: S,
     program: &impl Program,
     vectors: &[Vec<f32>],
     scalars: &[f32],
@@ -72,8 +73,8 @@ fn reference(
 ) -> Vec<Vec<f32>> {
     let mut outs: Vec<Vec<f32>> = Vec::new();
     s.enter(|| {
-        for off in (0..len).step_by(16) {
-            let lanes = (len - off).min(16);
+        for off in (0..len).step_by(S::LANES) {
+            let lanes = (len - off).min(S::LANES);
             let mask = s.mask(lanes);
             // SAFETY: each row holds `len` floats; the mask stops at them.
             let mut inputs: Vec<_> =
@@ -102,12 +103,23 @@ fn same(what: &str, a: &[f32], b: &[f32]) {
 /// Rows that end in the wide iterations, the narrow ones and the masked vector.
 const LENGTHS: [usize; 9] = [1, 15, 16, 17, 33, 63, 64, 65, 130];
 
-#[test]
-fn values_beyond_the_registers_spill_and_stay_exact() {
-    let Some(s) = Avx512::detect() else { return eprintln!("skipped: no AVX-512") };
+/// A compiled loop's run over rows of `len` floats: `vectors` then
+/// `outs` through the pointer table, `scalars` copied for the target.
+fn run_compiled(compiled: &CompiledLoop, table: &[*mut f32], scalars: &[f32], len: usize) {
+    let scalars: Vec<f32> =
+        scalars.iter().flat_map(|&x| std::iter::repeat_n(x, compiled.target.copies())).collect();
+    let mut spill = vec![[0u8; 64]; compiled.spill_bytes / 64 + 1];
+    let spill = spill.as_mut_ptr().cast::<u8>().wrapping_add(64 - spill.as_ptr() as usize % 64);
+    // SAFETY: every pointer holds `len` floats (the callers'); the spill
+    // area is aligned and long enough.
+    unsafe { compiled.run(table, &scalars, spill, len) };
+}
+
+fn crowded<S: Lanes>(s: S) {
+    let target = S::COMPILED.expect("a compiled set");
     let mut vector = vec![true; VECTORS];
     vector.push(false);
-    let compiled = CompiledLoop::new(&Crowded, &vector).expect("compiles");
+    let compiled = CompiledLoop::new(target, &Crowded, &vector).expect("compiles");
     assert!(compiled.spill_bytes > 64, "the program must spill to test spilling");
     for len in LENGTHS {
         let vectors: Vec<Vec<f32>> = (0..VECTORS as u64).map(|i| row(i + 1, len)).collect();
@@ -116,28 +128,43 @@ fn values_beyond_the_registers_spill_and_stay_exact() {
         let mut outs = vec![vec![f32::NAN; len]; expected.len()];
         let mut table: Vec<*mut f32> = vectors.iter().map(|v| v.as_ptr().cast_mut()).collect();
         table.extend(outs.iter_mut().map(|o| o.as_mut_ptr()));
-        let mut spill = vec![[0u8; 64]; compiled.spill_bytes / 64 + 1];
-        let spill = spill.as_mut_ptr().cast::<u8>().wrapping_add(64 - spill.as_ptr() as usize % 64);
-        // SAFETY: every pointer holds `len` floats; the spill area is aligned and long enough.
-        unsafe { compiled.run(&table, &scalars, spill, len) };
+        run_compiled(&compiled, &table, &scalars, len);
         for (k, (o, e)) in outs.iter().zip(&expected).enumerate() {
-            same(&format!("store {k}, {len} floats"), o, e);
+            same(&format!("{} store {k}, {len} floats", S::NAME), o, e);
         }
     }
 }
 
-#[test]
-fn a_store_over_its_input_reads_it_first() {
-    let Some(s) = Avx512::detect() else { return eprintln!("skipped: no AVX-512") };
-    let compiled = CompiledLoop::new(&InPlace, &[true]).expect("compiles");
+fn in_place<S: Lanes>(s: S) {
+    let compiled =
+        CompiledLoop::new(S::COMPILED.expect("a compiled set"), &InPlace, &[true]).expect("compiles");
     for len in LENGTHS {
         let mut x = row(3, len);
         let expected = reference(s, &InPlace, std::slice::from_ref(&x), &[], len);
         let p = x.as_mut_ptr();
-        let mut spill = vec![[0u8; 64]; compiled.spill_bytes / 64 + 1];
-        let spill = spill.as_mut_ptr().cast::<u8>().wrapping_add(64 - spill.as_ptr() as usize % 64);
-        // SAFETY: as above; the store lies exactly on the input.
-        unsafe { compiled.run(&[p, p], &[], spill, len) };
-        same(&format!("{len} floats"), &x, &expected[0]);
+        run_compiled(&compiled, &[p, p], &[], len);
+        same(&format!("{} {len} floats", S::NAME), &x, &expected[0]);
     }
+}
+
+/// `check` on each set this processor has.
+fn each_set(check: fn(Avx512), check2: fn(Avx2)) {
+    match Avx512::detect() {
+        Some(s) => check(s),
+        None => eprintln!("skipped on AVX-512: this processor lacks it"),
+    }
+    match Avx2::detect() {
+        Some(s) => check2(s),
+        None => eprintln!("skipped on AVX2: this processor lacks it"),
+    }
+}
+
+#[test]
+fn values_beyond_the_registers_spill_and_stay_exact() {
+    each_set(crowded::<Avx512>, crowded::<Avx2>);
+}
+
+#[test]
+fn a_store_over_its_input_reads_it_first() {
+    each_set(in_place::<Avx512>, in_place::<Avx2>);
 }
