@@ -158,6 +158,8 @@ pub struct WalkedStage<S> {
     scratch: usize,
     /// Register-file slots the widest loop needs.
     registers: usize,
+    /// Fused loops the set would compile that did not compile.
+    uncompiled: usize,
 }
 
 // SAFETY: the `Item`s it keeps are descriptions (ids and numbers); a run's
@@ -211,6 +213,7 @@ impl<S: Lanes> WalkedStage<S> {
             plan.inputs.iter().filter(|&&(_, _, k)| k == Kind::Vector).map(|&(_, v, _)| v).collect();
         let mut steps = Vec::with_capacity(plan.items.len());
         let mut registers = 0;
+        let mut walked_for_want = 0;
         for item in &plan.items {
             // The reader an error names: the item's value, or a loop's first member.
             let reader = item.value().or_else(|| match item {
@@ -244,9 +247,11 @@ impl<S: Lanes> WalkedStage<S> {
                     registers = registers.max(l.outside.len() + members.len());
                     let mut fused = Fused { len: l.len, outside: l.outside.clone(), members, compiled: None };
                     if let Some(target) = S::COMPILED {
+                        // A loop that does not compile (a bug, or a process
+                        // refused executable memory) is walked, and counted.
                         let vector: Vec<bool> = l.outside.iter().map(|v| vectors.contains(v)).collect();
-                        fused.compiled =
-                            Some(compiled::CompiledLoop::new(target, &fused, &vector).map_err(fail)?);
+                        fused.compiled = compiled::CompiledLoop::new(target, &fused, &vector).ok();
+                        walked_for_want += usize::from(fused.compiled.is_none());
                     }
                     vectors.extend(fused.members.iter().filter(|m| m.store.is_some()).map(|m| m.value));
                     steps.push(Step::Fused(fused));
@@ -288,7 +293,15 @@ impl<S: Lanes> WalkedStage<S> {
             lens,
             scratch: plan.scratch_floats,
             registers,
+            uncompiled: walked_for_want,
         })
+    }
+
+    /// Fused loops that the set compiles ([`Lanes::COMPILED`]) but that
+    /// did not compile, and are walked (zero but for a bug, or where the
+    /// process may not map executable memory).
+    pub fn uncompiled_loops(&self) -> usize {
+        self.uncompiled
     }
 
     /// The same stage with every fused loop walked, none compiled (to

@@ -79,6 +79,7 @@ mod against_the_jit {
                             .unwrap_or_else(|e| panic!("{what}: {e}"));
                         let wide = WalkedStage::<S>::new(shapes, &kernel.plan, &st.inputs, &st.outputs)
                             .unwrap_or_else(|e| panic!("{what}: {e}"));
+                        assert_eq!(wide.uncompiled_loops(), 0, "{what}: a loop did not compile");
                         for special in [false, true] {
                             compare(&jit, &wide, shapes, special, &format!("{what} on {}", S::NAME));
                         }
