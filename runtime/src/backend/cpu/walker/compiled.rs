@@ -12,9 +12,10 @@
 //! exactly where an input does or apart from it; a row where either does
 //! not hold is walked instead.
 
-use super::emit::{emit, Header, Source, Target, Trace};
+use super::emit::{emit, Header, Source, Trace};
 use super::lanes::Math;
 use super::math;
+use super::target::Target;
 use super::trace::{record, Traced};
 use super::{Code, Fused};
 

@@ -92,7 +92,7 @@ macro_rules! lanes {
             const REGISTERS: usize;
             /// The set the walker compiles its fused loops for
             /// (`walker/compiled.rs`) rather than walking them, if any.
-            const COMPILED: Option<super::emit::Target>;
+            const COMPILED: Option<super::target::Target>;
 
             /// The set, if this processor has it.
             fn detect() -> Option<Self>;
@@ -162,7 +162,7 @@ macro_rules! lanes {
             const NAME: &'static str = $name;
             const LANES: usize = $lanes;
             const REGISTERS: usize = $registers;
-            const COMPILED: Option<super::emit::Target> = Some(super::emit::Target::$compiled);
+            const COMPILED: Option<super::target::Target> = Some(super::target::Target::$compiled);
 
             fn detect() -> Option<Self> {
                 ($detected).then_some($set(()))

@@ -41,9 +41,11 @@ mod compiled;
 mod emit;
 mod lanes;
 mod math;
+mod target;
 mod trace;
 
 pub use lanes::{Avx2, Avx512, Lanes, Math};
+pub use target::Target;
 
 use super::stage::StageExec;
 use cellc::ir::{Op, ReduceOp, ValueId};
