@@ -16,8 +16,8 @@
 //! The function's ABI (System V):
 //! `fn(pointers, whole_bytes, constants, scalars, spill)`, where
 //! `pointers` holds the vector inputs' then the stores' row pointers,
-//! `whole_bytes` is 64 times the row's whole vectors, and `spill` (64-byte
-//! aligned) begins with a [`Header`]. Every store of an iteration comes after
+//! `whole_bytes` is the bytes of the row's whole vectors, and `spill`
+//! (64-byte aligned) begins with a [`Header`]. Every store of an iteration comes after
 //! its loads, so an output may lie exactly where an input does.
 
 use super::target::Target;
@@ -34,18 +34,19 @@ pub enum Source {
     Scalar(usize),
 }
 
-/// The first 64 bytes of the spill area, which the caller writes.
+/// The first 64 bytes of the spill area, which the caller writes; the
+/// code reads its fields at these offsets.
 #[repr(C, align(64))]
 pub struct Header {
-    /// The last, partial vector's lanes as mask bits (AVX-512).
-    pub tail_bits: u64,
-    /// The bytes of the row the wide iterations cover.
-    pub wide_bytes: u64,
-    /// Floats in the last, partial vector (zero when there is none).
-    pub tail_lanes: u64,
-    pub _pad: u64,
-    /// The last, partial vector's lanes as all-ones integers (AVX2).
-    pub tail_vector: [i32; 8],
+    /// Byte 0: the last, partial vector's lanes as mask bits (AVX-512).
+    tail_bits: u64,
+    /// Byte 8: the bytes of the row the wide iterations cover.
+    wide_bytes: u64,
+    /// Byte 16: floats in the last, partial vector (zero when there is none).
+    tail_lanes: u64,
+    unused: u64,
+    /// Byte 32: the last, partial vector's lanes as all-ones integers (AVX2).
+    tail_vector: [i32; 8],
 }
 
 impl Header {
@@ -58,7 +59,7 @@ impl Header {
             tail_bits: (1 << tail) - 1,
             wide_bytes: (len / step * step * 4) as u64,
             tail_lanes: tail as u64,
-            _pad: 0,
+            unused: 0,
             tail_vector: std::array::from_fn(|i| if i < tail { -1 } else { 0 }),
         }
     }
