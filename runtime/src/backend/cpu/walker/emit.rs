@@ -467,9 +467,14 @@ impl Registers<'_, '_> {
         }
         let r = self.free_reg(keep)?;
         self.load(n, r)?;
+        self.settle(n, r);
+        Ok(r)
+    }
+
+    /// Makes register `r` the home of `n`'s value.
+    fn settle(&mut self, n: Node, r: usize) {
         self.regs[r] = Some(n);
         self.home[n.index()] = Home::Reg(r);
-        Ok(r)
     }
 
     /// Loads `n`'s value into register `r` (which does not become its home).
@@ -520,17 +525,10 @@ impl Registers<'_, '_> {
         if let Some(r) = self.regs[..self.registers].iter().position(Option::is_none) {
             return Ok(r);
         }
-        let victim = (0..self.registers)
-            .filter(|&r| self.regs[r].is_some_and(|n| !keep.contains(&n)))
-            .max_by_key(|&r| self.regs[r].map_or(0, |n| self.next_use(n)))
-            .ok_or("every register holds an operand")?;
+        let victim =
+            self.furthest(&self.regs, 0..self.registers, keep).ok_or("every register holds an operand")?;
         let n = self.regs[victim].take().ok_or("no victim")?;
-        self.home[n.index()] = Home::Nowhere;
-        let computed = !matches!(self.op_of(n), Op::Input { .. } | Op::Const(_));
-        if computed && self.spilled[n.index()].is_none() && self.next_use(n) != usize::MAX {
-            let s = self.slots;
-            self.slots += 1;
-            self.spilled[n.index()] = Some(s);
+        if let Some(s) = self.evicted(n) {
             let to = self.vector_at(spill_slot(s));
             match self.target() {
                 Target::Avx512 => self.a.vmovaps(to, ZMM[victim]),
@@ -541,23 +539,44 @@ impl Registers<'_, '_> {
         Ok(victim)
     }
 
+    /// Of registers `range` of a file whose values are `owners`, the one
+    /// whose value is needed furthest ahead, but for those of `keep`.
+    fn furthest(
+        &self,
+        owners: &[Option<Node>],
+        range: std::ops::Range<usize>,
+        keep: &[Node],
+    ) -> Option<usize> {
+        range
+            .filter(|&r| owners[r].is_some_and(|n| !keep.contains(&n)))
+            .max_by_key(|&r| owners[r].map_or(0, |n| self.next_use(n)))
+    }
+
+    /// Notes that `n` left its register: the spill slot to store it to,
+    /// if it is computed (inputs and constants are read again from where
+    /// they lie), read later, and has none yet (then it has this one).
+    fn evicted(&mut self, n: Node) -> Option<usize> {
+        self.home[n.index()] = Home::Nowhere;
+        let computed = !matches!(self.op_of(n), Op::Input { .. } | Op::Const(_));
+        if !computed || self.spilled[n.index()].is_some() || self.dies_here(n) {
+            return None;
+        }
+        let s = self.slots;
+        self.slots += 1;
+        self.spilled[n.index()] = Some(s);
+        Some(s)
+    }
+
     /// A free mask register for a comparison, spilling the mask needed
     /// furthest ahead if none is.
     fn free_k(&mut self, keep: &[Node]) -> Result<usize, String> {
         if let Some(r) = COMPARISONS.clone().find(|&r| self.k[r].is_none()) {
             return Ok(r);
         }
-        let victim = COMPARISONS
-            .clone()
-            .filter(|&r| self.k[r].is_some_and(|n| !keep.contains(&n)))
-            .max_by_key(|&r| self.k[r].map_or(0, |n| self.next_use(n)))
-            .ok_or("every mask register holds an operand")?;
+        let victim =
+            self.furthest(&self.k, COMPARISONS, keep).ok_or("every mask register holds an operand")?;
         let n = self.k[victim].take().ok_or("no victim")?;
-        self.home[n.index()] = Home::Nowhere;
-        if self.spilled[n.index()].is_none() && self.next_use(n) != usize::MAX {
-            let s = self.slots;
-            self.slots += 1;
-            self.spilled[n.index()] = Some(s);
+        if let Some(s) = self.evicted(n) {
             self.a.kmovw(word_ptr(spill_slot(s)), K[victim]).map_err(asm)?;
         }
         Ok(victim)
@@ -596,24 +615,25 @@ impl Registers<'_, '_> {
     /// A register for the result `v`.
     fn result(&mut self, v: Node, keep: &[Node]) -> Result<usize, String> {
         let r = self.free_reg(keep)?;
-        self.regs[r] = Some(v);
-        self.home[v.index()] = Home::Reg(r);
+        self.settle(v, r);
         Ok(r)
     }
 
     /// The register a destructive instruction writes `v` to, holding `n`'s
     /// value first: `n`'s own if it dies here, else a copy.
     fn overwrite(&mut self, n: Node, v: Node, keep: &[Node]) -> Result<usize, String> {
-        if let (Home::Reg(r), true) = (self.home[n.index()], self.dies_here(n)) {
-            self.regs[r] = Some(v);
-            self.home[n.index()] = Home::Nowhere;
-            self.home[v.index()] = Home::Reg(r);
-            return Ok(r);
-        }
-        let r = self.free_reg(keep)?;
-        self.load(n, r)?;
-        self.regs[r] = Some(v);
-        self.home[v.index()] = Home::Reg(r);
+        let r = match (self.home[n.index()], self.dies_here(n)) {
+            (Home::Reg(r), true) => {
+                self.home[n.index()] = Home::Nowhere;
+                r
+            }
+            _ => {
+                let r = self.free_reg(keep)?;
+                self.load(n, r)?;
+                r
+            }
+        };
+        self.settle(v, r);
         Ok(r)
     }
 

@@ -215,7 +215,7 @@ impl<S: Lanes> WalkedStage<S> {
             plan.inputs.iter().filter(|&&(_, _, k)| k == Kind::Vector).map(|&(_, v, _)| v).collect();
         let mut steps = Vec::with_capacity(plan.items.len());
         let mut registers = 0;
-        let mut walked_for_want = 0;
+        let mut uncompiled = 0;
         for item in &plan.items {
             // The reader an error names: the item's value, or a loop's first member.
             let reader = item.value().or_else(|| match item {
@@ -253,7 +253,7 @@ impl<S: Lanes> WalkedStage<S> {
                         // refused executable memory) is walked, and counted.
                         let vector: Vec<bool> = l.outside.iter().map(|v| vectors.contains(v)).collect();
                         fused.compiled = compiled::CompiledLoop::new(target, &fused, &vector).ok();
-                        walked_for_want += usize::from(fused.compiled.is_none());
+                        uncompiled += usize::from(fused.compiled.is_none());
                     }
                     vectors.extend(fused.members.iter().filter(|m| m.store.is_some()).map(|m| m.value));
                     steps.push(Step::Fused(fused));
@@ -295,7 +295,7 @@ impl<S: Lanes> WalkedStage<S> {
             lens,
             scratch: plan.scratch_floats,
             registers,
-            uncompiled: walked_for_want,
+            uncompiled,
         })
     }
 
@@ -385,13 +385,7 @@ impl<S: Lanes> WalkedStage<S> {
         // place in whole passes, unless a member of the loop stores where
         // it lies (then every pass copies it first, as the last one does).
         let direct = |v: &ValueId| match held[v.index()] {
-            Held::Mem(p) => {
-                let read = p as usize..p as usize + 4 * l.len;
-                !stores.iter().flatten().any(|&q| {
-                    let written = q as usize..q as usize + 4 * l.len;
-                    written.start < read.end && read.start < written.end
-                })
-            }
+            Held::Mem(p) => !stores.iter().flatten().any(|&q| overlap(p, q, l.len)),
             _ => false,
         };
         in_place.clear();
@@ -440,11 +434,7 @@ impl<S: Lanes> WalkedStage<S> {
                 }
             }
         }
-        for (m, store) in l.members.iter().zip(stores.iter()) {
-            if let Some(p) = store {
-                held[m.value.index()] = Held::Mem(*p);
-            }
-        }
+        hold_stores(l, stores, held);
     }
 
     /// The value of an item other than a loop.
@@ -543,17 +533,12 @@ unsafe fn run_compiled(
             _ => return false,
         }
     }
-    let bytes = 4 * l.len;
     let inputs = table.len();
-    for q in stores.iter().flatten() {
-        let apart = table[..inputs].iter().all(|&p| {
-            let (p, q) = (p as usize, *q as usize);
-            p == q || p + bytes <= q || q + bytes <= p
-        });
-        if !apart {
+    for &q in stores.iter().flatten() {
+        if table[..inputs].iter().any(|&p| p != q && overlap(p, q, l.len)) {
             return false;
         }
-        table.push(*q);
+        table.push(q);
     }
     let lines = c.spill_bytes / 64;
     if spill.len() < lines {
@@ -562,12 +547,23 @@ unsafe fn run_compiled(
     // SAFETY: the pointers hold `len` floats (the caller's contract), and
     // were checked to lie apart or together; the spill area is whole lines.
     unsafe { c.run(table, scalars, spill.as_mut_ptr().cast(), l.len) };
+    hold_stores(l, stores, held);
+    true
+}
+
+/// Whether `len` floats from `p` and from `q` share any.
+fn overlap(p: *const f32, q: *const f32, len: usize) -> bool {
+    let (p, q) = (p as usize, q as usize);
+    p < q + 4 * len && q < p + 4 * len
+}
+
+/// Notes that loop `l`'s stored members are held where they were stored.
+fn hold_stores(l: &Fused, stores: &[Option<*mut f32>], held: &mut [Held]) {
     for (m, store) in l.members.iter().zip(stores) {
         if let Some(p) = store {
             held[m.value.index()] = Held::Mem(*p);
         }
     }
-    true
 }
 
 /// The values an item names: what it reads and what it computes.
