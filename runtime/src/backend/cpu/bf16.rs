@@ -23,6 +23,8 @@
 
 use super::aligned::AlignedBuf;
 use super::amx;
+#[cfg(target_arch = "x86_64")]
+use super::panels::prefetch_ahead;
 use super::panels::{by_rows, PackedB, Rows, TileOut, PANEL, ROW_BLOCK};
 use cellc::precision::bf16_bits;
 use std::cell::RefCell;
@@ -446,6 +448,7 @@ impl Tile {
                 // SAFETY: panel rows are PANEL words, 32-byte aligned (the
                 // buffer is 64-byte aligned, a row 128 bytes); a's rows have kp words.
                 unsafe {
+                    prefetch_ahead(b, V / 2);
                     let words: [__m256i; V] = std::array::from_fn(|v| _mm256_load_si256(b.add(v * 8).cast()));
                     let bo: [__m256; V] =
                         std::array::from_fn(|v| _mm256_castsi256_ps(_mm256_and_si256(words[v], high)));
@@ -488,6 +491,7 @@ impl Tile {
         for _ in 0..self.kp {
             // SAFETY: panel rows are PANEL words, 64-byte aligned; a's rows have kp words.
             unsafe {
+                prefetch_ahead(b, 2);
                 let b0: __m512bh = std::mem::transmute(_mm512_load_si512(b.cast()));
                 let b1: __m512bh = std::mem::transmute(_mm512_load_si512(b.add(16).cast()));
                 for (i, acc) in acc.iter_mut().enumerate() {

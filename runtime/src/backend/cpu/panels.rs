@@ -28,6 +28,28 @@ const MR: usize = 8;
 /// Rows per block whose `A` rows stay in L2 while every panel passes over them.
 pub(super) const ROW_BLOCK: usize = 192;
 
+/// Panel rows ahead of the one being multiplied that a microkernel asks the
+/// cache for. A tile reads its panel front to back once; with the weight in
+/// L2 or beyond, the hardware prefetcher alone left a tile of eight rows at
+/// 91% of the FMA peak (weight in L2) and 50% (weight in L3). Asking 1 KiB
+/// ahead gave 97% and 60% (Xeon, one thread, best of 25 alternating rounds:
+/// 4 to 32 rows ahead measured alike).
+pub(super) const PREFETCH_ROWS: usize = 8;
+
+/// Asks the cache for the panel row [`PREFETCH_ROWS`] after `row`:
+/// `lines` cache lines of it, from `row`'s column offset on. A hint: the
+/// address may lie past the panel (a prefetch never faults).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) fn prefetch_ahead<T>(row: *const T, lines: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    let ahead = row.cast::<u8>().wrapping_add(PREFETCH_ROWS * PANEL * 4);
+    for line in 0..lines {
+        // SAFETY: a prefetch reads nothing architecturally and never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64).cast()) };
+    }
+}
+
 /// Writes `panel[kk * PANEL + c] = src[c * cols + kk]` for whole blocks
 /// transposed in registers (16x16 on AVX-512, 8x8 on AVX2), `c < done.0`,
 /// `kk < done.1`; returns `done` (`(0, 0)` without either), the rest being
@@ -528,6 +550,7 @@ impl Tile {
             // SAFETY: panel rows are 32 floats, 64-byte aligned (the buffer
             // is, and a row is 128 bytes); A rows < R have k floats.
             unsafe {
+                prefetch_ahead(b, 2);
                 let b0 = _mm512_load_ps(b);
                 let b1 = _mm512_load_ps(b.add(16));
                 for (i, acc) in acc.iter_mut().enumerate() {
@@ -561,6 +584,7 @@ impl Tile {
             for _ in 0..self.k {
                 // SAFETY: as avx512; 32-byte aligned halves of a panel row.
                 unsafe {
+                    prefetch_ahead(b, 1);
                     let b0 = _mm256_load_ps(b);
                     let b1 = _mm256_load_ps(b.add(8));
                     for (i, acc) in acc.iter_mut().enumerate() {
@@ -599,6 +623,7 @@ impl Tile {
             // SAFETY: panel rows are 32 floats, 32-byte aligned (the buffer is 64-byte
             // aligned, a row 128 bytes); A rows < R have k floats.
             unsafe {
+                prefetch_ahead(b, 2);
                 let bv: [__m256; 4] = std::array::from_fn(|v| _mm256_load_ps(b.add(v * 8)));
                 for (i, acc) in acc.iter_mut().enumerate() {
                     let av = _mm256_set1_ps(*a.add(i * self.lda));
