@@ -107,7 +107,7 @@ impl StepLoop<'_> {
                 }
                 clock.lap_of(Phase::Products, self.team.threads);
             }
-            for &k in self.each_step {
+            for (at, &k) in self.each_step.iter().enumerate() {
                 // A fused step: the products and the stage that reads them
                 // on this thread's tiles, with no barrier until the step's end.
                 if let Some(tiles) =
@@ -139,7 +139,7 @@ impl StepLoop<'_> {
                 if let Err(e) = done {
                     return fail(e);
                 }
-                if units && !barrier.wait() {
+                if units && self.meets_after(at) && !barrier.wait() {
                     return Ok(());
                 }
                 clock.lap_of(Phase::Wait, self.team.threads);
@@ -158,6 +158,18 @@ impl StepLoop<'_> {
             clock.lap_of(Phase::Wait, self.team.threads);
         }
         Ok(())
+    }
+
+    /// Whether the threads of a team that splits units meet after the
+    /// step's `at`-th stage. A product splits its columns, so the threads
+    /// meet after one (the next stage reads whole rows of it) and before
+    /// one (it reads every row); a kernel runs on the thread's own rows,
+    /// as do the next kernel and the bookkeeping after the step, so
+    /// between those the threads need not meet. The step ends with a
+    /// meeting in any case (the next step's products read every row).
+    fn meets_after(&self, at: usize) -> bool {
+        let is_product = |k: &usize| matches!(self.stages[*k], ReadyStage::Gemm { .. });
+        is_product(&self.each_step[at]) || self.each_step.get(at + 1).is_some_and(is_product)
     }
 
     /// Thread `i`'s share of fused stage `k`'s products and the pointwise
