@@ -205,6 +205,72 @@ fn weight_gradients_over_long_runs_split_by_rows() {
 }
 
 #[test]
+fn gradients_summed_over_rows_do_not_depend_on_threads_or_splits() {
+    // A vector parameter's gradient (a bias, a LayerNorm gain) is each
+    // sequence's rows added in the backward's order, then the sequences in
+    // order: the same bits on one, two and three threads, whether threads
+    // own sequences or split units, fused or not; and near the reference's.
+    let config = ModelConfig { layers: 2, bidirectional: true };
+    for name in ["lstm", "layernorm_lstm", "gru", "layernorm_gru"] {
+        let c = shipped(name);
+        let vectors: Vec<usize> = (c.forward.params.iter().enumerate())
+            .filter(|(_, p)| matches!(p.ty, cellc::ir::Type::Vector(_)))
+            .map(|(k, _)| k)
+            .collect();
+        assert!(!vectors.is_empty(), "{name} has vector parameters");
+        let cpus = [
+            Cpu::new(1, Kernels::default()).expect("cpu"),
+            Cpu::new(2, Kernels::default()).expect("cpu"),
+            Cpu::new(2, Kernels::default()).expect("cpu").split_every_step(),
+            Cpu::new(2, Kernels::default()).expect("cpu").split_every_step().unfused(),
+            Cpu::new(3, Kernels::default()).expect("cpu").split_every_step(),
+        ];
+        let lengths = [5, 9, 2, 9, 7, 1, 8];
+        let (b, t) = (lengths.len(), 9);
+        let mut rng = support::Rng::new(17);
+        let reference = build(&c, 20, 12, &config, Box::new(Reference))
+            .unwrap_or_else(|| panic!("{name}: no model at H=20"));
+        let x: Vec<f32> = rng.vec(b * t * reference.input_size(), 1.0).iter().map(|&v| v as f32).collect();
+        let dy: Vec<f32> = rng.vec(b * t * reference.output_size(), 0.5).iter().map(|&v| v as f32).collect();
+        let input = Input::Padded {
+            data: &x,
+            batch: b,
+            steps: t,
+            major: Major::TimeFirst,
+            align: Align::Left,
+            lengths: &lengths,
+        };
+        let vector_gradients = |m: &Model| -> Vec<Vec<Vec<f32>>> {
+            let (_, trace) = m.forward_traced(input, None, &CallOptions::default()).expect("forward");
+            let g = m.backward(&trace, &dy, None).expect("backward");
+            g.d_params.iter().map(|d| vectors.iter().map(|&k| d[k].clone()).collect()).collect()
+        };
+        let want = vector_gradients(&reference);
+        let mut first: Option<Vec<Vec<Vec<f32>>>> = None;
+        for (i, cpu) in cpus.into_iter().enumerate() {
+            let got = vector_gradients(&build(&c, 20, 12, &config, Box::new(cpu)).expect("model"));
+            for (a, w) in got.iter().flatten().flatten().zip(want.iter().flatten().flatten()) {
+                assert!(
+                    (a - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                    "{name}, back end {i}: {a} against the reference's {w}"
+                );
+            }
+            match &first {
+                None => first = Some(got),
+                Some(f) => assert!(
+                    f.iter()
+                        .flatten()
+                        .flatten()
+                        .zip(got.iter().flatten().flatten())
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{name}: back end {i}'s sums differ from one thread's"
+                ),
+            }
+        }
+    }
+}
+
+#[test]
 fn calls_from_inside_the_pool_take_turns() {
     // A program running on the back end's own threads (`Cpu::install`)
     // makes two calls at once: rayon may run the second on the very thread

@@ -1,10 +1,9 @@
 //! The stages that run over every valid row of a batch: the plan's
 //! before the loop and after it (products as GEMMs over all rows, kernels
-//! over every row), and parameter gradients summed over rows.
+//! over every row).
 
 use super::buffers::{Buffers, Frame};
-use super::stages::{gemm_all_rows, run_pointwise, ReadyStage, SendTable};
-use super::threads;
+use super::stages::{gemm_all_rows, run_pointwise, ReadyStage};
 use crate::error::{Result, RuntimeError};
 use cellc::ir::ValueId;
 use cellc::shapes::Shapes;
@@ -53,26 +52,6 @@ pub(super) fn run_all_rows(
         }
     }
     Ok(())
-}
-
-/// `out[j] = Σ_rows row[j]`, rows added in order; the columns are shared
-/// out between up to `threads` threads, so the result does not depend on
-/// the thread count.
-///
-/// # Safety
-/// Every pointer is valid for `out.len()` floats.
-pub(super) unsafe fn sum_rows(rows: &[*const f32], out: &mut [f32], threads: usize) {
-    let len = out.len();
-    let parts = if rows.len() * len >= 1 << 16 { threads.clamp(1, len.div_ceil(16)) } else { 1 };
-    let per = len.div_ceil(parts).next_multiple_of(16).max(16);
-    let rows = SendTable(rows.iter().map(|&p| p as *mut f32).collect());
-    threads::for_each_chunk_mut(out, per, &|c, chunk| {
-        for &p in rows.get() {
-            // SAFETY: per the contract, p has `len` floats; this chunk's columns lie within.
-            let row = unsafe { std::slice::from_raw_parts(p.add(c * per), chunk.len()) };
-            chunk.iter_mut().zip(row).for_each(|(a, x)| *a += x);
-        }
-    });
 }
 
 /// Every valid `(sequence, step, 0)` of a batch, sequence by sequence: the

@@ -4,11 +4,12 @@
 //! or one whole-sequence kernel), then the stages after the loop and the
 //! gradients of the parameters, the input and the initial states.
 
-use super::all_rows::{run_all_rows, sum_rows, valid_rows, AllRows};
+use super::all_rows::{run_all_rows, valid_rows, AllRows};
 use super::buffers::{constants, leaf_locations, locate, Buffers, Frame, Loc};
 use super::host::{HostBackward, HostGradients, RowsMut, SharedRows};
 use super::prepared::PreparedParams;
 use super::profile::{Clock, Phase};
+use super::row_sums::RowSums;
 use super::sink::Sunk;
 use super::stages::{pack_products, prepared_params, step_weight_bytes, ReadyStage};
 use super::step_loop::{Frames, StepLoop};
@@ -62,7 +63,9 @@ pub(super) fn backward(
     let layer = job.layer;
     let pass = layer.pass(Side::Backward, true);
     let mut clock = Clock::start();
-    let (mut bufs, mut kept) = place_values(code, job, pass, tape)?;
+    let summed = Summed::of(code, pass);
+    let (mut bufs, mut kept) = place_values(code, job, pass, tape, &summed)?;
+    let in_loop = RowSums::new(&summed.in_loop, shapes, job.order.batch());
     let step_bytes = step_weight_bytes(pass, &code.backward, (shapes, precision));
     let team = Team::new(job.order, threads, step_bytes);
     let mut carry = team.by_rank(job.d_final, &layer.state_sizes);
@@ -105,7 +108,7 @@ pub(super) fn backward(
             let carry_rows = SharedRows::each(&mut carry);
             let frame = frame_of(job, weights, &carry_rows);
             let steps = Steps { code, job, pass, team: &team, bufs: &bufs, frame: &frame };
-            steps.run(&mut kept)?;
+            steps.run(&mut kept, &in_loop)?;
             // The loop's threads timed their own phases: the clock starts again after it.
             clock = Clock::start();
         }
@@ -119,7 +122,9 @@ pub(super) fn backward(
     let frame = frame_of(job, weights, &carry_rows);
     let mut matrices: HashMap<ValueId, Vec<f32>> = HashMap::new();
     run_all_rows(&code.backward, &pass.after_loop, &mut bufs, &frame, &all, &mut matrices)?;
-    let d_params = param_gradients(job, pass, (&bufs, &frame), &all, matrices)?;
+    let after_loop = RowSums::new(&summed.after_loop, shapes, job.order.batch());
+    after_loop.add_kept_rows((&bufs, &frame), job.order, job.reverse, threads)?;
+    let d_params = param_gradients(job, pass, [&in_loop, &after_loop], matrices)?;
     add_input_adjoint(job, pass, (&bufs, &frame), &all_rows, d_input)?;
     let d_h0 = layer
         .state_sizes
@@ -151,12 +156,15 @@ type Kept = HashMap<ValueId, Vec<f32>>;
 /// the plan says, the forward's values it reads in the tape's rows,
 /// per-step values in rank rows and the rest in layout rows; and the
 /// layout rows each step copies into, of the values the plan keeps for
-/// after the loop.
+/// after the loop that a per-step product reads by rank. The others the
+/// loop's kernels write straight into their layout rows (see
+/// [`in_layout_rows`]).
 fn place_values(
     code: &LayerCode,
     job: &HostBackward,
     pass: &PassPlan,
     tape: &CpuTape,
+    summed: &Summed,
 ) -> Result<(Buffers, Kept)> {
     let (g, shapes) = (&*code.bwd_graph, &*code.bwd_shapes);
     let (batch, layout_rows) = (job.order.batch(), job.layout_rows());
@@ -169,19 +177,45 @@ fn place_values(
         }
     }
     let each_step = pass.stages_at(Placement::EachStep);
+    let direct: Vec<ValueId> =
+        in_layout_rows(code, pass).into_iter().filter(|v| !summed.only_in_loop.contains(v)).collect();
     for (k, st) in code.backward.iter().enumerate() {
         for v in st.outputs() {
             match pass.home(v) {
                 Some(Home::Fixed) => {}
-                _ if each_step.contains(&k) => bufs.rank_buf(v, shapes.elements(v), batch),
+                _ if each_step.contains(&k) && !direct.contains(&v) => {
+                    bufs.rank_buf(v, shapes.elements(v), batch)
+                }
                 _ => bufs.row_buf(v, shapes.elements(v), layout_rows),
             }
         }
     }
-    let persisted = pass.kept_for_after_loop.iter().copied();
+    let persisted = (pass.kept_for_after_loop.iter().copied())
+        .filter(|v| !direct.contains(v) && !summed.only_in_loop.contains(v));
     let persisted = persisted.chain(pass.carries_for_after_loop.iter().map(|&(v, _)| v));
     let kept = persisted.map(|v| (v, pool::take(layout_rows * shapes.elements(v)))).collect();
     Ok((bufs, kept))
+}
+
+/// The values the plan keeps for after the loop that the loop's kernels
+/// write straight into their layout rows: those no per-step product reads
+/// or writes (a product takes the step's rows as one block of ranks), when
+/// the loop runs step by step. Each saves a copy of every row at every step: a
+/// LayerNorm-LSTM keeps five rows of parameter gradients and one of the
+/// input projection's adjoint this way, 18 of the 23 `H`-float rows it
+/// kept by copying.
+fn in_layout_rows(code: &LayerCode, pass: &PassPlan) -> Vec<ValueId> {
+    if !matches!(pass.time_loop, TimeLoop::Steps(_)) {
+        return Vec::new();
+    }
+    let by_rank: Vec<ValueId> = (pass.stages_at(Placement::EachStep).iter())
+        .filter_map(|&k| match &code.backward[k] {
+            ReadyStage::Gemm { products } => Some(products.iter().flat_map(|&(out, _, m, x)| [out, m, x])),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    pass.kept_for_after_loop.iter().copied().filter(|v| !by_rank.contains(v)).collect()
 }
 
 /// The plan's step-by-step loop backwards over a pass's placed values.
@@ -198,7 +232,7 @@ impl Steps<'_> {
     /// Runs every step backwards in time across the batch's ranks, each
     /// thread writing only its ranks' carried adjoints (`frame.carry`) and
     /// its sequences' rows of `kept`.
-    fn run(&self, kept: &mut Kept) -> Result<()> {
+    fn run(&self, kept: &mut Kept, sums: &RowSums) -> Result<()> {
         let Steps { code, job, pass, team, bufs, frame } = *self;
         let (layer, order, shapes) = (job.layer, team.order(), &*code.bwd_shapes);
         let kept_rows: Vec<(ValueId, SharedRows)> =
@@ -215,6 +249,7 @@ impl Steps<'_> {
                     // valid for their values' lengths.
                     unsafe {
                         keep_row(&kept_rows, bufs, frame, shapes, (b, t, r), row)?;
+                        sums.add(bufs, frame, (b, t, r))?;
                         // The carry is replaced in place: this row's stages have
                         // read it, and the kept rows above were copied first.
                         for (i, &m) in layer.state_sizes.iter().enumerate() {
@@ -246,13 +281,13 @@ impl Steps<'_> {
 }
 
 /// The parameters' gradients, in the cell's order: products accumulated
-/// over rows (`matrices`, from the stages after the loop), or per-row
-/// values summed over every valid row.
+/// over rows (`matrices`, from the stages after the loop), or sums of rows
+/// (from `sums`: those the loop added up, then those of rows kept for
+/// after it).
 fn param_gradients(
     job: &HostBackward,
     pass: &PassPlan,
-    (bufs, frame): (&Buffers, &Frame),
-    all: &AllRows,
+    sums: [&RowSums; 2],
     mut matrices: HashMap<ValueId, Vec<f32>>,
 ) -> Result<Vec<Vec<f32>>> {
     let mut d_params = Vec::with_capacity(job.params.len());
@@ -271,19 +306,55 @@ fn param_gradients(
                 )
             }
             Some(ParamGradient::SumOfRows(v)) => {
-                let rows: Vec<*const f32> = all
-                    .rows
-                    .iter()
-                    .map(|&(b, t, _)| locate(bufs, frame, v, b, t, 0).map(|p| p as *const f32))
-                    .collect::<Result<_>>()?;
-                let mut acc = vec![0.0f32; len];
-                // SAFETY: each pointer is a located row of `len` floats of v.
-                unsafe { sum_rows(&rows, &mut acc, all.threads) };
-                d_params.push(acc);
+                let [in_loop, after_loop] = sums;
+                d_params.push(if in_loop.has(v) { in_loop.total(v)? } else { after_loop.total(v)? })
             }
         }
     }
     Ok(d_params)
+}
+
+/// The parameter gradients that are sums of rows, by where they are
+/// added up ([`RowSums`]).
+struct Summed {
+    /// Values the loop's steps compute: added as the loop goes.
+    in_loop: Vec<ValueId>,
+    /// Of those, the ones nothing else reads after the loop: not kept per row.
+    only_in_loop: Vec<ValueId>,
+    /// The rest (computed before or after the loop, or by a whole-sequence
+    /// kernel): added from their rows after the loop.
+    after_loop: Vec<ValueId>,
+}
+
+impl Summed {
+    fn of(code: &LayerCode, pass: &PassPlan) -> Summed {
+        let mut all: Vec<ValueId> = (pass.d_params.iter().flatten())
+            .filter_map(|d| match *d {
+                ParamGradient::SumOfRows(v) => Some(v),
+                ParamGradient::Matrix(_) => None,
+            })
+            .collect();
+        let mut seen = Vec::new();
+        all.retain(|v| {
+            !seen.contains(v) && {
+                seen.push(*v);
+                true
+            }
+        });
+        let stepped = matches!(pass.time_loop, TimeLoop::Steps(_));
+        let (in_loop, after_loop): (Vec<ValueId>, Vec<ValueId>) =
+            all.into_iter().partition(|v| stepped && pass.kept_for_after_loop.contains(v));
+        let read_after_loop: Vec<ValueId> = (pass.after_loop.iter())
+            .flat_map(|&k| match &code.backward[k] {
+                ReadyStage::Gemm { products } => products.iter().flat_map(|&(_, _, m, x)| [m, x]).collect(),
+                ReadyStage::Pointwise { exec } => exec.inputs().to_vec(),
+                ReadyStage::Sum | ReadyStage::AddMatrices { .. } => Vec::new(),
+            })
+            .chain(pass.d_inputs.iter().flatten().copied())
+            .collect();
+        let only_in_loop = in_loop.iter().copied().filter(|v| !read_after_loop.contains(v)).collect();
+        Summed { in_loop, only_in_loop, after_loop }
+    }
 }
 
 /// Adds the input's adjoint, every valid row of each input's slice, into `d_input`.

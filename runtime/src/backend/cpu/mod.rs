@@ -33,6 +33,7 @@ pub(crate) mod prepared;
 pub mod product;
 pub mod profile;
 pub mod roofline;
+mod row_sums;
 mod sink;
 pub mod stage;
 mod stages;
