@@ -271,6 +271,49 @@ fn gradients_summed_over_rows_do_not_depend_on_threads_or_splits() {
 }
 
 #[test]
+fn kept_rows_read_in_place_give_the_copied_bits() {
+    // On a batch of equal lengths the backward's per-step product reads the
+    // rows it keeps for after the loop where they lie (evenly spaced at the
+    // layout); with a shorter sequence first, they are not, and the rows are
+    // copied. Each sequence's input gradient is its own: the same bits.
+    let config = ModelConfig { layers: 1, bidirectional: true };
+    for name in ["lstm", "gru", "layernorm_lstm"] {
+        let c = shipped(name);
+        for threads in [1, 2] {
+            let cpu = || Box::new(Cpu::new(threads, Kernels::default()).expect("cpu"));
+            let m = build(&c, 24, 10, &config, cpu()).expect("model");
+            let (t, f, o) = (6, m.input_size(), m.output_size());
+            let mut rng = support::Rng::new(23);
+            let x: Vec<f32> = rng.vec(4 * t * f, 1.0).iter().map(|&v| v as f32).collect();
+            let dy: Vec<f32> = rng.vec(4 * t * o, 0.5).iter().map(|&v| v as f32).collect();
+            let d_input = |lengths: &[usize], x: &[f32], dy: &[f32]| {
+                let input = Input::Padded {
+                    data: x,
+                    batch: lengths.len(),
+                    steps: t,
+                    major: Major::BatchFirst,
+                    align: Align::Left,
+                    lengths,
+                };
+                let (_, trace) = m.forward_traced(input, None, &CallOptions::default()).expect("forward");
+                m.backward(&trace, dy, None).expect("backward").d_input
+            };
+            let even = d_input(&[t, t, t], &x[t * f..], &dy[t * o..]);
+            let uneven = d_input(&[1, t, t, t], &x, &dy);
+            assert_eq!(
+                bits(&even),
+                bits(&uneven[t * f..]),
+                "{name} on {threads} threads: equal lengths against a shorter sequence first"
+            );
+        }
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
 fn calls_from_inside_the_pool_take_turns() {
     // A program running on the back end's own threads (`Cpu::install`)
     // makes two calls at once: rayon may run the second on the very thread

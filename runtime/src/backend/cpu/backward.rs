@@ -63,11 +63,11 @@ pub(super) fn backward(
     let layer = job.layer;
     let pass = layer.pass(Side::Backward, true);
     let mut clock = Clock::start();
-    let summed = Summed::of(code, pass);
-    let (mut bufs, mut kept) = place_values(code, job, pass, tape, &summed)?;
-    let in_loop = RowSums::new(&summed.in_loop, shapes, job.order.batch());
     let step_bytes = step_weight_bytes(pass, &code.backward, (shapes, precision));
     let team = Team::new(job.order, threads, step_bytes);
+    let summed = Summed::of(code, pass);
+    let (mut bufs, mut kept) = place_values(code, job, pass, tape, (&summed, &team))?;
+    let in_loop = RowSums::new(&summed.in_loop, shapes, job.order.batch());
     let mut carry = team.by_rank(job.d_final, &layer.state_sizes);
     let mut local = None;
     let rows = (job.order.rows(), precision);
@@ -164,7 +164,7 @@ fn place_values(
     job: &HostBackward,
     pass: &PassPlan,
     tape: &CpuTape,
-    summed: &Summed,
+    (summed, team): (&Summed, &Team),
 ) -> Result<(Buffers, Kept)> {
     let (g, shapes) = (&*code.bwd_graph, &*code.bwd_shapes);
     let (batch, layout_rows) = (job.order.batch(), job.layout_rows());
@@ -177,8 +177,10 @@ fn place_values(
         }
     }
     let each_step = pass.stages_at(Placement::EachStep);
-    let direct: Vec<ValueId> =
-        in_layout_rows(code, pass).into_iter().filter(|v| !summed.only_in_loop.contains(v)).collect();
+    let direct: Vec<ValueId> = in_layout_rows(code, job, pass, team)
+        .into_iter()
+        .filter(|v| !summed.only_in_loop.contains(v))
+        .collect();
     for (k, st) in code.backward.iter().enumerate() {
         for v in st.outputs() {
             match pass.home(v) {
@@ -198,21 +200,31 @@ fn place_values(
 }
 
 /// The values the plan keeps for after the loop that the loop's kernels
-/// write straight into their layout rows: those no per-step product reads
-/// or writes (a product takes the step's rows as one block of ranks), when
-/// the loop runs step by step. Each saves a copy of every row at every step: a
-/// LayerNorm-LSTM keeps five rows of parameter gradients and one of the
-/// input projection's adjoint this way, 18 of the 23 `H`-float rows it
-/// kept by copying.
-fn in_layout_rows(code: &LayerCode, pass: &PassPlan) -> Vec<ValueId> {
+/// write straight into their layout rows, when the loop runs step by step:
+/// those no per-step product writes or takes as its matrix, and that
+/// none reads as its rows, unless each product's rows lie evenly spaced at
+/// the layout at every step ([`Team::products_read_evenly`]: a product
+/// reads the step's rows one stride apart). Each saves a copy of every row
+/// at every step: a LayerNorm-LSTM keeps five rows of parameter gradients
+/// and one of the input projection's adjoint this way; on a batch of equal
+/// lengths, the LSTM its gates' adjoint too.
+fn in_layout_rows(code: &LayerCode, job: &HostBackward, pass: &PassPlan, team: &Team) -> Vec<ValueId> {
     if !matches!(pass.time_loop, TimeLoop::Steps(_)) {
         return Vec::new();
     }
-    let by_rank: Vec<ValueId> = (pass.stages_at(Placement::EachStep).iter())
-        .filter_map(|&k| match &code.backward[k] {
-            ReadyStage::Gemm { products } => Some(products.iter().flat_map(|&(out, _, m, x)| [out, m, x])),
-            _ => None,
-        })
+    let order = team.order();
+    let at_layout = |r: usize, s: usize| {
+        let b = order[r];
+        job.input.layout.row(b, job.order.time(b, s, job.reverse))
+    };
+    let rows_in_place = team.products_read_evenly(job.order.steps(), at_layout);
+    let products = (pass.stages_at(Placement::EachStep).iter()).filter_map(|&k| match &code.backward[k] {
+        ReadyStage::Gemm { products } => Some(products.iter()),
+        _ => None,
+    });
+    let by_rank: Vec<ValueId> = products
+        .flatten()
+        .flat_map(|&(out, _, m, x)| [Some(out), Some(m), (!rows_in_place).then_some(x)])
         .flatten()
         .collect();
     pass.kept_for_after_loop.iter().copied().filter(|v| !by_rank.contains(v)).collect()

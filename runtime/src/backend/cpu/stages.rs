@@ -438,19 +438,26 @@ pub fn pack_products(
 
 /// A per-step product on ranks `rows`: `Y = X · Wᵀ` (or `X · W`), the
 /// columns of share `part` of `parts` (the whole product with one part).
+/// `X` may be held at the layout's rows (`at_layout` gives each rank's
+/// sequence and time) where the ranks' rows lie evenly spaced there
+/// ([`super::team::Team::products_read_evenly`]).
 pub fn product_rows(
     product: &Product,
-    bufs: &Buffers,
-    f: &Frame,
-    rows: std::ops::Range<usize>,
+    (bufs, f): (&Buffers, &Frame),
+    (rows, at_layout): (std::ops::Range<usize>, &dyn Fn(usize) -> (usize, usize)),
     share: (usize, usize),
     shapes: &Shapes,
 ) -> Result<()> {
     // The step's rows are ranks of rank-ordered storage; the schedule puts
     // products of anything else before the loop.
     let &(out, _, _, x) = product;
+    let in_layout = bufs.loc(x) == Some(Loc::RowBuf);
+    let readable = |v: ValueId| match bufs.loc(v) {
+        Some(Loc::RankBuf | Loc::State(_) | Loc::Carry(_)) => true,
+        _ => v == x && in_layout,
+    };
     for v in [x, out] {
-        if !matches!(bufs.loc(v), Some(Loc::RankBuf | Loc::State(_) | Loc::Carry(_))) {
+        if !readable(v) {
             return Err(RuntimeError::Internal(format!(
                 "per-step product {out} reads or writes {v}, which is not held per rank ({:?})",
                 bufs.loc(v)
@@ -460,9 +467,20 @@ pub fn product_rows(
     if rows.is_empty() {
         return Ok(());
     }
-    let call = ProductCall::locate(product, bufs, f, (0, 0, rows.start), rows.len(), 1, shapes)?;
+    let mut call = ProductCall::locate(product, bufs, f, (0, 0, rows.start), rows.len(), 1, shapes)?;
+    if in_layout {
+        let row = |r: usize| {
+            let (b, t) = at_layout(r);
+            (f.layout.row(b, t), locate(bufs, f, x, b, t, r))
+        };
+        let (first, a) = row(rows.start);
+        let stride = if rows.len() > 1 { row(rows.start + 1).0 - first } else { 0 };
+        call.rows.a = a?;
+        call.rows.lda = stride * bufs.len(x);
+    }
     // SAFETY: rank buffers hold a row of their length for every rank, so
-    // `rows` of x and y exist.
+    // `rows` of y exist; x's rows, where held at the layout, lie `lda`
+    // apart (the placement checked that they do at every step).
     unsafe { call.run(share) };
     Ok(())
 }

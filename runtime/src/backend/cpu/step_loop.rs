@@ -124,8 +124,10 @@ impl StepLoop<'_> {
                 let (done, phase) = match &self.stages[k] {
                     ReadyStage::Gemm { products, .. } => {
                         let rows = self.team.product_rows(i, s);
+                        let ranked = self.rank_row(s);
                         let done = products.iter().try_for_each(|p| {
-                            product_rows(p, self.bufs, self.frames.at(s), rows.clone(), parts, self.shapes)
+                            let at = (self.bufs, self.frames.at(s));
+                            product_rows(p, at, (rows.clone(), &ranked), parts, self.shapes)
                         });
                         (done, Phase::Products)
                     }

@@ -127,6 +127,20 @@ impl Team {
         &self.order
     }
 
+    /// Whether, at every step, the ranks each thread's products run on lie
+    /// evenly spaced at the layout's rows (`row(rank, step)`): then a
+    /// product may read a value kept at the layout's rows in place, one
+    /// row stride apart. A batch of equal lengths is so at every layout;
+    /// unsorted lengths are not, but in PyTorch's packed layout.
+    pub fn products_read_evenly(&self, steps: usize, row: impl Fn(usize, usize) -> usize) -> bool {
+        (0..steps).all(|s| {
+            (0..self.threads).all(|i| {
+                let rows: Vec<usize> = self.product_rows(i, s).map(|r| row(r, s)).collect();
+                rows.windows(2).all(|w| w[1] > w[0] && w[1] - w[0] == rows[1] - rows[0])
+            })
+        })
+    }
+
     /// Per-sequence rows (`[B, size]` each, sequence `b`'s at row `b`) in
     /// rank order: the states a loop carries, or their adjoints.
     pub fn by_rank(&self, rows: &[&[f32]], sizes: &[usize]) -> Vec<Vec<f32>> {
