@@ -340,19 +340,15 @@ struct Summed {
 
 impl Summed {
     fn of(code: &LayerCode, pass: &PassPlan) -> Summed {
-        let mut all: Vec<ValueId> = (pass.d_params.iter().flatten())
-            .filter_map(|d| match *d {
-                ParamGradient::SumOfRows(v) => Some(v),
-                ParamGradient::Matrix(_) => None,
-            })
-            .collect();
-        let mut seen = Vec::new();
-        all.retain(|v| {
-            !seen.contains(v) && {
-                seen.push(*v);
-                true
+        // Each once: two biases may share one gradient (`w @ x + b + u @ h + c`).
+        let mut all: Vec<ValueId> = Vec::new();
+        for d in pass.d_params.iter().flatten() {
+            if let ParamGradient::SumOfRows(v) = *d {
+                if !all.contains(&v) {
+                    all.push(v);
+                }
             }
-        });
+        }
         let stepped = matches!(pass.time_loop, TimeLoop::Steps(_));
         let (in_loop, after_loop): (Vec<ValueId>, Vec<ValueId>) =
             all.into_iter().partition(|v| stepped && pass.kept_for_after_loop.contains(v));
