@@ -131,7 +131,7 @@ impl Team {
     /// evenly spaced at the layout's rows (`row(rank, step)`): then a
     /// product may read a value kept at the layout's rows in place, one
     /// row stride apart. A batch of equal lengths is so at every layout;
-    /// unsorted lengths are not, but in PyTorch's packed layout.
+    /// one of unsorted lengths, padded, is not.
     pub fn products_read_evenly(&self, steps: usize, row: impl Fn(usize, usize) -> usize) -> bool {
         (0..steps).all(|s| {
             (0..self.threads).all(|i| {
