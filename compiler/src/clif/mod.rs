@@ -363,13 +363,16 @@ impl Gen<'_, '_> {
         });
     }
 
-    /// Sum of `n` floats at `p`: [`SUM_CHAINS`] vector accumulators over
-    /// blocks of 16 floats (independent chains, so the adds overlap rather
-    /// than wait on each other's latency), added pairwise; then one vector
-    /// over the rest in fours; then its lanes in a fixed order; then the
-    /// tail. The order is fixed, so results are the same run to run.
+    /// Sum of `n` floats at `p`: sixteen `f32x4` accumulators over blocks
+    /// of 64 floats (independent chains, so the adds overlap rather than
+    /// wait on each other's latency: the walker's AVX-512 runs them as four
+    /// `zmm` and its AVX2 as eight `ymm`, at the same bits), folded in
+    /// halves (chain `c` plus chain `c + 8`, then `c + 4`, ...: whole
+    /// vectors of the walker's); then one vector over the rest in fours;
+    /// then its lanes in a fixed order; then the tail. The order is fixed,
+    /// so results are the same run to run.
     fn sum(&mut self, p: Value, n: usize) -> Value {
-        const SUM_CHAINS: usize = 4;
+        const SUM_CHAINS: usize = 16;
         let wide_n = n / (4 * SUM_CHAINS) * (4 * SUM_CHAINS);
         let vec_n = n / 4 * 4;
         let zero_s = self.b.ins().f32const(0.0);
@@ -378,8 +381,12 @@ impl Gen<'_, '_> {
             let zero_v = self.b.ins().splat(types::F32X4, zero_s);
             let mut acc = zero_v;
             if wide_n > 0 {
-                let accs = self.sum_loop(p, 0, wide_n, &[zero_v; SUM_CHAINS]);
-                acc = self.pairwise_sum(accs);
+                let mut accs = self.sum_loop(p, 0, wide_n, &[zero_v; SUM_CHAINS]);
+                while accs.len() > 1 {
+                    let half = accs.len() / 2;
+                    accs = (0..half).map(|c| self.b.ins().fadd(accs[c], accs[c + half])).collect();
+                }
+                acc = accs[0];
             }
             if vec_n > wide_n {
                 acc = self.sum_loop(p, wide_n, vec_n, &[acc])[0];

@@ -480,7 +480,7 @@ impl<S: Lanes> WalkedStage<S> {
                 Item::Reduce { src, op, len, .. } => {
                     let sum = match get(*src) {
                         Held::Scalar(x) | Held::Splat(x) => x * *len as f32,
-                        Held::Mem(p) => sum(p, *len),
+                        Held::Mem(p) => sum(s, p, *len),
                         Held::Absent => 0.0,
                     };
                     Held::Scalar(match op {
@@ -678,39 +678,60 @@ unsafe fn copy(src: Held, dst: *mut f32, n: usize) {
     }
 }
 
-/// The sum of `n` floats at `p`, added in the emitter's order: four
-/// `f32x4` chains over blocks of 16, the chains added pairwise, one
-/// `f32x4` over the rest in fours, its lanes pairwise, then the tail one
-/// float at a time. The same code on either set, in SSE, which every
-/// x86-64 has: the four chains are the emitter's own, and a sum waits on
-/// each chain's additions in turn whatever width holds them.
+/// The sum of `n` floats at `p`, added in the emitter's order
+/// ([`cellc::clif`]'s `sum`): sixteen `f32x4` chains over blocks of
+/// [`SUM_BLOCK`] floats (chain `c` takes floats `4c..4c + 4` of each
+/// block), the chains folded in halves (chain `c` plus chain `c + 8`, then
+/// `c + 4`, `c + 2`, `c + 1`), one `f32x4` over the rest in fours, its
+/// lanes pairwise, then the tail one float at a time. A block is one pass
+/// of the set's vectors (four `zmm` or eight `ymm`), each holding its
+/// chains side by side, so every lane adds the same floats in the same
+/// order as the emitter's `f32x4` chains; a sum waits on a chain's
+/// additions every sixteenth vector instead of every fourth, and the
+/// first folds are whole vectors.
 ///
 /// # Safety
 /// `p` readable for `n` floats.
 #[inline(always)]
-unsafe fn sum(p: *const f32, n: usize) -> f32 {
-    use std::arch::x86_64::{__m128, _mm_add_ps, _mm_loadu_ps, _mm_setzero_ps, _mm_storeu_ps};
-    let (wide_n, vec_n) = (n / 16 * 16, n / 4 * 4);
+unsafe fn sum<S: Lanes>(s: S, p: *const f32, n: usize) -> f32 {
+    let (wide_n, vec_n) = (n / SUM_BLOCK * SUM_BLOCK, n / 4 * 4);
     let mut total = 0.0f32;
-    // SAFETY (block): every load is below n.
+    // SAFETY (block): every load is below n; `chains` holds a vector's floats.
     unsafe {
         if vec_n > 0 {
-            let mut acc = _mm_setzero_ps();
+            let mut acc = [0.0f32; 4];
             if wide_n > 0 {
-                let mut chains: [__m128; 4] = [_mm_setzero_ps(); 4];
-                for i in (0..wide_n).step_by(16) {
-                    for (c, chain) in chains.iter_mut().enumerate() {
-                        *chain = _mm_add_ps(*chain, _mm_loadu_ps(p.add(i + 4 * c)));
+                let mut vectors = SUM_BLOCK / S::LANES;
+                let mut sums = [s.splat(0.0); SUM_BLOCK / 8];
+                for i in (0..wide_n).step_by(SUM_BLOCK) {
+                    for (v, sum) in sums.iter_mut().enumerate().take(vectors) {
+                        *sum = s.add(*sum, s.load(p.add(i + v * S::LANES)));
                     }
                 }
-                acc = _mm_add_ps(_mm_add_ps(chains[0], chains[1]), _mm_add_ps(chains[2], chains[3]));
+                // Folds of whole vectors, then within the last one.
+                while vectors > 1 {
+                    vectors /= 2;
+                    for v in 0..vectors {
+                        sums[v] = s.add(sums[v], sums[v + vectors]);
+                    }
+                }
+                let mut chains = [0.0f32; 16];
+                s.store(chains.as_mut_ptr(), sums[0]);
+                let mut count = S::LANES / 4;
+                while count > 1 {
+                    count /= 2;
+                    for f in 0..4 * count {
+                        chains[f] += chains[f + 4 * count];
+                    }
+                }
+                acc.copy_from_slice(&chains[..4]);
             }
             for i in (wide_n..vec_n).step_by(4) {
-                acc = _mm_add_ps(acc, _mm_loadu_ps(p.add(i)));
+                for (l, a) in acc.iter_mut().enumerate() {
+                    *a += *p.add(i + l);
+                }
             }
-            let mut lanes = [0.0f32; 4];
-            _mm_storeu_ps(lanes.as_mut_ptr(), acc);
-            total = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+            total = (acc[0] + acc[1]) + (acc[2] + acc[3]);
         }
         for i in vec_n..n {
             total += *p.add(i);
@@ -718,6 +739,10 @@ unsafe fn sum(p: *const f32, n: usize) -> f32 {
     }
     total
 }
+
+/// Floats of one block of a row sum: sixteen `f32x4` chains ([`sum`],
+/// `cellc::clif`'s `SUM_CHAINS`).
+const SUM_BLOCK: usize = 64;
 
 /// A 64-byte line of the register file: a slot is [`chunk`] floats of
 /// these, aligned for either set's vectors.

@@ -220,24 +220,30 @@ on_each_set! {
     passes_cover_every_float_once: passes_cover_each_float_once;
 }
 
-#[test]
-fn row_sums_add_in_the_emitters_order() {
-    // Four chains over blocks of 16, pairwise; one f32x4 over the rest; lanes pairwise; the tail.
+on_each_set! {
+    row_sums_add_in_the_emitters_order: row_sums_in_the_emitters_order;
+}
+
+fn row_sums_in_the_emitters_order<S: Lanes>(s: S) {
+    // Sixteen chains over blocks of 64, folded in halves; one f32x4 over the rest; lanes pairwise; the tail.
     let reference = |x: &[f32]| -> f32 {
-        let (wide, vec) = (x.len() / 16 * 16, x.len() / 4 * 4);
+        let (wide, vec) = (x.len() / 64 * 64, x.len() / 4 * 4);
         if vec == 0 {
             return x.iter().fold(0.0, |t, &v| t + v);
         }
-        let mut chains = [[0.0f32; 4]; 4];
-        for block in x[..wide].chunks(16) {
+        let mut chains = vec![[0.0f32; 4]; 16];
+        for block in x[..wide].chunks(64) {
             for (c, chain) in chains.iter_mut().enumerate() {
                 for (l, lane) in chain.iter_mut().enumerate() {
                     *lane += block[4 * c + l];
                 }
             }
         }
-        let mut acc: [f32; 4] =
-            std::array::from_fn(|l| (chains[0][l] + chains[1][l]) + (chains[2][l] + chains[3][l]));
+        while chains.len() > 1 {
+            let half = chains.len() / 2;
+            chains = (0..half).map(|c| std::array::from_fn(|l| chains[c][l] + chains[c + half][l])).collect();
+        }
+        let mut acc = chains[0];
         for four in x[wide..vec].chunks(4) {
             for (a, &v) in acc.iter_mut().zip(four) {
                 *a += v;
@@ -245,11 +251,11 @@ fn row_sums_add_in_the_emitters_order() {
         }
         x[vec..].iter().fold((acc[0] + acc[1]) + (acc[2] + acc[3]), |t, &v| t + v)
     };
-    for n in [0usize, 1, 3, 4, 7, 15, 16, 17, 33, 63, 64, 100, 1000] {
+    for n in [0usize, 1, 3, 4, 7, 15, 16, 17, 33, 63, 64, 65, 100, 128, 1000, 1024] {
         let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 * 1.37e-3 - 0.61).collect();
         // SAFETY: n floats.
-        let got = unsafe { super::sum(x.as_ptr(), n) };
-        assert_eq!(got.to_bits(), reference(&x).to_bits(), "n = {n}");
+        let got = s.enter(|| unsafe { super::sum(s, x.as_ptr(), n) });
+        assert_eq!(got.to_bits(), reference(&x).to_bits(), "{}: n = {n}", S::NAME);
     }
 }
 
