@@ -410,8 +410,11 @@ pub unsafe fn backward(
     // SAFETY: per the contract.
     unsafe {
         write_each(&job.d_h0, &r.d_h0, "initial-state gradient")?;
-        write_each(&job.d_params, &r.d_params, "parameter gradient")
+        write_each(&job.d_params, &r.d_params, "parameter gradient")?;
     }
+    // The next call's weight gradients sum into these pages, already faulted in.
+    r.d_h0.into_iter().chain(r.d_params).for_each(crate::pool::give);
+    Ok(())
 }
 
 /// A buffer of rows shared by the threads of a run, each writing only the

@@ -277,7 +277,7 @@ pub fn gemm_all_rows(
         if all_pieces < threads {
             // Fewer runs than cores, too short to split by rows: split each
             // product by output columns instead; runs still add up in order.
-            let acc = matrices.entry(out).or_insert_with(|| vec![0.0; rows_all * cols_d]);
+            let acc = matrices.entry(out).or_insert_with(|| crate::pool::take_zeroed(rows_all * cols_d));
             for &(at, a, b) in &jobs {
                 // SAFETY: acc is [rows_all, cols_d], the block at `at` is one
                 // head's; a and b describe the run's rows of that head.
@@ -299,7 +299,7 @@ pub fn gemm_all_rows(
                 unsafe { matmul(block(parts.get()[c], at), a, b, true) };
             }
         });
-        let acc = matrices.entry(out).or_insert_with(|| vec![0.0; rows_all * cols_d]);
+        let acc = matrices.entry(out).or_insert_with(|| crate::pool::take_zeroed(rows_all * cols_d));
         for part in partials {
             acc.iter_mut().zip(&part).for_each(|(a, p)| *a += p);
             crate::pool::give(part);
