@@ -701,6 +701,8 @@ unsafe fn sum<S: Lanes>(s: S, p: *const f32, n: usize) -> f32 {
         if vec_n > 0 {
             let mut acc = [0.0f32; 4];
             if wide_n > 0 {
+                // A block is two to eight of the set's vectors (`sums`), a vector at most four chains.
+                assert!((8..=16).contains(&S::LANES), "row sums need 8 or 16 lanes, not {}", S::LANES);
                 let mut vectors = SUM_BLOCK / S::LANES;
                 let mut sums = [s.splat(0.0); SUM_BLOCK / 8];
                 for i in (0..wide_n).step_by(SUM_BLOCK) {
