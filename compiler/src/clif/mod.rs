@@ -20,6 +20,7 @@
 pub mod math;
 
 use crate::ir::{BinaryOp, Op, ReduceOp, UnaryOp, ValueId};
+use crate::kernel::cpu_math::SUM_CHAINS;
 use crate::kernel::{FusedLoop, Item, KernelPlan, Kind, Literal, Operand};
 use crate::shapes::Shapes;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
@@ -363,16 +364,15 @@ impl Gen<'_, '_> {
         });
     }
 
-    /// Sum of `n` floats at `p`: sixteen `f32x4` accumulators over blocks
-    /// of 64 floats (independent chains, so the adds overlap rather than
-    /// wait on each other's latency: the walker's AVX-512 runs them as four
-    /// `zmm` and its AVX2 as eight `ymm`, at the same bits), folded in
-    /// halves (chain `c` plus chain `c + 8`, then `c + 4`, ...: whole
-    /// vectors of the walker's); then one vector over the rest in fours;
-    /// then its lanes in a fixed order; then the tail. The order is fixed,
-    /// so results are the same run to run.
+    /// Sum of `n` floats at `p`: [`SUM_CHAINS`] `f32x4` accumulators over
+    /// blocks of `4 * SUM_CHAINS` floats (independent chains, so the adds
+    /// overlap rather than wait on each other's latency: the walker's
+    /// AVX-512 runs them as four `zmm` and its AVX2 as eight `ymm`, at the
+    /// same bits), folded in halves (chain `c` plus chain `c + 8`, then
+    /// `c + 4`, ...: whole vectors of the walker's); then one vector over
+    /// the rest in fours; then its lanes in a fixed order; then the tail.
+    /// The order is fixed, so results are the same run to run.
     fn sum(&mut self, p: Value, n: usize) -> Value {
-        const SUM_CHAINS: usize = 16;
         let wide_n = n / (4 * SUM_CHAINS) * (4 * SUM_CHAINS);
         let vec_n = n / 4 * 4;
         let zero_s = self.b.ins().f32const(0.0);

@@ -1,5 +1,5 @@
-//! The constants of the CPU kernels' elementwise math: the clamps, range
-//! reductions and polynomial coefficients that the Cranelift emitter
+//! The constants of the CPU kernels' math: the clamps, range reductions
+//! and polynomial coefficients, and the row sums' chains, that the Cranelift emitter
 //! (`cellc::clif::math`, with the `cranelift` feature) and the runtime's
 //! walked kernels (AVX-512 and AVX2) both evaluate, in the same order.
 //! Kept here, in one place, because the two must compute the same bits.
@@ -59,3 +59,8 @@ pub const LOG_POLY: [f32; 9] = [
 pub const LOG_LN2_LO: f32 = -2.121_944_4e-4;
 /// The high part of `ln 2` (see [`LOG_LN2_LO`]).
 pub const LOG_LN2_HI: f32 = 0.693_359_4;
+
+/// A row sum adds this many `f32x4` chains over blocks of `4 * SUM_CHAINS`
+/// floats (chain `c` takes floats `4c..4c + 4` of each block), then folds
+/// them in halves (chain `c` plus chain `c + SUM_CHAINS / 2`, ...).
+pub const SUM_CHAINS: usize = 16;

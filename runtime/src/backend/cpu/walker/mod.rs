@@ -49,6 +49,7 @@ pub use target::Target;
 
 use super::stage::StageExec;
 use cellc::ir::{Op, ReduceOp, ValueId};
+use cellc::kernel::cpu_math::SUM_CHAINS;
 use cellc::kernel::{Item, KernelPlan, Kind, Literal, Operand};
 use cellc::shapes::Shapes;
 
@@ -679,7 +680,7 @@ unsafe fn copy(src: Held, dst: *mut f32, n: usize) {
 }
 
 /// The sum of `n` floats at `p`, added in the emitter's order
-/// ([`cellc::clif`]'s `sum`): sixteen `f32x4` chains over blocks of
+/// ([`cellc::clif`]'s `sum`): [`SUM_CHAINS`] `f32x4` chains over blocks of
 /// [`SUM_BLOCK`] floats (chain `c` takes floats `4c..4c + 4` of each
 /// block), the chains folded in halves (chain `c` plus chain `c + 8`, then
 /// `c + 4`, `c + 2`, `c + 1`), one `f32x4` over the rest in fours, its
@@ -742,9 +743,8 @@ unsafe fn sum<S: Lanes>(s: S, p: *const f32, n: usize) -> f32 {
     total
 }
 
-/// Floats of one block of a row sum: sixteen `f32x4` chains ([`sum`],
-/// `cellc::clif`'s `SUM_CHAINS`).
-const SUM_BLOCK: usize = 64;
+/// Floats of one block of a row sum: [`SUM_CHAINS`] `f32x4` chains ([`sum`]).
+const SUM_BLOCK: usize = 4 * SUM_CHAINS;
 
 /// A 64-byte line of the register file: a slot is [`chunk`] floats of
 /// these, aligned for either set's vectors.
