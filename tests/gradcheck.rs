@@ -55,3 +55,25 @@ fn unused_parameters_get_exactly_zero_gradient() {
     let unused = report.tensors.iter().find(|t| t.tensor == "param _unused").expect("reported");
     assert_eq!((unused.analytic, unused.numeric), (0.0, 0.0));
 }
+
+/// A state that grows fast (a quadratic map over five steps) makes the loss
+/// huge while the output's weight moves it little: the finite difference
+/// then carries the losses' rounding, which is not an error (fuzz seed
+/// 770105 reduced). A wrong rule is still far beyond it.
+#[test]
+fn rounding_of_a_huge_loss_is_not_an_error_but_a_wrong_rule_still_is() {
+    let src = "cell c { input x[I] state h[2*H] param w4[2*H, 2*H], w5[H, H], w7[O, H], z[H]\n \
+               h' = w4 @ (h * (h - 3))\n output w7 @ z }";
+    let module = cellc::compile("c.cell", src).into_result().expect("compiles");
+    let cell = &module.cells[0];
+    let sizes: cellc::dims::Bindings = [("H", 5), ("I", 1), ("O", 2)].map(|(k, v)| (k.to_string(), v)).into();
+    let opts = Options { steps: 5, seed: 11561661367810276251, tolerance: 1e-5, ..Options::default() };
+    let report = gradcheck(cell, &sizes, &opts).expect("runs");
+    assert!(report.passed(), "{:?}", report.worst());
+    // `z`'s gradient dropped (taken as zero): a wrong backward.
+    let mut wrong = cellc::autodiff::backward_step(cell).expect("verifies");
+    wrong.d_params[3] = None;
+    let report = cellc::gradcheck::gradcheck_with(cell, &wrong, &sizes, &opts).expect("runs");
+    assert!(!report.passed());
+    assert_eq!(report.worst().expect("tensors").tensor, "param z");
+}

@@ -24,7 +24,8 @@ pub struct Options {
     pub seed: u64,
     /// Finite-difference step: each element is perturbed by `±eps`.
     pub eps: f64,
-    /// Allowed `|analytic − numeric| / max(1, |numeric|)`.
+    /// Allowed `|analytic − numeric| / max(1, |numeric|)`, beyond what the
+    /// losses' rounding alone may move the finite difference by.
     pub tolerance: f64,
 }
 
@@ -47,7 +48,8 @@ pub struct TensorCheck {
     pub analytic: f64,
     /// The worst element's central-difference gradient.
     pub numeric: f64,
-    /// The worst element's `|analytic − numeric| / max(1, |numeric|)`.
+    /// The worst element's `|analytic − numeric| / max(1, |numeric|)`, less
+    /// what the losses' rounding alone may move `numeric` by.
     pub error: f64,
     /// Elements at a kink, left unchecked: the one-sided differences
     /// disagree, so the loss has no derivative there to compare with.
@@ -116,22 +118,24 @@ pub fn gradcheck_with(
     let g_final: Vec<Vec<f64>> = bound.state_sizes().iter().map(|&n| rng.vec(n, 1.0)).collect();
 
     let analytic = bound.backward(grad, &xs, &h0, &params, &g_out, &g_final)?;
-    let loss_of = |r: &crate::interp::SequenceResult<f64>| -> f64 {
-        let mut l: f64 = r.outputs.iter().zip(&g_out).map(|(a, b)| a * b).sum();
-        for (s, g) in r.final_states.iter().zip(&g_final) {
-            l += s.iter().zip(g).map(|(a, b)| a * b).sum::<f64>();
-        }
-        l
+    // The loss, and the sum of its terms' magnitudes (its rounding's scale).
+    let loss_of = |r: &crate::interp::SequenceResult<f64>| -> Loss {
+        let finals = r.final_states.iter().zip(&g_final).flat_map(|(s, g)| s.iter().zip(g));
+        let terms = r.outputs.iter().zip(&g_out).chain(finals).map(|(a, b)| a * b);
+        terms.fold(Loss { value: 0.0, magnitude: 0.0 }, |l, t| Loss {
+            value: l.value + t,
+            magnitude: l.magnitude + t.abs(),
+        })
     };
     // `stop_gradient` values are constants to the backward step: the
     // perturbed runs hold them at the unperturbed run's values.
     let (unperturbed, stops) = bound.run_recording_stops(&xs, &h0, &params)?;
     let base = loss_of(&unperturbed);
-    let loss = |xs: &[f64], h0: &[Vec<f64>], params: &[Vec<f64>]| -> Result<f64, InterpError> {
+    let loss = |xs: &[f64], h0: &[Vec<f64>], params: &[Vec<f64>]| -> Result<Loss, InterpError> {
         Ok(loss_of(&bound.run_holding_stops(xs, h0, params, &stops)?))
     };
     let eps = opts.eps;
-    let numeric = |perturb: &dyn Fn(f64) -> Result<f64, InterpError>| -> Result<Difference, InterpError> {
+    let numeric = |perturb: &dyn Fn(f64) -> Result<Loss, InterpError>| -> Result<Difference, InterpError> {
         Ok(Difference::of(perturb(-eps)?, base, perturb(eps)?, eps))
     };
 
@@ -191,6 +195,13 @@ pub fn gradcheck_with(
     Ok(Report { sizes, steps: opts.steps, tensors, tolerance: opts.tolerance })
 }
 
+/// The loss of one run: its value, and the sum of its terms' magnitudes.
+#[derive(Clone, Copy, Debug)]
+struct Loss {
+    value: f64,
+    magnitude: f64,
+}
+
 /// Finite differences of the loss along one coordinate.
 #[derive(Clone, Copy, Debug)]
 struct Difference {
@@ -199,6 +210,11 @@ struct Difference {
     /// `(L(θ) − L(θ−eps)) / eps` and `(L(θ+eps) − L(θ)) / eps`.
     left: f64,
     right: f64,
+    /// How far rounding alone may move `central`: the losses' rounding
+    /// (a few ulp of the sum of their terms' magnitudes) over `2 eps`. A
+    /// loss of huge terms (a state that grows step by step, however little
+    /// its gradient) differs in rounding more than its gradient moves it.
+    rounding: f64,
 }
 
 impl Difference {
@@ -206,11 +222,16 @@ impl Difference {
     /// error) mean a kink, not the rounding and curvature of a smooth loss.
     const KINK: f64 = 1e-3;
 
-    fn of(minus: f64, base: f64, plus: f64, eps: f64) -> Difference {
+    /// Ulp of the losses' magnitudes that their rounding is allowed.
+    const ROUNDING_ULP: f64 = 16.0;
+
+    fn of(minus: Loss, base: Loss, plus: Loss, eps: f64) -> Difference {
+        let magnitude = minus.magnitude.max(base.magnitude).max(plus.magnitude);
         Difference {
-            central: (plus - minus) / (2.0 * eps),
-            left: (base - minus) / eps,
-            right: (plus - base) / eps,
+            central: (plus.value - minus.value) / (2.0 * eps),
+            left: (base.value - minus.value) / eps,
+            right: (plus.value - base.value) / eps,
+            rounding: Self::ROUNDING_ULP * f64::EPSILON * magnitude / (2.0 * eps),
         }
     }
 
@@ -221,15 +242,18 @@ impl Difference {
     /// finite differences cannot check: the central difference of several
     /// kinks met together is no convention's gradient.
     fn is_kink(&self) -> bool {
-        (self.left - self.right).abs() / self.central.abs().max(1.0) > Self::KINK
+        // Each one-sided difference carries twice the central one's rounding.
+        let apart = ((self.left - self.right).abs() - 4.0 * self.rounding).max(0.0);
+        apart / self.central.abs().max(1.0) > Self::KINK
     }
 
-    /// `|analytic − central| / max(1, |central|)`; 0 at a kink.
+    /// `|analytic − central| / max(1, |central|)`, less what rounding alone
+    /// may put between them; 0 at a kink.
     fn error(&self, analytic: f64) -> f64 {
         if self.is_kink() {
             return 0.0;
         }
-        (analytic - self.central).abs() / self.central.abs().max(1.0)
+        ((analytic - self.central).abs() - self.rounding).max(0.0) / self.central.abs().max(1.0)
     }
 }
 
