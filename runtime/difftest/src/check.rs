@@ -355,13 +355,26 @@ pub fn check(source: &str, case: &Case, plan: &Checks) -> Result<Passed, Failure
         false => None,
     };
     let want = Expected { f64: &f64_run, f32: &f32_run, bf16: bf16_run.as_ref() };
-    let masked = match cell.forward.masks.is_empty() {
-        true => None,
-        false => {
-            let layout = Layout::ALL[(case.seed as usize + 3) % Layout::ALL.len()];
-            let pass = caught(|| training_reference(&reference, &batch, &want, layout));
-            Some(pass.map_err(fail(Check::Backend(BackendKind::Reference)))?)
+    // A cell with masks trains against the reference back end's pass at the
+    // same seed (the interpreter draws no masks), in the products' precision:
+    // a bf16 back end against the reference's bf16 twin, whose rounding noise
+    // the evaluation pass's tolerance need not bound.
+    let layout = Layout::ALL[(case.seed as usize + 3) % Layout::ALL.len()];
+    let masked_in = |twin: &Model, like: BackendKind| -> Result<Option<TrainingReference>, Failure> {
+        if cell.forward.masks.is_empty() {
+            return Ok(None);
         }
+        let pass = caught(|| training_reference(twin, &batch, &want, layout, like));
+        Ok(Some(pass.map_err(fail(Check::Backend(BackendKind::Reference)))?))
+    };
+    let masked = masked_in(&reference, BackendKind::Reference)?;
+    let masked_bf16 = match plan.backends.contains(&BackendKind::CpuBf16) {
+        true => {
+            let twin = model(BackendKind::Reference, layers).and_then(|m| m.with_precision(Precision::Bf16));
+            let twin = twin.map_err(|e| fail(Check::Backend(BackendKind::Reference))(e.to_string()))?;
+            masked_in(&twin, BackendKind::CpuBf16)?
+        }
+        false => None,
     };
     let mut passes = 0;
     for (k, &kind) in plan.backends.iter().enumerate() {
@@ -371,6 +384,7 @@ pub fn check(source: &str, case: &Case, plan: &Checks) -> Result<Passed, Failure
         let route = Route::of(case.seed as usize + k, kind);
         let run = || -> Result<usize, String> {
             let m = model(kind, layers).map_err(|e| e.to_string())?;
+            let masked = if kind.precision() == Precision::Bf16 { &masked_bf16 } else { &masked };
             run_backend(m, kind, &batch, &want, (inference, training), route, masked.as_ref())
         };
         passes += caught(run).map_err(fail(Check::Backend(kind)))?;
@@ -569,19 +583,21 @@ struct TrainingReference {
 
 /// The reference back end's training pass in `layout` at a fresh
 /// model's first seed, once that seed's masks are seen to be the same
-/// when drawn again and in another layout.
+/// when drawn again and in another layout; its products in the precision
+/// of back end `like` (the model's), whose tolerances it is held to.
 fn training_reference(
     reference: &Model,
     batch: &Batch,
     want: &Expected,
     layout: Layout,
+    like: BackendKind,
 ) -> Result<TrainingReference, String> {
     let seed = reference.next_mask_seed();
     masks_are_deterministic(reference, batch, seed)?;
     let label = format!("reference back end, {layout}, masks at {seed:?}");
     let trained = train_in(reference, (Route::CallerHost, Some(seed)), batch, layout, &label)?;
     let pass = per_sequence(reference, &trained, &batch.row_layout(layout)?, batch);
-    Ok(TrainingReference { seed, pass, tolerances: tolerances(want, BackendKind::Reference) })
+    Ok(TrainingReference { seed, pass, tolerances: tolerances(want, like) })
 }
 
 /// The masks a training call at `seed` draws ([`Model::cell_masks`]) are

@@ -10,6 +10,12 @@
 //! stage produced, or a value its kernel keeps in registers, is an error here; and its backward reads only what the
 //! schedule saved (plus the state history), so a wrong saved-values
 //! choice is an error too. Fast back ends are tested against it.
+//!
+//! Its products of matrix parameters take the pass's precision as
+//! [`cellc::precision`] states it and the interpreter computes it
+//! ([`Shapes::compute_in`]): at bf16, fp16 or TF32 both operands rounded,
+//! the sums in f32. So it is the oracle of mixed precision too, training
+//! with a cell's masks included, which the interpreter does not draw.
 
 use super::cpu::host::{self, HostBackward, HostForward, HostGradients, Rows, RowsMut};
 use super::{check_tape, Device};
@@ -87,11 +93,12 @@ fn value<'s>(pass: &PassPlan, store: &'s Store, params: &'s [&'s [f32]], v: Valu
     }
 }
 
-/// Computes `v` from its operands, which must already be in `store`.
+/// Computes `v` from its operands, which must already be in `store`; a
+/// product of a matrix parameter in `precision`.
 fn compute(
     g: &Graph,
     pass: &PassPlan,
-    plan: &Shapes,
+    (plan, precision): (&Shapes, Precision),
     store: &mut Store,
     params: &[&[f32]],
     v: ValueId,
@@ -109,7 +116,7 @@ fn compute(
             }
         }
     }
-    let out = plan.compute(g, v, &args);
+    let out = plan.compute_in(precision, g, v, &args);
     store[v.index()] = Some(out);
     Ok(())
 }
@@ -121,12 +128,14 @@ struct Stages<'a> {
     graph: &'a Graph,
     pass: &'a PassPlan,
     shapes: &'a Shapes,
+    /// The precision of the products of matrix parameters.
+    precision: Precision,
     /// The kernel (name, evaluator) of each stage that is one, by stage index.
     kernels: Vec<Option<(&'a str, RowEvaluator<'a>)>>,
 }
 
 impl<'a> Stages<'a> {
-    fn new(graph: &'a Graph, layer: &'a Layer, pass: &'a PassPlan) -> Stages<'a> {
+    fn new(graph: &'a Graph, layer: &'a Layer, pass: &'a PassPlan, precision: Precision) -> Stages<'a> {
         let side = pass.side;
         let shapes = layer.shapes(side);
         let mut kernels: Vec<Option<(&str, RowEvaluator)>> = Vec::new();
@@ -134,7 +143,7 @@ impl<'a> Stages<'a> {
         for k in layer.kernels().filter(|k| k.side == side) {
             kernels[k.stage] = Some((&k.name, RowEvaluator::new(&k.plan, graph, shapes)));
         }
-        Stages { graph, pass, shapes, kernels }
+        Stages { graph, pass, shapes, precision, kernels }
     }
 
     /// Runs the stages `stages` (indices into `all`) for the row in `store`.
@@ -150,7 +159,7 @@ impl<'a> Stages<'a> {
 
     /// Runs stage `k` for the row in `store`.
     fn run(&mut self, k: usize, st: &Stage, store: &mut Store, params: &[&[f32]]) -> Result<()> {
-        let (g, pass, plan) = (self.graph, self.pass, self.shapes);
+        let (g, pass, plan) = (self.graph, self.pass, (self.shapes, self.precision));
         let Some(Some((name, kernel))) = self.kernels.get_mut(k) else {
             return st.values.iter().try_for_each(|&v| compute(g, pass, plan, store, params, v, k));
         };
@@ -185,32 +194,32 @@ impl Device for Reference {
 
     host::host_memory!();
 
-    /// f32 only: it states the cell's semantics, products included.
+    /// Every precision: it states the cell's semantics in each (see the
+    /// module documentation).
     fn precision(&self, asked: Precision) -> Result<Precision> {
-        if asked == Precision::F32 {
-            return Ok(asked);
-        }
-        let elsewhere =
-            if asked == Precision::Bf16 { "the cpu and cuda back ends" } else { "the cuda back end" };
-        Err(RuntimeError::Backend {
-            backend: "reference".into(),
-            message: format!("computes in f32 only: {asked} runs on {elsewhere}"),
-        })
+        Ok(asked)
     }
 
     fn forward(&self, pass: &Pass, job: LayerForward) -> Result<()> {
         // SAFETY: per the trait's contract, every span is host memory of the pass.
-        unsafe { host::forward(pass, job, forward) }
+        unsafe { host::forward(pass, job, |job, output, tape| forward(job, pass.precision, output, tape)) }
     }
 
     fn backward(&self, pass: &Pass, job: LayerBackward) -> Result<()> {
         // SAFETY: per the trait's contract, every span is host memory of the pass.
-        unsafe { host::backward(pass, job, backward) }
+        unsafe {
+            host::backward(pass, job, |job, tape, d_input| backward(job, pass.precision, tape, d_input))
+        }
     }
 }
 
 /// One layer and direction forwards, a row at a time; the final states.
-fn forward(job: &HostForward, output: &mut RowsMut, mut tape: Option<&mut [f32]>) -> Result<Vec<Vec<f32>>> {
+fn forward(
+    job: &HostForward,
+    precision: Precision,
+    output: &mut RowsMut,
+    mut tape: Option<&mut [f32]>,
+) -> Result<Vec<Vec<f32>>> {
     let g: &Graph = &job.cell.forward;
     let layer = job.layer;
     let pass = layer.pass(Side::Forward, tape.is_some());
@@ -223,7 +232,7 @@ fn forward(job: &HostForward, output: &mut RowsMut, mut tape: Option<&mut [f32]>
         t.fill(0.0);
     }
 
-    let mut forward_stages = Stages::new(g, layer, pass);
+    let mut forward_stages = Stages::new(g, layer, pass, precision);
     let mut base: Store = vec![None; g.value_bound()];
     constants(g, &layer.forward_shapes, &mut base);
     let fill = |store: &mut Store, b: usize, t: usize, states: Option<&[Vec<f32>]>| -> Result<()> {
@@ -326,14 +335,19 @@ fn forward(job: &HostForward, output: &mut RowsMut, mut tape: Option<&mut [f32]>
 }
 
 /// One layer and direction backwards, a row at a time, reading the forward's `tape`.
-fn backward(job: &HostBackward, tape: &[f32], d_input: &mut RowsMut) -> Result<HostGradients> {
+fn backward(
+    job: &HostBackward,
+    precision: Precision,
+    tape: &[f32],
+    d_input: &mut RowsMut,
+) -> Result<HostGradients> {
     let tape = RowTape::new(job.layer, job.layout_rows(), tape)?;
     let g = &job.cell.backward.graph;
     let layer = job.layer;
     let pass = layer.pass(Side::Backward, true);
     let stages = &layer.schedule.backward;
     let batch = job.order.batch();
-    let mut backward_stages = Stages::new(g, layer, pass);
+    let mut backward_stages = Stages::new(g, layer, pass, precision);
     let mut base: Store = vec![None; g.value_bound()];
     constants(g, &layer.backward_shapes, &mut base);
 
