@@ -270,7 +270,8 @@ struct Expected<'a> {
     f64: &'a Oracle,
     /// On the data, and on the data nudged by an ulp.
     f32: &'a [Oracle; 2],
-    bf16: Option<&'a Oracle>,
+    /// In f64 and in f32 arithmetic ([`oracle_in`]).
+    bf16: Option<&'a [Oracle; 2]>,
 }
 
 fn flat(rows: &[Vec<Vec<f64>>]) -> Vec<f64> {
@@ -294,13 +295,14 @@ fn tolerance(noise: f64, kind: BackendKind) -> f64 {
 
 /// Back end `kind`'s tolerances against the oracle: (forward, backward).
 ///
-/// bf16 products follow the same rule with the bf16 twin's noise in place
-/// of the f32 twin's (and no factor for the elementary functions, whose
+/// bf16 products follow the same rule with the bf16 twins' noise in place
+/// of the f32 twins' (and no factor for the elementary functions, whose
 /// f32 error is far below bf16's): the distance bf16 arithmetic itself
 /// puts between this cell's values and the exact ones, on this data.
 fn tolerances(want: &Expected, kind: BackendKind) -> (f64, f64) {
-    if let (BackendKind::CpuBf16, Some(bf16)) = (kind, want.bf16) {
-        let (forward, backward) = pass_noise(want.f64, bf16);
+    if let (BackendKind::CpuBf16, Some([in_f64, in_f32])) = (kind, want.bf16) {
+        let (wide, narrow) = (pass_noise(want.f64, in_f64), pass_noise(want.f64, in_f32));
+        let (forward, backward) = (wide.0.max(narrow.0), wide.1.max(narrow.1));
         let rule = |noise: f64| BASE_TOLERANCE.max(NOISE_FACTOR * noise);
         return (rule(forward), rule(backward));
     }
