@@ -17,7 +17,7 @@
 
 use crate::backends::{self, BackendKind};
 use crate::batch::{Batch, LaidOut, Layout};
-use crate::oracle::{noise, oracle, oracle_in, Oracle};
+use crate::oracle::{noise, oracle, twins_in, Oracle};
 use cellc::dims::Bindings;
 use cellc::fuzzgen::Entropy;
 use cellc_runtime::masks::SeenMask;
@@ -270,7 +270,7 @@ struct Expected<'a> {
     f64: &'a Oracle,
     /// On the data, and on the data nudged by an ulp.
     f32: &'a [Oracle; 2],
-    /// In f64 and in f32 arithmetic ([`oracle_in`]).
+    /// In f64 and in f32 arithmetic ([`twins_in`]).
     bf16: Option<&'a [Oracle; 2]>,
 }
 
@@ -353,7 +353,7 @@ pub fn check(source: &str, case: &Case, plan: &Checks) -> Result<Passed, Failure
     batch.resets = case.resets.clone();
     let (f64_run, f32_run) = oracle(&reference, &batch).map_err(fail(Check::Oracle))?;
     let bf16_run = match plan.backends.contains(&BackendKind::CpuBf16) {
-        true => Some(oracle_in(&reference, &batch, Precision::Bf16).map_err(fail(Check::Oracle))?),
+        true => Some(twins_in(&reference, &batch, Precision::Bf16).map_err(fail(Check::Oracle))?),
         false => None,
     };
     let want = Expected { f64: &f64_run, f32: &f32_run, bf16: bf16_run.as_ref() };

@@ -10,7 +10,9 @@
 //! noise floor below which f32 back ends cannot be told apart. One f32 run
 //! alone can land near the f64 values by luck where the cell cancels
 //! (a LayerNorm of two nearly equal values); the nudged run then still
-//! shows how far one rounding moves the results.
+//! shows how far one rounding moves the results. For bf16 products it runs
+//! twice more with those products' operands rounded ([`twins_in`]): in f64
+//! and in f32 arithmetic.
 
 use crate::batch::Batch;
 use cellc_runtime::exact::{self, Adjoints, Sequences};
@@ -42,14 +44,19 @@ pub fn oracle(model: &Model, batch: &Batch) -> Result<(Oracle, [Oracle; 2]), Str
 
 /// What `model` computes on `batch` with the products of its matrix
 /// parameters in `precision` ([`cellc::interp::BoundCell::with_precision`]),
-/// everything else in f64, then in f32: with [`Precision::Bf16`], what bf16
-/// arithmetic itself gives, against which a bf16 back end's error is
-/// judged. The f32 twin's operands land on another bf16 neighbour wherever
-/// f32's rounding moves them across a midpoint, as a back end's do: where
-/// the cell amplifies that (a LayerNorm of a nearly zero row), the f64
-/// twin alone would hold the back end to a noise it cannot reach.
-pub fn oracle_in(model: &Model, batch: &Batch, precision: Precision) -> Result<[Oracle; 2], String> {
-    Ok([run::<f64>(model, batch, precision, false)?, run::<f32>(model, batch, precision, false)?])
+/// everything else in f64: with [`Precision::Bf16`], what bf16 arithmetic
+/// itself gives, against which a bf16 back end's error is judged.
+pub fn oracle_in(model: &Model, batch: &Batch, precision: Precision) -> Result<Oracle, String> {
+    run::<f64>(model, batch, precision, false)
+}
+
+/// [`oracle_in`], and the same with everything else in f32. The f32 twin's
+/// operands land on another bf16 neighbour wherever f32's rounding moves
+/// them across a midpoint, as a back end's do: where the cell amplifies
+/// that (a LayerNorm of a nearly zero row), the f64 twin alone would hold
+/// a back end to a noise floor it cannot reach.
+pub fn twins_in(model: &Model, batch: &Batch, precision: Precision) -> Result<[Oracle; 2], String> {
+    Ok([oracle_in(model, batch, precision)?, run::<f32>(model, batch, precision, false)?])
 }
 
 /// `x` moved one ulp, up or down by `i`'s parity (zero and non-finite values as they are).

@@ -227,9 +227,17 @@ mod tests {
             return;
         };
         assert!(one.flops > 1e9, "{one:?}");
-        let two = measure(PeakKind::F32Fma, 2, 0.05).expect("the same instructions");
+        // Each the best of three rounds, alternating: on a shared machine one
+        // round of one thread can run while another process holds the core.
+        let (mut one, mut two) = (one.flops, 0.0f64);
+        for round in 0..3 {
+            if round > 0 {
+                one = one.max(measure(PeakKind::F32Fma, 1, 0.05).expect("the same instructions").flops);
+            }
+            two = two.max(measure(PeakKind::F32Fma, 2, 0.05).expect("the same instructions").flops);
+        }
         // Two threads share at most twice the units (on a busy or one-core machine, fewer).
-        assert!(two.flops < 2.5 * one.flops, "{one:?} {two:?}");
+        assert!(two < 2.5 * one, "one thread {one:e} FLOP/s, two {two:e}");
     }
 
     #[test]
