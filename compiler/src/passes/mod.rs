@@ -231,6 +231,12 @@ mod tests {
         let (c, _) = run_one("h' = x + -h - -w\n output h'", simplify_algebra);
         assert_eq!(count(&c, &Op::Unary(UnaryOp::Neg)), 0);
         assert_eq!(count(&c, &Op::Binary(BinaryOp::Sub)), 1);
+        // sum(-x) is -sum(x): the negation is of one scalar, not of a vector.
+        let (c, n) = run_one("h' = h * sum(-(x * h)) + mean(-w)\n output h'", simplify_algebra);
+        assert_eq!(n, 2);
+        let negated: Vec<_> = c.values().filter(|&v| c.node(v).op == Op::Unary(UnaryOp::Neg)).collect();
+        assert_eq!(negated.len(), 2);
+        assert!(negated.iter().all(|&v| c.ty(v) == &Type::Scalar), "{c:?}");
     }
 
     #[test]

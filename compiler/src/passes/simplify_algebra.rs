@@ -1,7 +1,8 @@
 //! Algebraic identities that occur in cells and, above all, in derived
 //! backward steps: `x * 1`, `x + 0`, `x - 0`, `x / 1`, `-(-x)`,
-//! `x + (-y)` as `x - y`, `x - (-y)` as `x + y`, and a slice of a `concat`
-//! or `pad` that picks out exactly one operand.
+//! `x + (-y)` as `x - y`, `x - (-y)` as `x + y`, `sum(-x)` as `-sum(x)`
+//! (and `mean`), and a slice of a `concat` or `pad` that picks out exactly
+//! one operand.
 
 use super::{constant_value, Remap};
 use crate::dims::Dim;
@@ -42,6 +43,17 @@ pub fn simplify_algebra(graph: &mut Graph, remap: &mut Remap) -> usize {
             }
             Op::Binary(BinaryOp::Sub) if negated(1).is_some() => {
                 rewrite(graph, v, &node, BinaryOp::Add, &[ops[0], negated(1).unwrap_or(ops[1])]);
+                count += 1;
+                None
+            }
+            // The negation moves past the reduction: one scalar instead of a
+            // vector (a LayerNorm's backward sums `-x`), the same bits (negation
+            // is exact and rounding symmetric).
+            Op::Reduce(reduce) if negated(0).is_some() => {
+                let inner = negated(0).unwrap_or(ops[0]);
+                let total = graph.add(Op::Reduce(reduce), node.ty.clone(), &[inner], graph.span(v));
+                graph.set_node(v, Node { op: Op::Unary(UnaryOp::Neg), ty: node.ty.clone() });
+                graph.set_operands(v, &[total]);
                 count += 1;
                 None
             }

@@ -176,12 +176,12 @@ extern "C" __global__ void __launch_bounds__(128) layernorm_lstm_fwd_s2(float* c
 //   a[25] out v113: [H] = mul v99, v41
 //   a[26] out v123: [4*H] = concat v111, v118, v106, v76
 //   a[27] out v125: [4*H] = mul v123, v33
-//   a[28] out v145: [4*H] = add v139, v144
-//   a[29] out v149: [4*H] = mul v123, v21
+//   a[28] out v149: [4*H] = mul v123, v21
+//   a[29] out v145: [4*H] = add v139, v144
 //   a[30] out v171: [4*H] = add v165, v170
 extern "C" __global__ void __launch_bounds__(128) layernorm_lstm_bwd_s0(float* const* __restrict__ args, int rows, float* __restrict__ scratch) {
     __shared__ float red[128];
-    float* const s = scratch + (size_t)blockIdx.x * 220;
+    float* const s = scratch + (size_t)blockIdx.x * 196;
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
         float* const* const a = args + (size_t)row * 31;
         // v19: f32 = rsqrt v18
@@ -294,60 +294,62 @@ extern "C" __global__ void __launch_bounds__(128) layernorm_lstm_bwd_s0(float* c
         // v90: [H] = mul v89, v49
         // v92: [H] = add v80, v90
         // v93: [H] = add v92, v90
-        // v94: [H] = neg v93
+        // v104: [H] = mul v44, v44
+        // v105: [H] = sub v68, v104
+        // v109: [H] = sub v68, v43
+        // v110: [H] = mul v43, v109
+        // v116: [H] = sub v68, v41
+        // v117: [H] = mul v41, v116
         for (int j = threadIdx.x; j < 4; j += blockDim.x) {
             const float t90 = (u88 * a[21][j]);
             const float t92 = ((s + 64)[j] + t90);
             const float t93 = (t92 + t90);
             (s + 72)[j] = t93;
-            const float t94 = -(t93);
-            (s + 76)[j] = t94;
+            const float t104 = ((s + 56)[j] * (s + 56)[j]);
+            const float t105 = (1e0f - t104);
+            (s + 76)[j] = t105;
+            const float t109 = (1e0f - (s + 52)[j]);
+            const float t110 = ((s + 52)[j] * t109);
+            (s + 80)[j] = t110;
+            const float t116 = (1e0f - (s + 48)[j]);
+            const float t117 = ((s + 48)[j] * t116);
+            (s + 84)[j] = t117;
         }
         __syncthreads();
-        // v95: f32 = sum v94
-        const float u95 = cellc_block_sum((s + 76), 4, red);
+        // v158: f32 = sum v93
+        const float u158 = cellc_block_sum((s + 72), 4, red);
+        // v95: f32 = neg v158
+        const float u95 = -(u158);
         // v97: f32 = div v95, v87
         const float u97 = (u95 / 4e0f);
         // v98: [H] = broadcast v97
         // v99: [H] = add v93, v98
         // v100: [H] = mul v99, v44
         // v101: [H] = mul v99, v43
-        // v104: [H] = mul v44, v44
-        // v105: [H] = sub v68, v104
         // v106: [H] = mul v101, v105
-        // v109: [H] = sub v68, v43
-        // v110: [H] = mul v43, v109
         // v111: [H] = mul v100, v110
         // v112: [H] = mul v99, v2
         // v113: [H] = mul v99, v41
-        // v116: [H] = sub v68, v41
-        // v117: [H] = mul v41, v116
         // v118: [H] = mul v112, v117
         for (int j = threadIdx.x; j < 4; j += blockDim.x) {
             const float t99 = ((s + 72)[j] + u97);
             const float t100 = (t99 * (s + 56)[j]);
             const float t101 = (t99 * (s + 52)[j]);
-            const float t104 = ((s + 56)[j] * (s + 56)[j]);
-            const float t105 = (1e0f - t104);
-            const float t106 = (t101 * t105);
-            (s + 80)[j] = t106;
-            const float t109 = (1e0f - (s + 52)[j]);
-            const float t110 = ((s + 52)[j] * t109);
-            const float t111 = (t100 * t110);
-            (s + 84)[j] = t111;
+            const float t106 = (t101 * (s + 76)[j]);
+            (s + 88)[j] = t106;
+            const float t111 = (t100 * (s + 80)[j]);
+            (s + 92)[j] = t111;
             const float t112 = (t99 * a[8][j]);
             const float t113 = (t99 * (s + 48)[j]);
             a[25][j] = t113;
-            const float t116 = (1e0f - (s + 48)[j]);
-            const float t117 = ((s + 48)[j] * t116);
-            const float t118 = (t112 * t117);
-            (s + 88)[j] = t118;
+            const float t118 = (t112 * (s + 84)[j]);
+            (s + 96)[j] = t118;
         }
         __syncthreads();
         // v123: [4*H] = concat v111, v118, v106, v76
-        for (int j = threadIdx.x; j < 4; j += blockDim.x) a[26][0 + j] = (s + 84)[j];
-        for (int j = threadIdx.x; j < 4; j += blockDim.x) a[26][4 + j] = (s + 88)[j];
-        for (int j = threadIdx.x; j < 4; j += blockDim.x) a[26][8 + j] = (s + 80)[j];
+        for (int j = threadIdx.x; j < 4; j += blockDim.x) a[26][0 + j] = (s + 92)[j];
+        for (int j = threadIdx.x; j < 4; j += blockDim.x) a[26][4 + j] = (s + 96)[j];
+        for (int j = threadIdx.x; j < 4; j += blockDim.x) a[26][8 + j] = (s + 88)[j];
         for (int j = threadIdx.x; j < 4; j += blockDim.x) a[26][12 + j] = (s + 60)[j];
         __syncthreads();
         // v124: [4*H] = mul v123, v7
@@ -359,13 +361,13 @@ extern "C" __global__ void __launch_bounds__(128) layernorm_lstm_bwd_s0(float* c
             const float t125 = (a[26][j] * (s + 16)[j]);
             a[27][j] = t125;
             const float t126 = (t124 * u31);
-            (s + 92)[j] = t126;
+            (s + 100)[j] = t126;
             const float t127 = (t124 * a[5][j]);
-            (s + 108)[j] = t127;
+            (s + 116)[j] = t127;
         }
         __syncthreads();
         // v128: f32 = sum v127
-        const float u128 = cellc_block_sum((s + 108), 16, red);
+        const float u128 = cellc_block_sum((s + 116), 16, red);
         // v130: f32 = mul v128, v31
         const float u130 = (u128 * u31);
         // v131: f32 = div v130, v30
@@ -378,70 +380,65 @@ extern "C" __global__ void __launch_bounds__(128) layernorm_lstm_bwd_s0(float* c
         // v136: [4*H] = mul v135, v27
         // v138: [4*H] = add v126, v136
         // v139: [4*H] = add v138, v136
-        // v140: [4*H] = neg v139
-        for (int j = threadIdx.x; j < 16; j += blockDim.x) {
-            const float t136 = (u134 * a[5][j]);
-            const float t138 = ((s + 92)[j] + t136);
-            const float t139 = (t138 + t136);
-            (s + 124)[j] = t139;
-            const float t140 = -(t139);
-            (s + 140)[j] = t140;
-        }
-        __syncthreads();
-        // v141: f32 = sum v140
-        const float u141 = cellc_block_sum((s + 140), 16, red);
-        // v143: f32 = div v141, v133
-        const float u143 = (u141 / 1.6e1f);
-        // v144: [4*H] = broadcast v143
-        // v145: [4*H] = add v139, v144
         // v148: [4*H] = mul v123, v5
         // v149: [4*H] = mul v123, v21
         // v150: [4*H] = mul v148, v20
         // v151: [4*H] = mul v148, v14
         for (int j = threadIdx.x; j < 16; j += blockDim.x) {
-            const float t145 = ((s + 124)[j] + u143);
-            a[28][j] = t145;
+            const float t136 = (u134 * a[5][j]);
+            const float t138 = ((s + 100)[j] + t136);
+            const float t139 = (t138 + t136);
+            (s + 132)[j] = t139;
             const float t148 = (a[26][j] * a[2][j]);
             const float t149 = (a[26][j] * (s + 0)[j]);
-            a[29][j] = t149;
+            a[28][j] = t149;
             const float t150 = (t148 * u19);
-            (s + 156)[j] = t150;
+            (s + 148)[j] = t150;
             const float t151 = (t148 * a[1][j]);
-            (s + 172)[j] = t151;
+            (s + 164)[j] = t151;
         }
         __syncthreads();
         // v152: f32 = sum v151
-        const float u152 = cellc_block_sum((s + 172), 16, red);
+        const float u152 = cellc_block_sum((s + 164), 16, red);
         // v154: f32 = mul v152, v19
         const float u154 = (u152 * u19);
         // v155: f32 = div v154, v18
         const float u155 = (u154 / a[0][0]);
         // v156: f32 = mul v155, v83
         const float u156 = (u155 * -5e-1f);
+        // v157: f32 = sum v139
+        const float u157 = cellc_block_sum((s + 132), 16, red);
+        // v141: f32 = neg v157
+        const float u141 = -(u157);
+        // v143: f32 = div v141, v133
+        const float u143 = (u141 / 1.6e1f);
+        // v144: [4*H] = broadcast v143
         // v160: f32 = div v156, v133
         const float u160 = (u156 / 1.6e1f);
         // v161: [4*H] = broadcast v160
+        // v145: [4*H] = add v139, v144
         // v162: [4*H] = mul v161, v14
         // v164: [4*H] = add v150, v162
         // v165: [4*H] = add v164, v162
-        // v166: [4*H] = neg v165
         for (int j = threadIdx.x; j < 16; j += blockDim.x) {
+            const float t145 = ((s + 132)[j] + u143);
+            a[29][j] = t145;
             const float t162 = (u160 * a[1][j]);
-            const float t164 = ((s + 156)[j] + t162);
+            const float t164 = ((s + 148)[j] + t162);
             const float t165 = (t164 + t162);
-            (s + 188)[j] = t165;
-            const float t166 = -(t165);
-            (s + 204)[j] = t166;
+            (s + 180)[j] = t165;
         }
         __syncthreads();
-        // v167: f32 = sum v166
-        const float u167 = cellc_block_sum((s + 204), 16, red);
+        // v122: f32 = sum v165
+        const float u122 = cellc_block_sum((s + 180), 16, red);
+        // v167: f32 = neg v122
+        const float u167 = -(u122);
         // v169: f32 = div v167, v133
         const float u169 = (u167 / 1.6e1f);
         // v170: [4*H] = broadcast v169
         // v171: [4*H] = add v165, v170
         for (int j = threadIdx.x; j < 16; j += blockDim.x) {
-            const float t171 = ((s + 188)[j] + u169);
+            const float t171 = ((s + 180)[j] + u169);
             a[30][j] = t171;
         }
         __syncthreads();
