@@ -38,14 +38,6 @@ type Launch = unsafe extern "C" fn(u32, u32, *mut *mut c_void);
 /// (H, I) pairs every kernel is generated and run at.
 const SIZES: [(usize, usize); 2] = [(37, 5), (1, 1)];
 
-fn close(what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    for (j, (a, b)) in got.iter().zip(want).enumerate() {
-        let err = (a - b).abs() / b.abs().max(1.0);
-        assert!(err <= 2e-5 || (a.is_nan() && b.is_nan()), "{what}[{j}]: emulated CUDA {a}, interpreter {b}");
-    }
-}
-
 fn scratch_dir(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("cellc-cuda-emu-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -220,8 +212,10 @@ fn every_kernel_of_every_shipped_cell_matches_the_interpreter() {
                 for (serial, shape) in modes {
                     let got = launch(&lib, kernel, serial, shape, side, st, seq_rows);
                     for (n, (g, w)) in got.iter().zip(&want).enumerate() {
-                        let what = format!("{name} {seq_rows:?} serial={serial} {shape:?} output {n}");
-                        close(&what, g, w);
+                        let what = format!(
+                            "emulated CUDA: {name} {seq_rows:?} serial={serial} {shape:?} output {n}"
+                        );
+                        support::close_to_interpreter(&what, g, w);
                     }
                     if !serial {
                         let again = launch(&lib, kernel, serial, shape, side, st, seq_rows);

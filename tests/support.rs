@@ -191,3 +191,15 @@ pub fn f32s(t: &cellc_runtime::Tensor) -> Vec<f32> {
 pub fn fixture(map: &std::collections::BTreeMap<String, cellc_runtime::Tensor>, name: &str) -> Vec<f32> {
     f32s(map.get(name).unwrap_or_else(|| panic!("fixture has no `{name}`")))
 }
+
+/// `got` against the interpreter's `want`: the same length, and each value
+/// within 2e-5 of it relative to `max(1, |want|)`, or both NaN (random
+/// inputs may hand a norm's saved variance a negative value, and a kernel
+/// then passes the interpreter's NaN on).
+pub fn close_to_interpreter(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (j, (a, b)) in got.iter().zip(want).enumerate() {
+        let err = (a - b).abs() / b.abs().max(1.0);
+        assert!(err <= 2e-5 || (a.is_nan() && b.is_nan()), "{what}[{j}]: {a}, interpreter {b}");
+    }
+}
