@@ -566,7 +566,9 @@ def gen_gpu(sources=None):
                                      f"{commit(run)}, {run['device'].get('name', '-')})", history_rows(run)))
     for d in sources.values():
         for k, v in d.items():  # single steps run on their own, with a note
-            if isinstance(v, dict) and "steps" not in v and "date" in v:
+            # (a check's own keys, such as `grid_from`, which names the earlier check it carried rows
+            # from, are not such steps)
+            if isinstance(v, dict) and "steps" not in v and "date" in v and ("graphs" in v or "note" in v):
                 date = minute(v["date"])
                 if "graphs" in v:
                     lines.append((date, "`cellc.RNN` on CUDA tensors, graphs, same call as the next row", v["graphs"]))
