@@ -11,7 +11,7 @@ pub(crate) mod error;
 
 use crate::dims::Bindings;
 use crate::ir::op::{apply_binary, apply_select, apply_unary};
-use crate::ir::{Cell, Graph, Init, Op, ReduceOp, Type, UnaryOp, ValueId};
+use crate::ir::{BinaryOp, Cell, Graph, Init, Op, ReduceOp, Type, UnaryOp, ValueId};
 use crate::precision::Precision;
 use crate::shapes::Shapes;
 use crate::shapes::{check_elements, eval_dim};
@@ -222,6 +222,35 @@ impl Shapes {
 
 /// The values of a cell's `stop_gradient` nodes, per step of a sequence.
 pub type StopValues<T> = Vec<Vec<(ValueId, Vec<T>)>>;
+
+/// Where a run met a kink exactly, as `(step, node, element)` in order:
+/// every `min`, `max` or comparison whose operands are equal, and every
+/// `relu`, `abs`, `step` or `sign` of zero. The derivative there is the
+/// backward step's convention (a tie's even split), which no finite
+/// difference can check once a perturbation moves the run off the tie.
+pub type Ties = Vec<(usize, ValueId, usize)>;
+
+/// What one step recorded: its `stop_gradient` nodes' values, and its
+/// ties as `(node, element)`.
+struct StepRecord<T> {
+    stops: Vec<(ValueId, Vec<T>)>,
+    ties: Vec<(ValueId, usize)>,
+}
+
+/// The elements at which `op`, applied to `args`, meets its kink exactly.
+fn ties_at<T: Float>(op: &Op, args: &[&[T]]) -> Vec<usize> {
+    match (op, args) {
+        (Op::Binary(BinaryOp::Min | BinaryOp::Max | BinaryOp::Ge | BinaryOp::Gt), [a, b]) => {
+            // A scalar operand stands for every element.
+            let at = |x: &[T], i: usize| x.get(i).or(x.first()).copied();
+            (0..a.len().max(b.len())).filter(|&i| at(a, i).is_some_and(|a| Some(a) == at(b, i))).collect()
+        }
+        (Op::Unary(UnaryOp::Relu | UnaryOp::Abs | UnaryOp::Step | UnaryOp::Sign), [x]) => {
+            (0..x.len()).filter(|&i| x[i] == T::zero()).collect()
+        }
+        _ => Vec::new(),
+    }
+}
 
 /// A value after [`evaluate`]: parameters come from the leaves.
 pub(crate) fn value<'a, T>(
@@ -540,7 +569,8 @@ impl<'c> BoundCell<'c> {
     }
 
     /// One step, its `stop_gradient` nodes taking the `pinned` values
-    /// where given; with `record`, returns the values they took, too.
+    /// where given; with `record`, returns the values they took, too, and
+    /// the step's ties (`(node, element)`, see [`Ties`]).
     fn step_unchecked<T: Float, S: AsRef<[T]>>(
         &self,
         x: &[T],
@@ -548,7 +578,7 @@ impl<'c> BoundCell<'c> {
         params: &[Vec<T>],
         pinned: &[(ValueId, Vec<T>)],
         record: bool,
-    ) -> (StepResult<T>, Vec<(ValueId, Vec<T>)>) {
+    ) -> (StepResult<T>, StepRecord<T>) {
         let states: Vec<&[T]> = states.iter().map(|s| s.as_ref()).collect();
         let masks = self.evaluation_masks::<T>(&self.rates);
         let masks: Vec<&[T]> = masks.iter().map(Vec::as_slice).collect();
@@ -563,18 +593,27 @@ impl<'c> BoundCell<'c> {
         };
         let vals = evaluate(self.cell, &self.plan, &leaves, self.precision);
         let get = |v: ValueId| value(self.cell, &vals, &leaves, v).to_vec();
-        let stops = match record {
-            true => (self.plan.order.iter())
-                .filter(|&&v| self.cell.node(v).op == Op::Unary(UnaryOp::StopGradient))
-                .map(|&v| (v, get(v)))
-                .collect(),
-            false => Vec::new(),
+        let (stops, ties) = match record {
+            true => {
+                let stops = (self.plan.order.iter())
+                    .filter(|&&v| self.cell.node(v).op == Op::Unary(UnaryOp::StopGradient))
+                    .map(|&v| (v, get(v)))
+                    .collect();
+                let ties = (self.plan.order.iter()).flat_map(|&v| {
+                    let operands = self.cell.operands(v);
+                    let args: Vec<&[T]> =
+                        operands.iter().map(|&o| value(self.cell, &vals, &leaves, o)).collect();
+                    ties_at(&self.cell.node(v).op, &args).into_iter().map(move |i| (v, i))
+                });
+                (stops, ties.collect())
+            }
+            false => (Vec::new(), Vec::new()),
         };
         let result = StepResult {
             output: get(self.cell.output),
             next_states: self.cell.next_states.iter().map(|&v| get(v)).collect(),
         };
-        (result, stops)
+        (result, StepRecord { stops, ties })
     }
 
     /// Runs `steps = xs.len() / input_size` steps from `initial_states`
@@ -585,17 +624,17 @@ impl<'c> BoundCell<'c> {
         initial_states: &[S],
         params: &[Vec<T>],
     ) -> Result<SequenceResult<T>, InterpError> {
-        self.run_steps(xs, initial_states, params, None, false).map(|(r, _)| r)
+        self.run_steps(xs, initial_states, params, None, false).map(|(r, _, _)| r)
     }
 
-    /// [`BoundCell::run`], and the values its `stop_gradient` nodes took at
-    /// each step (for [`BoundCell::run_holding_stops`]).
+    /// [`BoundCell::run`], the values its `stop_gradient` nodes took at
+    /// each step (for [`BoundCell::run_holding_stops`]), and its [`Ties`].
     pub fn run_recording_stops<T: Float, S: AsRef<[T]>>(
         &self,
         xs: &[T],
         initial_states: &[S],
         params: &[Vec<T>],
-    ) -> Result<(SequenceResult<T>, StopValues<T>), InterpError> {
+    ) -> Result<(SequenceResult<T>, StopValues<T>, Ties), InterpError> {
         self.run_steps(xs, initial_states, params, None, true)
     }
 
@@ -608,8 +647,8 @@ impl<'c> BoundCell<'c> {
         initial_states: &[S],
         params: &[Vec<T>],
         stops: &StopValues<T>,
-    ) -> Result<SequenceResult<T>, InterpError> {
-        self.run_steps(xs, initial_states, params, Some(stops), false).map(|(r, _)| r)
+    ) -> Result<(SequenceResult<T>, Ties), InterpError> {
+        self.run_steps(xs, initial_states, params, Some(stops), true).map(|(r, _, ties)| (r, ties))
     }
 
     fn run_steps<T: Float, S: AsRef<[T]>>(
@@ -619,7 +658,7 @@ impl<'c> BoundCell<'c> {
         params: &[Vec<T>],
         pinned: Option<&StopValues<T>>,
         record: bool,
-    ) -> Result<(SequenceResult<T>, StopValues<T>), InterpError> {
+    ) -> Result<(SequenceResult<T>, StopValues<T>, Ties), InterpError> {
         if self.input_size == 0 || !xs.len().is_multiple_of(self.input_size) {
             return Err(InterpError::Shape {
                 tensor: "input".into(),
@@ -632,18 +671,19 @@ impl<'c> BoundCell<'c> {
         let mut states: Vec<Vec<T>> = initial_states.iter().map(|s| s.as_ref().to_vec()).collect();
         let mut outputs = Vec::new();
         let mut history = Vec::new();
-        let mut stops = Vec::new();
+        let (mut stops, mut ties) = (Vec::new(), Vec::new());
         for (t, x) in xs.chunks(self.input_size).enumerate() {
             let pins = pinned.and_then(|p| p.get(t)).map_or(&[][..], Vec::as_slice);
-            let (r, taken) = self.step_unchecked(x, &states, params, pins, record);
+            let (r, recorded) = self.step_unchecked(x, &states, params, pins, record);
             outputs.extend_from_slice(&r.output);
             states = r.next_states;
             history.push(states.clone());
             if record {
-                stops.push(taken);
+                stops.push(recorded.stops);
+                ties.extend(recorded.ties.into_iter().map(|(v, i)| (t, v, i)));
             }
         }
-        Ok((SequenceResult { outputs, states: history, final_states: states }, stops))
+        Ok((SequenceResult { outputs, states: history, final_states: states }, stops, ties))
     }
 }
 

@@ -448,7 +448,7 @@ fn gradcheck(
             let mark = if t.error <= report.tolerance { "ok  " } else { "FAIL" };
             let kinks = match t.kinks {
                 0 => String::new(),
-                n => format!("; {n} at a kink, unchecked"),
+                n => format!("; {n} at a kink or a tie, unchecked"),
             };
             println!(
                 "  {mark} {:<28} {:>6} elements   max error {:.2e}   (element {}: analytic {:+.9e}, numeric {:+.9e}{kinks})",
