@@ -24,6 +24,10 @@ pub enum Loc {
     Input(usize),
     /// The current state `i`, rank-ordered.
     State(usize),
+    /// State `i` as the next step reads it, rank-ordered: a fused step's
+    /// kernel writes its next states straight into the frame of the step
+    /// after ([`super::step_loop::Frames`]), so nothing copies them.
+    NextState(usize),
     Param(usize),
     /// Mask `i`'s units of the row `(b, t)` of the pass's masks.
     Mask(usize),
@@ -166,6 +170,9 @@ pub struct Frame<'a> {
     /// Matrix parameters prepared for the products that read them.
     pub weights: &'a PreparedParams,
     pub states: &'a [SharedRows],
+    /// The states the next step reads, where this step writes them
+    /// ([`Loc::NextState`]; empty where states are updated in place).
+    pub next_states: &'a [SharedRows],
     pub state_sizes: &'a [usize],
     pub carry: &'a [SharedRows],
     pub d_output: Option<(Rows<'a>, usize)>,
@@ -192,6 +199,7 @@ impl<'a> Frame<'a> {
             params,
             weights,
             states: &[],
+            next_states: &[],
             state_sizes: &layer.state_sizes,
             carry: &[],
             d_output: None,
@@ -221,6 +229,8 @@ pub fn locate(bufs: &Buffers, f: &Frame, v: ValueId, b: usize, t: usize, r: usiz
         }
         // SAFETY: state and carry buffers hold a row of their size for every rank.
         Loc::State(i) => unsafe { f.states.get(i).ok_or_else(missing)?.at(r * f.state_sizes[i]) },
+        // SAFETY: as for states.
+        Loc::NextState(i) => unsafe { f.next_states.get(i).ok_or_else(missing)?.at(r * f.state_sizes[i]) },
         Loc::Param(i) => f.params[i].as_ptr() as *mut f32,
         Loc::Mask(i) => {
             let (o, l) = f.mask_slices.get(i).copied().flatten().ok_or_else(missing)?;

@@ -63,13 +63,16 @@ pub(super) fn forward(
     let at_step_start: Vec<(usize, Vec<Product>)> =
         (to_sink.into_iter()).filter(|(k, _)| !tiles.as_ref().is_some_and(|t| t.sunk.contains(k))).collect();
     let at_step_start = Sunk::of(&at_step_start);
-    let (mut bufs, mut tape) = place_values(code, job, pass, tape, &sunk)?;
-    // A fused step's states take two buffers in turn (see `Frames`).
+    // A fused step's states take two buffers in turn (see `Frames`), and
+    // its kernel writes the next states straight into the other one.
+    let in_turn = tiles.is_some() && matches!(pass.time_loop, TimeLoop::Steps(_));
+    let (mut bufs, mut tape) = place_values(code, job, pass, tape, (&sunk, in_turn))?;
     let mut spare = if tiles.is_some() { states.clone() } else { Vec::new() };
     let state_rows = SharedRows::each(&mut states);
     let spare_rows = SharedRows::each(&mut spare);
     let frame = Frame {
         states: &state_rows,
+        next_states: if in_turn { &spare_rows } else { &[] },
         tiles: tiles.as_ref().map(|t| &t.products),
         ..Frame::new((job.input, job.masks), layer, job.params, weights)
     };
@@ -103,7 +106,11 @@ pub(super) fn forward(
             finals
         }
         TimeLoop::Steps(_) => {
-            let odd_frame = tiles.as_ref().map(|_| Frame { states: &spare_rows, ..frame });
+            let odd_frame = tiles.as_ref().map(|_| Frame {
+                states: &spare_rows,
+                next_states: if in_turn { &state_rows } else { &[] },
+                ..frame
+            });
             let frames = Frames { even: &frame, odd: odd_frame.as_ref() };
             let steps = Steps {
                 code,
@@ -143,13 +150,15 @@ fn fuses(step: &FusedStep, pass: &PassPlan, job: &HostForward, training: bool) -
 /// caller's memory, its padding rows zeroed), layout rows for what runs
 /// before the loop and what the plan keeps by layout row, rank rows for
 /// the rest (a whole-sequence kernel's outputs are given layout rows
-/// where it runs).
+/// where it runs). With `in_turn` (states in two buffers taken in turn),
+/// the next states that a per-step kernel computes are written straight
+/// into the next step's buffer ([`Loc::NextState`]).
 fn place_values(
     code: &LayerCode,
     job: &HostForward,
     pass: &PassPlan,
     tape: Option<&mut [f32]>,
-    sunk: &[usize],
+    (sunk, in_turn): (&[usize], bool),
 ) -> Result<(Buffers, Option<CpuTape>)> {
     let (g, shapes) = (&*code.fwd_graph, &*code.fwd_shapes);
     let (batch, layout_rows) = (job.order.batch(), job.layout_rows());
@@ -173,9 +182,15 @@ fn place_values(
             }
         }
     }
+    let each_step = pass.stages_at(Placement::EachStep);
     for (k, st) in code.forward.iter().enumerate() {
         let hoisted = pass.before_loop.contains(&k);
+        let per_step_kernel = each_step.contains(&k) && matches!(st, ReadyStage::Pointwise { .. });
         for v in st.outputs() {
+            if let (true, true, Some(Home::NextState(i))) = (in_turn, per_step_kernel, pass.home(v)) {
+                bufs.place(v, Loc::NextState(i), shapes.elements(v));
+                continue;
+            }
             if sunk.contains(&k) {
                 // Run in the step instead, for the step's rows.
                 bufs.rank_buf(v, shapes.elements(v), batch);
@@ -275,8 +290,12 @@ impl Steps<'_> {
                             let state = next.states[i].at(r * m + at);
                             // The new state replaces the old (in place, unless
                             // they ping-pong): this row's stages have read it, and
-                            // no other row reads it.
-                            std::ptr::copy(locate(bufs, frame, next_states[i], b, t, r)?.add(at), state, n);
+                            // no other row reads it. Written there by the step's
+                            // kernel ([`Loc::NextState`]), it is already in place.
+                            let new = locate(bufs, frame, next_states[i], b, t, r)?.add(at);
+                            if new != state {
+                                std::ptr::copy(new, state, n);
+                            }
                             if s + 1 == job.order.lengths()[b] {
                                 std::ptr::copy_nonoverlapping(state, finals_rows[i].at(b * m + at), n);
                             }

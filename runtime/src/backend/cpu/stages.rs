@@ -453,7 +453,7 @@ pub fn product_rows(
     let &(out, _, _, x) = product;
     let in_layout = bufs.loc(x) == Some(Loc::RowBuf);
     let readable = |v: ValueId| match bufs.loc(v) {
-        Some(Loc::RankBuf | Loc::State(_) | Loc::Carry(_)) => true,
+        Some(Loc::RankBuf | Loc::State(_) | Loc::NextState(_) | Loc::Carry(_)) => true,
         _ => v == x && in_layout,
     };
     for v in [x, out] {
