@@ -352,7 +352,11 @@ fn run_block(info: &str, body: &str) -> Vec<String> {
 
 /// A ` ```cell ` block's problem, if `cellc check` finds an error in it.
 fn check_cell(source: &str) -> Option<String> {
-    let file = common::temp_file("book_block.cell", source.as_bytes());
+    // A file of its own: the tests checking the book and the README run at
+    // once, in one process, and a shared file was rewritten under a check.
+    static BLOCKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = BLOCKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let file = common::temp_file(&format!("book_block_{n}.cell"), source.as_bytes());
     let out = common::cellc(&["check", common::arg(&file)]);
     (!out.status.success()).then(|| {
         format!(
