@@ -230,6 +230,17 @@ pub type StopValues<T> = Vec<Vec<(ValueId, Vec<T>)>>;
 /// difference can check once a perturbation moves the run off the tie.
 pub type Ties = Vec<(usize, ValueId, usize)>;
 
+/// What a run records besides its results.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Record {
+    Nothing,
+    /// Its [`Ties`] (a run whose `stop_gradient` values are held, so
+    /// there is nothing new to record of them).
+    Ties,
+    /// Its `stop_gradient` values ([`StopValues`]) and its [`Ties`].
+    StopsAndTies,
+}
+
 /// What one step recorded: its `stop_gradient` nodes' values, and its
 /// ties as `(node, element)`.
 struct StepRecord<T> {
@@ -548,7 +559,7 @@ impl<'c> BoundCell<'c> {
         }
         self.check_states(states)?;
         self.check_params(params)?;
-        Ok(self.step_unchecked(x, states, params, &[], false).0)
+        Ok(self.step_unchecked(x, states, params, &[], Record::Nothing).0)
     }
 
     /// The values every mask of the cell takes in evaluation (see
@@ -569,15 +580,15 @@ impl<'c> BoundCell<'c> {
     }
 
     /// One step, its `stop_gradient` nodes taking the `pinned` values
-    /// where given; with `record`, returns the values they took, too, and
-    /// the step's ties (`(node, element)`, see [`Ties`]).
+    /// where given; returns what `record` asks for too: the values they
+    /// took, the step's ties (`(node, element)`, see [`Ties`]).
     fn step_unchecked<T: Float, S: AsRef<[T]>>(
         &self,
         x: &[T],
         states: &[S],
         params: &[Vec<T>],
         pinned: &[(ValueId, Vec<T>)],
-        record: bool,
+        record: Record,
     ) -> (StepResult<T>, StepRecord<T>) {
         let states: Vec<&[T]> = states.iter().map(|s| s.as_ref()).collect();
         let masks = self.evaluation_masks::<T>(&self.rates);
@@ -593,21 +604,23 @@ impl<'c> BoundCell<'c> {
         };
         let vals = evaluate(self.cell, &self.plan, &leaves, self.precision);
         let get = |v: ValueId| value(self.cell, &vals, &leaves, v).to_vec();
-        let (stops, ties) = match record {
-            true => {
-                let stops = (self.plan.order.iter())
-                    .filter(|&&v| self.cell.node(v).op == Op::Unary(UnaryOp::StopGradient))
-                    .map(|&v| (v, get(v)))
-                    .collect();
-                let ties = (self.plan.order.iter()).flat_map(|&v| {
+        let stops = match record {
+            Record::StopsAndTies => (self.plan.order.iter())
+                .filter(|&&v| self.cell.node(v).op == Op::Unary(UnaryOp::StopGradient))
+                .map(|&v| (v, get(v)))
+                .collect(),
+            Record::Nothing | Record::Ties => Vec::new(),
+        };
+        let ties = match record {
+            Record::Nothing => Vec::new(),
+            Record::Ties | Record::StopsAndTies => (self.plan.order.iter())
+                .flat_map(|&v| {
                     let operands = self.cell.operands(v);
                     let args: Vec<&[T]> =
                         operands.iter().map(|&o| value(self.cell, &vals, &leaves, o)).collect();
                     ties_at(&self.cell.node(v).op, &args).into_iter().map(move |i| (v, i))
-                });
-                (stops, ties.collect())
-            }
-            false => (Vec::new(), Vec::new()),
+                })
+                .collect(),
         };
         let result = StepResult {
             output: get(self.cell.output),
@@ -624,7 +637,7 @@ impl<'c> BoundCell<'c> {
         initial_states: &[S],
         params: &[Vec<T>],
     ) -> Result<SequenceResult<T>, InterpError> {
-        self.run_steps(xs, initial_states, params, None, false).map(|(r, _, _)| r)
+        self.run_steps(xs, initial_states, params, None, Record::Nothing).map(|(r, _, _)| r)
     }
 
     /// [`BoundCell::run`], the values its `stop_gradient` nodes took at
@@ -635,7 +648,7 @@ impl<'c> BoundCell<'c> {
         initial_states: &[S],
         params: &[Vec<T>],
     ) -> Result<(SequenceResult<T>, StopValues<T>, Ties), InterpError> {
-        self.run_steps(xs, initial_states, params, None, true)
+        self.run_steps(xs, initial_states, params, None, Record::StopsAndTies)
     }
 
     /// [`BoundCell::run`] with each step's `stop_gradient` nodes held at
@@ -648,7 +661,7 @@ impl<'c> BoundCell<'c> {
         params: &[Vec<T>],
         stops: &StopValues<T>,
     ) -> Result<(SequenceResult<T>, Ties), InterpError> {
-        self.run_steps(xs, initial_states, params, Some(stops), true).map(|(r, _, ties)| (r, ties))
+        self.run_steps(xs, initial_states, params, Some(stops), Record::Ties).map(|(r, _, ties)| (r, ties))
     }
 
     fn run_steps<T: Float, S: AsRef<[T]>>(
@@ -657,7 +670,7 @@ impl<'c> BoundCell<'c> {
         initial_states: &[S],
         params: &[Vec<T>],
         pinned: Option<&StopValues<T>>,
-        record: bool,
+        record: Record,
     ) -> Result<(SequenceResult<T>, StopValues<T>, Ties), InterpError> {
         if self.input_size == 0 || !xs.len().is_multiple_of(self.input_size) {
             return Err(InterpError::Shape {
@@ -678,10 +691,10 @@ impl<'c> BoundCell<'c> {
             outputs.extend_from_slice(&r.output);
             states = r.next_states;
             history.push(states.clone());
-            if record {
+            if record == Record::StopsAndTies {
                 stops.push(recorded.stops);
-                ties.extend(recorded.ties.into_iter().map(|(v, i)| (t, v, i)));
             }
+            ties.extend(recorded.ties.into_iter().map(|(v, i)| (t, v, i)));
         }
         Ok((SequenceResult { outputs, states: history, final_states: states }, stops, ties))
     }

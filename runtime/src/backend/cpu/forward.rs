@@ -72,7 +72,8 @@ pub(super) fn forward(
     let spare_rows = SharedRows::each(&mut spare);
     let frame = Frame {
         states: &state_rows,
-        next_states: if in_turn { &spare_rows } else { &[] },
+        // (empty without a spare buffer; read only where `place_values` placed a next state there)
+        next_states: &spare_rows,
         tiles: tiles.as_ref().map(|t| &t.products),
         ..Frame::new((job.input, job.masks), layer, job.params, weights)
     };
@@ -106,11 +107,8 @@ pub(super) fn forward(
             finals
         }
         TimeLoop::Steps(_) => {
-            let odd_frame = tiles.as_ref().map(|_| Frame {
-                states: &spare_rows,
-                next_states: if in_turn { &state_rows } else { &[] },
-                ..frame
-            });
+            let odd_frame =
+                tiles.as_ref().map(|_| Frame { states: &spare_rows, next_states: &state_rows, ..frame });
             let frames = Frames { even: &frame, odd: odd_frame.as_ref() };
             let steps = Steps {
                 code,
