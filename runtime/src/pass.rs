@@ -292,6 +292,8 @@ pub struct LayerBackward<'a> {
     pub d_output: RowSpan,
     /// The final states' adjoints, `[B, size]` each.
     pub d_final: Vec<Span>,
+    /// The initial states its forward read, `[B, size]` each.
+    pub h0: Vec<Span>,
     /// The input's adjoint: valid rows are added into.
     pub d_input: RowSpan,
     /// The initial states' adjoints, `[B, size]` each, written.

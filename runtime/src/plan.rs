@@ -57,6 +57,12 @@ pub enum Home {
     /// A row of the forward's tape, by layout row: read by the backward;
     /// in a training forward, written there directly by its stage.
     Tape(Kept),
+    /// State `i` as the step read it, which the tape keeps only as the
+    /// state after a step ([`cellc::program::TapeLayout::before_from_after`]):
+    /// the tape's [`Kept::StateAfter`] row of the sequence's previous step
+    /// in the pass's direction, or the sequence's initial state at its
+    /// first step. Read by the backward's kernels, row by row.
+    StateBeforeFromTape(usize),
     /// One row per row of the caller's layout.
     Layout,
     /// One row per sequence in rank order, rewritten every step.
@@ -248,6 +254,7 @@ impl PassPlan {
         for v in g.values() {
             let Some(storage) = program.storage(Side::Backward, v, true) else { continue };
             let home = match storage {
+                Storage::State(i) if program.tape().before_from_after(i) => Home::StateBeforeFromTape(i),
                 Storage::State(i) => Home::Tape(Kept::StateBefore(i)),
                 Storage::NextState(i) => Home::Tape(Kept::StateAfter(i)),
                 Storage::Output { .. } => Home::Tape(Kept::Output),
@@ -257,7 +264,12 @@ impl PassPlan {
                 Storage::StateAdjoint(i) => Home::StateAdjoint(i),
                 other => common_home(other).ok_or_else(|| misplaced(Side::Backward, v, other))?,
             };
-            if let Home::Tape(kept) = home {
+            let read = match home {
+                Home::Tape(kept) => Some(kept),
+                Home::StateBeforeFromTape(i) => Some(Kept::StateAfter(i)),
+                _ => None,
+            };
+            if let Some(kept) = read {
                 if !kept_parts.contains(&kept) {
                     return Err(RuntimeError::Internal(format!(
                         "the backward reads {v} as {kept:?}, which the tape does not keep"

@@ -102,6 +102,16 @@ impl BatchOrder {
         }
     }
 
+    /// The time of the step before time `t` of sequence `b` in the pass's
+    /// direction (`t + 1` in reverse), or `None` at the sequence's first
+    /// step, which reads the initial state.
+    pub fn previous(&self, b: usize, t: usize, reverse: bool) -> Option<usize> {
+        match reverse {
+            false => t.checked_sub(1),
+            true => (t + 1 < self.lengths[b]).then_some(t + 1),
+        }
+    }
+
     /// Total rows (sum of lengths).
     pub fn rows(&self) -> usize {
         self.lengths.iter().sum()

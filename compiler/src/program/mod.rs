@@ -216,12 +216,18 @@ impl Program {
                 _ => false,
             })
         };
+        // A state before the step that only kernels read, row by row, can
+        // be found as the previous step's state after it (see TapeLayout).
+        let read_as_rows = |i: usize| {
+            schedule.backward.iter().filter(|st| !st.kind.is_kernel()).all(|st| {
+                !st.inputs.iter().any(|&v| storage.get(Side::Backward, v, true) == Some(Storage::State(i)))
+            })
+        };
         let tape = TapeLayout::new(
-            bound.state_sizes(),
-            bound.output_size(),
+            (bound.state_sizes(), bound.output_size()),
             &schedule.saved.saved,
             bound.shapes(),
-            &reads,
+            (&reads, &read_as_rows),
         );
         let mut mask_width = 0;
         let mask_slices = forward

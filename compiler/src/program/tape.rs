@@ -37,6 +37,9 @@ pub struct TapePart {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TapeLayout {
     parts: Vec<TapePart>,
+    /// The states whose value before a step the backward reads from the
+    /// previous step's [`Kept::StateAfter`] (see [`TapeLayout::before_from_after`]).
+    before_from_after: Vec<usize>,
 }
 
 impl TapeLayout {
@@ -45,23 +48,42 @@ impl TapeLayout {
     /// (`forward` gives their shapes). A part the backward never reads is
     /// not kept: an LSTM's backward reads `h` and `c` before the step and
     /// `c'` after it, not `h'`, which is also its output.
+    ///
+    /// Nor is a state before the step that the backward reads only in
+    /// kernels, row by row (`read_as_rows`), where the tape keeps the same
+    /// state after the step: the state before step `s` of a sequence is the
+    /// state after its step `s - 1` in the pass's direction, or its initial
+    /// state at its first step. An LSTM's tape keeps `c'` and not `c`; a
+    /// state that a product reads over all rows (an LSTM's `h`, for `dW_hh`)
+    /// is kept as it was, a matrix of rows.
     pub(super) fn new(
-        state_sizes: &[usize],
-        output_size: usize,
+        (state_sizes, output_size): (&[usize], usize),
         saved: &[ValueId],
         forward: &Shapes,
-        reads: &dyn Fn(Kept) -> bool,
+        (reads, read_as_rows): (&dyn Fn(Kept) -> bool, &dyn Fn(usize) -> bool),
     ) -> TapeLayout {
+        let before_from_after: Vec<usize> = (0..state_sizes.len())
+            .filter(|&i| reads(Kept::StateBefore(i)) && reads(Kept::StateAfter(i)) && read_as_rows(i))
+            .collect();
         let states = state_sizes.iter().copied().enumerate();
         let parts = states
             .clone()
+            .filter(|(i, _)| !before_from_after.contains(i))
             .map(|(i, floats)| TapePart { kept: Kept::StateBefore(i), floats })
             .chain(states.map(|(i, floats)| TapePart { kept: Kept::StateAfter(i), floats }))
             .chain([TapePart { kept: Kept::Output, floats: output_size }])
             .filter(|part| reads(part.kept))
             .chain(saved.iter().map(|&v| TapePart { kept: Kept::Saved(v), floats: forward.elements(v) }))
             .collect();
-        TapeLayout { parts }
+        TapeLayout { parts, before_from_after }
+    }
+
+    /// Whether the backward reads state `i` as a step read it from the
+    /// tape's state after the step before, in the pass's direction (or
+    /// from the sequence's initial state at its first step), instead of
+    /// from a part of its own.
+    pub fn before_from_after(&self, i: usize) -> bool {
+        self.before_from_after.contains(&i)
     }
 
     /// The parts, in the reserve's order.
@@ -111,13 +133,17 @@ mod tests {
     fn the_tape_keeps_what_the_backward_reads_then_the_saved_values() {
         // An LSTM's backward reads h and c before the step and c' after it
         // (not h', its output too); the gates come from the saved values.
+        // c before the step is c' after the step before: not kept twice.
         let lstm = program("lstm");
-        let want = [Kept::StateBefore(0), Kept::StateBefore(1), Kept::StateAfter(1)];
+        let want = [Kept::StateBefore(0), Kept::StateAfter(1)];
         assert_eq!(kept(&lstm), [&want[..], &saved(&lstm)].concat());
         assert!(!lstm.saved().is_empty());
-        // tanh's derivative reads its result: h' after the step.
+        assert!(lstm.tape().before_from_after(1) && !lstm.tape().before_from_after(0));
+        // tanh's derivative reads its result, h' after the step; h before
+        // it is a product's operand over all rows (dW_hh), so both stay.
         let rnn = program("rnn_tanh");
         assert_eq!(kept(&rnn), [&[Kept::StateBefore(0), Kept::StateAfter(0)][..], &saved(&rnn)].concat());
+        assert!(!rnn.tape().before_from_after(0));
     }
 
     #[test]
@@ -125,7 +151,7 @@ mod tests {
         let p = program("lstm");
         let tape = p.tape();
         let floats: Vec<usize> = tape.parts().iter().map(|part| part.floats).collect();
-        assert_eq!(&floats[..3], &[3, 3, 3]);
+        assert_eq!(&floats[..2], &[3, 3]);
         assert_eq!(tape.floats_per_row(), floats.iter().sum::<usize>());
         let ranges: Vec<Range<usize>> = tape.ranges(7).map(|(_, r)| r).collect();
         assert_eq!(ranges[0].start, 0);

@@ -17,7 +17,7 @@
 //! the sums in f32. So it is the oracle of mixed precision too, training
 //! with a cell's masks included, which the interpreter does not draw.
 
-use super::cpu::host::{self, HostBackward, HostForward, HostGradients, Rows, RowsMut};
+use super::cpu::host::{self, HostBackward, HostForward, HostGradients, Rows, RowsMut, StateBefore};
 use super::{check_tape, Device};
 use crate::cell::Layer;
 use crate::error::{Result, RuntimeError};
@@ -381,6 +381,11 @@ fn backward(
                         x[o..o + l].to_vec()
                     }
                     Home::Tape(kept) => tape.get(kept, row)?.to_vec(),
+                    Home::StateBeforeFromTape(i) => match job.state_before((i, layer.state_sizes[i]), (b, t))
+                    {
+                        StateBefore::AfterRow(before) => tape.get(Kept::StateAfter(i), before)?.to_vec(),
+                        StateBefore::Initial(initial) => initial.to_vec(),
+                    },
                     Home::OutputAdjoint => d_out.to_vec(),
                     Home::Mask(i) => mask_row(job.masks, layer, i, (b, t))?,
                     _ => continue,

@@ -137,6 +137,7 @@ impl CallerMemory for Call<'_> {
             input: Span::of(self.input.split().1),
             reserve: Span::of(reserve),
             d_output: Span::of(d_output),
+            h0: self.h0_spans(),
             d_final: d_final.map(|d| d.iter().map(|s| Span::of(s)).collect()),
             d_input: Span::of_mut(d_input),
             d_h0: (!d_h0.is_empty()).then(|| d_h0.into_iter().map(Span::of_mut).collect()),

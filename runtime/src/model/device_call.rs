@@ -159,6 +159,7 @@ impl CallerMemory for DeviceCall<'_> {
             input: span(self.input),
             reserve: span(reserve),
             d_output: span(d_output),
+            h0: self.h0.map(|h| h.iter().copied().map(span).collect()),
             d_final: d_final.map(|d| d.iter().copied().map(span).collect()),
             d_input: span(out.d_input),
             d_h0: (!out.d_h0.is_empty()).then(|| out.d_h0.iter().copied().map(span).collect()),

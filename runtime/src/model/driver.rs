@@ -56,6 +56,8 @@ pub struct BackwardSpans {
     pub input: Span,
     pub reserve: Span,
     pub d_output: Span,
+    /// The initial states the forward read, as [`ForwardSpans::h0`]; `None`: zeros.
+    pub h0: Option<Vec<Span>>,
     /// `None`: zeros.
     pub d_final: Option<Vec<Span>>,
     pub d_input: Span,
@@ -130,6 +132,9 @@ fn check_backward_spans(model: &Model, p: &LaidOutBatch, spans: &BackwardSpans) 
     let batch = p.order.batch();
     check_len("grad_output", spans.d_output.len, &[p.rows, model.output_size()])?;
     check_len("grad_input", spans.d_input.len, &[p.rows, model.input_size()])?;
+    if let Some(h0) = &spans.h0 {
+        model.check_states(h0.len(), |i| h0[i].len, batch, "h0")?;
+    }
     if let Some(d) = &spans.d_final {
         model.check_states(d.len(), |i| d[i].len, batch, "grad_final")?;
     }
@@ -375,6 +380,7 @@ impl<'a> Run<'a> {
         }
         let parts = checked_reserve_layout(model, p.rows, spans.reserve.len)?;
         let d_final = self.states_or_scratch(spans.d_final, batch)?;
+        let h0 = self.states_or_scratch(spans.h0, batch)?;
         let segments = p.segments.as_deref();
         let dirs = model.directions();
         let mut mask_rows = None;
@@ -403,9 +409,13 @@ impl<'a> Run<'a> {
                 let (masks, drop_connect) = self.fill_masks((k, d), &mut mask_rows)?;
                 let params = self.layer_params(slot, &drop_connect)?;
                 let sizes = &layer.state_sizes;
-                let (job_d_final, job_d_h0) = match segments {
-                    None => (states(&d_final), states(&d_h0)),
-                    Some(s) => (s.final_adjoints(self, &states(&d_final), sizes)?, s.scratch(self, sizes)?),
+                let (job_h0, job_d_final, job_d_h0) = match segments {
+                    None => (states(&h0), states(&d_final), states(&d_h0)),
+                    Some(s) => (
+                        s.initial(self, &states(&h0), sizes)?,
+                        s.final_adjoints(self, &states(&d_final), sizes)?,
+                        s.scratch(self, sizes)?,
+                    ),
                 };
                 self.device.backward(
                     &self.pass,
@@ -418,6 +428,7 @@ impl<'a> Run<'a> {
                         tape: spans.reserve.part(parts[k].tape(d)),
                         d_output: RowSpan { span: d_above, width, offset: d * layer.output_size },
                         d_final: job_d_final,
+                        h0: job_h0,
                         d_input: RowSpan { span: d_input, width: layer.input_size, offset: 0 },
                         d_h0: job_d_h0.clone(),
                         d_params: spans.d_params[slot].clone(),

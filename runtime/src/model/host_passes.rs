@@ -176,9 +176,11 @@ pub(crate) unsafe fn backward(
         }
     };
     // SAFETY (block): the spans are host memory that lives, per the contract.
-    let (d_output, d_final) = unsafe {
-        let d_final = spans.d_final.as_ref().map(|d| d.iter().map(|&s| device.upload(floats(s))).collect());
-        (device.upload(floats(spans.d_output))?, d_final.transpose()?)
+    let (d_output, d_final, h0) = unsafe {
+        let upload = |spans: &Option<Vec<Span>>| {
+            spans.as_ref().map(|d| d.iter().map(|&s| device.upload(floats(s))).collect()).transpose()
+        };
+        (device.upload(floats(spans.d_output))?, upload(&spans.d_final)?, upload(&spans.h0)?)
     };
     let d_input = run.buffer(spans.d_input.len)?;
     let d_h0: Option<Vec<Buf>> =
@@ -192,6 +194,7 @@ pub(crate) unsafe fn backward(
         input: kept.input.span(),
         reserve: kept.reserve.span(),
         d_output: d_output.span(),
+        h0: h0.as_ref().map(|d: &Vec<Buf>| d.iter().map(Buf::span).collect()),
         d_final: d_final.as_ref().map(|d: &Vec<Buf>| d.iter().map(Buf::span).collect()),
         d_input: d_input.span(),
         d_h0: d_h0.as_ref().map(|d| d.iter().map(Buf::span).collect()),

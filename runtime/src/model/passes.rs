@@ -24,6 +24,9 @@ pub struct Trace<'a> {
     input: Input<'a>,
     batch: LaidOutBatch,
     reserve: KeptReserve,
+    /// The initial states the forward read (`None`: zeros), which the
+    /// backward reads where the tape keeps a state only after each step.
+    h0: Option<Vec<Vec<f32>>>,
     /// The forward's options, as it ran them: its masks (the cell's, and
     /// dropout between layers) are drawn again by the backward.
     settled: Settled,
@@ -90,7 +93,7 @@ impl Model {
     ) -> Result<(Output, Trace<'a>)> {
         let settled = self.settle(options)?;
         let (out, reserve, batch) = self.forward_owned((input, options.resets), h0, &settled, true)?;
-        Ok((out, Trace { input, batch, reserve, settled }))
+        Ok((out, Trace { input, batch, reserve, h0: h0.map(<[Vec<f32>]>::to_vec), settled }))
     }
 
     /// A forward pass into buffers of its own (with `training`, a reserve
@@ -151,6 +154,7 @@ impl Model {
             input: Span::of(Self::input_data(&trace.input)),
             reserve,
             d_output: Span::of(d_output),
+            h0: trace.h0.as_ref().map(|h| h.iter().map(|s| Span::of(s)).collect()),
             d_final: d_final.map(|d| d.iter().map(|s| Span::of(s)).collect()),
             d_input: Span::of_mut(&mut d_input),
             d_h0: Some(d_h0.iter_mut().map(|s| Span::of_mut(s)).collect()),

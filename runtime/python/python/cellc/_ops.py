@@ -382,7 +382,8 @@ def rnn_backward(
         layout: the forward's ``layout``.
         x: the forward's input.
         index: the forward's ``index``.
-        h0: the forward's initial states (none: zeros, and no gradient for them).
+        h0: the forward's initial states, the same tensors (none: zeros, and no gradient for them):
+            the backward reads them where the reserve keeps a state only after each step.
         weights: the forward's weights.
         reserve: the reserve the training forward filled.
         grad_output: the gradient of the forward's output, laid out as it.

@@ -22,7 +22,7 @@ use crate::plan::{Home, ParamGradient, PassPlan, TimeLoop};
 use crate::pool;
 use cellc::ir::ValueId;
 use cellc::precision::Precision;
-use cellc::program::Side;
+use cellc::program::{Kept, Side};
 use cellc::schedule::Placement;
 use cellc::shapes::Shapes;
 use std::collections::HashMap;
@@ -146,11 +146,16 @@ pub(super) fn backward(
 fn frame_of<'a>(job: &'a HostBackward, weights: &'a PreparedParams, carry: &'a [SharedRows]) -> Frame<'a> {
     let layer = job.layer;
     let d_output = Some((job.d_output, layer.output_size));
-    Frame { carry, d_output, ..Frame::new((job.input, job.masks), layer, job.params, weights) }
+    Frame {
+        carry,
+        d_output,
+        backward: Some(job),
+        ..Frame::new((job.input, job.masks), layer, job.params, weights)
+    }
 }
 
 /// Layout rows per value the backward keeps for after its loop.
-type Kept = HashMap<ValueId, Vec<f32>>;
+type KeptRows = HashMap<ValueId, Vec<f32>>;
 
 /// The values' storage for a backward pass: constants, the leaves where
 /// the plan says, the forward's values it reads in the tape's rows,
@@ -165,16 +170,21 @@ fn place_values(
     pass: &PassPlan,
     tape: &CpuTape,
     (summed, team): (&Summed, &Team),
-) -> Result<(Buffers, Kept)> {
+) -> Result<(Buffers, KeptRows)> {
     let (g, shapes) = (&*code.bwd_graph, &*code.bwd_shapes);
     let (batch, layout_rows) = (job.order.batch(), job.layout_rows());
     let mut bufs = Buffers::new();
     constants(g, shapes, &mut bufs);
     leaf_locations(pass, shapes, &mut bufs);
     for (v, home) in pass.homes() {
-        if let Home::Tape(kept) = home {
-            bufs.place(v, Loc::TapeRows(tape.part(kept)?.as_ptr() as *mut f32), shapes.elements(v));
-        }
+        let loc = match home {
+            Home::Tape(kept) => Loc::TapeRows(tape.part(kept)?.as_ptr() as *mut f32),
+            Home::StateBeforeFromTape(i) => {
+                Loc::StateBeforeFromTape(tape.part(Kept::StateAfter(i))?.as_ptr() as *mut f32, i)
+            }
+            _ => continue,
+        };
+        bufs.place(v, loc, shapes.elements(v));
     }
     let each_step = pass.stages_at(Placement::EachStep);
     let direct: Vec<ValueId> = in_layout_rows(code, job, pass, team)
@@ -244,7 +254,7 @@ impl Steps<'_> {
     /// Runs every step backwards in time across the batch's ranks, each
     /// thread writing only its ranks' carried adjoints (`frame.carry`) and
     /// its sequences' rows of `kept`.
-    fn run(&self, kept: &mut Kept, sums: &RowSums) -> Result<()> {
+    fn run(&self, kept: &mut KeptRows, sums: &RowSums) -> Result<()> {
         let Steps { code, job, pass, team, bufs, frame } = *self;
         let (layer, order, shapes) = (job.layer, team.order(), &*code.bwd_shapes);
         let kept_rows: Vec<(ValueId, SharedRows)> =

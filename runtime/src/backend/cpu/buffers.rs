@@ -9,7 +9,7 @@
 //! - inputs, parameters, masks, states and adjoints where the caller's
 //!   rows lie, read through a [`Frame`].
 
-use super::host::{Rows, SharedRows};
+use super::host::{Rows, SharedRows, StateBefore};
 use super::prepared::PreparedParams;
 use crate::error::{Result, RuntimeError};
 use crate::plan::{Home, PassPlan};
@@ -45,6 +45,11 @@ pub enum Loc {
     /// tape (owned elsewhere, outliving the run): written by the forward's
     /// kernels that save straight into it, only read by the backward.
     TapeRows(*mut f32),
+    /// State `i` as the step read it, from the tape's rows of the state
+    /// after each step (`*mut f32`, owned as [`Loc::TapeRows`]): the row of
+    /// the sequence's step before, or its initial state at its first step
+    /// ([`super::host::HostBackward::state_before`]; backward).
+    StateBeforeFromTape(*mut f32, usize),
 }
 
 /// One value's storage.
@@ -179,6 +184,9 @@ pub struct Frame<'a> {
     pub layout: &'a RowLayout,
     /// A fused step's products that come out in tile order ([`super::tiles`]).
     pub tiles: Option<&'a super::prepared::TiledProducts>,
+    /// The backward's job, where a state before the step is read from the
+    /// tape's state after the step before ([`Loc::StateBeforeFromTape`]).
+    pub backward: Option<&'a super::host::HostBackward<'a>>,
 }
 
 impl<'a> Frame<'a> {
@@ -205,6 +213,7 @@ impl<'a> Frame<'a> {
             d_output: None,
             layout: input.layout,
             tiles: None,
+            backward: None,
         }
     }
 }
@@ -247,6 +256,13 @@ pub fn locate(bufs: &Buffers, f: &Frame, v: ValueId, b: usize, t: usize, r: usiz
         Loc::RankBuf => within(r)?,
         // SAFETY: the owner holds a row of `len` floats for every (b, t) of the layout.
         Loc::TapeRows(p) => unsafe { p.add(f.layout.row(b, t) * len) },
+        Loc::StateBeforeFromTape(p, i) => {
+            match f.backward.ok_or_else(missing)?.state_before((i, len), (b, t)) {
+                // SAFETY: as for TapeRows.
+                StateBefore::AfterRow(row) => unsafe { p.add(row * len) },
+                StateBefore::Initial(initial) => initial.as_ptr() as *mut f32,
+            }
+        }
     })
 }
 

@@ -388,12 +388,13 @@ pub unsafe fn backward(
     run: impl FnOnce(&HostBackward, &[f32], &mut RowsMut) -> Result<HostGradients>,
 ) -> Result<()> {
     // SAFETY (block): per the contract.
-    let (params, d_final, tape, mut d_input, input, d_output, masks) = unsafe {
+    let (params, (d_final, h0), tape, mut d_input, input, d_output, masks) = unsafe {
         let params: Vec<&[f32]> = job.params.iter().map(|&s| floats(s)).collect();
         let d_final: Vec<&[f32]> = job.d_final.iter().map(|&s| floats(s)).collect();
+        let h0: Vec<&[f32]> = job.h0.iter().map(|&s| floats(s)).collect();
         let masks = job.masks.map(|m| rows_of(pass, m));
         let (input, d_output) = (rows_of(pass, job.input), rows_of(pass, job.d_output));
-        (params, d_final, floats(job.tape), rows_mut_of(pass, job.d_input), input, d_output, masks)
+        (params, (d_final, h0), floats(job.tape), rows_mut_of(pass, job.d_input), input, d_output, masks)
     };
     let shared = HostLayer {
         cell: pass.cell,
@@ -405,7 +406,7 @@ pub unsafe fn backward(
         prepared: job.prepared,
         masks,
     };
-    let view = HostBackward { shared, d_output, d_final: &d_final };
+    let view = HostBackward { shared, d_output, d_final: &d_final, h0: &h0 };
     let r = run(&view, tape, &mut d_input)?;
     // SAFETY: per the contract.
     unsafe {
@@ -541,6 +542,32 @@ pub struct HostBackward<'a> {
     pub d_output: Rows<'a>,
     /// The adjoints of the final states, one `[B * size]` buffer per state.
     pub d_final: &'a [&'a [f32]],
+    /// The initial states the forward read, one `[B * size]` buffer per
+    /// state: a state the tape keeps only after each step
+    /// ([`crate::plan::Home::StateBeforeFromTape`]) is this before a
+    /// sequence's first step.
+    pub h0: &'a [&'a [f32]],
+}
+
+/// Where a state lies as a step read it, for a state the tape keeps only
+/// after each step ([`crate::plan::Home::StateBeforeFromTape`]).
+#[derive(Clone, Copy, Debug)]
+pub enum StateBefore<'a> {
+    /// The state after the sequence's step before: the tape's row at this layout row.
+    AfterRow(usize),
+    /// The sequence's initial state, at its first step.
+    Initial(&'a [f32]),
+}
+
+impl HostBackward<'_> {
+    /// Where state `i` (`len` floats) lies as step `t` of sequence `b` read
+    /// it, for a state the tape keeps only after each step.
+    pub fn state_before(&self, (i, len): (usize, usize), (b, t): (usize, usize)) -> StateBefore<'_> {
+        match self.order.previous(b, t, self.reverse) {
+            Some(before) => StateBefore::AfterRow(self.input.layout.row(b, before)),
+            None => StateBefore::Initial(&self.h0[i][b * len..(b + 1) * len]),
+        }
+    }
 }
 
 impl<'a> std::ops::Deref for HostForward<'a> {

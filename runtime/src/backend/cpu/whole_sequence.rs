@@ -131,6 +131,7 @@ pub(super) fn backward_whole_sequence(
     }
     let frame = Frame {
         d_output: Some((job.d_output, layer.output_size)),
+        backward: Some(job),
         ..Frame::new((job.input, job.masks), layer, job.params, weights)
     };
     let zeros = vec![0.0f32; layer.state_sizes.iter().copied().max().unwrap_or(0)];

@@ -21,7 +21,7 @@ use crate::error::Result;
 use crate::plan::{Home as PlanHome, ParamGradient};
 use cellc::cuda::Kernel;
 use cellc::ir::Graph;
-use cellc::program::Side;
+use cellc::program::{Kept, Side};
 use cellc::schedule::Placement;
 
 /// The memory of a layer's backward that is not the pass's own, on the
@@ -40,6 +40,8 @@ pub struct BackwardIo {
     pub d_output: Home,
     /// The final states' adjoints: `[batch, m]` rows each, in batch order.
     pub d_final: Vec<u64>,
+    /// The initial states the forward read: `[batch, m]` rows each, in batch order.
+    pub h0: Vec<u64>,
     /// The layer input's adjoint (a `Layout` home): valid rows are added into.
     pub d_input: Home,
     /// The parameters' gradients, overwritten.
@@ -91,6 +93,13 @@ pub fn backward_on(
                 pass.place(v, Home::Fixed(*io.params.get(i).ok_or_else(|| error("no parameter"))?))
             }
             PlanHome::Tape(kept) => pass.place(v, tape_part(&tape, kept)?),
+            PlanHome::StateBeforeFromTape(i) => {
+                let Home::Layout { base: after, width } = tape_part(&tape, Kept::StateAfter(i))? else {
+                    return Err(error("a tape part that is not laid out by rows"));
+                };
+                let initial = *io.h0.get(i).ok_or_else(|| error("no initial state"))?;
+                pass.place(v, Home::StateBefore { after, initial, width, reverse: pass.reverse })
+            }
             PlanHome::OutputAdjoint => pass.place(v, io.d_output),
             PlanHome::Carry(k) => pass.place(v, carries[k].next_slot(batch)),
             _ => {}

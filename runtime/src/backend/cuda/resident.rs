@@ -196,6 +196,7 @@ impl Device for On<'_> {
             tape: job.tape.addr,
             d_output: layout_home(job.d_output),
             d_final: addrs(&job.d_final),
+            h0: addrs(&job.h0),
             d_input: layout_home(job.d_input),
             d_params: addrs(&job.d_params),
             d_h0: addrs(&job.d_h0),

@@ -12,7 +12,10 @@
 //!   next state is slot `s + 1` of the same buffer), values kept for the
 //!   backward, and the backward's carried adjoints, likewise;
 //! - [`Home::Rank`]: one row per rank, rewritten every step;
-//! - [`Home::Fixed`]: the same memory for every row (parameters, constants).
+//! - [`Home::Fixed`]: the same memory for every row (parameters, constants);
+//! - [`Home::StateBefore`]: a state before the step that the tape keeps
+//!   only after each step, read by kernels row by row: the tape's row of
+//!   the sequence's step before, or its initial state at step 0.
 //!
 //! A step's rows of a `Steps` or `Rank` home are contiguous, so a per-step
 //! GEMM is one call; all rows of a `Steps` home are one matrix with zeros
@@ -42,10 +45,28 @@ pub struct Row {
 /// Where a value lives (see the module documentation). Addresses in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Home {
-    Layout { base: u64, width: usize },
-    Steps { base: u64, len: usize },
-    Rank { base: u64, len: usize },
+    Layout {
+        base: u64,
+        width: usize,
+    },
+    Steps {
+        base: u64,
+        len: usize,
+    },
+    Rank {
+        base: u64,
+        len: usize,
+    },
     Fixed(u64),
+    /// Rows of `width` floats: `after`, a `Layout` home's base, at the
+    /// time of the step before (`t + 1` in `reverse`), or `initial`'s row
+    /// `b` (`[batch, width]` in batch order) at a sequence's step 0.
+    StateBefore {
+        after: u64,
+        initial: u64,
+        width: usize,
+        reverse: bool,
+    },
 }
 
 /// How a matrix of rows is laid out for a GEMM over all rows.
@@ -58,26 +79,20 @@ pub enum Order {
 }
 
 impl Home {
-    fn base(self) -> u64 {
-        match self {
-            Home::Layout { base, .. } | Home::Steps { base, .. } | Home::Rank { base, .. } => base,
-            Home::Fixed(base) => base,
-        }
-    }
-
-    /// Where `row` starts, in floats from the home's base.
-    pub fn offset(self, row: Row, layout: &RowLayout, batch: usize) -> usize {
-        match self {
-            Home::Layout { width, .. } => layout.row(row.b, row.t) * width,
-            Home::Steps { len, .. } => (row.s * batch + row.r) * len,
-            Home::Rank { len, .. } => row.r * len,
-            Home::Fixed(_) => 0,
-        }
-    }
-
     /// The address of `row`.
     pub fn addr(self, row: Row, layout: &RowLayout, batch: usize) -> u64 {
-        self.base() + 4 * self.offset(row, layout, batch) as u64
+        let floats = |base: u64, at: usize| base + 4 * at as u64;
+        match self {
+            Home::Layout { base, width } => floats(base, layout.row(row.b, row.t) * width),
+            Home::Steps { base, len } => floats(base, (row.s * batch + row.r) * len),
+            Home::Rank { base, len } => floats(base, row.r * len),
+            Home::Fixed(base) => base,
+            Home::StateBefore { initial, width, .. } if row.s == 0 => floats(initial, row.b * width),
+            Home::StateBefore { after, width, reverse, .. } => {
+                let before = if reverse { row.t + 1 } else { row.t - 1 };
+                floats(after, layout.row(row.b, before) * width)
+            }
+        }
     }
 
     /// A `Steps` home one slot on: in a history, what step `s` writes
@@ -104,6 +119,7 @@ impl Home {
         match self {
             Home::Layout { width, .. } => width,
             Home::Steps { len, .. } | Home::Rank { len, .. } => len,
+            Home::StateBefore { width, .. } => width,
             Home::Fixed(_) => 0,
         }
     }
