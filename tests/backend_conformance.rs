@@ -205,6 +205,43 @@ fn weight_gradients_over_long_runs_split_by_rows() {
 }
 
 #[test]
+fn products_over_one_long_run_give_the_same_bits_on_any_thread_count() {
+    // A full-length batch is one run of B*T rows: its products over rows
+    // (the input projection, the input's adjoint) are cut into pieces by
+    // rows, one a thread, where each piece is long, and split by columns
+    // where not. Every row is computed alike either way.
+    let config = ModelConfig { layers: 1, bidirectional: false };
+    let c = lstm();
+    let (b, t, i) = (8, 100, 24);
+    let lengths = vec![t; b];
+    let mut rng = support::Rng::new(11);
+    let x: Vec<f32> = rng.vec(b * t * i, 1.0).iter().map(|&v| v as f32).collect();
+    let input = Input::Padded {
+        data: &x,
+        batch: b,
+        steps: t,
+        major: Major::BatchFirst,
+        align: Align::Left,
+        lengths: &lengths,
+    };
+    let run = |threads: usize| {
+        let cpu = Cpu::new(threads, Kernels::default()).expect("cpu");
+        let m = build(&c, 40, i, &config, Box::new(cpu)).expect("model");
+        let dy: Vec<f32> =
+            support::Rng::new(12).vec(b * t * m.output_size(), 0.1).iter().map(|&v| v as f32).collect();
+        let out = m.forward(input, None).expect("forward").data;
+        let (_, trace) = m.forward_traced(input, None, &CallOptions::default()).expect("forward");
+        (out, m.backward(&trace, &dy, None).expect("backward").d_input)
+    };
+    let one = run(1);
+    for threads in [2, 3] {
+        let (out, d_input) = run(threads);
+        assert_eq!(bits(&out), bits(&one.0), "{threads} threads: the output");
+        assert_eq!(bits(&d_input), bits(&one.1), "{threads} threads: the input's adjoint");
+    }
+}
+
+#[test]
 fn gradients_summed_over_rows_do_not_depend_on_threads_or_splits() {
     // A vector parameter's gradient (a bias, a LayerNorm gain) is each
     // sequence's rows added in the backward's order, then the sequences in

@@ -333,12 +333,26 @@ fn pieces_per_run(runs: &[(usize, usize, usize, usize)], threads: usize) -> usiz
     }
 }
 
-/// Products over runs of rows: runs shared out between `threads` tasks,
-/// or, with fewer runs than threads (one long sequence), each run split by
-/// columns.
+/// Rows below which a run of a product over rows is not cut into pieces
+/// by rows, one a thread, but split by output columns: the row tile of
+/// the microkernel, many times over, so that each piece still streams its
+/// share of the weight's panels for many rows.
+const PRODUCT_ROWS_PER_PIECE: usize = 256;
+
+/// Products over runs of rows: runs shared out between `threads` tasks;
+/// with fewer runs than threads, long runs (a full batch as one run of
+/// every row) cut into pieces by rows, one a thread, and short ones (one
+/// short sequence) split by columns. Each result row is computed alike
+/// either way: the same bits.
 fn packed_all_rows(calls: &[ProductCall], threads: usize) {
-    if calls.len() >= threads || threads == 1 {
-        let chunks: Vec<&[ProductCall]> = calls.chunks(calls.len().div_ceil(threads).max(1)).collect();
+    let longest = calls.iter().map(ProductCall::rows).max().unwrap_or(0);
+    let pieces: Vec<ProductCall> = match calls.len() < threads && longest / threads >= PRODUCT_ROWS_PER_PIECE
+    {
+        true => calls.iter().flat_map(|call| call.pieces(threads.div_ceil(calls.len()))).collect(),
+        false => calls.to_vec(),
+    };
+    if pieces.len() >= threads || threads == 1 {
+        let chunks: Vec<&[ProductCall]> = pieces.chunks(pieces.len().div_ceil(threads).max(1)).collect();
         threads::for_each(chunks.len(), &|c| {
             for call in chunks[c] {
                 // SAFETY: runs write disjoint rows; each was located for its values.
@@ -613,6 +627,28 @@ impl ProductCall {
 }
 
 impl ProductCall {
+    /// Rows of the call.
+    pub fn rows(&self) -> usize {
+        self.rows.m
+    }
+
+    /// The call cut into `count` pieces of consecutive rows (as even as
+    /// they come, none empty), each the same product on its rows.
+    pub fn pieces(self, count: usize) -> impl Iterator<Item = ProductCall> {
+        let m = self.rows.m;
+        let count = count.clamp(1, m.max(1));
+        (0..count).map(move |piece| {
+            let (from, to) = (m * piece / count, m * (piece + 1) / count);
+            let rows = super::panels::Rows {
+                y: self.rows.y.wrapping_add(from * self.rows.ldy),
+                a: self.rows.a.wrapping_add(from * self.rows.lda),
+                m: to - from,
+                ..self.rows
+            };
+            ProductCall { rows, ..self }
+        })
+    }
+
     /// The same product with its left operand's rows at `a`, `lda` floats apart.
     pub fn with_left(self, a: *const f32, lda: usize) -> ProductCall {
         ProductCall { rows: super::panels::Rows { a, lda, ..self.rows }, ..self }
