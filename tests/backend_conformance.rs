@@ -51,6 +51,11 @@ fn build(
     support::try_model(cell, (h, (h / 2).max(1), i), config, 3, backend)
 }
 
+/// A padded batch, batch first, each sequence from the first step.
+fn batch_first<'a>(data: &'a [f32], (batch, steps): (usize, usize), lengths: &'a [usize]) -> Input<'a> {
+    Input::Padded { data, batch, steps, major: Major::BatchFirst, align: Align::Left, lengths }
+}
+
 /// The case's sizes for a shipped cell: `H`, `P` (a projection, half of
 /// `H`) and `I` (the input), where the cell has them.
 fn case_sizes(cell: &CompiledCell, h: usize, i: usize) -> BTreeMap<String, usize> {
@@ -148,14 +153,7 @@ fn large_batches_split_across_threads_identically() {
     let lengths: Vec<usize> = (0..24).map(|k| 3 + k % 5).collect();
     let mut rng = support::Rng::new(9);
     let x: Vec<f32> = rng.vec(24 * 7 * 32, 1.0).iter().map(|&v| v as f32).collect();
-    let input = Input::Padded {
-        data: &x,
-        batch: 24,
-        steps: 7,
-        major: Major::BatchFirst,
-        align: Align::Left,
-        lengths: &lengths,
-    };
+    let input = batch_first(&x, (24, 7), &lengths);
     let a = one.forward(input, None).expect("1 thread");
     let b = two.forward(input, None).expect("2 threads");
     let r = reference.forward(input, None).expect("reference");
@@ -182,14 +180,7 @@ fn weight_gradients_over_long_runs_split_by_rows() {
         let mut rng = support::Rng::new(5);
         let x: Vec<f32> = rng.vec(b * t * 24, 1.0).iter().map(|&v| v as f32).collect();
         let dy: Vec<f32> = rng.vec(b * t * two.output_size(), 0.1).iter().map(|&v| v as f32).collect();
-        let input = Input::Padded {
-            data: &x,
-            batch: b,
-            steps: t,
-            major: Major::BatchFirst,
-            align: Align::Left,
-            lengths: &lengths,
-        };
+        let input = batch_first(&x, (b, t), &lengths);
         let gradients = |m: &Model| {
             let (_, trace) = m.forward_traced(input, None, &CallOptions::default()).expect("forward");
             m.backward(&trace, &dy, None).expect("backward")
@@ -216,14 +207,7 @@ fn products_over_one_long_run_give_the_same_bits_on_any_thread_count() {
     let lengths = vec![t; b];
     let mut rng = support::Rng::new(11);
     let x: Vec<f32> = rng.vec(b * t * i, 1.0).iter().map(|&v| v as f32).collect();
-    let input = Input::Padded {
-        data: &x,
-        batch: b,
-        steps: t,
-        major: Major::BatchFirst,
-        align: Align::Left,
-        lengths: &lengths,
-    };
+    let input = batch_first(&x, (b, t), &lengths);
     let run = |threads: usize| {
         let cpu = Cpu::new(threads, Kernels::default()).expect("cpu");
         let m = build(&c, 40, i, &config, Box::new(cpu)).expect("model");
@@ -363,14 +347,7 @@ fn calls_from_inside_the_pool_take_turns() {
     let mut rng = support::Rng::new(5);
     let x: Vec<f32> = rng.vec(12 * 26 * 8, 1.0).iter().map(|&v| v as f32).collect();
     let forward = move |model: &Model| {
-        let input = Input::Padded {
-            data: &x,
-            batch: 12,
-            steps: 26,
-            major: Major::BatchFirst,
-            align: Align::Left,
-            lengths: &lengths,
-        };
+        let input = batch_first(&x, (12, 26), &lengths);
         model.forward(input, None).expect("forward").data
     };
     let alone = forward(&model);
@@ -427,14 +404,7 @@ fn states_that_swap_read_the_previous_step() {
         let x: Vec<f32> = rng.vec(3 * 4 * 5, 1.0).iter().map(|&v| v as f32).collect();
         let h0: Vec<Vec<f32>> =
             (0..2).map(|_| rng.vec(3 * 5, 1.0).iter().map(|&v| v as f32).collect()).collect();
-        let input = Input::Padded {
-            data: &x,
-            batch: 3,
-            steps: 4,
-            major: Major::BatchFirst,
-            align: Align::Left,
-            lengths: &lengths,
-        };
+        let input = batch_first(&x, (3, 4), &lengths);
         let a = cpu.forward(input, Some(&h0)).expect("cpu");
         let r = reference.forward(input, Some(&h0)).expect("reference");
         for (x, y) in a
