@@ -86,6 +86,34 @@ impl TapeLayout {
         self.before_from_after.contains(&i)
     }
 
+    /// What the tape keeps, as `cellc graph --stage schedule` prints it:
+    /// the parts in the reserve's order (`states` names the cell's states),
+    /// the floats and bytes a row, and the states read from the step before.
+    pub fn to_text(&self, states: &[&str]) -> String {
+        let name = |i: usize| states.get(i).copied().unwrap_or("?");
+        let parts: Vec<String> = (self.parts.iter())
+            .map(|part| match part.kept {
+                Kept::StateBefore(i) => format!("{} before the step [{}]", name(i), part.floats),
+                Kept::StateAfter(i) => format!("{}' after the step [{}]", name(i), part.floats),
+                Kept::Output => format!("the output [{}]", part.floats),
+                Kept::Saved(v) => format!("{v} [{}]", part.floats),
+            })
+            .collect();
+        let floats = self.floats_per_row();
+        let mut text = format!(
+            "the training forward's tape, per layout row (the reserve):\n  {}\n  {floats} floats ({} bytes) a row\n",
+            if parts.is_empty() { "nothing".to_string() } else { parts.join(", ") },
+            4 * floats
+        );
+        for &i in &self.before_from_after {
+            let state = name(i);
+            text += &format!(
+                "  {state} before a step is {state}' after the step before (at a sequence's first step, its initial state)\n"
+            );
+        }
+        text
+    }
+
     /// The parts, in the reserve's order.
     pub fn parts(&self) -> &[TapePart] {
         &self.parts
@@ -144,6 +172,15 @@ mod tests {
         let rnn = program("rnn_tanh");
         assert_eq!(kept(&rnn), [&[Kept::StateBefore(0), Kept::StateAfter(0)][..], &saved(&rnn)].concat());
         assert!(!rnn.tape().before_from_after(0));
+    }
+
+    #[test]
+    fn the_tape_prints_its_parts_and_the_states_it_reads_from_the_step_before() {
+        let text = program("lstm").tape().to_text(&["h", "c"]);
+        assert!(text.contains("\n  h before the step [3], c' after the step [3], v"), "{text}");
+        assert!(text.contains("  18 floats (72 bytes) a row\n"), "{text}");
+        assert!(text.contains("  c before a step is c' after the step before"), "{text}");
+        assert!(!text.contains("h before a step is"), "{text}");
     }
 
     #[test]

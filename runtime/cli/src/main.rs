@@ -504,7 +504,16 @@ fn graph(
             }
             (Some(s), _, _) => {
                 let sizes: Bindings = define.iter().cloned().collect();
-                cellc::schedule::to_text(&s.forward, &s.backward, &s.schedule(&sizes), &sizes)
+                let mut text = cellc::schedule::to_text(&s.forward, &s.backward, &s.schedule(&sizes), &sizes);
+                // With every size bound, the tape a training forward keeps.
+                if cell.sizes.iter().all(|n| sizes.contains_key(n)) {
+                    if let Ok(program) = s.program(&sizes) {
+                        let states: Vec<&str> = s.forward.states.iter().map(|d| d.name.as_str()).collect();
+                        text += "\n";
+                        text += &program.tape().to_text(&states);
+                    }
+                }
+                text
             }
         };
         print!("{text}");

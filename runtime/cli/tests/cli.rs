@@ -128,6 +128,9 @@ fn graph_stages_print() {
     let lstm = cellc(&["graph", "--stage", "schedule", "../../cells/lstm.cell", "-D", "H=8", "-D", "I=4"]);
     let lstm = String::from_utf8_lossy(&lstm.stdout).to_string();
     assert!(lstm.contains("saved f32 elements: [4*H] = 128 bytes"), "{lstm}");
+    // The tape, with every size bound: h before the step, c' after it, the saved values.
+    assert!(lstm.contains("\n  h before the step [8], c' after the step [8], v"), "{lstm}");
+    assert!(lstm.contains("\n  48 floats (192 bytes) a row\n"), "{lstm}");
 }
 
 mod run {
