@@ -43,6 +43,16 @@ pub struct BatchOrder {
     batch_sizes: Vec<usize>,
 }
 
+/// The time of the step before time `t` in a pass's direction, for a step
+/// that is not its sequence's first: `t - 1`, or `t + 1` in reverse.
+pub fn time_before(t: usize, reverse: bool) -> usize {
+    if reverse {
+        t + 1
+    } else {
+        t - 1
+    }
+}
+
 impl BatchOrder {
     /// Plans a batch; `steps` is the padded length (every length must be in `1..=steps`).
     pub fn new(lengths: &[usize], steps: usize) -> Result<BatchOrder> {
@@ -106,10 +116,8 @@ impl BatchOrder {
     /// direction (`t + 1` in reverse), or `None` at the sequence's first
     /// step, which reads the initial state.
     pub fn previous(&self, b: usize, t: usize, reverse: bool) -> Option<usize> {
-        match reverse {
-            false => t.checked_sub(1),
-            true => (t + 1 < self.lengths[b]).then_some(t + 1),
-        }
+        let first = if reverse { t + 1 == self.lengths[b] } else { t == 0 };
+        (!first).then(|| time_before(t, reverse))
     }
 
     /// Total rows (sum of lengths).

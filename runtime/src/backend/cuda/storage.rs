@@ -27,7 +27,7 @@ use super::device::{Buf, Device};
 use crate::cell::Layer;
 use crate::error::Result;
 use crate::plan::{Home as PlanHome, PassPlan};
-use crate::sequence::{BatchOrder, RowLayout};
+use crate::sequence::{time_before, BatchOrder, RowLayout};
 use cellc::ir::{Graph, ValueId};
 use cellc::program::Kept;
 use cellc::shapes::Shapes;
@@ -89,8 +89,7 @@ impl Home {
             Home::Fixed(base) => base,
             Home::StateBefore { initial, width, .. } if row.s == 0 => floats(initial, row.b * width),
             Home::StateBefore { after, width, reverse, .. } => {
-                let before = if reverse { row.t + 1 } else { row.t - 1 };
-                floats(after, layout.row(row.b, before) * width)
+                floats(after, layout.row(row.b, time_before(row.t, reverse)) * width)
             }
         }
     }
