@@ -10,6 +10,10 @@
 //! sequences and more, with the same bits as before the loop. And proof
 //! that each ran: the fused step's pointwise work, and the input
 //! projection of a thread that owns its rows, are timed with the products.
+//! The backward step split by units (each thread runs every stage on its
+//! own units of every row) gives the whole-row step's bits likewise, on
+//! every shipped cell whose backward splits and on random cells, its
+//! vectors of several blocks gathered and written back.
 
 mod support;
 
@@ -92,17 +96,18 @@ fn bits(values: &[f32]) -> Vec<u32> {
 #[test]
 fn random_cells_give_the_same_bits_fused_sunk_or_not() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let (mut fused, mut sunk) = (0, 0);
-    for seed in 0..60u64 {
+    let (mut fused, mut sunk, mut split) = (0, 0, 0);
+    for seed in 0..120u64 {
         let spec =
             cellc::fuzzgen::generate(&mut cellc::fuzzgen::Entropy::seeded(seed), &format!("fuzz{seed}"));
         let Ok(cell) = CompiledCell::from_source("fuzz.cell", &spec.to_string(), None) else { continue };
         let cell = Arc::new(cell);
         let schedule = cell.schedule(&support::cell_sizes(&cell, 24, 8));
-        if schedule.fusion.is_empty() && schedule.sinkable.is_empty() {
+        if schedule.fusion.is_empty() && schedule.sinkable.is_empty() && schedule.backward_units.is_none() {
             continue;
         }
         fused += usize::from(!schedule.fusion.is_empty());
+        split += usize::from(schedule.backward_units.is_some());
         sunk += usize::from(!schedule.sinkable.is_empty());
         // Every size 24 (the input's from them): a random cell's input may be `[I + J]`.
         let sizes: cellc::dims::Bindings = cell.forward.sizes.iter().map(|k| (k.clone(), 24)).collect();
@@ -116,7 +121,10 @@ fn random_cells_give_the_same_bits_fused_sunk_or_not() {
             compare(&f, &u, lengths, &format!("random cell {seed} lengths={lengths:?}:\n{spec}"));
         }
     }
-    assert!(fused >= 5 && sunk >= 5, "random cells that fuse: {fused}, that sink: {sunk}");
+    assert!(
+        fused >= 10 && sunk >= 10 && split >= 3,
+        "random cells that fuse: {fused}, that sink: {sunk}, whose backward splits: {split}"
+    );
 }
 
 /// The shipped cells whose schedule satisfies `which` (which stages fuse
@@ -126,19 +134,27 @@ fn shipped_cells_where(which: fn(&cellc::schedule::Schedule) -> bool) -> Vec<Arc
     support::compiled_cells().into_iter().filter(|c| which(&schedule(c))).collect()
 }
 
+/// [`same_bits`] on one to three sequences, where two threads split the
+/// units: 40 units (the forward's tiles and the backward's shares, 32 and
+/// a narrower last 8), 17 (a narrower last tile; too few units for two
+/// shares of whole panels: the backward runs whole rows) and 64 (even);
+/// two layers, and bf16.
+fn same_bits_on_few_sequences(cell: &Arc<CompiledCell>) {
+    for h in [17, 40, 64] {
+        for lengths in [&[5][..], &[3, 6], &[4, 1, 6]] {
+            same_bits(cell, (h, 1, Precision::F32), lengths);
+        }
+    }
+    same_bits(cell, (24, 2, Precision::F32), &[2, 5, 3]);
+    same_bits(cell, (40, 1, Precision::Bf16), &[3, 6]);
+}
+
 #[test]
 fn every_fused_cell_gives_the_unfused_bits() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let fused = shipped_cells_where(|s| !s.fusion.is_empty());
     for cell in &fused {
-        // 40 and 17 units: a last tile narrower than the first; 64: even tiles.
-        for h in [17, 40, 64] {
-            for lengths in [&[5][..], &[3, 6], &[4, 1, 6]] {
-                same_bits(cell, (h, 1, Precision::F32), lengths);
-            }
-        }
-        same_bits(cell, (24, 2, Precision::F32), &[2, 5, 3]);
-        same_bits(cell, (40, 1, Precision::Bf16), &[3, 6]);
+        same_bits_on_few_sequences(cell);
         // Threads that own their sequences: unsorted lengths, a full grid,
         // tiles narrower than the units and a narrower last one.
         let ragged: Vec<usize> = (0..17).map(|i| 1 + (i * 7) % 6).collect();
@@ -150,6 +166,42 @@ fn every_fused_cell_gives_the_unfused_bits() {
         same_bits_on(1, cell, (300, 1, Precision::F32), &ragged[..9]);
     }
     assert!(fused.len() >= 8, "the compiler fuses the LSTMs, GRUs and the RNN: {}", fused.len());
+}
+
+#[test]
+fn every_backward_split_by_units_gives_the_whole_row_bits() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let split = shipped_cells_where(|s| s.backward_units.is_some());
+    for cell in &split {
+        same_bits_on_few_sequences(cell);
+        same_bits_on(3, cell, (96, 1, Precision::F32), &[4, 2]);
+    }
+    assert!(split.len() >= 8, "the LSTMs' and GRUs' backward steps split: {}", split.len());
+}
+
+#[test]
+fn a_backward_split_by_units_gathers_vectors_of_several_blocks() {
+    // The backward reads `a` (two blocks of H) at each step and writes the
+    // gates' adjoint (two blocks): a thread's units of each block are
+    // gathered into a row of their own, and written back from one.
+    let src = "cell wide { input x[H] state h[H] param w[2*H, H], b[2*H]
+        let a = w @ h + b
+        let p, q = chunk(a * a, 2)
+        h' = tanh(p + x) * sigmoid(q)
+        output h' }";
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let cell = Arc::new(CompiledCell::from_source("wide.cell", src, None).expect("compiles"));
+    let schedule = cell.schedule(&[("H".to_string(), 40)].into());
+    let split = schedule.backward_units.as_ref().expect("the backward splits by units");
+    let reads_wide = split.stages.iter().any(|&k| {
+        let st = &schedule.backward[k];
+        st.inputs.iter().chain(&st.outputs).any(|&v| split.blocks_of(v) > 1)
+    });
+    assert!(reads_wide, "a kernel reads or writes two blocks: {schedule:?}");
+    for (h, lengths) in [(32, &[4][..]), (40, &[2, 5]), (72, &[3, 1, 2])] {
+        same_bits(&cell, (h, 1, Precision::F32), lengths);
+        same_bits_on(3, &cell, (h, 1, Precision::F32), lengths);
+    }
 }
 
 #[test]

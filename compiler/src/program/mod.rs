@@ -320,13 +320,42 @@ impl Program {
         f: &crate::schedule::Fusion,
         width: usize,
     ) -> Result<(Shapes, ProgramKernel), InterpError> {
-        let shapes = Shapes::new(graph, &f.tile_sizes(&self.sizes, width), &self.cell)?;
-        let stage = &self.schedule.forward[f.pointwise];
-        let plan = KernelPlan::new(graph, &shapes, stage, &[]).map_err(|e| InterpError::Internal {
-            message: format!("stage {} of the forward step on tiles of {width}: {e}", f.pointwise),
+        self.kernel_on_units(graph, (Side::Forward, f.pointwise), &f.tile_sizes(&self.sizes, width), width)
+    }
+
+    /// Pointwise stage `stage` of the backward step (`graph`), split by
+    /// units as `split` says, planned for `width` of them: as
+    /// [`Program::tile_kernel`].
+    pub fn units_kernel(
+        &self,
+        graph: &Graph,
+        split: &crate::schedule::UnitSplit,
+        stage: usize,
+        width: usize,
+    ) -> Result<(Shapes, ProgramKernel), InterpError> {
+        self.kernel_on_units(graph, (Side::Backward, stage), &split.tile_sizes(&self.sizes, width), width)
+    }
+
+    fn kernel_on_units(
+        &self,
+        graph: &Graph,
+        (side, stage): (Side, usize),
+        sizes: &Bindings,
+        width: usize,
+    ) -> Result<(Shapes, ProgramKernel), InterpError> {
+        let shapes = Shapes::new(graph, sizes, &self.cell)?;
+        let (stages, step) = match side {
+            Side::Forward => (&self.schedule.forward, "forward"),
+            Side::Backward => (&self.schedule.backward, "backward"),
+        };
+        let st = stages.get(stage).ok_or_else(|| InterpError::Internal {
+            message: format!("no stage {stage} of the {step} step"),
         })?;
-        let name = format!("{}_w{width}", kernel_name(&self.cell, Side::Forward, f.pointwise));
-        Ok((shapes, ProgramKernel { side: Side::Forward, stage: f.pointwise, name, plan }))
+        let plan = KernelPlan::new(graph, &shapes, st, &[]).map_err(|e| InterpError::Internal {
+            message: format!("stage {stage} of the {step} step on tiles of {width}: {e}"),
+        })?;
+        let name = format!("{}_w{width}", kernel_name(&self.cell, side, stage));
+        Ok((shapes, ProgramKernel { side, stage, name, plan }))
     }
 
     /// The name of the kernel of stage `stage` of `side`, the same for every

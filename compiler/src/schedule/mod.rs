@@ -30,7 +30,7 @@ pub mod tiles;
 
 pub use print::to_text;
 pub use saved::{choose_saved, SavedValues};
-pub use tiles::Fusion;
+pub use tiles::{Fusion, UnitSplit};
 
 use crate::autodiff::Gradient;
 use crate::dims::{Bindings, Dim};
@@ -117,6 +117,9 @@ pub struct Schedule {
     /// The forward's GEMM stages before the loop that may run in the step
     /// instead ([`sink`]).
     pub sinkable: Vec<usize>,
+    /// The backward step's stages, if each thread may run them on its own
+    /// units ([`tiles::UnitSplit`]).
+    pub backward_units: Option<UnitSplit>,
 }
 
 impl Schedule {
@@ -142,6 +145,7 @@ pub fn schedule(cell: &Cell, grad: &Gradient, sizes: &Bindings) -> Schedule {
     let elementwise_recurrence =
         !forward.iter().any(|s| s.placement == Placement::EachStep && s.kind == StageKind::Gemm);
     let backward = stage_backward(grad, &saved);
+    let backward_units = tiles::unit_split(&grad.graph, &backward);
     let total = |vals: &[ValueId], g: &Graph| {
         vals.iter().fold(Dim::default(), |acc, v| match g.ty(*v) {
             Type::Vector(d) => acc.checked_add(d).unwrap_or(acc),
@@ -160,6 +164,7 @@ pub fn schedule(cell: &Cell, grad: &Gradient, sizes: &Bindings) -> Schedule {
         state_elements,
         fusion,
         sinkable,
+        backward_units,
     }
 }
 

@@ -218,5 +218,14 @@ pub fn to_text(cell: &Cell, grad: &Gradient, sched: &Schedule, sizes: &Bindings)
     let _ = writeln!(out, "\nbackward");
     let bnames = LeafNames::of(cell, &grad.seeds);
     stages_text(&mut out, &grad.graph, &bnames, &sched.backward, &bwd_roles, true);
+    if let Some(split) = &sched.backward_units {
+        let stages: Vec<String> = split.stages.iter().map(|k| format!("[{k}]")).collect();
+        let _ = writeln!(
+            out,
+            "  split by units: {} run on each thread's own units of {}",
+            stages.join(", "),
+            split.unit
+        );
+    }
     out
 }

@@ -29,6 +29,16 @@
 //! A GEMM stage hoisted before the loop that may run in the step
 //! ([`super::sink`]) and whose products only the fused stage reads may run
 //! with it, tile by tile, as [`Fusion::hoisted`] records.
+//!
+//! The backward step splits by units the same way, in a form of its own
+//! ([`UnitSplit`]): its pointwise stages are unit-local, and each of its
+//! products of a parameter gives one block of the unit (`Wᵀ · dgates`, the
+//! state's adjoint). A thread that owns a range of units computes those
+//! units of every stage: its columns of the products, from every unit of
+//! their operands once the threads have met, and the kernels on its units,
+//! reading its own columns of the products. The threads meet before each
+//! product that reads what the step computed, and at the step's end; not
+//! between a product and the kernel that reads it.
 
 use super::{Placement, Stage, StageKind};
 use crate::dims::{Bindings, Dim};
@@ -149,11 +159,88 @@ fn fusion(
     Some(Fusion { gemm: p - 1, pointwise: p, unit, blocks, tile_ordered, hoisted })
 }
 
+/// A backward step whose per-step stages each thread runs on its own
+/// units (see the module's doc).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnitSplit {
+    /// The per-step stages, in order: unit-local pointwise stages and
+    /// GEMM stages whose products give one block of the unit each.
+    pub stages: Vec<usize>,
+    /// The size variable whose units the threads split.
+    pub unit: String,
+    /// Blocks of `unit` in each vector the pointwise stages read, compute
+    /// or write, and in each product.
+    pub blocks: BTreeMap<ValueId, usize>,
+}
+
+impl UnitSplit {
+    /// Blocks of the unit in `v` (0 for a value that is not a vector of the unit: a scalar).
+    pub fn blocks_of(&self, v: ValueId) -> usize {
+        self.blocks.get(&v).copied().unwrap_or(0)
+    }
+
+    /// The sizes at which a pointwise stage's kernel runs `width` units.
+    pub fn tile_sizes(&self, sizes: &Bindings, width: usize) -> Bindings {
+        let mut tile = sizes.clone();
+        tile.insert(self.unit.clone(), width);
+        tile
+    }
+}
+
+/// The backward step's split by units, if every per-step stage of
+/// `stages` allows it: each pointwise stage unit-local (no reduction over
+/// units) in one unit variable, each GEMM stage's products `W @ x` or
+/// `Wᵀ @ x` of a parameter of one head giving one block of that unit, at
+/// least one of each.
+pub fn unit_split(g: &Graph, stages: &[Stage]) -> Option<UnitSplit> {
+    let each_step: Vec<usize> =
+        (0..stages.len()).filter(|&k| stages[k].placement == Placement::EachStep).collect();
+    let mut unit: Option<String> = None;
+    let mut blocks = BTreeMap::new();
+    let (mut kernels, mut products) = (0, 0);
+    for &k in &each_step {
+        let st = &stages[k];
+        match st.kind {
+            StageKind::Pointwise { reductions: false } => {
+                let (u, b) = unit_local(g, st)?;
+                if unit.get_or_insert_with(|| u.clone()) != &u {
+                    return None;
+                }
+                blocks.extend(b);
+                kernels += 1;
+            }
+            StageKind::Gemm => products += 1,
+            _ => return None,
+        }
+    }
+    let unit = unit?;
+    for &k in &each_step {
+        if stages[k].kind != StageKind::Gemm {
+            continue;
+        }
+        for &v in &stages[k].values {
+            let one_block = g.ty(v).vector_dim().and_then(|d| blocks_of(d, &unit)) == Some(1);
+            if !(one_block && param_product(g, v, &[Op::MatVec, Op::MatVecT])) {
+                return None;
+            }
+            if blocks.insert(v, 1).is_some_and(|k| k != 1) {
+                return None;
+            }
+        }
+    }
+    (kernels > 0 && products > 0).then_some(UnitSplit { stages: each_step, unit, blocks })
+}
+
 /// `W @ x` with `W` a parameter of one head.
 fn weight_product(g: &Graph, v: ValueId) -> bool {
-    let ops = g.operands(v);
-    g.node(v).op == Op::MatVec
-        && ops.first().is_some_and(|&w| {
+    param_product(g, v, &[Op::MatVec])
+}
+
+/// A product of `ops` whose matrix is a parameter of one head.
+fn param_product(g: &Graph, v: ValueId, ops: &[Op]) -> bool {
+    let operands = g.operands(v);
+    ops.contains(&g.node(v).op)
+        && operands.first().is_some_and(|&w| {
             matches!(g.node(w).op, Op::Param(_))
                 && matches!(g.ty(w), Type::Matrix(heads, _, _) if heads.as_constant() == Some(1))
         })
@@ -244,6 +331,34 @@ mod tests {
             assert_eq!(f.blocks_of(v), 4);
             assert!(matches!(cell.node(v).op, Op::MatVec | Op::Param(_)));
         }
+    }
+
+    #[test]
+    fn the_lstm_backward_splits_by_units() {
+        let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../cells/lstm.cell"))
+            .expect("lstm.cell");
+        let (_, schedule) = forward(&src);
+        let split = schedule.backward_units.expect("the backward splits");
+        // The gates' adjoint, then `weight_hhᵀ @` it: the state's adjoint, one block.
+        assert_eq!((split.stages.as_slice(), split.unit.as_str()), (&[0, 1][..], "H"));
+        let products = &schedule.backward[1].values;
+        assert!(products.iter().all(|&v| split.blocks_of(v) == 1), "{split:?}");
+        assert!(schedule.backward[0].outputs.iter().any(|&v| split.blocks_of(v) == 4));
+    }
+
+    #[test]
+    fn a_backward_with_a_reduction_over_units_or_a_wide_product_does_not_split() {
+        let ln = "cell t { input x[H] state h[H] param W[H, H]
+            let a = W @ h + x
+            h' = tanh(a - mean(a))
+            output h' }";
+        assert!(forward(ln).1.backward_units.is_none());
+        // The state is two blocks: its adjoint's product gives two blocks.
+        let wide = "cell t { input x[H] state h[2*H] param W[4*H, 2*H]
+            let p, q = chunk(W @ h, 2)
+            h' = tanh(p) * sigmoid(q) + concat(x, x)
+            output h' }";
+        assert!(forward(wide).1.backward_units.is_none());
     }
 
     #[test]

@@ -15,6 +15,7 @@ use super::stages::{pack_products, prepared_params, step_weight_bytes, ReadyStag
 use super::step_loop::{Frames, StepLoop};
 use super::tape::CpuTape;
 use super::team::Team;
+use super::unit_split::{pieces, PassUnits};
 use super::whole_sequence::{backward_whole_sequence, seeds_per_row, Walk};
 use super::LayerCode;
 use crate::error::{Result, RuntimeError};
@@ -26,25 +27,34 @@ use cellc::program::{Kept, Side};
 use cellc::schedule::Placement;
 use cellc::shapes::Shapes;
 use std::collections::HashMap;
+use std::ops::Range;
 
 /// Copies each value's row for `(b, t)` at rank `r` into layout row `row`
-/// of its buffer (the backward's values kept for after the loop).
+/// of its buffer (the backward's values kept for after the loop): the
+/// whole row, or units `mine` of each block of `units`.
 ///
 /// # Safety
 /// Each buffer holds layout row `row` of its value's length, and no other
-/// thread writes it.
+/// thread writes these units of it.
 unsafe fn keep_row(
     kept: &[(ValueId, SharedRows)],
-    bufs: &Buffers,
-    frame: &Frame,
-    shapes: &Shapes,
+    (bufs, frame, shapes): (&Buffers, &Frame, &Shapes),
     (b, t, r): (usize, usize, usize),
-    row: usize,
+    (row, units, mine): (usize, usize, &Option<Range<usize>>),
 ) -> Result<()> {
     for &(v, dst) in kept {
         let len = shapes.elements(v);
-        // SAFETY: the located row is valid for `len` floats; dst per the contract.
-        unsafe { std::ptr::copy_nonoverlapping(locate(bufs, frame, v, b, t, r)?, dst.at(row * len), len) };
+        let src = locate(bufs, frame, v, b, t, r)?;
+        for piece in pieces(len, units, mine) {
+            // SAFETY: the located row is valid for `len` floats; dst per the contract.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src.add(piece.start),
+                    dst.at(row * len + piece.start),
+                    piece.len(),
+                )
+            };
+        }
     }
     Ok(())
 }
@@ -53,7 +63,7 @@ unsafe fn keep_row(
 /// forward's `tape` and adding the input's adjoint into `d_input`: the
 /// initial states' and the parameters' gradients.
 pub(super) fn backward(
-    (threads, precision): (usize, Precision),
+    (threads, precision, fuse): (usize, Precision, bool),
     code: &LayerCode,
     job: &HostBackward,
     tape: &CpuTape,
@@ -107,7 +117,14 @@ pub(super) fn backward(
         TimeLoop::Steps(_) => {
             let carry_rows = SharedRows::each(&mut carry);
             let frame = frame_of(job, weights, &carry_rows);
-            let steps = Steps { code, job, pass, team: &team, bufs: &bufs, frame: &frame };
+            let split = (code.bwd_units.as_ref().filter(|_| fuse))
+                .filter(|k| moves_units((pass, &layer.state_sizes), (shapes, &summed.in_loop), k.units))
+                .and_then(|k| {
+                    PassUnits::new(k, (&code.backward, pass.stages_at(Placement::EachStep)), &team, weights)
+                })
+                .map(|split| split.meeting_at_step_end(!products_read_rows_of_their_step(code, pass, &bufs)));
+            let steps =
+                Steps { code, job, pass, team: &team, bufs: &bufs, frame: &frame, split: split.as_ref() };
             steps.run(&mut kept, &in_loop)?;
             // The loop's threads timed their own phases: the clock starts again after it.
             clock = Clock::start();
@@ -140,6 +157,30 @@ pub(super) fn backward(
         .collect();
     clock.lap(Phase::AfterLoop);
     Ok(HostGradients { d_h0, d_params })
+}
+
+/// Whether everything a step's bookkeeping moves (the carried adjoints,
+/// the rows kept for after the loop and the rows summed in the loop) is
+/// blocks of `units` floats, so that a thread moves its own units of it.
+fn moves_units(
+    (pass, state_sizes): (&PassPlan, &[usize]),
+    (shapes, summed): (&Shapes, &[ValueId]),
+    units: usize,
+) -> bool {
+    let moved = pass.carried.iter().flatten().chain(&pass.kept_for_after_loop).chain(summed);
+    let sizes = moved.map(|&v| shapes.elements(v)).chain(state_sizes.iter().copied());
+    units > 0 && { sizes }.all(|n| n.is_multiple_of(units))
+}
+
+/// Whether every per-step product reads its operand at the layout's rows
+/// (each step's row its own), rather than in a row each step overwrites.
+fn products_read_rows_of_their_step(code: &LayerCode, pass: &PassPlan, bufs: &Buffers) -> bool {
+    (pass.stages_at(Placement::EachStep).iter()).all(|&k| match &code.backward[k] {
+        ReadyStage::Gemm { products } => {
+            products.iter().all(|&(_, _, _, x)| bufs.loc(x) == Some(Loc::RowBuf))
+        }
+        _ => true,
+    })
 }
 
 /// The backward's frame over `job`'s rows, with the carried adjoints `carry`.
@@ -248,6 +289,8 @@ struct Steps<'a> {
     team: &'a Team,
     bufs: &'a Buffers,
     frame: &'a Frame<'a>,
+    /// The step split by units, if the pass runs it so.
+    split: Option<&'a PassUnits<'a>>,
 }
 
 impl Steps<'_> {
@@ -255,36 +298,40 @@ impl Steps<'_> {
     /// thread writing only its ranks' carried adjoints (`frame.carry`) and
     /// its sequences' rows of `kept`.
     fn run(&self, kept: &mut KeptRows, sums: &RowSums) -> Result<()> {
-        let Steps { code, job, pass, team, bufs, frame } = *self;
+        let Steps { code, job, pass, team, bufs, frame, split } = *self;
         let (layer, order, shapes) = (job.layer, team.order(), &*code.bwd_shapes);
+        let units = code.bwd_units.as_ref().map_or(0, |k| k.units);
         let kept_rows: Vec<(ValueId, SharedRows)> =
             kept.iter_mut().map(|(&v, b)| (v, SharedRows::of(b))).collect();
-        // The backward's steps are never fused: whole rows, always.
-        let after =
-            |s: usize, ranks: std::ops::Range<usize>, _units: Option<std::ops::Range<usize>>| -> Result<()> {
-                for r in ranks {
-                    let b = order[r];
-                    let t = job.order.time(b, s, job.reverse);
-                    let row = job.input.layout.row(b, t);
-                    // SAFETY (block): rank r's carried adjoints and sequence b's
-                    // kept rows belong to this thread alone; located rows are
-                    // valid for their values' lengths.
-                    unsafe {
-                        keep_row(&kept_rows, bufs, frame, shapes, (b, t, r), row)?;
-                        sums.add(bufs, frame, (b, t, r))?;
-                        // The carry is replaced in place: this row's stages have
-                        // read it, and the kept rows above were copied first.
-                        for (i, &m) in layer.state_sizes.iter().enumerate() {
-                            let dst = frame.carry[i].at(r * m);
-                            match pass.carried[i] {
-                                Some(v) => std::ptr::copy(locate(bufs, frame, v, b, t, r)?, dst, m),
-                                None => std::ptr::write_bytes(dst, 0, m),
+        // Whole rows of the thread's ranks, or (split by units) its units of every rank.
+        let after = |s: usize, ranks: Range<usize>, mine: Option<Range<usize>>| -> Result<()> {
+            for r in ranks {
+                let b = order[r];
+                let t = job.order.time(b, s, job.reverse);
+                let row = job.input.layout.row(b, t);
+                // SAFETY (block): rank r's carried adjoints and sequence b's
+                // kept rows and sums, or these units of them, belong to this
+                // thread alone; located rows are valid for their values' lengths.
+                unsafe {
+                    keep_row(&kept_rows, (bufs, frame, shapes), (b, t, r), (row, units, &mine))?;
+                    sums.add((bufs, frame), (b, t, r), (units, &mine))?;
+                    // The carry is replaced in place: this row's stages have
+                    // read it, and the kept rows above were copied first.
+                    for (i, &m) in layer.state_sizes.iter().enumerate() {
+                        let dst = frame.carry[i].at(r * m);
+                        let src = pass.carried[i].map(|v| locate(bufs, frame, v, b, t, r)).transpose()?;
+                        for piece in pieces(m, units, &mine) {
+                            let (at, n) = (piece.start, piece.len());
+                            match src {
+                                Some(src) => std::ptr::copy(src.add(at), dst.add(at), n),
+                                None => std::ptr::write_bytes(dst.add(at), 0, n),
                             }
                         }
                     }
                 }
-                Ok(())
-            };
+            }
+            Ok(())
+        };
         let steps: Vec<usize> = (0..job.order.steps()).rev().collect();
         let each_step = StepLoop {
             team,
@@ -296,6 +343,7 @@ impl Steps<'_> {
             order: job.order,
             reverse: job.reverse,
             tiles: None,
+            units: split,
             sunk: &Sunk::default(),
         };
         each_step.run(&steps, &after)

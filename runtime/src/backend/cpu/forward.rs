@@ -313,6 +313,7 @@ impl Steps<'_> {
             order: job.order,
             reverse: job.reverse,
             tiles,
+            units: None,
             sunk,
         };
         each_step.run(&steps, &after)?;

@@ -43,6 +43,7 @@ mod tape;
 mod team;
 pub mod threads;
 mod tiles;
+mod unit_split;
 #[cfg(target_arch = "x86_64")]
 pub mod walker;
 mod whole_sequence;
@@ -135,6 +136,9 @@ struct LayerCode {
     /// The forward's last per-step stage fused with its products, where
     /// the compiler found it may be and these kernels can be planned per tile.
     fused: Option<tiles::FusedStep>,
+    /// The backward's step split by units, where the compiler found it may
+    /// be and these kernels can be planned per width.
+    bwd_units: Option<unit_split::UnitKernels>,
 }
 
 impl Cpu {
@@ -259,6 +263,7 @@ impl Cpu {
         let fwd_step_fmas = step_fmas_per_row(&forward, layer.pass(Side::Forward, false), &fwd_shapes);
         let bwd_step_fmas = step_fmas_per_row(&backward, layer.pass(Side::Backward, true), &bwd_shapes);
         let fused = fused_step(kernels, layer, &fwd_graph);
+        let bwd_units = backward_units(kernels, layer, &bwd_graph);
         let code = Arc::new(LayerCode {
             fwd_graph,
             fwd_shapes,
@@ -269,6 +274,7 @@ impl Cpu {
             fwd_step_fmas,
             bwd_step_fmas,
             fused,
+            bwd_units,
         });
         cache.insert(key.clone(), Arc::downgrade(&code));
         held.insert(key, code.clone());
@@ -380,6 +386,26 @@ fn fused_step(kernels: Kernels, layer: &Layer, graph: &Arc<Graph>) -> Option<til
     Some(tiles::FusedStep::new(fusion, units, Box::new(build)))
 }
 
+/// The layer's backward step split by units, if the compiler found it
+/// may be and these kernels are built from plans (a kernel is planned at a
+/// thread's width, on first use).
+fn backward_units(kernels: Kernels, layer: &Layer, graph: &Arc<Graph>) -> Option<unit_split::UnitKernels> {
+    let split = layer.schedule.backward_units.clone()?;
+    if matches!(kernels, Kernels::Linked(_)) {
+        return None;
+    }
+    let units = *layer.sizes.get(&split.unit)?;
+    let (program, graph, for_stage) = (Arc::new(layer.program.clone()), graph.clone(), split.clone());
+    let build = move |stage: usize, width: usize| -> Result<Arc<dyn StageExec>> {
+        let (shapes, kernel) = program
+            .units_kernel(&graph, &for_stage, stage, width)
+            .map_err(|e| RuntimeError::Internal(format!("{width} units: {e}")))?;
+        let st = kernel.stage(&program);
+        planned_stage(kernels, (&graph, &Arc::new(shapes)), Some(&kernel), st)
+    };
+    Some(unit_split::UnitKernels::new(split, units, Box::new(build)))
+}
+
 /// A stage's kernel plan compiled by the JIT.
 #[cfg(feature = "jit")]
 fn jit_stage(
@@ -460,7 +486,7 @@ impl Device for Cpu {
                     tape.len(),
                 )?;
                 self.alone(code.bwd_step_fmas, job.order.batch(), |threads| {
-                    backward::backward((threads, pass.precision), &code, job, &tape, d_input)
+                    backward::backward((threads, pass.precision, self.fuse), &code, job, &tape, d_input)
                 })
             })
         }

@@ -18,11 +18,13 @@
 use super::buffers::{locate, Buffers, Frame};
 use super::host::SharedRows;
 use super::threads;
+use super::unit_split::pieces;
 use crate::error::{Result, RuntimeError};
 use crate::pool;
 use crate::sequence::BatchOrder;
 use cellc::ir::ValueId;
 use cellc::shapes::Shapes;
+use std::ops::Range;
 
 /// Each summed value's per-sequence sums: `batch` rows of its length.
 pub(super) struct RowSums {
@@ -56,22 +58,26 @@ impl RowSums {
         self.sums.iter().any(|s| s.value == v)
     }
 
-    /// Adds row `(b, t)` (rank `r`) of every summed value into sequence `b`'s sums.
+    /// Adds row `(b, t)` (rank `r`) of every summed value into sequence
+    /// `b`'s sums: the whole row, or units `mine` of each block of `units`
+    /// (each element's sum adds the same rows in the same order either way).
     ///
     /// # Safety
-    /// The calling thread alone touches sequence `b`'s sums until the
-    /// threads next meet.
+    /// The calling thread alone touches sequence `b`'s sums (or these
+    /// units of them) until the threads next meet.
     pub(super) unsafe fn add(
         &self,
-        bufs: &Buffers,
-        frame: &Frame,
+        (bufs, frame): (&Buffers, &Frame),
         (b, t, r): (usize, usize, usize),
+        (units, mine): (usize, &Option<Range<usize>>),
     ) -> Result<()> {
         for s in &self.sums {
             let row = locate(bufs, frame, s.value, b, t, r)?;
-            // SAFETY: a located row has the value's length; sequence b's sum
-            // is this thread's (the contract) and lies in the buffer.
-            unsafe { add_row(s.rows.at(b * s.len), row, s.len) };
+            for piece in pieces(s.len, units, mine) {
+                // SAFETY: a located row has the value's length; sequence b's
+                // sum is this thread's (the contract) and lies in the buffer.
+                unsafe { add_row(s.rows.at(b * s.len + piece.start), row.add(piece.start), piece.len()) };
+            }
         }
         Ok(())
     }
@@ -94,7 +100,8 @@ impl RowSums {
             for b in part * per..((part + 1) * per).min(batch) {
                 for s in (0..order.lengths()[b]).rev() {
                     // SAFETY: this task alone holds sequences part*per.. of the sums.
-                    if let Err(e) = unsafe { self.add(bufs, frame, (b, order.time(b, s, reverse), 0)) } {
+                    let row = (b, order.time(b, s, reverse), 0);
+                    if let Err(e) = unsafe { self.add((bufs, frame), row, (0, &None)) } {
                         *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
                         return;
                     }

@@ -9,9 +9,12 @@
 //! [`Interpreted`] runs a stage with the interpreter's op semantics; the
 //! JIT-compiled kernels implement the same trait and are tested against it.
 
+use crate::error::{Result, RuntimeError};
 use cellc::ir::{Graph, ValueId};
 use cellc::shapes::Shapes;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
 
 /// A pointwise stage that runs over rows through a pointer table, each
 /// row's inputs' pointers then its outputs'.
@@ -28,6 +31,33 @@ pub trait StageExec: Send + Sync {
     /// value's length at the stage's sizes; outputs do not alias inputs or
     /// each other.
     unsafe fn run(&self, rows: usize, args: &[*mut f32]);
+}
+
+/// Kernels built on first use, one per key (a tile's width; a stage and a
+/// width), and kept for the calls after.
+pub(crate) struct BuiltKernels<K>(Mutex<HashMap<K, Arc<dyn StageExec>>>);
+
+impl<K> Default for BuiltKernels<K> {
+    fn default() -> Self {
+        BuiltKernels(Mutex::new(HashMap::new()))
+    }
+}
+
+impl<K: Eq + Hash> BuiltKernels<K> {
+    /// The kernel of `key`, built by `build` the first time.
+    pub(crate) fn get_or_build(
+        &self,
+        key: K,
+        build: impl FnOnce() -> Result<Arc<dyn StageExec>>,
+    ) -> Result<Arc<dyn StageExec>> {
+        let mut held = self.0.lock().map_err(|_| RuntimeError::Internal("built kernels poisoned".into()))?;
+        if let Some(k) = held.get(&key) {
+            return Ok(k.clone());
+        }
+        let k = build()?;
+        held.insert(key, k.clone());
+        Ok(k)
+    }
 }
 
 /// A stage run by [`Shapes::compute`], value by value.

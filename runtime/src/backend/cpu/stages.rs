@@ -450,8 +450,18 @@ pub fn pack_products(
     }
 }
 
+/// Which columns of a per-step product a thread computes.
+#[derive(Clone, Debug)]
+pub enum Columns {
+    /// Share `part` of `parts` (the whole product with one part).
+    Share((usize, usize)),
+    /// These columns: whole panels of a packed weight, the last one
+    /// perhaps partial ([`ProductCall::run_columns`]).
+    Units(std::ops::Range<usize>),
+}
+
 /// A per-step product on ranks `rows`: `Y = X · Wᵀ` (or `X · W`), the
-/// columns of share `part` of `parts` (the whole product with one part).
+/// columns `columns` says.
 /// `X` may be held at the layout's rows (`at_layout` gives each rank's
 /// sequence and time) where the ranks' rows lie evenly spaced there
 /// ([`super::team::Team::products_read_evenly`]).
@@ -459,7 +469,7 @@ pub fn product_rows(
     product: &Product,
     (bufs, f): (&Buffers, &Frame),
     (rows, at_layout): (std::ops::Range<usize>, &dyn Fn(usize) -> (usize, usize)),
-    share: (usize, usize),
+    columns: Columns,
     shapes: &Shapes,
 ) -> Result<()> {
     // The step's rows are ranks of rank-ordered storage; the schedule puts
@@ -495,7 +505,12 @@ pub fn product_rows(
     // SAFETY: rank buffers hold a row of their length for every rank, so
     // `rows` of y exist; x's rows, where held at the layout, lie `lda`
     // apart (the placement checked that they do at every step).
-    unsafe { call.run(share) };
+    unsafe {
+        match columns {
+            Columns::Share(share) => call.run(share),
+            Columns::Units(units) => call.run_columns(units)?,
+        }
+    };
     Ok(())
 }
 

@@ -6,10 +6,11 @@
 use super::buffers::{locate, Buffers, Frame};
 use super::profile::{Clock, Phase};
 use super::sink::Sunk;
-use super::stages::{product_rows, ReadyStage};
+use super::stages::{product_rows, Columns, ReadyStage};
 use super::team::{Barrier, Split, Team};
 use super::threads;
 use super::tiles::{PassTiles, TileScratch};
+use super::unit_split::{PassUnits, UnitScratch};
 use crate::error::{Result, RuntimeError};
 use crate::sequence::BatchOrder;
 use std::ops::Range;
@@ -58,6 +59,8 @@ pub struct StepLoop<'a> {
     pub reverse: bool,
     /// The pass's fused step ([`super::tiles`]).
     pub tiles: Option<&'a PassTiles<'a>>,
+    /// The pass's step split by units ([`super::unit_split`]).
+    pub units: Option<&'a PassUnits<'a>>,
     /// Products hoisted before the loop that each thread runs on its
     /// sequences at each step's start ([`super::sink`]).
     pub sunk: &'a Sunk,
@@ -99,8 +102,25 @@ impl StepLoop<'_> {
         };
         let parts = if units { (i, self.team.threads) } else { (0, 1) };
         let mut scratch = TileScratch::default();
+        let mut unit_scratch = UnitScratch::default();
         let mut clock = Clock::start();
         for &s in steps {
+            if let Some(split) = self.units {
+                match self.on_units(split, (i, s), barrier, &mut clock, &mut unit_scratch) {
+                    Ok(true) => {}
+                    Ok(false) => return Ok(()),
+                    Err(e) => return fail(e),
+                }
+                if let Err(e) = after(s, self.team.product_rows(i, s), Some(split.units_of(i))) {
+                    return fail(e);
+                }
+                clock.lap_of(Phase::Bookkeeping, self.team.threads);
+                if split.meets_at_step_end() && !barrier.wait() {
+                    return Ok(());
+                }
+                clock.lap_of(Phase::Wait, self.team.threads);
+                continue;
+            }
             if !self.sunk.products.is_empty() {
                 if let Err(e) = self.sunk_products(i, s, &mut scratch.gathered) {
                     return fail(e);
@@ -127,7 +147,7 @@ impl StepLoop<'_> {
                         let ranked = self.rank_row(s);
                         let done = products.iter().try_for_each(|p| {
                             let at = (self.bufs, self.frames.at(s));
-                            product_rows(p, at, (rows.clone(), &ranked), parts, self.shapes)
+                            product_rows(p, at, (rows.clone(), &ranked), Columns::Share(parts), self.shapes)
                         });
                         (done, Phase::Products)
                     }
@@ -172,6 +192,43 @@ impl StepLoop<'_> {
     fn meets_after(&self, at: usize) -> bool {
         let is_product = |k: &usize| matches!(self.stages[*k], ReadyStage::Gemm { .. });
         is_product(&self.each_step[at]) || self.each_step.get(at + 1).is_some_and(is_product)
+    }
+
+    /// Thread `i`'s units of every stage of step `s` ([`super::unit_split`]):
+    /// the threads meet before each product that reads what the step
+    /// computed. `false` when another thread aborted the loop.
+    fn on_units(
+        &self,
+        split: &PassUnits,
+        (i, s): (usize, usize),
+        barrier: &Barrier,
+        clock: &mut Clock,
+        scratch: &mut UnitScratch,
+    ) -> Result<bool> {
+        let (rows, ranked, mine) = (self.team.product_rows(i, s), self.rank_row(s), split.units_of(i));
+        let at = (self.bufs, self.frames.at(s));
+        for (n, &k) in self.each_step.iter().enumerate() {
+            match &self.stages[k] {
+                ReadyStage::Gemm { products } => {
+                    if n > 0 && !barrier.wait() {
+                        return Ok(false);
+                    }
+                    clock.lap_of(Phase::Wait, self.team.threads);
+                    for p in products {
+                        let columns = Columns::Units(mine.clone());
+                        product_rows(p, at, (rows.clone(), &ranked), columns, self.shapes)?;
+                    }
+                    clock.lap_of(Phase::Products, self.team.threads);
+                }
+                ReadyStage::Pointwise { .. } => {
+                    // SAFETY: this thread alone writes its units of the stage's outputs.
+                    unsafe { split.pointwise(k, at, (rows.clone(), &ranked), mine.clone(), scratch)? };
+                    clock.lap_of(Phase::Pointwise, self.team.threads);
+                }
+                ReadyStage::Sum | ReadyStage::AddMatrices { .. } => {}
+            }
+        }
+        Ok(true)
     }
 
     /// Thread `i`'s share of fused stage `k`'s products and the pointwise

@@ -25,7 +25,7 @@
 use super::buffers::{locate, Buffers, Frame};
 use super::prepared::{PreparedParams, TileOrder, TiledProducts};
 use super::sink::{RankRow, Sunk};
-use super::stage::StageExec;
+use super::stage::{BuiltKernels, StageExec};
 use super::stages::{Product, ProductCall};
 use super::team::Team;
 use crate::error::{Result, RuntimeError};
@@ -34,7 +34,7 @@ use cellc::schedule::Fusion;
 use cellc::shapes::Shapes;
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Sequences a thread from which a step whose threads split units runs
 /// unfused. Below one a thread, the unfused step runs its pointwise stage
@@ -45,7 +45,7 @@ use std::sync::{Arc, Mutex};
 /// threads, T=100, unfused time / fused time (`benches/fused_step.py`):
 /// LSTM B=1 H=128/256/512 1.27/1.08/1.03x, GRU B=1 H=256 1.08x; B=2-3
 /// 0.98-1.01x; at B=4, LSTM H=256 0.95x, GRU 0.97x.
-const FUSE_BELOW_ROWS_PER_THREAD: usize = 2;
+pub(super) const FUSE_BELOW_ROWS_PER_THREAD: usize = 2;
 
 /// Units of a tile of a thread that owns its rows: its products' columns
 /// stay in the core's cache until the stage reads them, and the stage's
@@ -91,7 +91,7 @@ pub struct FusedStep {
     /// The unit variable's value.
     pub units: usize,
     build: Box<TileBuilder>,
-    kernels: Mutex<HashMap<usize, Arc<dyn StageExec>>>,
+    kernels: BuiltKernels<usize>,
 }
 
 impl std::fmt::Debug for FusedStep {
@@ -102,19 +102,12 @@ impl std::fmt::Debug for FusedStep {
 
 impl FusedStep {
     pub fn new(fusion: Fusion, units: usize, build: Box<TileBuilder>) -> FusedStep {
-        FusedStep { fusion, units, build, kernels: Mutex::new(HashMap::new()) }
+        FusedStep { fusion, units, build, kernels: BuiltKernels::default() }
     }
 
     /// The kernel for a tile of `width` units.
     fn kernel(&self, width: usize) -> Result<Arc<dyn StageExec>> {
-        let mut held =
-            self.kernels.lock().map_err(|_| RuntimeError::Internal("tile kernels poisoned".into()))?;
-        if let Some(k) = held.get(&width) {
-            return Ok(k.clone());
-        }
-        let k = (self.build)(width)?;
-        held.insert(width, k.clone());
-        Ok(k)
+        self.kernels.get_or_build(width, || (self.build)(width))
     }
 }
 
