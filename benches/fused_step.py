@@ -9,7 +9,9 @@ products and of that stage together (`runtime/src/backend/cpu/tiles.rs`): where 
 threads split its units (below two sequences a thread), with one barrier a step; where each
 owns its sequences (from eight a thread), tile by tile with the input projection, which then
 runs in the step instead of before the loop (a cell whose step does not fuse, such as the
-LayerNorm-LSTM, runs it at each step's start: `runtime/src/backend/cpu/sink.rs`). This times both ways, same binary, same run,
+LayerNorm-LSTM, runs it at each step's start: `runtime/src/backend/cpu/sink.rs`). In training,
+below two sequences a thread, the backward step runs split by units too
+(`runtime/src/backend/cpu/unit_split.rs`); `--unfused` turns both off. This times both ways, same binary, same run,
 alternating, `--rounds` times each, over LSTM and GRU at B 1-64 and H 128-512, T=100, 2
 threads, every sequence full length, inference and training, and keeps each side's median.
 `fused` is what the runtime chose at that batch (B=4 runs unfused either way on 2 threads);

@@ -141,8 +141,9 @@ pub struct RunArgs {
     /// CPU backend: how pointwise stages run.
     #[arg(long, value_enum, default_value_t = KernelsChoice::Fastest)]
     pub kernels: KernelsChoice,
-    /// CPU backend: run no step fused (the products, then the pointwise
-    /// stages; input projections before the loop), to compare.
+    /// CPU backend: run no step fused or split by units (the products, then
+    /// the pointwise stages, on whole rows; input projections before the
+    /// loop), to compare.
     #[arg(long)]
     pub unfused: bool,
     /// The precision of the products of the cell's matrix parameters

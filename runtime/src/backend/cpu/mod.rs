@@ -168,11 +168,12 @@ impl Cpu {
     }
 
     /// This back end with no step fused: a step's products, then its
-    /// pointwise stages, and the input projections before the loop (by
-    /// default, where the batch is small or large enough, each thread
-    /// runs the compiler's fused stage on its own tiles: see
-    /// [`cellc::schedule::tiles`]). The results are the same bits; for
-    /// tests of the fused step and for timing it.
+    /// pointwise stages, on whole rows, and the input projections before
+    /// the loop (by default, where the batch is small or large enough,
+    /// each thread runs the compiler's fused stage on its own tiles, and
+    /// below two sequences a thread the backward step on its own units:
+    /// see [`cellc::schedule::tiles`]). The results are the same bits; for
+    /// tests of the fused and split steps and for timing them.
     pub fn unfused(self) -> Cpu {
         Cpu { fuse: false, ..self }
     }
