@@ -333,7 +333,8 @@ impl Program {
         stage: usize,
         width: usize,
     ) -> Result<(Shapes, ProgramKernel), InterpError> {
-        self.kernel_on_units(graph, (Side::Backward, stage), &split.tile_sizes(&self.sizes, width), width)
+        let sizes = crate::schedule::tiles::sizes_on_units(&self.sizes, &split.unit, width);
+        self.kernel_on_units(graph, (Side::Backward, stage), &sizes, width)
     }
 
     fn kernel_on_units(

@@ -79,9 +79,7 @@ impl Fusion {
 
     /// The sizes at which the stage's kernel runs one tile of `width` units.
     pub fn tile_sizes(&self, sizes: &Bindings, width: usize) -> Bindings {
-        let mut tile = sizes.clone();
-        tile.insert(self.unit.clone(), width);
-        tile
+        sizes_on_units(sizes, &self.unit, width)
     }
 }
 
@@ -178,13 +176,14 @@ impl UnitSplit {
     pub fn blocks_of(&self, v: ValueId) -> usize {
         self.blocks.get(&v).copied().unwrap_or(0)
     }
+}
 
-    /// The sizes at which a pointwise stage's kernel runs `width` units.
-    pub fn tile_sizes(&self, sizes: &Bindings, width: usize) -> Bindings {
-        let mut tile = sizes.clone();
-        tile.insert(self.unit.clone(), width);
-        tile
-    }
+/// `sizes` with `unit` bound to `width`: those at which a kernel planned
+/// for `width` of the unit's units runs (a tile, a thread's share).
+pub fn sizes_on_units(sizes: &Bindings, unit: &str, width: usize) -> Bindings {
+    let mut at = sizes.clone();
+    at.insert(unit.to_string(), width);
+    at
 }
 
 /// The backward step's split by units, if every per-step stage of

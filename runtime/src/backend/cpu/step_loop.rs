@@ -105,81 +105,85 @@ impl StepLoop<'_> {
         let mut unit_scratch = UnitScratch::default();
         let mut clock = Clock::start();
         for &s in steps {
-            if let Some(split) = self.units {
-                match self.on_units(split, (i, s), barrier, &mut clock, &mut unit_scratch) {
-                    Ok(true) => {}
-                    Ok(false) => return Ok(()),
-                    Err(e) => return fail(e),
-                }
-                if let Err(e) = after(s, self.team.product_rows(i, s), Some(split.units_of(i))) {
-                    return fail(e);
-                }
-                clock.lap_of(Phase::Bookkeeping, self.team.threads);
-                if split.meets_at_step_end() && !barrier.wait() {
-                    return Ok(());
-                }
-                clock.lap_of(Phase::Wait, self.team.threads);
-                continue;
+            let went_on = match self.units {
+                Some(split) => self.on_units(split, (i, s), barrier, &mut clock, &mut unit_scratch),
+                None => self.on_rows_or_tiles((i, s), parts, barrier, &mut clock, &mut scratch),
+            };
+            match went_on {
+                Ok(true) => {}
+                Ok(false) => return Ok(()),
+                Err(e) => return fail(e),
             }
-            if !self.sunk.products.is_empty() {
-                if let Err(e) = self.sunk_products(i, s, &mut scratch.gathered) {
-                    return fail(e);
-                }
-                clock.lap_of(Phase::Products, self.team.threads);
-            }
-            for (at, &k) in self.each_step.iter().enumerate() {
-                // A fused step: the products and the stage that reads them
-                // on this thread's tiles, with no barrier until the step's end.
-                if let Some(tiles) =
-                    self.tiles.filter(|t| [t.step.fusion.gemm, t.step.fusion.pointwise].contains(&k))
-                {
-                    if tiles.step.fusion.gemm == k {
-                        if let Err(e) = self.fused(tiles, k, (i, s), &mut scratch) {
-                            return fail(e);
-                        }
-                        clock.lap_of(Phase::Products, self.team.threads);
-                    }
-                    continue;
-                }
-                let (done, phase) = match &self.stages[k] {
-                    ReadyStage::Gemm { products, .. } => {
-                        let rows = self.team.product_rows(i, s);
-                        let ranked = self.rank_row(s);
-                        let done = products.iter().try_for_each(|p| {
-                            let at = (self.bufs, self.frames.at(s));
-                            product_rows(p, at, (rows.clone(), &ranked), Columns::Share(parts), self.shapes)
-                        });
-                        (done, Phase::Products)
-                    }
-                    ReadyStage::Pointwise { exec, .. } => {
-                        let done = self.pointwise(exec.as_ref(), s, self.team.rows(i, s), &mut scratch.table);
-                        (done, Phase::Pointwise)
-                    }
-                    ReadyStage::Sum | ReadyStage::AddMatrices { .. } => (Ok(()), Phase::Bookkeeping),
-                };
-                clock.lap_of(phase, self.team.threads);
-                if let Err(e) = done {
-                    return fail(e);
-                }
-                if units && self.meets_after(at) && !barrier.wait() {
-                    return Ok(());
-                }
-                clock.lap_of(Phase::Wait, self.team.threads);
-            }
-            let share = match self.tiles {
-                Some(t) => (self.team.product_rows(i, s), Some(t.units_of(i))),
-                None => (self.team.rows(i, s), None),
+            let share = match (self.units, self.tiles) {
+                (Some(split), _) => (self.team.product_rows(i, s), Some(split.units_of(i))),
+                (None, Some(t)) => (self.team.product_rows(i, s), Some(t.units_of(i))),
+                (None, None) => (self.team.rows(i, s), None),
             };
             if let Err(e) = after(s, share.0, share.1) {
                 return fail(e);
             }
             clock.lap_of(Phase::Bookkeeping, self.team.threads);
-            if units && !barrier.wait() {
+            let meets = units && self.units.is_none_or(|split| split.meets_at_step_end());
+            if meets && !barrier.wait() {
                 return Ok(());
             }
             clock.lap_of(Phase::Wait, self.team.threads);
         }
         Ok(())
+    }
+
+    /// Thread `i`'s share of every stage of step `s` on whole rows, or
+    /// the fused step's tiles: the products in `parts` of their columns
+    /// (the whole product with one part). `false` when another thread
+    /// aborted the loop.
+    fn on_rows_or_tiles(
+        &self,
+        (i, s): (usize, usize),
+        parts: (usize, usize),
+        barrier: &Barrier,
+        clock: &mut Clock,
+        scratch: &mut TileScratch,
+    ) -> Result<bool> {
+        let units = self.team.split == Split::Units;
+        if !self.sunk.products.is_empty() {
+            self.sunk_products(i, s, &mut scratch.gathered)?;
+            clock.lap_of(Phase::Products, self.team.threads);
+        }
+        for (at, &k) in self.each_step.iter().enumerate() {
+            // A fused step: the products and the stage that reads them
+            // on this thread's tiles, with no barrier until the step's end.
+            if let Some(tiles) =
+                self.tiles.filter(|t| [t.step.fusion.gemm, t.step.fusion.pointwise].contains(&k))
+            {
+                if tiles.step.fusion.gemm == k {
+                    self.fused(tiles, k, (i, s), scratch)?;
+                    clock.lap_of(Phase::Products, self.team.threads);
+                }
+                continue;
+            }
+            let phase = match &self.stages[k] {
+                ReadyStage::Gemm { products, .. } => {
+                    let rows = self.team.product_rows(i, s);
+                    let ranked = self.rank_row(s);
+                    for p in products {
+                        let at = (self.bufs, self.frames.at(s));
+                        product_rows(p, at, (rows.clone(), &ranked), Columns::Share(parts), self.shapes)?;
+                    }
+                    Phase::Products
+                }
+                ReadyStage::Pointwise { exec, .. } => {
+                    self.pointwise(exec.as_ref(), s, self.team.rows(i, s), &mut scratch.table)?;
+                    Phase::Pointwise
+                }
+                ReadyStage::Sum | ReadyStage::AddMatrices { .. } => Phase::Bookkeeping,
+            };
+            clock.lap_of(phase, self.team.threads);
+            if units && self.meets_after(at) && !barrier.wait() {
+                return Ok(false);
+            }
+            clock.lap_of(Phase::Wait, self.team.threads);
+        }
+        Ok(true)
     }
 
     /// Whether the threads of a team that splits units meet after the
