@@ -25,6 +25,7 @@
 mod support;
 
 use cellc::ir::Op;
+use cellc_runtime::backend::cuda::step_loop::StepLoops;
 use cellc_runtime::backend::cuda::Cuda;
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::{Align, CompiledCell, Input, Major, Model, PackedSequence};
@@ -96,6 +97,39 @@ fn training_on_the_emulated_device_matches_the_reference() {
     training_matches_the_reference(Arc::new(Cuda::emulated().expect("emulated device")));
 }
 
+/// The same with every time loop step by step (a GEMM, then the step's
+/// kernels), the route the step loops replace where they run.
+#[test]
+fn inference_step_by_step_on_the_emulated_device_matches_the_reference() {
+    let cuda = Cuda::emulated().expect("emulated device").with_step_loops(StepLoops::Never);
+    inference_matches_the_reference(Arc::new(cuda));
+}
+
+#[test]
+fn training_step_by_step_on_the_emulated_device_matches_the_reference() {
+    let cuda = Cuda::emulated().expect("emulated device").with_step_loops(StepLoops::Never);
+    training_matches_the_reference(Arc::new(cuda));
+}
+
+/// The rule's route is taken: with the default setting every pass of a
+/// cell with per-step products runs its time loop as one step-loop launch
+/// on the emulated device (whose weights fit), none with `Never`.
+#[test]
+fn step_loops_run_where_the_rule_takes_them() {
+    let cells = support::compiled_cells();
+    let c = cells.iter().find(|c| c.forward.name == "layernorm_lstm").expect("shipped cell");
+    for (setting, expected) in [(StepLoops::Auto, true), (StepLoops::Never, false)] {
+        let cuda = Arc::new(Cuda::emulated().expect("emulated device").with_step_loops(setting));
+        let (_, model, x) = models(c, &cuda);
+        let input = padded(&x, Major::TimeFirst, Align::Right);
+        let (out, trace) = model.forward_train(input, None).expect("forward");
+        model.backward(&trace, &vec![0.5; out.data.len()], None).expect("backward");
+        let passes = 2 * model.layers().len() * model.directions();
+        let want = if expected { passes } else { 0 };
+        assert_eq!(cuda.step_loops_run(), want, "{setting:?}: step loops run of {passes} passes");
+    }
+}
+
 #[test]
 fn graphs_on_the_emulated_device_replay_and_give_the_same_bits() {
     graphs_replay(|| Cuda::emulated().expect("emulated device"), true);
@@ -143,9 +177,10 @@ fn inference_matches_the_reference(cuda: Arc<Cuda>) {
     }
     assert_eq!(cells.len(), 19);
     support::report(&format!(
-        "{}: inference of {} cells x 5 layouts (2 layers, varlen) within 2e-5 of the reference",
+        "{}: inference of {} cells x 5 layouts (2 layers, varlen) within 2e-5 of the reference, {} passes as step loops",
         cuda_name(&cuda),
-        cells.len()
+        cells.len(),
+        cuda.step_loops_run()
     ));
 }
 
@@ -201,9 +236,10 @@ fn training_matches_the_reference(cuda: Arc<Cuda>) {
     assert_eq!(cells.len(), 19);
     support::report(&format!(
         "{}: training (forward, then input, state and parameter gradients) of {} cells x 5 layouts \
-         within 1e-4 (2e-3 with row reductions) of the reference",
+         within 1e-4 (2e-3 with row reductions) of the reference, {} passes as step loops",
         cuda_name(&cuda),
-        cells.len()
+        cells.len(),
+        cuda.step_loops_run()
     ));
 }
 

@@ -10,6 +10,11 @@
 //       CUDA thread of a block, blocks one after another; __syncthreads() is a
 //       std::barrier, __shared__ memory one static copy per kernel (right
 //       because blocks never overlap). Right for every kernel.
+//   cellc_launch_grid_<name>(grid, block, shared, args)  cooperative: every
+//       block at once, one OS thread per CUDA thread of the grid; a block's
+//       `shared` bytes of dynamic shared memory (CELLC_DYNAMIC_SHARED) its own,
+//       cellc_grid_sync() a std::barrier over the grid. For the step-loop
+//       kernels, which keep state in dynamic shared memory only.
 //   cellc_launch_serial_<name>(grid, block, args)  serial: every (block,
 //       thread) in turn on the calling thread, __syncthreads() a no-op. Right
 //       only where a block's threads never communicate: lane-form kernels, or
@@ -24,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -31,10 +37,14 @@
 struct cellc_dim3 {
     unsigned x = 1, y = 1, z = 1;
 };
+#define CELLC_HOST_EMULATION 1
 namespace cellc_emu {
 inline thread_local cellc_dim3 tid, bid, bdim, gdim;
 inline thread_local std::barrier<>* block_barrier = nullptr;
+inline thread_local std::barrier<>* grid_barrier = nullptr;
+inline thread_local float* dynamic_shared = nullptr;
 }  // namespace cellc_emu
+#define CELLC_DYNAMIC_SHARED(name) float* const name = ::cellc_emu::dynamic_shared
 #define threadIdx (::cellc_emu::tid)
 #define blockIdx (::cellc_emu::bid)
 #define blockDim (::cellc_emu::bdim)
@@ -50,6 +60,20 @@ inline thread_local std::barrier<>* block_barrier = nullptr;
 
 inline void __syncthreads() {
     if (::cellc_emu::block_barrier) ::cellc_emu::block_barrier->arrive_and_wait();
+}
+// Every thread of a cooperative launch waits for all (cellc_launch_grid_).
+inline void cellc_grid_sync(unsigned*) {
+    if (::cellc_emu::grid_barrier) ::cellc_emu::grid_barrier->arrive_and_wait();
+}
+inline float __uint_as_float(unsigned x) {
+    float f;
+    std::memcpy(&f, &x, sizeof f);
+    return f;
+}
+inline unsigned __float_as_uint(float x) {
+    unsigned u;
+    std::memcpy(&u, &x, sizeof u);
+    return u;
 }
 inline unsigned __umulhi(unsigned a, unsigned b) {
     return static_cast<unsigned>((static_cast<unsigned long long>(a) * b) >> 32);
@@ -86,6 +110,36 @@ void launch(void (*k)(P...), unsigned grid, unsigned block, void** args) {
     for (unsigned bx = 0; bx < grid; ++bx) run_block(k, g, b, cellc_dim3{bx, 0, 0}, args, std::index_sequence_for<P...>{});
 }
 template <class... P, std::size_t... I>
+void launch_grid_impl(void (*k)(P...), unsigned grid, unsigned block, unsigned shared, void** args,
+                      std::index_sequence<I...>) {
+    const cellc_dim3 g{grid, 1, 1}, b{block, 1, 1};
+    std::barrier<> all(static_cast<std::ptrdiff_t>(grid) * block);
+    std::vector<std::unique_ptr<std::barrier<>>> blocks;
+    for (unsigned bx = 0; bx < grid; ++bx) blocks.push_back(std::make_unique<std::barrier<>>(block));
+    std::vector<std::vector<float>> memory(grid, std::vector<float>((shared + 3) / 4));
+    std::vector<std::thread> threads;
+    threads.reserve(static_cast<std::size_t>(grid) * block);
+    for (unsigned bx = 0; bx < grid; ++bx) {
+        for (unsigned t = 0; t < block; ++t) {
+            threads.emplace_back([&, bx, t] {
+                gdim = g;
+                bdim = b;
+                bid = {bx, 0, 0};
+                tid = {t, 0, 0};
+                block_barrier = blocks[bx].get();
+                grid_barrier = &all;
+                dynamic_shared = memory[bx].data();
+                k(*static_cast<std::remove_reference_t<P>*>(args[I])...);
+            });
+        }
+    }
+    for (auto& th : threads) th.join();
+}
+template <class... P>
+void launch_grid(void (*k)(P...), unsigned grid, unsigned block, unsigned shared, void** args) {
+    launch_grid_impl(k, grid, block, shared, args, std::index_sequence_for<P...>{});
+}
+template <class... P, std::size_t... I>
 void launch_serial_impl(void (*k)(P...), unsigned grid, unsigned block, void** args, std::index_sequence<I...>) {
     gdim = {grid, 1, 1};
     bdim = {block, 1, 1};
@@ -110,4 +164,10 @@ void launch_serial(void (*k)(P...), unsigned grid, unsigned block, void** args) 
     }                                                                                          \
     extern "C" void cellc_launch_serial_##name(unsigned grid, unsigned block, void** args) {  \
         ::cellc_emu::launch_serial(&name, grid, block, args);                                  \
+    }
+
+// A cooperative (step-loop) kernel: launched with every block at once.
+#define CELLC_EMU_EXPORT_GRID(name)                                                                            \
+    extern "C" void cellc_launch_grid_##name(unsigned grid, unsigned block, unsigned shared, void** args) { \
+        ::cellc_emu::launch_grid(&name, grid, block, shared, args);                                         \
     }

@@ -63,6 +63,7 @@
 //! `expf`/`tanhf`/`logf` (not the `__expf` intrinsics), to stay close to
 //! the CPU back ends.
 
+pub mod persistent;
 pub mod prelude;
 
 use crate::autodiff::Gradient;
@@ -108,6 +109,9 @@ pub struct Kernel {
     /// Lane form: the units `U` of each row or sequence, one thread each
     /// (see the module documentation); 0 in block form.
     pub units: usize,
+    /// A step-loop kernel ([`persistent`]): launched cooperatively, every
+    /// block resident at once, with dynamic shared memory.
+    pub cooperative: bool,
 }
 
 /// Why a stage could not be emitted.
@@ -201,10 +205,18 @@ pub fn emit_stage(
             src,
             "// Lane form: one thread per (row, unit), {n} units; thread j computes element p * {n} + j of every vector."
         );
+        // The row's work as a function of its own: the step-loop kernel
+        // (`persistent`) calls it too.
+        let _ = writeln!(
+            src,
+            "__device__ __forceinline__ void {}(float* const* __restrict__ a, int j) {{",
+            row_function(name)
+        );
+        src.push_str(&unindent(&e.body, 1));
+        src.push_str("}\n");
         src.push_str(&signature(name, "", false));
         src.push_str(&lane_items(n, "rows", "row"));
-        let _ = writeln!(src, "        float* const* const a = args + (size_t)row * {k};");
-        src.push_str(&e.body);
+        let _ = writeln!(src, "        {}(args + (size_t)row * {k}, j);", row_function(name));
         src.push_str("    }\n}\n");
     } else if let Some(n) = e.lane {
         let _ = writeln!(
@@ -260,11 +272,27 @@ pub fn emit_stage(
             src.push_str(&body);
             src.push_str("            __syncthreads();\n        }\n    }\n}\n");
         } else {
+            // The row's work, done by the whole block, as a function of its
+            // own: the step-loop kernel (`persistent`) calls it too.
+            let _ = writeln!(
+                src,
+                "__device__ __forceinline__ void {}(float* const* __restrict__ a, float* __restrict__ s, float* red) {{",
+                row_function(name)
+            );
+            src.push_str(&unindent(&body, 1));
+            src.push_str("}\n");
             src.push_str(&signature(name, &bounds, false));
-            src.push_str(&locals);
+            if e.reduces {
+                let _ = writeln!(src, "    __shared__ float red[{BLOCK}];");
+            }
+            let s = if e.scratch > 0 {
+                format!("scratch + (size_t)blockIdx.x * {}", e.scratch)
+            } else {
+                "nullptr".into()
+            };
+            let red = if e.reduces { "red" } else { "nullptr" };
             src.push_str("    for (int row = blockIdx.x; row < rows; row += gridDim.x) {\n");
-            let _ = writeln!(src, "        float* const* const a = args + (size_t)row * {k};");
-            src.push_str(&body);
+            let _ = writeln!(src, "        {}(args + (size_t)row * {k}, {s}, {red});", row_function(name));
             src.push_str("        __syncthreads();\n    }\n}\n");
         }
     }
@@ -276,7 +304,23 @@ pub fn emit_stage(
         scratch: e.scratch,
         whole_sequence,
         units,
+        cooperative: false,
     })
+}
+
+/// The `__device__` function doing one row of the per-row stage kernel
+/// `kernel`: `(a, j)` in the lane form (the row's pointers, the thread's
+/// unit), `(a, s, red)` in the block form (the row's pointers, the block's
+/// scratch and its `BLOCK`-slot shared reduction buffer, each unused where
+/// the stage needs none), the whole block calling it.
+pub fn row_function(kernel: &str) -> String {
+    format!("{kernel}_row")
+}
+
+/// `body` with its first `levels` levels of indentation (4 spaces each) taken off.
+fn unindent(body: &str, levels: usize) -> String {
+    let cut = " ".repeat(4 * levels);
+    body.lines().map(|l| format!("{}\n", l.strip_prefix(cut.as_str()).unwrap_or(l))).collect()
 }
 
 /// A kernel's first line: the row ABI, or the sequence ABI of

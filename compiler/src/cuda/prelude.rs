@@ -57,6 +57,48 @@ __device__ __forceinline__ float cellc_block_sum(const float* p, int n, float* r
     return total;
 }
 
+// A product's operand in its precision (cellc::precision::Precision::round;
+// the code is cellc::cuda::persistent::precision_code): 0 f32, 1 bf16,
+// 2 fp16, 3 TF32, each to nearest with ties to even.
+__device__ __forceinline__ float cellc_round(float x, int precision) {
+    if (precision == 0 || isnan(x)) return x;
+    const unsigned bits = __float_as_uint(x);
+    if (precision == 1) return __uint_as_float((bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u);
+    if (precision == 3) return __uint_as_float((bits + 0x0fffu + ((bits >> 13) & 1u)) & ~0x1fffu);
+    const float a = fabsf(x);
+    if (!(a < 65520.0f)) return copysignf(__uint_as_float(0x7f800000u), x);  // past fp16's largest
+    if (a < 6.103515625e-05f) return rintf(x * 16777216.0f) * 5.9604644775390625e-08f;  // subnormal: 2^-24 steps
+    return __uint_as_float((bits + 0x0fffu + ((bits >> 13) & 1u)) & ~0x1fffu);
+}
+
+#ifndef CELLC_HOST_EMULATION
+// The step-loop kernels' weights: dynamic shared memory.
+#define CELLC_DYNAMIC_SHARED(name) extern __shared__ __align__(16) float name[]
+// Every block of a cooperative launch waits here until all have arrived,
+// and sees what all wrote before (the pattern of cooperative groups'
+// grid.sync: one thread a block fences, counts in and spins on the
+// generation). barrier[0] counts arrivals (zero at launch), barrier[1] is
+// the generation.
+__device__ __forceinline__ void cellc_grid_sync(unsigned* barrier) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        volatile unsigned* const generation = barrier + 1;
+        const unsigned seen = *generation;
+        __threadfence();
+        if (atomicAdd(barrier, 1u) == gridDim.x - 1) {
+            atomicExch(barrier, 0u);
+            __threadfence();
+            atomicAdd(barrier + 1, 1u);
+        } else {
+            while (*generation == seen) {
+            }
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+#endif
+
 // Row copies for the runtime: pairs[2 * row] <- pairs[2 * row + 1], n floats each.
 extern "C" __global__ void cellc_copy_rows(float* const* __restrict__ pairs, int rows, int n) {
     for (int row = blockIdx.x; row < rows; row += gridDim.x)

@@ -16,10 +16,10 @@ use super::calls::Calls;
 use super::device::Module;
 use super::forward::tape_part;
 use super::storage::{error, tape_homes, Home, LayerRun};
+use super::SideKernels;
 use crate::cell::{CompiledCell, Layer};
 use crate::error::Result;
 use crate::plan::{Home as PlanHome, ParamGradient};
-use cellc::cuda::Kernel;
 use cellc::ir::Graph;
 use cellc::program::{Kept, Side};
 use cellc::schedule::Placement;
@@ -56,7 +56,7 @@ pub struct BackwardIo {
 pub fn backward_on(
     pass: &mut LayerRun,
     module: &Module,
-    kernels: &[(usize, Kernel)],
+    kernels: &SideKernels,
     (cell, layer): (&CompiledCell, &Layer),
     io: &BackwardIo,
     graph_capture: bool,
@@ -119,10 +119,10 @@ pub fn backward_on(
     }
 
     // Before the loop: products that read no carried adjoint, over all rows.
-    calls.all_rows_stages(pass, (g, shapes), kernels, stages, &plan.before_loop)?;
+    calls.all_rows_stages(pass, (g, shapes), &kernels.stages, stages, &plan.before_loop)?;
     calls.time_loop(pass, (g, shapes), kernels, (stages, &plan.time_loop), true)?;
     // After the loop: products over all steps, then what is computed from them.
-    calls.all_rows_stages(pass, (g, shapes), kernels, stages, &plan.after_loop)?;
+    calls.all_rows_stages(pass, (g, shapes), &kernels.stages, stages, &plan.after_loop)?;
     // Parameter gradients: weight products are matrices already; vectors are summed over rows.
     for ((d, &(rows, cols)), &dst) in plan.d_params.iter().zip(&layer.param_shapes).zip(&io.d_params) {
         let len = rows * cols;

@@ -6,16 +6,23 @@
 //! touches no host memory: it runs as it is, or is captured as one graph.
 
 use super::device::{Arg, Batch, Call, Gemm};
+use super::step_loop;
 use super::storage::{error, Home, LayerRun, Order, Row};
+use super::SideKernels;
 use crate::dropout::LayerMasks;
 use crate::error::Result;
 use crate::plan::TimeLoop;
+use cellc::cuda::persistent::{precision_code, StepLoop};
 use cellc::cuda::Kernel;
 use cellc::ir::{Graph, Op, ValueId};
 use cellc::precision::Precision;
 use cellc::schedule::{Stage, StageKind};
 use cellc::shapes::Shapes;
 use std::collections::HashMap;
+
+/// A per-step stage's kernel and its pointer table over every step's rows
+/// (in the order the steps run), or `None` for a GEMM stage.
+type StepTable<'k> = Option<(&'k Kernel, u64)>;
 
 /// The calls of one pass, in order.
 #[derive(Debug)]
@@ -40,10 +47,16 @@ impl Calls {
     /// `g`, a product by matrix `w`, its operands in the pass's precision
     /// where `w` is a parameter (f32 otherwise: see [`Precision`]).
     fn by_matrix(&self, graph: &Graph, w: ValueId, mut g: Gemm) -> Gemm {
-        if matches!(graph.node(w).op, Op::Param(_)) {
-            g.operands = self.precision;
-        }
+        g.operands = self.operand_precision(graph, w);
         g
+    }
+
+    /// The precision of a product by matrix `w`: the pass's for a parameter, else f32.
+    fn operand_precision(&self, graph: &Graph, w: ValueId) -> Precision {
+        match graph.node(w).op {
+            Op::Param(_) => self.precision,
+            _ => Precision::F32,
+        }
     }
 
     /// The pointer table of kernel `k` over `rows`: each row's inputs,
@@ -302,19 +315,21 @@ impl Calls {
     }
 
     /// The plan's time loop over `stages` (a side's schedule): one
-    /// whole-sequence kernel walking each sequence, or the per-step stages
-    /// step by step; in reverse time when `backwards`.
+    /// whole-sequence kernel walking each sequence, or the per-step stages,
+    /// as one step-loop kernel where [`step_loop::grid`]'s rule takes it,
+    /// else step by step; in reverse time when `backwards`.
     pub fn time_loop(
         &mut self,
         pass: &mut LayerRun,
         (graph, plan): (&Graph, &Shapes),
-        kernels: &[(usize, Kernel)],
+        kernels: &SideKernels,
         (stages, time_loop): (&[Stage], &TimeLoop),
         backwards: bool,
     ) -> Result<()> {
         let each_step: Vec<(usize, &Stage)> = match time_loop {
             TimeLoop::Steps(each_step) => each_step.iter().map(|&i| (i, &stages[i])).collect(),
             &TimeLoop::WholeSequence(i) => {
+                let kernels = &kernels.stages;
                 let sequences: Vec<Vec<Row>> = (0..pass.batch())
                     .map(|r| {
                         let mut rows = pass.sequence(r);
@@ -338,9 +353,19 @@ impl Calls {
                 tables.push(None);
                 continue;
             }
-            let k = kernel_of(kernels, i)?;
+            let k = kernels.stage(i)?;
             let rows: Vec<Row> = steps.iter().flat_map(|&s| pass.rows_at(s)).collect();
             tables.push(Some((k, Self::table(pass, k, &rows)?)));
+        }
+        let widest = pass.order.batch_sizes().iter().copied().max().unwrap_or(0);
+        if let TimeLoop::Steps(list) = time_loop {
+            if let Some(sl) = kernels.step_loop(list) {
+                if let Some(grid) =
+                    step_loop::grid(pass.step_loops, pass.device.cooperative_limits(), sl, widest)
+                {
+                    return self.step_loop(pass, graph, (sl, grid), (&each_step, &tables), &steps);
+                }
+            }
         }
         let mut done = 0usize;
         for &s in &steps {
@@ -360,6 +385,75 @@ impl Calls {
             }
             done += n;
         }
+        Ok(())
+    }
+
+    /// The time loop as one cooperative launch of `step_loop` on `grid`
+    /// blocks: its descriptor (the products' weights and precisions, then
+    /// each step's rows, products' operands and stages' tables, as
+    /// [`cellc::cuda::persistent`] lays it out), a zeroed barrier, scratch.
+    fn step_loop(
+        &mut self,
+        pass: &mut LayerRun,
+        graph: &Graph,
+        (step_loop, grid): (&StepLoop, usize),
+        (each_step, tables): (&[(usize, &Stage)], &[StepTable]),
+        steps: &[usize],
+    ) -> Result<()> {
+        let mut desc = Vec::with_capacity(step_loop.header_len() + steps.len() * step_loop.record_len());
+        for p in &step_loop.products {
+            let (w, _) = operands(graph, p.value)?;
+            desc.extend([fixed(pass, w, p.value)?, precision_code(self.operand_precision(graph, w))]);
+        }
+        let batch = pass.batch();
+        let mut done = 0usize;
+        for &s in steps {
+            let n = pass.order.batch_sizes()[s];
+            desc.push(n as u64);
+            let mut products = step_loop.products.iter();
+            for (&(_, st), table) in each_step.iter().zip(tables) {
+                match table {
+                    None => {
+                        for &v in &st.values {
+                            if products.next().map(|p| p.value) != Some(v) {
+                                return Err(error(format!("the step loop computes no product {v} here")));
+                            }
+                            let (x, y) = (
+                                step_rows(pass, operands(graph, v)?.1, v, s, batch)?,
+                                step_rows(pass, v, v, s, batch)?,
+                            );
+                            desc.extend([x.0, x.1 as u64, y.0, y.1 as u64]);
+                        }
+                    }
+                    Some((k, base)) => {
+                        desc.push(base + 8 * (k.inputs.len() + k.outputs.len()) as u64 * done as u64)
+                    }
+                }
+            }
+            done += n;
+        }
+        if desc.len() != step_loop.header_len() + steps.len() * step_loop.record_len() {
+            return Err(error(format!(
+                "step loop `{}`: a descriptor of {} words",
+                step_loop.kernel.name,
+                desc.len()
+            )));
+        }
+        let desc = pass.upload_addresses(&desc)?;
+        let barrier = pass.zeros(2)?;
+        self.zero(barrier, 2);
+        let grid = u32::try_from(grid).map_err(|_| error(format!("a grid of {grid} blocks")))?;
+        let scratch = self.scratch(pass, &step_loop.kernel, grid)?;
+        let shared = u32::try_from(step_loop.shared_bytes(grid as usize))
+            .map_err(|_| error("a step loop's shared memory past 4 GiB"))?;
+        self.list.push(Call::Cooperative {
+            kernel: step_loop.kernel.name.clone(),
+            grid,
+            block: self.block,
+            shared,
+            args: vec![Arg::Ptr(desc), Arg::I32(int(steps.len())?), Arg::Ptr(scratch), Arg::Ptr(barrier)],
+        });
+        pass.step_loops_taken += 1;
         Ok(())
     }
 
@@ -433,12 +527,7 @@ impl Calls {
         let (w, x) = operands(graph, v)?;
         let weight = fixed(pass, w, v)?;
         let batch = pass.batch();
-        let rows = |u: ValueId| -> Result<(u64, usize)> {
-            pass.home(u)?
-                .step_rows(s, batch)
-                .ok_or_else(|| error(format!("per-step product {v}: {u} is not held per rank")))
-        };
-        let ((xa, xs), (ya, ys)) = (rows(x)?, rows(v)?);
+        let ((xa, xs), (ya, ys)) = (step_rows(pass, x, v, s, batch)?, step_rows(pass, v, v, s, batch)?);
         let g = match graph.node(v).op {
             ref op @ (Op::MatVec | Op::MatVecT) => product(op, n, plan.block(w), (xa, xs), weight, (ya, ys)),
             ref other => return Err(error(format!("{v}: {other:?} in a per-step GEMM"))),
@@ -679,6 +768,14 @@ fn operands(graph: &Graph, v: ValueId) -> Result<(ValueId, ValueId)> {
         [a, b] => Ok((a, b)),
         _ => Err(error(format!("product {v} needs two operands"))),
     }
+}
+
+/// Step `s`'s rows of `u` (an operand or the result of product `v`),
+/// contiguous from rank 0: their address and stride.
+fn step_rows(pass: &LayerRun, u: ValueId, v: ValueId, s: usize, batch: usize) -> Result<(u64, usize)> {
+    pass.home(u)?
+        .step_rows(s, batch)
+        .ok_or_else(|| error(format!("per-step product {v}: {u} is not held per rank")))
 }
 
 fn fixed(pass: &LayerRun, w: ValueId, v: ValueId) -> Result<u64> {

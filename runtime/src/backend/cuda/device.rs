@@ -82,6 +82,15 @@ pub(crate) enum Call {
         block: u32,
         args: Vec<Arg>,
     },
+    /// A step-loop kernel ([`cellc::cuda::persistent`]): every block
+    /// resident at once, each with `shared` bytes of dynamic shared memory.
+    Cooperative {
+        kernel: String,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        args: Vec<Arg>,
+    },
     Gemm(Gemm),
     /// `floats` floats from `addr` set to zero.
     Zero {
@@ -139,6 +148,11 @@ pub(crate) trait Device: Send + Sync {
     fn graph_stats(&self) -> GraphStats {
         GraphStats::default()
     }
+    /// What a cooperative launch may use here, or `None` where the device
+    /// cannot launch one (step loops then run as launches per step).
+    fn cooperative_limits(&self) -> Option<CooperativeLimits> {
+        None
+    }
     /// This device working on the caller's stream (a `CUstream` handle):
     /// every allocation, copy, fill and free ordered on that stream and
     /// nothing waited for by the host, so a framework's own work before and
@@ -151,10 +165,28 @@ pub(crate) trait Device: Send + Sync {
     }
 }
 
+/// The grid of a cooperative launch: its blocks (all resident at once, one
+/// per multiprocessor on a GPU) and the dynamic shared memory a block may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CooperativeLimits {
+    /// Blocks of the grid.
+    pub blocks: usize,
+    /// Dynamic shared memory a block may have, in bytes.
+    pub shared_bytes: usize,
+}
+
 /// The two things a device does for a [`Call`]; [`Primitives::issue`]
 /// runs a list of them in order.
 pub(crate) trait Primitives {
     fn launch(&self, module: &Module, kernel: &str, grid: u32, block: u32, args: &[Arg]) -> Result<()>;
+    /// `kernel` on `dims` (grid, block, dynamic shared bytes), every block resident at once.
+    fn launch_cooperative(
+        &self,
+        module: &Module,
+        kernel: &str,
+        dims: (u32, u32, u32),
+        args: &[Arg],
+    ) -> Result<()>;
     fn gemm(&self, g: &Gemm) -> Result<()>;
     fn zero(&self, addr: u64, floats: usize) -> Result<()>;
 
@@ -163,6 +195,9 @@ pub(crate) trait Primitives {
             match call {
                 Call::Launch { kernel, grid, block, args } => {
                     self.launch(module, kernel, *grid, *block, args)?
+                }
+                Call::Cooperative { kernel, grid, block, shared, args } => {
+                    self.launch_cooperative(module, kernel, (*grid, *block, *shared), args)?
                 }
                 Call::Gemm(g) => self.gemm(g)?,
                 &Call::Zero { addr, floats } => self.zero(addr, floats)?,
@@ -261,7 +296,11 @@ pub(super) fn error(message: impl Into<String>) -> RuntimeError {
 /// `cellc_launch_<name>`, and `cellc_find_launch(name)` to look one up.
 pub fn emulation_source(kernels: &[Kernel]) -> String {
     let mut src = cellc::cuda::translation_unit(kernels);
-    let names: Vec<&str> = kernels.iter().map(|k| k.name.as_str()).chain(ROW_KERNELS).collect();
+    for k in kernels.iter().filter(|k| k.cooperative) {
+        src.push_str(&format!("CELLC_EMU_EXPORT_GRID({})\n", k.name));
+    }
+    let names: Vec<&str> =
+        kernels.iter().filter(|k| !k.cooperative).map(|k| k.name.as_str()).chain(ROW_KERNELS).collect();
     for name in &names {
         src.push_str(&format!("CELLC_EMU_EXPORT({name})\n"));
     }
@@ -360,6 +399,18 @@ pub(crate) struct Emulated {
 }
 
 type Launch = unsafe extern "C" fn(u32, u32, *mut *mut c_void);
+type LaunchGrid = unsafe extern "C" fn(u32, u32, u32, *mut *mut c_void);
+
+/// cuLaunchKernel-style arguments: one slot per argument, 8 bytes each (an
+/// i32 in the low 4 bytes of its little-endian slot), and a pointer to each.
+fn argument_slots(args: &[Arg]) -> Vec<u64> {
+    args.iter()
+        .map(|a| match *a {
+            Arg::Ptr(p) => p,
+            Arg::I32(i) => i as u32 as u64,
+        })
+        .collect()
+}
 
 struct EmulatedModule {
     lib: libloading::Library,
@@ -424,19 +475,32 @@ impl Primitives for Emulated {
         let f: libloading::Symbol<Launch> =
             unsafe { m.lib.get(format!("cellc_launch_{mode}{kernel}").as_bytes()) }
                 .map_err(|_| error(format!("no kernel `{kernel}` in the module")))?;
-        // cuLaunchKernel-style: one pointer to each argument's value.
-        let mut values: Vec<u64> = args
-            .iter()
-            .map(|a| match *a {
-                Arg::Ptr(p) => p,
-                Arg::I32(i) => i as u32 as u64,
-            })
-            .collect();
+        let mut values = argument_slots(args);
         let mut ptrs: Vec<*mut c_void> = values.iter_mut().map(|v| (v as *mut u64).cast()).collect();
         // SAFETY: the arguments match the kernel's parameters (pointers are 8 bytes, an i32
         // is read from the low 4 bytes of its little-endian slot); every address is memory
         // this device handed out.
         unsafe { f(grid, block, ptrs.as_mut_ptr()) };
+        Ok(())
+    }
+
+    fn launch_cooperative(
+        &self,
+        module: &Module,
+        kernel: &str,
+        (grid, block, shared): (u32, u32, u32),
+        args: &[Arg],
+    ) -> Result<()> {
+        let m =
+            module.inner.downcast_ref::<EmulatedModule>().ok_or_else(|| error("not an emulated module"))?;
+        // SAFETY: CELLC_EMU_EXPORT_GRID defines this symbol with this signature.
+        let f: libloading::Symbol<LaunchGrid> =
+            unsafe { m.lib.get(format!("cellc_launch_grid_{kernel}").as_bytes()) }
+                .map_err(|_| error(format!("no cooperative kernel `{kernel}` in the module")))?;
+        let mut values = argument_slots(args);
+        let mut ptrs: Vec<*mut c_void> = values.iter_mut().map(|v| (v as *mut u64).cast()).collect();
+        // SAFETY: as for `launch`; every block of the grid runs at once on its own threads.
+        unsafe { f(grid, block, shared, ptrs.as_mut_ptr()) };
         Ok(())
     }
 
@@ -549,7 +613,7 @@ impl Device for Emulated {
         let lib = unsafe { libloading::Library::new(&so) }.map_err(|e| error(e.to_string()))?;
         let serial = kernels
             .iter()
-            .filter(|k| k.units > 0)
+            .filter(|k| k.units > 0 && !k.cooperative)
             .map(|k| k.name.clone())
             .chain(ROW_KERNELS.map(String::from))
             .collect();
@@ -568,6 +632,12 @@ impl Device for Emulated {
 
     fn graph_stats(&self) -> GraphStats {
         self.graphs.lock().map(|g| g.stats).unwrap_or_default()
+    }
+
+    /// Three blocks (an OS thread per CUDA thread of all of them), shared
+    /// memory as a GPU's multiprocessor has.
+    fn cooperative_limits(&self) -> Option<CooperativeLimits> {
+        Some(CooperativeLimits { blocks: 3, shared_bytes: 227 * 1024 })
     }
 }
 

@@ -18,10 +18,10 @@
 use super::calls::Calls;
 use super::device::Module;
 use super::storage::{error, tape_homes, Home, LayerRun};
+use super::SideKernels;
 use crate::cell::{CompiledCell, Layer};
 use crate::error::Result;
 use crate::plan::{Home as PlanHome, TapeSource};
-use cellc::cuda::Kernel;
 use cellc::ir::Graph;
 use cellc::program::{Kept, Side};
 
@@ -52,7 +52,7 @@ pub struct ForwardIo {
 pub fn forward_on(
     pass: &mut LayerRun,
     module: &Module,
-    kernels: &[(usize, Kernel)],
+    kernels: &SideKernels,
     (compiled, layer): (&CompiledCell, &Layer),
     io: &ForwardIo,
     graph_capture: bool,
@@ -123,7 +123,7 @@ pub fn forward_on(
     }
 
     // Before the loop: hoisted products over every layout row, pointwise stages over valid rows.
-    calls.all_rows_stages(pass, (g, shapes), kernels, stages, &plan.before_loop)?;
+    calls.all_rows_stages(pass, (g, shapes), &kernels.stages, stages, &plan.before_loop)?;
     calls.time_loop(pass, (g, shapes), kernels, (stages, &plan.time_loop), false)?;
     // Final states: each sequence's history at its own last step.
     let lengths = pass.order.lengths();

@@ -34,8 +34,8 @@
 //! host wait; neither happens on a stream being captured).
 
 use super::device::{
-    check_range, Arg, Buf, Call, Device, Gemm, GraphCache, GraphStats, GraphStep, Module, Pool, Primitives,
-    GRAPHS_KEPT,
+    check_range, Arg, Buf, Call, CooperativeLimits, Device, Gemm, GraphCache, GraphStats, GraphStep, Module,
+    Pool, Primitives, GRAPHS_KEPT,
 };
 use super::libraries::{self, Library};
 use super::nvrtc;
@@ -75,6 +75,9 @@ pub struct Gpu {
     /// Pinned host blocks in which passes on callers' streams stage their tables.
     pinned: Mutex<Vec<Pinned>>,
     uploaded: std::sync::atomic::AtomicUsize,
+    /// One block per multiprocessor and the opt-in shared memory of a
+    /// block, where the device launches cooperative kernels.
+    cooperative: Option<CooperativeLimits>,
 }
 
 /// A pinned host block, and the event after which its last copies are done.
@@ -166,6 +169,16 @@ impl Gpu {
         ctx.bind_to_thread().map_err(|e| error(format!("binding the context: {e:?}")))?;
         let (major, minor) =
             ctx.compute_capability().map_err(|e| error(format!("compute capability: {e:?}")))?;
+        let attribute = |a| ctx.attribute(a).map_err(|e| error(format!("device attribute {a:?}: {e:?}")));
+        use drv_sys::CUdevice_attribute as A;
+        let cooperative = match attribute(A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)? {
+            0 => None,
+            _ => Some(CooperativeLimits {
+                blocks: attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize,
+                shared_bytes: attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0)
+                    as usize,
+            }),
+        };
         let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking)
             .map_err(|e| error(format!("cuStreamCreate: {e:?}")))?;
         let handoff = new_event()?;
@@ -187,6 +200,7 @@ impl Gpu {
             stream_pool: std::sync::OnceLock::new(),
             pinned: Mutex::new(Vec::new()),
             uploaded: Default::default(),
+            cooperative,
         })
     }
 
@@ -396,6 +410,58 @@ unsafe fn point_blas_at(
     }
 }
 
+/// Kernel `kernel` of `module`, looked up once.
+fn function(module: &Module, kernel: &str) -> Result<drv_sys::CUfunction> {
+    let m = module.get::<GpuModule>().ok_or_else(|| error("not a GPU module"))?;
+    let mut functions = m.functions.lock().map_err(|_| error("function cache poisoned"))?;
+    if let Some(&f) = functions.get(kernel) {
+        return Ok(f as drv_sys::CUfunction);
+    }
+    let name = CString::new(kernel).map_err(|_| error("kernel name with a NUL byte"))?;
+    // SAFETY: the module is loaded.
+    let f = unsafe { drv::module::get_function(m.module, name) }
+        .map_err(|e| error(format!("no kernel `{kernel}`: {e:?}")))?;
+    functions.insert(kernel.to_string(), f as usize);
+    Ok(f)
+}
+
+/// A launch's argument values, each in a slot of its own type, which the
+/// driver reads through one pointer per argument.
+struct ArgumentSlots {
+    ptrs: Vec<u64>,
+    ints: Vec<i32>,
+}
+
+impl ArgumentSlots {
+    fn of(args: &[Arg]) -> ArgumentSlots {
+        let mut slots = ArgumentSlots { ptrs: Vec::new(), ints: Vec::new() };
+        for a in args {
+            match *a {
+                Arg::Ptr(p) => slots.ptrs.push(p),
+                Arg::I32(i) => slots.ints.push(i),
+            }
+        }
+        slots
+    }
+
+    /// One pointer per argument of `args` (those `of` was given), in order.
+    fn pointers(&mut self, args: &[Arg]) -> Vec<*mut c_void> {
+        let (mut pi, mut ii) = (0, 0);
+        args.iter()
+            .map(|a| match a {
+                Arg::Ptr(_) => {
+                    pi += 1;
+                    (&mut self.ptrs[pi - 1] as *mut u64).cast()
+                }
+                Arg::I32(_) => {
+                    ii += 1;
+                    (&mut self.ints[ii - 1] as *mut i32).cast()
+                }
+            })
+            .collect()
+    }
+}
+
 /// The device's primitives issued on one stream.
 struct On<'a> {
     gpu: &'a Gpu,
@@ -404,48 +470,48 @@ struct On<'a> {
 
 impl Primitives for On<'_> {
     fn launch(&self, module: &Module, kernel: &str, grid: u32, block: u32, args: &[Arg]) -> Result<()> {
-        let m = module.get::<GpuModule>().ok_or_else(|| error("not a GPU module"))?;
-        let f = {
-            let mut functions = m.functions.lock().map_err(|_| error("function cache poisoned"))?;
-            match functions.get(kernel) {
-                Some(&f) => f as drv_sys::CUfunction,
-                None => {
-                    let name = CString::new(kernel).map_err(|_| error("kernel name with a NUL byte"))?;
-                    // SAFETY: the module is loaded.
-                    let f = unsafe { drv::module::get_function(m.module, name) }
-                        .map_err(|e| error(format!("no kernel `{kernel}`: {e:?}")))?;
-                    functions.insert(kernel.to_string(), f as usize);
-                    f
-                }
-            }
-        };
-        // One slot per argument, holding its value; the driver reads each through its pointer.
-        let mut ptr_values: Vec<u64> = Vec::with_capacity(args.len());
-        let mut int_values: Vec<i32> = Vec::with_capacity(args.len());
-        for a in args {
-            match *a {
-                Arg::Ptr(p) => ptr_values.push(p),
-                Arg::I32(i) => int_values.push(i),
-            }
-        }
-        let (mut pi, mut ii) = (0, 0);
-        let mut params: Vec<*mut c_void> = Vec::with_capacity(args.len());
-        for a in args {
-            match a {
-                Arg::Ptr(_) => {
-                    params.push((&mut ptr_values[pi] as *mut u64).cast());
-                    pi += 1;
-                }
-                Arg::I32(_) => {
-                    params.push((&mut int_values[ii] as *mut i32).cast());
-                    ii += 1;
-                }
-            }
-        }
+        let f = function(module, kernel)?;
+        let mut values = ArgumentSlots::of(args);
+        let mut params = values.pointers(args);
         // SAFETY: the parameters match the generated kernel's signature; every address is
         // device memory of this context, alive until the run's results are downloaded.
         unsafe { drv::launch_kernel(f, (grid.max(1), 1, 1), (block, 1, 1), 0, self.stream, &mut params) }
             .map_err(|e| error(format!("launching `{kernel}`: {e:?}")))
+    }
+
+    fn launch_cooperative(
+        &self,
+        module: &Module,
+        kernel: &str,
+        (grid, block, shared): (u32, u32, u32),
+        args: &[Arg],
+    ) -> Result<()> {
+        let f = function(module, kernel)?;
+        let mut values = ArgumentSlots::of(args);
+        let mut params = values.pointers(args);
+        let attribute = drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        // SAFETY: a function of a loaded module; the size is within the device's opt-in
+        // limit (`cooperative_limits`), which the launch checks again.
+        unsafe { drv_sys::cuFuncSetAttribute(f, attribute, shared as i32) }
+            .result()
+            .map_err(|e| error(format!("`{kernel}`: {shared} bytes of shared memory: {e:?}")))?;
+        // SAFETY: as for `launch`; the driver refuses a grid whose blocks cannot all be resident.
+        unsafe {
+            drv_sys::cuLaunchCooperativeKernel(
+                f,
+                grid.max(1),
+                1,
+                1,
+                block,
+                1,
+                1,
+                shared,
+                self.stream,
+                params.as_mut_ptr(),
+            )
+        }
+        .result()
+        .map_err(|e| error(format!("launching `{kernel}` cooperatively ({grid} blocks): {e:?}")))
     }
 
     fn gemm(&self, p: &Gemm) -> Result<()> {
@@ -729,6 +795,10 @@ impl Device for Gpu {
         self.graphs.lock().map(|g| g.stats).unwrap_or_default()
     }
 
+    fn cooperative_limits(&self) -> Option<CooperativeLimits> {
+        self.cooperative
+    }
+
     fn on_stream(&self, stream: u64) -> Result<Option<Box<dyn Device + '_>>> {
         let pool = self.stream_pool()?;
         let stream = Handle(stream as drv_sys::CUstream);
@@ -906,6 +976,10 @@ impl Device for OnStream<'_> {
 
     fn load(&self, kernels: &[Kernel]) -> Result<Module> {
         self.gpu.load(kernels)
+    }
+
+    fn cooperative_limits(&self) -> Option<CooperativeLimits> {
+        self.gpu.cooperative
     }
 
     /// Runs `calls` on the caller's stream; with `graph`, as a graph

@@ -20,14 +20,17 @@ pub(crate) mod gpu;
 pub mod libraries;
 pub mod nvrtc;
 pub(crate) mod resident;
+pub mod step_loop;
 pub(crate) mod storage;
 
 use crate::cell::{CompiledCell, Layer, Side};
 use crate::error::{Result, RuntimeError};
+use cellc::cuda::persistent::StepLoop;
 use cellc::cuda::Kernel;
 use device::{Device, GraphStats, Module};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use step_loop::StepLoops;
 
 /// The CUDA back end over a device.
 pub struct Cuda {
@@ -35,18 +38,45 @@ pub struct Cuda {
     /// Compiled layers by the cell's identity and the layer's sizes: a model compiles once.
     loaded: Mutex<HashMap<String, Arc<LoadedKernels>>>,
     graphs: bool,
+    step_loops: StepLoops,
+    /// Passes whose time loop ran as one step-loop launch.
+    step_loops_run: std::sync::atomic::AtomicUsize,
 }
 
 /// A layer's kernels, forward and backward, loaded as one module.
 struct LoadedKernels {
     module: Module,
-    forward: Vec<(usize, Kernel)>,
-    backward: Vec<(usize, Kernel)>,
+    forward: SideKernels,
+    backward: SideKernels,
+}
+
+/// A side's kernels: one per per-row stage, by stage index, and the step
+/// loop of each of its time loops that has one, by the loop's stages.
+#[derive(Debug, Default)]
+pub(crate) struct SideKernels {
+    pub stages: Vec<(usize, Kernel)>,
+    pub step_loops: Vec<(Vec<usize>, StepLoop)>,
+}
+
+impl SideKernels {
+    /// The kernel of stage `stage`.
+    pub fn stage(&self, stage: usize) -> Result<&Kernel> {
+        calls::kernel_of(&self.stages, stage)
+    }
+
+    /// The step loop running `stages` (a time loop's), if there is one.
+    pub fn step_loop(&self, stages: &[usize]) -> Option<&StepLoop> {
+        self.step_loops.iter().find(|(l, _)| l == stages).map(|(_, s)| s)
+    }
 }
 
 impl std::fmt::Debug for Cuda {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cuda").field("device", &self.device.name()).field("graphs", &self.graphs).finish()
+        f.debug_struct("Cuda")
+            .field("device", &self.device.name())
+            .field("graphs", &self.graphs)
+            .field("step_loops", &self.step_loops)
+            .finish()
     }
 }
 
@@ -55,16 +85,31 @@ impl Cuda {
     /// driver, no such device, no cuBLAS or no NVRTC.
     pub fn gpu(ordinal: usize) -> Result<Cuda> {
         let device = gpu::Gpu::new(open_device(ordinal)?)?;
-        Ok(Cuda::on(Box::new(device)))
+        Cuda::on(Box::new(device))
     }
 
     /// The back end on the emulated device (for verification without a GPU).
     pub fn emulated() -> Result<Cuda> {
-        Ok(Cuda::on(Box::new(device::Emulated::new()?)))
+        Cuda::on(Box::new(device::Emulated::new()?))
     }
 
-    fn on(device: Box<dyn Device>) -> Cuda {
-        Cuda { device, loaded: Mutex::new(HashMap::new()), graphs: false }
+    fn on(device: Box<dyn Device>) -> Result<Cuda> {
+        let step_loops = StepLoops::from_env()?;
+        Ok(Cuda {
+            device,
+            loaded: Mutex::new(HashMap::new()),
+            graphs: false,
+            step_loops,
+            step_loops_run: 0.into(),
+        })
+    }
+
+    /// Which route time loops take: one cooperative launch per pass with
+    /// the weights on chip ([`step_loop`]), or a GEMM and kernels per step.
+    /// The default is `CELLC_CUDA_STEP_LOOP`'s, else [`StepLoops::Auto`].
+    pub fn with_step_loops(mut self, step_loops: StepLoops) -> Cuda {
+        self.step_loops = step_loops;
+        self
     }
 
     /// Runs every pass as a CUDA graph: its calls run as they are the
@@ -87,6 +132,16 @@ impl Cuda {
     /// How many passes replayed a captured graph, and how many captured one.
     pub fn graph_stats(&self) -> GraphStats {
         self.device.graph_stats()
+    }
+
+    /// Passes so far whose time loop ran as one step-loop launch (the
+    /// others ran step by step, or as a whole-sequence kernel).
+    pub fn step_loops_run(&self) -> usize {
+        self.step_loops_run.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn count_step_loops(&self, n: usize) {
+        self.step_loops_run.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Floats uploaded to the device so far: inputs, initial states, and
@@ -114,7 +169,16 @@ impl Cuda {
                 .map_err(|e| error(e.to_string()))?;
             list.push((k.stage, kernel));
         }
-        let kernels: Vec<Kernel> = forward.iter().chain(&backward).map(|(_, k)| k.clone()).collect();
+        let loops = |side, stages: &Vec<(usize, Kernel)>| {
+            step_loop::step_loops(cell, layer, side, |i| calls::kernel_of(stages, i).ok())
+        };
+        let forward = SideKernels { step_loops: loops(Side::Forward, &forward)?, stages: forward };
+        let backward = SideKernels { step_loops: loops(Side::Backward, &backward)?, stages: backward };
+        let kernels: Vec<Kernel> = [&forward, &backward]
+            .iter()
+            .flat_map(|s| s.stages.iter().map(|(_, k)| k).chain(s.step_loops.iter().map(|(_, l)| &l.kernel)))
+            .cloned()
+            .collect();
         let loaded = Arc::new(LoadedKernels { module: self.device.load(&kernels)?, forward, backward });
         cache.insert(key, loaded.clone());
         Ok(loaded)

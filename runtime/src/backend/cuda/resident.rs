@@ -46,7 +46,9 @@ impl On<'_> {
     /// A layer's run over the batch the layers run (its segments, where it has resets).
     fn layer_run<'p>(&'p self, pass: &'p Pass, reverse: bool) -> LayerRun<'p> {
         let run = pass.batch.running();
-        LayerRun::new(self.target, &run.layout, run.rows, &run.order, reverse).in_precision(pass.precision)
+        LayerRun::new(self.target, &run.layout, run.rows, &run.order, reverse)
+            .in_precision(pass.precision)
+            .with_step_loops(self.cuda.step_loops)
     }
 
     /// Row pairs `(i, j)` of `to` and `from` as address pairs.
@@ -184,7 +186,9 @@ impl Device for On<'_> {
         };
         let mut run = self.layer_run(pass, job.reverse);
         let cell = (pass.cell, job.layer);
-        forward_on(&mut run, &kernels.module, &kernels.forward, cell, &io, self.cuda.graphs)
+        forward_on(&mut run, &kernels.module, &kernels.forward, cell, &io, self.cuda.graphs)?;
+        self.cuda.count_step_loops(run.step_loops_taken);
+        Ok(())
     }
 
     fn backward(&self, pass: &Pass, job: LayerBackward) -> Result<()> {
@@ -203,7 +207,9 @@ impl Device for On<'_> {
         };
         let mut run = self.layer_run(pass, job.reverse);
         let cell = (pass.cell, job.layer);
-        backward_on(&mut run, &kernels.module, &kernels.backward, cell, &io, self.cuda.graphs)
+        backward_on(&mut run, &kernels.module, &kernels.backward, cell, &io, self.cuda.graphs)?;
+        self.cuda.count_step_loops(run.step_loops_taken);
+        Ok(())
     }
 }
 

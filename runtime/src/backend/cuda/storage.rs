@@ -175,6 +175,10 @@ pub struct LayerRun<'a> {
     pub layout_rows: usize,
     /// The precision of the products of matrix parameters ([`LayerRun::in_precision`]).
     pub precision: cellc::precision::Precision,
+    /// Which route the time loop takes ([`LayerRun::with_step_loops`]).
+    pub step_loops: super::step_loop::StepLoops,
+    /// Time loops of this pass that ran as one step-loop launch.
+    pub step_loops_taken: usize,
     homes: HashMap<ValueId, Home>,
     arena: Arena,
 }
@@ -204,6 +208,8 @@ impl<'a> LayerRun<'a> {
             reverse,
             layout_rows,
             precision: cellc::precision::Precision::F32,
+            step_loops: Default::default(),
+            step_loops_taken: 0,
             homes: HashMap::new(),
             arena: Arena::default(),
         }
@@ -212,6 +218,11 @@ impl<'a> LayerRun<'a> {
     /// This pass with the products of matrix parameters in `precision`.
     pub fn in_precision(self, precision: cellc::precision::Precision) -> LayerRun<'a> {
         LayerRun { precision, ..self }
+    }
+
+    /// This pass with its time loop taking the route `step_loops` allows.
+    pub fn with_step_loops(self, step_loops: super::step_loop::StepLoops) -> LayerRun<'a> {
+        LayerRun { step_loops, ..self }
     }
 
     /// Places the pass's input leaves (features of the layer input at

@@ -1,0 +1,124 @@
+//! The time loop as one cooperative launch ([`cellc::cuda::persistent`]):
+//! which time loops have one, and the rule that decides, per pass, whether
+//! it runs or the loop's calls are issued step by step (a GEMM through
+//! cuBLAS, then the step's kernels).
+
+use super::device::CooperativeLimits;
+use super::storage::error;
+use crate::cell::{CompiledCell, Layer};
+use crate::error::Result;
+use crate::plan::TimeLoop;
+use cellc::cuda::persistent::{self, Product, StepLoop, Work};
+use cellc::cuda::Kernel;
+use cellc::program::Side;
+use cellc::schedule::StageKind;
+
+/// Which route time loops take.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StepLoops {
+    /// As [`grid`]'s rule says.
+    #[default]
+    Auto,
+    /// One cooperative launch wherever the device has them and the weights fit.
+    Always,
+    /// A GEMM and kernels per step, always.
+    Never,
+}
+
+impl StepLoops {
+    /// `CELLC_CUDA_STEP_LOOP`: `auto` (or unset), `always` or `never`.
+    pub fn from_env() -> Result<StepLoops> {
+        match std::env::var("CELLC_CUDA_STEP_LOOP").ok().as_deref() {
+            None | Some("") | Some("auto") => Ok(StepLoops::Auto),
+            Some("always") => Ok(StepLoops::Always),
+            Some("never") => Ok(StepLoops::Never),
+            Some(other) => {
+                Err(error(format!("CELLC_CUDA_STEP_LOOP={other}: there are `auto`, `always` and `never`")))
+            }
+        }
+    }
+}
+
+/// The widest step (rows) at which [`StepLoops::Auto`] takes the step loop:
+/// past it, the products are large enough for cuBLAS's tensor-core GEMMs
+/// to beat the loop's own (CUDA-core) products, whatever launches cost.
+/// Set from the shapes, to be validated by the GPU check.
+pub const AUTO_MAX_ROWS: usize = 64;
+
+/// The grid a pass's step loop `step_loop` runs on, or `None` for the
+/// loop step by step: the device must launch cooperative kernels, a
+/// block's share of the weights must fit its shared memory with one block
+/// per multiprocessor, and (for `Auto`) the widest step must have at most
+/// [`AUTO_MAX_ROWS`] rows.
+pub fn grid(
+    setting: StepLoops,
+    limits: Option<CooperativeLimits>,
+    step_loop: &StepLoop,
+    widest_step: usize,
+) -> Option<usize> {
+    let limits = limits?;
+    let fits = step_loop.shared_bytes(limits.blocks) <= limits.shared_bytes;
+    match setting {
+        StepLoops::Never => None,
+        StepLoops::Always => fits.then_some(limits.blocks),
+        StepLoops::Auto => (fits && widest_step <= AUTO_MAX_ROWS).then_some(limits.blocks),
+    }
+}
+
+/// The step loops of `layer`'s time loops (the forward's, inference and
+/// training, and the backward's), each with the stages it runs;
+/// `stage_kernel` gives a per-row stage's kernel.
+pub fn step_loops<'k>(
+    cell: &CompiledCell,
+    layer: &Layer,
+    side: Side,
+    stage_kernel: impl Fn(usize) -> Option<&'k Kernel>,
+) -> Result<Vec<(Vec<usize>, StepLoop)>> {
+    let mut loops: Vec<(Vec<usize>, StepLoop)> = Vec::new();
+    let (graph, shapes) = (cell.graph(side), layer.shapes(side));
+    let stages = match side {
+        Side::Forward => &layer.schedule.forward,
+        Side::Backward => &layer.schedule.backward,
+    };
+    for training in [false, true] {
+        let TimeLoop::Steps(list) = &layer.pass(side, training).time_loop else { continue };
+        if loops.iter().any(|(l, _)| l == list) {
+            continue;
+        }
+        let mut products: Vec<Vec<Product>> = Vec::new();
+        for &i in list {
+            if stages[i].kind == StageKind::Gemm {
+                let ps = stages[i].values.iter().map(|&v| Product::of(graph, shapes, v));
+                products.push(ps.collect::<std::result::Result<_, _>>().map_err(|e| error(e.to_string()))?);
+            }
+        }
+        let mut work = Vec::new();
+        let mut next_products = products.iter();
+        for &i in list {
+            match stages[i].kind {
+                StageKind::Gemm => work.push(Work::Products(next_products.next().map_or(&[][..], |p| p))),
+                StageKind::Pointwise { .. } => {
+                    let kernel = stage_kernel(i).ok_or_else(|| error(format!("no kernel for stage {i}")))?;
+                    let plan = layer
+                        .kernel(side, i)
+                        .map(|k| &k.plan)
+                        .ok_or_else(|| error(format!("no kernel plan for stage {i}")))?;
+                    work.push(Work::Rows(kernel, plan));
+                }
+                // Nothing else runs in a step: such a loop keeps its calls.
+                _ => {
+                    work.clear();
+                    break;
+                }
+            }
+        }
+        if work.is_empty() || !work.iter().any(|w| matches!(w, Work::Products(_))) {
+            continue;
+        }
+        let indices: Vec<String> = list.iter().map(|i| i.to_string()).collect();
+        let name = format!("cellc_step_loop_{}_{}", side.tag(), indices.join("_"));
+        let step_loop = persistent::emit(&name, &work).map_err(|e| error(e.to_string()))?;
+        loops.push((list.clone(), step_loop));
+    }
+    Ok(loops)
+}
