@@ -15,8 +15,8 @@
 mod support;
 
 use cellc::cuda::{self, Kernel};
-use cellc_runtime::backend::cuda::nvrtc;
-use cellc_runtime::CompiledCell;
+use cellc_runtime::backend::cuda::{nvrtc, step_loop};
+use cellc_runtime::{CompiledCell, Layer, Side};
 
 /// Registers per thread allowed: 96. An SM of sm_80/sm_90 has 65536
 /// registers, so at 96 five of our 128-thread blocks (640 threads) stay
@@ -48,7 +48,19 @@ fn kernels(c: &CompiledCell, h: usize) -> Vec<Kernel> {
         _ => (h / 4).max(1),
     };
     let sizes = c.forward.sizes.iter().map(|k| (k.clone(), size(k))).collect();
-    cuda::emit_cell(&c.forward, &c.backward, &c.program(&sizes).expect("sizes"), None).expect("emits")
+    let layer = Layer::new(c, 0, &sizes).expect("sizes");
+    let stages = cuda::emit_cell(&c.forward, &c.backward, &layer, None).expect("emits");
+    // The step loops the runtime builds from them.
+    let mut all = stages.clone();
+    for side in Side::BOTH {
+        let of = |i: usize| {
+            let mut found = layer.kernels().zip(&stages).filter(|(k, _)| k.side == side && k.stage == i);
+            found.next().map(|(_, k)| k)
+        };
+        let loops = step_loop::step_loops(c, &layer, side, of).expect("step loops");
+        all.extend(loops.into_iter().map(|(_, l)| l.kernel));
+    }
+    all
 }
 
 #[test]
@@ -104,7 +116,11 @@ fn every_kernel_compiles_for_sm80_and_sm90_without_spills() {
                     .iter()
                     .find(|u| u.kernel == k.name)
                     .unwrap_or_else(|| panic!("{arch}: no ptxas report for {}:\n{}", k.name, out.log));
-                let form = if k.units > 0 { format!("lane (U={})", k.units) } else { "block".to_string() };
+                let form = match (k.cooperative, k.units) {
+                    (true, _) => "step loop".to_string(),
+                    (false, 0) => "block".to_string(),
+                    (false, u) => format!("lane (U={u})"),
+                };
                 if h == 256 {
                     support::report(&format!(
                         "{:<16} {:<28} {:<6} {:>9} {:>11}  {form}",

@@ -30,8 +30,8 @@
 //! - `scratch`: [`Kernel::scratch`] floats per block; `barrier`: two words,
 //!   zero at launch.
 //! - Launched cooperatively with [`StepLoop::shared_bytes`] of dynamic
-//!   shared memory, at most [`BLOCK`] threads a block, on any grid whose
-//!   blocks can all be resident at once.
+//!   shared memory, at most [`BLOCK`] threads a block (the reduction
+//!   buffer's slots), on any grid whose blocks can all be resident at once.
 
 use super::{row_function, EmitError, Kernel, BLOCK};
 use crate::ir::{Graph, Op, ValueId};
@@ -148,15 +148,20 @@ impl StepLoop {
     }
 
     /// Bytes of dynamic shared memory a block of a `grid`-block launch
-    /// needs: its rows of every weight, then the reduction buffer.
-    pub fn shared_bytes(&self, grid: usize) -> usize {
+    /// needs: its rows of every weight, then the reduction buffer; `None`
+    /// where the kernel's 32-bit share arithmetic cannot take the grid
+    /// (a product's units times the grid past 2^32).
+    pub fn shared_bytes(&self, grid: usize) -> Option<usize> {
+        if self.shares.iter().any(|s| s.units.saturating_mul(grid + 1) > u32::MAX as usize) {
+            return None;
+        }
         let weights: usize = self
             .products
             .iter()
             .zip(&self.shares)
             .map(|(p, s)| s.pieces * s.units.div_ceil(grid.max(1)) * p.stride())
             .sum();
-        4 * (weights + BLOCK as usize)
+        Some(4 * (weights + BLOCK as usize))
     }
 }
 
@@ -205,12 +210,18 @@ pub fn emit(name: &str, work: &[Work]) -> Result<StepLoop, EmitError> {
         "// {name}: every step of the loop in one cooperative launch; {} product(s) with their weights in shared memory.",
         products.len()
     );
+    // No `__launch_bounds__`: with one, ptxas spills in some loops at 40
+    // registers (sm_80, NVRTC 13.0). The reduction buffer has BLOCK slots,
+    // and launches never have more threads (`Device::block_size`).
     let _ = writeln!(
         src,
-        "extern \"C\" __global__ void __launch_bounds__({BLOCK}) {name}(const unsigned long long* __restrict__ desc, int steps, float* __restrict__ scratch, unsigned* __restrict__ barrier) {{"
+        "extern \"C\" __global__ void {name}(const unsigned long long* __restrict__ desc, int steps, float* __restrict__ scratch, unsigned* __restrict__ barrier) {{"
     );
     src.push_str("    CELLC_DYNAMIC_SHARED(smem);\n");
-    src.push_str("    const long long G = gridDim.x, b = blockIdx.x;\n");
+    // 32-bit arithmetic throughout (a 64-bit division is a function call
+    // whose ABI spills): [`StepLoop::shared_bytes`] refuses a grid whose
+    // units times blocks pass 2^32.
+    src.push_str("    const unsigned G = gridDim.x, b = blockIdx.x;\n");
     // Each product's share and its rows of the weight, loaded once.
     let mut offset = String::from("0");
     for (p, (product, share)) in products.iter().zip(&shares).enumerate() {
@@ -227,7 +238,7 @@ pub fn emit(name: &str, work: &[Work]) -> Result<StepLoop, EmitError> {
         );
         let _ = writeln!(
             src,
-            "    const int u0_{p} = (int)(b * {units} / G), own_{p} = (int)((b + 1) * {units} / G) - u0_{p};"
+            "    const int u0_{p} = (int)(b * {units}u / G), own_{p} = (int)((b + 1) * {units}u / G) - u0_{p};"
         );
         let _ = writeln!(src, "    float* const w_{p} = smem + {offset};");
         let _ = writeln!(src, "    const int prec_{p} = (int)desc[{}];", 2 * p + 1);
@@ -290,15 +301,12 @@ pub fn emit(name: &str, work: &[Work]) -> Result<StepLoop, EmitError> {
                     src.push_str("            }\n");
                 } else if k.units > 0 {
                     let u = k.units;
-                    src.push_str(
-                        "            for (long long e = b * blockDim.x + threadIdx.x; e < (long long)n * ",
-                    );
-                    let _ = writeln!(src, "{u}; e += G * blockDim.x) {{");
-                    let _ = writeln!(src, "                const int r = (int)(e / {u});");
                     let _ = writeln!(
                         src,
-                        "                {f}(table + (size_t)r * {slots}, (int)(e - (long long)r * {u}));"
+                        "            for (int e = (int)(b * blockDim.x + threadIdx.x); e < n * {u}; e += (int)(G * blockDim.x)) {{"
                     );
+                    let _ = writeln!(src, "                const int r = e / {u};");
+                    let _ = writeln!(src, "                {f}(table + (size_t)r * {slots}, e - r * {u});");
                     src.push_str("            }\n");
                 } else {
                     let s = if k.scratch > 0 {

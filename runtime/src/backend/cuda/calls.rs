@@ -444,8 +444,9 @@ impl Calls {
         self.zero(barrier, 2);
         let grid = u32::try_from(grid).map_err(|_| error(format!("a grid of {grid} blocks")))?;
         let scratch = self.scratch(pass, &step_loop.kernel, grid)?;
-        let shared = u32::try_from(step_loop.shared_bytes(grid as usize))
-            .map_err(|_| error("a step loop's shared memory past 4 GiB"))?;
+        let shared = step_loop.shared_bytes(grid as usize).and_then(|b| u32::try_from(b).ok());
+        let shared =
+            shared.ok_or_else(|| error(format!("step loop `{}` on {grid} blocks", step_loop.kernel.name)))?;
         self.list.push(Call::Cooperative {
             kernel: step_loop.kernel.name.clone(),
             grid,

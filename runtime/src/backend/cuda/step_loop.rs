@@ -57,7 +57,7 @@ pub fn grid(
     widest_step: usize,
 ) -> Option<usize> {
     let limits = limits?;
-    let fits = step_loop.shared_bytes(limits.blocks) <= limits.shared_bytes;
+    let fits = step_loop.shared_bytes(limits.blocks).is_some_and(|b| b <= limits.shared_bytes);
     match setting {
         StepLoops::Never => None,
         StepLoops::Always => fits.then_some(limits.blocks),
@@ -121,4 +121,71 @@ pub fn step_loops<'k>(
         loops.push((list.clone(), step_loop));
     }
     Ok(loops)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The step loops of a shipped cell at H = I = 32, forward and backward.
+    fn loops(name: &str) -> [Vec<(Vec<usize>, StepLoop)>; 2] {
+        let path = format!("{}/../cells/{name}.cell", env!("CARGO_MANIFEST_DIR"));
+        let cell = CompiledCell::from_file(std::path::Path::new(&path), None).expect("compiles");
+        let sizes = cell.forward.sizes.iter().map(|s| (s.clone(), 32)).collect();
+        let layer = Layer::new(&cell, 0, &sizes).expect("sizes");
+        Side::BOTH.map(|side| {
+            let stages: Vec<(usize, Kernel)> = layer
+                .kernels()
+                .filter(|k| k.side == side)
+                .map(|k| {
+                    let (graph, shapes) = (cell.graph(side), layer.shapes(side));
+                    let cx = cellc::cuda::Context::default();
+                    let kernel =
+                        cellc::cuda::emit_stage(graph, shapes, k.stage(&layer), &k.plan, &k.name, cx);
+                    (k.stage, kernel.expect("emits"))
+                })
+                .collect();
+            let of = |i| stages.iter().find(|(s, _)| *s == i).map(|(_, k)| k);
+            step_loops(&cell, &layer, side, of).expect("step loops")
+        })
+    }
+
+    fn barriers(loops: &[(Vec<usize>, StepLoop)]) -> Vec<usize> {
+        loops.iter().map(|(_, l)| l.barriers_per_step).collect()
+    }
+
+    /// An LSTM's and a GRU's forward step fuse the pointwise stage after the
+    /// product (one grid-wide barrier a step); LayerNorm's row reductions and
+    /// the backward's product after its stage take a second.
+    #[test]
+    fn lane_stages_fuse_after_their_products() {
+        let [forward, backward] = loops("lstm");
+        assert_eq!(barriers(&forward), [1], "lstm forward (inference and training share one loop)");
+        assert_eq!(barriers(&backward), [2], "lstm backward");
+        let [forward, _] = loops("gru");
+        assert_eq!(barriers(&forward), [1], "gru forward");
+        let [forward, _] = loops("layernorm_lstm");
+        assert_eq!(barriers(&forward), [2], "layernorm_lstm forward");
+        let [forward, backward] = loops("sru");
+        assert!(forward.is_empty() && backward.is_empty(), "no per-step product, no step loop");
+    }
+
+    /// The rule: no device support or `Never`, no loop; weights past a
+    /// block's shared memory, no loop; past 64 rows, only with `Always`.
+    #[test]
+    fn the_rule_takes_the_loop_where_it_fits() {
+        let [forward, _] = loops("lstm");
+        let l = &forward[0].1;
+        let need = l.shared_bytes(4).expect("fits 32 bits");
+        let fits = Some(CooperativeLimits { blocks: 4, shared_bytes: need });
+        let small = Some(CooperativeLimits { blocks: 4, shared_bytes: need - 4 });
+        assert_eq!(grid(StepLoops::Auto, fits, l, 64), Some(4));
+        assert_eq!(grid(StepLoops::Auto, fits, l, 65), None, "wide steps go to cuBLAS");
+        assert_eq!(grid(StepLoops::Always, fits, l, 65), Some(4));
+        assert_eq!(grid(StepLoops::Never, fits, l, 1), None);
+        assert_eq!(grid(StepLoops::Always, small, l, 1), None, "the weights must fit");
+        assert_eq!(grid(StepLoops::Always, None, l, 1), None, "no cooperative launch");
+        // A block's share of W_hh [4*32, 32]: 32 units over 4 blocks, 4 pieces of 8 rows of 33 floats.
+        assert_eq!(need, 4 * (4 * 8 * 33 + cellc::cuda::BLOCK as usize));
+    }
 }
