@@ -12,6 +12,13 @@
 //!
 //! The results are checked against the interpreter too (2e-5), so a
 //! sanitized build that computes something else fails as well.
+//!
+//! Step loops (one cooperative kernel per time loop, every block at once,
+//! a grid-wide barrier between stages) are replayed from the images the
+//! emulated device recorded while an LSTM and a LayerNorm-LSTM trained
+//! (`tests/cuda/step_loop_harness.cpp`): under AddressSanitizer + UBSan,
+//! and under ThreadSanitizer, which reports a missing grid or block barrier
+//! as a race; each replay must give the recorded run's bits.
 
 #[path = "cuda/emu.rs"]
 mod emu;
@@ -19,7 +26,8 @@ mod support;
 
 use cellc::cuda::{self, Context};
 use cellc_runtime::backend::cpu::stage::{Interpreted, StageExec};
-use cellc_runtime::CompiledCell;
+use cellc_runtime::backend::cuda::Cuda;
+use cellc_runtime::{Align, CompiledCell, Input, Major};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -170,5 +178,132 @@ fn lane_form_kernels_share_nothing_under_thread_sanitizer() {
     }
     support::report(&format!(
         "{n} kernels race-free under ThreadSanitizer (lane form: no barriers, no shared memory)"
+    ));
+}
+
+/// Little-endian words of a file.
+fn words(path: &Path) -> Vec<u64> {
+    let bytes = std::fs::read(path).expect("file");
+    bytes.chunks(8).map(|c| u64::from_le_bytes(c.try_into().expect("whole words"))).collect()
+}
+
+/// A byte string of a recorder's image at `at` (its length, then its padded bytes).
+fn text(w: &[u64], at: &mut usize) -> String {
+    let len = w[*at] as usize;
+    let bytes: Vec<u8> = w[*at + 1..*at + 1 + len.div_ceil(8)].iter().flat_map(|x| x.to_le_bytes()).collect();
+    *at += 1 + len.div_ceil(8);
+    String::from_utf8(bytes[..len].to_vec()).expect("utf-8")
+}
+
+/// Trains a 2-layer bidirectional LSTM and LayerNorm-LSTM (H = 37, varlen)
+/// on the emulated device, recording every step loop, then replays each
+/// under `sanitize`: returns how many replayed, each with the recorded bits.
+fn step_loops_sanitized(sanitize: &str) -> usize {
+    let dir = std::env::temp_dir().join(format!("cellc-step-loop-san-{sanitize}-{}", std::process::id()));
+    let images = dir.join("images");
+    let cuda = Arc::new(Cuda::emulated_recording(&images).expect("emulated device"));
+    let lengths = [3, 5, 1, 4];
+    for name in ["lstm", "layernorm_lstm"] {
+        let c = cell(name);
+        let model = support::two_layer_model(&c, (37, 5, 6), 3, &|| Box::new(cuda.clone()));
+        let x: Vec<f32> =
+            (0..lengths.len() * 5 * model.input_size()).map(|i| (i as f32 * 0.37).sin()).collect();
+        let input = Input::Padded {
+            data: &x,
+            batch: lengths.len(),
+            steps: 5,
+            major: Major::TimeFirst,
+            align: Align::Right,
+            lengths: &lengths,
+        };
+        let (out, trace) = model.forward_train(input, None).expect("forward");
+        model.backward(&trace, &vec![0.5; out.data.len()], None).expect("backward");
+    }
+    let harness: PathBuf = support::root().join("tests/cuda/step_loop_harness.cpp");
+    let flag = format!("-fsanitize={sanitize}");
+    let mut built: std::collections::HashMap<String, PathBuf> = Default::default();
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&images)
+        .expect("images")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "img"))
+        .collect();
+    paths.sort();
+    for image in &paths {
+        let w = words(image);
+        let mut at = 0;
+        let module = text(&w, &mut at);
+        let kernel = text(&w, &mut at);
+        let exe = built.entry(module.clone()).or_insert_with(|| {
+            let exe = dir.join(format!("harness-{}", built_name(&module)));
+            emu::gxx(
+                &[images.join(&module), harness.clone()],
+                &[&flag, "-fno-omit-frame-pointer", "-fno-sanitize-recover=all"],
+                &exe,
+            );
+            exe
+        });
+        at += 3;
+        at += 1 + w[at] as usize;
+        let blocks = w[at] as usize;
+        at += 1;
+        let mut shape = Vec::new();
+        for _ in 0..blocks {
+            let (bytes, addresses) = (w[at + 1] as usize, w[at + 2] != 0);
+            shape.push((bytes, addresses));
+            at += 3 + bytes.div_ceil(8);
+        }
+        let out = image.with_extension("out");
+        let run = Command::new(&*exe)
+            .arg(image)
+            .arg(&out)
+            .env("TSAN_OPTIONS", "halt_on_error=1")
+            .env("ASAN_OPTIONS", "detect_leaks=1")
+            .output()
+            .expect("harness runs");
+        assert!(
+            run.status.success(),
+            "{kernel} ({}) under -fsanitize={sanitize}:\n{}",
+            image.display(),
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let back = words(&out);
+        assert_eq!(back[0] as usize, blocks, "{kernel}: blocks written back");
+        let mut from = 1;
+        for (i, &(bytes, addresses)) in shape.iter().enumerate() {
+            assert_eq!(back[from] as usize, bytes, "{kernel}: block {i}'s size");
+            let n = bytes.div_ceil(8);
+            if !addresses {
+                assert!(
+                    back[from + 1..from + 1 + n] == w[at..at + n],
+                    "{kernel}: block {i} differs from the recorded run"
+                );
+            }
+            from += 1 + n;
+            at += n;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(cuda.step_loops_run() > 0 && paths.len() == cuda.step_loops_run(), "{} images", paths.len());
+    paths.len()
+}
+
+/// A file name for a harness built with `module`.
+fn built_name(module: &str) -> String {
+    module.trim_end_matches(".cu").to_string()
+}
+
+#[test]
+fn step_loops_are_clean_under_address_and_undefined_behaviour_sanitizers() {
+    let n = step_loops_sanitized("address,undefined");
+    support::report(&format!(
+        "{n} step-loop launches replayed clean under AddressSanitizer + UBSan, bit for bit"
+    ));
+}
+
+#[test]
+fn step_loops_are_race_free_under_thread_sanitizer() {
+    let n = step_loops_sanitized("thread");
+    support::report(&format!(
+        "{n} step-loop launches replayed race-free under ThreadSanitizer (grid barrier as a std::barrier), bit for bit"
     ));
 }

@@ -29,7 +29,8 @@ fn cuda_every() -> u64 {
 #[test]
 fn fixed_seeds_pass_every_check() {
     let plan = Checks::everything();
-    let without_cuda = plan.clone().without(BackendKind::CudaEmulated);
+    let without_cuda =
+        plan.clone().without(BackendKind::CudaEmulated).without(BackendKind::CudaEmulatedSteps);
     let every = cuda_every();
     let plan_of = |seed: u64| if seed.is_multiple_of(every) { &plan } else { &without_cuda };
     let seeds: Vec<u64> = seeds().collect();

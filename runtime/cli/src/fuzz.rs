@@ -81,7 +81,7 @@ impl Totals {
 fn checks(args: &FuzzArgs) -> Checks {
     let mut plan = Checks::everything();
     if args.no_cuda {
-        plan.backends.retain(|&b| b != BackendKind::CudaEmulated);
+        plan.backends.retain(|&b| !b.is_cuda());
     } else if !plan.backends.contains(&BackendKind::CudaEmulated) {
         eprintln!("warning: g++ not found: the CUDA kernels are not checked on the emulated device");
     }

@@ -11,6 +11,7 @@ use cellc_runtime::backend::cpu::aot::LinkedKernels;
 use cellc_runtime::backend::cpu::codegen::object::compile_object;
 use cellc_runtime::backend::cpu::native::KernelFn;
 use cellc_runtime::backend::cpu::{Cpu, Kernels};
+use cellc_runtime::backend::cuda::step_loop::StepLoops;
 use cellc_runtime::backend::cuda::Cuda;
 use cellc_runtime::backend::reference::Reference;
 use cellc_runtime::backend::Device;
@@ -28,7 +29,11 @@ pub enum BackendKind {
     CpuAvx2,
     CpuInterpreted,
     CpuLinked,
+    /// The CUDA back end on the emulated device, its time loops as step
+    /// loops (one cooperative kernel each) where the rule takes them.
     CudaEmulated,
+    /// The same, every time loop step by step (a GEMM, then the step's kernels).
+    CudaEmulatedSteps,
     /// The CPU back end with bf16 products ([`cellc_runtime::Precision::Bf16`]),
     /// held to its own noise rule (see `check::tolerances`).
     CpuBf16,
@@ -43,7 +48,12 @@ impl BackendKind {
         }
     }
 
-    pub const ALL: [BackendKind; 8] = [
+    /// The CUDA back end (on the emulated device), either route.
+    pub fn is_cuda(self) -> bool {
+        matches!(self, BackendKind::CudaEmulated | BackendKind::CudaEmulatedSteps)
+    }
+
+    pub const ALL: [BackendKind; 9] = [
         BackendKind::Reference,
         BackendKind::CpuJit,
         BackendKind::CpuAvx512,
@@ -51,6 +61,7 @@ impl BackendKind {
         BackendKind::CpuInterpreted,
         BackendKind::CpuLinked,
         BackendKind::CudaEmulated,
+        BackendKind::CudaEmulatedSteps,
         BackendKind::CpuBf16,
     ];
 
@@ -69,7 +80,7 @@ impl BackendKind {
             | BackendKind::CpuBf16 => cellc_runtime::backend::cpu::codegen::math::MAX_ULP,
             // CUDA's expf, tanhf, logf: 2 ulp (CUDA's math guide); the
             // emulated device compiles them with the host's libm.
-            BackendKind::CudaEmulated => 2.0,
+            BackendKind::CudaEmulated | BackendKind::CudaEmulatedSteps => 2.0,
         }
     }
 
@@ -82,6 +93,7 @@ impl BackendKind {
             BackendKind::CpuInterpreted => "cpu (interpreted kernels)",
             BackendKind::CpuLinked => "cpu (kernels linked ahead of time)",
             BackendKind::CudaEmulated => "cuda (emulated device)",
+            BackendKind::CudaEmulatedSteps => "cuda (emulated device, step by step)",
             BackendKind::CpuBf16 => "cpu (bf16 products)",
         }
     }
@@ -110,6 +122,9 @@ pub fn make(kind: BackendKind, cell: &CompiledCell, layers: &[Layer]) -> Result<
         BackendKind::CudaEmulated => {
             Cuda::emulated().map(|c| Box::new(c) as Box<dyn Device>).map_err(|e| e.to_string())
         }
+        BackendKind::CudaEmulatedSteps => Cuda::emulated()
+            .map(|c| Box::new(c.with_step_loops(StepLoops::Never)) as Box<dyn Device>)
+            .map_err(|e| e.to_string()),
     }
 }
 

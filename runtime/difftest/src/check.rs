@@ -171,7 +171,7 @@ impl Checks {
             gradcheck: true,
             backends: BackendKind::ALL
                 .into_iter()
-                .filter(|&b| cuda || b != BackendKind::CudaEmulated)
+                .filter(|&b| cuda || !b.is_cuda())
                 .filter(|&b| avx512 || b != BackendKind::CpuAvx512)
                 .filter(|&b| avx2 || b != BackendKind::CpuAvx2)
                 .collect(),
@@ -444,7 +444,7 @@ impl Route {
     fn of(n: usize, kind: BackendKind) -> Route {
         match n % 3 {
             0 => Route::Owned,
-            2 if kind == BackendKind::CudaEmulated => Route::CallerDevice,
+            2 if kind.is_cuda() => Route::CallerDevice,
             _ => Route::CallerHost,
         }
     }

@@ -7,6 +7,7 @@
 //! Addresses are plain `u64`s, as device pointers are: a pointer table is
 //! a buffer of addresses, and an offset into a buffer is arithmetic.
 
+use super::recorder::Recorder;
 use crate::backend::cpu::gemm::{matmul, View};
 use crate::error::{Result, RuntimeError};
 use cellc::cuda::prelude::ROW_KERNELS;
@@ -293,7 +294,8 @@ pub(super) fn error(message: impl Into<String>) -> RuntimeError {
 
 /// The kernels as one host-C++ file: the generated translation unit, each
 /// kernel (and the prelude's [`ROW_KERNELS`]) exported as
-/// `cellc_launch_<name>`, and `cellc_find_launch(name)` to look one up.
+/// `cellc_launch_<name>`, and `cellc_find_launch(name)` to look one up
+/// (step loops: `cellc_launch_grid_<name>`, `cellc_find_launch_grid(name)`).
 pub fn emulation_source(kernels: &[Kernel]) -> String {
     let mut src = cellc::cuda::translation_unit(kernels);
     for k in kernels.iter().filter(|k| k.cooperative) {
@@ -307,6 +309,16 @@ pub fn emulation_source(kernels: &[Kernel]) -> String {
     src.push_str("extern \"C\" void (*cellc_find_launch(const char* name))(unsigned, unsigned, void**) {\n");
     for name in &names {
         src.push_str(&format!("    if (!std::strcmp(name, \"{name}\")) return &cellc_launch_{name};\n"));
+    }
+    src.push_str("    return nullptr;\n}\n");
+    src.push_str(
+        "extern \"C\" void (*cellc_find_launch_grid(const char* name))(unsigned, unsigned, unsigned, void**) {\n",
+    );
+    for k in kernels.iter().filter(|k| k.cooperative) {
+        src.push_str(&format!(
+            "    if (!std::strcmp(name, \"{0}\")) return &cellc_launch_grid_{0};\n",
+            k.name
+        ));
     }
     src.push_str("    return nullptr;\n}\n");
     src
@@ -396,6 +408,8 @@ pub(crate) struct Emulated {
     pool: Arc<Pool<Box<[u64]>>>,
     graphs: Mutex<GraphCache<()>>,
     uploaded: std::sync::atomic::AtomicUsize,
+    /// Images of every step-loop launch, where asked for ([`Emulated::recording`]).
+    recorder: Option<Recorder>,
 }
 
 type Launch = unsafe extern "C" fn(u32, u32, *mut *mut c_void);
@@ -419,6 +433,8 @@ struct EmulatedModule {
     /// which gives the same results without an OS thread per CUDA thread.
     /// Block-form kernels, whose threads meet at barriers, run threaded.
     serial: std::collections::HashSet<String>,
+    /// The name of its source beside a recorder's images.
+    source_file: String,
 }
 
 impl Emulated {
@@ -440,11 +456,20 @@ impl Emulated {
             pool: Arc::default(),
             graphs: Mutex::new(GraphCache::new(GRAPHS_KEPT)),
             uploaded: Default::default(),
+            recorder: None,
         })
     }
 
+    /// This device writing a replayable image of each step-loop launch, and
+    /// each module's source, into `dir` ([`super::recorder`]).
+    pub fn recording(mut self, dir: &Path) -> Result<Emulated> {
+        self.recorder = Some(Recorder::new(dir)?);
+        Ok(self)
+    }
+
     /// Host memory for `bytes` (8-byte aligned), from the pool if it can.
-    fn block(&self, bytes: usize, len: usize, fill: impl FnOnce(&mut [u8])) -> Buf {
+    /// `addresses`: the block holds addresses (a recorder relocates them).
+    fn block(&self, bytes: usize, len: usize, addresses: bool, fill: impl FnOnce(&mut [u8])) -> Buf {
         let mut block = self
             .pool
             .take(bytes)
@@ -453,12 +478,15 @@ impl Emulated {
         // SAFETY: the block holds at least `bytes` bytes.
         fill(unsafe { std::slice::from_raw_parts_mut(block.as_mut_ptr().cast::<u8>(), bytes) });
         let addr = block.as_ptr() as u64;
+        if let Some(r) = &self.recorder {
+            r.handed_out(addr, bytes, addresses);
+        }
         self.pool.buf(addr, len, bytes, block)
     }
 
-    fn upload_bytes<T: Copy>(&self, data: &[T]) -> Buf {
+    fn upload_bytes<T: Copy>(&self, data: &[T], addresses: bool) -> Buf {
         let bytes = std::mem::size_of_val(data);
-        self.block(bytes, data.len(), |dst| {
+        self.block(bytes, data.len(), addresses, |dst| {
             // SAFETY: `data` is `bytes` bytes of plain values.
             let src = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), bytes) };
             dst.copy_from_slice(src);
@@ -499,9 +527,15 @@ impl Primitives for Emulated {
                 .map_err(|_| error(format!("no cooperative kernel `{kernel}` in the module")))?;
         let mut values = argument_slots(args);
         let mut ptrs: Vec<*mut c_void> = values.iter_mut().map(|v| (v as *mut u64).cast()).collect();
-        // SAFETY: as for `launch`; every block of the grid runs at once on its own threads.
-        unsafe { f(grid, block, shared, ptrs.as_mut_ptr()) };
-        Ok(())
+        let mut launch = move || {
+            // SAFETY: as for `launch`; every block of the grid runs at once on its own threads.
+            unsafe { f(grid, block, shared, ptrs.as_mut_ptr()) };
+            Ok(())
+        };
+        match &self.recorder {
+            Some(r) => r.record((&m.source_file, kernel), (grid, block, shared), args, launch),
+            None => launch(),
+        }
     }
 
     fn gemm(&self, p: &Gemm) -> Result<()> {
@@ -571,12 +605,12 @@ impl Device for Emulated {
     }
 
     fn zeros(&self, len: usize) -> Result<Buf> {
-        Ok(self.block(4 * len, len, |b| b.fill(0)))
+        Ok(self.block(4 * len, len, false, |b| b.fill(0)))
     }
 
     fn upload(&self, data: &[f32]) -> Result<Buf> {
         self.uploaded.fetch_add(data.len(), std::sync::atomic::Ordering::Relaxed);
-        Ok(self.upload_bytes(data))
+        Ok(self.upload_bytes(data, false))
     }
 
     fn floats_uploaded(&self) -> usize {
@@ -584,11 +618,11 @@ impl Device for Emulated {
     }
 
     fn upload_addresses(&self, addresses: &[u64]) -> Result<Buf> {
-        Ok(self.upload_bytes(addresses))
+        Ok(self.upload_bytes(addresses, true))
     }
 
     fn upload_i32(&self, data: &[i32]) -> Result<Buf> {
-        Ok(self.upload_bytes(data))
+        Ok(self.upload_bytes(data, false))
     }
 
     fn download(&self, buf: &Buf, from: usize, len: usize) -> Result<Vec<f32>> {
@@ -605,7 +639,11 @@ impl Device for Emulated {
             src.hash(&mut h);
             h.finish()
         };
-        let cu = self.dir.join(format!("k{hash:016x}.cu"));
+        let source_file = format!("k{hash:016x}.cu");
+        if let Some(r) = &self.recorder {
+            r.module_source(&source_file, &src)?;
+        }
+        let cu = self.dir.join(&source_file);
         let so = self.dir.join(format!("libk{hash:016x}.so"));
         std::fs::write(&cu, &src).map_err(|e| error(e.to_string()))?;
         gxx(&[cu], &["-shared"], &so)?;
@@ -617,7 +655,7 @@ impl Device for Emulated {
             .map(|k| k.name.clone())
             .chain(ROW_KERNELS.map(String::from))
             .collect();
-        Ok(Module { inner: Box::new(EmulatedModule { lib, serial }) })
+        Ok(Module { inner: Box::new(EmulatedModule { lib, serial, source_file }) })
     }
 
     fn run(&self, module: &Module, calls: &[Call], graph: bool) -> Result<()> {

@@ -19,6 +19,7 @@ pub(crate) mod forward;
 pub(crate) mod gpu;
 pub mod libraries;
 pub mod nvrtc;
+pub(crate) mod recorder;
 pub(crate) mod resident;
 pub mod step_loop;
 pub(crate) mod storage;
@@ -91,6 +92,13 @@ impl Cuda {
     /// The back end on the emulated device (for verification without a GPU).
     pub fn emulated() -> Result<Cuda> {
         Cuda::on(Box::new(device::Emulated::new()?))
+    }
+
+    /// The emulated device writing a replayable image of each step-loop
+    /// launch into `dir`, beside each module's source, for running them
+    /// again in a harness built with sanitizers (`tests/cuda_sanitized.rs`).
+    pub fn emulated_recording(dir: &std::path::Path) -> Result<Cuda> {
+        Cuda::on(Box::new(device::Emulated::new()?.recording(dir)?))
     }
 
     fn on(device: Box<dyn Device>) -> Result<Cuda> {
