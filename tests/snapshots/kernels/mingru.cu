@@ -95,16 +95,18 @@ extern "C" __global__ void mingru_bwd_s0(float* const* __restrict__ args, const 
 //   a[1] in  v35: [I] = matvect v2, v33
 //   a[2] out v36: [I] = add v27, v35
 // Lane form: one thread per (row, unit), 3 units; thread j computes element p * 3 + j of every vector.
+__device__ __forceinline__ void mingru_bwd_s5_row(float* const* __restrict__ a, int j) {
+    // v36: [I] = add v27, v35
+    const float t36 = (a[0][j] + a[1][j]);
+    a[2][j] = t36;
+}
 extern "C" __global__ void mingru_bwd_s5(float* const* __restrict__ args, int rows, float* __restrict__ scratch) {
     const int chunks = (3 + (int)blockDim.x - 1) / (int)blockDim.x;
     for (int item = blockIdx.x; item < rows * chunks; item += gridDim.x) {
         const int row = item / chunks;
         const int j = (item - row * chunks) * (int)blockDim.x + (int)threadIdx.x;
         if (j >= 3) continue;
-        float* const* const a = args + (size_t)row * 3;
-        // v36: [I] = add v27, v35
-        const float t36 = (a[0][j] + a[1][j]);
-        a[2][j] = t36;
+        mingru_bwd_s5_row(args + (size_t)row * 3, j);
     }
 }
 

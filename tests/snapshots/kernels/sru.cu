@@ -173,16 +173,18 @@ extern "C" __global__ void sru_bwd_s0(float* const* __restrict__ args, const int
 //   a[1] in  v65: [H] = matvect v2, v63
 //   a[2] out v68: [H] = add v32, v65
 // Lane form: one thread per (row, unit), 4 units; thread j computes element p * 4 + j of every vector.
+__device__ __forceinline__ void sru_bwd_s3_row(float* const* __restrict__ a, int j) {
+    // v68: [H] = add v32, v65
+    const float t68 = (a[0][j] + a[1][j]);
+    a[2][j] = t68;
+}
 extern "C" __global__ void sru_bwd_s3(float* const* __restrict__ args, int rows, float* __restrict__ scratch) {
     const int chunks = (4 + (int)blockDim.x - 1) / (int)blockDim.x;
     for (int item = blockIdx.x; item < rows * chunks; item += gridDim.x) {
         const int row = item / chunks;
         const int j = (item - row * chunks) * (int)blockDim.x + (int)threadIdx.x;
         if (j >= 4) continue;
-        float* const* const a = args + (size_t)row * 3;
-        // v68: [H] = add v32, v65
-        const float t68 = (a[0][j] + a[1][j]);
-        a[2][j] = t68;
+        sru_bwd_s3_row(args + (size_t)row * 3, j);
     }
 }
 
