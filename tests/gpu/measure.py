@@ -50,6 +50,7 @@ HALF = {"bf16": torch.bfloat16, "f16": torch.float16}
 FLOOR = {"f32": (1e-3, 1e-3), "tf32": (2e-2, 5e-2), "f16": (2e-2, 5e-2), "bf16": (1e-1, 2e-1)}
 TIMES_PYTORCH_ERROR = 4.0
 LONG_CALL = 1.0  # seconds: two timed calls suffice past this much timing
+STEP_LOOP_MAX_ROWS = 64  # step_loop::AUTO_MAX_ROWS: the widest step the default runs as a step loop
 # The float64 reference's memory per sequence and step per unit of H, in bytes (training; an
 # eager LayerNorm-LSTM loop keeps about 56 H-sized float64 values per step for autograd).
 REFERENCE_BYTES = {"layernorm_lstm": 56 * 8, "lstm": 12 * 8, "gru": 10 * 8}
@@ -161,6 +162,16 @@ class Measure:
         else:
             row.update(cellc_ms=None, cellc_error=last_line(r.stderr or r.stdout))
             row["status"] = "failed"
+        # The time loop's other route, to validate the rule (runtime/src/backend/cuda/step_loop.rs:
+        # a step loop up to 64 rows a step where the weights fit a block's shared memory, which
+        # they do on an H100/H200 up to H=1024; step by step past 64 rows).
+        row["route"] = "step loop" if b <= STEP_LOOP_MAX_ROWS else "step by step"
+        other = "never" if b <= STEP_LOOP_MAX_ROWS else "always"
+        r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "CELLC_CUDA_STEP_LOOP": other})
+        if r.returncode == 0:
+            row["other_route_ms"] = json.loads(r.stdout.strip().splitlines()[-1])["median_s"] * 1e3
+        else:
+            row["other_route_error"] = last_line(r.stderr or r.stdout)
         row["torch_ms"] = torch_ms
         add_ratios(row, unit.cell)
         row.setdefault("status", "measured")

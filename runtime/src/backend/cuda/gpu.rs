@@ -136,6 +136,9 @@ impl Drop for DevMem {
 struct GpuModule {
     module: drv_sys::CUmodule,
     functions: Mutex<HashMap<String, usize>>,
+    /// The dynamic shared memory each step loop was allowed, set before its
+    /// first launch (which is never captured: graphs warm up first).
+    shared_allowed: Mutex<HashMap<String, u32>>,
     ctx: Arc<CudaContext>,
 }
 
@@ -489,12 +492,18 @@ impl Primitives for On<'_> {
         let f = function(module, kernel)?;
         let mut values = ArgumentSlots::of(args);
         let mut params = values.pointers(args);
-        let attribute = drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-        // SAFETY: a function of a loaded module; the size is within the device's opt-in
-        // limit (`cooperative_limits`), which the launch checks again.
-        unsafe { drv_sys::cuFuncSetAttribute(f, attribute, shared as i32) }
-            .result()
-            .map_err(|e| error(format!("`{kernel}`: {shared} bytes of shared memory: {e:?}")))?;
+        let m = module.get::<GpuModule>().ok_or_else(|| error("not a GPU module"))?;
+        let mut allowed = m.shared_allowed.lock().map_err(|_| error("function cache poisoned"))?;
+        if allowed.get(kernel).is_none_or(|&a| a < shared) {
+            let attribute = drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            // SAFETY: a function of a loaded module; the size is within the device's opt-in
+            // limit (`cooperative_limits`), which the launch checks again.
+            unsafe { drv_sys::cuFuncSetAttribute(f, attribute, shared as i32) }
+                .result()
+                .map_err(|e| error(format!("`{kernel}`: {shared} bytes of shared memory: {e:?}")))?;
+            allowed.insert(kernel.to_string(), shared);
+        }
+        drop(allowed);
         // SAFETY: as for `launch`; the driver refuses a grid whose blocks cannot all be resident.
         unsafe {
             drv_sys::cuLaunchCooperativeKernel(
@@ -779,6 +788,7 @@ impl Device for Gpu {
         Ok(Module::new(Box::new(GpuModule {
             module,
             functions: Mutex::new(HashMap::new()),
+            shared_allowed: Mutex::new(HashMap::new()),
             ctx: self.ctx.clone(),
         })))
     }
