@@ -56,6 +56,18 @@ fn read_buffers(path: &Path) -> Vec<Vec<f32>> {
     (0..n).map(|_| (0..word()).map(|_| f32::from_bits(word())).collect()).collect()
 }
 
+/// Runs a sanitized harness on its input, writing `output`; fails with its report as `what`.
+fn run_harness(exe: &Path, (input, output): (&Path, &Path), what: &str) {
+    let run = Command::new(exe)
+        .arg(input)
+        .arg(output)
+        .env("TSAN_OPTIONS", "halt_on_error=1")
+        .env("ASAN_OPTIONS", "detect_leaks=1")
+        .output()
+        .expect("harness runs");
+    assert!(run.status.success(), "{what}:\n{}", String::from_utf8_lossy(&run.stderr));
+}
+
 /// Builds the harness for `cell`'s kernels with `sanitize` and runs every
 /// kernel once, comparing with the interpreter. Returns how many ran.
 fn run_sanitized(cell_name: &str, sanitize: &str, threads: u32) -> usize {
@@ -121,19 +133,7 @@ fn run_sanitized(cell_name: &str, sanitize: &str, threads: u32) -> usize {
         let (job_path, out_path) =
             (dir.join(format!("{}.job", kernel.name)), dir.join(format!("{}.out", kernel.name)));
         std::fs::write(&job_path, &job).expect("job");
-        let run = Command::new(&exe)
-            .arg(&job_path)
-            .arg(&out_path)
-            .env("TSAN_OPTIONS", "halt_on_error=1")
-            .env("ASAN_OPTIONS", "detect_leaks=1")
-            .output()
-            .expect("harness runs");
-        assert!(
-            run.status.success(),
-            "{} under -fsanitize={sanitize}:\n{}",
-            kernel.name,
-            String::from_utf8_lossy(&run.stderr)
-        );
+        run_harness(&exe, (&job_path, &out_path), &format!("{} under -fsanitize={sanitize}", kernel.name));
         let back = read_buffers(&out_path);
         for r in 0..rows {
             for o in 0..st.outputs.len() {
@@ -253,18 +253,10 @@ fn step_loops_sanitized(sanitize: &str) -> usize {
             at += 3 + bytes.div_ceil(8);
         }
         let out = image.with_extension("out");
-        let run = Command::new(&*exe)
-            .arg(image)
-            .arg(&out)
-            .env("TSAN_OPTIONS", "halt_on_error=1")
-            .env("ASAN_OPTIONS", "detect_leaks=1")
-            .output()
-            .expect("harness runs");
-        assert!(
-            run.status.success(),
-            "{kernel} ({}) under -fsanitize={sanitize}:\n{}",
-            image.display(),
-            String::from_utf8_lossy(&run.stderr)
+        run_harness(
+            exe,
+            (image, &out),
+            &format!("{kernel} ({}) under -fsanitize={sanitize}", image.display()),
         );
         let back = words(&out);
         assert_eq!(back[0] as usize, blocks, "{kernel}: blocks written back");

@@ -525,7 +525,8 @@ impl Primitives for Emulated {
         let f: libloading::Symbol<LaunchGrid> =
             unsafe { m.lib.get(format!("cellc_launch_grid_{kernel}").as_bytes()) }
                 .map_err(|_| error(format!("no cooperative kernel `{kernel}` in the module")))?;
-        let mut values = argument_slots(args);
+        let slots = argument_slots(args);
+        let mut values = slots.clone();
         let mut ptrs: Vec<*mut c_void> = values.iter_mut().map(|v| (v as *mut u64).cast()).collect();
         let mut launch = move || {
             // SAFETY: as for `launch`; every block of the grid runs at once on its own threads.
@@ -533,7 +534,7 @@ impl Primitives for Emulated {
             Ok(())
         };
         match &self.recorder {
-            Some(r) => r.record((&m.source_file, kernel), (grid, block, shared), args, launch),
+            Some(r) => r.record((&m.source_file, kernel), (grid, block, shared), &slots, launch),
             None => launch(),
         }
     }

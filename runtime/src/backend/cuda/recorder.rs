@@ -17,8 +17,7 @@
 //! pointer the harness relocates; other words (counts, strides) are far
 //! below any heap address.
 
-use super::device::{error, Arg};
-use crate::error::Result;
+use crate::error::{Result, RuntimeError};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -53,11 +52,12 @@ impl Recorder {
 
     /// Runs `launch` (a step loop's), writing the memory before and after
     /// into the next image.
+    /// `args` are the launch's argument slots (a pointer, or an i32 in the low 4 bytes).
     pub fn record(
         &self,
         (module_file, kernel): (&str, &str),
         (grid, block, shared): (u32, u32, u32),
-        args: &[Arg],
+        args: &[u64],
         launch: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         let blocks: Vec<(u64, usize, bool)> = match self.blocks.lock() {
@@ -70,10 +70,7 @@ impl Recorder {
             words.extend(padded_words(text.as_bytes()));
         }
         words.extend([grid as u64, block as u64, shared as u64, args.len() as u64]);
-        words.extend(args.iter().map(|a| match *a {
-            Arg::Ptr(p) => p,
-            Arg::I32(i) => i as u32 as u64,
-        }));
+        words.extend_from_slice(args);
         words.push(blocks.len() as u64);
         for &(addr, bytes, addresses) in &blocks {
             words.extend([addr, bytes as u64, addresses as u64]);
@@ -88,6 +85,10 @@ impl Recorder {
         let path = self.dir.join(format!("step-loop-{n:04}.img"));
         crate::files::write_atomically(&path, &bytes).map_err(|e| error(e.to_string()))
     }
+}
+
+fn error(message: impl Into<String>) -> RuntimeError {
+    RuntimeError::Backend { backend: "cuda".into(), message: message.into() }
 }
 
 /// A block's bytes, as they are now.
