@@ -5,7 +5,8 @@
 //!
 //! The emulated CUDA device builds each cell's kernels with g++, nine
 //! tenths of a seed's time; it checks every third seed
-//! (`CELLC_FUZZ_CUDA_EVERY=n`: every n-th), the other back ends every seed.
+//! (`CELLC_FUZZ_CUDA_EVERY=n`: every n-th), through its step loops and
+//! step by step in turn; the other back ends every seed.
 
 mod support;
 
@@ -31,8 +32,15 @@ fn fixed_seeds_pass_every_check() {
     let plan = Checks::everything();
     let without_cuda =
         plan.clone().without(BackendKind::CudaEmulated).without(BackendKind::CudaEmulatedSteps);
+    // The CUDA seeds alternate between its two routes: step loops, then step by step.
+    let step_loops = plan.clone().without(BackendKind::CudaEmulatedSteps);
+    let step_by_step = plan.clone().without(BackendKind::CudaEmulated);
     let every = cuda_every();
-    let plan_of = |seed: u64| if seed.is_multiple_of(every) { &plan } else { &without_cuda };
+    let plan_of = |seed: u64| match (seed.is_multiple_of(every), (seed / every).is_multiple_of(2)) {
+        (false, _) => &without_cuda,
+        (true, true) => &step_loops,
+        (true, false) => &step_by_step,
+    };
     let seeds: Vec<u64> = seeds().collect();
     // The seeds are independent: one worker per core, each taking the next seed.
     let next = AtomicUsize::new(0);
