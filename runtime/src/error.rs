@@ -183,6 +183,11 @@ impl fmt::Display for RuntimeError {
 
 impl std::error::Error for RuntimeError {}
 
+/// An error of the CUDA back end (every module of `backend::cuda` names its errors with it).
+pub(crate) fn cuda_error(message: impl Into<String>) -> RuntimeError {
+    RuntimeError::Backend { backend: "cuda".into(), message: message.into() }
+}
+
 impl RuntimeError {
     /// A weight's shape error, named as its gradient's (a gradient buffer
     /// is checked against its weight's shape).

@@ -139,12 +139,12 @@ pub struct StepLoop {
 impl StepLoop {
     /// Words of the descriptor's header.
     pub fn header_len(&self) -> usize {
-        2 * self.products.len()
+        header_words(self.products.len())
     }
 
     /// Words of one step's record.
     pub fn record_len(&self) -> usize {
-        1 + 4 * self.products.len() + self.row_stages
+        record_words(self.products.len(), self.row_stages)
     }
 
     /// Bytes of dynamic shared memory a block of a `grid`-block launch
@@ -163,6 +163,16 @@ impl StepLoop {
             .sum();
         Some(4 * (weights + BLOCK as usize))
     }
+}
+
+/// The descriptor's header: two words per product.
+fn header_words(products: usize) -> usize {
+    2 * products
+}
+
+/// A step's record: its rows, four words per product, one per per-row stage.
+fn record_words(products: usize, row_stages: usize) -> usize {
+    1 + 4 * products + row_stages
 }
 
 /// The step loop over `work` (one step's stages, in order), named `name`.
@@ -267,8 +277,8 @@ pub fn emit(name: &str, work: &[Work]) -> Result<StepLoop, EmitError> {
     let _ = writeln!(
         src,
         "        const unsigned long long* const rec = desc + {} + (size_t)step * {};",
-        2 * products.len(),
-        1 + 4 * products.len() + row_stages
+        header_words(products.len()),
+        record_words(products.len(), row_stages)
     );
     src.push_str("        const int n = (int)rec[0];\n");
     let (mut word, mut p, mut barriers) = (1, 0, 0);

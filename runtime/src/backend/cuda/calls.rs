@@ -378,8 +378,7 @@ impl Calls {
                         }
                     }
                     Some((k, base)) => {
-                        let per_row = 8 * (k.inputs.len() + k.outputs.len()) as u64;
-                        self.rows(pass, k, base + per_row * done as u64, n)?;
+                        self.rows(pass, k, table_row(k, *base, done), n)?;
                     }
                 }
             }
@@ -425,9 +424,7 @@ impl Calls {
                             desc.extend([x.0, x.1 as u64, y.0, y.1 as u64]);
                         }
                     }
-                    Some((k, base)) => {
-                        desc.push(base + 8 * (k.inputs.len() + k.outputs.len()) as u64 * done as u64)
-                    }
+                    Some((k, base)) => desc.push(table_row(k, *base, done)),
                 }
             }
             done += n;
@@ -769,6 +766,11 @@ fn operands(graph: &Graph, v: ValueId) -> Result<(ValueId, ValueId)> {
         [a, b] => Ok((a, b)),
         _ => Err(error(format!("product {v} needs two operands"))),
     }
+}
+
+/// Row `row` of kernel `k`'s pointer table at `table` (each row its inputs' and outputs' pointers).
+fn table_row(k: &Kernel, table: u64, row: usize) -> u64 {
+    table + 8 * ((k.inputs.len() + k.outputs.len()) * row) as u64
 }
 
 /// Step `s`'s rows of `u` (an operand or the result of product `v`),

@@ -9,7 +9,8 @@
 
 use super::recorder::Recorder;
 use crate::backend::cpu::gemm::{matmul, View};
-use crate::error::{Result, RuntimeError};
+pub(super) use crate::error::cuda_error as error;
+use crate::error::Result;
 use cellc::cuda::prelude::ROW_KERNELS;
 use cellc::cuda::Kernel;
 use std::any::Any;
@@ -286,10 +287,6 @@ impl<T: Send + 'static> Drop for Pooled<T> {
             free.entry(self.bytes).or_default().insert(self.addr, block);
         }
     }
-}
-
-pub(super) fn error(message: impl Into<String>) -> RuntimeError {
-    RuntimeError::Backend { backend: "cuda".into(), message: message.into() }
 }
 
 /// The kernels as one host-C++ file: the generated translation unit, each

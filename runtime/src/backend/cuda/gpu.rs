@@ -39,17 +39,14 @@ use super::device::{
 };
 use super::libraries::{self, Library};
 use super::nvrtc;
-use crate::error::{Result, RuntimeError};
+use crate::error::cuda_error as error;
+use crate::error::Result;
 use cellc::cuda::Kernel;
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{result as drv, sys as drv_sys, CudaContext};
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::sync::{Arc, Mutex};
-
-fn error(message: impl Into<String>) -> RuntimeError {
-    RuntimeError::Backend { backend: "cuda".into(), message: message.into() }
-}
 
 /// cuBLAS's workspace, set once so that no GEMM allocates while a graph is
 /// being captured (32 MiB covers what cuBLAS asks for on Hopper).

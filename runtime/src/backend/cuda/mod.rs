@@ -25,7 +25,8 @@ pub mod step_loop;
 pub(crate) mod storage;
 
 use crate::cell::{CompiledCell, Layer, Side};
-use crate::error::{Result, RuntimeError};
+use crate::error::cuda_error as error;
+use crate::error::Result;
 use cellc::cuda::persistent::StepLoop;
 use cellc::cuda::Kernel;
 use device::{Device, GraphStats, Module};
@@ -199,10 +200,6 @@ pub fn driver_available() -> bool {
     libraries::load(libraries::Library::Driver).is_ok() && unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
-fn error(message: impl Into<String>) -> RuntimeError {
-    RuntimeError::Backend { backend: "cuda".into(), message: message.into() }
-}
-
 /// The driver, loaded, or a typed error naming every place searched.
 fn loaded_driver() -> Result<()> {
     if let Err(missing) = libraries::load(libraries::Library::Driver) {
@@ -238,6 +235,7 @@ pub fn open_device(ordinal: usize) -> Result<std::sync::Arc<cudarc::driver::Cuda
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::RuntimeError;
 
     #[test]
     fn no_driver_is_a_typed_error() {

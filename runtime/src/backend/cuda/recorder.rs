@@ -17,7 +17,8 @@
 //! pointer the harness relocates; other words (counts, strides) are far
 //! below any heap address.
 
-use crate::error::{Result, RuntimeError};
+use crate::error::cuda_error as error;
+use crate::error::Result;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -85,10 +86,6 @@ impl Recorder {
         let path = self.dir.join(format!("step-loop-{n:04}.img"));
         crate::files::write_atomically(&path, &bytes).map_err(|e| error(e.to_string()))
     }
-}
-
-fn error(message: impl Into<String>) -> RuntimeError {
-    RuntimeError::Backend { backend: "cuda".into(), message: message.into() }
 }
 
 /// A block's bytes, as they are now.

@@ -5,16 +5,13 @@
 
 use super::device::CooperativeLimits;
 use crate::cell::{CompiledCell, Layer};
-use crate::error::{Result, RuntimeError};
+use crate::error::cuda_error as error;
+use crate::error::Result;
 use crate::plan::TimeLoop;
 use cellc::cuda::persistent::{self, Product, StepLoop, Work};
 use cellc::cuda::Kernel;
 use cellc::program::Side;
 use cellc::schedule::StageKind;
-
-fn error(message: impl Into<String>) -> RuntimeError {
-    RuntimeError::Backend { backend: "cuda".into(), message: message.into() }
-}
 
 /// Which route time loops take.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
