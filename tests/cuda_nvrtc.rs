@@ -82,7 +82,7 @@ fn every_kernel_compiles_for_sm80_and_sm90_without_spills() {
         "{:<16} {:<28} {:<6} {:>9} {:>11}  form",
         "cell", "kernel", "arch", "registers", "shared (B)"
     ));
-    let mut count = 0;
+    let (mut count, mut mma_loops) = (0, 0);
     let archs = archs();
     // The table is for H = 256; H = 37 (odd offsets, a partial block) is
     // compiled and checked the same way without printing.
@@ -128,6 +128,21 @@ fn every_kernel_compiles_for_sm80_and_sm90_without_spills() {
                     ));
                 }
                 assert_eq!((u.spill_stores, u.spill_loads), (0, 0), "{} (H={h}) spills on {arch}", k.name);
+                if k.cooperative && k.source.contains("cellc_mma_product(") {
+                    // The products in bf16, fp16 and TF32 are the tensor cores'.
+                    let body = out.ptx.split(".entry ").find(|e| e.starts_with(&format!("{}(", k.name)));
+                    let body = body.unwrap_or_else(|| panic!("{arch}: no PTX entry {}", k.name));
+                    for shape in
+                        ["m16n8k16.row.col.f32.bf16", "m16n8k16.row.col.f32.f16", "m16n8k8.row.col.f32.tf32"]
+                    {
+                        assert!(
+                            body.contains(&format!("mma.sync.aligned.{shape}")),
+                            "{} on {arch}: no {shape}",
+                            k.name
+                        );
+                    }
+                    mma_loops += 1;
+                }
                 assert!(
                     u.registers <= MAX_REGISTERS,
                     "{} (H={h}) uses {} registers on {arch}",
@@ -139,8 +154,9 @@ fn every_kernel_compiles_for_sm80_and_sm90_without_spills() {
         }
     }
     assert!(count >= 120, "only {count} kernel compilations checked");
+    assert!(mma_loops >= 40, "only {mma_loops} step loops on tensor cores");
     support::report(&format!(
-        "{count} kernel compilations (H=256 and H=37, {}): no spills, at most {MAX_REGISTERS} registers",
+        "{count} kernel compilations (H=256 and H=37, {}): no spills, at most {MAX_REGISTERS} registers; {mma_loops} step loops with tensor-core products",
         archs.join(", ")
     ));
 }

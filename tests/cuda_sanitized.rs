@@ -27,7 +27,7 @@ mod support;
 use cellc::cuda::{self, Context};
 use cellc_runtime::backend::cpu::stage::{Interpreted, StageExec};
 use cellc_runtime::backend::cuda::Cuda;
-use cellc_runtime::{Align, CompiledCell, Input, Major};
+use cellc_runtime::{Align, CompiledCell, Input, Major, Precision};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -195,17 +195,22 @@ fn text(w: &[u64], at: &mut usize) -> String {
     String::from_utf8(bytes[..len].to_vec()).expect("utf-8")
 }
 
-/// Trains a 2-layer bidirectional LSTM and LayerNorm-LSTM (H = 37, varlen)
-/// on the emulated device, recording every step loop, then replays each
+/// Trains a 2-layer bidirectional LSTM (f32 and bf16) and LayerNorm-LSTM
+/// (TF32; H = 37, varlen) on the emulated device, recording every step loop, then replays each
 /// under `sanitize`: returns how many replayed, each with the recorded bits.
 fn step_loops_sanitized(sanitize: &str) -> usize {
     let dir = std::env::temp_dir().join(format!("cellc-step-loop-san-{sanitize}-{}", std::process::id()));
     let images = dir.join("images");
     let cuda = Arc::new(Cuda::emulated_recording(&images).expect("emulated device"));
     let lengths = [3, 5, 1, 4];
-    for name in ["lstm", "layernorm_lstm"] {
+    // f32 products on CUDA cores; bf16 and TF32 on the emulated tensor
+    // cores (the warp's fragment exchange).
+    let runs = [("lstm", Precision::F32), ("lstm", Precision::Bf16), ("layernorm_lstm", Precision::Tf32)];
+    for (name, precision) in runs {
         let c = cell(name);
-        let model = support::two_layer_model(&c, (37, 5, 6), 3, &|| Box::new(cuda.clone()));
+        let model = support::two_layer_model(&c, (37, 5, 6), 3, &|| Box::new(cuda.clone()))
+            .with_precision(precision)
+            .expect("precision");
         let x: Vec<f32> =
             (0..lengths.len() * 5 * model.input_size()).map(|i| (i as f32 * 0.37).sin()).collect();
         let input = Input::Padded {

@@ -5,7 +5,9 @@
 //! Each block owns a share of each product's output columns and keeps
 //! those rows of the weight (rounded to the product's precision) in its
 //! dynamic shared memory from the first step to the last; a step reads
-//! only the states from global memory. Where a per-row stage in the lane
+//! only the states from global memory. Products in bf16, fp16 and TF32
+//! run on the tensor cores (the prelude's `cellc_mma_product`, where the
+//! architecture has `mma.sync`), in f32 on the CUDA cores. Where a per-row stage in the lane
 //! form follows a product and reads the product only at its own units, the
 //! block owns whole units (unit `u` of every piece of the product: an
 //! LSTM's four gates of unit `u`), computes the stage for those units right
@@ -353,9 +355,10 @@ pub fn emit(name: &str, work: &[Work]) -> Result<StepLoop, EmitError> {
     Ok(StepLoop { kernel, products, row_stages, shares, barriers_per_step: barriers })
 }
 
-/// One product's code for a step: the block's columns for every row, four
-/// rows a thread at a time (a weight element read from shared memory once
-/// serves four rows).
+/// One product's code for a step: the block's columns for every row. In
+/// bf16, fp16 and TF32 on tensor cores (the prelude's `cellc_mma_product`)
+/// where the device has them; otherwise, and in f32, four rows a thread at
+/// a time (a weight element read from shared memory once serves four rows).
 fn product_code(src: &mut String, p: usize, product: Product, share: Share, word: usize) {
     let (out, k) = product.out_and_k();
     let (units, pieces, stride) = (share.units, share.pieces, product.stride());
@@ -365,6 +368,15 @@ fn product_code(src: &mut String, p: usize, product: Product, share: Share, word
     let _ = writeln!(src, "            float* const y = (float*)rec[{}];", word + 2);
     let _ = writeln!(src, "            const int ys = (int)rec[{}];", word + 3);
     let _ = writeln!(src, "            const int cols = {pieces} * own_{p}, groups = (n + 3) / 4;");
+    // Tensor cores for bf16, fp16 and TF32 where the architecture has
+    // them (the prelude's CELLC_MMA) and the block is whole warps.
+    src.push_str("#ifdef CELLC_MMA\n");
+    let _ = writeln!(src, "            if (prec_{p} != 0 && (blockDim.x & 31u) == 0u) {{");
+    let _ = writeln!(
+        src,
+        "                cellc_mma_product(x, xs, y, ys, n, w_{p}, {stride}, cols, own_{p}, {units}, u0_{p}, {out}, {k}, prec_{p});"
+    );
+    src.push_str("            } else\n#endif\n");
     src.push_str("            for (int e = threadIdx.x; e < groups * cols; e += blockDim.x) {\n");
     src.push_str("                const int g = e / cols, c = e - g * cols, piece = c / own_");
     let _ = writeln!(src, "{p};");

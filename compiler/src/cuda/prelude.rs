@@ -71,6 +71,115 @@ __device__ __forceinline__ float cellc_round(float x, int precision) {
     return __uint_as_float((bits + 0x0fffu + ((bits >> 13) & 1u)) & ~0x1fffu);
 }
 
+// Tensor-core products for the step loops (sm_80 on, and the host
+// emulation, which runs the same fragments through a warp exchange):
+// `mma.sync` m16n8k16 on bf16 or fp16 operands, m16n8k8 on TF32 ones, f32
+// sums. Fragment layouts are PTX's: with g = lane / 4 and t = lane % 4, A
+// (16 rows by k) holds (g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)
+// as 16-bit pairs, low half first; B (k by 8 columns) (2t.., g), (2t+8.., g);
+// the sums D (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1). TF32's A is (g, t),
+// (g+8, t), (g, t+4), (g+8, t+4), its B (t, g), (t+4, g).
+#if defined(CELLC_HOST_EMULATION) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800)
+#define CELLC_MMA 1
+#ifndef CELLC_HOST_EMULATION
+__device__ __forceinline__ unsigned cellc_half_bits(float x) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+__device__ __forceinline__ void cellc_mma_bf16(float d[4], const unsigned a[4], const unsigned b[2]) {
+    __syncwarp();
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void cellc_mma_f16(float d[4], const unsigned a[4], const unsigned b[2]) {
+    __syncwarp();
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void cellc_mma_tf32(float d[4], const unsigned a[4], const unsigned b[2]) {
+    __syncwarp();
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+// Elements k and k + 1 of row p in the product's 16-bit type (code 1
+// bf16, 2 fp16), packed with k in the low half; zero past K or without a row.
+__device__ __forceinline__ unsigned cellc_pair(const float* p, int k, int K, int code) {
+    const float lo = p && k < K ? cellc_round(p[k], code) : 0.0f;
+    const float hi = p && k + 1 < K ? cellc_round(p[k + 1], code) : 0.0f;
+    if (code == 1) return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
+    return cellc_half_bits(lo) | (cellc_half_bits(hi) << 16);
+}
+// Element k of row p rounded to TF32; zero past K or without a row.
+__device__ __forceinline__ unsigned cellc_tf32(const float* p, int k, int K) {
+    return p && k < K ? __float_as_uint(cellc_round(p[k], 3)) : 0u;
+}
+// The output column of a step loop's block column c: piece c / own, the
+// block's units from u0 (cellc::cuda::persistent).
+__device__ __forceinline__ int cellc_column(int c, int own, int units, int u0) {
+    const int piece = c / own;
+    return piece * units + u0 + (c - piece * own);
+}
+// A step loop's product on tensor cores: y[r, column(c)] = sum_k x[r, head
+// * K + k] w[c * stride + k] for the step's n rows and the block's `cols`
+// columns (w: the block's weight rows in shared memory, rounded to `code`'s
+// precision, 1 bf16, 2 fp16, 3 TF32). Each warp takes 16-row by 8-column
+// tiles in turn; a tile whose columns span two heads (x's operand differs
+// by column) is summed by its lanes one element at a time instead. Every
+// thread of the block calls it, the block a whole number of warps.
+__device__ __forceinline__ void cellc_mma_product(const float* x, int xs, float* y, int ys, int n, const float* w,
+                                                  int stride, int cols, int own, int units, int u0, int out, int K,
+                                                  int code) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int across = (cols + 7) >> 3, tiles = ((n + 15) >> 4) * across;
+    for (int tile = threadIdx.x >> 5; tile < tiles; tile += blockDim.x >> 5) {
+        const int r0 = (tile / across) << 4, c0 = (tile - (tile / across) * across) << 3;
+        const int head = cellc_column(c0, own, units, u0) / out;
+        if (head != cellc_column(c0 + 7 < cols ? c0 + 7 : cols - 1, own, units, u0) / out) {
+            for (int e = lane; e < 128; e += 32) {
+                const int r = r0 + (e >> 3), c = c0 + (e & 7);
+                if (r >= n || c >= cols) continue;
+                const int o = cellc_column(c, own, units, u0);
+                const float* const xr = x + (size_t)r * xs + (o / out) * K;
+                float acc = 0.0f;
+                for (int k = 0; k < K; ++k) acc = fmaf(cellc_round(xr[k], code), w[c * stride + k], acc);
+                y[(size_t)r * ys + o] = acc;
+            }
+            continue;
+        }
+        const float* const xa = r0 + g < n ? x + (size_t)(r0 + g) * xs + head * K : nullptr;
+        const float* const xb = r0 + g + 8 < n ? x + (size_t)(r0 + g + 8) * xs + head * K : nullptr;
+        const float* const wb = c0 + g < cols ? w + (c0 + g) * stride : nullptr;
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (code == 3) {
+            for (int k0 = 0; k0 < K; k0 += 8) {
+                const unsigned a[4] = {cellc_tf32(xa, k0 + t, K), cellc_tf32(xb, k0 + t, K),
+                                       cellc_tf32(xa, k0 + t + 4, K), cellc_tf32(xb, k0 + t + 4, K)};
+                const unsigned b[2] = {cellc_tf32(wb, k0 + t, K), cellc_tf32(wb, k0 + t + 4, K)};
+                cellc_mma_tf32(d, a, b);
+            }
+        } else {
+            for (int k0 = 0; k0 < K; k0 += 16) {
+                const int k = k0 + 2 * t;
+                const unsigned a[4] = {cellc_pair(xa, k, K, code), cellc_pair(xb, k, K, code),
+                                       cellc_pair(xa, k + 8, K, code), cellc_pair(xb, k + 8, K, code)};
+                const unsigned b[2] = {cellc_pair(wb, k, K, code), cellc_pair(wb, k + 8, K, code)};
+                if (code == 1) cellc_mma_bf16(d, a, b);
+                else cellc_mma_f16(d, a, b);
+            }
+        }
+        for (int i = 0; i < 4; ++i) {
+            const int r = r0 + g + 8 * (i >> 1), c = c0 + 2 * t + (i & 1);
+            if (r < n && c < cols) y[(size_t)r * ys + cellc_column(c, own, units, u0)] = d[i];
+        }
+    }
+}
+#endif
+
 #ifndef CELLC_HOST_EMULATION
 // The step-loop kernels' weights: dynamic shared memory.
 #define CELLC_DYNAMIC_SHARED(name) extern __shared__ __align__(16) float name[]
@@ -165,6 +274,7 @@ pub const ROW_KERNELS: [&str; 4] =
 /// `#include`d first when the generated source is compiled as host C++
 /// (`g++ -std=c++20 -pthread -include cuda_host_emu.h -x c++`): CUDA's
 /// keywords, thread indices and barrier, emulated with one OS thread per
-/// CUDA thread of a block and `std::barrier`. Not emulated: warp
-/// intrinsics, dynamic shared memory, the GPU memory model.
+/// CUDA thread of a block and `std::barrier`; the tensor-core products'
+/// `mma.sync` by an exchange of fragments among a warp's threads. Not
+/// emulated: other warp intrinsics, the GPU memory model.
 pub const HOST_EMULATION_HEADER: &str = include_str!("cuda_host_emu.h");
