@@ -50,6 +50,7 @@ MACHINE_NOTES = {
     "peak_xeon_amx.json": "2 cores, AVX-512 with AVX512-BF16 and AMX",
     "slstm_speed_xeon.json": "2 cores, AVX-512 with AVX512-BF16, no AMX",
     "python_vs_nn_zen4_2026-12-01.json": "Zen 4, 2 cores, AVX-512 with AVX512-BF16, a shared virtual machine",
+    "export_speed_xeon_amx.json": "2 cores, AVX-512 with AVX512-BF16 and AMX",
 }
 
 # Shown in the list of sources, but not as tables of their own.

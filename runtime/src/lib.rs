@@ -56,6 +56,7 @@ pub mod pool;
 pub mod resets;
 pub mod results;
 pub mod sequence;
+pub mod spec;
 pub mod weights;
 
 pub use call::{Call, CallerMemory};

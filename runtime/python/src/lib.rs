@@ -18,6 +18,9 @@ mod recycled;
 mod spec;
 mod tensors;
 
+// AOTInductor's generated code calls it by name once this extension's
+// symbols are global (cellc._ops promotes them at import).
+pub use cellc_aoti::aoti_torch_cpu_cellc_rnn;
 use cellc_runtime::backend::cpu::threads;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;

@@ -6,15 +6,16 @@ use crate::errors::to_python;
 use crate::spec;
 use crate::tensors::{Tensor, TensorArg};
 use cellc_runtime::backend::cpu::threads;
+use cellc_runtime::spec::LayoutName;
 use cellc_runtime::{
-    Align, BackwardOut, BatchShape, Call, CallOptions, DeviceBackwardOut, DeviceCall, DeviceFloats,
+    BackwardOut, BatchShape, Call, CallOptions, DeviceBackwardOut, DeviceCall, DeviceFloats,
     DeviceForwardOut, ForwardOut, Major, MaskSeed, Model, PackedIndex, Precision, Result, RuntimeError,
 };
 use pyo3::prelude::*;
 
 /// A batch's shape (from the input tensor's) and index tensors, read.
 struct Batch {
-    layout: Layout,
+    layout: LayoutName,
     /// Padded: `[lengths]` (every length `T` when the call gives none); packed:
     /// `[batch_sizes, sorted_indices, unsorted_indices]`.
     index: Vec<Vec<usize>>,
@@ -23,23 +24,6 @@ struct Batch {
     features: usize,
     /// Per-step resets, one flag per layout row (`CallOptions::resets`).
     resets: Option<Vec<bool>>,
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Layout {
-    Padded(Major, Align),
-    Packed,
-}
-
-fn layout(name: &str) -> Result<Layout> {
-    Ok(match name {
-        "batch_first/left" => Layout::Padded(Major::BatchFirst, Align::Left),
-        "batch_first/right" => Layout::Padded(Major::BatchFirst, Align::Right),
-        "time_first/left" => Layout::Padded(Major::TimeFirst, Align::Left),
-        "time_first/right" => Layout::Padded(Major::TimeFirst, Align::Right),
-        "packed" => Layout::Packed,
-        other => return Err(RuntimeError::Internal(format!("no such layout `{other}`"))),
-    })
 }
 
 impl Batch {
@@ -58,10 +42,10 @@ impl Batch {
         // SAFETY: per the contract.
         let resets = resets.map(|r| unsafe { r.indices(false, 0) }).transpose()?;
         let resets = resets.map(|flags| flags.into_iter().map(|v| v != 0).collect());
-        let layout = layout(layout_name)?;
+        let layout = LayoutName::parse(layout_name)?;
         let rank = match layout {
-            Layout::Padded(..) => 3,
-            Layout::Packed => 2,
+            LayoutName::Padded(..) => 3,
+            LayoutName::Packed => 2,
         };
         if x.shape.len() != rank {
             return Err(RuntimeError::Shape {
@@ -71,11 +55,11 @@ impl Batch {
             });
         }
         let (dims, features) = match layout {
-            Layout::Padded(Major::BatchFirst, _) => ((x.shape[0], x.shape[1]), x.shape[2]),
-            Layout::Padded(Major::TimeFirst, _) => ((x.shape[1], x.shape[0]), x.shape[2]),
-            Layout::Packed => ((x.shape[0], 0), x.shape[1]),
+            LayoutName::Padded(Major::BatchFirst, _) => ((x.shape[0], x.shape[1]), x.shape[2]),
+            LayoutName::Padded(Major::TimeFirst, _) => ((x.shape[1], x.shape[0]), x.shape[2]),
+            LayoutName::Packed => ((x.shape[0], 0), x.shape[1]),
         };
-        let expected = if matches!(layout, Layout::Packed) { 3 } else { 1 };
+        let expected = if matches!(layout, LayoutName::Packed) { 3 } else { 1 };
         if index.is_empty() && expected == 1 {
             // A padded batch without lengths: every sequence runs all the steps.
             return Ok(Batch { layout, index: vec![vec![dims.1; dims.0]], dims, features, resets });
@@ -97,14 +81,14 @@ impl Batch {
 
     fn shape(&self) -> BatchShape<'_> {
         match self.layout {
-            Layout::Padded(major, align) => BatchShape::Padded {
+            LayoutName::Padded(major, align) => BatchShape::Padded {
                 batch: self.dims.0,
                 steps: self.dims.1,
                 major,
                 align,
                 lengths: &self.index[0],
             },
-            Layout::Packed => BatchShape::Packed(PackedIndex {
+            LayoutName::Packed => BatchShape::Packed(PackedIndex {
                 features: self.features,
                 batch_sizes: &self.index[0],
                 sorted_indices: &self.index[1],

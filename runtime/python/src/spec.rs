@@ -8,163 +8,13 @@
 //! the caller's, per call. When the last module of a spec is deleted, its
 //! models go, and with them the memory kept for reuse.
 
-use cellc_runtime::backend::cpu::{Cpu, Kernels};
-use cellc_runtime::backend::cuda::Cuda;
 use cellc_runtime::backend::reference::Reference;
-use cellc_runtime::backend::Device;
-use cellc_runtime::{CompiledCell, Model, ModelConfig, Result, RuntimeError};
+use cellc_runtime::spec::{Backend, ModelSpec};
+use cellc_runtime::{CompiledCell, Model, Result};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
-
-/// A model's description, as `cellc.RNN` writes it.
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Spec {
-    /// The `.cell` source, and the name its diagnostics give the file.
-    source: String,
-    file: String,
-    /// Which cell of the source (`None`: the first).
-    cell: Option<String>,
-    input_size: usize,
-    /// Explicit size bindings (`{"H": 256}`).
-    sizes: BTreeMap<String, usize>,
-    layers: usize,
-    bidirectional: bool,
-    /// Dropout between layers in training mode (`nn.LSTM`'s `dropout`).
-    #[serde(default)]
-    dropout: f32,
-    /// The device its models run on.
-    backend: Backend,
-    /// The version of cellc that wrote it: a spec is a constant argument of
-    /// the package's operators, so caches keyed by a graph's constants
-    /// (`torch.compile`'s) never reuse shapes, such as the reserve's, that
-    /// another version computed. Absent in a module saved by an older one.
-    #[serde(default, rename = "cellc")]
-    _version: Option<String>,
-}
-
-fn parse(spec: &str) -> Result<Spec> {
-    serde_json::from_str(spec)
-        .map_err(|e| RuntimeError::Internal(format!("a model spec that does not parse: {e}")))
-}
-
-/// The device a spec names: `cellc.RNN`'s `backend` (`cpu`, `reference`,
-/// `cuda` or `cuda-emulated`), parsed once with the spec. What the Python
-/// half needs to know of a device before any call is its description's
-/// (see [`Description`]), never its name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-enum Backend {
-    Cpu,
-    Reference,
-    Cuda,
-    CudaEmulated,
-}
-
-impl Backend {
-    /// The device (the CPU's: every usable core, each call capped by its
-    /// caller's thread count; CUDA's on device `device`). Every call asks
-    /// for its own precision ([`cellc_runtime::CallOptions::precision`]).
-    fn device(self, device: usize) -> Result<Box<dyn Device>> {
-        match self {
-            Backend::Cpu => Ok(Box::new(Cpu::new(0, Kernels::Fastest)?)),
-            Backend::Reference => Ok(Box::new(Reference)),
-            Backend::Cuda => Ok(Box::new(cuda(Some(device))?)),
-            Backend::CudaEmulated => Ok(Box::new(cuda(None)?)),
-        }
-    }
-
-    /// How the device reads CPU tensors, known without opening it:
-    /// `"host"` where they lie (its memory is the host's), `"staged"`
-    /// (a GPU: uploaded, and the results downloaded), or `"device"` (the
-    /// emulated device, whose memory is the host's: CPU tensors are its
-    /// device memory, as CUDA tensors are a GPU's).
-    fn cpu_tensors(self) -> &'static str {
-        match self {
-            Backend::Cpu | Backend::Reference => "host",
-            Backend::Cuda => "staged",
-            Backend::CudaEmulated => "device",
-        }
-    }
-
-    /// Whether it reads CUDA tensors (a GPU's device; the others read CPU tensors only).
-    fn cuda_tensors(self) -> bool {
-        self == Backend::Cuda
-    }
-
-    /// Whether a module's plain inference calls take the native fast path
-    /// (`fast::Eager`): the CPU's; the reference device, the oracle, runs
-    /// every call as the operators run it.
-    fn fast_path(self) -> bool {
-        self == Backend::Cpu
-    }
-
-    /// The name `cellc.RNN` gave it, for messages.
-    fn name(self) -> &'static str {
-        match self {
-            Backend::Cpu => "cpu",
-            Backend::Reference => "reference",
-            Backend::Cuda => "cuda",
-            Backend::CudaEmulated => "cuda-emulated",
-        }
-    }
-}
-
-/// The CUDA device on `device` (`None`: the emulated device), one per
-/// device for every model of the process: they share its stream, its
-/// compiled kernels and its memory pools (kept for the process's life).
-/// On a GPU, passes run as CUDA graphs (launched on PyTorch's stream;
-/// see `Cuda::with_graphs`) unless `CELLC_CUDA_GRAPHS=0`.
-fn cuda(device: Option<usize>) -> Result<Arc<Cuda>> {
-    type Devices = Mutex<HashMap<Option<usize>, Arc<Cuda>>>;
-    static DEVICES: OnceLock<Devices> = OnceLock::new();
-    let mut devices = DEVICES.get_or_init(Default::default).lock().map_err(|_| poisoned())?;
-    if let Some(d) = devices.get(&device) {
-        return Ok(d.clone());
-    }
-    let made = Arc::new(match device {
-        Some(ordinal) => {
-            Cuda::gpu(ordinal)?.with_graphs(std::env::var("CELLC_CUDA_GRAPHS").as_deref() != Ok("0"))
-        }
-        None => Cuda::emulated()?,
-    });
-    devices.insert(device, made.clone());
-    Ok(made)
-}
-
-/// The model `spec` describes on `backend`, keeping no weights (every call passes the module's).
-fn make(spec: &Spec, backend: Box<dyn Device>) -> Result<Model> {
-    Model::without_weights(compiled(spec)?, config(spec)?, &spec.sizes, Some(spec.input_size), backend)?
-        .with_dropout(spec.dropout)
-}
-
-fn config(spec: &Spec) -> Result<ModelConfig> {
-    if spec.layers == 0 {
-        return Err(RuntimeError::Layer { layer: 0, message: "a model needs at least one layer".into() });
-    }
-    Ok(ModelConfig { layers: spec.layers, bidirectional: spec.bidirectional })
-}
-
-/// The spec's cell, compiled once while some model uses it.
-fn compiled(spec: &Spec) -> Result<Arc<CompiledCell>> {
-    type Cells = Mutex<HashMap<(String, Option<String>), Weak<CompiledCell>>>;
-    static CELLS: OnceLock<Cells> = OnceLock::new();
-    let key = (spec.source.clone(), spec.cell.clone());
-    let mut cells = CELLS.get_or_init(Default::default).lock().map_err(|_| poisoned())?;
-    cells.retain(|_, c| c.strong_count() > 0);
-    if let Some(c) = cells.get(&key).and_then(Weak::upgrade) {
-        return Ok(c);
-    }
-    let c = Arc::new(CompiledCell::from_source(&spec.file, &spec.source, spec.cell.as_deref())?);
-    cells.insert(key, Arc::downgrade(&c));
-    Ok(c)
-}
-
-fn poisoned() -> RuntimeError {
-    RuntimeError::Internal("a cache lock was poisoned by an earlier panic".into())
-}
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The models of the specs that modules hold: per spec, how many
 /// [`Handle`]s hold it and its model per device (the CPU's at 0).
@@ -200,8 +50,8 @@ pub fn model(spec: &str, device: usize) -> Result<Arc<Model>> {
 /// made now and not kept with the spec's models: what [`model`] keeps, or
 /// one given weights of its own (a module's frozen calls, [`crate::fast`]).
 pub fn unshared_model(spec: &str, device: usize) -> Result<Model> {
-    let parsed = parse(spec)?;
-    make(&parsed, parsed.backend.device(device)?)
+    let parsed = ModelSpec::parse(spec)?;
+    parsed.model(parsed.backend.device(device)?)
 }
 
 /// A module's hold on its spec's models: they live while some handle of
@@ -263,11 +113,11 @@ pub fn held_counts() -> (usize, usize) {
 /// reserve's size; the other back ends keep their tapes themselves, so a
 /// reference model describes them.
 pub fn describe(text: &str) -> Result<Description> {
-    let spec = parse(text)?;
+    let spec = ModelSpec::parse(text)?;
     match spec.backend {
         Backend::Cpu => Description::of(&*model(text, 0)?, spec.backend),
         Backend::Reference | Backend::Cuda | Backend::CudaEmulated => {
-            Description::of(&make(&spec, Box::new(Reference))?, spec.backend)
+            Description::of(&spec.model(Box::new(Reference))?, spec.backend)
         }
     }
 }
@@ -276,10 +126,10 @@ pub fn describe(text: &str) -> Result<Description> {
 pub fn initial_weights(spec: &str, seed: u64) -> Result<Vec<Vec<f32>>> {
     // Initialisation does not depend on the back end: the reference one
     // starts no threads and opens no device.
-    let spec = parse(spec)?;
+    let spec = ModelSpec::parse(spec)?;
     let mut model = Model::new(
-        compiled(&spec)?,
-        config(&spec)?,
+        spec.compiled()?,
+        spec.config()?,
         &spec.sizes,
         Some(spec.input_size),
         None,
@@ -307,7 +157,7 @@ pub fn cell_sizes(file: &str, source: &str, cell: Option<&str>) -> Result<(Vec<S
 /// `("zeros", 0)` or `("ones", 1)`.
 pub fn param_inits(text: &str) -> Result<Vec<(&'static str, f64)>> {
     use cellc::interp::ConcreteInit;
-    let model = make(&parse(text)?, Box::new(Reference))?;
+    let model = ModelSpec::parse(text)?.model(Box::new(Reference))?;
     Ok(model
         .param_inits()?
         .iter()

@@ -3,10 +3,11 @@
 :class:`RNN` is the module (``nn.LSTM``'s conventions, any cell); :func:`shipped_cells` names
 the cells that come with the package; :func:`set_threading` and :func:`threading` choose and
 show the threads of its CPU work; :func:`draw_masks` gives the seed of a training call's masks;
-:mod:`cellc.errors` holds the exceptions, each also a ``ValueError``, ``TypeError``,
+:func:`aoti_library` names the library an exported model's AOTInductor package calls cellc
+through; :mod:`cellc.errors` holds the exceptions, each also a ``ValueError``, ``TypeError``,
 ``RuntimeError`` or ``MemoryError`` as PyTorch would raise for the same mistake. The package
 links no libtorch: its operators are ``torch.library`` custom operators
-(``torch.ops.cellc.rnn_forward`` and ``rnn_backward``).
+(``torch.ops.cellc.rnn_forward`` and ``rnn_backward``, and ``cellc_rnn`` in exported models).
 
 Example:
     >>> import torch, cellc
@@ -29,13 +30,14 @@ from .errors import (
     CellCompileError,
     DeviceError,
     DTypeError,
+    ExportError,
     InternalError,
     LengthError,
     RateError,
     ShapeError,
     TooLargeError,
 )
-from ._ops import draw_masks, set_threading, threading
+from ._ops import aoti_library, draw_masks, set_threading, threading
 from .rnn import RNN
 
 # A whole model saved with torch.save(model) loads with torch.load's default weights_only=True,
@@ -46,6 +48,7 @@ _torch.serialization.add_safe_globals([RNN])
 __all__ = [
     "__version__",
     "RNN",
+    "aoti_library",
     "draw_masks",
     "errors",
     "shipped_cells",
@@ -56,6 +59,7 @@ __all__ = [
     "CellCompileError",
     "DeviceError",
     "DTypeError",
+    "ExportError",
     "InternalError",
     "LengthError",
     "RateError",

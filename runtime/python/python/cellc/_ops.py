@@ -26,13 +26,16 @@ inputs where they lie, with the interpreter lock released:
 
 from __future__ import annotations
 
+import base64
+import ctypes
 import functools
+import os
 
 import torch
 from torch import Tensor
 
 from . import _cellc
-from .errors import DeviceError, DTypeError
+from .errors import DeviceError, DTypeError, ExportError
 
 
 def set_threading(team: str) -> str:
@@ -539,3 +542,130 @@ def run(spec: str, layout: str, x: Tensor, index: list[Tensor], h0: list[Tensor]
     out, finals, _ = torch.ops.cellc.rnn_forward(spec, layout, x, index, h0, weights, training, masks,
                                                  _rates_tensor(rates), resets, precision)
     return out, finals
+
+
+# ---- Exported models: torch.export, AOTInductor ---------------------------------------------
+
+
+@torch.library.custom_op("cellc::cellc_rnn", mutates_args=())
+def cellc_rnn(
+    spec: str,
+    layout: str,
+    x: Tensor,
+    lengths: Tensor | None,
+    h0: list[Tensor],
+    weights: list[Tensor],
+    precision: str,
+) -> tuple[Tensor, Tensor]:
+    """The operator ``torch.ops.cellc.cellc_rnn``: an inference call of ``cellc.RNN`` in an
+    exported model (``torch.export.export`` traces it in place of :func:`rnn_forward`).
+
+    Its outputs are plain tensors, so that AOTInductor's generated code calls it through a C
+    function, ``aoti_torch_cpu_cellc_rnn`` (the ``cellc-aoti`` library, which this package's
+    extension exports too), with no Python: the spec, a constant argument, carries the cell's
+    source, sizes and cellc's version into the package.
+
+    Args:
+        spec: the model (``cellc.RNN.spec``), base64-encoded (:func:`export_spec`): AOTInductor
+            writes a string argument into its generated C++ as it is, unescaped.
+        layout: a padded layout (see :func:`rnn_forward`).
+        x: the input, float32, ``[B, T, I]`` or ``[T, B, I]``.
+        lengths: each sequence's length, int64 ``[B]`` on the CPU; ``None``: all ``T``.
+        h0: the initial states, one per state of the cell, or none (zeros).
+        weights: every layer's and direction's parameters, in the model's order.
+        precision: the precision asked for the products (``"f32"``).
+
+    Returns:
+        ``(output, finals)``: the output, and the final states concatenated along their last
+        dimension (``[layers * directions, B, sum of the state sizes]``).
+    """
+    out, finals, _ = _forward_impl(_spec_of(spec), layout, x, [] if lengths is None else [lengths], h0, weights,
+                                   False, precision=precision)
+    return out, torch.cat(finals, dim=-1)
+
+
+@cellc_rnn.register_fake
+def _(spec, layout, x, lengths, h0, weights, precision):
+    info = describe(_spec_of(spec))
+    batch = x.shape[0] if layout.startswith("batch_first") else x.shape[1]
+    width = sum(size for _, size in info["states"])
+    return x.new_empty((*x.shape[:-1], info["output_size"])), x.new_empty((info["slots"], batch, width))
+
+
+def exported_forward(spec: str, layout: str, x: Tensor, index: list[Tensor], h0: list[Tensor],
+                     weights: list[Tensor], masks, resets, precision: str) -> tuple[Tensor, list[Tensor]]:
+    """A ``cellc.RNN`` call while ``torch.export`` traces it: :func:`cellc_rnn`, its final
+    states split again; what an exported model cannot carry is an :class:`ExportError` naming
+    the argument, at export time."""
+    if masks is not None:
+        raise ExportError(
+            "a training-mode call that draws masks (dropout between layers, or the cell's own) cannot be "
+            "exported: call model.eval() before torch.export.export"
+        )
+    if resets is not None:
+        raise ExportError("`resets` cannot be exported yet: export the model without per-step resets")
+    if precision != "f32":
+        raise ExportError(
+            f"an exported cellc.RNN computes in float32, and this call asks for {precision} products "
+            "(autocast, half-precision tensors or TF32): export it in float32"
+        )
+    if x.device.type != "cpu":
+        raise ExportError(f"an exported cellc.RNN runs on the CPU, and `input` is on {x.device}: export on the CPU")
+    out, finals = torch.ops.cellc.cellc_rnn(export_spec(spec), layout, x, index[0] if index else None, h0, weights,
+                                            precision)
+    sizes = [size for _, size in describe(spec)["states"]]
+    return out, list(torch.split(finals, sizes, dim=-1))
+
+
+def export_spec(spec: str) -> str:
+    """A spec as :func:`cellc_rnn` takes it: base64 of its UTF-8 text, which needs no escape in
+    a C string literal (the C shim's caller is generated C++ that writes strings as they are)."""
+    return base64.b64encode(spec.encode()).decode("ascii")
+
+
+@functools.lru_cache(maxsize=64)
+def _spec_of(encoded: str) -> str:
+    """The spec :func:`export_spec` encoded."""
+    return base64.b64decode(encoded.encode("ascii")).decode()
+
+
+#: The C declaration AOTInductor's generated code calls ``cellc::cellc_rnn`` by (the C shim of
+#: ``runtime/aoti``; its arguments as AOTInductor derives them from the schema).
+C_SHIM = (
+    "AOTITorchError aoti_torch_cpu_cellc_rnn(const char* spec, const char* layout, AtenTensorHandle x, "
+    "AtenTensorHandle* lengths, const AtenTensorHandle* h0, int64_t h0_len, const AtenTensorHandle* weights, "
+    "int64_t weights_len, const char* precision, AtenTensorHandle* ret0, AtenTensorHandle* ret1)"
+)
+
+
+def aoti_library() -> str:
+    """The path of a library that holds cellc's AOTInductor C shim: this package's extension,
+    which exports it. A process that runs an AOTInductor package of a model with ``cellc.RNN``
+    but does not import ``cellc`` loads it first (``ctypes.CDLL(path, mode=os.RTLD_GLOBAL)``);
+    a C++ program links it, or the ``cellc-aoti`` crate's ``libcellc_aoti.so`` (``cargo build
+    --release -p cellc-aoti``), the same functions without Python.
+
+    Returns:
+        The extension's file path.
+    """
+    return _cellc.__file__
+
+
+def _register_c_shim() -> None:
+    """Tells AOTInductor to call ``cellc::cellc_rnn`` through its C shim, and makes the shim,
+    which this package's extension exports, visible to the packages it loads in this process.
+    A PyTorch without AOTInductor's C shims for custom operators keeps its own route."""
+    try:
+        from torch._inductor import config
+        shims = dict(config.aot_inductor.custom_ops_to_c_shims)
+    except (ImportError, AttributeError):
+        return
+    shims[torch.ops.cellc.cellc_rnn.default] = [C_SHIM]
+    config.aot_inductor.custom_ops_to_c_shims = shims
+    try:
+        ctypes.CDLL(_cellc.__file__, mode=os.RTLD_GLOBAL | getattr(os, "RTLD_NOLOAD", 0))
+    except OSError:
+        pass
+
+
+_register_c_shim()

@@ -43,5 +43,11 @@ class BackendError(CellcError, RuntimeError):
     """The back end cannot run here (no CUDA driver, for example)."""
 
 
+class ExportError(CellcError, ValueError):
+    """A call that an exported model (``torch.export``, AOTInductor) cannot carry, named at
+    export time: a training-mode call that draws masks, per-step resets, a packed batch, a
+    precision other than float32, or CUDA tensors."""
+
+
 class InternalError(CellcError, RuntimeError):
     """A bug in cellc: please report it."""

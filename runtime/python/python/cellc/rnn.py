@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from . import _cellc, _float64, _ops
-from .errors import DeviceError, DTypeError, ShapeError
+from .errors import DeviceError, DTypeError, ExportError, ShapeError
 
 _ALIGNS = ("left", "right")
 
@@ -665,7 +665,11 @@ class RNN(nn.Module):
         spec, masks = self._spec_for(x), self._masks()
         rates = self._call_rates(masks)
         precision = precision or _ops.float32_products(self._in_device_memory(x))
-        out, finals = _ops.run(spec, layout, x.contiguous(), index, h0, weights, masks, rates, resets, precision)
+        if torch.compiler.is_exporting():
+            out, finals = _ops.exported_forward(spec, layout, x.contiguous(), index, h0, weights, masks, resets,
+                                                precision)
+        else:
+            out, finals = _ops.run(spec, layout, x.contiguous(), index, h0, weights, masks, rates, resets, precision)
         if unbatched:
             out = out.squeeze(0 if self.batch_first else 1)
             finals = [f.squeeze(1) for f in finals]
@@ -676,6 +680,11 @@ class RNN(nn.Module):
         if data.dim() != 2 or data.shape[-1] != self.input_size:
             raise ShapeError(
                 f"`input.data` has shape {list(data.shape)}, expected [N, {self.input_size}]"
+            )
+        if torch.compiler.is_exporting():
+            raise ExportError(
+                "a PackedSequence cannot be exported: give the padded batch and its `lengths` (both alignments "
+                "export)"
             )
         layout = "packed"
         if resets is not None:
