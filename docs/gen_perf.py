@@ -456,6 +456,22 @@ def gen_fused_step():
         ""] + table(["cell", "B", "H", "mode", "fused (ms)", "unfused (ms)", "ratio"], body)}
 
 
+def gen_export():
+    src = "export_speed_xeon_amx.json"
+    d = load(src)
+    body = []
+    for r in d["rows"]:
+        body.append([r["batch"], f"{r['cellc_ms']:.3f}", f"{r['package_ms']:.3f}", f"**{r['package_over_cellc']:.3f}**",
+                     f"{r['onnx_node_ms']:.3f}", f"**{r['onnx_node_over_cellc']:.3f}**", f"{r['nn.LSTM_ms']:.3f}",
+                     f"{r['ort_lstm_ms']:.3f}", f"{r['max_abs_diff']:.1e}"])
+    r0 = d["rows"][0]
+    return {"export.md": header([src], f" {r0['threads']} threads.") + [
+        f"An LSTM, H={r0['hidden']}, T={r0['steps']}, inference, float32; medians, alternating "
+        "(`benches/export_speed.py`). Ratios: exported time / eager `cellc.RNN` time.", ""] + table(
+        ["B", "cellc.RNN eager (ms)", "AOTInductor package (ms)", "package / eager", "ONNX Runtime node (ms)",
+         "node / eager", "nn.LSTM eager (ms)", "ONNX Runtime's LSTM (ms)", "largest difference"], body)}
+
+
 # ---- GPU: tests/gpu/check.py ------------------------------------------------------------------
 
 # Shorter names for runs whose JSON note is a sentence.
@@ -646,6 +662,7 @@ PAGES = {
     "bf16_speed_xeon.json": "Mixed precision", "bf16_speed_zen3.json": "Mixed precision",
     "bf16_speed_xeon_amx.json": "Mixed precision",
     "slstm_speed_xeon.json": "sLSTM heads", "fused_step_zen5.json": "CPU against PyTorch",
+    "export_speed_xeon_amx.json": "Deploying a model",
 }
 
 
@@ -665,8 +682,8 @@ def gen_sources():
 
 def generate():
     files = {}
-    for part in (gen_cpu, gen_masks, gen_python, gen_charlm, gen_bf16, gen_slstm, gen_fused_step, gen_gpu,
-                 gen_sources):
+    for part in (gen_cpu, gen_masks, gen_python, gen_charlm, gen_bf16, gen_slstm, gen_fused_step, gen_export,
+                 gen_gpu, gen_sources):
         files.update(part())
     return {name: "\n".join(lines).rstrip("\n") + "\n" for name, lines in files.items()}
 

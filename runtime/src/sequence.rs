@@ -53,6 +53,23 @@ pub fn time_before(t: usize, reverse: bool) -> usize {
     }
 }
 
+/// A padded batch's lengths as a framework gives them, signed (`None`:
+/// every one of the `batch` sequences runs all `steps` steps); a negative
+/// one is the runtime's length error. The range `1..=steps` is checked
+/// where the batch is laid out.
+pub fn lengths_from_i64(values: Option<&[i64]>, batch: usize, steps: usize) -> crate::Result<Vec<usize>> {
+    match values {
+        None => Ok(vec![steps; batch]),
+        Some(values) => values
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                usize::try_from(v).map_err(|_| crate::RuntimeError::Length { sequence: i, length: v, steps })
+            })
+            .collect(),
+    }
+}
+
 impl BatchOrder {
     /// Plans a batch; `steps` is the padded length (every length must be in `1..=steps`).
     pub fn new(lengths: &[usize], steps: usize) -> Result<BatchOrder> {

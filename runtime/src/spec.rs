@@ -9,7 +9,10 @@ use crate::backend::cpu::{Cpu, Kernels};
 use crate::backend::cuda::Cuda;
 use crate::backend::reference::Reference;
 use crate::backend::Device;
-use crate::{Align, CompiledCell, Major, Model, ModelConfig, Result, RuntimeError};
+use crate::{
+    Align, BatchShape, Call, CallOptions, CompiledCell, ForwardOut, Major, Model, ModelConfig, Precision,
+    Result, RuntimeError,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
@@ -185,6 +188,70 @@ impl ModelSpec {
     pub fn model(&self, backend: Box<dyn Device>) -> Result<Model> {
         Model::without_weights(self.compiled()?, self.config()?, &self.sizes, Some(self.input_size), backend)?
             .with_dropout(self.dropout)
+    }
+}
+
+/// The CPU model of the spec written as `text`, made at its first use and
+/// kept for the process: what the exported models' operator libraries
+/// (AOTInductor's `cellc-aoti`, ONNX Runtime's `cellc-onnx`) run, whatever
+/// back end the spec names. A spec that another cellc version wrote is
+/// refused ([`ModelSpec::check_version`]).
+pub fn exported_model(text: &str) -> Result<Arc<Model>> {
+    static MODELS: OnceLock<Mutex<HashMap<String, Arc<Model>>>> = OnceLock::new();
+    let mut models = MODELS.get_or_init(Default::default).lock().map_err(|_| poisoned())?;
+    if let Some(m) = models.get(text) {
+        return Ok(m.clone());
+    }
+    let spec = ModelSpec::parse(text)?;
+    spec.check_version()?;
+    let made = Arc::new(spec.model(Backend::Cpu.device(0)?)?);
+    models.insert(text.to_string(), made.clone());
+    Ok(made)
+}
+
+/// An exported model's inference call over a padded batch in host memory.
+#[derive(Debug)]
+pub struct PaddedInference<'a> {
+    /// The input, `[B, T, I]` (batch first) or `[T, B, I]`.
+    pub input: &'a [f32],
+    /// The input's dimensions.
+    pub dims: [usize; 3],
+    /// Batch first or time first.
+    pub major: Major,
+    /// Where each sequence's padding lies.
+    pub align: Align,
+    /// Each sequence's length (`None`: every sequence runs all `T` steps).
+    pub lengths: Option<&'a [i64]>,
+    /// The initial states, one per state of the cell, or none (zeros).
+    pub h0: Vec<&'a [f32]>,
+    /// Every layer's and direction's parameters, in the model's order.
+    pub weights: Vec<&'a [f32]>,
+}
+
+impl PaddedInference<'_> {
+    /// Runs it on `model` in f32, writing `output` (laid out as the input) and
+    /// each final state (`[layers * directions, B, size]`).
+    pub fn run(&self, model: &Model, output: &mut [f32], finals: Vec<&mut [f32]>) -> Result<()> {
+        let (batch, steps) = match self.major {
+            Major::BatchFirst => (self.dims[0], self.dims[1]),
+            Major::TimeFirst => (self.dims[1], self.dims[0]),
+        };
+        let lengths = crate::sequence::lengths_from_i64(self.lengths, batch, steps)?;
+        let weights = model.group_by_slot(self.weights.clone())?;
+        let call = Call {
+            input: BatchShape::Padded {
+                batch,
+                steps,
+                major: self.major,
+                align: self.align,
+                lengths: &lengths,
+            }
+            .with_data(self.input),
+            weights: Some(&weights),
+            h0: (!self.h0.is_empty()).then_some(&self.h0[..]),
+            options: CallOptions { precision: Some(Precision::F32), ..CallOptions::default() },
+        };
+        model.forward_into(&call, ForwardOut { output, final_states: finals }, None)
     }
 }
 

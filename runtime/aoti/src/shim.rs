@@ -17,11 +17,9 @@
 //! returned as a nonzero code, which the generated code raises.
 
 use crate::torch::{api, Tensor, TensorHandle};
-use cellc_runtime::spec::{Backend, LayoutName, ModelSpec};
-use cellc_runtime::{BatchShape, Call, CallOptions, ForwardOut, Model, Precision, Result, RuntimeError};
-use std::collections::HashMap;
+use cellc_runtime::spec::{exported_model, LayoutName, PaddedInference};
+use cellc_runtime::{Result, RuntimeError};
 use std::ffi::{c_char, CStr};
-use std::sync::{Arc, Mutex, OnceLock};
 
 /// The operator on CPU tensors (see the module's documentation); 0 on
 /// success.
@@ -111,20 +109,6 @@ fn decoded(encoded: &str) -> Result<String> {
         .map_err(|e| RuntimeError::Internal(format!("the model's spec is not UTF-8: {e}")))
 }
 
-/// The model of each spec the process has run, made at its first call.
-fn model(spec: &str) -> Result<Arc<Model>> {
-    static MODELS: OnceLock<Mutex<HashMap<String, Arc<Model>>>> = OnceLock::new();
-    let mut models = MODELS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(m) = models.get(spec) {
-        return Ok(m.clone());
-    }
-    let parsed = ModelSpec::parse(spec)?;
-    parsed.check_version()?;
-    let made = Arc::new(parsed.model(Backend::Cpu.device(0)?)?);
-    models.insert(spec.to_string(), made.clone());
-    Ok(made)
-}
-
 impl Args {
     /// The pass: the new output and final-state tensors.
     ///
@@ -132,7 +116,7 @@ impl Args {
     /// Every handle is live for the call.
     unsafe fn run(&self) -> Result<(TensorHandle, TensorHandle)> {
         let api = api()?;
-        let model = model(&self.spec)?;
+        let model = exported_model(&self.spec)?;
         let (major, align) = match LayoutName::parse(&self.layout)? {
             LayoutName::Padded(major, align) => (major, align),
             LayoutName::Packed => {
@@ -152,14 +136,13 @@ impl Args {
                     found: format!("{:?}", x.shape),
                 });
             }
-            let (batch, steps) = match major {
-                cellc_runtime::Major::BatchFirst => (x.shape[0], x.shape[1]),
-                cellc_runtime::Major::TimeFirst => (x.shape[1], x.shape[0]),
-            };
-            let lengths = match self.lengths {
-                None => vec![steps; batch],
-                Some(handle) => lengths(&api.tensor(handle, "lengths", "int64")?, steps)?,
-            };
+            if self.precision != "f32" {
+                return Err(RuntimeError::Internal(format!(
+                    "an exported model computes in f32, and this one asks for `{}`",
+                    self.precision
+                )));
+            }
+            let lengths = self.lengths.map(|h| api.tensor(h, "lengths", "int64")).transpose()?;
             let read = |handles: &[TensorHandle], name: &str| -> Result<Vec<Tensor>> {
                 handles
                     .iter()
@@ -168,44 +151,32 @@ impl Args {
                     .collect()
             };
             let (h0, weights) = (read(&self.h0, "h0")?, read(&self.weights, "weights")?);
-            let h0: Vec<&[f32]> = h0.iter().map(|t| t.floats()).collect();
-            let weights = model.group_by_slot(weights.iter().map(|t| t.floats()).collect())?;
-            let asked = self.precision.parse::<Precision>().map_err(RuntimeError::Internal)?;
-            let options = CallOptions {
-                precision: Some(model.computes(asked).or_else(|_| model.computes(Precision::F32))?),
-                ..CallOptions::default()
-            };
-            let call = Call {
-                input: BatchShape::Padded { batch, steps, major, align, lengths: &lengths }
-                    .with_data(x.floats()),
-                weights: Some(&weights),
-                h0: (!h0.is_empty()).then_some(&h0[..]),
-                options,
+            let call = PaddedInference {
+                input: x.floats(),
+                dims: [x.shape[0], x.shape[1], x.shape[2]],
+                major,
+                align,
+                lengths: lengths.as_ref().map(|t| t.int64s()),
+                h0: h0.iter().map(|t| t.floats()).collect(),
+                weights: weights.iter().map(|t| t.floats()).collect(),
             };
             let (out_handle, out) =
                 api.empty(&[x.shape[0], x.shape[1], model.output_size()], "the output")?;
+            let batch = match major {
+                cellc_runtime::Major::BatchFirst => x.shape[0],
+                cellc_runtime::Major::TimeFirst => x.shape[1],
+            };
             let slots = model.layers().len() * model.directions();
             let sizes = model.layers().first().map(|l| l.state_sizes.clone()).unwrap_or_default();
             let mut states: Vec<Vec<f32>> = sizes.iter().map(|&s| vec![0.0; slots * batch * s]).collect();
             let final_states = states.iter_mut().map(|s| &mut s[..]).collect();
-            model.forward_into(&call, ForwardOut { output: out.floats_mut(), final_states }, None)?;
+            call.run(&model, out.floats_mut(), final_states)?;
             let width: usize = sizes.iter().sum();
             let (finals_handle, finals) = api.empty(&[slots, batch, width], "the final states")?;
             interleave(&states, &sizes, finals.floats_mut());
             Ok((out_handle, finals_handle))
         }
     }
-}
-
-/// A batch's lengths from the `lengths` tensor: `[B]` values, each in `1..=steps`.
-fn lengths(t: &Tensor, steps: usize) -> Result<Vec<usize>> {
-    // SAFETY: an int64 tensor `Api::tensor` read, alive for the call.
-    let values = unsafe { t.int64s() };
-    values
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| usize::try_from(v).map_err(|_| RuntimeError::Length { sequence: i, length: v, steps }))
-        .collect()
 }
 
 /// The final states, one `[slots, B, size]` block per state, written as

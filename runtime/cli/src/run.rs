@@ -266,16 +266,8 @@ pub fn run(args: &RunArgs) -> Result<(), RuntimeError> {
             found: format!("{shape:?}"),
         });
     };
-    let lengths: Vec<usize> = match take_integers(&mut x, "lengths", &[batch], &input_file)? {
-        None => vec![steps; batch],
-        Some(l) => l
-            .iter()
-            .enumerate()
-            .map(|(b, &v)| {
-                usize::try_from(v).map_err(|_| RuntimeError::Length { sequence: b, length: v, steps })
-            })
-            .collect::<Result<_, _>>()?,
-    };
+    let lengths = take_integers(&mut x, "lengths", &[batch], &input_file)?;
+    let lengths = cellc_runtime::sequence::lengths_from_i64(lengths.as_deref(), batch, steps)?;
     let resets: Option<Vec<bool>> = take_integers(&mut x, "resets", &[batch, steps], &input_file)?
         .map(|flags| flags.iter().map(|&f| f != 0).collect());
     let resets = resets.as_deref();

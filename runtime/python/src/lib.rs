@@ -21,6 +21,8 @@ mod tensors;
 // AOTInductor's generated code calls it by name once this extension's
 // symbols are global (cellc._ops promotes them at import).
 pub use cellc_aoti::aoti_torch_cpu_cellc_rnn;
+// ONNX Runtime finds it by name in the library `cellc.onnx_library()` names.
+pub use cellc_onnx::RegisterCustomOps;
 use cellc_runtime::backend::cpu::threads;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;

@@ -235,3 +235,106 @@ def test_aoti_package_runs_from_cpp_with_no_python(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     # The runner's own file (torch::pickle_save), read back here.
     close(torch.load(tmp_path / "outputs.pt", weights_only=False), model(x, lengths))
+
+
+# ---- ONNX: torch.onnx.export(dynamo=True) and ONNX Runtime -------------------------------
+
+if os.environ.get("CELLC_REQUIRE_ONNX"):
+    # CI installs them: there the ONNX tests run, never skip.
+    import onnx  # noqa: F401
+    import onnxruntime  # noqa: F401
+
+
+def onnx_library() -> str:
+    """``CELLC_ONNX_LIBRARY`` (CI names the ``cellc-onnx`` crate's ``libcellc_onnx.so``), else
+    the package's extension, which exports the same entry point."""
+    return os.environ.get("CELLC_ONNX_LIBRARY") or cellc.onnx_library()
+
+
+def session(path):
+    ort = pytest.importorskip("onnxruntime")
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(onnx_library())
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+class WithStates(torch.nn.Module):
+    """The RNN with initial states given, each output returned."""
+
+    def __init__(self, name, align):
+        super().__init__()
+        self.inner = Tagger(name, align)
+
+    def forward(self, x, lengths, *h0):
+        out, finals = self.inner.rnn(x, lengths=lengths, align=self.inner.align, hx=h0 if len(h0) > 1 else h0[0])
+        finals = finals if isinstance(finals, tuple) else (finals,)
+        return (out, *finals)
+
+
+@pytest.mark.parametrize("name", sorted(CELLS))
+@pytest.mark.parametrize("align", ["left", "right"])
+def test_onnx_runtime_runs_the_exported_node_as_eager(name, align, tmp_path):
+    pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    torch.manual_seed(0)
+    model = WithStates(name, align).eval()
+    x, lengths = inputs(model.inner)
+    rnn = model.inner.rnn
+    slots = rnn.num_layers * (2 if rnn.bidirectional else 1)
+    h0 = [torch.randn(slots, x.shape[0], size) for size in rnn.state_sizes]
+    batch, steps = torch.export.Dim("batch", max=64), torch.export.Dim("steps", max=1000)
+    dynamic = {"x": {0: batch, 1: steps}, "lengths": {0: batch}, "h0": tuple({1: batch} for _ in h0)}
+    program = torch.onnx.export(model, (x, lengths, *h0), dynamo=True, dynamic_shapes=dynamic, verbose=False)
+    path = tmp_path / "model.onnx"
+    program.save(str(path))
+    graph = onnx.load(str(path)).graph
+    nodes = [n for n in graph.node if n.domain == "cellc"]
+    assert [n.op_type for n in nodes] == ["RNN"], [(n.domain, n.op_type) for n in graph.node]
+    attributes = {a.name for a in nodes[0].attribute}
+    assert {"spec", "layout", "cellc_version", "cell", "initial_states"} <= attributes, attributes
+    # The weights are initialisers under PyTorch's names (the exporter's optimiser keeps one of
+    # several equal ones: a LayerNorm's unit gains share one).
+    names = {i.name for i in graph.initializer}
+    weights = list(nodes[0].input)[2 + len(h0):]
+    assert len(weights) == len(rnn._weight_names), weights
+    assert all(w in names and w.startswith("inner.rnn.") for w in weights), (weights, names)
+    run = session(path)
+    for batch_size, steps_count in [(3, 7), (2, 9)]:
+        x, lengths = inputs(model.inner, batch=batch_size, steps=steps_count)
+        h0 = [torch.randn(slots, batch_size, size) for size in rnn.state_sizes]
+        feed = {i.name: t.numpy() for i, t in zip(run.get_inputs(), (x, lengths, *h0))}
+        got = [torch.from_numpy(v) for v in run.run(None, feed)]
+        with torch.no_grad():
+            close(got, model(x, lengths, *h0))
+
+
+def test_onnx_without_lengths_or_states_and_another_version_refused(tmp_path):
+    pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    torch.manual_seed(0)
+
+    class Plain(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = cellc.RNN("gru", 8, 12, 2, bidirectional=True)
+
+        def forward(self, x):
+            return self.rnn(x)
+
+    model = Plain().eval()
+    x = torch.randn(6, 3, 8)  # time first, every sequence full
+    path = tmp_path / "plain.onnx"
+    torch.onnx.export(model, (x,), dynamo=True, verbose=False).save(str(path))
+    got = session(path).run(None, {session(path).get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        close([torch.from_numpy(v) for v in got], model(x))
+
+    # The node's spec names the cellc that exported it: another version fails the session.
+    exported = onnx.load(str(path))
+    node = next(n for n in exported.graph.node if n.domain == "cellc")
+    spec = next(a for a in node.attribute if a.name == "spec")
+    spec.s = spec.s.replace(f'"cellc": "{cellc.__version__}"'.encode(), b'"cellc": "0.0.1"')
+    other = tmp_path / "other.onnx"
+    onnx.save(exported, str(other))
+    with pytest.raises(Exception, match="cellc 0.0.1"):
+        session(other)

@@ -3,8 +3,8 @@
 :class:`RNN` is the module (``nn.LSTM``'s conventions, any cell); :func:`shipped_cells` names
 the cells that come with the package; :func:`set_threading` and :func:`threading` choose and
 show the threads of its CPU work; :func:`draw_masks` gives the seed of a training call's masks;
-:func:`aoti_library` names the library an exported model's AOTInductor package calls cellc
-through; :mod:`cellc.errors` holds the exceptions, each also a ``ValueError``, ``TypeError``,
+:func:`aoti_library` and :func:`onnx_library` name the libraries that run exported models
+(AOTInductor packages, ONNX Runtime sessions); :mod:`cellc.errors` holds the exceptions, each also a ``ValueError``, ``TypeError``,
 ``RuntimeError`` or ``MemoryError`` as PyTorch would raise for the same mistake. The package
 links no libtorch: its operators are ``torch.library`` custom operators
 (``torch.ops.cellc.rnn_forward`` and ``rnn_backward``, and ``cellc_rnn`` in exported models).
@@ -37,7 +37,7 @@ from .errors import (
     ShapeError,
     TooLargeError,
 )
-from ._ops import aoti_library, draw_masks, set_threading, threading
+from ._ops import aoti_library, draw_masks, onnx_library, set_threading, threading
 from .rnn import RNN
 
 # A whole model saved with torch.save(model) loads with torch.load's default weights_only=True,
@@ -50,6 +50,7 @@ __all__ = [
     "RNN",
     "aoti_library",
     "draw_masks",
+    "onnx_library",
     "errors",
     "shipped_cells",
     "set_threading",

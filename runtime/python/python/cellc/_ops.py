@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import ctypes
 import functools
+import json
 import os
 
 import torch
@@ -592,15 +593,12 @@ def _(spec, layout, x, lengths, h0, weights, precision):
     return x.new_empty((*x.shape[:-1], info["output_size"])), x.new_empty((info["slots"], batch, width))
 
 
-def exported_forward(spec: str, layout: str, x: Tensor, index: list[Tensor], h0: list[Tensor],
-                     weights: list[Tensor], masks, resets, precision: str) -> tuple[Tensor, list[Tensor]]:
-    """A ``cellc.RNN`` call while ``torch.export`` traces it: :func:`cellc_rnn`, its final
-    states split again; what an exported model cannot carry is an :class:`ExportError` naming
-    the argument, at export time."""
+def _check_exportable(x: Tensor, masks, resets, precision: str, exporter: str) -> None:
+    """What an exported call cannot carry, as an :class:`ExportError` naming it."""
     if masks is not None:
         raise ExportError(
             "a training-mode call that draws masks (dropout between layers, or the cell's own) cannot be "
-            "exported: call model.eval() before torch.export.export"
+            f"exported: call model.eval() before {exporter}"
         )
     if resets is not None:
         raise ExportError("`resets` cannot be exported yet: export the model without per-step resets")
@@ -611,6 +609,59 @@ def exported_forward(spec: str, layout: str, x: Tensor, index: list[Tensor], h0:
         )
     if x.device.type != "cpu":
         raise ExportError(f"an exported cellc.RNN runs on the CPU, and `input` is on {x.device}: export on the CPU")
+
+
+#: The ONNX operator a ``cellc.RNN`` call exports to: domain ``cellc``, type ``RNN``.
+ONNX_DOMAIN, ONNX_OP, ONNX_VERSION = "cellc", "RNN", 1
+
+
+def onnx_forward(spec: str, layout: str, x: Tensor, index: list[Tensor], h0: list[Tensor], weights: list[Tensor],
+                 masks, resets, precision: str) -> tuple[Tensor, list[Tensor]]:
+    """A ``cellc.RNN`` call while ``torch.onnx.export`` traces it: one ``cellc::RNN`` node.
+
+    Inputs, by position: the input ``X``, the ``lengths`` (int64 ``[B]``; absent: every
+    sequence runs all the steps), the initial states where the attribute ``initial_states`` is
+    1 (one per state of the cell; else zeros), then every weight in the module's order
+    (initialisers under PyTorch's names). Outputs: ``Y``, then each final state,
+    ``[layers * directions, B, size]``. Attributes: the ``spec`` (the cell's source, sizes,
+    configuration and cellc's version: all a runtime needs to compile the cell), the
+    ``layout`` (``batch_first/left``, ``time_first/right``, ...), ``initial_states``,
+    ``cellc_version``, and, to read the node without parsing the spec, ``cell``, ``layers``,
+    ``bidirectional``, ``states`` and ``state_sizes``.
+    """
+    _check_exportable(x, masks, resets, precision, "torch.onnx.export")
+    info = describe(spec)
+    names = [name for name, _ in info["states"]]
+    sizes = [size for _, size in info["states"]]
+    parsed = json.loads(spec)
+    batch = x.shape[0] if layout.startswith("batch_first") else x.shape[1]
+    outputs = torch.onnx.ops.symbolic_multi_out(
+        f"{ONNX_DOMAIN}::{ONNX_OP}",
+        [x, index[0] if index else None, *h0, *weights],
+        {
+            "spec": spec,
+            "layout": layout,
+            "initial_states": int(bool(h0)),
+            "cellc_version": str(parsed.get("cellc", "")),
+            "cell": info["cell"],
+            "layers": int(parsed["layers"]),
+            "bidirectional": int(bool(parsed["bidirectional"])),
+            "states": names,
+            "state_sizes": sizes,
+        },
+        dtypes=[torch.float32] * (1 + len(sizes)),
+        shapes=[(*x.shape[:-1], info["output_size"]), *[(info["slots"], batch, size) for size in sizes]],
+        version=ONNX_VERSION,
+    )
+    return outputs[0], list(outputs[1:])
+
+
+def exported_forward(spec: str, layout: str, x: Tensor, index: list[Tensor], h0: list[Tensor],
+                     weights: list[Tensor], masks, resets, precision: str) -> tuple[Tensor, list[Tensor]]:
+    """A ``cellc.RNN`` call while ``torch.export`` traces it: :func:`cellc_rnn`, its final
+    states split again; what an exported model cannot carry is an :class:`ExportError` naming
+    the argument, at export time."""
+    _check_exportable(x, masks, resets, precision, "torch.export.export")
     out, finals = torch.ops.cellc.cellc_rnn(export_spec(spec), layout, x, index[0] if index else None, h0, weights,
                                             precision)
     sizes = [size for _, size in describe(spec)["states"]]
@@ -644,6 +695,20 @@ def aoti_library() -> str:
     but does not import ``cellc`` loads it first (``ctypes.CDLL(path, mode=os.RTLD_GLOBAL)``);
     a C++ program links it, or the ``cellc-aoti`` crate's ``libcellc_aoti.so`` (``cargo build
     --release -p cellc-aoti``), the same functions without Python.
+
+    Returns:
+        The extension's file path.
+    """
+    return _cellc.__file__
+
+
+def onnx_library() -> str:
+    """The path of cellc's ONNX Runtime custom-operator library, which runs the ``cellc::RNN``
+    nodes of models exported with ``torch.onnx.export``: this package's extension, which
+    exports its entry point (``RegisterCustomOps``). Give it to
+    ``onnxruntime.SessionOptions.register_custom_ops_library``; outside Python, the
+    ``cellc-onnx`` crate's ``libcellc_onnx.so`` (``cargo build --release -p cellc-onnx``) is
+    the same library.
 
     Returns:
         The extension's file path.

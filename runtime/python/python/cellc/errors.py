@@ -44,7 +44,7 @@ class BackendError(CellcError, RuntimeError):
 
 
 class ExportError(CellcError, ValueError):
-    """A call that an exported model (``torch.export``, AOTInductor) cannot carry, named at
+    """A call that an exported model (``torch.export``, AOTInductor, ONNX) cannot carry, named at
     export time: a training-mode call that draws masks, per-step resets, a packed batch, a
     precision other than float32, or CUDA tensors."""
 

@@ -665,7 +665,9 @@ class RNN(nn.Module):
         spec, masks = self._spec_for(x), self._masks()
         rates = self._call_rates(masks)
         precision = precision or _ops.float32_products(self._in_device_memory(x))
-        if torch.compiler.is_exporting():
+        if torch.onnx.is_in_onnx_export():
+            out, finals = _ops.onnx_forward(spec, layout, x.contiguous(), index, h0, weights, masks, resets, precision)
+        elif torch.compiler.is_exporting():
             out, finals = _ops.exported_forward(spec, layout, x.contiguous(), index, h0, weights, masks, resets,
                                                 precision)
         else:
@@ -681,7 +683,7 @@ class RNN(nn.Module):
             raise ShapeError(
                 f"`input.data` has shape {list(data.shape)}, expected [N, {self.input_size}]"
             )
-        if torch.compiler.is_exporting():
+        if torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export():
             raise ExportError(
                 "a PackedSequence cannot be exported: give the padded batch and its `lengths` (both alignments "
                 "export)"
