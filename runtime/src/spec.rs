@@ -10,8 +10,8 @@ use crate::backend::cuda::Cuda;
 use crate::backend::reference::Reference;
 use crate::backend::Device;
 use crate::{
-    Align, BatchShape, Call, CallOptions, CompiledCell, ForwardOut, Major, Model, ModelConfig, Precision,
-    Result, RuntimeError,
+    Align, BatchShape, Call, CallOptions, CompiledCell, DeviceCall, DeviceFloats, DeviceForwardOut,
+    ForwardOut, Major, Model, ModelConfig, Precision, Result, RuntimeError,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -191,67 +191,163 @@ impl ModelSpec {
     }
 }
 
-/// The CPU model of the spec written as `text`, made at its first use and
-/// kept for the process: what the exported models' operator libraries
-/// (AOTInductor's `cellc-aoti`, ONNX Runtime's `cellc-onnx`) run, whatever
-/// back end the spec names. A spec that another cellc version wrote is
-/// refused ([`ModelSpec::check_version`]).
-pub fn exported_model(text: &str) -> Result<Arc<Model>> {
-    static MODELS: OnceLock<Mutex<HashMap<String, Arc<Model>>>> = OnceLock::new();
+/// Where an exported model's call finds its tensors: CPU tensors, or
+/// CUDA tensors on the device of that ordinal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TensorsOn {
+    /// CPU tensors.
+    Cpu,
+    /// CUDA tensors on the device of this ordinal.
+    Cuda(usize),
+}
+
+/// An exported model, made for where its call's tensors lie
+/// ([`exported_model`]).
+#[derive(Debug, Clone)]
+pub struct Exported {
+    /// The model.
+    pub model: Arc<Model>,
+    /// Whether the call's tensors are its device's memory (a GPU's CUDA
+    /// tensors, or the emulated device's CPU tensors): the call is a
+    /// [`PaddedInference::run_on_device`]; otherwise, host memory and
+    /// [`PaddedInference::run`].
+    pub device_memory: bool,
+}
+
+/// The model of the spec written as `text` for a call over tensors `on`,
+/// made at its first use and kept for the process: what the exported
+/// models' operator libraries (AOTInductor's `cellc-aoti`, ONNX Runtime's
+/// `cellc-onnx`) run. CUDA tensors run on the CUDA back end of their
+/// device, which the spec must name; CPU tensors on the emulated device
+/// where the spec names it (its memory is the host's: what the model was
+/// exported on), else on the CPU back end, whatever other back end the
+/// spec names. A spec that another cellc version wrote is refused
+/// ([`ModelSpec::check_version`]).
+pub fn exported_model(text: &str, on: TensorsOn) -> Result<Exported> {
+    type Models = Mutex<HashMap<(String, TensorsOn), Exported>>;
+    static MODELS: OnceLock<Models> = OnceLock::new();
     let mut models = MODELS.get_or_init(Default::default).lock().map_err(|_| poisoned())?;
-    if let Some(m) = models.get(text) {
+    if let Some(m) = models.get(&(text.to_string(), on)) {
         return Ok(m.clone());
     }
-    let spec = ModelSpec::parse(text)?;
-    spec.check_version()?;
-    let made = Arc::new(spec.model(Backend::Cpu.device(0)?)?);
-    models.insert(text.to_string(), made.clone());
+    let spec = exported_spec(text)?;
+    let (backend, ordinal) = match (on, spec.backend) {
+        (TensorsOn::Cuda(ordinal), Backend::Cuda) => (Backend::Cuda, ordinal),
+        (TensorsOn::Cuda(ordinal), other) => {
+            return Err(RuntimeError::Internal(format!(
+            "the model's tensors are CUDA tensors (device {ordinal}), but it was exported for the `{}` back \
+                 end, which runs CPU tensors: export it with its tensors on the GPU",
+            other.name()
+        )))
+        }
+        (TensorsOn::Cpu, Backend::CudaEmulated) => (Backend::CudaEmulated, 0),
+        (TensorsOn::Cpu, _) => (Backend::Cpu, 0),
+    };
+    let made = Exported {
+        model: Arc::new(spec.model(backend.device(ordinal)?)?),
+        device_memory: backend != Backend::Cpu,
+    };
+    models.insert((text.to_string(), on), made.clone());
     Ok(made)
 }
 
-/// An exported model's inference call over a padded batch in host memory.
+/// The spec written as `text`, parsed and its version checked
+/// ([`ModelSpec::check_version`]) at its first use and kept for the
+/// process: an exported model's operator checks it before it reads a
+/// tensor.
+pub fn exported_spec(text: &str) -> Result<Arc<ModelSpec>> {
+    static SPECS: OnceLock<Mutex<HashMap<String, Arc<ModelSpec>>>> = OnceLock::new();
+    let mut specs = SPECS.get_or_init(Default::default).lock().map_err(|_| poisoned())?;
+    if let Some(s) = specs.get(text) {
+        return Ok(s.clone());
+    }
+    let spec = ModelSpec::parse(text)?;
+    spec.check_version()?;
+    let spec = Arc::new(spec);
+    specs.insert(text.to_string(), spec.clone());
+    Ok(spec)
+}
+
+/// An exported model's inference call over a padded batch, its tensors'
+/// data as `D`: host slices ([`PaddedInference::run`]) or device memory
+/// ([`PaddedInference::run_on_device`]).
 #[derive(Debug)]
-pub struct PaddedInference<'a> {
+pub struct PaddedInference<'a, D> {
     /// The input, `[B, T, I]` (batch first) or `[T, B, I]`.
-    pub input: &'a [f32],
+    pub input: D,
     /// The input's dimensions.
     pub dims: [usize; 3],
     /// Batch first or time first.
     pub major: Major,
     /// Where each sequence's padding lies.
     pub align: Align,
-    /// Each sequence's length (`None`: every sequence runs all `T` steps).
+    /// Each sequence's length, on the host (`None`: every sequence runs all `T` steps).
     pub lengths: Option<&'a [i64]>,
     /// The initial states, one per state of the cell, or none (zeros).
-    pub h0: Vec<&'a [f32]>,
+    pub h0: Vec<D>,
     /// Every layer's and direction's parameters, in the model's order.
-    pub weights: Vec<&'a [f32]>,
+    pub weights: Vec<D>,
 }
 
-impl PaddedInference<'_> {
+impl<D> PaddedInference<'_, D> {
+    /// Each sequence's length, checked.
+    fn lengths(&self) -> Result<Vec<usize>> {
+        let (batch, steps) = self.batch_and_steps();
+        crate::sequence::lengths_from_i64(self.lengths, batch, steps)
+    }
+
+    /// `(B, T)`.
+    pub fn batch_and_steps(&self) -> (usize, usize) {
+        match self.major {
+            Major::BatchFirst => (self.dims[0], self.dims[1]),
+            Major::TimeFirst => (self.dims[1], self.dims[0]),
+        }
+    }
+
+    /// The batch's shape over `lengths`.
+    fn shape<'l>(&self, lengths: &'l [usize]) -> BatchShape<'l> {
+        let (batch, steps) = self.batch_and_steps();
+        BatchShape::Padded { batch, steps, major: self.major, align: self.align, lengths }
+    }
+}
+
+impl<'a> PaddedInference<'a, &'a [f32]> {
     /// Runs it on `model` in f32, writing `output` (laid out as the input) and
     /// each final state (`[layers * directions, B, size]`).
     pub fn run(&self, model: &Model, output: &mut [f32], finals: Vec<&mut [f32]>) -> Result<()> {
-        let (batch, steps) = match self.major {
-            Major::BatchFirst => (self.dims[0], self.dims[1]),
-            Major::TimeFirst => (self.dims[1], self.dims[0]),
-        };
-        let lengths = crate::sequence::lengths_from_i64(self.lengths, batch, steps)?;
+        let lengths = self.lengths()?;
         let weights = model.group_by_slot(self.weights.clone())?;
         let call = Call {
-            input: BatchShape::Padded {
-                batch,
-                steps,
-                major: self.major,
-                align: self.align,
-                lengths: &lengths,
-            }
-            .with_data(self.input),
+            input: self.shape(&lengths).with_data(self.input),
             weights: Some(&weights),
             h0: (!self.h0.is_empty()).then_some(&self.h0[..]),
             options: CallOptions { precision: Some(Precision::F32), ..CallOptions::default() },
         };
         model.forward_into(&call, ForwardOut { output, final_states: finals }, None)
+    }
+}
+
+impl PaddedInference<'_, DeviceFloats> {
+    /// Runs it on `model`'s device, queued on `stream`, with products in
+    /// `precision`, writing `out`.
+    pub fn run_on_device(
+        &self,
+        model: &Model,
+        stream: u64,
+        precision: Precision,
+        out: &DeviceForwardOut,
+    ) -> Result<()> {
+        let lengths = self.lengths()?;
+        let weights = model.group_by_slot(self.weights.clone())?;
+        let call = DeviceCall {
+            shape: self.shape(&lengths),
+            input: self.input,
+            weights: &weights,
+            h0: (!self.h0.is_empty()).then_some(&self.h0[..]),
+            stream,
+            options: CallOptions { precision: Some(precision), ..CallOptions::default() },
+        };
+        model.forward_into(&call, out, None)
     }
 }
 
@@ -298,6 +394,18 @@ mod tests {
         let e = ModelSpec::parse(&spec(Some("0.0.1"))).expect("parses").check_version().expect_err("refused");
         assert!(e.to_string().contains("cellc 0.0.1") && e.to_string().contains(ours), "{e}");
         assert!(ModelSpec::parse(&spec(None)).expect("parses").check_version().is_err());
+    }
+
+    #[test]
+    fn an_exported_models_tensors_choose_its_device() {
+        let source = r"cell c { input x[I] state h[H] param w[H, I] h' = tanh(w @ x + h) output h' }";
+        let ours = spec(Some(env!("CARGO_PKG_VERSION"))).replace("cell c { }", source);
+        let on_cpu = exported_model(&ours, TensorsOn::Cpu).expect("the CPU back end");
+        assert!(!on_cpu.device_memory);
+        // CUDA tensors for a model exported on the CPU: refused, naming the back end, before
+        // any device is opened.
+        let e = exported_model(&ours, TensorsOn::Cuda(0)).expect_err("refused");
+        assert!(e.to_string().contains("`cpu` back end"), "{e}");
     }
 
     #[test]

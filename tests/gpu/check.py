@@ -65,7 +65,7 @@ import report  # noqa: E402
 
 STEPS = ["env", "smoke", "gpu-tests", "pytest", "sanitizer", "nvrtc", "speed"]
 # The most a step may take, in seconds (the budget may leave it less).
-CAPS = {"env": 60, "smoke": 120, "gpu-tests": 240, "pytest": 180, "sanitizer": 180, "nvrtc": 120, "speed": 3600}
+CAPS = {"env": 60, "smoke": 120, "gpu-tests": 240, "pytest": 300, "sanitizer": 180, "nvrtc": 120, "speed": 3600}
 # Left of the budget when a speed task may start: its estimate and this margin.
 SPEED_MARGIN = 10
 

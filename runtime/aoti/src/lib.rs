@@ -1,7 +1,8 @@
 //! cellc's operators for models that PyTorch's AOTInductor compiled
 //! (`torch._inductor.aoti_compile_and_package`): the generated code calls
-//! `cellc::cellc_rnn` through the C function [`aoti_torch_cpu_cellc_rnn`]
-//! (the Python package declares it in
+//! `cellc::cellc_rnn` through the C functions [`aoti_torch_cpu_cellc_rnn`]
+//! (CPU tensors) and [`aoti_torch_cuda_cellc_rnn`] (CUDA tensors)
+//! (the Python package declares them in
 //! `torch._inductor.config.aot_inductor.custom_ops_to_c_shims`), not
 //! through Python, so the package runs in a process without the Python
 //! package: a C++ program that links this library beside libtorch, or a
@@ -15,4 +16,4 @@
 mod shim;
 mod torch;
 
-pub use shim::aoti_torch_cpu_cellc_rnn;
+pub use shim::{aoti_torch_cpu_cellc_rnn, aoti_torch_cuda_cellc_rnn};

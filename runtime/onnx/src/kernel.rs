@@ -2,16 +2,16 @@
 //! the session is made, and each run over ONNX Runtime's tensors.
 
 use crate::api::{api, checked};
-use cellc_runtime::spec::{exported_model, LayoutName, PaddedInference};
-use cellc_runtime::{Align, Major, Model, Result, RuntimeError};
+use cellc_runtime::spec::{exported_model, Exported, LayoutName, PaddedInference, TensorsOn};
+use cellc_runtime::{Align, DeviceFloats, DeviceForwardOut, Major, Precision, Result, RuntimeError};
 use ort_sys::{OrtKernelContext, OrtKernelInfo, OrtValue};
 use std::ffi::{c_char, c_void, CStr};
-use std::sync::Arc;
 
 /// A node's kernel.
 #[derive(Debug)]
 pub struct Kernel {
-    model: Arc<Model>,
+    /// The model, on the CPU back end, or on the emulated device where the spec names it.
+    exported: Exported,
     major: Major,
     align: Align,
     /// Whether the node's inputs hold the initial states (after `lengths`).
@@ -131,15 +131,16 @@ impl Kernel {
                 (api().KernelInfoGetAttribute_int64)(info, c"initial_states".as_ptr(), &mut initial_states),
                 "the attribute `initial_states`",
             )?;
-            let model = exported_model(&spec)?;
+            let exported = exported_model(&spec, TensorsOn::Cpu)?;
             let (major, align) = match LayoutName::parse(&layout)? {
                 LayoutName::Padded(major, align) => (major, align),
                 LayoutName::Packed => {
                     return Err(RuntimeError::Internal("a packed layout in an exported node".into()));
                 }
             };
-            let state_sizes = model.layers().first().map(|l| l.state_sizes.clone()).unwrap_or_default();
-            Ok(Kernel { model, major, align, initial_states: initial_states != 0, state_sizes })
+            let state_sizes =
+                exported.model.layers().first().map(|l| l.state_sizes.clone()).unwrap_or_default();
+            Ok(Kernel { exported, major, align, initial_states: initial_states != 0, state_sizes })
         }
     }
 
@@ -185,15 +186,6 @@ impl Kernel {
                 )));
             }
             let (h0, weights) = floats.split_at(states);
-            let call = PaddedInference {
-                input: x.floats(),
-                dims: [x.dims[0], x.dims[1], x.dims[2]],
-                major: self.major,
-                align: self.align,
-                lengths: lengths.as_ref().map(|t| t.int64s()),
-                h0: h0.iter().map(|t| t.floats()).collect(),
-                weights: weights.iter().map(|t| t.floats()).collect(),
-            };
             let output = |i: usize, dims: &[usize], name: &str| -> Result<Tensor> {
                 let dims: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
                 let mut value = std::ptr::null_mut();
@@ -203,19 +195,43 @@ impl Kernel {
                 )?;
                 Tensor::of(value, name)
             };
-            let y = output(0, &[x.dims[0], x.dims[1], self.model.output_size()], "Y")?;
-            let batch = match self.major {
-                Major::BatchFirst => x.dims[0],
-                Major::TimeFirst => x.dims[1],
+            let model = &self.exported.model;
+            let y = output(0, &[x.dims[0], x.dims[1], model.output_size()], "Y")?;
+            let call = PaddedInference {
+                input: x.floats(),
+                dims: [x.dims[0], x.dims[1], x.dims[2]],
+                major: self.major,
+                align: self.align,
+                lengths: lengths.as_ref().map(|t| t.int64s()),
+                h0: h0.iter().map(|t| t.floats()).collect(),
+                weights: weights.iter().map(|t| t.floats()).collect(),
             };
-            let slots = self.model.layers().len() * self.model.directions();
+            let (batch, _) = call.batch_and_steps();
+            let slots = model.layers().len() * model.directions();
             let finals = self
                 .state_sizes
                 .iter()
                 .enumerate()
                 .map(|(i, &size)| output(1 + i, &[slots, batch, size], "a final state"))
                 .collect::<Result<Vec<_>>>()?;
-            call.run(&self.model, y.floats_mut(), finals.iter().map(|t| t.floats_mut()).collect())
+            if !self.exported.device_memory {
+                return call.run(model, y.floats_mut(), finals.iter().map(|t| t.floats_mut()).collect());
+            }
+            // The emulated device, whose memory is the host's: the same tensors as its device memory.
+            let on_device = PaddedInference {
+                input: DeviceFloats::emulated(call.input),
+                dims: call.dims,
+                major: call.major,
+                align: call.align,
+                lengths: call.lengths,
+                h0: call.h0.iter().map(|h| DeviceFloats::emulated(h)).collect(),
+                weights: call.weights.iter().map(|w| DeviceFloats::emulated(w)).collect(),
+            };
+            let out = DeviceForwardOut {
+                output: DeviceFloats::emulated_mut(y.floats_mut()),
+                final_states: finals.iter().map(|t| DeviceFloats::emulated_mut(t.floats_mut())).collect(),
+            };
+            on_device.run_on_device(model, 0, Precision::F32, &out)
         }
     }
 }

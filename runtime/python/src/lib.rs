@@ -18,9 +18,9 @@ mod recycled;
 mod spec;
 mod tensors;
 
-// AOTInductor's generated code calls it by name once this extension's
+// AOTInductor's generated code calls them by name once this extension's
 // symbols are global (cellc._ops promotes them at import).
-pub use cellc_aoti::aoti_torch_cpu_cellc_rnn;
+pub use cellc_aoti::{aoti_torch_cpu_cellc_rnn, aoti_torch_cuda_cellc_rnn};
 // ONNX Runtime finds it by name in the library `cellc.onnx_library()` names.
 pub use cellc_onnx::RegisterCustomOps;
 use cellc_runtime::backend::cpu::threads;

@@ -179,3 +179,33 @@ def test_autocast_on_cuda_returns_autocasts_dtype():
         torch.testing.assert_close(out.float(), exact, atol=2e-2, rtol=2e-2)
         out.float().sum().backward()
         assert x.grad.dtype == torch.float32 and torch.isfinite(x.grad).all()
+
+
+def test_aoti_package_on_cuda_tensors_matches_eager(tmp_path):
+    """An exported model compiled by AOTInductor for the GPU: its generated code calls
+    ``aoti_torch_cuda_cellc_rnn``, which runs the pass on the CUDA back end, queued on PyTorch's
+    current stream (the lengths stay on the CPU, as the module keeps them); equal to eager."""
+    _, rnn = pair()
+    rnn.eval()
+    x = torch.randn(len(LENGTHS), STEPS, INPUT, device="cuda")
+    lengths = torch.tensor(LENGTHS)
+
+    class Call(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = rnn
+
+        def forward(self, x, lengths):
+            out, (h, c) = self.rnn(x, lengths=lengths, align="right")
+            return out, h, c
+
+    model = Call().eval()
+    with torch.no_grad():
+        want = model(x, lengths)
+    program = torch.export.export(model, (x, lengths))
+    path = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "model.pt2"))
+    got = torch._inductor.aoti_load_package(path)(x, lengths)
+    torch.cuda.synchronize()
+    for a, b in zip(got, want):
+        assert a.device == b.device
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

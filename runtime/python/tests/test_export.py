@@ -16,6 +16,7 @@ import torch
 
 import cellc
 from cellc import _ops
+from conftest import needs_gxx
 
 #: A cell of the test's own: a leaky tanh RNN with a gate of its own.
 OWN_CELL = """
@@ -42,10 +43,11 @@ CELLS = {
 class Tagger(torch.nn.Module):
     """A module as a user writes one: the RNN between other layers."""
 
-    def __init__(self, name, align):
+    def __init__(self, name, align, backend=None):
         super().__init__()
         cell, sizes, layers, bidirectional, input_size = (*CELLS[name], 8)[:5]
-        self.rnn = cellc.RNN(cell, input_size, sizes, layers, bidirectional=bidirectional, batch_first=True)
+        self.rnn = cellc.RNN(cell, input_size, sizes, layers, bidirectional=bidirectional, batch_first=True,
+                             backend=backend)
         self.head = torch.nn.Linear(self.rnn.hidden_size * (2 if bidirectional else 1), 3)
         self.align = align
 
@@ -105,8 +107,27 @@ WITHOUT_CELLC = textwrap.dedent("""
 
 @pytest.mark.parametrize("name,align", [("lstm", "right"), ("own", "left")])
 def test_aoti_package_runs_without_the_python_package(name, align, tmp_path):
+    aoti_package_equals_eager(Tagger(name, align).eval(), tmp_path)
+
+
+@needs_gxx
+@pytest.mark.parametrize("tf32", [False, True], ids=["f32", "tf32"])
+def test_aoti_package_on_the_emulated_device(tf32, tmp_path):
+    """The device-memory route of the shim (a GPU's CUDA tensors, queued on PyTorch's stream),
+    run over the emulated device, whose memory is the host's: the package equals eager mode,
+    also where PyTorch lets cuDNN's RNN use TF32 and the products are TF32 in both."""
+    torch.backends.cudnn.allow_tf32 = tf32
+    model = Tagger("layernorm_lstm", "right", backend="cuda-emulated").eval()
+    program = aoti_package_equals_eager(model, tmp_path)
+    calls = [n for n in program.graph.nodes if n.target == torch.ops.cellc.cellc_rnn.default]
+    assert [n.args[-1] for n in calls] == ["tf32" if tf32 else "f32"]
+
+
+def aoti_package_equals_eager(model, tmp_path):
+    """Exports `model` (batch and steps dynamic), compiles its AOTInductor package, and checks
+    it against eager mode in this process and in one where cellc cannot be imported; returns
+    the exported program."""
     torch.manual_seed(0)
-    model = Tagger(name, align).eval()
     x, lengths = inputs(model)
     want = model(x, lengths)
     # The batch and the steps dynamic, as a deployed model takes them.
@@ -123,6 +144,7 @@ def test_aoti_package_runs_without_the_python_package(name, align, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "equal" in done.stdout
+    return ep
 
 
 def test_a_spec_of_another_cellc_version_is_refused_by_the_shim():
@@ -191,13 +213,44 @@ def test_what_an_export_cannot_carry_is_named_at_export_time():
     with pytest.raises(cellc.ExportError, match="PackedSequence"):
         torch.export.export(Packed(), (x, lengths))
 
+    # The kernels are compiled for the input's feature size: PyTorch's export refuses to make it
+    # dynamic, naming the dimension, at export time.
+    features = torch.export.Dim("features")
+    with pytest.raises(torch._dynamo.exc.UserError, match="features"):
+        torch.export.export(Call(plain), (x, lengths), dynamic_shapes={"x": {2: features}, "lengths": None})
+
+
+@needs_gxx
+def test_onnx_of_a_model_on_the_emulated_device(tmp_path):
+    """A model made for the emulated device exports a node that ONNX Runtime runs there (its
+    memory is the host's), equal to eager mode; TF32 products, which eager mode computes where
+    PyTorch lets cuDNN use them, are an error at export time naming the switch."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    model = cellc.RNN("lstm", 4, 6, 2, batch_first=True, backend="cuda-emulated").eval()
+    x = torch.randn(2, 5, 4)
+    path = tmp_path / "emulated.onnx"
+    torch.onnx.export(model, (x,), dynamo=True, verbose=False).save(str(path))
+    run = session(path)
+    got = run.run(None, {run.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        out, (h, c) = model(x)
+    close([torch.from_numpy(v) for v in got], [out, h, c])
+    assert len(got) == 3
+    torch.backends.cudnn.allow_tf32 = True
+    # torch.onnx.export wraps the errors of its torch.export step, cause and message kept.
+    with pytest.raises(Exception, match="allow_tf32 = False") as refused:
+        torch.onnx.export(model, (x,), dynamo=True, verbose=False)
+    assert isinstance(refused.value.__cause__, cellc.ExportError), refused.value
+
 
 def test_the_c_shim_is_declared_to_aotinductor():
     from torch._inductor import config
 
-    assert config.aot_inductor.custom_ops_to_c_shims[torch.ops.cellc.cellc_rnn.default] == [_ops.C_SHIM]
-    # The package's extension exports it, promoted to the process's global scope at import.
+    assert config.aot_inductor.custom_ops_to_c_shims[torch.ops.cellc.cellc_rnn.default] == _ops.C_SHIMS
+    # The package's extension exports both, promoted to the process's global scope at import.
     assert ctypes.CDLL(None).aoti_torch_cpu_cellc_rnn is not None
+    assert ctypes.CDLL(None).aoti_torch_cuda_cellc_rnn is not None
 
 
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "aoti", "runner", "run_package.cpp")

@@ -562,9 +562,10 @@ def cellc_rnn(
     exported model (``torch.export.export`` traces it in place of :func:`rnn_forward`).
 
     Its outputs are plain tensors, so that AOTInductor's generated code calls it through a C
-    function, ``aoti_torch_cpu_cellc_rnn`` (the ``cellc-aoti`` library, which this package's
-    extension exports too), with no Python: the spec, a constant argument, carries the cell's
-    source, sizes and cellc's version into the package.
+    function, ``aoti_torch_cpu_cellc_rnn`` or, in a CUDA graph, ``aoti_torch_cuda_cellc_rnn``
+    (the ``cellc-aoti`` library, which this package's extension exports too), with no Python:
+    the spec, a constant argument, carries the cell's source, sizes and cellc's version into
+    the package.
 
     Args:
         spec: the model (``cellc.RNN.spec``), base64-encoded (:func:`export_spec`): AOTInductor
@@ -574,7 +575,8 @@ def cellc_rnn(
         lengths: each sequence's length, int64 ``[B]`` on the CPU; ``None``: all ``T``.
         h0: the initial states, one per state of the cell, or none (zeros).
         weights: every layer's and direction's parameters, in the model's order.
-        precision: the precision asked for the products (``"f32"``).
+        precision: the precision asked for the products (``"f32"``; ``"tf32"`` over device
+            memory where PyTorch allows it, as eager mode computes).
 
     Returns:
         ``(output, finals)``: the output, and the final states concatenated along their last
@@ -594,7 +596,11 @@ def _(spec, layout, x, lengths, h0, weights, precision):
 
 
 def _check_exportable(x: Tensor, masks, resets, precision: str, exporter: str) -> None:
-    """What an exported call cannot carry, as an :class:`ExportError` naming it."""
+    """What an exported call cannot carry, as an :class:`ExportError` naming it: masks,
+    resets, half-precision products; for ONNX Runtime, whose node runs on the CPU, CUDA tensors
+    and TF32 products too. An AOTInductor package runs where the model was exported: CUDA
+    tensors on the CUDA back end (the products TF32 where PyTorch lets cuDNN's RNN use it, as
+    in eager mode), CPU tensors on the CPU back end (or on the emulated device)."""
     if masks is not None:
         raise ExportError(
             "a training-mode call that draws masks (dropout between layers, or the cell's own) cannot be "
@@ -602,13 +608,20 @@ def _check_exportable(x: Tensor, masks, resets, precision: str, exporter: str) -
         )
     if resets is not None:
         raise ExportError("`resets` cannot be exported yet: export the model without per-step resets")
-    if precision != "f32":
+    onnx = exporter == "torch.onnx.export"
+    if onnx and x.device.type != "cpu":
         raise ExportError(
-            f"an exported cellc.RNN computes in float32, and this call asks for {precision} products "
-            "(autocast, half-precision tensors or TF32): export it in float32"
+            f"ONNX Runtime runs cellc's node on the CPU, and `input` is on {x.device}: export the model on the CPU"
         )
-    if x.device.type != "cpu":
-        raise ExportError(f"an exported cellc.RNN runs on the CPU, and `input` is on {x.device}: export on the CPU")
+    # TF32 is asked over device memory only (float32_products), where the CUDA back end computes it.
+    allowed = ("f32",) if onnx else ("f32", "tf32")
+    if precision not in allowed:
+        where = "ONNX Runtime's cellc node" if onnx else "an exported cellc.RNN"
+        raise ExportError(
+            f"{where} computes {' or '.join(allowed)} products, and this call asks for {precision} (autocast, "
+            "half-precision tensors, or TF32 where PyTorch allows it): export it in float32"
+            + (" with torch.backends.cudnn.allow_tf32 = False" if precision == "tf32" else "")
+        )
 
 
 #: The ONNX operator a ``cellc.RNN`` call exports to: domain ``cellc``, type ``RNN``.
@@ -680,13 +693,15 @@ def _spec_of(encoded: str) -> str:
     return base64.b64decode(encoded.encode("ascii")).decode()
 
 
-#: The C declaration AOTInductor's generated code calls ``cellc::cellc_rnn`` by (the C shim of
-#: ``runtime/aoti``; its arguments as AOTInductor derives them from the schema).
-C_SHIM = (
-    "AOTITorchError aoti_torch_cpu_cellc_rnn(const char* spec, const char* layout, AtenTensorHandle x, "
+#: The C declarations AOTInductor's generated code calls ``cellc::cellc_rnn`` by, on CPU and on
+#: CUDA tensors (the C shims of ``runtime/aoti``; their arguments as AOTInductor derives them
+#: from the schema, their names from the graph's device).
+C_SHIMS = [
+    f"AOTITorchError aoti_torch_{device}_cellc_rnn(const char* spec, const char* layout, AtenTensorHandle x, "
     "AtenTensorHandle* lengths, const AtenTensorHandle* h0, int64_t h0_len, const AtenTensorHandle* weights, "
     "int64_t weights_len, const char* precision, AtenTensorHandle* ret0, AtenTensorHandle* ret1)"
-)
+    for device in ("cpu", "cuda")
+]
 
 
 def aoti_library() -> str:
@@ -725,7 +740,7 @@ def _register_c_shim() -> None:
         shims = dict(config.aot_inductor.custom_ops_to_c_shims)
     except (ImportError, AttributeError):
         return
-    shims[torch.ops.cellc.cellc_rnn.default] = [C_SHIM]
+    shims[torch.ops.cellc.cellc_rnn.default] = list(C_SHIMS)
     config.aot_inductor.custom_ops_to_c_shims = shims
     try:
         ctypes.CDLL(_cellc.__file__, mode=os.RTLD_GLOBAL | getattr(os, "RTLD_NOLOAD", 0))

@@ -1,7 +1,9 @@
-"""Deploying a model with AOTInductor (docs/src/guides/deploy.md): a module with cellc.RNN,
-exported with torch.export (the batch and the steps dynamic), compiled into a package with
-PyTorch's defaults, and run by PyTorch's loader in a process where the cellc package cannot be
-imported: the generated code calls cellc's C shim, not Python."""
+"""Deploying a model (docs/src/guides/deploy.md): a module with cellc.RNN, exported with
+torch.export (the batch and the steps dynamic), compiled into an AOTInductor package with
+PyTorch's defaults and run by PyTorch's loader in a process where the cellc package cannot be
+imported (the generated code calls cellc's C shim, not Python); then the same module exported
+with torch.onnx.export (dynamo, no extra arguments) and run by onnxruntime with cellc's
+custom-operator library. Both equal eager."""
 import os
 import subprocess
 import sys
@@ -50,3 +52,22 @@ done = subprocess.run([sys.executable, "-c", RUN, cellc.aoti_library(), package,
 # ANCHOR_END: run
 assert done.returncode == 0, done.stderr[-2000:]
 print(done.stdout.strip())
+
+path = os.path.join(tempfile.mkdtemp(), "tagger.onnx")
+
+# ANCHOR: onnx
+import onnxruntime as ort
+
+batch, steps = torch.export.Dim("batch", max=256), torch.export.Dim("steps", max=4096)
+torch.onnx.export(model, (x, lengths), dynamo=True,
+                  dynamic_shapes={"x": {0: batch, 1: steps}, "lengths": {0: batch}}).save(path)
+
+options = ort.SessionOptions()
+options.register_custom_ops_library(cellc.onnx_library())
+tagger = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+(scores,) = tagger.run(None, {"x": x.numpy(), "lengths": lengths.numpy()})
+# ANCHOR_END: onnx
+
+with torch.no_grad():
+    torch.testing.assert_close(torch.from_numpy(scores), model(x, lengths), atol=1e-5, rtol=1e-5)
+print("ONNX Runtime equals eager")
