@@ -14,6 +14,7 @@ Each row alternates them, twice, and keeps each one's faster median. Ratios abov
 exported model is slower than eager cellc (the target is at most 1.1).
 """
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -95,8 +96,8 @@ def main():
                   f"{row['ort_lstm_ms']:.3f} ms; max |diff| {diff:.1e}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cpu": cpu_name(), "torch": torch.__version__, "cellc": cellc.__version__, "rows": rows},
-                      f, indent=1)
+            json.dump({"cpu": cpu_name(), "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+                       "cellc": cellc.__version__, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
