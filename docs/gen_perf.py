@@ -35,6 +35,7 @@ PROVENANCE = {
     "charlm_side_by_side_zen5.json": (None, "2026-11-25", None),
     "word_language_model.json": ("Intel Xeon, 2 cores, AVX-512", None, None),
     "masks_speed_zen3.json": (None, "2026-11-27", "not used"),
+    "export_speed_xeon_amx.json": (None, "2026-12-02", None),
 }
 
 # What the README says of a processor that a file names only by its brand string.
@@ -51,6 +52,7 @@ MACHINE_NOTES = {
     "slstm_speed_xeon.json": "2 cores, AVX-512 with AVX512-BF16, no AMX",
     "python_vs_nn_zen4_2026-12-01.json": "Zen 4, 2 cores, AVX-512 with AVX512-BF16, a shared virtual machine",
     "export_speed_xeon_amx.json": "2 cores, AVX-512 with AVX512-BF16 and AMX",
+    "export_speed_zen5.json": "Zen 5, 2 cores, AVX-512 with AVX512-BF16",
 }
 
 # Shown in the list of sources, but not as tables of their own.
@@ -456,20 +458,25 @@ def gen_fused_step():
         ""] + table(["cell", "B", "H", "mode", "fused (ms)", "unfused (ms)", "ratio"], body)}
 
 
+#: The export benchmark's runs, by machine: (results file, the table's short name for it).
+EXPORT_RUNS = [("export_speed_xeon_amx.json", "Xeon, AMX"), ("export_speed_zen5.json", "Zen 5")]
+
+
 def gen_export():
-    src = "export_speed_xeon_amx.json"
-    d = load(src)
     body = []
-    for r in d["rows"]:
-        body.append([r["batch"], f"{r['cellc_ms']:.3f}", f"{r['package_ms']:.3f}", f"**{r['package_over_cellc']:.3f}**",
-                     f"{r['onnx_node_ms']:.3f}", f"**{r['onnx_node_over_cellc']:.3f}**", f"{r['nn.LSTM_ms']:.3f}",
-                     f"{r['ort_lstm_ms']:.3f}", f"{r['max_abs_diff']:.1e}"])
-    r0 = d["rows"][0]
-    return {"export.md": header([src], f" {r0['threads']} threads.") + [
+    for src, machine in EXPORT_RUNS:
+        for r in load(src)["rows"]:
+            body.append([machine, r["batch"], f"{r['cellc_ms']:.3f}", f"{r['package_ms']:.3f}",
+                         f"**{r['package_over_cellc']:.3f}**", f"{r['onnx_node_ms']:.3f}",
+                         f"**{r['onnx_node_over_cellc']:.3f}**", f"{r['nn.LSTM_ms']:.3f}", f"{r['ort_lstm_ms']:.3f}",
+                         f"{r['max_abs_diff']:.1e}"])
+    r0 = load(EXPORT_RUNS[0][0])["rows"][0]
+    return {"export.md": header([src for src, _ in EXPORT_RUNS], f" {r0['threads']} threads.") + [
         f"An LSTM, H={r0['hidden']}, T={r0['steps']}, inference, float32; medians, alternating "
         "(`benches/export_speed.py`). Ratios: exported time / eager `cellc.RNN` time.", ""] + table(
-        ["B", "cellc.RNN eager (ms)", "AOTInductor package (ms)", "package / eager", "ONNX Runtime node (ms)",
-         "node / eager", "nn.LSTM eager (ms)", "ONNX Runtime's LSTM (ms)", "largest difference"], body)}
+        ["machine", "B", "cellc.RNN eager (ms)", "AOTInductor package (ms)", "package / eager",
+         "ONNX Runtime node (ms)", "node / eager", "nn.LSTM eager (ms)", "ONNX Runtime's LSTM (ms)",
+         "largest difference"], body)}
 
 
 # ---- GPU: tests/gpu/check.py ------------------------------------------------------------------
@@ -662,7 +669,7 @@ PAGES = {
     "bf16_speed_xeon.json": "Mixed precision", "bf16_speed_zen3.json": "Mixed precision",
     "bf16_speed_xeon_amx.json": "Mixed precision",
     "slstm_speed_xeon.json": "sLSTM heads", "fused_step_zen5.json": "CPU against PyTorch",
-    "export_speed_xeon_amx.json": "Deploying a model",
+    "export_speed_xeon_amx.json": "Deploying a model", "export_speed_zen5.json": "Deploying a model",
 }
 
 
