@@ -105,7 +105,8 @@ WITHOUT_CELLC = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("name,align", [("lstm", "right"), ("own", "left")])
+@pytest.mark.parametrize("name", sorted(CELLS))
+@pytest.mark.parametrize("align", ["left", "right"])
 def test_aoti_package_runs_without_the_python_package(name, align, tmp_path):
     aoti_package_equals_eager(Tagger(name, align).eval(), tmp_path)
 
