@@ -57,9 +57,21 @@ class Tagger(torch.nn.Module):
         return (self.head(out), *finals)
 
 
+class BothAlignments(torch.nn.Module):
+    """Two taggers of one cell, left- and right-aligned, in one module: one package holds both."""
+
+    def __init__(self, name):
+        super().__init__()
+        self.left, self.right = Tagger(name, "left"), Tagger(name, "right")
+
+    def forward(self, x, lengths):
+        return (*self.left(x, lengths), *self.right(x, lengths))
+
+
 def inputs(model, batch=3, steps=7):
     torch.manual_seed(1)
-    x = torch.randn(batch, steps, model.rnn.input_size)
+    rnn = model.left.rnn if isinstance(model, BothAlignments) else model.rnn
+    x = torch.randn(batch, steps, rnn.input_size)
     return x, torch.tensor([steps, 2, 5][:batch])
 
 
@@ -106,9 +118,11 @@ WITHOUT_CELLC = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("name", sorted(CELLS))
-@pytest.mark.parametrize("align", ["left", "right"])
-def test_aoti_package_runs_without_the_python_package(name, align, tmp_path):
-    aoti_package_equals_eager(Tagger(name, align).eval(), tmp_path)
+def test_aoti_package_runs_without_the_python_package(name, tmp_path):
+    """Both alignments through one package (two cellc::cellc_rnn calls)."""
+    program = aoti_package_equals_eager(BothAlignments(name).eval(), tmp_path)
+    layouts = [n.args[1] for n in program.graph.nodes if n.target == torch.ops.cellc.cellc_rnn.default]
+    assert layouts == ["batch_first/left", "batch_first/right"], layouts
 
 
 @needs_gxx
