@@ -224,10 +224,11 @@ pub struct Exported {
 /// spec names. A spec that another cellc version wrote is refused
 /// ([`ModelSpec::check_version`]).
 pub fn exported_model(text: &str, on: TensorsOn) -> Result<Exported> {
-    type Models = Mutex<HashMap<(String, TensorsOn), Exported>>;
+    // By spec, then by device: a call looks its model up without copying the spec's text.
+    type Models = Mutex<HashMap<String, HashMap<TensorsOn, Exported>>>;
     static MODELS: OnceLock<Models> = OnceLock::new();
     let mut models = MODELS.get_or_init(Default::default).lock().map_err(|_| poisoned())?;
-    if let Some(m) = models.get(&(text.to_string(), on)) {
+    if let Some(m) = models.get(text).and_then(|by_device| by_device.get(&on)) {
         return Ok(m.clone());
     }
     let spec = exported_spec(text)?;
@@ -247,7 +248,7 @@ pub fn exported_model(text: &str, on: TensorsOn) -> Result<Exported> {
         model: Arc::new(spec.model(backend.device(ordinal)?)?),
         device_memory: backend != Backend::Cpu,
     };
-    models.insert((text.to_string(), on), made.clone());
+    models.entry(text.to_string()).or_default().insert(on, made.clone());
     Ok(made)
 }
 

@@ -4,8 +4,9 @@
 the cells that come with the package; :func:`set_threading` and :func:`threading` choose and
 show the threads of its CPU work; :func:`draw_masks` gives the seed of a training call's masks;
 :func:`aoti_library` and :func:`onnx_library` name the libraries that run exported models
-(AOTInductor packages, ONNX Runtime sessions); :mod:`cellc.errors` holds the exceptions, each also a ``ValueError``, ``TypeError``,
-``RuntimeError`` or ``MemoryError`` as PyTorch would raise for the same mistake. The package
+(AOTInductor packages, ONNX Runtime sessions); :mod:`cellc.errors` holds the exceptions, each
+also a ``ValueError``, ``TypeError``, ``RuntimeError`` or ``MemoryError`` as PyTorch would
+raise for the same mistake. The package
 links no libtorch: its operators are ``torch.library`` custom operators
 (``torch.ops.cellc.rnn_forward`` and ``rnn_backward``, and ``cellc_rnn`` in exported models).
 

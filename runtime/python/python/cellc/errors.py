@@ -45,8 +45,9 @@ class BackendError(CellcError, RuntimeError):
 
 class ExportError(CellcError, ValueError):
     """A call that an exported model (``torch.export``, AOTInductor, ONNX) cannot carry, named at
-    export time: a training-mode call that draws masks, per-step resets, a packed batch, a
-    precision other than float32, or CUDA tensors."""
+    export time: a training-mode call that draws masks, per-step resets, a packed batch,
+    half-precision products; for ONNX Runtime, whose node runs on the CPU, CUDA tensors and TF32
+    products too."""
 
 
 class InternalError(CellcError, RuntimeError):
